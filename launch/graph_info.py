@@ -1,0 +1,44 @@
+"""Prints the node and edge counts of a config's three graphs and the build time.
+
+  python -m launch.graph_info --config=configs/graphcast_0p25.py [--json]
+"""
+
+import json
+import os
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from wnscale import config as config_lib
+from wnscale.graphs import build, grid
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"),
+    "Experiment config file.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
+_NO_CACHE = flags.DEFINE_bool("no_cache", False, "Build even if the graphs are cached.")
+
+
+def main(argv):
+  del argv
+  config = config_lib.validate(_CONFIG.value)
+  # The training grid comes from the store; without one, the standard grid of
+  # the configured resolution (pole rows at 1.5 deg and finer, as ERA5 has).
+  latitude, longitude = grid.regular_grid(config.data.resolution,
+                                          include_poles=config.data.resolution <= 1.5)
+  start = time.perf_counter()
+  graphs = build.build_graphs(latitude, longitude, config.model.mesh_levels,
+                              config.model.radius_fraction, use_cache=not _NO_CACHE.value)
+  seconds = time.perf_counter() - start
+  counts = graphs.counts()
+  if _JSON.value:
+    print(json.dumps(dict(counts, build_seconds=round(seconds, 3))))
+  else:
+    for name, value in counts.items():
+      print(f"{name:>20}: {value:,}")
+    print(f"{'build_seconds':>20}: {seconds:.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

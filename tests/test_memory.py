@@ -1,0 +1,40 @@
+"""Rematerialization lowers compiled temporary memory (direction only; figures in bench/)."""
+
+import jax
+import numpy as np
+import pytest
+
+from wnscale import config as config_lib
+from wnscale.graphs import grid
+from wnscale.model import cost, setup
+
+
+def config_with(**model):
+  config = config_lib.default_config()
+  config.model.update(dict(latent_size=32, mesh_levels=3, message_passing_steps=4), **model)
+  return config_lib.validate(config)
+
+
+@pytest.fixture(scope="module")
+def problem():
+  config = config_with()
+  latitude, longitude = grid.regular_grid(2.8125, include_poles=True)
+  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  channels = setup.num_state_channels(config.data)
+  constants = setup.make_constants(config, graphs, latitude, longitude, np.ones(channels))
+  batch = setup.batch_shapes(config, graphs.num_grid_nodes, batch_size=1)
+  _, params = setup.init_model_shapes(config)
+  return constants, batch, params
+
+
+def temp_bytes(problem, **model):
+  return cost.compiled_stats(cost.compile_loss_and_grad(config_with(**model), *problem))["temp_bytes"]
+
+
+def test_remat_reduces_temporary_memory(problem):
+  none = temp_bytes(problem)
+  processor = temp_bytes(problem, remat_mesh_gnn=True)
+  everything = temp_bytes(problem, remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True,
+                          remat_mesh_to_grid_gnn=True, edge_chunks=4)
+  assert processor < none
+  assert everything < 0.6 * none, (none, processor, everything)

@@ -1,0 +1,183 @@
+"""Every knob of a wnscale experiment, with its default and meaning, in one place.
+
+Experiment files in `configs/` start from `default_config()` and override what
+they change. `validate(config)` rejects impossible settings before anything
+is built or compiled.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from wnscale.data import variables as variables_lib
+from wnscale.model import remat
+
+EXCHANGE_MODES = ("all_gather", "halo")
+DTYPES = ("float32", "bfloat16")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The defaults; the comment after each key is its documentation."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # seeds parameter init, data shuffling and dropout-free training RNG
+
+  c.model = m = ml_collections.ConfigDict()
+  m.latent_size = 32  # width of every node and edge latent and MLP hidden layer
+  m.mesh_levels = 2  # icosahedron refinements; the multi-mesh merges levels 0..mesh_levels
+  m.radius_fraction = 0.6  # grid->mesh radius, as a fraction of the finest mesh edge
+  m.message_passing_steps = 4  # processor (mesh GNN) layers
+  m.remat_grid_to_mesh_gnn = False  # checkpoint the whole encoder
+  m.remat_mesh_gnn = False  # checkpoint the processor, one checkpoint per mesh_remat_every layers
+  m.remat_mesh_to_grid_gnn = False  # checkpoint the whole decoder
+  m.remat_policy = "nothing_saveable"  # a name from wnscale.model.remat.POLICY_NAMES
+  m.mesh_remat_every = 1  # layers per processor checkpoint (GraphCast: 3)
+  m.edge_chunks = 1  # encoder/decoder edges in this many blocks, each under its own checkpoint
+  m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # devices along the batch axis; -1: the devices left over
+  c.mesh.graph = 1  # devices along the space axis (grid, mesh nodes and edges)
+  c.mesh.exchange = "all_gather"  # how shards get remote sender rows: all_gather | halo
+
+  c.data = d = ml_collections.ConfigDict()
+  d.path = ""  # zarr store (WeatherBench2 layout); empty: a synthetic store in the workdir
+  d.resolution = 5.625  # grid spacing in degrees; must match the store
+  d.variables = ("temperature", "geopotential", "u_component_of_wind",
+                 "v_component_of_wind", "specific_humidity", "2m_temperature",
+                 "mean_sea_level_pressure")  # state variables, WeatherBench2 names
+  d.pressure_levels = (500, 850)  # hPa, subset of the store's levels
+  d.input_steps = 2  # input times (t - 6h, t)
+  d.target_steps = 1  # autoregressive lead times in the loss
+  d.time_step_hours = 6  # model time step; finer stores are subsampled
+  d.train_start = "2020-01-01"  # training time range (inclusive)
+  d.train_end = "2020-10-31"
+  d.eval_start = "2020-11-01"  # held-out time range for evaluation
+  d.eval_end = "2020-12-31"
+  d.worker_count = 0  # Grain worker processes (0: read in the main process)
+  d.fill_nan = False  # False: a NaN in a required input is an error
+
+  c.train = t = ml_collections.ConfigDict()
+  t.steps = 200  # optimizer steps
+  t.batch_size = 2  # global batch (examples per step over all data shards)
+  t.learning_rate = 1e-3  # peak learning rate after warm-up
+  t.end_learning_rate = 3e-7  # learning rate at the end of the cosine decay
+  t.warmup_steps = 20  # linear warm-up steps
+  t.weight_decay = 0.1  # AdamW decoupled weight decay
+  t.adam_b1 = 0.9
+  t.adam_b2 = 0.95
+  t.grad_clip_norm = 32.0  # global-norm gradient clipping
+  t.remat_rollout = False  # checkpoint each autoregressive rollout step
+  t.log_every = 10  # steps between progress lines / metrics.jsonl entries
+  t.eval_every = 100  # steps between evaluations (0: never)
+  t.eval_batches = 4  # batches per evaluation
+  t.checkpoint_every = 100  # steps between asynchronous checkpoints
+  t.max_checkpoints = 3  # checkpoints kept
+  return c
+
+
+def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
+  """The GraphCast paper's model, data and schedule on a grid of `resolution` degrees.
+
+  Latent 512, 16 message-passing steps, multi-mesh levels 0..6, 6 atmospheric
+  variables on 37 levels plus 5 surface variables, bfloat16 activations, and the
+  paper's remat scheme: whole encoder and decoder, every 3 processor steps, and
+  the encoder/decoder edges in blocks.
+  """
+  c = default_config()
+  m = c.model
+  m.latent_size = 512
+  m.mesh_levels = 6
+  m.message_passing_steps = 16
+  m.remat_grid_to_mesh_gnn = True
+  m.remat_mesh_gnn = True
+  m.remat_mesh_to_grid_gnn = True
+  m.mesh_remat_every = 3
+  m.edge_chunks = 4
+  m.dtype = "bfloat16"
+  d = c.data
+  d.resolution = resolution
+  d.variables = tuple(v.name for v in variables_lib.ATMOSPHERIC_VARIABLES
+                      + variables_lib.SURFACE_VARIABLES)
+  d.pressure_levels = variables_lib.ERA5_LEVELS_37
+  d.train_start, d.train_end = "1979-01-01", "2017-12-31"
+  d.eval_start, d.eval_end = "2018-01-01", "2018-12-31"
+  t = c.train
+  t.steps = 300_000
+  t.batch_size = 32
+  t.warmup_steps = 1_000
+  t.learning_rate = 1e-3
+  t.log_every = 100
+  t.eval_every = 5_000
+  t.checkpoint_every = 1_000
+  return c
+
+
+def _require(condition: bool, message: str):
+  if not condition:
+    raise ValueError(f"Invalid config: {message}")
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks keys, types and combinations against `default_config()`; returns `config`."""
+  _check_keys_and_types(default_config(), config, prefix="")
+  m, d, t = config.model, config.data, config.train
+  remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
+  _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {DTYPES}")
+  for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks"):
+    _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
+  _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
+  _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
+  _require(config.mesh.exchange in EXCHANGE_MODES,
+           f"mesh.exchange={config.mesh.exchange!r}, expected one of {EXCHANGE_MODES}")
+  for axis in ("data", "graph"):
+    size = config.mesh[axis]
+    _require(size == -1 or size >= 1, f"mesh.{axis}={size} must be >= 1 or -1")
+  _require(not (config.mesh.data == -1 and config.mesh.graph == -1),
+           "at most one of mesh.data and mesh.graph may be -1")
+  for name in d.variables:
+    variables_lib.lookup(name)  # raises naming the unknown variable
+  _require(len(d.variables) > 0, "data.variables is empty")
+  has_levels = any(variables_lib.lookup(n).atmospheric for n in d.variables)
+  _require(not has_levels or len(d.pressure_levels) > 0,
+           "data.pressure_levels is empty but atmospheric variables are requested")
+  _require(d.input_steps >= 1 and d.target_steps >= 1,
+           "data.input_steps and data.target_steps must be >= 1")
+  _require(d.resolution > 0 and d.time_step_hours > 0,
+           "data.resolution and data.time_step_hours must be > 0")
+  _require(t.steps >= 1 and t.batch_size >= 1, "train.steps and train.batch_size must be >= 1")
+  _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps must be in [0, train.steps)")
+  for key in ("log_every", "checkpoint_every", "max_checkpoints"):
+    _require(t[key] >= 1, f"train.{key} must be >= 1")
+  _require(t.eval_every >= 0, "train.eval_every must be >= 0")
+  return config
+
+
+def _check_keys_and_types(reference, config, prefix):
+  for key in config.keys():
+    _require(key in reference, f"unknown key '{prefix}{key}'")
+  for key, expected in reference.items():
+    name = prefix + key
+    _require(key in config, f"missing key {name!r}")
+    value = config[key]
+    if isinstance(expected, ml_collections.ConfigDict):
+      _require(isinstance(value, ml_collections.ConfigDict), f"{name} must be a section")
+      _check_keys_and_types(expected, value, name + ".")
+    elif isinstance(expected, bool):
+      _require(isinstance(value, bool), f"{name}={value!r} must be a bool")
+    elif isinstance(expected, float):
+      _require(isinstance(value, (int, float)) and not isinstance(value, bool),
+               f"{name}={value!r} must be a number")
+    elif isinstance(expected, (int, str, tuple)):
+      _require(isinstance(value, type(expected)) and not isinstance(value, bool),
+               f"{name}={value!r} must be of type {type(expected).__name__}")
+
+
+def load(path: str) -> ml_collections.ConfigDict:
+  """Imports the config file at `path`, calls its `get_config()` and validates it."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("wnscale_config_file", path)
+  if spec is None:
+    raise ValueError(f"Config file {path!r} is not a python file.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return validate(module.get_config())

@@ -1,0 +1,111 @@
+"""The variable catalogue and the channel layout every array in wnscale uses.
+
+A model sees the atmosphere as a stack of channels on the grid. This module
+fixes, once, which variables exist, which ones have pressure levels, how they
+are flattened into channels, and their GraphCast loss weights.
+
+Layout contract (data pipeline -> model -> loss):
+  * grid nodes are flattened latitude-major, latitude ascending (-90 -> 90),
+    longitude ascending [0, 360): node `i * num_lon + j` is (lat[i], lon[j]);
+  * state channels: the configured variables in config order; an atmospheric
+    variable contributes one channel per configured pressure level (in config
+    order), a surface variable one channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+  """One physical variable of the WeatherBench2 layout.
+
+  Attributes:
+    name: the WeatherBench2 / ARCO-ERA5 name, e.g. `2m_temperature`.
+    atmospheric: True if it has a `level` dimension.
+    loss_weight: per-variable weight of the GraphCast loss.
+    units: physical units, for logs and RMSE reports.
+  """
+
+  name: str
+  atmospheric: bool
+  loss_weight: float
+  units: str
+
+
+ATMOSPHERIC_VARIABLES = (
+    Variable("temperature", True, 1.0, "K"),
+    Variable("geopotential", True, 1.0, "m^2 s^-2"),
+    Variable("u_component_of_wind", True, 1.0, "m s^-1"),
+    Variable("v_component_of_wind", True, 1.0, "m s^-1"),
+    Variable("vertical_velocity", True, 1.0, "Pa s^-1"),
+    Variable("specific_humidity", True, 1.0, "kg kg^-1"),
+)
+SURFACE_VARIABLES = (
+    Variable("2m_temperature", False, 1.0, "K"),
+    Variable("10m_u_component_of_wind", False, 0.1, "m s^-1"),
+    Variable("10m_v_component_of_wind", False, 0.1, "m s^-1"),
+    Variable("mean_sea_level_pressure", False, 0.1, "Pa"),
+    Variable("total_precipitation_6hr", False, 0.1, "m"),
+)
+VARIABLES = {v.name: v for v in ATMOSPHERIC_VARIABLES + SURFACE_VARIABLES}
+
+# Static fields read from the store (time-independent).
+STATIC_VARIABLES = ("geopotential_at_surface", "land_sea_mask")
+# Forcings computed from time and position, never read from the store.
+FORCING_CHANNELS = (
+    "toa_incident_solar_radiation",
+    "sin_day_progress",
+    "cos_day_progress",
+    "sin_year_progress",
+    "cos_year_progress",
+)
+
+# WeatherBench2's 13 levels and ERA5's 37, in hPa.
+WB2_LEVELS_13 = (50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000)
+ERA5_LEVELS_37 = (
+    1, 2, 3, 5, 7, 10, 20, 30, 50, 70, 100, 125, 150, 175, 200, 225, 250, 300,
+    350, 400, 450, 500, 550, 600, 650, 700, 750, 775, 800, 825, 850, 875, 900,
+    925, 950, 975, 1000,
+)
+
+
+def lookup(name: str) -> Variable:
+  """Returns the catalogue entry of `name`, with a clear error if unknown."""
+  if name not in VARIABLES:
+    raise ValueError(
+        f"Unknown variable {name!r}; known variables: {sorted(VARIABLES)}")
+  return VARIABLES[name]
+
+
+def channel_names(variables, levels) -> list[str]:
+  """Names of the state channels, e.g. `temperature@500`, `2m_temperature`."""
+  names = []
+  for name in variables:
+    if lookup(name).atmospheric:
+      names.extend(f"{name}@{level}" for level in levels)
+    else:
+      names.append(name)
+  return names
+
+
+def loss_channel_weights(variables, levels) -> np.ndarray:
+  """GraphCast loss weight of each state channel, `[num_channels]` float32.
+
+  A variable's weight is shared by its levels in proportion to pressure
+  (level / mean level), so every variable counts by its `loss_weight` alone and
+  the lower atmosphere counts more within it.
+  """
+  levels = np.asarray(levels, dtype=np.float64)
+  level_share = levels / levels.mean() / len(levels)
+  weights = []
+  for name in variables:
+    variable = lookup(name)
+    if variable.atmospheric:
+      weights.extend(variable.loss_weight * level_share)
+    else:
+      weights.append(variable.loss_weight)
+  return np.asarray(weights, dtype=np.float32)

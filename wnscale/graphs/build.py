@@ -1,0 +1,163 @@
+"""Builds the three graphs of a GraphCast model for a grid, cached on disk.
+
+`build_graphs(latitude, longitude, mesh_levels, radius_fraction)` returns
+`Graphs`, a pytree of plain arrays that the model takes as an argument (never
+as a closed-over constant, so the index arrays are not baked into the HLO).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from wnscale.graphs import connectivity, features, grid, icosahedron
+
+# Bump when the construction changes, so stale cache files are not reused.
+_CACHE_VERSION = 1
+
+
+class EdgeSet(NamedTuple):
+  """Directed edges, sorted by receiver.
+
+  Attributes:
+    senders: `[num_edges]` int32 indices into the sender nodes.
+    receivers: `[num_edges]` int32 indices into the receiver nodes.
+    features: `[num_edges, 4]` float32 static edge features.
+  """
+
+  senders: np.ndarray
+  receivers: np.ndarray
+  features: np.ndarray
+
+
+class Graphs(NamedTuple):
+  """The grid and mesh nodes and the three edge sets of the model.
+
+  Attributes:
+    grid_node_features: `[num_grid_nodes, 3]`, grid nodes latitude-major.
+    mesh_node_features: `[num_mesh_nodes, 3]`, the finest mesh's vertices.
+    grid_to_mesh: encoder edges (senders: grid nodes, receivers: mesh nodes).
+    mesh: multi-mesh edges of all refinement levels.
+    mesh_to_grid: decoder edges (senders: mesh nodes, receivers: grid nodes).
+  """
+
+  grid_node_features: np.ndarray
+  mesh_node_features: np.ndarray
+  grid_to_mesh: EdgeSet
+  mesh: EdgeSet
+  mesh_to_grid: EdgeSet
+
+  @property
+  def num_grid_nodes(self) -> int:
+    return self.grid_node_features.shape[0]
+
+  @property
+  def num_mesh_nodes(self) -> int:
+    return self.mesh_node_features.shape[0]
+
+  def counts(self) -> dict[str, int]:
+    """Node and edge counts, the keys of `launch.graph_info --json`."""
+    return {
+        "grid_nodes": self.num_grid_nodes,
+        "mesh_nodes": self.num_mesh_nodes,
+        "grid_to_mesh_edges": len(self.grid_to_mesh.senders),
+        "mesh_edges": len(self.mesh.senders),
+        "mesh_to_grid_edges": len(self.mesh_to_grid.senders),
+    }
+
+
+def _edge_set(senders, receivers, sender_xyz, receiver_xyz) -> EdgeSet:
+  return EdgeSet(
+      senders.astype(np.int32), receivers.astype(np.int32),
+      features.edge_features(sender_xyz[senders], receiver_xyz[receivers]))
+
+
+def _build(latitude, longitude, mesh_levels, radius_fraction) -> Graphs:
+  grid_lat, grid_lon = grid.grid_lat_lon(latitude, longitude)
+  grid_xyz = grid.lat_lon_to_xyz(grid_lat, grid_lon)
+  meshes = icosahedron.mesh_hierarchy(mesh_levels)
+  finest = meshes[-1]
+  mesh_xyz = finest.vertices
+  mesh_lat, mesh_lon = grid.xyz_to_lat_lon(mesh_xyz)
+
+  radius = radius_fraction * connectivity.max_edge_length(finest)
+  g2m_senders, g2m_receivers = connectivity.grid_to_mesh_edges(grid_xyz, finest, radius)
+  mesh_senders, mesh_receivers = icosahedron.multi_mesh_edges(meshes)
+  m2g_senders, m2g_receivers = connectivity.mesh_to_grid_edges(grid_xyz, finest)
+  return Graphs(
+      grid_node_features=features.node_features(grid_lat, grid_lon),
+      mesh_node_features=features.node_features(mesh_lat, mesh_lon),
+      grid_to_mesh=_edge_set(g2m_senders, g2m_receivers, grid_xyz, mesh_xyz),
+      mesh=_edge_set(mesh_senders, mesh_receivers, mesh_xyz, mesh_xyz),
+      mesh_to_grid=_edge_set(m2g_senders, m2g_receivers, mesh_xyz, grid_xyz),
+  )
+
+
+def cache_dir() -> str:
+  """`$WNSCALE_CACHE_DIR`, or `~/.cache/wnscale`."""
+  return os.environ.get("WNSCALE_CACHE_DIR",
+                        os.path.join(os.path.expanduser("~"), ".cache", "wnscale"))
+
+
+def _cache_key(latitude, longitude, mesh_levels, radius_fraction) -> str:
+  digest = hashlib.sha256()
+  digest.update(f"v{_CACHE_VERSION}:{mesh_levels}:{radius_fraction!r}:".encode())
+  digest.update(np.ascontiguousarray(latitude, dtype=np.float64).tobytes())
+  digest.update(b"|")
+  digest.update(np.ascontiguousarray(longitude, dtype=np.float64).tobytes())
+  return digest.hexdigest()[:24]
+
+
+def _flatten(graphs: Graphs) -> dict[str, np.ndarray]:
+  flat = {}
+  for name, value in graphs._asdict().items():
+    if isinstance(value, EdgeSet):
+      flat.update({f"{name}.{field}": v for field, v in value._asdict().items()})
+    else:
+      flat[name] = value
+  return flat
+
+
+def _unflatten(flat) -> Graphs:
+  def edge_set(name):
+    return EdgeSet(*(flat[f"{name}.{field}"] for field in EdgeSet._fields))
+  return Graphs(flat["grid_node_features"], flat["mesh_node_features"],
+                edge_set("grid_to_mesh"), edge_set("mesh"), edge_set("mesh_to_grid"))
+
+
+def build_graphs(latitude, longitude, mesh_levels: int,
+                 radius_fraction: float = 0.6, use_cache: bool = True) -> Graphs:
+  """The model's graphs for a latitude/longitude grid (any regular grid, either order).
+
+  Args:
+    latitude: `[num_lat]` degrees, ascending or descending, with or without poles.
+    longitude: `[num_lon]` degrees.
+    mesh_levels: refinements of the icosahedron; the multi-mesh merges levels
+      0..mesh_levels (6 gives GraphCast's 40,962 nodes).
+    radius_fraction: grid-to-mesh radius as a fraction of the finest mesh's
+      longest edge.
+    use_cache: read and write `cache_dir()/graphs-<key>.npz`, keyed by all inputs.
+  """
+  latitude = np.asarray(latitude, dtype=np.float64)
+  longitude = np.asarray(longitude, dtype=np.float64)
+  path = os.path.join(cache_dir(), "graphs-"
+                      + _cache_key(latitude, longitude, mesh_levels, radius_fraction) + ".npz")
+  if use_cache and os.path.exists(path):
+    with np.load(path) as cached:
+      return _unflatten(dict(cached))
+  start = time.perf_counter()
+  graphs = _build(latitude, longitude, mesh_levels, radius_fraction)
+  logging.info("Built graphs in %.1f s: %s", time.perf_counter() - start, graphs.counts())
+  if use_cache:
+    # Write to a temporary file and rename: a crash never leaves a half file.
+    os.makedirs(cache_dir(), exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cache_dir(), suffix=".npz.tmp", delete=False) as f:
+      np.savez(f, **_flatten(graphs))
+    os.replace(f.name, path)
+  return graphs

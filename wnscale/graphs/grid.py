@@ -1,0 +1,55 @@
+"""Regular latitude/longitude grids and spherical coordinates.
+
+Graph builders take the grid as coordinate arrays (it always comes from the
+data); the helpers here make the standard grids for configs and tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def regular_grid(resolution: float, include_poles: bool = True):
+  """Latitudes (ascending) and longitudes of a regular grid, in degrees.
+
+  Args:
+    resolution: grid spacing in degrees; must divide 180.
+    include_poles: True gives rows at +-90 (ERA5 0.25 deg: 721 x 1440); False
+      puts the rows half a spacing off the poles (WeatherBench2 5.625 deg: 32 x 64).
+
+  Returns:
+    `(latitude [num_lat], longitude [num_lon])`, float64.
+  """
+  num_lon = 360.0 / resolution
+  if abs(num_lon - round(num_lon)) > 1e-6:
+    raise ValueError(f"Grid resolution {resolution} deg does not divide 360 deg.")
+  num_lon = int(round(num_lon))
+  longitude = np.arange(num_lon) * resolution
+  if include_poles:
+    latitude = np.linspace(-90.0, 90.0, num_lon // 2 + 1)
+  else:
+    latitude = -90.0 + resolution * (np.arange(num_lon // 2) + 0.5)
+  return latitude, longitude
+
+
+def grid_lat_lon(latitude: np.ndarray, longitude: np.ndarray):
+  """Per-node latitude and longitude of the flattened grid, `[num_lat * num_lon]`.
+
+  Nodes are latitude-major: node `i * num_lon + j` is `(latitude[i], longitude[j])`.
+  """
+  node_lat, node_lon = np.meshgrid(latitude, longitude, indexing="ij")
+  return node_lat.reshape(-1), node_lon.reshape(-1)
+
+
+def lat_lon_to_xyz(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
+  """Unit vectors `[n, 3]` of points given in degrees."""
+  lat, lon = np.deg2rad(lat_deg), np.deg2rad(lon_deg)
+  return np.stack(
+      [np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
+
+
+def xyz_to_lat_lon(xyz: np.ndarray):
+  """Latitude and longitude in degrees (longitude in [0, 360)) of unit vectors."""
+  lat = np.rad2deg(np.arcsin(np.clip(xyz[:, 2], -1.0, 1.0)))
+  lon = np.rad2deg(np.arctan2(xyz[:, 1], xyz[:, 0])) % 360.0
+  return lat, lon

@@ -1,0 +1,100 @@
+"""Pure forecasting functions: normalized arrays in, normalized arrays out.
+
+A batch (see `wnscale.data.source`) holds float32 arrays, grid flattened:
+  inputs    [B, input_steps, G, C]                 state, normalized (x - mean) / std
+  targets   [B, target_steps, G, C]                state, normalized
+  forcings  [B, input_steps + target_steps, G, F]  solar radiation, day/year progress
+  statics   [B, G, S]                              surface geopotential, land-sea mask
+
+One step maps the last `input_steps` states (plus forcings at those times and
+at the target time, and statics) to the next state. The network predicts the
+residual in units of the 6-hour-difference std; `residual_scale = diff_std / std`
+converts it to the state's normalized units. Longer rollouts feed predictions back.
+No xarray, no coordinates: everything here runs under jit, remat and shard_map.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wnscale.data import variables as variables_lib
+from wnscale.graphs.build import Graphs
+from wnscale.model.graphcast import GraphCast, LocalExchange
+
+NUM_FORCINGS = len(variables_lib.FORCING_CHANNELS)
+NUM_STATICS = len(variables_lib.STATIC_VARIABLES)
+
+
+class Constants(NamedTuple):
+  """Arrays that every step needs and no example changes.
+
+  Attributes:
+    graphs: the three graphs (index and feature arrays).
+    residual_scale: `[C]` diff_std / std per state channel.
+    node_weights: `[G]` loss weight of each grid node (cell area, mean 1).
+    channel_weights: `[C]` loss weight of each state channel.
+  """
+
+  graphs: Graphs
+  residual_scale: jax.Array
+  node_weights: jax.Array
+  channel_weights: jax.Array
+
+
+def input_channels(num_state_channels: int, input_steps: int) -> int:
+  """Channels of the network's grid input for one step."""
+  return input_steps * num_state_channels + (input_steps + 1) * NUM_FORCINGS + NUM_STATICS
+
+
+def _stack_channels(x: jax.Array) -> jax.Array:
+  """`[B, T, G, C] -> [B, G, T * C]`."""
+  batch, steps, nodes, channels = x.shape
+  return jnp.moveaxis(x, 1, 2).reshape(batch, nodes, steps * channels)
+
+
+def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
+             exchange=LocalExchange()):
+  """The next normalized state `[B, G, C]`.
+
+  Args:
+    history: `[B, input_steps, G, C]` the latest states, oldest first.
+    forcings: `[B, input_steps + 1, G, F]` at the history times and the next time.
+    statics: `[B, G, S]`.
+  """
+  grid_inputs = jnp.concatenate(
+      [_stack_channels(history), _stack_channels(forcings), statics], axis=-1)
+  residual = model(constants.graphs, grid_inputs, exchange)
+  return history[:, -1] + residual * constants.residual_scale
+
+
+def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
+            exchange=LocalExchange()):
+  """Autoregressive predictions `[B, target_steps, G, C]`, normalized.
+
+  Each step's prediction joins the history of the next; forcings slide along.
+  `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
+  """
+  inputs, forcings = batch["inputs"], batch["forcings"]
+  input_steps = inputs.shape[1]
+  target_steps = forcings.shape[1] - input_steps
+  graphdef, state = nnx.split(model)
+
+  def step(state, history, forcing_window):
+    return one_step(nnx.merge(graphdef, state), constants, history, forcing_window,
+                    batch["statics"], exchange)
+
+  if remat_steps:
+    step = jax.checkpoint(step)
+
+  def scan_step(history, lead):
+    window = jax.lax.dynamic_slice_in_dim(forcings, lead, input_steps + 1, axis=1)
+    prediction = step(state, history, window)
+    history = jnp.concatenate([history[:, 1:], prediction[:, None]], axis=1)
+    return history, prediction
+
+  _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))
+  return jnp.moveaxis(predictions, 0, 1)

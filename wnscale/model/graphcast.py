@@ -1,0 +1,175 @@
+"""The GraphCast network: encoder (grid -> mesh), processor (mesh), decoder (mesh -> grid).
+
+Shapes (per example; the batch is vmapped):
+  grid inputs   [num_grid_nodes, input_channels]
+  grid latents  [num_grid_nodes, latent]     mesh latents [num_mesh_nodes, latent]
+  edge latents  [num_edges, latent]          outputs      [num_grid_nodes, output_channels]
+
+Rematerialization follows the `model` config (see `wnscale.model.remat`):
+each stage may run under `jax.checkpoint` with the named policy; the processor
+is a scan over groups of `mesh_remat_every` layers, one checkpoint per group;
+the encoder and decoder edges are processed in `edge_chunks` blocks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from wnscale.graphs.build import EdgeSet, Graphs
+from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
+from wnscale.model import remat
+from wnscale.model.message_passing import (InteractionNetwork, sum_by_receiver,
+                                           sum_edge_messages)
+from wnscale.model.mlp import MLP
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class LocalExchange:
+  """Sender tables on one device: each edge set's senders index the node array itself.
+
+  Under `shard_map`, an exchange extends the local node array with the remote
+  rows the local edges need (see `wnscale.sharding`); the model code is the same.
+  """
+
+  def grid_to_mesh(self, grid_latents):
+    return grid_latents
+
+  def mesh(self, mesh_latents):
+    return mesh_latents
+
+  def mesh_to_grid(self, mesh_latents):
+    return mesh_latents
+
+
+class EncoderDecoderEdges(nnx.Module):
+  """Embeds a bipartite edge set's static features and updates the edges once."""
+
+  def __init__(self, latent_size: int, *, dtype, rngs: nnx.Rngs):
+    self.embedder = MLP(EDGE_FEATURES, latent_size, latent_size, dtype=dtype, rngs=rngs)
+    self.interaction = InteractionNetwork(latent_size, dtype=dtype, rngs=rngs)
+
+  def __call__(self, features, senders, receivers, sender_table, receiver_table):
+    return self.interaction.update_edges(self.embedder(features), sender_table,
+                                         receiver_table, senders, receivers)
+
+
+def _update_edges(edges_module, *args):
+  return edges_module(*args)
+
+
+class GraphCast(nnx.Module):
+  """Encoder-processor-decoder GNN predicting normalized residuals on the grid."""
+
+  def __init__(self, input_channels: int, output_channels: int,
+               config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    self.config = config
+    latent = config.latent_size
+    dtype = DTYPES[config.dtype]
+    self.dtype = dtype
+    mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, dtype=dtype, rngs=rngs, **kw)
+    # Encoder.
+    self.grid_embedder = mlp(input_channels + NODE_FEATURES, latent)
+    self.mesh_embedder = mlp(NODE_FEATURES, latent)
+    self.grid_to_mesh_edges = EncoderDecoderEdges(latent, dtype=dtype, rngs=rngs)
+    self.grid_to_mesh_grid_mlp = mlp(latent, latent)
+    # Processor: parameters stacked along a leading [message_passing_steps] axis.
+    self.mesh_edge_embedder = mlp(EDGE_FEATURES, latent)
+
+    @nnx.split_rngs(splits=config.message_passing_steps)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked_layers(rngs):
+      return InteractionNetwork(latent, dtype=dtype, rngs=rngs)
+
+    self.mesh_layers = stacked_layers(rngs)
+    # Decoder.
+    self.mesh_to_grid_edges = EncoderDecoderEdges(latent, dtype=dtype, rngs=rngs)
+    self.output_mlp = mlp(latent, output_channels, layer_norm=False)
+    self.policy = remat.resolve_policy(config.remat_policy)
+
+  def __call__(self, graphs: Graphs, grid_inputs: jax.Array, exchange=LocalExchange()):
+    """`[batch, num_grid_nodes, input_channels] -> [batch, num_grid_nodes, output_channels]`.
+
+    `graphs` holds the (possibly shard-local) index and feature arrays; outputs
+    are float32 whatever the compute dtype.
+    """
+    def one_example(inputs):
+      grid, mesh = self.encode(graphs, inputs, exchange)
+      mesh = self.process(graphs.mesh, mesh, exchange)
+      return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+
+    return jax.vmap(one_example)(grid_inputs)
+
+  def encode(self, graphs: Graphs, grid_inputs, exchange):
+    """Embeds grid and mesh nodes and passes messages grid -> mesh once."""
+    config = self.config
+
+    def encoder(model, graphs, grid_inputs):
+      grid_inputs = jnp.concatenate(
+          [grid_inputs, graphs.grid_node_features.astype(grid_inputs.dtype)], -1)
+      grid = model.grid_embedder(grid_inputs.astype(self.dtype))
+      mesh = model.mesh_embedder(graphs.mesh_node_features.astype(self.dtype))
+      edges = graphs.grid_to_mesh
+      messages = sum_edge_messages(
+          model.grid_to_mesh_edges, _update_edges, edges.features, edges.senders,
+          edges.receivers, exchange.grid_to_mesh(grid), mesh, mesh.shape[0],
+          config.edge_chunks)
+      mesh = model.grid_to_mesh_edges.interaction.update_nodes(mesh, messages)
+      grid = grid + model.grid_to_mesh_grid_mlp(grid)
+      return grid, mesh
+
+    return remat.checkpointed(self, encoder, config.remat_grid_to_mesh_gnn,
+                              self.policy)(graphs, grid_inputs)
+
+  def process(self, edges: EdgeSet, mesh, exchange):
+    """`message_passing_steps` interaction networks on the multi-mesh."""
+    config = self.config
+    edge_latents = self.mesh_edge_embedder(edges.features.astype(self.dtype))
+    graphdef, stacked_state = nnx.split(self.mesh_layers)
+
+    def layers(carry, layer_states):
+      """Applies the layers whose stacked parameters are `layer_states`."""
+      def one_layer(carry, layer_state):
+        mesh, edge_latents = carry
+        layer = nnx.merge(graphdef, layer_state)
+        edge_latents = layer.update_edges(edge_latents, exchange.mesh(mesh), mesh,
+                                          edges.senders, edges.receivers)
+        messages = sum_by_receiver(edge_latents, edges.receivers, mesh.shape[0])
+        return (layer.update_nodes(mesh, messages), edge_latents), None
+
+      return jax.lax.scan(one_layer, carry, layer_states)[0]
+
+    carry = (mesh, edge_latents)
+    steps = config.message_passing_steps
+    if not config.remat_mesh_gnn:
+      return layers(carry, stacked_state)[0]
+
+    # One checkpoint per group of K layers: a scan over full groups, then the rest.
+    group = jax.checkpoint(layers, policy=self.policy)
+    per_group = min(config.mesh_remat_every, steps)
+    num_groups, remainder = divmod(steps, per_group)
+    grouped = jax.tree.map(
+        lambda x: x[:num_groups * per_group].reshape((num_groups, per_group) + x.shape[1:]),
+        stacked_state)
+    carry, _ = jax.lax.scan(lambda c, s: (group(c, s), None), carry, grouped)
+    if remainder:
+      carry = group(carry, jax.tree.map(lambda x: x[num_groups * per_group:], stacked_state))
+    return carry[0]
+
+  def decode(self, edges: EdgeSet, grid, mesh, exchange):
+    """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`."""
+    config = self.config
+
+    def decoder(model, grid, mesh):
+      messages = sum_edge_messages(
+          model.mesh_to_grid_edges, _update_edges, edges.features, edges.senders,
+          edges.receivers, exchange.mesh_to_grid(mesh), grid, grid.shape[0],
+          config.edge_chunks)
+      grid = model.mesh_to_grid_edges.interaction.update_nodes(grid, messages)
+      return model.output_mlp(grid).astype(jnp.float32)
+
+    return remat.checkpointed(self, decoder, config.remat_mesh_to_grid_gnn,
+                              self.policy)(grid, mesh)

@@ -1,0 +1,24 @@
+"""The MLP used everywhere in GraphCast: one hidden layer, swish, LayerNorm."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class MLP(nnx.Module):
+  """`[..., in_size] -> [..., out_size]`: Linear, swish, Linear, optional LayerNorm.
+
+  Parameters are float32; activations are computed in `dtype`.
+  """
+
+  def __init__(self, in_size: int, hidden_size: int, out_size: int, *,
+               layer_norm: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.hidden = nnx.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
+    self.out = nnx.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
+    self.norm = nnx.LayerNorm(out_size, dtype=dtype, rngs=rngs) if layer_norm else None
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = self.out(jax.nn.swish(self.hidden(x)))
+    return self.norm(y) if self.norm is not None else y

@@ -1,0 +1,64 @@
+"""Rematerialization: checkpoint policies by name, and where values are tagged.
+
+Policy names are data, defined once here; configs refer to them by name.
+`save_only_these_names:<n1>,<n2>` saves the values tagged with those
+`checkpoint_name`s (see `CHECKPOINT_NAMES`) and recomputes everything else.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+from flax import nnx
+
+# Names given with `jax.ad_checkpoint.checkpoint_name` at the natural save
+# points of a message-passing step.
+EDGE_LATENTS = "edge_latents"  # updated edge latents, [num_edges, latent]
+MESSAGES = "messages"  # aggregated messages per receiver, [num_receivers, latent]
+NODE_LATENTS = "node_latents"  # updated node latents, [num_nodes, latent]
+CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS)
+
+_policies = jax.checkpoint_policies
+POLICIES: dict[str, Callable] = {
+    "nothing_saveable": _policies.nothing_saveable,
+    "dots_saveable": _policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": _policies.dots_with_no_batch_dims_saveable,
+    "everything_saveable": _policies.everything_saveable,
+    # Keep matmul outputs, but in host memory (pinned_host) where the backend has it.
+    "offload_dots": _policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+}
+_SAVE_ONLY_PREFIX = "save_only_these_names:"
+POLICY_NAMES = tuple(POLICIES) + (_SAVE_ONLY_PREFIX + "<name>,...",)
+
+
+def resolve_policy(name: str) -> Callable:
+  """The `jax.checkpoint` policy called `name`; a clear error if there is none."""
+  if name in POLICIES:
+    return POLICIES[name]
+  if name.startswith(_SAVE_ONLY_PREFIX):
+    names = [n for n in name[len(_SAVE_ONLY_PREFIX):].split(",") if n]
+    unknown = sorted(set(names) - set(CHECKPOINT_NAMES))
+    if not names or unknown:
+      raise ValueError(
+          f"Remat policy {name!r} names unknown checkpoint names {unknown or '(none)'}; "
+          f"known names: {list(CHECKPOINT_NAMES)}.")
+    return _policies.save_only_these_names(*names)
+  raise ValueError(f"Unknown remat policy {name!r}; known policies: {list(POLICY_NAMES)}.")
+
+
+def checkpointed(module: nnx.Module, fn: Callable, enabled: bool, policy: Callable | None):
+  """`fn(module, *args)` as a function of `*args`, under `jax.checkpoint` if enabled.
+
+  The module's state is passed to the checkpointed function explicitly (split and
+  merged), so no Flax object crosses the JAX transform boundary.
+  """
+  if not enabled:
+    return lambda *args: fn(module, *args)
+  graphdef, state = nnx.split(module)
+
+  def pure(state, *args):
+    return fn(nnx.merge(graphdef, state), *args)
+
+  checkpointed_pure = jax.checkpoint(pure, policy=policy)
+  return lambda *args: checkpointed_pure(state, *args)
