@@ -23,7 +23,6 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
 from wnscale.graphs import grid  # noqa: E402
@@ -66,12 +65,10 @@ def main():
 
   config = make_config()
   latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  constants, batch, params = jax.device_put(
+      setup.synthetic_problem(config, latitude, longitude, batch_size=1))
+  graphs = constants.graphs
   channels = setup.num_state_channels(config.data)
-  constants = jax.device_put(setup.make_constants(config, graphs, latitude, longitude,
-                                                  np.ones(channels)))
-  batch = jax.device_put(setup.random_batch(config, graphs.num_grid_nodes, batch_size=1))
-  _, params = setup.init_model(config)
   print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "
         f"{args.steps} steps, {channels} channels, float32, batch 1, jax {jax.__version__}, "
         f"{jax.devices()[0].platform}")

@@ -1,7 +1,5 @@
 """Rematerialization lowers compiled temporary memory (direction only; figures in bench/)."""
 
-import jax
-import numpy as np
 import pytest
 
 from wnscale import config as config_lib
@@ -17,14 +15,9 @@ def config_with(**model):
 
 @pytest.fixture(scope="module")
 def problem():
-  config = config_with()
   latitude, longitude = grid.regular_grid(2.8125, include_poles=True)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  channels = setup.num_state_channels(config.data)
-  constants = setup.make_constants(config, graphs, latitude, longitude, np.ones(channels))
-  batch = setup.batch_shapes(config, graphs.num_grid_nodes, batch_size=1)
-  _, params = setup.init_model_shapes(config)
-  return constants, batch, params
+  return setup.synthetic_problem(config_with(), latitude, longitude, batch_size=1,
+                                 abstract=True)
 
 
 def temp_bytes(problem, **model):

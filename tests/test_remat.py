@@ -24,21 +24,13 @@ def small_config(**model_overrides):
 
 @pytest.fixture(scope="module")
 def problem():
-  config = small_config()
   latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  channels = setup.num_state_channels(config.data)
-  rng = np.random.default_rng(1)
-  constants = setup.make_constants(config, graphs, latitude, longitude,
-                                   rng.uniform(0.2, 1.0, channels))
-  batch = setup.random_batch(config, graphs.num_grid_nodes, batch_size=2)
-  _, params = setup.init_model(config)
-  return constants, batch, params
+  return setup.synthetic_problem(small_config(), latitude, longitude, batch_size=2, seed=1)
 
 
 def loss_and_grads(config, problem):
   constants, batch, params = problem
-  graphdef, _ = setup.init_model(config)  # same structure, new remat settings
+  graphdef, _ = setup.init_model_shapes(config)  # same structure, new remat settings
   fn = lambda p: loss_lib.forecast_loss(graphdef, p, constants, batch)
   return jax.jit(jax.value_and_grad(fn))(params)
 

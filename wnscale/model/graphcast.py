@@ -22,7 +22,7 @@ from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.model import remat
 from wnscale.model.message_passing import (InteractionNetwork, sum_by_receiver,
-                                           sum_edge_messages)
+                                           sum_edge_messages, vary_like)
 from wnscale.model.mlp import MLP
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -142,7 +142,7 @@ class GraphCast(nnx.Module):
 
       return jax.lax.scan(one_layer, carry, layer_states)[0]
 
-    carry = (mesh, edge_latents)
+    carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
     steps = config.message_passing_steps
     if not config.remat_mesh_gnn:
       return layers(carry, stacked_state)[0]

@@ -30,6 +30,22 @@ def sum_by_receiver(edges: jax.Array, receivers: jax.Array, num_receivers: int) 
                              indices_are_sorted=True)
 
 
+def _varying_axes(x) -> frozenset:
+  manual = getattr(jax.typeof(x), "manual_axis_type", None)
+  return getattr(manual, "varying", frozenset())
+
+
+def vary_like(x: jax.Array, *references: jax.Array) -> jax.Array:
+  """`x`, marked as varying over every manual mesh axis that `references` vary over.
+
+  Under `shard_map` a scan carry must keep its type; a value computed from graph
+  constants alone (varying over `graph`) joins per-example latents (varying over
+  `data` too). Outside `shard_map` this is the identity.
+  """
+  missing = frozenset().union(*map(_varying_axes, references)) - _varying_axes(x)
+  return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
+
+
 class InteractionNetwork(nnx.Module):
   """One message-passing step; latents are `[num_*, latent_size]`."""
 
@@ -100,5 +116,6 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
             _split_into_chunks(senders, num_chunks, 0),
             _split_into_chunks(receivers, num_chunks, num_receivers))
   initial = jnp.zeros((num_receivers, receiver_table.shape[-1]), receiver_table.dtype)
+  initial = vary_like(initial, sender_table, receiver_table, edge_features)
   total, _ = jax.lax.scan(add_chunk, initial, chunks)
   return total

@@ -9,6 +9,8 @@ import numpy as np
 from flax import nnx
 
 from wnscale.data import variables as variables_lib
+from wnscale.graphs import grid as grid_lib
+from wnscale.graphs import icosahedron
 from wnscale.graphs.build import Graphs, build_graphs
 from wnscale.model import forecast
 from wnscale.model.graphcast import GraphCast
@@ -47,6 +49,13 @@ def graphs_for_grid(config: ml_collections.ConfigDict, latitude, longitude) -> G
                       config.model.radius_fraction)
 
 
+def node_positions(config: ml_collections.ConfigDict, latitude, longitude):
+  """`(grid_xyz [num_grid_nodes, 3], mesh_xyz [num_mesh_nodes, 3])` unit vectors."""
+  grid_xyz = grid_lib.lat_lon_to_xyz(*grid_lib.grid_lat_lon(latitude, longitude))
+  mesh_xyz = icosahedron.mesh_hierarchy(config.model.mesh_levels)[-1].vertices
+  return grid_xyz, mesh_xyz
+
+
 def make_constants(config: ml_collections.ConfigDict, graphs: Graphs, latitude, longitude,
                    residual_scale: np.ndarray) -> forecast.Constants:
   """Host (numpy) constants; `residual_scale` is `[C]` diff_std / std."""
@@ -78,3 +87,22 @@ def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   return {k: rng.standard_normal(s.shape).astype(np.float32)
           for k, s in batch_shapes(config, num_grid_nodes, batch_size).items()}
+
+
+def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int = 0,
+                      abstract: bool = False):
+  """`(constants, batch, params)` for tests, benchmarks and AOT compiles, no data store.
+
+  The residual scales are random in [0.2, 1) (so a wrong scale shows in the loss);
+  with `abstract`, batch and params are `jax.ShapeDtypeStruct`s and nothing is
+  initialized.
+  """
+  graphs = graphs_for_grid(config, latitude, longitude)
+  rng = np.random.default_rng(seed)
+  residual_scale = rng.uniform(0.2, 1.0, num_state_channels(config.data))
+  constants = make_constants(config, graphs, latitude, longitude, residual_scale)
+  if abstract:
+    return (constants, batch_shapes(config, graphs.num_grid_nodes, batch_size),
+            init_model_shapes(config)[1])
+  return (constants, random_batch(config, graphs.num_grid_nodes, batch_size, seed),
+          init_model(config)[1])

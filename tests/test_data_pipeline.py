@@ -1,0 +1,159 @@
+"""The Grain pipeline: order, process shares, exact resume, global batches."""
+
+import grain
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from wnscale.data import pipeline
+from wnscale.data import synthetic
+
+LEVELS = (500, 1000)
+VARIABLES = ("temperature", "2m_temperature")
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("pipeline") / "era.zarr")
+  return synthetic.write_synthetic_store(path, start="2020-01-01",
+                                         end="2020-01-03", levels=LEVELS,
+                                         variables=VARIABLES)
+
+
+def _pipeline(store_path, worker_count=0, **kwargs):
+  return pipeline.make_dataset_iterator(
+      store_path, VARIABLES, LEVELS, batch_size=2, seed=3,
+      worker_count=worker_count, process_index=0, process_count=1, **kwargs)
+
+
+def _take(iterator, count):
+  return [next(iterator) for _ in range(count)]
+
+
+def _assert_same_batches(got, expected):
+  assert len(got) == len(expected)
+  for a, b in zip(got, expected):
+    assert set(a) == {"inputs", "targets", "forcings", "statics"}
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_batch_shapes(store_path):
+  batch = next(_pipeline(store_path).iterator)
+  assert batch["inputs"].shape == (2, 2, 32 * 64, 3)
+  assert batch["targets"].shape == (2, 1, 32 * 64, 3)
+  assert batch["forcings"].shape == (2, 3, 32 * 64, 5)
+  assert batch["statics"].shape == (2, 32 * 64, 2)
+
+
+@pytest.mark.parametrize("worker_count", [0, 2])
+def test_restored_iterator_yields_the_same_batches(store_path, worker_count):
+  original = _pipeline(store_path, worker_count).iterator
+  _take(original, 2)
+  state = original.get_state()
+  expected = _take(original, 5)  # crosses the 9-example epoch boundary
+  restored = _pipeline(store_path, worker_count).iterator
+  restored.set_state(state)
+  _assert_same_batches(_take(restored, 5), expected)
+  if worker_count:
+    original.close()
+    restored.close()
+
+
+def test_orbax_checkpoint_of_the_iterator(store_path, tmp_path):
+  ocp = pytest.importorskip("orbax.checkpoint")
+  original = _pipeline(store_path).iterator
+  _take(original, 3)
+  manager = ocp.CheckpointManager(tmp_path / "ckpt")
+  manager.save(3, args=ocp.args.Composite(
+      data=grain.checkpoint.CheckpointSave(original)))
+  manager.wait_until_finished()
+  expected = _take(original, 2)
+  restored = _pipeline(store_path).iterator
+  manager.restore(3, args=ocp.args.Composite(
+      data=grain.checkpoint.CheckpointRestore(restored)))
+  _assert_same_batches(_take(restored, 2), expected)
+  manager.close()
+
+
+def test_process_shares_are_disjoint_and_cover_the_epoch():
+  examples = list(range(10))
+  shares = []
+  for process_index in range(2):
+    dataset = pipeline.make_dataset(examples, seed=7, num_epochs=1,
+                                    process_index=process_index,
+                                    process_count=2)
+    shares.append(list(dataset))
+  assert len(shares[0]) == len(shares[1]) == 5
+  assert not set(shares[0]) & set(shares[1])
+  assert sorted(shares[0] + shares[1]) == examples
+
+
+def test_every_epoch_is_a_new_permutation():
+  dataset = pipeline.make_dataset(list(range(8)), seed=1)
+  order = [dataset[i] for i in range(16)]
+  assert sorted(order[:8]) == sorted(order[8:]) == list(range(8))
+  assert order[:8] != order[8:] and order[:8] != list(range(8))
+
+
+def test_batch_size_errors(store_path):
+  with pytest.raises(ValueError, match="not divisible by the 2 processes"):
+    pipeline.make_dataset_iterator(store_path, VARIABLES, LEVELS,
+                                   batch_size=3, process_index=0,
+                                   process_count=2)
+  share = pipeline.make_dataset(list(range(7)), num_epochs=1,
+                                process_index=1, process_count=2)
+  assert len(share) == 3
+  with pytest.raises(ValueError, match="share has 3 example.*batch of 4"):
+    pipeline.make_iterator(share, batch_size=4)
+
+
+def test_global_batch_on_a_four_device_mesh(store_path):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(4, 1),
+                           ("data", "graph"))
+  sharding = jax.sharding.NamedSharding(mesh,
+                                        jax.sharding.PartitionSpec("data"))
+  local = pipeline.make_dataset_iterator(
+      store_path, VARIABLES, LEVELS, batch_size=4, process_index=0,
+      process_count=1)
+  batch = next(local.iterator)
+  global_batch = pipeline.to_global_batch(batch, sharding)
+  assert global_batch["inputs"].shape == (4, 2, 32 * 64, 3)
+  assert global_batch["inputs"].sharding == sharding
+  shard_rows = sorted(s.index[0].start for s in
+                      global_batch["targets"].addressable_shards)
+  assert shard_rows == [0, 1, 2, 3]
+  for key, value in batch.items():
+    np.testing.assert_array_equal(np.asarray(global_batch[key]), value)
+  with pytest.raises(ValueError, match=r"No sharding given for batch key\(s\)"
+                     r" \['statics'\]"):
+    pipeline.to_global_batch(batch, {k: sharding for k in batch
+                                     if k != "statics"})
+
+
+def test_from_config_train_and_eval(store_path):
+  config = ml_collections.ConfigDict({
+      "seed": 0,
+      "train": {"batch_size": 2},
+      "data": {
+          "path": store_path, "resolution": 5.625, "variables": VARIABLES,
+          "pressure_levels": LEVELS, "input_steps": 2, "target_steps": 1,
+          "time_step_hours": 6, "train_start": "2020-01-01",
+          "train_end": "2020-01-02", "eval_start": "2020-01-03",
+          "eval_end": "2020-01-03", "worker_count": 0, "fill_nan": False,
+      },
+  })
+  train = pipeline.from_config(config, "train", process_index=0,
+                               process_count=1)
+  assert len(train.source) == 8 - 3 + 1
+  assert next(train.iterator)["inputs"].shape == (2, 2, 32 * 64, 3)
+  evaluation = pipeline.from_config(config, "eval", process_index=0,
+                                    process_count=1)
+  assert len(evaluation.source) == 2
+  batches = list(evaluation.iterator)
+  assert len(batches) == 1  # one pass, in order
+  np.testing.assert_array_equal(batches[0]["inputs"][0],
+                                evaluation.source[0]["inputs"])
+  with pytest.raises(ValueError, match="split must be 'train' or 'eval'"):
+    pipeline.from_config(config, "test")

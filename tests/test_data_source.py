@@ -1,0 +1,145 @@
+"""Normalization statistics and the example source."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from wnscale.data import forcings
+from wnscale.data import normalization
+from wnscale.data import source as source_lib
+from wnscale.data import synthetic
+
+LEVELS = (500, 850, 1000)
+VARIABLES = ("temperature", "u_component_of_wind", "2m_temperature",
+             "total_precipitation_6hr")
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("source") / "era.zarr")
+  return synthetic.write_synthetic_store(path, start="2020-01-01",
+                                         end="2020-01-03", levels=LEVELS)
+
+
+def test_stats_match_numpy_and_are_computed_once(store_path, monkeypatch):
+  stats_file = normalization.stats_path(store_path)
+  assert stats_file.endswith("era.zarr.stats.nc")
+  stats = normalization.load_or_compute_stats(store_path)
+  assert os.path.exists(stats_file)
+  temperature = xr.open_zarr(store_path, chunks=None)["temperature"].values
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="mean"),
+                             temperature.mean(axis=(0, 2, 3)), rtol=1e-6)
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="std"),
+                             temperature.std(axis=(0, 2, 3)), rtol=1e-4)
+  diffs = temperature[1:] - temperature[:-1]
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="diff_std"),
+                             diffs.std(axis=(0, 2, 3)), rtol=1e-4)
+  # Second call reads the file: computing again would fail here.
+  monkeypatch.setattr(normalization, "compute_stats", None)
+  again = normalization.load_or_compute_stats(store_path)
+  xr.testing.assert_allclose(stats, again)
+
+
+def test_channel_stats_layout_and_floor(store_path):
+  stats = normalization.load_or_compute_stats(store_path)
+  channel = normalization.channel_stats(stats, ["2m_temperature",
+                                                "temperature"], [850, 500])
+  assert set(channel) == {"mean", "std", "diff_std"}
+  assert channel["mean"].shape == (3,) and channel["mean"].dtype == np.float32
+  np.testing.assert_allclose(
+      channel["mean"][1:], stats["temperature"].sel(statistic="mean",
+                                                    level=[850, 500]))
+  assert (channel["diff_std"] > 0).all()
+  np.testing.assert_allclose(
+      normalization.floor_std(np.array([0.0, 0.0, 2.0]),
+                              np.array([0.0, 300.0, 300.0])),
+      [1e-12, 3e-4, 2.0])
+  with pytest.raises(ValueError, match="no variable 'foo'"):
+    normalization.channel_stats(stats, ["foo"], [])
+  statics = normalization.static_stats(stats)
+  assert statics["mean"].shape == (2,)
+
+
+@pytest.fixture(scope="module")
+def source(store_path):
+  return source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS,
+                                         input_steps=2, target_steps=2)
+
+
+def test_example_shapes(source):
+  example = source[0]
+  grid, channels = 32 * 64, 3 + 3 + 1 + 1
+  assert {k: v.shape for k, v in example.items()} == {
+      "inputs": (2, grid, channels),
+      "targets": (2, grid, channels),
+      "forcings": (4, grid, 5),
+      "statics": (grid, 2),
+  }
+  assert all(v.dtype == np.float32 for v in example.values())
+
+
+def test_example_values_match_xarray(source, store_path):
+  index = 5
+  dataset = xr.open_zarr(store_path, chunks=None).sortby("latitude")
+  window = dataset.isel(time=slice(index, index + 4))
+  columns = []
+  for name in VARIABLES:
+    values = window[name]
+    if "level" in values.dims:
+      values = values.sel(level=list(LEVELS)).transpose("time", "latitude",
+                                                         "longitude", "level")
+    else:
+      values = values.expand_dims("level", axis=-1)
+    columns.append(values.values.reshape(4, 32 * 64, -1))
+  state = np.concatenate(columns, axis=-1)
+  stats = source.channel_stats
+  expected = (state - stats["mean"]) / stats["std"]
+  example = source[index]
+  np.testing.assert_allclose(example["inputs"], expected[:2], rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(example["targets"], expected[2:], rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_array_equal(
+      example["forcings"],
+      forcings.compute_forcings(window["time"].values,
+                                dataset["latitude"].values,
+                                dataset["longitude"].values))
+  np.testing.assert_array_equal(example["statics"][:, 1],
+                                dataset["land_sea_mask"].values.reshape(-1))
+  geopotential = dataset["geopotential_at_surface"].values.reshape(-1)
+  np.testing.assert_allclose(
+      example["statics"][:, 0] * source.static_stats["std"][0] +
+      source.static_stats["mean"][0], geopotential, rtol=1e-5, atol=1e-2)
+
+
+def test_examples_past_the_end_are_not_produced(source):
+  assert len(source) == 12 - 4 + 1
+  last = source.example_times(len(source) - 1)
+  assert last[-1] == source.store.times[-1]
+  with pytest.raises(IndexError):
+    source[len(source)]
+
+
+def test_time_range_selects_examples(store_path):
+  ranged = source_lib.WeatherExampleSource(
+      store_path, VARIABLES, LEVELS, start="2020-01-02", end="2020-01-02")
+  assert len(ranged) == 4 - 3 + 1
+  assert ranged.example_times(0)[0] == np.datetime64("2020-01-02T00")
+  assert ranged.example_times(1)[-1] == np.datetime64("2020-01-02T18")
+
+
+def test_too_few_times_for_one_example(store_path):
+  with pytest.raises(ValueError, match=r"has 2 time\(s\) at 6 h; one example "
+                     r"needs 3 \(2 input \+ 1 target\)"):
+    source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS,
+                                    start="2020-01-03T06", end="2020-01-03T12")
+
+
+def test_source_pickles_with_a_stable_repr(source):
+  clone = pickle.loads(pickle.dumps(source))
+  assert repr(clone) == repr(source)
+  assert "0x" not in repr(source)
+  np.testing.assert_array_equal(clone[3]["targets"], source[3]["targets"])

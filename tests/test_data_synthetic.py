@@ -1,0 +1,133 @@
+"""Synthetic WB2-layout stores, the make_dataset entry point, and forcings."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from wnscale.data import forcings
+from wnscale.data import synthetic
+from wnscale.data import variables
+
+LEVELS = (500, 850, 1000)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("synthetic") / "era.zarr")
+  return synthetic.write_synthetic_store(path, start="2020-01-01",
+                                         end="2020-01-02", levels=LEVELS)
+
+
+def test_store_has_weatherbench2_layout(store_path):
+  dataset = xr.open_zarr(store_path, chunks=None)
+  assert os.path.exists(os.path.join(store_path, ".zmetadata"))  # v2
+  assert dict(dataset.sizes) == {"time": 8, "level": 3, "latitude": 32,
+                                 "longitude": 64}
+  assert set(variables.VARIABLES) | set(variables.STATIC_VARIABLES) == set(
+      dataset.data_vars)
+  assert dataset["temperature"].dims == ("time", "level", "latitude",
+                                         "longitude")
+  assert dataset["2m_temperature"].dims == ("time", "latitude", "longitude")
+  assert dataset["land_sea_mask"].dims == ("latitude", "longitude")
+  assert dataset["temperature"].encoding["chunks"] == (1, 3, 32, 64)
+  latitude = dataset["latitude"].values
+  np.testing.assert_allclose(latitude[[0, -1]], [87.1875, -87.1875])
+  assert np.all(np.diff(latitude) < 0)
+  np.testing.assert_allclose(dataset["longitude"].values[[0, -1]],
+                             [0, 354.375])
+  assert list(dataset["level"].values) == list(LEVELS)
+  times = dataset["time"].values
+  assert times[0] == np.datetime64("2020-01-01T00")
+  assert np.all(np.diff(times) == np.timedelta64(6, "h"))
+  assert np.isfinite(dataset["temperature"].values).all()
+
+
+def test_magnitudes_are_weather_like(store_path):
+  dataset = xr.open_zarr(store_path, chunks=None)
+  temperature = dataset["temperature"].mean(["time", "latitude", "longitude"])
+  assert 200 < temperature.sel(level=500) < temperature.sel(level=1000) < 300
+  geopotential = dataset["geopotential"].mean(["time", "latitude", "longitude"])
+  np.testing.assert_allclose(geopotential.sel(level=500) / 9.81, 5.5e3,
+                             rtol=0.15)
+  assert (dataset["specific_humidity"].values > 0).all()
+  assert (dataset["total_precipitation_6hr"].values >= 0).all()
+  mask = dataset["land_sea_mask"].values
+  assert set(np.unique(mask)) == {0.0, 1.0}
+
+
+def test_seed_determines_the_store(tmp_path, store_path):
+  kwargs = dict(start="2020-01-01", end="2020-01-02", levels=LEVELS,
+                variables=["temperature"])
+  same = synthetic.write_synthetic_store(str(tmp_path / "a.zarr"), **kwargs)
+  other = synthetic.write_synthetic_store(str(tmp_path / "b.zarr"), seed=1,
+                                          **kwargs)
+  reference = xr.open_zarr(store_path, chunks=None)["temperature"].values
+  np.testing.assert_array_equal(
+      xr.open_zarr(same, chunks=None)["temperature"].values, reference)
+  assert not np.allclose(
+      xr.open_zarr(other, chunks=None)["temperature"].values, reference)
+
+
+def test_waves_move_so_the_next_state_is_predictable(store_path):
+  # A travelling wave satisfies x(t+1) ~ 2 c x(t) - x(t-1); persistence alone
+  # must be clearly worse than a linear two-step extrapolation.
+  v = xr.open_zarr(store_path, chunks=None)["v_component_of_wind"].values
+  persistence = np.abs(v[2:] - v[1:-1]).mean()
+  extrapolation = np.abs(v[2:] - (2 * v[1:-1] - v[:-2])).mean()
+  assert persistence > 0.1
+  assert extrapolation < 0.5 * persistence
+
+
+def test_grid_with_and_without_poles():
+  latitude, longitude = synthetic.store_coordinates(1.0)
+  assert (latitude.size, longitude.size) == (181, 360)
+  assert latitude[0] == 90 and latitude[-1] == -90
+  latitude, _ = synthetic.store_coordinates(5.625, include_poles=True)
+  assert latitude.size == 33
+  with pytest.raises(ValueError, match="must divide 360"):
+    synthetic.store_coordinates(7.0)
+
+
+def test_make_dataset_entry_point_writes_zarr3(tmp_path):
+  out = tmp_path / "cli.zarr"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  subprocess.run(
+      [sys.executable, "-m", "launch.make_dataset", f"--out={out}",
+       "--resolution=5.625", "--start=2020-01-01", "--end=2020-01-01",
+       "--variables=temperature,2m_temperature", "--zarr_format=3"],
+      check=True, cwd=root, capture_output=True,
+      env=dict(os.environ, PYTHONPATH=root))
+  assert os.path.exists(out / "zarr.json")
+  dataset = xr.open_zarr(out, chunks=None, consolidated=False)
+  assert dict(dataset.sizes)["level"] == 13 and dataset.sizes["time"] == 4
+  assert "2m_temperature" in dataset and "geopotential" not in dataset
+
+
+def test_forcings_shapes_and_ranges():
+  latitude = np.array([-60.0, 0.0, 60.0])
+  longitude = np.arange(0, 360, 90.0)
+  times = np.array(["2020-06-21T12", "2020-12-21T00"], dtype="datetime64[ns]")
+  out = forcings.compute_forcings(times, latitude, longitude)
+  assert out.shape == (2, 12, 5) and out.dtype == np.float32
+  out = out.reshape(2, 3, 4, 5)
+  toa = out[..., 0]
+  assert toa.min() >= 0 and toa.max() <= 1.04
+  # June 21, 12 UTC: noon at lon 0; the northern point gets more sun.
+  assert toa[0, 2, 0] > toa[0, 0, 0] > 0
+  # Midnight at lon 180 at 12 UTC: dark everywhere there.
+  np.testing.assert_allclose(toa[0, :, 2], 0, atol=1e-6)
+  # Day progress: 12 UTC at lon 0 is half a day; at lon 90, 0.75.
+  np.testing.assert_allclose(out[0, 0, :2, 2], [-1, 0], atol=1e-6)
+  np.testing.assert_allclose(out[0, 0, 1, 1], -1, atol=1e-6)
+  np.testing.assert_allclose(out[..., 3]**2 + out[..., 4]**2, 1, atol=1e-6)
+
+
+def test_never_deletes_a_directory_that_is_not_a_store(tmp_path):
+  (tmp_path / "notes.txt").write_text("keep me")
+  with pytest.raises(ValueError, match="exists .*zarr store: False"):
+    synthetic.write_synthetic_store(str(tmp_path), end="2020-01-01")
+  assert (tmp_path / "notes.txt").exists()

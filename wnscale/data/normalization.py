@@ -1,0 +1,197 @@
+"""Normalization statistics of a store: mean, std, std of model-step changes.
+
+Computed in one streaming pass over the store (time blocks, float64
+accumulators, NaN ignored) for every catalogue variable the store has, on all
+its levels, and for the statics; saved beside the store as `<store>.stats.nc`
+and recomputed only when missing (or made for another time step).
+
+The stats dataset has one data variable per store variable, dims
+`(statistic[, level])`, `statistic` = `mean`, `std`, `diff_std`.
+`diff_std` is the std of `x(t + time_step_hours) - x(t)`, GraphCast's scale for
+the residual the model predicts.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import xarray as xr
+
+from wnscale.data import store as store_lib
+from wnscale.data import variables as variables_lib
+
+STATISTICS = ("mean", "std", "diff_std")
+# A std below max(STD_FLOOR_ABSOLUTE, STD_FLOOR_RELATIVE * |mean|) is raised
+# to it, so constant fields (e.g. a synthetic level) do not divide by zero.
+STD_FLOOR_ABSOLUTE = 1e-12
+STD_FLOOR_RELATIVE = 1e-6
+# Bytes of (float32) state read per block of the streaming pass.
+BLOCK_BYTES = 64 * 2**20
+
+
+def stats_path(path: str) -> str:
+  """`<store>.stats.nc`, beside the store."""
+  return path.rstrip("/") + ".stats.nc"
+
+
+def load_or_compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
+  """Loads `<store>.stats.nc`, computing and saving it first if missing."""
+  target = stats_path(path)
+  if os.path.exists(target):
+    stats = xr.load_dataset(target)
+    if stats.attrs.get("time_step_hours") == time_step_hours:
+      return stats
+  stats = compute_stats(path, time_step_hours)
+  # Write-then-rename: concurrent processes never see a half-written file.
+  temporary = f"{target}.tmp{os.getpid()}"
+  stats.to_netcdf(temporary)
+  os.replace(temporary, target)
+  return stats
+
+
+def compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
+  """One streaming pass over the store; see the module docstring."""
+  with store_lib.open_metadata(path) as dataset:
+    names = tuple(name for name in variables_lib.VARIABLES if name in dataset)
+    levels = tuple(int(level) for level in dataset["level"].values
+                  ) if "level" in dataset.coords else ()
+    times = dataset["time"].values
+  if not names:
+    raise ValueError(f"Store {path} has none of the catalogue variables "
+                     f"{sorted(variables_lib.VARIABLES)}")
+  store_step = (times[1] - times[0]) / np.timedelta64(1, "h") if len(
+      times) > 1 else time_step_hours
+  lag = time_step_hours / store_step
+  if not float(store_step).is_integer() or not float(lag).is_integer():
+    raise ValueError(f"Store {path} has a time step of {store_step:g} h, which"
+                     f" does not divide time_step_hours={time_step_hours}")
+  lag = int(lag)
+  # Native step: every store time counts, and diffs use `lag` store steps.
+  store = store_lib.open_store(path, names, levels,
+                               time_step_hours=int(store_step))
+  sums = _Moments(store.num_channels)
+  diff_sums = _Moments(store.num_channels)
+  num_times = len(store.times)
+  block = max(1, BLOCK_BYTES // (4 * store.num_grid_nodes * store.num_channels))
+  for first in range(0, num_times, block):
+    last = min(first + block, num_times)
+    # Read `lag` extra steps so the diffs starting in this block are complete.
+    state = store.read_state(np.arange(first, min(last + lag, num_times)),
+                             allow_nan=True)
+    sums.add(state[:last - first])
+    num_diffs = min(last - first, state.shape[0] - lag)
+    if num_diffs > 0:
+      diff_sums.add(state[lag:lag + num_diffs] - state[:num_diffs])
+  statics = store.read_statics(allow_nan=True)[None]
+  static_sums = _Moments(statics.shape[-1])
+  static_sums.add(statics)
+  return _to_dataset(store, sums, diff_sums, static_sums, time_step_hours)
+
+
+class _Moments:
+  """NaN-ignoring running count, sum, and sum of squares per channel.
+
+  Values stay float32 (half the memory traffic); the sums are float64. Sums
+  are of `x - shift` (the first block's mean) so that the variance of, e.g.,
+  geopotential (~1e5, std ~1e3) keeps its digits.
+  """
+
+  def __init__(self, num_channels: int):
+    self.count = np.zeros(num_channels)
+    self.sum = np.zeros(num_channels)
+    self.sum_squares = np.zeros(num_channels)
+    self.shift = None
+
+  def add(self, values: np.ndarray):
+    """Adds `[..., channels]` values."""
+    values = values.reshape(-1, values.shape[-1])
+    if self.shift is None:
+      with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN channels
+        self.shift = np.nan_to_num(np.nanmean(values, axis=0, dtype=np.float64))
+    centred = values - self.shift.astype(values.dtype)
+    missing = np.isnan(centred)
+    if missing.any():
+      centred[missing] = 0.0
+      self.count += np.sum(~missing, axis=0)
+    else:
+      self.count += centred.shape[0]
+    self.sum += centred.sum(axis=0, dtype=np.float64)
+    self.sum_squares += np.square(centred).sum(axis=0, dtype=np.float64)
+
+  def mean_std(self):
+    count = np.maximum(self.count, 1)
+    mean = self.sum / count
+    variance = np.maximum(self.sum_squares / count - mean**2, 0.0)
+    shift = 0.0 if self.shift is None else self.shift
+    return mean + shift, np.sqrt(variance)
+
+
+def floor_std(std, mean):
+  """`std` raised to max(STD_FLOOR_ABSOLUTE, STD_FLOOR_RELATIVE * |mean|)."""
+  return np.maximum(std, np.maximum(STD_FLOOR_ABSOLUTE,
+                                    STD_FLOOR_RELATIVE * np.abs(mean)))
+
+
+def _to_dataset(store, sums, diff_sums, static_sums, time_step_hours):
+  """Per-channel moments -> the per-variable stats dataset."""
+  mean, std = sums.mean_std()
+  _, diff_std = diff_sums.mean_std()
+  per_channel = np.stack([mean, floor_std(std, mean), floor_std(diff_std, mean)])
+  data = {}
+  channel = 0
+  for name in store.variables:
+    if variables_lib.lookup(name).atmospheric:
+      width = len(store.levels)
+      data[name] = (("statistic", "level"), per_channel[:, channel:channel + width])
+    else:
+      width = 1
+      data[name] = (("statistic",), per_channel[:, channel])
+    channel += width
+  static_mean, static_std = static_sums.mean_std()
+  static_std = floor_std(static_std, static_mean)
+  for i, name in enumerate(variables_lib.STATIC_VARIABLES):
+    # Statics do not change: their diff_std is meaningless, set to std.
+    data[name] = (("statistic",), np.array(
+        [static_mean[i], static_std[i], static_std[i]]))
+  coords = {"statistic": list(STATISTICS)}
+  if store.levels:
+    coords["level"] = np.asarray(store.levels, np.int64)
+  return xr.Dataset(data, coords=coords, attrs={
+      "time_step_hours": time_step_hours,
+      "store": os.path.abspath(store.path),
+      "num_times": len(store.times),
+  })
+
+
+def channel_stats(stats: xr.Dataset, variables, levels) -> dict[str, np.ndarray]:
+  """Stats in the state channel layout of `variables.py`.
+
+  Returns:
+    `{"mean": [C], "std": [C], "diff_std": [C]}` float32.
+  """
+  columns = []
+  for name in variables:
+    if name not in stats:
+      raise ValueError(f"Statistics have no variable {name!r}; they have "
+                       f"{sorted(str(n) for n in stats.data_vars)}")
+    values = stats[name]
+    if variables_lib.lookup(name).atmospheric:
+      stats_levels = [int(level) for level in stats["level"].values]
+      absent = [level for level in levels if int(level) not in stats_levels]
+      if absent:
+        raise ValueError(f"Statistics have no level(s) {absent} for {name!r}")
+      columns.append(values.sel(level=list(levels)).values)
+    else:
+      columns.append(values.values[:, None])
+  table = np.concatenate(columns, axis=1).astype(np.float32)  # [3, C]
+  return {statistic: table[i] for i, statistic in enumerate(STATISTICS)}
+
+
+def static_stats(stats: xr.Dataset) -> dict[str, np.ndarray]:
+  """`{"mean": [2], "std": [2]}` float32 of `variables.STATIC_VARIABLES`."""
+  table = np.stack([stats[name].values for name in
+                    variables_lib.STATIC_VARIABLES], axis=1).astype(np.float32)
+  return {"mean": table[0], "std": table[1]}

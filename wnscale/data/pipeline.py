@@ -1,0 +1,208 @@
+"""The Grain pipeline: source -> shuffle -> per-process share -> batch.
+
+Order of examples: the whole source is shuffled with `seed` (reshuffled every
+epoch), repeated, and the resulting stream is dealt round-robin to the JAX
+processes (`stream[process_index::process_count]`), each batching its share
+(in shared memory when Grain worker processes read it).
+So every process reads only its own examples, the shares of one epoch are
+disjoint, and the global batch sequence is the same for any process count.
+
+Iterator state (`get_state`/`set_state`, or Orbax's
+`grain.checkpoint.CheckpointSave/CheckpointRestore`) resumes exactly, with or
+without worker processes. `to_global_batch` turns a process's local batch into
+global `jax.Array`s sharded along the batch axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import dataclasses
+
+import grain
+import jax
+import numpy as np
+
+from wnscale.data import source as source_lib
+
+
+@dataclasses.dataclass
+class DataPipeline:
+  """What `make_dataset_iterator` builds.
+
+  Attributes:
+    source: the example source (its `channel_stats` feed the model and loss).
+    dataset: this process's `grain.MapDataset` of examples (unbatched).
+    iterator: yields per-process batches: dicts of `[batch, ...]` float32
+      (see `source.py` for the keys); has `get_state`/`set_state`.
+  """
+
+  source: source_lib.WeatherExampleSource
+  dataset: grain.MapDataset
+  iterator: grain.DatasetIterator
+
+
+def make_dataset(source,
+                 *,
+                 seed: int = 0,
+                 shuffle: bool = True,
+                 num_epochs: int | None = None,
+                 process_index: int = 0,
+                 process_count: int = 1) -> grain.MapDataset:
+  """`MapDataset` of this process's share of the (shuffled) example stream.
+
+  Any random-access source works (`__len__`, `__getitem__`). With
+  `num_epochs=None` the stream is infinite. The stream is cut to a multiple of
+  `process_count` so every process gets the same number of examples.
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in "
+                     f"[0, process_count={process_count})")
+  if len(source) == 0:
+    raise ValueError(f"Source {source!r} has no examples")
+  dataset = grain.MapDataset.source(source)
+  if shuffle:
+    dataset = dataset.shuffle(seed=seed)
+  # reseed_each_epoch (the default) gives every epoch a new order.
+  dataset = dataset.repeat(num_epochs)
+  usable = len(dataset) - len(dataset) % process_count
+  return dataset[:usable][process_index::process_count]
+
+
+def make_iterator(dataset: grain.MapDataset,
+                  batch_size: int,
+                  worker_count: int = 0,
+                  num_threads: int = 2,
+                  prefetch_batches: int = 2) -> grain.DatasetIterator:
+  """Iterator of `batch_size` batches of `dataset`, in `worker_count` processes.
+
+  Batching happens on the iterator so that, with workers, batches are built
+  in shared memory instead of being pickled back to the main process.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch size per process must be >= 1, got {batch_size}")
+  if len(dataset) < batch_size:
+    raise ValueError(
+        f"This process's share has {len(dataset)} example(s), fewer than one "
+        f"batch of {batch_size}")
+  read_options = grain.ReadOptions(
+      num_threads=num_threads,
+      prefetch_buffer_size=max(num_threads, batch_size * prefetch_batches))
+  iter_dataset = dataset.to_iter_dataset(read_options).batch(
+      batch_size, drop_remainder=True)
+  if worker_count > 0:
+    iter_dataset = iter_dataset.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=worker_count, per_worker_buffer_size=prefetch_batches))
+  return iter(iter_dataset)
+
+
+def make_dataset_iterator(path: str,
+                          variables,
+                          levels,
+                          *,
+                          batch_size: int,
+                          input_steps: int = 2,
+                          target_steps: int = 1,
+                          start: str | None = None,
+                          end: str | None = None,
+                          seed: int = 0,
+                          worker_count: int = 0,
+                          time_step_hours: int = 6,
+                          fill_nan: bool = False,
+                          resolution: float | None = None,
+                          shuffle: bool = True,
+                          num_epochs: int | None = None,
+                          process_index: int | None = None,
+                          process_count: int | None = None) -> DataPipeline:
+  """Source, dataset and iterator for one store and time range.
+
+  Args:
+    batch_size: GLOBAL batch size; each process yields
+      `batch_size // process_count` examples per batch.
+    process_index, process_count: default to `jax.process_index()` and
+      `jax.process_count()`.
+    Others: see `source.WeatherExampleSource` and `make_dataset`.
+  """
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  if batch_size % process_count:
+    raise ValueError(f"Global batch size {batch_size} is not divisible by the "
+                     f"{process_count} processes")
+  source = source_lib.WeatherExampleSource(
+      path, variables, levels, input_steps=input_steps,
+      target_steps=target_steps, start=start, end=end,
+      time_step_hours=time_step_hours, fill_nan=fill_nan,
+      resolution=resolution)
+  dataset = make_dataset(source, seed=seed, shuffle=shuffle,
+                         num_epochs=num_epochs, process_index=process_index,
+                         process_count=process_count)
+  iterator = make_iterator(dataset, batch_size // process_count, worker_count)
+  return DataPipeline(source, dataset, iterator)
+
+
+def from_config(config,
+                split: str,
+                *,
+                batch_size: int | None = None,
+                seed: int | None = None,
+                process_index: int | None = None,
+                process_count: int | None = None) -> DataPipeline:
+  """`make_dataset_iterator` from an experiment config.
+
+  Args:
+    config: the experiment ConfigDict (uses `config.data`, and
+      `config.train.batch_size` / `config.seed` unless given here) or its
+      `data` part. Keys read: `path, resolution, variables, pressure_levels,
+      input_steps, target_steps, time_step_hours, {train,eval}_{start,end},
+      worker_count, fill_nan`.
+    split: "train" (shuffled, endless) or "eval" (in order, one pass).
+  """
+  if split not in ("train", "eval"):
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  data = config.data if "data" in config else config
+  if batch_size is None:
+    if "train" not in config:
+      raise ValueError("batch_size not given and config has no train.batch_size")
+    batch_size = config.train.batch_size
+  if seed is None:
+    seed = config.get("seed", 0)
+  training = split == "train"
+  return make_dataset_iterator(
+      data.path, tuple(data.variables), tuple(data.pressure_levels),
+      batch_size=batch_size,
+      input_steps=data.input_steps,
+      target_steps=data.target_steps,
+      start=data.get(f"{split}_start"),
+      end=data.get(f"{split}_end"),
+      seed=seed,
+      worker_count=data.get("worker_count", 0),
+      time_step_hours=data.get("time_step_hours", 6),
+      fill_nan=data.get("fill_nan", False),
+      resolution=data.get("resolution"),
+      shuffle=training,
+      num_epochs=None if training else 1,
+      process_index=process_index,
+      process_count=process_count)
+
+
+def to_global_batch(local_batch: Mapping[str, np.ndarray],
+                    sharding_by_key) -> dict[str, jax.Array]:
+  """Global `jax.Array`s from this process's batch.
+
+  Args:
+    local_batch: `{key: [per_process_batch, ...]}` numpy arrays.
+    sharding_by_key: one `jax.sharding.NamedSharding` for every key, or a
+      mapping key -> sharding; the batch axis is sharded (e.g. on `data`).
+
+  Returns:
+    `{key: [global_batch, ...]}` arrays, global batch = per-process batch x
+    number of processes.
+  """
+  if isinstance(sharding_by_key, jax.sharding.Sharding):
+    sharding_by_key = {key: sharding_by_key for key in local_batch}
+  missing = sorted(set(local_batch) - set(sharding_by_key))
+  if missing:
+    raise ValueError(f"No sharding given for batch key(s) {missing}")
+  return {
+      key: jax.make_array_from_process_local_data(sharding_by_key[key], value)
+      for key, value in local_batch.items()
+  }

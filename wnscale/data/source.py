@@ -1,0 +1,145 @@
+"""A Grain random-access source of normalized training examples.
+
+Example `i` of a time range covers `input_steps + target_steps` consecutive
+model steps starting at the range's `i`-th time; examples that would run past
+the range (or the store) are not produced.
+
+Each example (the batch contract with the model, before batching):
+  * `inputs`:   `[input_steps, grid, channels]` (x - mean) / std
+  * `targets`:  `[target_steps, grid, channels]` (x - mean) / std
+  * `forcings`: `[input_steps + target_steps, grid, 5]` (`forcings.py`)
+  * `statics`:  `[grid, 2]` geopotential_at_surface normalized, land_sea_mask
+    as is
+all float32, grid flattened latitude-major with latitude ascending.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from wnscale.data import forcings as forcings_lib
+from wnscale.data import normalization
+from wnscale.data import store as store_lib
+
+
+class WeatherExampleSource:
+  """Random-access examples of one store and time range.
+
+  Picklable (tensorstore handles pickle by spec) for Grain's spawn workers,
+  with a stable `__repr__` for Grain checkpoints.
+
+  Attributes:
+    store: the opened `store.WeatherStore`.
+    channel_stats: `{"mean", "std", "diff_std"}` `[channels]` float32; the
+      model scales its residual by `diff_std / std`.
+    static_stats: `{"mean", "std"}` `[2]` float32.
+  """
+
+  def __init__(self,
+               path: str,
+               variables,
+               levels,
+               *,
+               input_steps: int = 2,
+               target_steps: int = 1,
+               start: str | None = None,
+               end: str | None = None,
+               time_step_hours: int = 6,
+               fill_nan: bool = False,
+               resolution: float | None = None):
+    """Opens the store and loads (or computes once) its statistics.
+
+    Args:
+      path, variables, levels, time_step_hours, fill_nan, resolution: see
+        `store.open_store`.
+      input_steps, target_steps: model steps per example.
+      start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
+        a date without a time covers that whole day. None: the store's ends.
+    """
+    if input_steps < 1 or target_steps < 1:
+      raise ValueError(f"input_steps ({input_steps}) and target_steps "
+                       f"({target_steps}) must be at least 1")
+    self.store = store_lib.open_store(path, variables, levels,
+                                      time_step_hours=time_step_hours,
+                                      fill_nan=fill_nan, resolution=resolution)
+    stats = normalization.load_or_compute_stats(path, time_step_hours)
+    self.channel_stats = normalization.channel_stats(stats, self.store.variables,
+                                                     self.store.levels)
+    self.static_stats = normalization.static_stats(stats)
+    self.input_steps = input_steps
+    self.target_steps = target_steps
+    self.start, self.end = start, end
+    self._first_time, num_times = _time_range(self.store.times, start, end)
+    self._num_examples = num_times - self.window + 1
+    if self._num_examples <= 0:
+      raise ValueError(
+          f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
+          f"{time_step_hours} h; one example needs {self.window} "
+          f"({input_steps} input + {target_steps} target)")
+    self._statics = None
+
+  @property
+  def window(self) -> int:
+    return self.input_steps + self.target_steps
+
+  def __len__(self) -> int:
+    return self._num_examples
+
+  def __repr__(self) -> str:
+    return (f"WeatherExampleSource(store={self.store!r}, "
+            f"input_steps={self.input_steps}, target_steps={self.target_steps},"
+            f" start={self.start!r}, end={self.end!r})")
+
+  def time_indices(self, index: int) -> np.ndarray:
+    """`[window]` indices into `store.times` of example `index`."""
+    if not 0 <= index < self._num_examples:
+      raise IndexError(f"example {index} out of range [0, {len(self)})")
+    return self._first_time + index + np.arange(self.window)
+
+  def example_times(self, index: int) -> np.ndarray:
+    """`[window]` datetime64 times of example `index` (inputs, then targets)."""
+    return self.store.times[self.time_indices(index)]
+
+  def __getitem__(self, index) -> dict[str, np.ndarray]:
+    index = int(index)
+    time_indices = self.time_indices(index)
+    state = self.store.read_state(time_indices)
+    state -= self.channel_stats["mean"]
+    state /= self.channel_stats["std"]
+    return {
+        "inputs": state[:self.input_steps],
+        "targets": state[self.input_steps:],
+        "forcings": forcings_lib.compute_forcings(
+            self.store.times[time_indices], self.store.latitude,
+            self.store.longitude),
+        "statics": self.statics().copy(),
+    }
+
+  def statics(self) -> np.ndarray:
+    """`[grid, 2]`: normalized surface geopotential, land-sea mask as is."""
+    if self._statics is None:
+      statics = self.store.read_statics()
+      statics[:, 0] = ((statics[:, 0] - self.static_stats["mean"][0]) /
+                       self.static_stats["std"][0])
+      self._statics = statics
+    return self._statics
+
+
+def _time_range(times: np.ndarray, start, end) -> tuple[int, int]:
+  """(index of the first time >= start, number of times in [start, end])."""
+  begin = np.datetime64(pd.Timestamp(start)) if start else times[0]
+  if end:
+    stop = pd.Timestamp(end)
+    # A bare date means the whole day.
+    if len(str(end).strip()) <= 10:
+      stop += pd.Timedelta(days=1) - pd.Timedelta(seconds=1)
+    stop = np.datetime64(stop)
+  else:
+    stop = times[-1]
+  if stop < begin:
+    raise ValueError(f"Time range end {end} is before its start {start}")
+  inside = np.flatnonzero((times >= begin) & (times <= stop))
+  if inside.size == 0:
+    return 0, 0
+  return int(inside[0]), int(inside.size)

@@ -1,0 +1,294 @@
+"""Reads WeatherBench2-layout zarr stores into the wnscale channel layout.
+
+xarray opens metadata and coordinates only; array data is read through
+tensorstore, all variables of one example in flight at once. Works on the
+synthetic stores and on real WB2 / ARCO-ERA5 stores: zarr v2 or v3, latitude
+in either order, with or without pole rows, 1-hourly data subsampled to the
+model's step, a subset of the store's levels, extra variables ignored.
+
+Internal order (see `variables.py`): latitude ascending (-90 -> 90), longitude
+ascending, grid flattened latitude-major.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorstore as ts
+import xarray as xr
+
+from wnscale.data import variables as variables_lib
+
+ATMOSPHERIC_DIMS = ("time", "level", "latitude", "longitude")
+SURFACE_DIMS = ("time", "latitude", "longitude")
+STATIC_DIMS = ("latitude", "longitude")
+# Coordinates are compared to a resolution with this tolerance, in degrees.
+RESOLUTION_TOLERANCE = 1e-3
+
+
+@dataclasses.dataclass(eq=False)
+class WeatherStore:
+  """An opened store: coordinates plus one tensorstore handle per variable.
+
+  Attributes:
+    path: the store's path.
+    variables: state variable names, config order.
+    levels: pressure levels (hPa) used, config order.
+    time_step_hours: the model's step; `times` are the store's times at it.
+    times: `[num_times]` datetime64[ns], every `time_stride`-th store time.
+    latitude: `[num_lat]` ascending, degrees.
+    longitude: `[num_lon]` ascending, degrees.
+    fill_nan: fill NaN with the channel mean instead of raising.
+  """
+
+  path: str
+  variables: tuple[str, ...]
+  levels: tuple[int, ...]
+  time_step_hours: int
+  times: np.ndarray
+  latitude: np.ndarray
+  longitude: np.ndarray
+  fill_nan: bool
+  time_stride: int
+  level_indices: np.ndarray
+  flip_latitude: bool
+  handles: dict
+  channel_fill: np.ndarray | None = None
+  static_fill: np.ndarray | None = None
+
+  @property
+  def num_grid_nodes(self) -> int:
+    return self.latitude.size * self.longitude.size
+
+  @property
+  def channel_names(self) -> list[str]:
+    return variables_lib.channel_names(self.variables, self.levels)
+
+  @property
+  def num_channels(self) -> int:
+    return len(self.channel_names)
+
+  def __repr__(self) -> str:
+    # Stable (no addresses): Grain compares sources by repr on restore.
+    return (f"WeatherStore(path={self.path!r}, variables={self.variables}, "
+            f"levels={self.levels}, time_step_hours={self.time_step_hours}, "
+            f"fill_nan={self.fill_nan})")
+
+  def read_state(self, time_indices, allow_nan: bool = False) -> np.ndarray:
+    """Reads the state at `times[time_indices]`, `[time, grid, channels]` f32.
+
+    All variables are requested at once (tensorstore futures), then gathered.
+    NaN raises a ValueError naming variable and time, unless `fill_nan` (then
+    filled with the channel mean) or `allow_nan` (then left, for statistics).
+    """
+    time_indices = np.asarray(time_indices, dtype=np.int64)
+    if time_indices.min() < 0 or time_indices.max() >= len(self.times):
+      raise ValueError(f"time indices {time_indices} outside the store's "
+                       f"{len(self.times)} times")
+    store_indices = time_indices * self.time_stride
+    futures = {}
+    for name in self.variables:
+      handle = self.handles[name]
+      if variables_lib.lookup(name).atmospheric:
+        futures[name] = handle.oindex[store_indices, self.level_indices].read()
+      else:
+        futures[name] = handle.oindex[store_indices].read()
+    num_lat, num_lon = self.latitude.size, self.longitude.size
+    state = np.empty((len(time_indices), num_lat, num_lon, self.num_channels),
+                     np.float32)
+    channel = 0
+    for name in self.variables:
+      data = futures[name].result()
+      if data.ndim == 3:
+        data = data[:, None]
+      if self.flip_latitude:
+        data = data[:, :, ::-1]
+      width = data.shape[1]
+      # [time, level, lat, lon] -> [time, lat, lon, level]
+      state[..., channel:channel + width] = np.moveaxis(data, 1, -1)
+      channel += width
+    state = state.reshape(len(time_indices), -1, self.num_channels)
+    if not allow_nan and np.isnan(state).any():
+      self._fill_or_raise(state, self.channel_fill, self.channel_names,
+                          self.times[time_indices])
+    return state
+
+  def read_statics(self, allow_nan: bool = False) -> np.ndarray:
+    """`[grid, 2]` float32: `variables.STATIC_VARIABLES` in that order.
+
+    NaN is handled as in `read_state`.
+    """
+    futures = [self.handles[name].read() for name in
+               variables_lib.STATIC_VARIABLES]
+    statics = np.stack([future.result() for future in futures], axis=-1)
+    if self.flip_latitude:
+      statics = statics[::-1]
+    statics = np.ascontiguousarray(statics, np.float32).reshape(-1, 2)
+    if not allow_nan and np.isnan(statics).any():
+      self._fill_or_raise(statics[None], self.static_fill,
+                          list(variables_lib.STATIC_VARIABLES), None)
+    return statics
+
+  def _fill_or_raise(self, array, fill, names, times):
+    """Fills NaN in `[time, grid, channels]` in place, or raises."""
+    if self.fill_nan:
+      if fill is None:
+        raise ValueError("fill_nan=True but no fill values were loaded")
+      np.copyto(array, np.broadcast_to(fill, array.shape),
+                where=np.isnan(array))
+      return
+    bad_time, _, bad_channel = np.argwhere(np.isnan(array))[0]
+    when = "" if times is None else f" at time {times[bad_time]}"
+    raise ValueError(
+        f"NaN in variable {names[bad_channel]!r}{when} of store {self.path}; "
+        "pass fill_nan=True to fill NaN with the variable's mean")
+
+
+def open_store(path: str,
+               variables,
+               levels,
+               time_step_hours: int = 6,
+               fill_nan: bool = False,
+               resolution: float | None = None) -> WeatherStore:
+  """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
+
+  Args:
+    path: local directory of a zarr v2 or v3 store in WB2 layout.
+    variables: state variable names (catalogue names, config order).
+    levels: pressure levels in hPa, config order; each must be in the store.
+    time_step_hours: the model's time step; the store's step must divide it.
+    fill_nan: fill NaN with the channel's mean from the store statistics
+      (`normalization.load_or_compute_stats`) instead of raising.
+    resolution: if given, the store's lat/lon spacing must equal it (degrees).
+
+  Raises:
+    ValueError: naming the problem, for any store that does not fit.
+  """
+  variables = tuple(variables)
+  levels = tuple(int(level) for level in levels)
+  for name in variables:
+    variables_lib.lookup(name)
+  with open_metadata(path) as dataset:
+    _check_variables(dataset, variables, levels, path)
+    times, stride = _subsampled_times(dataset, time_step_hours, path)
+    latitude, longitude, flip = _grid(dataset, resolution, path)
+    store_levels = [int(level) for level in dataset["level"].values
+                   ] if "level" in dataset.coords else []
+  if any(variables_lib.lookup(name).atmospheric for name in variables):
+    level_indices = np.asarray([store_levels.index(level) for level in levels],
+                               np.int64)
+  else:  # surface variables only: levels play no part
+    level_indices = np.zeros(0, np.int64)
+  driver = _tensorstore_driver(path)
+  context = ts.Context()
+  handles = {
+      name: ts.open({"driver": driver, "kvstore": {
+          "driver": "file", "path": os.path.join(path, name)}},
+                    read=True, context=context).result()
+      for name in variables + variables_lib.STATIC_VARIABLES
+  }
+  store = WeatherStore(path, variables, levels, time_step_hours, times,
+                       latitude, longitude, fill_nan, stride, level_indices,
+                       flip, handles)
+  if fill_nan:
+    # Imported here: normalization imports this module to read stores.
+    from wnscale.data import normalization  # pylint: disable=g-import-not-at-top
+    stats = normalization.load_or_compute_stats(path, time_step_hours)
+    store.channel_fill = normalization.channel_stats(stats, variables,
+                                                     levels)["mean"]
+    store.static_fill = normalization.static_stats(stats)["mean"]
+  return store
+
+
+def open_metadata(path: str) -> xr.Dataset:
+  """The store as a lazy xarray Dataset (metadata and coordinates only)."""
+  if not os.path.exists(path):
+    raise ValueError(f"Store not found: {path}")
+  # v2 stores carry .zmetadata (WB2 does); v3 has no consolidated standard.
+  consolidated = _tensorstore_driver(path) == "zarr" and os.path.exists(
+      os.path.join(path, ".zmetadata"))
+  try:
+    return xr.open_zarr(path, chunks=None, consolidated=consolidated)
+  except Exception as error:  # zarr raises many types for a broken store
+    raise ValueError(f"Cannot open {path} as a zarr store: {error}") from error
+
+
+def _check_variables(dataset, variables, levels, path):
+  """Every required variable present with WB2 dims; every level present."""
+  required = variables + variables_lib.STATIC_VARIABLES
+  missing = [name for name in required if name not in dataset]
+  if missing:
+    raise ValueError(
+        f"Store {path} lacks variable(s) {missing}; it has "
+        f"{sorted(str(name) for name in dataset.data_vars)}")
+  for name in required:
+    if name in variables_lib.STATIC_VARIABLES:
+      expected = STATIC_DIMS
+    elif variables_lib.lookup(name).atmospheric:
+      expected = ATMOSPHERIC_DIMS
+    else:
+      expected = SURFACE_DIMS
+    if tuple(dataset[name].dims) != expected:
+      raise ValueError(f"Variable {name!r} in {path} has dims "
+                       f"{tuple(dataset[name].dims)}; expected {expected}")
+  if any(variables_lib.lookup(name).atmospheric for name in variables):
+    store_levels = [int(level) for level in dataset["level"].values]
+    absent = [level for level in levels if level not in store_levels]
+    if absent:
+      raise ValueError(f"Level(s) {absent} hPa not in store {path}; it has "
+                       f"{store_levels}")
+
+
+def _subsampled_times(dataset, time_step_hours, path):
+  """The store's times every `time_step_hours` and the index stride."""
+  times = dataset["time"].values
+  if not np.issubdtype(times.dtype, np.datetime64):
+    raise ValueError(f"Time coordinate of {path} is not datetime-decodable: "
+                     f"dtype {times.dtype}")
+  if len(times) < 2:
+    raise ValueError(f"Store {path} has {len(times)} time(s); need at least 2")
+  steps = np.diff(times) / np.timedelta64(1, "h")
+  if not np.allclose(steps, steps[0]):
+    raise ValueError(f"Time step of {path} is not uniform: steps (hours) range "
+                     f"{steps.min()} .. {steps.max()}")
+  step = float(steps[0])
+  if step <= 0:
+    raise ValueError(f"Times of {path} are not increasing (step {step:g} h)")
+  stride = time_step_hours / step
+  if not float(stride).is_integer():
+    raise ValueError(
+        f"Store {path} has a time step of {step:g} h, which does not divide "
+        f"time_step_hours={time_step_hours} (the store is too coarse or "
+        "misaligned)")
+  stride = int(stride)
+  return times[::stride].astype("datetime64[ns]"), stride
+
+
+def _grid(dataset, resolution, path):
+  """Latitude ascending, longitude ascending, and whether to flip latitude."""
+  latitude = np.asarray(dataset["latitude"].values, np.float64)
+  longitude = np.asarray(dataset["longitude"].values, np.float64)
+  lat_steps, lon_steps = np.diff(latitude), np.diff(longitude)
+  if not (np.all(lat_steps > 0) or np.all(lat_steps < 0)):
+    raise ValueError(f"Latitude of {path} is not monotonic")
+  if not np.all(lon_steps > 0):
+    raise ValueError(f"Longitude of {path} is not ascending")
+  if resolution is not None:
+    spacing = (np.abs(lat_steps).mean(), lon_steps.mean())
+    if any(abs(s - resolution) > RESOLUTION_TOLERANCE for s in spacing):
+      raise ValueError(
+          f"Store {path} has grid spacing {spacing[0]:g} x {spacing[1]:g} deg "
+          f"(lat x lon); the config asks for resolution {resolution:g}")
+  flip = bool(lat_steps[0] < 0)
+  return (latitude[::-1] if flip else latitude), longitude, flip
+
+
+def _tensorstore_driver(path: str) -> str:
+  """`zarr` for a v2 store (`.zgroup`), `zarr3` for v3 (`zarr.json`)."""
+  if os.path.exists(os.path.join(path, "zarr.json")):
+    return "zarr3"
+  if os.path.exists(os.path.join(path, ".zgroup")):
+    return "zarr"
+  raise ValueError(f"{path} has neither .zgroup (zarr v2) nor zarr.json (v3)")

@@ -1,0 +1,44 @@
+"""The device mesh: axis names, defined once, and its construction from the config.
+
+`data` splits the batch; `graph` splits space (grid nodes, mesh nodes, edges).
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+DATA = "data"
+GRAPH = "graph"
+AXES = (DATA, GRAPH)
+
+
+def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int]:
+  """`(data, graph)` sizes; -1 takes the devices left over. A clear error if they don't fit."""
+  data, graph = mesh_config.data, mesh_config.graph
+  if data == -1 or graph == -1:
+    fixed = graph if data == -1 else data
+    if num_devices % fixed:
+      raise ValueError(f"mesh: {num_devices} devices cannot be split into groups of {fixed} "
+                       f"(mesh.data={data}, mesh.graph={graph}).")
+    data, graph = (num_devices // fixed, graph) if data == -1 else (data, num_devices // fixed)
+  if data * graph != num_devices:
+    raise ValueError(f"mesh: mesh.data x mesh.graph = {data} x {graph} = {data * graph} does "
+                     f"not match the {num_devices} available devices.")
+  return data, graph
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """A `(data, graph)` mesh over `devices` (default: all devices of all processes).
+
+  Axis types are `Auto`: shard_map then reshards inputs as needed, while
+  explicit `in_specs` keep every collective visible in the model code.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_config, len(devices))
+  # Graph shards of one example sit next to each other (same host where possible),
+  # since the exchange between them runs every layer.
+  grid = np.array(devices, dtype=object).reshape(shape)
+  return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * 2)

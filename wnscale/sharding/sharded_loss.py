@@ -1,0 +1,122 @@
+"""The forecast loss with the graph split over devices: the three GNN stages under `shard_map`.
+
+Host side, `ShardedLayout` partitions the graphs once and lays constants and
+batches out in the padded, sharded node order. Device side, `loss(params,
+constants, batch)` runs the model's rollout inside `jax.shard_map` over the
+`(data, graph)` mesh: every collective is explicit (the exchange's
+`all_gather` / `ppermute`, and one `psum` of the loss). Parameters are
+replicated; taking `jax.grad` outside the `shard_map` reduces their gradients
+over both axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from wnscale.model import forecast
+from wnscale.model.forecast import Constants
+from wnscale.sharding import partition as partition_lib
+from wnscale.sharding.exchange import AllGatherExchange, HaloExchange
+from wnscale.sharding.mesh import DATA, GRAPH
+from wnscale.train import loss as loss_lib
+
+# Batch arrays: batch on `data`, grid nodes on `graph`.
+BATCH_SPECS = {
+    "inputs": P(DATA, None, GRAPH),
+    "targets": P(DATA, None, GRAPH),
+    "forcings": P(DATA, None, GRAPH),
+    "statics": P(DATA, GRAPH),
+}
+_GRID_AXIS = {"inputs": 2, "targets": 2, "forcings": 2, "statics": 1}
+
+
+class ShardedLayout:
+  """The graphs partitioned over a mesh's `graph` axis, and how arrays are laid out on it."""
+
+  def __init__(self, mesh: Mesh, graphs, grid_xyz, mesh_xyz, exchange: str):
+    self.mesh = mesh
+    self.num_shards = mesh.shape[GRAPH]
+    self.partitioned = partition_lib.partition_graphs(graphs, grid_xyz, mesh_xyz,
+                                                      self.num_shards, exchange)
+    self.num_grid_nodes = graphs.num_grid_nodes
+
+  def sharding(self, spec: P) -> NamedSharding:
+    return NamedSharding(self.mesh, spec)
+
+  def constants(self, constants: Constants):
+    """Device constants: graph arrays and node weights on `graph`, the rest replicated.
+
+    Returns `(Constants, halo_indices)`; `halo_indices` is a dict (empty in
+    all_gather mode) of per-edge-set tuples of `[num_shards, rows]` arrays.
+    """
+    part = self.partitioned
+    on_graph = self.sharding(P(GRAPH))
+    replicated = self.sharding(P())
+    device_constants = Constants(
+        graphs=jax.device_put(part.graphs, on_graph),
+        residual_scale=jax.device_put(constants.residual_scale, replicated),
+        node_weights=jax.device_put(part.grid.to_slots(constants.node_weights, 0), on_graph),
+        channel_weights=jax.device_put(constants.channel_weights, replicated))
+    halos = part.halos or {}
+    halo_indices = {name: tuple(jax.device_put(i, on_graph) for i in halo.send_indices)
+                    for name, halo in halos.items()}
+    return device_constants, halo_indices
+
+  def host_batch(self, batch: dict) -> dict:
+    """Reorders a host batch's grid axis into the padded, sharded node order."""
+    return {k: self.partitioned.grid.to_slots(v, _GRID_AXIS[k]) for k, v in batch.items()}
+
+  def batch(self, batch: dict) -> dict:
+    """A global host batch as device arrays on the mesh (single process)."""
+    return {k: jax.device_put(v, self.sharding(BATCH_SPECS[k]))
+            for k, v in self.host_batch(batch).items()}
+
+  def predictions_to_grid(self, predictions) -> np.ndarray:
+    """`[B, T, slots, C]` (device or host) back to `[B, T, num_grid_nodes, C]`."""
+    return self.partitioned.grid.from_slots(np.asarray(predictions), axis=2)
+
+  def _exchange(self, halo_indices):
+    if self.partitioned.exchange == "all_gather":
+      return AllGatherExchange()
+    offsets = {name: halo.offsets for name, halo in self.partitioned.halos.items()}
+    local = {name: tuple(i[0] for i in indices) for name, indices in halo_indices.items()}
+    return HaloExchange(offsets, local, self.num_shards)
+
+  def _shard_mapped(self, fn, out_specs):
+    """`fn(params, local constants, exchange, local batch)` under shard_map."""
+    def body(params, constants, halo_indices, batch):
+      local_graphs = jax.tree.map(lambda x: x[0], constants.graphs)  # drop the shard axis
+      return fn(params, constants._replace(graphs=local_graphs),
+                self._exchange(halo_indices), batch)
+
+    constant_specs = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
+                               channel_weights=P())
+    return jax.shard_map(body, mesh=self.mesh,
+                         in_specs=(P(), constant_specs, P(GRAPH), BATCH_SPECS),
+                         out_specs=out_specs)
+
+  def loss_fn(self, graphdef, *, remat_steps: bool = False):
+    """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss."""
+    def local_loss(params, constants, exchange, batch):
+      predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch, remat_steps=remat_steps,
+                                     exchange=exchange)
+      errors = loss_lib.weighted_squared_error(predictions, batch["targets"], constants)
+      num_examples = errors.shape[0] * self.mesh.shape[DATA]
+      count = num_examples * errors.shape[1] * self.num_grid_nodes  # real nodes only
+      return jax.lax.psum(jnp.sum(errors), (DATA, GRAPH)) / count
+
+    return self._shard_mapped(local_loss, out_specs=P())
+
+  def predict_fn(self, graphdef):
+    """`predict(params, constants, halo_indices, batch) -> [B, T, slots, C]` normalized."""
+    def local_predict(params, constants, exchange, batch):
+      return forecast.rollout(nnx.merge(graphdef, params), constants, batch,
+                              exchange=exchange)
+
+    return self._shard_mapped(local_predict, out_specs=P(DATA, None, GRAPH))
+
