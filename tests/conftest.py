@@ -13,7 +13,8 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 )
 # Keep the on-disk graph cache inside the test session, never the user's cache.
-os.environ.setdefault("WNSCALE_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "test"))
+os.environ.setdefault("WNSCALE_CACHE_DIR",
+                      os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".cache", "test")))
 
 import absl.flags  # noqa: E402
 

@@ -166,6 +166,7 @@ def open_store(path: str,
   Raises:
     ValueError: naming the problem, for any store that does not fit.
   """
+  path = os.path.abspath(path)  # tensorstore refuses paths with ".."
   variables = tuple(variables)
   levels = tuple(int(level) for level in levels)
   for name in variables:

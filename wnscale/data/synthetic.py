@@ -259,6 +259,7 @@ def write_synthetic_store(
     raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format}")
   if time_step_hours <= 0:
     raise ValueError(f"time_step_hours must be positive, got {time_step_hours}")
+  path = os.path.abspath(path)  # tensorstore refuses paths with ".."
   names = list(variables or variables_lib.VARIABLES)
   for name in names:
     variables_lib.lookup(name)

@@ -101,8 +101,8 @@ def _build(latitude, longitude, mesh_levels, radius_fraction) -> Graphs:
 
 def cache_dir() -> str:
   """`$WNSCALE_CACHE_DIR`, or `~/.cache/wnscale`."""
-  return os.environ.get("WNSCALE_CACHE_DIR",
-                        os.path.join(os.path.expanduser("~"), ".cache", "wnscale"))
+  return os.path.abspath(os.environ.get(
+      "WNSCALE_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "wnscale")))
 
 
 def _cache_key(latitude, longitude, mesh_levels, radius_fraction) -> str:

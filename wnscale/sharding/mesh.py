@@ -42,3 +42,21 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
   # since the exchange between them runs every layer.
   grid = np.array(devices, dtype=object).reshape(shape)
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * 2)
+
+
+def process_data_group(mesh: Mesh) -> tuple[int, int]:
+  """`(group, num_groups)`: which share of each global batch this process reads.
+
+  Processes whose devices hold the same rows of the batch (the same `data`
+  coordinates, e.g. the graph shards of one example spread over two hosts)
+  form a group and read the same examples; groups read disjoint examples.
+  """
+  rows_of_process: dict[int, set] = {}
+  for (data, _), device in np.ndenumerate(mesh.devices):
+    rows_of_process.setdefault(device.process_index, set()).add(data)
+  groups = sorted({frozenset(rows) for rows in rows_of_process.values()}, key=min)
+  covered = [row for group in groups for row in group]
+  if len(covered) != len(set(covered)):
+    raise ValueError("mesh: processes share some but not all batch rows; make mesh.graph "
+                     "divide or be a multiple of the devices per process.")
+  return groups.index(frozenset(rows_of_process[jax.process_index()])), len(groups)

@@ -76,6 +76,26 @@ class ShardedLayout:
     return {k: jax.device_put(v, self.sharding(BATCH_SPECS[k]))
             for k, v in self.host_batch(batch).items()}
 
+  def global_batch(self, local_batch: dict, global_batch_size: int) -> dict:
+    """Global device arrays from this process's share of a batch (any process count).
+
+    `local_batch` holds this process's data group's examples (see
+    `mesh.process_data_group`) with all grid nodes; each process contributes
+    the block of rows and grid slots its devices hold, via
+    `jax.make_array_from_process_local_data`.
+    """
+    arrays = {}
+    for key, value in self.host_batch(local_batch).items():
+      sharding = self.sharding(BATCH_SPECS[key])
+      global_shape = (global_batch_size,) + value.shape[1:]
+      axis = _GRID_AXIS[key]
+      blocks = sharding.addressable_devices_indices_map(global_shape).values()
+      start = min(index[axis].start or 0 for index in blocks)
+      stop = max(index[axis].stop or value.shape[axis] for index in blocks)
+      local = np.take(value, np.arange(start, stop), axis=axis)
+      arrays[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+    return arrays
+
   def predictions_to_grid(self, predictions) -> np.ndarray:
     """`[B, T, slots, C]` (device or host) back to `[B, T, num_grid_nodes, C]`."""
     return self.partitioned.grid.from_slots(np.asarray(predictions), axis=2)
@@ -87,17 +107,18 @@ class ShardedLayout:
     local = {name: tuple(i[0] for i in indices) for name, indices in halo_indices.items()}
     return HaloExchange(offsets, local, self.num_shards)
 
-  def _shard_mapped(self, fn, out_specs):
-    """`fn(params, local constants, exchange, local batch)` under shard_map."""
-    def body(params, constants, halo_indices, batch):
+  def _shard_mapped(self, fn, out_specs, extra_in_specs=()):
+    """`fn(params, local constants, exchange, local batch, *extra)` under shard_map."""
+    def body(params, constants, halo_indices, batch, *extra):
       local_graphs = jax.tree.map(lambda x: x[0], constants.graphs)  # drop the shard axis
       return fn(params, constants._replace(graphs=local_graphs),
-                self._exchange(halo_indices), batch)
+                self._exchange(halo_indices), batch, *extra)
 
     constant_specs = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
                                channel_weights=P())
     return jax.shard_map(body, mesh=self.mesh,
-                         in_specs=(P(), constant_specs, P(GRAPH), BATCH_SPECS),
+                         in_specs=(P(), constant_specs, P(GRAPH), BATCH_SPECS)
+                         + tuple(extra_in_specs),
                          out_specs=out_specs)
 
   def loss_fn(self, graphdef, *, remat_steps: bool = False):
@@ -111,6 +132,21 @@ class ShardedLayout:
       return jax.lax.psum(jnp.sum(errors), (DATA, GRAPH)) / count
 
     return self._shard_mapped(local_loss, out_specs=P())
+
+  def error_sums_fn(self, graphdef):
+    """`(params, constants, halo_indices, batch, std [C]) -> [C]` area-weighted squared errors.
+
+    Errors are scaled by `std` (normalized -> physical units) and summed over
+    examples, lead times and real grid nodes; used for evaluation RMSE.
+    """
+    def local_error_sums(params, constants, exchange, batch, std):
+      predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
+                                     exchange=exchange)
+      squared = jnp.square((predictions - batch["targets"]) * std)
+      per_channel = jnp.einsum("btgc,g->c", squared, constants.node_weights)
+      return jax.lax.psum(per_channel, (DATA, GRAPH))
+
+    return self._shard_mapped(local_error_sums, out_specs=P(), extra_in_specs=(P(),))
 
   def predict_fn(self, graphdef):
     """`predict(params, constants, halo_indices, batch) -> [B, T, slots, C]` normalized."""

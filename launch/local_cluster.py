@@ -1,0 +1,81 @@
+"""Runs N local CPU processes of a multi-process job, to try multi-host on one machine.
+
+  python -m launch.local_cluster --num_processes=2 -- --config=configs/tiny.py --workdir=DIR
+
+Starts `python -m launch.train` (or `--module`) N times with a free loopback
+coordinator port, `--platform=cpu` and each process's share of
+`--num_cpu_devices` fake devices; prefixes each line of output with the
+process id; if one process fails, stops the others; exits with the first
+failure's code.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app, flags
+
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.")
+_NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", 4,
+                                        "Fake CPU devices over all processes.")
+_MODULE = flags.DEFINE_string("module", "launch.train", "Entry point run in each process.")
+_TIMEOUT = flags.DEFINE_float("timeout", 3600.0, "Seconds before all processes are stopped.")
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _forward(process_id: int, stream):
+  for line in iter(stream.readline, ""):
+    sys.stdout.write(f"[p{process_id}] {line}")
+    sys.stdout.flush()
+
+
+def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: list[str],
+                timeout: float) -> int:
+  """Starts the processes, waits for all, returns 0 or the first nonzero exit code."""
+  if num_cpu_devices % num_processes:
+    raise ValueError(f"{num_cpu_devices} devices do not split over {num_processes} processes.")
+  port = free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  processes = []
+  for process_id in range(num_processes):
+    command = [sys.executable, "-m", module, *args, f"--coordinator_address=localhost:{port}",
+               f"--num_processes={num_processes}", f"--process_id={process_id}",
+               "--platform=cpu", f"--num_cpu_devices={num_cpu_devices // num_processes}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env)
+    threading.Thread(target=_forward, args=(process_id, process.stdout), daemon=True).start()
+    processes.append(process)
+  deadline = time.monotonic() + timeout
+  code = 0
+  try:
+    while any(p.poll() is None for p in processes):
+      failed = [p.returncode for p in processes if p.returncode not in (None, 0)]
+      if failed or time.monotonic() > deadline:
+        code = failed[0] if failed else 124
+        break
+      time.sleep(0.2)
+    else:
+      code = next((p.returncode for p in processes if p.returncode), 0)
+  finally:
+    for p in processes:  # only the processes started here
+      if p.poll() is None:
+        p.kill()
+      p.wait()
+  return code
+
+
+def main(argv):
+  sys.exit(run_cluster(_NUM_PROCESSES.value, _NUM_CPU_DEVICES.value, _MODULE.value, argv[1:],
+                       _TIMEOUT.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,54 @@
+"""Finds the run's zarr store, making the synthetic ERA5-like one when none is configured."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import ml_collections
+from jax.experimental import multihost_utils
+
+import jax
+from wnscale.data import synthetic
+from wnscale.data import variables as variables_lib
+from wnscale.graphs.build import cache_dir
+
+
+def synthetic_store_path(data: ml_collections.ConfigDict) -> str:
+  """Where the synthetic store for `data`'s resolution, levels and time ranges lives."""
+  start = min(data.train_start, data.eval_start)
+  end = max(data.train_end, data.eval_end)
+  levels = _store_levels(data.pressure_levels)
+  name = f"synthetic-{data.resolution}deg-{len(levels)}levels-{start}-{end}.zarr"
+  return os.path.join(cache_dir(), "datasets", name)
+
+
+def _store_levels(levels):
+  if set(levels) <= set(variables_lib.WB2_LEVELS_13):
+    return variables_lib.WB2_LEVELS_13
+  return variables_lib.ERA5_LEVELS_37
+
+
+def resolve_store(config: ml_collections.ConfigDict) -> str:
+  """`config.data.path`, or the synthetic store (written by process 0 if missing).
+
+  The synthetic store is written to a temporary name and renamed when
+  complete, so an interrupted write is never mistaken for a store.
+  """
+  data = config.data
+  if data.path:
+    return data.path
+  path = synthetic_store_path(data)
+  if jax.process_index() == 0 and not os.path.exists(path):
+    partial = f"{path}.partial-{os.getpid()}"
+    synthetic.write_synthetic_store(
+        partial, resolution=data.resolution, start=min(data.train_start, data.eval_start),
+        end=max(data.train_end, data.eval_end), levels=_store_levels(data.pressure_levels),
+        seed=config.seed, time_step_hours=data.time_step_hours)
+    try:
+      os.replace(partial, path)
+    except OSError:  # another run finished the same store first
+      shutil.rmtree(partial, ignore_errors=True)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("wnscale synthetic store ready")
+  return path

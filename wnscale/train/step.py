@@ -1,0 +1,60 @@
+"""The jitted training and evaluation steps, on the sharded layout.
+
+`train_step(state, constants, halo_indices, batch) -> (state, metrics)` is
+compiled once with explicit input and output shardings; the state is donated,
+and nothing in it syncs with the host.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import PartitionSpec as P
+
+from wnscale.sharding.sharded_loss import BATCH_SPECS, ShardedLayout
+from wnscale.train.state import TrainState
+
+
+def _shardings(layout: ShardedLayout, constants, halo_indices):
+  replicated = layout.sharding(P())
+  batch = {k: layout.sharding(spec) for k, spec in BATCH_SPECS.items()}
+  return (replicated, jax.tree.map(lambda x: x.sharding, constants),
+          jax.tree.map(lambda x: x.sharding, halo_indices), batch)
+
+
+def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
+                    halo_indices, *, remat_steps: bool = False):
+  """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings."""
+  loss_fn = layout.loss_fn(graphdef, remat_steps=remat_steps)
+
+  def train_step(state: TrainState, constants, halo_indices, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, constants, halo_indices, batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    first_bad = (state.nonfinite_step < 0) & ~jnp.isfinite(loss)
+    new_state = TrainState(
+        step=state.step + 1, params=params, opt_state=opt_state,
+        rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1)),
+        nonfinite_step=jnp.where(first_bad, state.step, state.nonfinite_step))
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+               "learning_rate": schedule(state.step)}
+    return new_state, metrics
+
+  in_shardings = _shardings(layout, constants, halo_indices)
+  replicated = in_shardings[0]
+  return jax.jit(train_step, in_shardings=in_shardings,
+                 out_shardings=(replicated, replicated), donate_argnums=0)
+
+
+def make_eval_step(layout: ShardedLayout, graphdef, constants, halo_indices):
+  """`eval_step(params, constants, halo_indices, batch, std) -> [C]` summed squared errors.
+
+  Errors are in physical units (normalized error x `std`), area-weighted over
+  grid nodes, summed over examples, lead times and nodes; divide by the
+  number of (example, lead time, node) triples for the MSE.
+  """
+  error_sums = layout.error_sums_fn(graphdef)
+  shardings = _shardings(layout, constants, halo_indices)
+  return jax.jit(error_sums, in_shardings=shardings + (shardings[0],),
+                 out_shardings=shardings[0])
