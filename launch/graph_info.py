@@ -23,10 +23,8 @@ _NO_CACHE = flags.DEFINE_bool("no_cache", False, "Build even if the graphs are c
 def main(argv):
   del argv
   config = config_lib.validate(_CONFIG.value)
-  # The training grid comes from the store; without one, the standard grid of
-  # the configured resolution (pole rows at 1.5 deg and finer, as ERA5 has).
-  latitude, longitude = grid.regular_grid(config.data.resolution,
-                                          include_poles=config.data.resolution <= 1.5)
+  # The training grid comes from the store; here, the standard grid of the resolution.
+  latitude, longitude = grid.standard_grid(config.data.resolution)
   start = time.perf_counter()
   graphs = build.build_graphs(latitude, longitude, config.model.mesh_levels,
                               config.model.radius_fraction, use_cache=not _NO_CACHE.value)

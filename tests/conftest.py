@@ -3,6 +3,10 @@
 import os
 
 os.environ["JAX_PLATFORMS"] = "cpu"
+# With libtpu installed (TPU AOT tests): quiet its start-up, allow several processes.
+os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # 8 fake devices for sharding tests; the sequential scheduler makes memory_analysis
 # reflect rematerialization (see shared JAX notes, section 3).
 os.environ["XLA_FLAGS"] = (

@@ -6,10 +6,11 @@ The spine of the project: rematerialization may only change memory and time.
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale.graphs import grid
-from wnscale.model import setup
+from wnscale.model import forecast, setup
 from wnscale.train import loss as loss_lib
 
 
@@ -72,3 +73,34 @@ def test_bfloat16_activations_track_float32(problem, reference):
   params = problem[2]
   assert all(p.dtype == np.float32 for p in jax.tree.leaves(params))
   assert all(g.dtype == np.float32 for g in jax.tree.leaves(grads))
+
+
+@pytest.fixture(scope="module")
+def rollout_problem():
+  config = small_config()
+  config.data.target_steps = 3
+  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
+  return config, setup.synthetic_problem(config, latitude, longitude, batch_size=1, seed=5)
+
+
+def test_rollout_feeds_predictions_back(rollout_problem):
+  config, (constants, batch, params) = rollout_problem
+  graphdef, _ = setup.init_model_shapes(config)
+  model = nnx.merge(graphdef, params)
+  predictions = jax.jit(lambda b: forecast.rollout(model, constants, b))(batch)
+  history = batch["inputs"]
+  for lead in range(3):
+    expected = forecast.one_step(model, constants, history, batch["forcings"][:, lead:lead + 3],
+                                 batch["statics"])
+    np.testing.assert_allclose(predictions[:, lead], expected, rtol=1e-5, atol=1e-5)
+    history = np.concatenate([history[:, 1:], np.asarray(expected)[:, None]], axis=1)
+
+
+def test_rollout_remat_matches(rollout_problem):
+  config, (constants, batch, params) = rollout_problem
+  graphdef, _ = setup.init_model_shapes(config)
+  results = [jax.jit(jax.value_and_grad(lambda p: loss_lib.forecast_loss(
+      graphdef, p, constants, batch, remat_steps=remat)))(params) for remat in (False, True)]
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

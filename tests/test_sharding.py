@@ -178,12 +178,8 @@ def test_four_graph_shards_use_much_less_memory_per_device():
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
   positions = setup.node_positions(config, latitude, longitude)
   layout = sharded_loss.ShardedLayout(mesh, graphs, *positions, "halo")
-  device_constants, halo_indices = layout.constants(constants)
-  batch = {k: jax.ShapeDtypeStruct((1,) + v.shape[1:2] + (layout.partitioned.grid.per_shard * 4,)
-                                   + v.shape[3:] if v.ndim == 4 else
-                                   (1, layout.partitioned.grid.per_shard * 4, v.shape[-1]),
-                                   v.dtype, sharding=layout.sharding(sharded_loss.BATCH_SPECS[k]))
-           for k, v in batch.items()}
+  device_constants, halo_indices = layout.abstract_constants(constants)
+  batch = layout.abstract_batch(batch)
   graphdef, _ = setup.init_model_shapes(config)
   compiled = jax.jit(jax.value_and_grad(layout.loss_fn(graphdef))).lower(
       params, device_constants, halo_indices, batch).compile()

@@ -29,7 +29,9 @@ def default_config() -> ml_collections.ConfigDict:
   m.remat_grid_to_mesh_gnn = False  # checkpoint the whole encoder
   m.remat_mesh_gnn = False  # checkpoint the processor, one checkpoint per mesh_remat_every layers
   m.remat_mesh_to_grid_gnn = False  # checkpoint the whole decoder
-  m.remat_policy = "nothing_saveable"  # a name from wnscale.model.remat.POLICY_NAMES
+  m.remat_policy = "nothing_saveable"  # a name from wnscale.model.remat.POLICY_NAMES, or
+  # "auto": before training, the cheapest remat settings whose compiled step fits
+  # train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)
   m.mesh_remat_every = 1  # layers per processor checkpoint (GraphCast: 3)
   m.edge_chunks = 1  # encoder/decoder edges in this many blocks, each under its own checkpoint
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
@@ -72,6 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.eval_batches = 4  # batches per evaluation
   t.checkpoint_every = 100  # steps between asynchronous checkpoints
   t.max_checkpoints = 3  # checkpoints kept
+  t.memory_budget_gib = 0.0  # per-device memory for remat_policy="auto"; 0: the device's memory
   return c
 
 
@@ -121,7 +124,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks keys, types and combinations against `default_config()`; returns `config`."""
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
-  remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
+  if m.remat_policy != "auto":
+    remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {DTYPES}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
@@ -149,6 +153,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ("log_every", "checkpoint_every", "max_checkpoints"):
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
+  _require(t.memory_budget_gib >= 0, "train.memory_budget_gib must be >= 0")
   return config
 
 

@@ -53,3 +53,10 @@ def xyz_to_lat_lon(xyz: np.ndarray):
   lat = np.rad2deg(np.arcsin(np.clip(xyz[:, 2], -1.0, 1.0)))
   lon = np.rad2deg(np.arctan2(xyz[:, 1], xyz[:, 0])) % 360.0
   return lat, lon
+
+
+def standard_grid(resolution: float):
+  """The usual grid at `resolution`: ERA5's with pole rows at 1 deg and finer
+  (721 x 1440 at 0.25 deg), WeatherBench2's without them when coarser (32 x 64
+  at 5.625 deg). For configs and AOT compiles; training takes the store's grid."""
+  return regular_grid(resolution, include_poles=resolution <= 1.0)

@@ -60,3 +60,11 @@ def process_data_group(mesh: Mesh) -> tuple[int, int]:
     raise ValueError("mesh: processes share some but not all batch rows; make mesh.graph "
                      "divide or be a multiple of the devices per process.")
   return groups.index(frozenset(rows_of_process[jax.process_index()])), len(groups)
+
+
+def check_batch_size(mesh: Mesh, batch_size: int):
+  """A clear error when the global batch does not split over the `data` axis."""
+  if batch_size % mesh.shape[DATA]:
+    raise ValueError(f"train.batch_size={batch_size} is not divisible by the "
+                     f"{mesh.shape[DATA]} data shards of the mesh (mesh.data); change one of "
+                     "them, or give the graph more devices (mesh.graph).")

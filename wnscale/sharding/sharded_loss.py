@@ -48,24 +48,44 @@ class ShardedLayout:
   def sharding(self, spec: P) -> NamedSharding:
     return NamedSharding(self.mesh, spec)
 
-  def constants(self, constants: Constants):
-    """Device constants: graph arrays and node weights on `graph`, the rest replicated.
+  def _laid_out_constants(self, constants: Constants):
+    """`(host arrays, shardings)`: graph arrays and node weights on `graph`, the rest replicated.
 
-    Returns `(Constants, halo_indices)`; `halo_indices` is a dict (empty in
+    Both are `(Constants, halo_indices)`; `halo_indices` is a dict (empty in
     all_gather mode) of per-edge-set tuples of `[num_shards, rows]` arrays.
     """
     part = self.partitioned
-    on_graph = self.sharding(P(GRAPH))
-    replicated = self.sharding(P())
-    device_constants = Constants(
-        graphs=jax.device_put(part.graphs, on_graph),
-        residual_scale=jax.device_put(constants.residual_scale, replicated),
-        node_weights=jax.device_put(part.grid.to_slots(constants.node_weights, 0), on_graph),
-        channel_weights=jax.device_put(constants.channel_weights, replicated))
-    halos = part.halos or {}
-    halo_indices = {name: tuple(jax.device_put(i, on_graph) for i in halo.send_indices)
-                    for name, halo in halos.items()}
-    return device_constants, halo_indices
+    on_graph, replicated = self.sharding(P(GRAPH)), self.sharding(P())
+    host = Constants(graphs=part.graphs, residual_scale=constants.residual_scale,
+                     node_weights=part.grid.to_slots(constants.node_weights, 0),
+                     channel_weights=constants.channel_weights)
+    shardings = Constants(graphs=jax.tree.map(lambda _: on_graph, part.graphs),
+                          residual_scale=replicated, node_weights=on_graph,
+                          channel_weights=replicated)
+    halo_indices = {name: halo.send_indices for name, halo in (part.halos or {}).items()}
+    return (host, halo_indices), (shardings, jax.tree.map(lambda _: on_graph, halo_indices))
+
+  def constants(self, constants: Constants):
+    """Device `(Constants, halo_indices)` laid out on the mesh."""
+    host, shardings = self._laid_out_constants(constants)
+    return jax.device_put(host, shardings)
+
+  def abstract_constants(self, constants: Constants):
+    """`jax.ShapeDtypeStruct`s of `constants(...)`: for AOT compiles, nothing allocated."""
+    host, shardings = self._laid_out_constants(constants)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype,
+                                                          sharding=s), host, shardings)
+
+  def abstract_batch(self, shapes: dict) -> dict:
+    """Sharded `jax.ShapeDtypeStruct`s of a global batch with `shapes` (grid axis: all nodes)."""
+    slots = self.num_shards * self.partitioned.grid.per_shard
+    abstract = {}
+    for key, shape in shapes.items():
+      dims = list(shape.shape)
+      dims[_GRID_AXIS[key]] = slots
+      abstract[key] = jax.ShapeDtypeStruct(tuple(dims), shape.dtype,
+                                           sharding=self.sharding(BATCH_SPECS[key]))
+    return abstract
 
   def host_batch(self, batch: dict) -> dict:
     """Reorders a host batch's grid axis into the padded, sharded node order."""
@@ -95,10 +115,6 @@ class ShardedLayout:
       local = np.take(value, np.arange(start, stop), axis=axis)
       arrays[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
     return arrays
-
-  def predictions_to_grid(self, predictions) -> np.ndarray:
-    """`[B, T, slots, C]` (device or host) back to `[B, T, num_grid_nodes, C]`."""
-    return self.partitioned.grid.from_slots(np.asarray(predictions), axis=2)
 
   def _exchange(self, halo_indices):
     if self.partitioned.exchange == "all_gather":
@@ -147,12 +163,3 @@ class ShardedLayout:
       return jax.lax.psum(per_channel, (DATA, GRAPH))
 
     return self._shard_mapped(local_error_sums, out_specs=P(), extra_in_specs=(P(),))
-
-  def predict_fn(self, graphdef):
-    """`predict(params, constants, halo_indices, batch) -> [B, T, slots, C]` normalized."""
-    def local_predict(params, constants, exchange, batch):
-      return forecast.rollout(nnx.merge(graphdef, params), constants, batch,
-                              exchange=exchange)
-
-    return self._shard_mapped(local_predict, out_specs=P(DATA, None, GRAPH))
-

@@ -66,22 +66,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
-  data_shards = mesh.shape[mesh_lib.DATA]
-  if config.train.batch_size % data_shards:
-    raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
-                     f"{data_shards} data shards of the mesh.")
+  mesh_lib.check_batch_size(mesh, config.train.batch_size)
   if is_main:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
 
   # Data: this process's share (processes holding the same batch rows read the same examples).
-  config = ml_collections.ConfigDict(config)  # a copy; the store path gets resolved
+  config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   config.data.path = datasets.resolve_store(config)
   group, num_groups = mesh_lib.process_data_group(mesh)
   train_data = pipeline.from_config(config, "train", process_index=group,
                                     process_count=num_groups)
   source = train_data.source
   latitude, longitude = source.store.latitude, source.store.longitude
+
+  if config.model.remat_policy == "auto":
+    config.model.update(_auto_remat(config)["overrides"])
 
   # Model, constants and the sharded layout.
   stats = source.channel_stats
@@ -182,6 +182,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if hasattr(train_data.iterator, "close"):
       train_data.iterator.close()
   return last
+
+
+def _auto_remat(config) -> dict:
+  """Chooses remat settings for this run's devices (`wnscale.planner.auto_remat`)."""
+  from wnscale.planner import auto_remat, topology
+  devices = jax.devices()
+  memory = (devices[0].memory_stats() or {}).get("bytes_limit")
+  if memory is None and devices[0].platform == "cpu":  # fake CPU devices share the host
+    memory = topology.host_memory_bytes() // jax.local_device_count()
+  target = topology.Target(f"{devices[0].platform}:{len(devices)}", tuple(devices), memory)
+  budget = int(config.train.memory_budget_gib * topology.GIB) or None
+  choice = auto_remat.choose_remat(config, target, budget)
+  logging.info("remat_policy='auto' chose %s", choice["reason"])
+  return choice
 
 
 def _train_pipeline(config, group, num_groups, offset):

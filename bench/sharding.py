@@ -1,0 +1,101 @@
+"""Graph sharding side by side: per-device memory, bytes exchanged, step time, G = 1, 2, 4, 8.
+
+  python bench/sharding.py [--resolution=1.0 --mesh_levels=5 --latent=128 --steps=8]
+
+Runs on 8 fake CPU devices. Memory: per-device temporary bytes XLA reports for
+the compiled loss + gradients (one example, graph sharded G ways). Bytes
+moved: counted from the partition's index lists, per device per step, forward
+plus backward (all_gather: (G-1) x rows_per_shard rows per exchange, its
+transpose psum_scatter the same; halo: the rows received, its transpose the
+same back), over 1 encoder, `steps` processor and 1 decoder exchanges. Step
+time on fake devices shares this machine's cores, so it shows overhead, not
+speed-up. Targets: memory at G shards within 1.25/G of one device; halo moves
+at most a quarter of all_gather's bytes at G = 8.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8"
+                           + " --xla_cpu_enable_concurrency_optimized_scheduler=false")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+
+from wnscale import config as config_lib  # noqa: E402
+from wnscale.graphs import grid  # noqa: E402
+from wnscale.model import cost, setup  # noqa: E402
+from wnscale.sharding import mesh as mesh_lib  # noqa: E402
+from wnscale.sharding import sharded_loss  # noqa: E402
+
+
+def exchanged_rows(layout, steps: int) -> int:
+  """Rows one device receives per forward pass, from the partition's index lists."""
+  part = layout.partitioned
+  calls = {"grid_to_mesh": 1, "mesh": steps, "mesh_to_grid": 1}
+  if part.exchange == "all_gather":
+    per_shard = {"grid_to_mesh": part.grid.per_shard, "mesh": part.mesh.per_shard,
+                 "mesh_to_grid": part.mesh.per_shard}
+    return sum(n * (layout.num_shards - 1) * per_shard[name] for name, n in calls.items())
+  return sum(n * part.halos[name].rows_received() for name, n in calls.items())
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--resolution", type=float, default=1.0)
+  parser.add_argument("--mesh_levels", type=int, default=5)
+  parser.add_argument("--latent", type=int, default=128)
+  parser.add_argument("--steps", type=int, default=8)
+  parser.add_argument("--repeats", type=int, default=2)
+  args = parser.parse_args()
+  config = config_lib.default_config()
+  config.model.update(latent_size=args.latent, mesh_levels=args.mesh_levels,
+                      message_passing_steps=args.steps)
+  config.data.variables = ("temperature", "geopotential", "u_component_of_wind",
+                           "v_component_of_wind", "2m_temperature")
+  config.data.pressure_levels = (300, 500, 850)
+  config_lib.validate(config)
+  latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
+  constants, batch, params = setup.synthetic_problem(config, latitude, longitude, batch_size=1)
+  positions = setup.node_positions(config, latitude, longitude)
+  graphdef, _ = setup.init_model_shapes(config)
+  print(f"grid {len(latitude)}x{len(longitude)}, {constants.graphs.counts()}, latent "
+        f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")
+  header = (f"{'G':>3}{'exchange':>12}{'temp MiB/dev':>14}{'x G vs 1':>10}"
+            f"{'MiB moved/dev/step':>20}{'halo/all_gather':>17}{'step s':>9}")
+  print(header)
+  print("-" * len(header))
+  base_temp, gathered = None, {}
+  for shards in (1, 2, 4, 8):
+    for exchange in ("all_gather", "halo"):
+      if shards == 1 and exchange == "halo":
+        continue
+      config.mesh.data, config.mesh.graph = 1, shards
+      mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:shards])
+      layout = sharded_loss.ShardedLayout(mesh, constants.graphs, *positions, exchange)
+      device_constants, halo_indices = layout.constants(constants)
+      device_batch = layout.batch(batch)
+      step = jax.jit(jax.value_and_grad(layout.loss_fn(graphdef))).lower(
+          params, device_constants, halo_indices, device_batch).compile()
+      temp = cost.compiled_stats(step)["temp_bytes"]
+      base_temp = base_temp or temp
+      moved = 2 * exchanged_rows(layout, args.steps) * args.latent * 4 / 2**20
+      gathered.setdefault(shards, moved)
+      jax.block_until_ready(step(params, device_constants, halo_indices, device_batch))
+      times = []
+      for _ in range(args.repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(step(params, device_constants, halo_indices, device_batch))
+        times.append(time.perf_counter() - start)
+      ratio = moved / gathered[shards] if gathered[shards] else 1.0
+      print(f"{shards:>3}{exchange:>12}{temp / 2**20:>14.1f}{temp * shards / base_temp:>10.2f}"
+            f"{moved:>20.1f}{ratio:>17.3f}{statistics.median(times):>9.2f}", flush=True)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

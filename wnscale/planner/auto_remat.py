@@ -1,0 +1,114 @@
+"""`remat_policy = 'auto'`: the cheapest remat configuration whose compiled step fits.
+
+Candidates are data (below), ranked by the FLOPs they add (`planner.flops`);
+each is compiled in that order until one's per-device peak memory fits the
+budget. The decision is cached on disk by a hash of everything it depends on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+import jax
+import ml_collections
+
+from wnscale.graphs.build import cache_dir
+from wnscale.planner import flops as flops_lib
+from wnscale.planner.compile import REMAT_KEYS, Problem
+from wnscale.planner.topology import GIB, Target
+
+_ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
+_NONE = dict(remat_grid_to_mesh_gnn=False, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
+             remat_policy="nothing_saveable", mesh_remat_every=1, edge_chunks=1)
+CANDIDATES = {
+    "none": {},
+    "edge_chunks": dict(edge_chunks=4),
+    "decoder": dict(remat_mesh_to_grid_gnn=True, edge_chunks=4),
+    "encoder_decoder": dict(remat_grid_to_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
+                            edge_chunks=4),
+    "processor_every_3": dict(remat_mesh_gnn=True, mesh_remat_every=3),
+    "all_dots_saveable": dict(_ALL, remat_policy="dots_with_no_batch_dims_saveable",
+                              edge_chunks=4),
+    "paper": dict(_ALL, mesh_remat_every=3, edge_chunks=4),
+    "all_every_1": dict(_ALL, edge_chunks=4),
+    "all_every_1_chunks_16": dict(_ALL, edge_chunks=16),
+}
+
+
+def candidate_overrides(name: str) -> dict:
+  """Full remat settings of candidate `name` (unset keys: no remat)."""
+  return dict(_NONE, **CANDIDATES[name])
+
+
+def ranked_candidates(config, counts, num_devices, names=None) -> list[tuple[str, float]]:
+  """`(name, added FLOPs per device)`, cheapest first (ties keep the table's order)."""
+  ranked = []
+  for name in names or CANDIDATES:
+    trial = ml_collections.ConfigDict(config)
+    trial.model.update(candidate_overrides(name))
+    ranked.append((name, flops_lib.step_flops(trial, counts, num_devices)["recompute"]))
+  return sorted(ranked, key=lambda item: item[1])
+
+
+def _cache_path(config, target: Target, budget: int) -> str:
+  fixed = ml_collections.ConfigDict(config).to_dict()
+  for key in REMAT_KEYS:
+    fixed["model"].pop(key, None)
+  key = json.dumps([fixed["model"], fixed["data"], fixed["mesh"], config.train.batch_size,
+                    target.name, len(target.devices), budget, jax.__version__],
+                   sort_keys=True, default=str)
+  return os.path.join(cache_dir(), "remat_plans",
+                      hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+
+def choose_remat(config: ml_collections.ConfigDict, target: Target,
+                 budget_bytes: int | None = None, names=None) -> dict:
+  """Picks the remat settings for `config` on `target`.
+
+  Args:
+    budget_bytes: per-device memory allowed; default the target's device memory.
+    names: candidate names to consider (default: all of `CANDIDATES`).
+
+  Returns:
+    `{"name", "overrides", "peak_bytes", "recompute_flops", "reason"}`.
+
+  Raises:
+    ValueError: when no candidate fits, naming the smallest peak found.
+  """
+  budget = budget_bytes or target.device_memory_bytes
+  if not budget:
+    raise ValueError("remat_policy='auto' needs a memory budget: set train.memory_budget_gib.")
+  path = _cache_path(config, target, budget)
+  if os.path.exists(path):
+    with open(path) as f:
+      choice = json.load(f)
+    logging.info("Remat plan from cache %s: %s", path, choice["reason"])
+    return choice
+  problem = Problem(config, target)
+  tried = []
+  for name, extra in ranked_candidates(config, problem.counts, len(target.devices), names):
+    report = problem.compile(candidate_overrides(name))
+    tried.append((name, report["peak_bytes"]))
+    if report["peak_bytes"] <= budget:
+      choice = {
+          "name": name, "overrides": candidate_overrides(name),
+          "peak_bytes": report["peak_bytes"], "recompute_flops": extra,
+          "reason": (f"'{name}' is the cheapest remat configuration that fits: peak "
+                     f"{report['peak_bytes'] / GIB:.2f} GiB of {budget / GIB:.2f} GiB per device, "
+                     f"+{extra:.3g} recompute FLOPs per device per step; cheaper ones did not "
+                     f"fit: {', '.join(f'{n} {p / GIB:.2f} GiB' for n, p in tried[:-1]) or '-'}."),
+      }
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path + ".tmp", "w") as f:
+        json.dump(choice, f)
+      os.replace(path + ".tmp", path)
+      logging.info("Remat plan: %s", choice["reason"])
+      return choice
+  smallest = min(tried, key=lambda item: item[1])
+  raise ValueError(
+      f"No remat configuration fits {budget / GIB:.2f} GiB per device on {target.name}: the "
+      f"smallest peak is {smallest[1] / GIB:.2f} GiB ('{smallest[0]}'). Use more graph shards "
+      "(mesh.graph), a smaller batch per data shard, bfloat16, or a smaller model.")

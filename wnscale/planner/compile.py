@@ -1,0 +1,88 @@
+"""Compiles the real training step for a target, with abstract inputs, and reports its cost.
+
+Same code path as training (`wnscale.train.step.make_train_step` on a
+`ShardedLayout`), but every input is a `jax.ShapeDtypeStruct` carrying its
+sharding: nothing is allocated, so a 0.25 deg model compiles for a TPU pod
+slice on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from wnscale.graphs import grid as grid_lib
+from wnscale.model import cost, setup
+from wnscale.planner import flops as flops_lib
+from wnscale.planner.topology import Target
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding.sharded_loss import ShardedLayout
+from wnscale.train import optimizer as optimizer_lib
+from wnscale.train import step as step_lib
+from wnscale.train.state import initial_state
+
+REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
+              "remat_policy", "mesh_remat_every", "edge_chunks")
+
+
+class Problem:
+  """A config's graphs and layout on a target, built once and compiled for many remat settings."""
+
+  def __init__(self, config: ml_collections.ConfigDict, target: Target):
+    self.config = config
+    self.target = target
+    latitude, longitude = grid_lib.standard_grid(config.data.resolution)
+    graphs = setup.graphs_for_grid(config, latitude, longitude)
+    self.counts = graphs.counts()
+    self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
+    mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
+    self.layout = ShardedLayout(self.mesh, graphs,
+                                *setup.node_positions(config, latitude, longitude),
+                                config.mesh.exchange)
+    channels = setup.num_state_channels(config.data)
+    self.constants = self.layout.abstract_constants(setup.make_constants(
+        config, graphs, latitude, longitude, np.ones(channels, np.float32)))
+    self.batch = self.layout.abstract_batch(
+        setup.batch_shapes(config, graphs.num_grid_nodes, config.train.batch_size))
+
+  def compile(self, model_overrides: dict | None = None) -> dict:
+    """Compiles the train step with `model_overrides` (remat keys); returns its figures."""
+    config = ml_collections.ConfigDict(self.config)
+    config.model.update(model_overrides or {})
+    graphdef, params = setup.init_model_shapes(config)
+    optimizer = optimizer_lib.make_optimizer(config.train)
+    replicated = self.layout.sharding(P())
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                         jax.eval_shape(lambda p: initial_state(p, optimizer, 0), params))
+    train_step = step_lib.make_train_step(
+        self.layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
+        *self.constants, remat_steps=config.train.remat_rollout)
+    start = time.perf_counter()
+    compiled = train_step.lower(state, *self.constants, self.batch).compile()
+    seconds = time.perf_counter() - start
+    stats = cost.compiled_stats(compiled)
+    analytic = flops_lib.step_flops(config, self.counts, len(self.target.devices))
+    memory = self.target.device_memory_bytes
+    report = {
+        "topology": self.target.name,
+        "num_devices": len(self.target.devices),
+        "mesh": {"data": self.mesh.shape[mesh_lib.DATA], "graph": self.mesh.shape[mesh_lib.GRAPH]},
+        "remat": {key: config.model[key] for key in REMAT_KEYS},
+        **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
+        "device_memory_bytes": memory,
+        "fits": bool(memory is None or stats["peak_bytes"] <= memory),
+        "flops": analytic["model"] + analytic["recompute"],
+        "recompute_flops": analytic["recompute"],
+        "xla_flops": stats["flops"],
+        "compile_seconds": round(seconds, 2),
+    }
+    return report
+
+
+def compile_train_step(config, target: Target) -> dict:
+  """One compile of `config` as it is; see `Problem.compile`."""
+  return Problem(config, target).compile()

@@ -1,0 +1,62 @@
+"""Analytic FLOPs of a training step and of the recomputation each remat option adds.
+
+XLA's `cost_analysis()` counts a scan body once, not once per iteration, so it
+undercounts the processor (a scan over layers) and cannot rank remat options;
+these counts multiply the matmul FLOPs of every MLP by the rows it runs on.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
+from wnscale.model import forecast, setup
+
+# Fraction of a checkpointed region's forward FLOPs that the backward pass
+# recomputes under each policy (matmuls dominate; saved dots are not redone).
+RECOMPUTE_FRACTION = {
+    "nothing_saveable": 1.0, "dots_saveable": 0.05, "dots_with_no_batch_dims_saveable": 0.05,
+    "everything_saveable": 0.0, "offload_dots": 0.05,
+}
+
+
+def _mlp(rows: int, n_in: int, latent: int, n_out: int) -> float:
+  return 2.0 * rows * (n_in * latent + latent * n_out)
+
+
+def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, float]:
+  """Forward FLOPs of one example per stage: encoder edges / rest, processor, decoder."""
+  d = config.model.latent_size
+  channels = setup.num_state_channels(config.data)
+  inputs = forecast.input_channels(channels, config.data.input_steps) + NODE_FEATURES
+  grid, mesh = counts["grid_nodes"], counts["mesh_nodes"]
+  g2m, m2m, m2g = (counts["grid_to_mesh_edges"], counts["mesh_edges"],
+                   counts["mesh_to_grid_edges"])
+  return {
+      "encoder_edges": _mlp(g2m, EDGE_FEATURES, d, d) + _mlp(g2m, 3 * d, d, d),
+      "encoder_nodes": (_mlp(grid, inputs, d, d) + _mlp(mesh, NODE_FEATURES, d, d)
+                        + _mlp(mesh, 2 * d, d, d) + _mlp(grid, d, d, d)),
+      "processor": (_mlp(m2m, EDGE_FEATURES, d, d) + config.model.message_passing_steps
+                    * (_mlp(m2m, 3 * d, d, d) + _mlp(mesh, 2 * d, d, d))),
+      "decoder_edges": _mlp(m2g, EDGE_FEATURES, d, d) + _mlp(m2g, 3 * d, d, d),
+      "decoder_nodes": _mlp(grid, 2 * d, d, d) + _mlp(grid, d, d, channels),
+  }
+
+
+def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int) -> dict:
+  """Per-device FLOPs of one training step: `{"model": fwd + bwd, "recompute": extra}`."""
+  model = config.model
+  stages = forward_flops(config, counts)
+  fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
+  extra = 0.0
+  if model.remat_grid_to_mesh_gnn:
+    extra += fraction * (stages["encoder_edges"] + stages["encoder_nodes"])
+  if model.remat_mesh_gnn:
+    extra += fraction * stages["processor"]
+  if model.remat_mesh_to_grid_gnn:
+    extra += fraction * (stages["decoder_edges"] + stages["decoder_nodes"])
+  if model.edge_chunks > 1:  # each block's forward is redone inside its own checkpoint
+    extra += stages["encoder_edges"] + stages["decoder_edges"]
+  examples = config.train.batch_size * config.data.target_steps
+  scale = examples / num_devices
+  return {"model": 3.0 * sum(stages.values()) * scale, "recompute": extra * scale}

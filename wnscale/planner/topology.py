@@ -1,0 +1,68 @@
+"""Target machines for ahead-of-time compiles: TPU topologies (via libtpu) or local CPU devices.
+
+`--topology` strings: `v4:2x2x1`, `v5e:4x4`, `v5p:2x2x2`, `v6e:2x2`, ... (the
+generation and the chip grid), or `cpu:N` for N local (fake) CPU devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+import jax
+
+GIB = 2**30
+# HBM per chip, GiB.
+CHIP_MEMORY_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "TPU7x": 192}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Devices to compile for.
+
+  Attributes:
+    name: the topology string.
+    devices: the (possibly abstract) devices, one per mesh position.
+    device_memory_bytes: memory of one device, or None if unknown.
+    devices_per_chip: v4 topologies expose both TensorCores of a chip.
+  """
+
+  name: str
+  devices: tuple
+  device_memory_bytes: int | None
+  devices_per_chip: int = 1
+
+
+def host_memory_bytes() -> int:
+  """This machine's RAM."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve(topology: str) -> Target:
+  """The devices and per-device memory of `topology`; a clear error for a bad name."""
+  cpu = re.fullmatch(r"cpu:(\d+)", topology)
+  if cpu:
+    count = int(cpu.group(1))
+    devices = jax.devices("cpu")
+    if len(devices) < count:
+      raise ValueError(f"Topology {topology!r} needs {count} CPU devices, this process has "
+                       f"{len(devices)} (set jax_num_cpu_devices before JAX starts).")
+    # Fake CPU devices share the host's memory.
+    return Target(topology, tuple(devices[:count]), host_memory_bytes() // count)
+  tpu = re.fullmatch(r"(v4|v5e|v5p|v6e|TPU7x):(\d+(?:x\d+){1,2})", topology)
+  if not tpu:
+    raise ValueError(f"Unknown topology {topology!r}; use e.g. v4:2x2x1, v5e:4x4, v5p:2x2x2, "
+                     f"v6e:2x2 or cpu:8.")
+  try:
+    from jax.experimental import topologies
+    description = topologies.get_topology_desc(topology_name=topology, platform="tpu")
+  except Exception as error:  # libtpu missing or the name is refused
+    raise ValueError(f"Cannot describe TPU topology {topology!r} ({error}). TPU compiles "
+                     "need the libtpu wheel: pip install -e '.[tpu]'.") from error
+  devices = tuple(description.devices)
+  chips = math.prod(int(n) for n in tpu.group(2).split("x"))
+  per_chip = max(1, len(devices) // chips)
+  memory = CHIP_MEMORY_GIB[tpu.group(1)] * GIB // per_chip
+  return Target(topology, devices, memory, per_chip)
