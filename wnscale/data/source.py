@@ -104,9 +104,8 @@ class WeatherExampleSource:
   def __getitem__(self, index) -> dict[str, np.ndarray]:
     index = int(index)
     time_indices = self.time_indices(index)
-    state = self.store.read_state(time_indices)
-    state -= self.channel_stats["mean"]
-    state /= self.channel_stats["std"]
+    state = self.store.read_state(time_indices, mean=self.channel_stats["mean"],
+                                  std=self.channel_stats["std"])
     return {
         "inputs": state[:self.input_steps],
         "targets": state[self.input_steps:],

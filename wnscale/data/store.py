@@ -12,6 +12,7 @@ ascending, grid flattened latitude-major.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 
@@ -20,6 +21,17 @@ import tensorstore as ts
 import xarray as xr
 
 from wnscale.data import variables as variables_lib
+
+_COPY_THREADS = None
+
+
+def _copy_threads() -> concurrent.futures.ThreadPoolExecutor:
+  """Threads for per-variable copies, made on first use (so each Grain worker has its own)."""
+  global _COPY_THREADS
+  if _COPY_THREADS is None:
+    _COPY_THREADS = concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2))
+  return _COPY_THREADS
+
 
 ATMOSPHERIC_DIMS = ("time", "level", "latitude", "longitude")
 SURFACE_DIMS = ("time", "latitude", "longitude")
@@ -76,10 +88,14 @@ class WeatherStore:
             f"levels={self.levels}, time_step_hours={self.time_step_hours}, "
             f"fill_nan={self.fill_nan})")
 
-  def read_state(self, time_indices, allow_nan: bool = False) -> np.ndarray:
+  def read_state(self, time_indices, allow_nan: bool = False, mean=None,
+                 std=None) -> np.ndarray:
     """Reads the state at `times[time_indices]`, `[time, grid, channels]` f32.
 
-    All variables are requested at once (tensorstore futures), then gathered.
+    All variables are requested at once (tensorstore futures); each is then
+    transposed into its channels (and normalized to `(x - mean) / std` when
+    `mean`, `std` `[channels]` are given) by a thread of its own: numpy
+    releases the GIL for these copies, so they use every core.
     NaN raises a ValueError naming variable and time, unless `fill_nan` (then
     filled with the channel mean) or `allow_nan` (then left, for statistics).
     """
@@ -88,31 +104,44 @@ class WeatherStore:
       raise ValueError(f"time indices {time_indices} outside the store's "
                        f"{len(self.times)} times")
     store_indices = time_indices * self.time_stride
-    futures = {}
-    for name in self.variables:
-      handle = self.handles[name]
-      if variables_lib.lookup(name).atmospheric:
-        futures[name] = handle.oindex[store_indices, self.level_indices].read()
-      else:
-        futures[name] = handle.oindex[store_indices].read()
     num_lat, num_lon = self.latitude.size, self.longitude.size
     state = np.empty((len(time_indices), num_lat, num_lon, self.num_channels),
                      np.float32)
-    channel = 0
+    normalize = mean is not None
+    inverse_std = None if std is None else 1.0 / np.asarray(std, np.float32)
+    tasks, channel = [], 0
     for name in self.variables:
-      data = futures[name].result()
+      handle = self.handles[name]
+      atmospheric = variables_lib.lookup(name).atmospheric
+      future = (handle.oindex[store_indices, self.level_indices] if atmospheric
+                else handle.oindex[store_indices]).read()
+      width = len(self.level_indices) if atmospheric else 1
+      tasks.append((future, slice(channel, channel + width)))
+      channel += width
+
+    def fill_channels(task) -> bool:
+      future, channels = task
+      data = future.result()
       if data.ndim == 3:
         data = data[:, None]
       if self.flip_latitude:
         data = data[:, :, ::-1]
-      width = data.shape[1]
       # [time, level, lat, lon] -> [time, lat, lon, level]
-      state[..., channel:channel + width] = np.moveaxis(data, 1, -1)
-      channel += width
+      data, out = np.moveaxis(data, 1, -1), state[..., channels]
+      if normalize:
+        np.subtract(data, mean[channels], out=out)
+        out *= inverse_std[channels]
+      else:
+        out[...] = data
+      return bool(np.isnan(out).any())
+
+    has_nan = any(_copy_threads().map(fill_channels, tasks))
     state = state.reshape(len(time_indices), -1, self.num_channels)
-    if not allow_nan and np.isnan(state).any():
-      self._fill_or_raise(state, self.channel_fill, self.channel_names,
-                          self.times[time_indices])
+    if has_nan and not allow_nan:
+      fill = self.channel_fill
+      if normalize and fill is not None:
+        fill = (fill - mean) * inverse_std
+      self._fill_or_raise(state, fill, self.channel_names, self.times[time_indices])
     return state
 
   def read_statics(self, allow_nan: bool = False) -> np.ndarray:

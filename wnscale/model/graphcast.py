@@ -52,9 +52,9 @@ class EncoderDecoderEdges(nnx.Module):
     self.embedder = MLP(EDGE_FEATURES, latent_size, latent_size, dtype=dtype, rngs=rngs)
     self.interaction = InteractionNetwork(latent_size, dtype=dtype, rngs=rngs)
 
-  def __call__(self, features, senders, receivers, sender_table, receiver_table):
-    return self.interaction.update_edges(self.embedder(features), sender_table,
-                                         receiver_table, senders, receivers)
+  def __call__(self, features, senders, receivers, projected_senders, projected_receivers):
+    return self.interaction.update_edges(self.embedder(features), projected_senders,
+                                         projected_receivers, senders, receivers)
 
 
 def _update_edges(edges_module, *args):
@@ -112,12 +112,13 @@ class GraphCast(nnx.Module):
           [grid_inputs, graphs.grid_node_features.astype(grid_inputs.dtype)], -1)
       grid = model.grid_embedder(grid_inputs.astype(self.dtype))
       mesh = model.mesh_embedder(graphs.mesh_node_features.astype(self.dtype))
-      edges = graphs.grid_to_mesh
+      edges, interaction = graphs.grid_to_mesh, model.grid_to_mesh_edges.interaction
+      # Project before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, _update_edges, edges.features, edges.senders,
-          edges.receivers, exchange.grid_to_mesh(grid), mesh, mesh.shape[0],
-          config.edge_chunks)
-      mesh = model.grid_to_mesh_edges.interaction.update_nodes(mesh, messages)
+          edges.receivers, exchange.grid_to_mesh(interaction.project_senders(grid)),
+          interaction.project_receivers(mesh), mesh.shape[0], config.edge_chunks)
+      mesh = interaction.update_nodes(mesh, messages)
       grid = grid + model.grid_to_mesh_grid_mlp(grid)
       return grid, mesh
 
@@ -135,8 +136,9 @@ class GraphCast(nnx.Module):
       def one_layer(carry, layer_state):
         mesh, edge_latents = carry
         layer = nnx.merge(graphdef, layer_state)
-        edge_latents = layer.update_edges(edge_latents, exchange.mesh(mesh), mesh,
-                                          edges.senders, edges.receivers)
+        edge_latents = layer.update_edges(
+            edge_latents, exchange.mesh(layer.project_senders(mesh)),
+            layer.project_receivers(mesh), edges.senders, edges.receivers)
         messages = sum_by_receiver(edge_latents, edges.receivers, mesh.shape[0])
         return (layer.update_nodes(mesh, messages), edge_latents), None
 
@@ -164,11 +166,12 @@ class GraphCast(nnx.Module):
     config = self.config
 
     def decoder(model, grid, mesh):
+      interaction = model.mesh_to_grid_edges.interaction
       messages = sum_edge_messages(
           model.mesh_to_grid_edges, _update_edges, edges.features, edges.senders,
-          edges.receivers, exchange.mesh_to_grid(mesh), grid, grid.shape[0],
-          config.edge_chunks)
-      grid = model.mesh_to_grid_edges.interaction.update_nodes(grid, messages)
+          edges.receivers, exchange.mesh_to_grid(interaction.project_senders(mesh)),
+          interaction.project_receivers(grid), grid.shape[0], config.edge_chunks)
+      grid = interaction.update_nodes(grid, messages)
       return model.output_mlp(grid).astype(jnp.float32)
 
     return remat.checkpointed(self, decoder, config.remat_mesh_to_grid_gnn,

@@ -20,5 +20,13 @@ class MLP(nnx.Module):
     self.norm = nnx.LayerNorm(out_size, dtype=dtype, rngs=rngs) if layer_norm else None
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = self.out(jax.nn.swish(self.hidden(x)))
+    return self.finish(self.hidden(x))
+
+  def finish(self, hidden: jax.Array) -> jax.Array:
+    """The rest of the MLP after the first Linear: swish, Linear, LayerNorm.
+
+    Lets a caller build the first layer's pre-activation from parts (see
+    `InteractionNetwork`).
+    """
+    y = self.out(jax.nn.swish(hidden))
     return self.norm(y) if self.norm is not None else y

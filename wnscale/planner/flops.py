@@ -24,6 +24,11 @@ def _mlp(rows: int, n_in: int, latent: int, n_out: int) -> float:
   return 2.0 * rows * (n_in * latent + latent * n_out)
 
 
+def _edge_update(edges: int, senders: int, receivers: int, latent: int) -> float:
+  """Edge MLP with node-level sender/receiver projections (see message_passing.py)."""
+  return _mlp(edges, latent, latent, latent) + 2.0 * (senders + receivers) * latent * latent
+
+
 def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, float]:
   """Forward FLOPs of one example per stage: encoder edges / rest, processor, decoder."""
   d = config.model.latent_size
@@ -33,12 +38,12 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
   g2m, m2m, m2g = (counts["grid_to_mesh_edges"], counts["mesh_edges"],
                    counts["mesh_to_grid_edges"])
   return {
-      "encoder_edges": _mlp(g2m, EDGE_FEATURES, d, d) + _mlp(g2m, 3 * d, d, d),
+      "encoder_edges": _mlp(g2m, EDGE_FEATURES, d, d) + _edge_update(g2m, grid, mesh, d),
       "encoder_nodes": (_mlp(grid, inputs, d, d) + _mlp(mesh, NODE_FEATURES, d, d)
                         + _mlp(mesh, 2 * d, d, d) + _mlp(grid, d, d, d)),
       "processor": (_mlp(m2m, EDGE_FEATURES, d, d) + config.model.message_passing_steps
-                    * (_mlp(m2m, 3 * d, d, d) + _mlp(mesh, 2 * d, d, d))),
-      "decoder_edges": _mlp(m2g, EDGE_FEATURES, d, d) + _mlp(m2g, 3 * d, d, d),
+                    * (_edge_update(m2m, mesh, mesh, d) + _mlp(mesh, 2 * d, d, d))),
+      "decoder_edges": _mlp(m2g, EDGE_FEATURES, d, d) + _edge_update(m2g, mesh, grid, d),
       "decoder_nodes": _mlp(grid, 2 * d, d, d) + _mlp(grid, d, d, channels),
   }
 
