@@ -29,6 +29,12 @@ def _quiet_orbax(record) -> bool:
   return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
 
 
+def _on_cloud_tpu() -> bool:
+  """A Cloud TPU VM of a multi-host slice, unless this run is forced onto another platform."""
+  platform = _PLATFORM.value or os.environ.get("JAX_PLATFORMS", "")
+  return platform in ("", "tpu") and "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+
+
 def main(argv):
   del argv
   std_logging.getLogger("absl").addFilter(_quiet_orbax)
@@ -42,7 +48,7 @@ def main(argv):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                initialization_timeout=120)
-  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("CLOUD_TPU_TASK_ID"):
+  elif _on_cloud_tpu():
     jax.distributed.initialize()  # Cloud TPU: peers are found from the environment
   logging.info("JAX process %d of %d, %d local / %d global devices.", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())

@@ -71,6 +71,7 @@ def test_tpu_topology_compile():
 
   def report(graph, **model):
     config = tiny(**model)
+    config.model.latent_size = 64
     config.mesh.update(graph=graph, data=4 // graph)
     config.train.batch_size = 4 // graph  # one example per data shard
     return Problem(config, target).compile()

@@ -32,6 +32,8 @@ RUN_FLAGS = [
 def _env():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)  # the processes choose their own device counts
+  for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"):
+    env.pop(name, None)
   return env
 
 
