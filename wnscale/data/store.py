@@ -126,14 +126,10 @@ class WeatherStore:
         data = data[:, None]
       if self.flip_latitude:
         data = data[:, :, ::-1]
-      # [time, level, lat, lon] -> [time, lat, lon, level]
-      data, out = np.moveaxis(data, 1, -1), state[..., channels]
-      if normalize:
-        np.subtract(data, mean[channels], out=out)
-        out *= inverse_std[channels]
-      else:
-        out[...] = data
-      return bool(np.isnan(out).any())
+      if normalize:  # in the stored layout, where the pass is contiguous
+        data = ((data - mean[channels, None, None]) * inverse_std[channels, None, None])
+      state[..., channels] = np.moveaxis(data, 1, -1)  # [t, level, lat, lon] -> [t, lat, lon, level]
+      return bool(np.isnan(data).any())
 
     has_nan = any(_copy_threads().map(fill_channels, tasks))
     state = state.reshape(len(time_indices), -1, self.num_channels)
