@@ -2,8 +2,8 @@
 
   python bench/remat_memory.py [--resolution=1.0 --mesh_levels=5 --latent=128 --steps=8]
 
-Mid-size problem by default: 1 deg grid (181 x 360), multi-mesh levels 0..5,
-latent 128, 8 message-passing steps, 3 levels, float32, batch 1. Memory is the
+The problem is `configs/mid_1p0.py` (1 deg grid, multi-mesh levels 0..5,
+latent 128, 8 message-passing steps, 13 channels, float32, batch 1). Memory is the
 per-device temporary allocation XLA reports for loss + gradients; time is the
 median of a few executions on this machine. Published bar (WeatherNext's remat
 guide): processor remat alone cuts peak memory 30-40 %, all three stages 50 %+.
@@ -18,14 +18,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_enable_concurrency_optimized_scheduler=false")
 
-import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 
-from wnscale import config as config_lib  # noqa: E402
-from wnscale.graphs import grid  # noqa: E402
+import ml_collections  # noqa: E402
+
+import mid_problem  # noqa: E402
 from wnscale.model import cost, setup  # noqa: E402
 
 ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
@@ -44,27 +44,13 @@ VARIANTS = {
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--resolution", type=float, default=1.0)
-  parser.add_argument("--mesh_levels", type=int, default=5)
-  parser.add_argument("--latent", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=8)
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--only", default="", help="comma-separated variant names")
-  args = parser.parse_args()
+  args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=3)
 
   def make_config(**model):
-    config = config_lib.default_config()
-    config.model.update(dict(latent_size=args.latent, mesh_levels=args.mesh_levels,
-                             message_passing_steps=args.steps), **model)
-    config.data.variables = ("temperature", "geopotential", "u_component_of_wind",
-                             "v_component_of_wind", "2m_temperature")
-    config.data.pressure_levels = (300, 500, 850)
-    config.data.resolution = args.resolution
-    return config_lib.validate(config)
+    variant = ml_collections.ConfigDict(config)
+    variant.model.update(model)
+    return variant
 
-  config = make_config()
-  latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
   constants, batch, params = jax.device_put(
       setup.synthetic_problem(config, latitude, longitude, batch_size=1))
   graphs = constants.graphs

@@ -21,14 +21,12 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8"
                            + " --xla_cpu_enable_concurrency_optimized_scheduler=false")
 
-import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 
-from wnscale import config as config_lib  # noqa: E402
-from wnscale.graphs import grid  # noqa: E402
+import mid_problem  # noqa: E402
 from wnscale.model import cost, setup  # noqa: E402
 from wnscale.sharding import mesh as mesh_lib  # noqa: E402
 from wnscale.sharding import sharded_loss  # noqa: E402
@@ -46,21 +44,7 @@ def exchanged_rows(layout, steps: int) -> int:
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--resolution", type=float, default=1.0)
-  parser.add_argument("--mesh_levels", type=int, default=5)
-  parser.add_argument("--latent", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=8)
-  parser.add_argument("--repeats", type=int, default=2)
-  args = parser.parse_args()
-  config = config_lib.default_config()
-  config.model.update(latent_size=args.latent, mesh_levels=args.mesh_levels,
-                      message_passing_steps=args.steps)
-  config.data.variables = ("temperature", "geopotential", "u_component_of_wind",
-                           "v_component_of_wind", "2m_temperature")
-  config.data.pressure_levels = (300, 500, 850)
-  config_lib.validate(config)
-  latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
+  args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=2)
   constants, batch, params = setup.synthetic_problem(config, latitude, longitude, batch_size=1)
   positions = setup.node_positions(config, latitude, longitude)
   graphdef, _ = setup.init_model_shapes(config)

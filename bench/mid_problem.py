@@ -1,0 +1,27 @@
+"""The benchmarks' shared problem: `configs/mid_1p0.py`, with size flags, on its standard grid."""
+
+import argparse
+import os
+
+from wnscale import config as config_lib
+from wnscale.graphs import grid
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "mid_1p0.py")
+
+
+def parse(description: str, repeats: int):
+  """`(args, config, latitude, longitude)` from the command line (see `--help`)."""
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--resolution", type=float, default=1.0)
+  parser.add_argument("--mesh_levels", type=int, default=5)
+  parser.add_argument("--latent", type=int, default=128)
+  parser.add_argument("--steps", type=int, default=8, help="message-passing steps")
+  parser.add_argument("--repeats", type=int, default=repeats, help="timed executions")
+  parser.add_argument("--only", default="", help="comma-separated variant names")
+  args = parser.parse_args()
+  config = config_lib.load(CONFIG)
+  config.model.update(latent_size=args.latent, mesh_levels=args.mesh_levels,
+                      message_passing_steps=args.steps)
+  config.data.resolution = args.resolution
+  latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
+  return args, config_lib.validate(config), latitude, longitude
