@@ -40,6 +40,11 @@ class DataPipeline:
   dataset: grain.MapDataset
   iterator: grain.DatasetIterator
 
+  def close(self):
+    """Stops the iterator's worker processes, if it has any."""
+    if hasattr(self.iterator, "close"):
+      self.iterator.close()
+
 
 def make_dataset(source,
                  *,

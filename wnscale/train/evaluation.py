@@ -40,8 +40,7 @@ class Evaluator:
                                      self.std)
         examples += batch_size
     finally:
-      if hasattr(data.iterator, "close"):
-        data.iterator.close()
+      data.close()
     count = examples * self.config.data.target_steps * self.layout.num_grid_nodes
     rmse = np.sqrt(np.asarray(sums) / count)
     return dict(zip(self.channel_names, rmse.tolist()))

@@ -67,9 +67,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_batch_size(mesh, config.train.batch_size)
-  if is_main:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
 
   # Data: this process's share (processes holding the same batch rows read the same examples).
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
@@ -82,6 +79,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   if config.model.remat_policy == "auto":
     config.model.update(_auto_remat(config)["overrides"])
+  if is_main:  # the resolved config: store path and remat settings as run
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
 
   # Model, constants and the sharded layout.
   stats = source.channel_stats
@@ -104,6 +104,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   def restore_data(step, metadata):
     nonlocal train_data, data_offset
+    train_data.close()
     if metadata["data_groups"] == num_groups:
       train_data = _train_pipeline(config, group, num_groups, metadata["data_offset"])
       checkpointer.restore_iterator(step, train_data.iterator)
@@ -179,8 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     preemption.restore()
     checkpointer.close()
     writer.close()
-    if hasattr(train_data.iterator, "close"):
-      train_data.iterator.close()
+    train_data.close()
   return last
 
 
