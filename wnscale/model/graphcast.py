@@ -57,10 +57,6 @@ class EncoderDecoderEdges(nnx.Module):
                                          projected_receivers, senders, receivers)
 
 
-def _update_edges(edges_module, *args):
-  return edges_module(*args)
-
-
 class GraphCast(nnx.Module):
   """Encoder-processor-decoder GNN predicting normalized residuals on the grid."""
 
@@ -115,8 +111,8 @@ class GraphCast(nnx.Module):
       edges, interaction = graphs.grid_to_mesh, model.grid_to_mesh_edges.interaction
       # Project before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
-          model.grid_to_mesh_edges, _update_edges, edges.features, edges.senders,
-          edges.receivers, exchange.grid_to_mesh(interaction.project_senders(grid)),
+          model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
+          edges.senders, edges.receivers, exchange.grid_to_mesh(interaction.project_senders(grid)),
           interaction.project_receivers(mesh), mesh.shape[0], config.edge_chunks)
       mesh = interaction.update_nodes(mesh, messages)
       grid = grid + model.grid_to_mesh_grid_mlp(grid)
@@ -168,8 +164,8 @@ class GraphCast(nnx.Module):
     def decoder(model, grid, mesh):
       interaction = model.mesh_to_grid_edges.interaction
       messages = sum_edge_messages(
-          model.mesh_to_grid_edges, _update_edges, edges.features, edges.senders,
-          edges.receivers, exchange.mesh_to_grid(interaction.project_senders(mesh)),
+          model.mesh_to_grid_edges, EncoderDecoderEdges.__call__, edges.features,
+          edges.senders, edges.receivers, exchange.mesh_to_grid(interaction.project_senders(mesh)),
           interaction.project_receivers(grid), grid.shape[0], config.edge_chunks)
       grid = interaction.update_nodes(grid, messages)
       return model.output_mlp(grid).astype(jnp.float32)
