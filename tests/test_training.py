@@ -104,7 +104,7 @@ def test_end_to_end_run(reference):
 def test_kill_resume_and_corrupt_fallback_match_uninterrupted(reference, tmp_path):
   workdir = str(tmp_path)
   process = start(workdir)
-  wait_for_step(process, workdir, 7)
+  wait_for_step(process, workdir, 5)  # the eval compile at step 6 leaves a window
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert max(losses(workdir)) < STEPS
