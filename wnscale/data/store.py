@@ -127,8 +127,9 @@ class WeatherStore:
       if self.flip_latitude:
         data = data[:, :, ::-1]
       if normalize:  # in the stored layout, where the pass is contiguous
-        data = ((data - mean[channels, None, None]) * inverse_std[channels, None, None])
-      state[..., channels] = np.moveaxis(data, 1, -1)  # [t, level, lat, lon] -> [t, lat, lon, level]
+        data = (data - mean[channels, None, None]) * inverse_std[channels, None, None]
+      # [time, level, lat, lon] -> [time, lat, lon, level]
+      state[..., channels] = np.moveaxis(data, 1, -1)
       return bool(np.isnan(data).any())
 
     has_nan = any(_copy_threads().map(fill_channels, tasks))

@@ -140,8 +140,8 @@ class ShardedLayout:
   def loss_fn(self, graphdef, *, remat_steps: bool = False):
     """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss."""
     def local_loss(params, constants, exchange, batch):
-      predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch, remat_steps=remat_steps,
-                                     exchange=exchange)
+      predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
+                                     remat_steps=remat_steps, exchange=exchange)
       errors = loss_lib.weighted_squared_error(predictions, batch["targets"], constants)
       num_examples = errors.shape[0] * self.mesh.shape[DATA]
       count = num_examples * errors.shape[1] * self.num_grid_nodes  # real nodes only
