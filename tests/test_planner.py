@@ -110,3 +110,26 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
 
   monkeypatch.setattr(auto_remat, "Problem", None)  # cache hits compile nothing
   assert auto_remat.choose_remat(config, target, names=names) == ample
+
+
+def test_compile_time_out_of_memory_is_reported_as_not_fitting(monkeypatch):
+  """The TPU compiler refuses a step whose temporaries exceed HBM: a report, not a trace."""
+  message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the "
+             "total memory required for HLO temporaries (21.24G) exceeds available HBM "
+             "(15.75G). HLO module: jit_train_step.")
+
+  class Refused:
+    def lower(self, *args):
+      return self
+
+    def compile(self):
+      raise jax.errors.JaxRuntimeError(message)
+
+  from wnscale.train import step as step_lib
+  monkeypatch.setattr(step_lib, "make_train_step", lambda *args, **kwargs: Refused())
+  config = tiny()
+  config.mesh.update(graph=1, data=1)
+  target = topology.Target("v5e:1x1", tuple(jax.devices()[:1]), 16 * 2**30)
+  report = Problem(config, target).compile()
+  assert report["fits"] is False and "CompileTimeHbmOom" in report["error"]
+  assert report["temp_bytes"] == int(21.24 * 2**30)

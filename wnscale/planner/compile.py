@@ -8,6 +8,7 @@ slice on a CPU-only machine.
 
 from __future__ import annotations
 
+import re
 import time
 
 import jax
@@ -62,9 +63,17 @@ class Problem:
         self.layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
         *self.constants, remat_steps=config.train.remat_rollout)
     start = time.perf_counter()
-    compiled = train_step.lower(state, *self.constants, self.batch).compile()
+    try:
+      stats = cost.compiled_stats(
+          train_step.lower(state, *self.constants, self.batch).compile())
+      out_of_memory = None
+    except jax.errors.JaxRuntimeError as error:
+      # The TPU compiler refuses programs whose temporaries exceed HBM.
+      if "RESOURCE_EXHAUSTED" not in str(error):
+        raise
+      out_of_memory = str(error).split("\n")[0]
+      stats = _stats_from_oom_message(out_of_memory)
     seconds = time.perf_counter() - start
-    stats = cost.compiled_stats(compiled)
     analytic = flops_lib.step_flops(config, self.counts, len(self.target.devices))
     memory = self.target.device_memory_bytes
     report = {
@@ -74,13 +83,25 @@ class Problem:
         "remat": {key: config.model[key] for key in REMAT_KEYS},
         **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
         "device_memory_bytes": memory,
-        "fits": bool(memory is None or stats["peak_bytes"] <= memory),
+        "fits": bool(out_of_memory is None
+                     and (memory is None or stats["peak_bytes"] <= memory)),
         "flops": analytic["model"] + analytic["recompute"],
         "recompute_flops": analytic["recompute"],
         "xla_flops": stats["flops"],
         "compile_seconds": round(seconds, 2),
     }
+    if out_of_memory:
+      report["error"] = out_of_memory
     return report
+
+
+def _stats_from_oom_message(message: str) -> dict:
+  """Figures from XLA's compile-time out-of-memory message (temporaries it needed)."""
+  match = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", message)
+  scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+  temp = int(float(match.group(1)) * scale[match.group(2)]) if match else 0
+  return {"argument_bytes": 0, "output_bytes": 0, "temp_bytes": temp, "alias_bytes": 0,
+          "peak_bytes": temp, "flops": 0.0}
 
 
 def compile_train_step(config, target: Target) -> dict:
