@@ -117,7 +117,8 @@ def make_dataset_iterator(path: str,
                           shuffle: bool = True,
                           num_epochs: int | None = None,
                           process_index: int | None = None,
-                          process_count: int | None = None) -> DataPipeline:
+                          process_count: int | None = None,
+                          skip_examples: int = 0) -> DataPipeline:
   """Source, dataset and iterator for one store and time range.
 
   Args:
@@ -125,6 +126,7 @@ def make_dataset_iterator(path: str,
       `batch_size // process_count` examples per batch.
     process_index, process_count: default to `jax.process_index()` and
       `jax.process_count()`.
+    skip_examples: examples of this process's share to skip (resuming by step).
     Others: see `source.WeatherExampleSource` and `make_dataset`.
   """
   process_index = jax.process_index() if process_index is None else process_index
@@ -139,7 +141,7 @@ def make_dataset_iterator(path: str,
       resolution=resolution)
   dataset = make_dataset(source, seed=seed, shuffle=shuffle,
                          num_epochs=num_epochs, process_index=process_index,
-                         process_count=process_count)
+                         process_count=process_count)[skip_examples:]
   iterator = make_iterator(dataset, batch_size // process_count, worker_count)
   return DataPipeline(source, dataset, iterator)
 
@@ -150,7 +152,8 @@ def from_config(config,
                 batch_size: int | None = None,
                 seed: int | None = None,
                 process_index: int | None = None,
-                process_count: int | None = None) -> DataPipeline:
+                process_count: int | None = None,
+                skip_examples: int = 0) -> DataPipeline:
   """`make_dataset_iterator` from an experiment config.
 
   Args:
@@ -186,7 +189,8 @@ def from_config(config,
       shuffle=training,
       num_epochs=None if training else 1,
       process_index=process_index,
-      process_count=process_count)
+      process_count=process_count,
+      skip_examples=skip_examples)
 
 
 def to_global_batch(local_batch: Mapping[str, np.ndarray],

@@ -200,9 +200,5 @@ def _auto_remat(config) -> dict:
 
 def _train_pipeline(config, group, num_groups, offset):
   """The training pipeline whose stream starts `offset` examples into this process's share."""
-  data = pipeline.from_config(config, "train", process_index=group, process_count=num_groups)
-  if offset:
-    data.dataset = data.dataset[offset:]
-    data.iterator = pipeline.make_iterator(
-        data.dataset, config.train.batch_size // num_groups, config.data.worker_count)
-  return data
+  return pipeline.from_config(config, "train", process_index=group,
+                              process_count=num_groups, skip_examples=offset)
