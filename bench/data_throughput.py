@@ -67,17 +67,16 @@ class XarraySource:
       values = window[name]
       if "level" in values.dims:
         values = values.sel(level=list(LEVELS)).transpose(
-            "time", "latitude", "longitude", "level")
+            "time", "level", "latitude", "longitude")
       else:
-        values = values.expand_dims("level", axis=-1)
+        values = values.expand_dims("level", axis=1)
       columns.append(np.asarray(values.values).reshape(
-          values.shape[0], -1, values.shape[-1]))
-    state = (np.concatenate(columns, axis=-1) - self.channel["mean"]
-            ) / self.channel["std"]
+          values.shape[0], values.shape[1], -1))
+    state = (np.concatenate(columns, axis=1) - self.channel["mean"][:, None]
+            ) / self.channel["std"][:, None]
     statics = np.stack([dataset[name].values.reshape(-1) for name in
-                        variables.STATIC_VARIABLES], axis=-1)
-    statics[:, 0] = (statics[:, 0] - self.static["mean"][0]) / self.static[
-        "std"][0]
+                        variables.STATIC_VARIABLES])
+    statics[0] = (statics[0] - self.static["mean"][0]) / self.static["std"][0]
     return {
         "inputs": state[:INPUT_STEPS].astype(np.float32),
         "targets": state[INPUT_STEPS:].astype(np.float32),

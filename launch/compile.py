@@ -69,12 +69,12 @@ def main(argv):
     config.mesh.update(graph=graph, data=-1)
     if _BATCH.value:
       config.train.batch_size = _BATCH.value * (len(target.devices) // graph)
-    if config.model.remat_policy == "auto" and not _SWEEP.value:
-      choice = auto_remat.choose_remat(config, target,
-                                       int(config.train.memory_budget_gib * GIB) or None)
-      config.model.update(choice["overrides"])
     problem = Problem(config, target)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
+    if config.model.remat_policy == "auto" and not _SWEEP.value:
+      names = [auto_remat.choose_remat(config, target,
+                                       int(config.train.memory_budget_gib * GIB) or None,
+                                       problem=problem)["name"]]
     for candidate in names:
       overrides = auto_remat.candidate_overrides(candidate) if candidate else {}
       report = problem.compile(overrides)

@@ -41,10 +41,10 @@ def _assert_same_batches(got, expected):
 
 def test_batch_shapes(store_path):
   batch = next(_pipeline(store_path).iterator)
-  assert batch["inputs"].shape == (2, 2, 32 * 64, 3)
-  assert batch["targets"].shape == (2, 1, 32 * 64, 3)
-  assert batch["forcings"].shape == (2, 3, 32 * 64, 5)
-  assert batch["statics"].shape == (2, 32 * 64, 2)
+  assert batch["inputs"].shape == (2, 2, 3, 32 * 64)
+  assert batch["targets"].shape == (2, 1, 3, 32 * 64)
+  assert batch["forcings"].shape == (2, 3, 5, 32 * 64)
+  assert batch["statics"].shape == (2, 2, 32 * 64)
 
 
 @pytest.mark.parametrize("worker_count", [0, 2])
@@ -119,7 +119,7 @@ def test_global_batch_on_a_four_device_mesh(store_path):
       process_count=1)
   batch = next(local.iterator)
   global_batch = pipeline.to_global_batch(batch, sharding)
-  assert global_batch["inputs"].shape == (4, 2, 32 * 64, 3)
+  assert global_batch["inputs"].shape == (4, 2, 3, 32 * 64)
   assert global_batch["inputs"].sharding == sharding
   shard_rows = sorted(s.index[0].start for s in
                       global_batch["targets"].addressable_shards)
@@ -147,7 +147,7 @@ def test_from_config_train_and_eval(store_path):
   train = pipeline.from_config(config, "train", process_index=0,
                                process_count=1)
   assert len(train.source) == 8 - 3 + 1
-  assert next(train.iterator)["inputs"].shape == (2, 2, 32 * 64, 3)
+  assert next(train.iterator)["inputs"].shape == (2, 2, 3, 32 * 64)
   evaluation = pipeline.from_config(config, "eval", process_index=0,
                                     process_count=1)
   assert len(evaluation.source) == 2

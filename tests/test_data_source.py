@@ -73,10 +73,10 @@ def test_example_shapes(source):
   example = source[0]
   grid, channels = 32 * 64, 3 + 3 + 1 + 1
   assert {k: v.shape for k, v in example.items()} == {
-      "inputs": (2, grid, channels),
-      "targets": (2, grid, channels),
-      "forcings": (4, grid, 5),
-      "statics": (grid, 2),
+      "inputs": (2, channels, grid),
+      "targets": (2, channels, grid),
+      "forcings": (4, 5, grid),
+      "statics": (2, grid),
   }
   assert all(v.dtype == np.float32 for v in example.values())
 
@@ -89,14 +89,14 @@ def test_example_values_match_xarray(source, store_path):
   for name in VARIABLES:
     values = window[name]
     if "level" in values.dims:
-      values = values.sel(level=list(LEVELS)).transpose("time", "latitude",
-                                                         "longitude", "level")
+      values = values.sel(level=list(LEVELS)).transpose("time", "level", "latitude",
+                                                         "longitude")
     else:
-      values = values.expand_dims("level", axis=-1)
-    columns.append(values.values.reshape(4, 32 * 64, -1))
-  state = np.concatenate(columns, axis=-1)
+      values = values.expand_dims("level", axis=1)
+    columns.append(values.values.reshape(4, -1, 32 * 64))
+  state = np.concatenate(columns, axis=1)
   stats = source.channel_stats
-  expected = (state - stats["mean"]) / stats["std"]
+  expected = (state - stats["mean"][:, None]) / stats["std"][:, None]
   example = source[index]
   np.testing.assert_allclose(example["inputs"], expected[:2], rtol=1e-5,
                              atol=1e-5)
@@ -107,11 +107,11 @@ def test_example_values_match_xarray(source, store_path):
       forcings.compute_forcings(window["time"].values,
                                 dataset["latitude"].values,
                                 dataset["longitude"].values))
-  np.testing.assert_array_equal(example["statics"][:, 1],
+  np.testing.assert_array_equal(example["statics"][1],
                                 dataset["land_sea_mask"].values.reshape(-1))
   geopotential = dataset["geopotential_at_surface"].values.reshape(-1)
   np.testing.assert_allclose(
-      example["statics"][:, 0] * source.static_stats["std"][0] +
+      example["statics"][0] * source.static_stats["std"][0] +
       source.static_stats["mean"][0], geopotential, rtol=1e-5, atol=1e-2)
 
 

@@ -63,17 +63,17 @@ def test_latitude_order_does_not_matter(stores):
 def test_state_matches_xarray_in_channel_layout(stores):
   store, state = _read_all(stores["v2"])
   dataset = xr.open_zarr(stores["v2"], chunks=None).sortby("latitude")
-  assert state.shape == (8, 32 * 64, 3 + 3 + 1 + 1)
+  assert state.shape == (8, 3 + 3 + 1 + 1, 32 * 64)
   assert store.channel_names[:4] == ["temperature@500", "temperature@850",
                                      "temperature@1000", "geopotential@500"]
   # Node i * num_lon + j is (lat[i], lon[j]); channel 1 is temperature@850.
   expected = dataset["temperature"].sel(level=850).values[5, 3, 7]
-  assert state[5, 3 * 64 + 7, 1] == expected
+  assert state[5, 1, 3 * 64 + 7] == expected
   np.testing.assert_array_equal(
-      state[:, :, 7], dataset["total_precipitation_6hr"].values.reshape(8, -1))
+      state[:, 7], dataset["total_precipitation_6hr"].values.reshape(8, -1))
   statics = store.read_statics()
   np.testing.assert_array_equal(
-      statics[:, 1], dataset["land_sea_mask"].values.reshape(-1))
+      statics[1], dataset["land_sea_mask"].values.reshape(-1))
 
 
 def test_grid_with_pole_rows(stores):
@@ -82,7 +82,7 @@ def test_grid_with_pole_rows(stores):
   assert store.latitude[0] == -90 and store.latitude[-1] == 90
   weather = synthetic.SyntheticWeather(store.latitude, store.longitude, LEVELS)
   expected = weather.fields(store.times[2:3], ["2m_temperature"])
-  np.testing.assert_allclose(state[2, :, 6],
+  np.testing.assert_allclose(state[2, 6],
                              expected["2m_temperature"][0].reshape(-1),
                              rtol=1e-6)
 
@@ -99,10 +99,10 @@ def test_hourly_store_subsampled_equals_six_hourly(stores):
 def test_level_subset_and_order_and_extra_variables(stores):
   store = store_lib.open_store(stores["v2"], ["temperature"], [1000, 500])
   full = store_lib.open_store(stores["v2"], ["temperature"], LEVELS)
-  np.testing.assert_array_equal(store.read_state([1])[..., 0],
-                                full.read_state([1])[..., 2])
-  np.testing.assert_array_equal(store.read_state([1])[..., 1],
-                                full.read_state([1])[..., 0])
+  np.testing.assert_array_equal(store.read_state([1])[:, 0],
+                                full.read_state([1])[:, 2])
+  np.testing.assert_array_equal(store.read_state([1])[:, 1],
+                                full.read_state([1])[:, 0])
 
 
 def test_resolution_check(stores):
@@ -193,6 +193,6 @@ def test_fill_nan_uses_the_channel_mean(nan_store):
                                fill_nan=True)
   state = store.read_state([2])
   # Row 4 from the north of 32 is row 27 from the south.
-  assert state[0, 27 * 64 + 5, 1] == store.channel_fill[1]
+  assert state[0, 1, 27 * 64 + 5] == store.channel_fill[1]
   assert 250 < store.channel_fill[1] < 300
   assert np.isfinite(state).all()

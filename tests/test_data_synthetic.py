@@ -112,8 +112,8 @@ def test_forcings_shapes_and_ranges():
   longitude = np.arange(0, 360, 90.0)
   times = np.array(["2020-06-21T12", "2020-12-21T00"], dtype="datetime64[ns]")
   out = forcings.compute_forcings(times, latitude, longitude)
-  assert out.shape == (2, 12, 5) and out.dtype == np.float32
-  out = out.reshape(2, 3, 4, 5)
+  assert out.shape == (2, 5, 12) and out.dtype == np.float32
+  out = np.moveaxis(out.reshape(2, 5, 3, 4), 1, -1)  # [time, lat, lon, channel]
   toa = out[..., 0]
   assert toa.min() >= 0 and toa.max() <= 1.04
   # June 21, 12 UTC: noon at lon 0; the northern point gets more sun.

@@ -108,6 +108,18 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
   with pytest.raises(ValueError, match="No remat configuration fits 0.00 GiB per device"):
     auto_remat.choose_remat(config, target, 1024, names=["none"])
 
+  # Impossible budgets stop after the cheapest and the least-memory candidate;
+  # a Problem compiles each setting once.
+  problem = Problem(config, target)
+  compiled = []
+  compile_once = problem._compile
+  monkeypatch.setattr(problem, "_compile", lambda o: compiled.append(o) or compile_once(o))
+  with pytest.raises(ValueError, match=r"smallest peak is .* \('all_every_1_chunks_16'\)"):
+    auto_remat.choose_remat(config, target, 1024, problem=problem)
+  assert [o["edge_chunks"] for o in compiled] == [1, 16]
+  problem.compile(auto_remat.candidate_overrides("none"))
+  assert len(compiled) == 2
+
   monkeypatch.setattr(auto_remat, "Problem", None)  # cache hits compile nothing
   assert auto_remat.choose_remat(config, target, names=names) == ample
 

@@ -42,7 +42,8 @@ def test_predictor_matches_pure_rollout(store_path, model):
   times = source.example_times(3)
   pure = forecast.rollout(nnx.merge(graphdef, params), constants,
                           {k: v[None] for k, v in example.items()})
-  pure = np.asarray(pure)[0] * source.channel_stats["std"] + source.channel_stats["mean"]
+  stats = source.channel_stats
+  pure = np.asarray(pure)[0] * stats["std"][:, None] + stats["mean"][:, None]
 
   dataset = xr.open_zarr(store_path)
   inputs = dataset[list(VARIABLES)].sel(time=times[:2])
@@ -65,7 +66,7 @@ def test_predictor_matches_pure_rollout(store_path, model):
 def test_channel_layout_round_trips(store_path):
   dataset = xr.open_zarr(store_path).isel(time=slice(0, 2)).sortby("latitude")
   array = predictor.dataset_to_channels(dataset, VARIABLES, LEVELS)
-  assert array.shape == (2, 32 * 64, 2 + 2 + 1)
+  assert array.shape == (2, 2 + 2 + 1, 32 * 64)
   coords = {"batch": [0], "time": dataset.time.values, "latitude": dataset.latitude.values,
             "longitude": dataset.longitude.values}
   back = predictor.channels_to_dataset(array[None], VARIABLES, LEVELS, coords)

@@ -88,11 +88,13 @@ def test_rollout_feeds_predictions_back(rollout_problem):
   graphdef, _ = setup.init_model_shapes(config)
   model = nnx.merge(graphdef, params)
   predictions = jax.jit(lambda b: forecast.rollout(model, constants, b))(batch)
-  history = batch["inputs"]
+  node_major = forecast.to_node_major(batch)  # one_step works on [B, T, G, C]
+  history = node_major["inputs"]
   for lead in range(3):
-    expected = forecast.one_step(model, constants, history, batch["forcings"][:, lead:lead + 3],
-                                 batch["statics"])
-    np.testing.assert_allclose(predictions[:, lead], expected, rtol=1e-5, atol=1e-5)
+    expected = forecast.one_step(model, constants, history,
+                                 node_major["forcings"][:, lead:lead + 3], node_major["statics"])
+    np.testing.assert_allclose(predictions[:, lead], np.asarray(expected).swapaxes(-1, -2),
+                               rtol=1e-5, atol=1e-5)
     history = np.concatenate([history[:, 1:], np.asarray(expected)[:, None]], axis=1)
 
 

@@ -34,8 +34,8 @@ def compute_forcings(times, latitude, longitude) -> np.ndarray:
     longitude: `[num_lon]` degrees.
 
   Returns:
-    `[num_times, num_lat * num_lon, 5]` float32, grid flattened latitude-major,
-    channels in `variables.FORCING_CHANNELS` order.
+    `[num_times, 5, num_lat * num_lon]` float32, channels in
+    `variables.FORCING_CHANNELS` order, grid flattened latitude-major.
   """
   seconds = (np.asarray(times).astype("datetime64[s]") -
              np.datetime64("1970-01-01T00:00:00", "s")).astype(np.float64)
@@ -61,14 +61,14 @@ def compute_forcings(times, latitude, longitude) -> np.ndarray:
                 * np.cos(hour_angle)[:, None, :])  # [time, lat, lon]
   toa = distance[:, None, None] * np.maximum(cos_zenith, 0.0)
 
-  out = np.empty((num_times, num_lat, num_lon, len(
-      variables_lib.FORCING_CHANNELS)), np.float32)
-  out[..., 0] = toa
-  out[..., 1] = np.sin(day_angle)[:, None, :]
-  out[..., 2] = np.cos(day_angle)[:, None, :]
-  out[..., 3] = np.sin(year_angle)[:, None, None]
-  out[..., 4] = np.cos(year_angle)[:, None, None]
-  return out.reshape(num_times, num_lat * num_lon, -1)
+  out = np.empty((num_times, len(variables_lib.FORCING_CHANNELS), num_lat, num_lon),
+                 np.float32)
+  out[:, 0] = toa
+  out[:, 1] = np.sin(day_angle)[:, None, :]
+  out[:, 2] = np.cos(day_angle)[:, None, :]
+  out[:, 3] = np.sin(year_angle)[:, None, None]
+  out[:, 4] = np.cos(year_angle)[:, None, None]
+  return out.reshape(num_times, len(variables_lib.FORCING_CHANNELS), num_lat * num_lon)
 
 
 def _day_of_year(times) -> np.ndarray:

@@ -85,7 +85,7 @@ def compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
     if num_diffs > 0:
       diff_sums.add(state[lag:lag + num_diffs] - state[:num_diffs])
   statics = store.read_statics(allow_nan=True)[None]
-  static_sums = _Moments(statics.shape[-1])
+  static_sums = _Moments(statics.shape[1])
   static_sums.add(statics)
   return _to_dataset(store, sums, diff_sums, static_sums, time_step_hours)
 
@@ -105,21 +105,20 @@ class _Moments:
     self.shift = None
 
   def add(self, values: np.ndarray):
-    """Adds `[..., channels]` values."""
-    values = values.reshape(-1, values.shape[-1])
+    """Adds `[time, channels, grid]` values."""
     if self.shift is None:
       with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN channels
-        self.shift = np.nan_to_num(np.nanmean(values, axis=0, dtype=np.float64))
-    centred = values - self.shift.astype(values.dtype)
+        self.shift = np.nan_to_num(np.nanmean(values, axis=(0, 2), dtype=np.float64))
+    centred = values - self.shift.astype(values.dtype)[:, None]
     missing = np.isnan(centred)
     if missing.any():
       centred[missing] = 0.0
-      self.count += np.sum(~missing, axis=0)
+      self.count += np.sum(~missing, axis=(0, 2))
     else:
-      self.count += centred.shape[0]
-    self.sum += centred.sum(axis=0, dtype=np.float64)
-    self.sum_squares += np.square(centred).sum(axis=0, dtype=np.float64)
+      self.count += centred.shape[0] * centred.shape[2]
+    self.sum += centred.sum(axis=(0, 2), dtype=np.float64)
+    self.sum_squares += np.square(centred).sum(axis=(0, 2), dtype=np.float64)
 
   def mean_std(self):
     count = np.maximum(self.count, 1)

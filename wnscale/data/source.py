@@ -5,12 +5,15 @@ model steps starting at the range's `i`-th time; examples that would run past
 the range (or the store) are not produced.
 
 Each example (the batch contract with the model, before batching):
-  * `inputs`:   `[input_steps, grid, channels]` (x - mean) / std
-  * `targets`:  `[target_steps, grid, channels]` (x - mean) / std
-  * `forcings`: `[input_steps + target_steps, grid, 5]` (`forcings.py`)
-  * `statics`:  `[grid, 2]` geopotential_at_surface normalized, land_sea_mask
+  * `inputs`:   `[input_steps, channels, grid]` (x - mean) / std
+  * `targets`:  `[target_steps, channels, grid]` (x - mean) / std
+  * `forcings`: `[input_steps + target_steps, 5, grid]` (`forcings.py`)
+  * `statics`:  `[2, grid]` geopotential_at_surface normalized, land_sea_mask
     as is
 all float32, grid flattened latitude-major with latitude ascending.
+Channel-major is the stores' own layout, so an example is assembled with
+contiguous copies; the model's step transposes to node-major on the device
+(`model.forecast.to_node_major`).
 """
 
 from __future__ import annotations
@@ -116,11 +119,11 @@ class WeatherExampleSource:
     }
 
   def statics(self) -> np.ndarray:
-    """`[grid, 2]`: normalized surface geopotential, land-sea mask as is."""
+    """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""
     if self._statics is None:
       statics = self.store.read_statics()
-      statics[:, 0] = ((statics[:, 0] - self.static_stats["mean"][0]) /
-                       self.static_stats["std"][0])
+      statics[0] = ((statics[0] - self.static_stats["mean"][0]) /
+                    self.static_stats["std"][0])
       self._statics = statics
     return self._statics
 

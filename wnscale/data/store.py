@@ -90,12 +90,14 @@ class WeatherStore:
 
   def read_state(self, time_indices, allow_nan: bool = False, mean=None,
                  std=None) -> np.ndarray:
-    """Reads the state at `times[time_indices]`, `[time, grid, channels]` f32.
+    """Reads the state at `times[time_indices]`, `[time, channels, grid]` f32.
 
-    All variables are requested at once (tensorstore futures); each is then
-    transposed into its channels (and normalized to `(x - mean) / std` when
-    `mean`, `std` `[channels]` are given) by a thread of its own: numpy
-    releases the GIL for these copies, so they use every core.
+    Channel-major, as the store holds it: each variable's `[level, lat, lon]`
+    block is one contiguous copy (the model's jitted step transposes on the
+    device, where it is cheap). All variables are requested at once
+    (tensorstore futures); each is copied (and normalized to
+    `(x - mean) / std` when `mean`, `std` `[channels]` are given) by a thread
+    of its own: numpy releases the GIL for these copies, so they use every core.
     NaN raises a ValueError naming variable and time, unless `fill_nan` (then
     filled with the channel mean) or `allow_nan` (then left, for statistics).
     """
@@ -105,10 +107,11 @@ class WeatherStore:
                        f"{len(self.times)} times")
     store_indices = time_indices * self.time_stride
     num_lat, num_lon = self.latitude.size, self.longitude.size
-    state = np.empty((len(time_indices), num_lat, num_lon, self.num_channels),
+    state = np.empty((len(time_indices), self.num_channels, num_lat, num_lon),
                      np.float32)
-    normalize = mean is not None
-    inverse_std = None if std is None else 1.0 / np.asarray(std, np.float32)
+    if mean is not None:
+      mean = np.asarray(mean, np.float32)[:, None, None]
+      inverse_std = 1.0 / np.asarray(std, np.float32)[:, None, None]
     tasks, channel = [], 0
     for name in self.variables:
       handle = self.handles[name]
@@ -126,46 +129,50 @@ class WeatherStore:
         data = data[:, None]
       if self.flip_latitude:
         data = data[:, :, ::-1]
-      if normalize:  # in the stored layout, where the pass is contiguous
-        data = (data - mean[channels, None, None]) * inverse_std[channels, None, None]
-      # [time, level, lat, lon] -> [time, lat, lon, level]
-      state[..., channels] = np.moveaxis(data, 1, -1)
-      return bool(np.isnan(data).any())
+      out = state[:, channels]
+      if mean is None:
+        out[...] = data
+      else:
+        np.subtract(data, mean[channels], out=out)
+        out *= inverse_std[channels]
+      # A sum is NaN if any value is (or, rarely, if +inf meets -inf): one
+      # pass without a boolean temporary; `_fill_or_raise` looks closer.
+      return bool(np.isnan(out.sum()))
 
     has_nan = any(_copy_threads().map(fill_channels, tasks))
-    state = state.reshape(len(time_indices), -1, self.num_channels)
-    if has_nan and not allow_nan:
+    state = state.reshape(len(time_indices), self.num_channels, -1)
+    if has_nan and not allow_nan and np.isnan(state).any():
       fill = self.channel_fill
-      if normalize and fill is not None:
-        fill = (fill - mean) * inverse_std
+      if mean is not None and fill is not None:
+        fill = (fill - mean[:, 0, 0]) * inverse_std[:, 0, 0]
       self._fill_or_raise(state, fill, self.channel_names, self.times[time_indices])
     return state
 
   def read_statics(self, allow_nan: bool = False) -> np.ndarray:
-    """`[grid, 2]` float32: `variables.STATIC_VARIABLES` in that order.
+    """`[2, grid]` float32: `variables.STATIC_VARIABLES` in that order.
 
     NaN is handled as in `read_state`.
     """
     futures = [self.handles[name].read() for name in
                variables_lib.STATIC_VARIABLES]
-    statics = np.stack([future.result() for future in futures], axis=-1)
+    statics = np.stack([future.result() for future in futures])
     if self.flip_latitude:
-      statics = statics[::-1]
-    statics = np.ascontiguousarray(statics, np.float32).reshape(-1, 2)
+      statics = statics[:, ::-1]
+    statics = np.ascontiguousarray(statics, np.float32).reshape(2, -1)
     if not allow_nan and np.isnan(statics).any():
       self._fill_or_raise(statics[None], self.static_fill,
                           list(variables_lib.STATIC_VARIABLES), None)
     return statics
 
   def _fill_or_raise(self, array, fill, names, times):
-    """Fills NaN in `[time, grid, channels]` in place, or raises."""
+    """Fills NaN in `[time, channels, grid]` in place, or raises."""
     if self.fill_nan:
       if fill is None:
         raise ValueError("fill_nan=True but no fill values were loaded")
-      np.copyto(array, np.broadcast_to(fill, array.shape),
+      np.copyto(array, np.broadcast_to(np.asarray(fill)[:, None], array.shape),
                 where=np.isnan(array))
       return
-    bad_time, _, bad_channel = np.argwhere(np.isnan(array))[0]
+    bad_time, bad_channel, _ = np.argwhere(np.isnan(array))[0]
     when = "" if times is None else f" at time {times[bad_time]}"
     raise ValueError(
         f"NaN in variable {names[bad_channel]!r}{when} of store {self.path}; "

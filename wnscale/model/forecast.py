@@ -1,10 +1,15 @@
 """Pure forecasting functions: normalized arrays in, normalized arrays out.
 
-A batch (see `wnscale.data.source`) holds float32 arrays, grid flattened:
-  inputs    [B, input_steps, G, C]                 state, normalized (x - mean) / std
-  targets   [B, target_steps, G, C]                state, normalized
-  forcings  [B, input_steps + target_steps, G, F]  solar radiation, day/year progress
-  statics   [B, G, S]                              surface geopotential, land-sea mask
+A batch (see `wnscale.data.source`) holds float32 arrays, channel-major with
+the grid flattened last, as the data stores hold them (so the host assembles
+examples with contiguous copies):
+  inputs    [B, input_steps, C, G]                 state, normalized (x - mean) / std
+  targets   [B, target_steps, C, G]                state, normalized
+  forcings  [B, input_steps + target_steps, F, G]  solar radiation, day/year progress
+  statics   [B, S, G]                              surface geopotential, land-sea mask
+`rollout` returns predictions in the same layout. Inside, the network works
+node-major (`[B, G, C]`: one row of features per grid node, what its gathers
+and MLPs want); `to_node_major` transposes on the device.
 
 One step maps the last `input_steps` states (plus forcings at those times and
 at the target time, and statics) to the next state. The network predicts the
@@ -50,6 +55,11 @@ def input_channels(num_state_channels: int, input_steps: int) -> int:
   return input_steps * num_state_channels + (input_steps + 1) * NUM_FORCINGS + NUM_STATICS
 
 
+def to_node_major(batch: dict) -> dict:
+  """The batch with each array's last two axes swapped: `[..., C, G] -> [..., G, C]`."""
+  return {key: jnp.swapaxes(value, -1, -2) for key, value in batch.items()}
+
+
 def _stack_channels(x: jax.Array) -> jax.Array:
   """`[B, T, G, C] -> [B, G, T * C]`."""
   batch, steps, nodes, channels = x.shape
@@ -73,11 +83,12 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
 
 def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
             exchange=LocalExchange()):
-  """Autoregressive predictions `[B, target_steps, G, C]`, normalized.
+  """Autoregressive predictions `[B, target_steps, C, G]`, normalized.
 
   Each step's prediction joins the history of the next; forcings slide along.
   `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
   """
+  batch = to_node_major({key: batch[key] for key in ("inputs", "forcings", "statics")})
   inputs, forcings = batch["inputs"], batch["forcings"]
   input_steps = inputs.shape[1]
   target_steps = forcings.shape[1] - input_steps
@@ -97,4 +108,5 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
     return history, prediction
 
   _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))
-  return jnp.moveaxis(predictions, 0, 1)
+  # [target_steps, B, G, C] -> [B, target_steps, C, G]
+  return jnp.transpose(predictions, (1, 0, 3, 2))

@@ -1,7 +1,7 @@
 """The xarray boundary: `xarray.Dataset` in, `xarray.Dataset` out.
 
 Coordinates and metadata stay here, outside jit: the predictor strips the
-variables to a normalized `[batch, time, grid, channels]` array, runs the pure
+variables to a normalized `[batch, time, channels, grid]` array, runs the pure
 `forecast.rollout`, and puts coordinates back on the result.
 """
 
@@ -20,7 +20,7 @@ from wnscale.model import forecast
 
 
 def dataset_to_channels(dataset: xr.Dataset, variables, levels) -> np.ndarray:
-  """`[..., time, grid, channels]` float32 in the `variables.py` layout.
+  """`[..., time, channels, grid]` float32 in the `variables.py` layout.
 
   `dataset` has `(..., time, [level,] latitude, longitude)` variables with
   latitude ascending; leading dims (e.g. `batch`) are kept.
@@ -31,33 +31,32 @@ def dataset_to_channels(dataset: xr.Dataset, variables, levels) -> np.ndarray:
       raise ValueError(f"Input dataset lacks variable {name!r}; it has {sorted(dataset)}.")
     field = dataset[name]
     if variables_lib.lookup(name).atmospheric:
-      field = field.sel(level=list(levels)).transpose(..., "time", "latitude", "longitude",
-                                                       "level")
+      field = field.sel(level=list(levels)).transpose(..., "time", "level", "latitude",
+                                                       "longitude")
     else:
       field = field.transpose(..., "time", "latitude", "longitude").expand_dims(
-          "channel", axis=-1)
+          "channel", axis=-3)
     values = field.values
-    parts.append(values.reshape(values.shape[:-3] + (-1, values.shape[-1])))
-  return np.concatenate(parts, axis=-1).astype(np.float32)
+    parts.append(values.reshape(values.shape[:-2] + (-1,)))
+  return np.concatenate(parts, axis=-2).astype(np.float32)
 
 
 def channels_to_dataset(array: np.ndarray, variables, levels, coords: dict) -> xr.Dataset:
-  """Inverse of `dataset_to_channels`: `[batch, time, grid, C]` -> Dataset.
+  """Inverse of `dataset_to_channels`: `[batch, time, C, grid]` -> Dataset.
 
   `coords` holds `batch`, `time`, `latitude` (ascending) and `longitude`.
   """
-  num_lat, num_lon = len(coords["latitude"]), len(coords["longitude"])
+  grid_shape = (len(coords["latitude"]), len(coords["longitude"]))
   fields, channel = {}, 0
   grid_dims = ("batch", "time", "latitude", "longitude")
   for name in variables:
     if variables_lib.lookup(name).atmospheric:
-      block = array[..., channel:channel + len(levels)]
-      block = block.reshape(block.shape[:2] + (num_lat, num_lon, len(levels)))
+      block = array[:, :, channel:channel + len(levels)]
       fields[name] = (grid_dims[:2] + ("level",) + grid_dims[2:],
-                      np.moveaxis(block, -1, 2))
+                      block.reshape(block.shape[:3] + grid_shape))
       channel += len(levels)
     else:
-      fields[name] = (grid_dims, array[..., channel].reshape(array.shape[:2] + (num_lat, num_lon)))
+      fields[name] = (grid_dims, array[:, :, channel].reshape(array.shape[:2] + grid_shape))
       channel += 1
   return xr.Dataset(fields, coords=dict(coords, level=np.asarray(levels)))
 
@@ -107,10 +106,11 @@ class Predictor:
     times = pd.DatetimeIndex(inputs.time.values)
     target_times = pd.DatetimeIndex([times[-1] + self.time_step * k
                                      for k in range(1, num_steps + 1)])
-    state = (dataset_to_channels(inputs, self.variables, self.levels) - self.mean) / self.std
+    state = ((dataset_to_channels(inputs, self.variables, self.levels) - self.mean[:, None])
+             / self.std[:, None])
     static = np.stack([statics[name].transpose("latitude", "longitude").values.reshape(-1)
-                       for name in STATIC_VARIABLES], -1).astype(np.float32)
-    static[:, 0] = (static[:, 0] - self.static_stats["mean"][0]) / self.static_stats["std"][0]
+                       for name in STATIC_VARIABLES]).astype(np.float32)
+    static[0] = (static[0] - self.static_stats["mean"][0]) / self.static_stats["std"][0]
     all_times = times.append(target_times)
     if forcings is None:
       forcing = forcings_lib.compute_forcings(all_times.values, inputs.latitude.values,
@@ -119,7 +119,7 @@ class Predictor:
       forcing = np.stack([forcings[name].sortby("latitude").sel(time=all_times)
                           .transpose("time", "latitude", "longitude").values
                           .reshape(len(all_times), -1)
-                          for name in variables_lib.FORCING_CHANNELS], -1)
+                          for name in variables_lib.FORCING_CHANNELS], 1)
     batch_size = inputs.sizes["batch"]
     batch = {
         "inputs": state,
@@ -129,8 +129,8 @@ class Predictor:
     normalized = np.asarray(self._rollout(self.params, self.constants, batch))
     coords = {"batch": inputs.batch.values, "time": target_times.values,
               "latitude": inputs.latitude.values, "longitude": inputs.longitude.values}
-    result = channels_to_dataset(normalized * self.std + self.mean, self.variables, self.levels,
-                                 coords)
+    result = channels_to_dataset(normalized * self.std[:, None] + self.mean[:, None],
+                                 self.variables, self.levels, coords)
     if descending:
       result = result.isel(latitude=slice(None, None, -1))
     return result if batched else result.isel(batch=0, drop=True)

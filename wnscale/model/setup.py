@@ -74,11 +74,11 @@ def batch_shapes(config: ml_collections.ConfigDict, num_grid_nodes: int,
   channels = num_state_channels(d)
   shape = lambda *s: jax.ShapeDtypeStruct((batch_size,) + s, jnp.float32)
   return {
-      "inputs": shape(d.input_steps, num_grid_nodes, channels),
-      "targets": shape(d.target_steps, num_grid_nodes, channels),
-      "forcings": shape(d.input_steps + d.target_steps, num_grid_nodes,
-                        forecast.NUM_FORCINGS),
-      "statics": shape(num_grid_nodes, forecast.NUM_STATICS),
+      "inputs": shape(d.input_steps, channels, num_grid_nodes),
+      "targets": shape(d.target_steps, channels, num_grid_nodes),
+      "forcings": shape(d.input_steps + d.target_steps, forecast.NUM_FORCINGS,
+                        num_grid_nodes),
+      "statics": shape(forecast.NUM_STATICS, num_grid_nodes),
   }
 
 

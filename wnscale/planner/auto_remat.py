@@ -36,6 +36,8 @@ CANDIDATES = {
     "all_every_1": dict(_ALL, edge_chunks=4),
     "all_every_1_chunks_16": dict(_ALL, edge_chunks=16),
 }
+# The candidate that keeps the least: if it does not fit, none does.
+LEAST_MEMORY = "all_every_1_chunks_16"
 
 
 def candidate_overrides(name: str) -> dict:
@@ -65,12 +67,18 @@ def _cache_path(config, target: Target, budget: int) -> str:
 
 
 def choose_remat(config: ml_collections.ConfigDict, target: Target,
-                 budget_bytes: int | None = None, names=None) -> dict:
+                 budget_bytes: int | None = None, names=None,
+                 problem: Problem | None = None) -> dict:
   """Picks the remat settings for `config` on `target`.
+
+  Candidates are compiled cheapest first. When the cheapest does not fit, the
+  one that keeps the least memory is compiled next: if it does not fit either,
+  no candidate will, and the search stops there instead of compiling them all.
 
   Args:
     budget_bytes: per-device memory allowed; default the target's device memory.
     names: candidate names to consider (default: all of `CANDIDATES`).
+    problem: a `Problem` of this config and target to reuse (and its compiles).
 
   Returns:
     `{"name", "overrides", "peak_bytes", "recompute_flops", "reason"}`.
@@ -87,19 +95,27 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
       choice = json.load(f)
     logging.info("Remat plan from cache %s: %s", path, choice["reason"])
     return choice
-  problem = Problem(config, target)
-  tried = []
-  for name, extra in ranked_candidates(config, problem.counts, len(target.devices), names):
+  problem = problem or Problem(config, target)
+  ranked = ranked_candidates(config, problem.counts, len(target.devices), names)
+  peaks = {}  # candidate name -> compiled peak bytes, in the order compiled
+
+  def fits(name):
     report = problem.compile(candidate_overrides(name))
-    tried.append((name, report["peak_bytes"]))
-    if report["peak_bytes"] <= budget:
+    peaks[name] = report["peak_bytes"]
+    return report["fits"] and report["peak_bytes"] <= budget
+
+  for index, (name, extra) in enumerate(ranked):
+    if index == 1 and LEAST_MEMORY in dict(ranked) and not fits(LEAST_MEMORY):
+      break
+    if fits(name):
+      cheaper = ", ".join(f"{n} {peaks[n] / GIB:.2f} GiB" for n, _ in ranked[:index])
       choice = {
           "name": name, "overrides": candidate_overrides(name),
-          "peak_bytes": report["peak_bytes"], "recompute_flops": extra,
+          "peak_bytes": peaks[name], "recompute_flops": extra,
           "reason": (f"'{name}' is the cheapest remat configuration that fits: peak "
-                     f"{report['peak_bytes'] / GIB:.2f} GiB of {budget / GIB:.2f} GiB per device, "
+                     f"{peaks[name] / GIB:.2f} GiB of {budget / GIB:.2f} GiB per device, "
                      f"+{extra:.3g} recompute FLOPs per device per step; cheaper ones did not "
-                     f"fit: {', '.join(f'{n} {p / GIB:.2f} GiB' for n, p in tried[:-1]) or '-'}."),
+                     f"fit: {cheaper or '-'}."),
       }
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path + ".tmp", "w") as f:
@@ -107,8 +123,8 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
       os.replace(path + ".tmp", path)
       logging.info("Remat plan: %s", choice["reason"])
       return choice
-  smallest = min(tried, key=lambda item: item[1])
+  smallest = min(peaks, key=peaks.get)
   raise ValueError(
       f"No remat configuration fits {budget / GIB:.2f} GiB per device on {target.name}: the "
-      f"smallest peak is {smallest[1] / GIB:.2f} GiB ('{smallest[0]}'). Use more graph shards "
+      f"smallest peak is {peaks[smallest] / GIB:.2f} GiB ('{smallest}'). Use more graph shards "
       "(mesh.graph), a smaller batch per data shard, bfloat16, or a smaller model.")

@@ -47,10 +47,12 @@ class NodePartition(NamedTuple):
 
   def to_slots(self, array: np.ndarray, axis: int) -> np.ndarray:
     """Reorders `axis` (length num_nodes) into the padded layout; padding rows are 0."""
-    array = np.moveaxis(np.asarray(array), axis, 0)
-    out = np.zeros((len(self.node_of_slot),) + array.shape[1:], array.dtype)
-    out[self.slot_of_node] = array
-    return np.moveaxis(out, 0, axis)
+    array = np.asarray(array)
+    axis = axis % array.ndim
+    out = np.zeros(array.shape[:axis] + (len(self.node_of_slot),) + array.shape[axis + 1:],
+                   array.dtype)
+    out[(slice(None),) * axis + (self.slot_of_node,)] = array
+    return out
 
   def from_slots(self, array, axis: int):
     """Inverse of `to_slots`: `[..., num_shards * per_shard, ...] -> [..., num_nodes, ...]`."""

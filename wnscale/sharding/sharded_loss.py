@@ -25,14 +25,14 @@ from wnscale.sharding.exchange import AllGatherExchange, HaloExchange
 from wnscale.sharding.mesh import DATA, GRAPH
 from wnscale.train import loss as loss_lib
 
-# Batch arrays: batch on `data`, grid nodes on `graph`.
+# Batch arrays (`[B, ..., G]`, see `model.forecast`): batch on `data`, grid nodes on `graph`.
 BATCH_SPECS = {
-    "inputs": P(DATA, None, GRAPH),
-    "targets": P(DATA, None, GRAPH),
-    "forcings": P(DATA, None, GRAPH),
-    "statics": P(DATA, GRAPH),
+    "inputs": P(DATA, None, None, GRAPH),
+    "targets": P(DATA, None, None, GRAPH),
+    "forcings": P(DATA, None, None, GRAPH),
+    "statics": P(DATA, None, GRAPH),
 }
-_GRID_AXIS = {"inputs": 2, "targets": 2, "forcings": 2, "statics": 1}
+_GRID_AXIS = -1
 
 
 class ShardedLayout:
@@ -82,14 +82,14 @@ class ShardedLayout:
     abstract = {}
     for key, shape in shapes.items():
       dims = list(shape.shape)
-      dims[_GRID_AXIS[key]] = slots
+      dims[_GRID_AXIS] = slots
       abstract[key] = jax.ShapeDtypeStruct(tuple(dims), shape.dtype,
                                            sharding=self.sharding(BATCH_SPECS[key]))
     return abstract
 
   def host_batch(self, batch: dict) -> dict:
     """Reorders a host batch's grid axis into the padded, sharded node order."""
-    return {k: self.partitioned.grid.to_slots(v, _GRID_AXIS[k]) for k, v in batch.items()}
+    return {k: self.partitioned.grid.to_slots(v, _GRID_AXIS) for k, v in batch.items()}
 
   def batch(self, batch: dict) -> dict:
     """A global host batch as device arrays on the mesh (single process)."""
@@ -108,7 +108,7 @@ class ShardedLayout:
     for key, value in self.host_batch(local_batch).items():
       sharding = self.sharding(BATCH_SPECS[key])
       global_shape = (global_batch_size,) + value.shape[1:]
-      axis = _GRID_AXIS[key]
+      axis = value.ndim - 1
       blocks = sharding.addressable_devices_indices_map(global_shape).values()
       start = min(index[axis].start or 0 for index in blocks)
       stop = max(index[axis].stop or value.shape[axis] for index in blocks)
@@ -158,8 +158,8 @@ class ShardedLayout:
     def local_error_sums(params, constants, exchange, batch, std):
       predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
                                      exchange=exchange)
-      squared = jnp.square((predictions - batch["targets"]) * std)
-      per_channel = jnp.einsum("btgc,g->c", squared, constants.node_weights)
+      squared = jnp.square((predictions - batch["targets"]) * std[:, None])
+      per_channel = jnp.einsum("btcg,g->c", squared, constants.node_weights)
       return jax.lax.psum(per_channel, (DATA, GRAPH))
 
     return self._shard_mapped(local_error_sums, out_specs=P(), extra_in_specs=(P(),))

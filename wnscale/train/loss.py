@@ -32,14 +32,17 @@ def latitude_weights(latitude_deg: np.ndarray, num_lon: int) -> np.ndarray:
 
 
 def weighted_squared_error(predictions, targets, constants: Constants):
-  """Per-node weighted error summed over channels, `[B, T, G]`, before averaging."""
-  error = (predictions - targets) / constants.residual_scale
-  per_node = jnp.sum(constants.channel_weights * jnp.square(error), axis=-1)
+  """Per-node weighted error summed over channels, `[B, T, G]`, before averaging.
+
+  `predictions`, `targets`: `[B, T, C, G]` normalized.
+  """
+  error = (predictions - targets) / constants.residual_scale[:, None]
+  per_node = jnp.sum(constants.channel_weights[:, None] * jnp.square(error), axis=-2)
   return per_node * constants.node_weights
 
 
 def loss_fn(predictions: jax.Array, targets: jax.Array, constants: Constants) -> jax.Array:
-  """Scalar loss of `[B, T, G, C]` normalized predictions against targets."""
+  """Scalar loss of `[B, T, C, G]` normalized predictions against targets."""
   return jnp.mean(weighted_squared_error(predictions, targets, constants))
 
 
