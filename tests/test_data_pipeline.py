@@ -109,27 +109,28 @@ def test_batch_size_errors(store_path):
     pipeline.make_iterator(share, batch_size=4)
 
 
-def test_global_batch_on_a_four_device_mesh(store_path):
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(4, 1),
-                           ("data", "graph"))
-  sharding = jax.sharding.NamedSharding(mesh,
-                                        jax.sharding.PartitionSpec("data"))
-  local = pipeline.make_dataset_iterator(
-      store_path, VARIABLES, LEVELS, batch_size=4, process_index=0,
-      process_count=1)
-  batch = next(local.iterator)
-  global_batch = pipeline.to_global_batch(batch, sharding)
-  assert global_batch["inputs"].shape == (4, 2, 3, 32 * 64)
-  assert global_batch["inputs"].sharding == sharding
-  shard_rows = sorted(s.index[0].start for s in
-                      global_batch["targets"].addressable_shards)
-  assert shard_rows == [0, 1, 2, 3]
-  for key, value in batch.items():
-    np.testing.assert_array_equal(np.asarray(global_batch[key]), value)
-  with pytest.raises(ValueError, match=r"No sharding given for batch key\(s\)"
-                     r" \['statics'\]"):
-    pipeline.to_global_batch(batch, {k: sharding for k in batch
-                                     if k != "statics"})
+def test_layout_ordered_batches_become_global_arrays(store_path):
+  """A pipeline in a mesh's grid-slot order gives the arrays of the reordered batch."""
+  from wnscale import config as config_lib
+  from wnscale.model import setup
+  from wnscale.sharding import mesh as mesh_lib
+  from wnscale.sharding.sharded_loss import ShardedLayout
+
+  config = config_lib.load("configs/tiny.py")
+  config.mesh.update(data=1, graph=4)
+  natural = _pipeline(store_path)
+  latitude, longitude = natural.source.store.latitude, natural.source.store.longitude
+  layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:4]),
+                         setup.graphs_for_grid(config, latitude, longitude),
+                         *setup.node_positions(config, latitude, longitude), "halo")
+  assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering
+  slotted = _pipeline(store_path, grid_slots=layout.grid_slots)
+  expected, batch = layout.host_batch(next(natural.iterator)), next(slotted.iterator)
+  arrays = layout.global_batch(batch, 2)
+  for key, value in expected.items():
+    np.testing.assert_array_equal(batch[key], value, err_msg=key)
+    np.testing.assert_array_equal(np.asarray(arrays[key]), value, err_msg=key)
+    assert arrays[key].sharding.spec[-1] == "graph"
 
 
 def test_from_config_train_and_eval(store_path):

@@ -143,3 +143,19 @@ def test_source_pickles_with_a_stable_repr(source):
   assert repr(clone) == repr(source)
   assert "0x" not in repr(source)
   np.testing.assert_array_equal(clone[3]["targets"], source[3]["targets"])
+
+
+def test_grid_slots_reorder_and_pad_every_array(source, store_path):
+  """Examples read straight into a sharded layout's slots equal the reordered examples."""
+  rng = np.random.default_rng(0)
+  slots = np.concatenate([rng.permutation(32 * 64), [-1, -1, -1]])
+  rng.shuffle(slots)
+  slotted = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, input_steps=2,
+                                            target_steps=2, grid_slots=slots)
+  assert slotted.store.flip_latitude  # the WB2 layout: the gather also flips latitude
+  natural, example = source[4], slotted[4]
+  for key, value in natural.items():
+    expected = value[..., np.maximum(slots, 0)]
+    expected[..., slots < 0] = 0
+    assert example[key].shape == value.shape[:-1] + (len(slots),)
+    np.testing.assert_array_equal(example[key], expected, err_msg=key)

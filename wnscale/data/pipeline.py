@@ -9,13 +9,12 @@ disjoint, and the global batch sequence is the same for any process count.
 
 Iterator state (`get_state`/`set_state`, or Orbax's
 `grain.checkpoint.CheckpointSave/CheckpointRestore`) resumes exactly, with or
-without worker processes. `to_global_batch` turns a process's local batch into
-global `jax.Array`s sharded along the batch axis.
+without worker processes. `ShardedLayout.global_batch` turns a process's
+batches into global `jax.Array`s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import dataclasses
 
 import grain
@@ -27,7 +26,7 @@ from wnscale.data import source as source_lib
 
 @dataclasses.dataclass
 class DataPipeline:
-  """What `make_dataset_iterator` builds.
+  """What `make_pipeline` builds.
 
   Attributes:
     source: the example source (its `channel_stats` feed the model and loss).
@@ -118,8 +117,35 @@ def make_dataset_iterator(path: str,
                           num_epochs: int | None = None,
                           process_index: int | None = None,
                           process_count: int | None = None,
-                          skip_examples: int = 0) -> DataPipeline:
+                          skip_examples: int = 0,
+                          grid_slots: np.ndarray | None = None) -> DataPipeline:
   """Source, dataset and iterator for one store and time range.
+
+  Args:
+    grid_slots: the grid axis's node order, e.g. `ShardedLayout.grid_slots`.
+    Others: see `source.WeatherExampleSource` and `make_pipeline`.
+  """
+  source = source_lib.WeatherExampleSource(
+      path, variables, levels, input_steps=input_steps,
+      target_steps=target_steps, start=start, end=end,
+      time_step_hours=time_step_hours, fill_nan=fill_nan,
+      resolution=resolution, grid_slots=grid_slots)
+  return make_pipeline(source, batch_size=batch_size, seed=seed, worker_count=worker_count,
+                       shuffle=shuffle, num_epochs=num_epochs, process_index=process_index,
+                       process_count=process_count, skip_examples=skip_examples)
+
+
+def make_pipeline(source: source_lib.WeatherExampleSource,
+                  *,
+                  batch_size: int,
+                  seed: int = 0,
+                  worker_count: int = 0,
+                  shuffle: bool = True,
+                  num_epochs: int | None = None,
+                  process_index: int | None = None,
+                  process_count: int | None = None,
+                  skip_examples: int = 0) -> DataPipeline:
+  """Dataset and iterator of `source`'s examples.
 
   Args:
     batch_size: GLOBAL batch size; each process yields
@@ -127,23 +153,41 @@ def make_dataset_iterator(path: str,
     process_index, process_count: default to `jax.process_index()` and
       `jax.process_count()`.
     skip_examples: examples of this process's share to skip (resuming by step).
-    Others: see `source.WeatherExampleSource` and `make_dataset`.
+    Others: see `make_dataset` and `make_iterator`.
   """
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
   if batch_size % process_count:
     raise ValueError(f"Global batch size {batch_size} is not divisible by the "
                      f"{process_count} processes")
-  source = source_lib.WeatherExampleSource(
-      path, variables, levels, input_steps=input_steps,
-      target_steps=target_steps, start=start, end=end,
-      time_step_hours=time_step_hours, fill_nan=fill_nan,
-      resolution=resolution)
   dataset = make_dataset(source, seed=seed, shuffle=shuffle,
                          num_epochs=num_epochs, process_index=process_index,
                          process_count=process_count)[skip_examples:]
   iterator = make_iterator(dataset, batch_size // process_count, worker_count)
   return DataPipeline(source, dataset, iterator)
+
+
+def _check_split(split: str):
+  if split not in ("train", "eval"):
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+
+
+def source_from_config(config, split: str, grid_slots: np.ndarray | None = None
+                       ) -> source_lib.WeatherExampleSource:
+  """The example source of `split` ("train" or "eval") of an experiment config.
+
+  `config` is the experiment ConfigDict or its `data` part. Keys read:
+  `path, resolution, variables, pressure_levels, input_steps, target_steps,
+  time_step_hours, {train,eval}_{start,end}, fill_nan`.
+  """
+  _check_split(split)
+  data = config.data if "data" in config else config
+  return source_lib.WeatherExampleSource(
+      data.path, tuple(data.variables), tuple(data.pressure_levels),
+      input_steps=data.input_steps, target_steps=data.target_steps,
+      start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
+      time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
+      resolution=data.get("resolution"), grid_slots=grid_slots)
 
 
 def from_config(config,
@@ -153,65 +197,28 @@ def from_config(config,
                 seed: int | None = None,
                 process_index: int | None = None,
                 process_count: int | None = None,
-                skip_examples: int = 0) -> DataPipeline:
-  """`make_dataset_iterator` from an experiment config.
+                skip_examples: int = 0,
+                grid_slots: np.ndarray | None = None) -> DataPipeline:
+  """The pipeline of `split` of an experiment config.
 
   Args:
     config: the experiment ConfigDict (uses `config.data`, and
       `config.train.batch_size` / `config.seed` unless given here) or its
-      `data` part. Keys read: `path, resolution, variables, pressure_levels,
-      input_steps, target_steps, time_step_hours, {train,eval}_{start,end},
-      worker_count, fill_nan`.
+      `data` part (see `source_from_config`; also reads `data.worker_count`).
     split: "train" (shuffled, endless) or "eval" (in order, one pass).
+    grid_slots: see `make_dataset_iterator`.
   """
-  if split not in ("train", "eval"):
-    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-  data = config.data if "data" in config else config
+  _check_split(split)
   if batch_size is None:
     if "train" not in config:
       raise ValueError("batch_size not given and config has no train.batch_size")
     batch_size = config.train.batch_size
   if seed is None:
     seed = config.get("seed", 0)
+  data = config.data if "data" in config else config
   training = split == "train"
-  return make_dataset_iterator(
-      data.path, tuple(data.variables), tuple(data.pressure_levels),
-      batch_size=batch_size,
-      input_steps=data.input_steps,
-      target_steps=data.target_steps,
-      start=data.get(f"{split}_start"),
-      end=data.get(f"{split}_end"),
-      seed=seed,
-      worker_count=data.get("worker_count", 0),
-      time_step_hours=data.get("time_step_hours", 6),
-      fill_nan=data.get("fill_nan", False),
-      resolution=data.get("resolution"),
-      shuffle=training,
-      num_epochs=None if training else 1,
-      process_index=process_index,
-      process_count=process_count,
-      skip_examples=skip_examples)
-
-
-def to_global_batch(local_batch: Mapping[str, np.ndarray],
-                    sharding_by_key) -> dict[str, jax.Array]:
-  """Global `jax.Array`s from this process's batch.
-
-  Args:
-    local_batch: `{key: [per_process_batch, ...]}` numpy arrays.
-    sharding_by_key: one `jax.sharding.NamedSharding` for every key, or a
-      mapping key -> sharding; the batch axis is sharded (e.g. on `data`).
-
-  Returns:
-    `{key: [global_batch, ...]}` arrays, global batch = per-process batch x
-    number of processes.
-  """
-  if isinstance(sharding_by_key, jax.sharding.Sharding):
-    sharding_by_key = {key: sharding_by_key for key in local_batch}
-  missing = sorted(set(local_batch) - set(sharding_by_key))
-  if missing:
-    raise ValueError(f"No sharding given for batch key(s) {missing}")
-  return {
-      key: jax.make_array_from_process_local_data(sharding_by_key[key], value)
-      for key, value in local_batch.items()
-  }
+  return make_pipeline(source_from_config(config, split, grid_slots),
+                       batch_size=batch_size, seed=seed,
+                       worker_count=data.get("worker_count", 0), shuffle=training,
+                       num_epochs=None if training else 1, process_index=process_index,
+                       process_count=process_count, skip_examples=skip_examples)

@@ -50,7 +50,8 @@ class WeatherExampleSource:
                end: str | None = None,
                time_step_hours: int = 6,
                fill_nan: bool = False,
-               resolution: float | None = None):
+               resolution: float | None = None,
+               grid_slots: np.ndarray | None = None):
     """Opens the store and loads (or computes once) its statistics.
 
     Args:
@@ -59,6 +60,10 @@ class WeatherExampleSource:
       input_steps, target_steps: model steps per example.
       start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
         a date without a time covers that whole day. None: the store's ends.
+      grid_slots: `[num_slots]` the grid node at each position of the
+        examples' grid axis, -1 for padding (zeros): a sharded layout's node
+        order (`ShardedLayout.grid_slots`), applied while copying, so the
+        training loop does not reorder batches. None: all nodes in order.
     """
     if input_steps < 1 or target_steps < 1:
       raise ValueError(f"input_steps ({input_steps}) and target_steps "
@@ -81,6 +86,9 @@ class WeatherExampleSource:
           f"{time_step_hours} h; one example needs {self.window} "
           f"({input_steps} input + {target_steps} target)")
     self._statics = None
+    self.grid_slots = None if grid_slots is None else np.asarray(grid_slots, np.int64)
+    self._grid_index = (None if grid_slots is None
+                        else self.store.grid_index(self.grid_slots))
 
   @property
   def window(self) -> int:
@@ -108,13 +116,13 @@ class WeatherExampleSource:
     index = int(index)
     time_indices = self.time_indices(index)
     state = self.store.read_state(time_indices, mean=self.channel_stats["mean"],
-                                  std=self.channel_stats["std"])
+                                  std=self.channel_stats["std"], grid_index=self._grid_index)
     return {
         "inputs": state[:self.input_steps],
         "targets": state[self.input_steps:],
-        "forcings": forcings_lib.compute_forcings(
+        "forcings": self._to_slots(forcings_lib.compute_forcings(
             self.store.times[time_indices], self.store.latitude,
-            self.store.longitude),
+            self.store.longitude)),
         "statics": self.statics().copy(),
     }
 
@@ -124,8 +132,16 @@ class WeatherExampleSource:
       statics = self.store.read_statics()
       statics[0] = ((statics[0] - self.static_stats["mean"][0]) /
                     self.static_stats["std"][0])
-      self._statics = statics
+      self._statics = self._to_slots(statics)
     return self._statics
+
+  def _to_slots(self, array: np.ndarray) -> np.ndarray:
+    """`[..., grid]` in internal node order -> `[..., num_slots]` (see `grid_slots`)."""
+    if self.grid_slots is None:
+      return array
+    out = np.take(array, np.maximum(self.grid_slots, 0), axis=-1)
+    out[..., self.grid_slots < 0] = 0.0
+    return out
 
 
 def _time_range(times: np.ndarray, start, end) -> tuple[int, int]:

@@ -88,8 +88,17 @@ class WeatherStore:
             f"levels={self.levels}, time_step_hours={self.time_step_hours}, "
             f"fill_nan={self.fill_nan})")
 
+  def grid_index(self, nodes: np.ndarray) -> np.ndarray:
+    """Positions in the store's own flattened grid of internal grid `nodes` (-1 stays -1)."""
+    nodes = np.asarray(nodes, np.int64)
+    if not self.flip_latitude:
+      return nodes
+    num_lat, num_lon = self.latitude.size, self.longitude.size
+    row, column = np.divmod(nodes, num_lon)
+    return np.where(nodes < 0, -1, (num_lat - 1 - row) * num_lon + column)
+
   def read_state(self, time_indices, allow_nan: bool = False, mean=None,
-                 std=None) -> np.ndarray:
+                 std=None, grid_index: np.ndarray | None = None) -> np.ndarray:
     """Reads the state at `times[time_indices]`, `[time, channels, grid]` f32.
 
     Channel-major, as the store holds it: each variable's `[level, lat, lon]`
@@ -100,18 +109,24 @@ class WeatherStore:
     of its own: numpy releases the GIL for these copies, so they use every core.
     NaN raises a ValueError naming variable and time, unless `fill_nan` (then
     filled with the channel mean) or `allow_nan` (then left, for statistics).
+
+    `grid_index` (from `grid_index(nodes)`) picks and orders the output's grid
+    positions during that copy, e.g. into a sharded layout's slots; -1 gives a
+    zero. Default: every node in internal order.
     """
     time_indices = np.asarray(time_indices, dtype=np.int64)
     if time_indices.min() < 0 or time_indices.max() >= len(self.times):
       raise ValueError(f"time indices {time_indices} outside the store's "
                        f"{len(self.times)} times")
     store_indices = time_indices * self.time_stride
-    num_lat, num_lon = self.latitude.size, self.longitude.size
-    state = np.empty((len(time_indices), self.num_channels, num_lat, num_lon),
-                     np.float32)
+    num_points = self.num_grid_nodes if grid_index is None else len(grid_index)
+    state = np.empty((len(time_indices), self.num_channels, num_points), np.float32)
     if mean is not None:
-      mean = np.asarray(mean, np.float32)[:, None, None]
-      inverse_std = 1.0 / np.asarray(std, np.float32)[:, None, None]
+      mean = np.asarray(mean, np.float32)[:, None]
+      inverse_std = 1.0 / np.asarray(std, np.float32)[:, None]
+    if grid_index is not None:
+      padding = grid_index < 0
+      gather = np.maximum(grid_index, 0)
     tasks, channel = [], 0
     for name in self.variables:
       handle = self.handles[name]
@@ -125,26 +140,34 @@ class WeatherStore:
     def fill_channels(task) -> bool:
       future, channels = task
       data = future.result()
-      if data.ndim == 3:
-        data = data[:, None]
-      if self.flip_latitude:
-        data = data[:, :, ::-1]
-      out = state[:, channels]
-      if mean is None:
-        out[...] = data
+      data = data.reshape((data.shape[0], -1) + data.shape[-2:])  # [time, level, lat, lon]
+      if grid_index is None:
+        source = data[:, :, ::-1] if self.flip_latitude else data
+        out = state.reshape(state.shape[:2] + data.shape[-2:])[:, channels]
       else:
-        np.subtract(data, mean[channels], out=out)
-        out *= inverse_std[channels]
+        out = state[:, channels]
+        flat = data.reshape(data.shape[:2] + (-1,))
+        for step in range(out.shape[0]):  # out[step] is contiguous: no buffering
+          np.take(flat[step], gather, axis=-1, out=out[step], mode="clip")
+        source = out
+      if mean is None:
+        if source is not out:
+          out[...] = source
+      else:
+        shape = (-1,) + (1,) * (out.ndim - 2)
+        np.subtract(source, mean[channels].reshape(shape), out=out)
+        out *= inverse_std[channels].reshape(shape)
+      if grid_index is not None:
+        out[..., padding] = 0.0
       # A sum is NaN if any value is (or, rarely, if +inf meets -inf): one
       # pass without a boolean temporary; `_fill_or_raise` looks closer.
       return bool(np.isnan(out.sum()))
 
     has_nan = any(_copy_threads().map(fill_channels, tasks))
-    state = state.reshape(len(time_indices), self.num_channels, -1)
     if has_nan and not allow_nan and np.isnan(state).any():
       fill = self.channel_fill
       if mean is not None and fill is not None:
-        fill = (fill - mean[:, 0, 0]) * inverse_std[:, 0, 0]
+        fill = (fill - mean[:, 0]) * inverse_std[:, 0]
       self._fill_or_raise(state, fill, self.channel_names, self.times[time_indices])
     return state
 

@@ -45,6 +45,15 @@ class ShardedLayout:
                                                       self.num_shards, exchange)
     self.num_grid_nodes = graphs.num_grid_nodes
 
+  @property
+  def grid_slots(self) -> np.ndarray:
+    """`[num_shards * per_shard]` the grid node in each slot of a batch's grid axis, -1: padding.
+
+    Pipelines built with it (`data.pipeline`'s `grid_slots`) yield batches in
+    this layout, ready for `global_batch`.
+    """
+    return self.partitioned.grid.node_of_slot
+
   def sharding(self, spec: P) -> NamedSharding:
     return NamedSharding(self.mesh, spec)
 
@@ -100,20 +109,19 @@ class ShardedLayout:
     """Global device arrays from this process's share of a batch (any process count).
 
     `local_batch` holds this process's data group's examples (see
-    `mesh.process_data_group`) with all grid nodes; each process contributes
-    the block of rows and grid slots its devices hold, via
-    `jax.make_array_from_process_local_data`.
+    `mesh.process_data_group`), grid axis already in `grid_slots` order (all
+    slots); each process contributes the block of rows and grid slots its
+    devices hold, via `jax.make_array_from_process_local_data`.
     """
     arrays = {}
-    for key, value in self.host_batch(local_batch).items():
+    for key, value in local_batch.items():
       sharding = self.sharding(BATCH_SPECS[key])
       global_shape = (global_batch_size,) + value.shape[1:]
-      axis = value.ndim - 1
       blocks = sharding.addressable_devices_indices_map(global_shape).values()
-      start = min(index[axis].start or 0 for index in blocks)
-      stop = max(index[axis].stop or value.shape[axis] for index in blocks)
-      local = np.take(value, np.arange(start, stop), axis=axis)
-      arrays[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+      start = min(index[-1].start or 0 for index in blocks)
+      stop = max(index[-1].stop or value.shape[-1] for index in blocks)
+      arrays[key] = jax.make_array_from_process_local_data(sharding, value[..., start:stop],
+                                                           global_shape)
     return arrays
 
   def _exchange(self, halo_indices):

@@ -31,7 +31,8 @@ class Evaluator:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
     batch_size = self.config.train.batch_size
     data = pipeline.from_config(self.config, "eval", process_index=self.group,
-                                process_count=self.num_groups)
+                                process_count=self.num_groups,
+                                grid_slots=self.layout.grid_slots)
     sums, examples = 0.0, 0
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):

@@ -68,13 +68,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_batch_size(mesh, config.train.batch_size)
 
-  # Data: this process's share (processes holding the same batch rows read the same examples).
+  # The store gives the grid and the normalization statistics.
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   config.data.path = datasets.resolve_store(config)
-  group, num_groups = mesh_lib.process_data_group(mesh)
-  train_data = pipeline.from_config(config, "train", process_index=group,
-                                    process_count=num_groups)
-  source = train_data.source
+  source = pipeline.source_from_config(config, "train")
   latitude, longitude = source.store.latitude, source.store.longitude
 
   if config.model.remat_policy == "auto":
@@ -91,6 +88,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
                          config.mesh.exchange)
   device_constants, halo_indices = layout.constants(constants)
+  # Data: this process's share (processes holding the same batch rows read the same
+  # examples), read straight into the layout's grid order.
+  group, num_groups = mesh_lib.process_data_group(mesh)
+  train_data = _train_pipeline(config, group, num_groups, 0, layout.grid_slots)
   graphdef, params = setup.init_model(config)
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
@@ -106,12 +107,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     nonlocal train_data, data_offset
     train_data.close()
     if metadata["data_groups"] == num_groups:
-      train_data = _train_pipeline(config, group, num_groups, metadata["data_offset"])
+      train_data = _train_pipeline(config, group, num_groups, metadata["data_offset"],
+                                   layout.grid_slots)
       checkpointer.restore_iterator(step, train_data.iterator)
       data_offset = metadata["data_offset"]
     else:  # Grain's state is per process: position the stream by step instead.
       data_offset = step * (config.train.batch_size // num_groups)
-      train_data = _train_pipeline(config, group, num_groups, data_offset)
+      train_data = _train_pipeline(config, group, num_groups, data_offset, layout.grid_slots)
       logging.info("Checkpoint had %d data groups, now %d: data stream positioned by step.",
                    metadata["data_groups"], num_groups)
 
@@ -198,7 +200,7 @@ def _auto_remat(config) -> dict:
   return choice
 
 
-def _train_pipeline(config, group, num_groups, offset):
+def _train_pipeline(config, group, num_groups, offset, grid_slots):
   """The training pipeline whose stream starts `offset` examples into this process's share."""
-  return pipeline.from_config(config, "train", process_index=group,
-                              process_count=num_groups, skip_examples=offset)
+  return pipeline.from_config(config, "train", process_index=group, process_count=num_groups,
+                              skip_examples=offset, grid_slots=grid_slots)
