@@ -41,7 +41,7 @@ def measure(topology: str, graph: int, out: str, done: set):
 
   def record(scheme, report):
     with open(out, "a") as f:
-      f.write(json.dumps(dict(report, scheme=scheme)) + "\n")
+      f.write(json.dumps(dict(report, scheme=scheme, code=code_version())) + "\n")
     print(f"{topology} graph={graph} {scheme}: peak {report['peak_bytes'] / GIB:.2f} GiB, "
           f"fits={report['fits']}, {report['compile_seconds']:.0f} s", flush=True)
 
@@ -57,6 +57,14 @@ def measure(topology: str, graph: int, out: str, done: set):
       record("best", {"topology": topology, "mesh": {"graph": graph}, "fits": False,
                       "peak_bytes": 0, "compile_seconds": 0, "candidate": None,
                       "reason": str(error)})
+
+
+def code_version() -> str:
+  """The commit of the code that compiles (`+` if the library has uncommitted changes)."""
+  git = lambda *args: subprocess.run(["git", *args], cwd=REPO, capture_output=True,
+                                     text=True).stdout.strip()
+  return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "wnscale")
+                                                else "")
 
 
 def load(out: str) -> list[dict]:
@@ -90,7 +98,7 @@ def table(results: list[dict]) -> str:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--topologies", default="v5e:4x4,v4:2x2x2")
-  parser.add_argument("--graph_shards", default="8,4,16,1")
+  parser.add_argument("--graph_shards", default="8,16,4,1")
   parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "planner_0p25.jsonl"))
   parser.add_argument("--one", default="", help=argparse.SUPPRESS)  # "topology,graph": child
   args = parser.parse_args()
