@@ -1,7 +1,8 @@
 """Per-chip memory of GraphCast 0.25 deg on TPU topologies: no remat, the paper's scheme, and
 the planner's choice, at several graph shard counts (AOT compiles with libtpu, on this CPU).
 
-  python bench/planner_0p25.py [--topologies=v5e:4x4,v4:2x2x2 --graph_shards=8,4,16,1]
+  python bench/planner_0p25.py [--topologies=v5e:4x4,v4:2x2x2 --graph_shards=8,16,4,1,2]
+  python bench/planner_0p25.py --table   # what is measured so far
 
 Each (topology, graph shards) runs in its own process (a 0.25 deg TPU compile
 takes minutes and gigabytes of host memory) and appends one JSON line per
@@ -11,6 +12,7 @@ over several sessions. At the end the table for the README is printed.
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -85,12 +87,15 @@ def table(results: list[dict]) -> str:
       peak = f"{r['peak_bytes'] / GIB:.2f}" + ("" if r["fits"] else " (no)")
       text = f"{peak} `{r['candidate']}`" if r["scheme"] == "best" else peak
     cells.setdefault(key, {})[r["scheme"]] = text
+    cells[key]["devices"] = r.get("num_devices", cells[key].get("devices"))
     cells[key]["hbm"] = f"{r['device_memory_bytes'] / GIB:.0f}" if "device_memory_bytes" in r \
         else cells[key].get("hbm", "")
-  lines = ["| topology | graph shards | HBM GiB per device | no remat | paper | planner's choice |",
-           "|---|---:|---:|---:|---:|---|"]
+  lines = ["| topology | graph shards | chips per example | HBM GiB per device | no remat "
+           "| paper | planner's choice |", "|---|---:|---:|---:|---:|---:|---|"]
   for (topology, graph), row in sorted(cells.items()):
-    lines.append(f"| {topology} | {graph} | {row.get('hbm', '')} | "
+    chips = math.prod(int(n) for n in topology.split(":")[1].split("x"))
+    per_chip = row["devices"] // chips  # v4 exposes both TensorCores of a chip
+    lines.append(f"| {topology} | {graph} | {graph / per_chip:g} | {row.get('hbm', '')} | "
                  + " | ".join(row.get(s, "-") for s in SCHEMES) + " |")
   return "\n".join(lines)
 
@@ -98,8 +103,9 @@ def table(results: list[dict]) -> str:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--topologies", default="v5e:4x4,v4:2x2x2")
-  parser.add_argument("--graph_shards", default="8,16,4,1")
+  parser.add_argument("--graph_shards", default="8,16,4,1,2")
   parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "planner_0p25.jsonl"))
+  parser.add_argument("--table", action="store_true", help="print the table of --out, compile nothing")
   parser.add_argument("--one", default="", help=argparse.SUPPRESS)  # "topology,graph": child
   args = parser.parse_args()
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -108,6 +114,9 @@ def main():
     return {r["scheme"] for r in load(args.out)
             if r["topology"] == topology and r["mesh"]["graph"] == graph}
 
+  if args.table:
+    print(table(load(args.out)))
+    return 0
   if args.one:
     topology, graph = args.one.split(",")
     measure(topology, int(graph), args.out, done(topology, int(graph)))
