@@ -198,7 +198,7 @@ def from_config(config,
                 process_index: int | None = None,
                 process_count: int | None = None,
                 skip_examples: int = 0,
-                grid_slots: np.ndarray | None = None) -> DataPipeline:
+                source: source_lib.WeatherExampleSource | None = None) -> DataPipeline:
   """The pipeline of `split` of an experiment config.
 
   Args:
@@ -206,7 +206,8 @@ def from_config(config,
       `config.train.batch_size` / `config.seed` unless given here) or its
       `data` part (see `source_from_config`; also reads `data.worker_count`).
     split: "train" (shuffled, endless) or "eval" (in order, one pass).
-    grid_slots: see `make_dataset_iterator`.
+    source: this split's source, already open (e.g. `source.in_layout(...)`);
+      default: `source_from_config(config, split)`.
   """
   _check_split(split)
   if batch_size is None:
@@ -217,7 +218,7 @@ def from_config(config,
     seed = config.get("seed", 0)
   data = config.data if "data" in config else config
   training = split == "train"
-  return make_pipeline(source_from_config(config, split, grid_slots),
+  return make_pipeline(source or source_from_config(config, split),
                        batch_size=batch_size, seed=seed,
                        worker_count=data.get("worker_count", 0), shuffle=training,
                        num_epochs=None if training else 1, process_index=process_index,

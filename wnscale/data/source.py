@@ -18,6 +18,8 @@ contiguous copies; the model's step transposes to node-major on the device
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 
@@ -85,10 +87,7 @@ class WeatherExampleSource:
           f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
           f"{time_step_hours} h; one example needs {self.window} "
           f"({input_steps} input + {target_steps} target)")
-    self._statics = None
-    self.grid_slots = None if grid_slots is None else np.asarray(grid_slots, np.int64)
-    self._grid_index = (None if grid_slots is None
-                        else self.store.grid_index(self.grid_slots))
+    self._set_grid_slots(grid_slots)
 
   @property
   def window(self) -> int:
@@ -134,6 +133,17 @@ class WeatherExampleSource:
                     self.static_stats["std"][0])
       self._statics = self._to_slots(statics)
     return self._statics
+
+  def in_layout(self, grid_slots: np.ndarray) -> WeatherExampleSource:
+    """This source (same open store and statistics) yielding examples in `grid_slots` order."""
+    clone = copy.copy(self)
+    clone._set_grid_slots(grid_slots)
+    return clone
+
+  def _set_grid_slots(self, grid_slots: np.ndarray | None):
+    self.grid_slots = None if grid_slots is None else np.asarray(grid_slots, np.int64)
+    self._grid_index = None if grid_slots is None else self.store.grid_index(self.grid_slots)
+    self._statics = None  # statics are cached in the grid order
 
   def _to_slots(self, array: np.ndarray) -> np.ndarray:
     """`[..., grid]` in internal node order -> `[..., num_slots]` (see `grid_slots`)."""

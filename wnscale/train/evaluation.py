@@ -26,13 +26,15 @@ class Evaluator:
     self.channel_names = list(channel_names)
     self.group, self.num_groups = group, num_groups
     self.eval_step = step_lib.make_eval_step(layout, graphdef, constants, halo_indices)
+    self.source = None  # opened at the first evaluation, read in the layout's grid order
 
   def evaluate(self, params) -> dict[str, float]:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
     batch_size = self.config.train.batch_size
+    if self.source is None:
+      self.source = pipeline.source_from_config(self.config, "eval", self.layout.grid_slots)
     data = pipeline.from_config(self.config, "eval", process_index=self.group,
-                                process_count=self.num_groups,
-                                grid_slots=self.layout.grid_slots)
+                                process_count=self.num_groups, source=self.source)
     sums, examples = 0.0, 0
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):

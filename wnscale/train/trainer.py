@@ -91,7 +91,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Data: this process's share (processes holding the same batch rows read the same
   # examples), read straight into the layout's grid order.
   group, num_groups = mesh_lib.process_data_group(mesh)
-  train_data = _train_pipeline(config, group, num_groups, 0, layout.grid_slots)
+  source = source.in_layout(layout.grid_slots)
+  train_data = _train_pipeline(config, source, group, num_groups, 0)
   graphdef, params = setup.init_model(config)
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
@@ -107,13 +108,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     nonlocal train_data, data_offset
     train_data.close()
     if metadata["data_groups"] == num_groups:
-      train_data = _train_pipeline(config, group, num_groups, metadata["data_offset"],
-                                   layout.grid_slots)
+      train_data = _train_pipeline(config, source, group, num_groups, metadata["data_offset"])
       checkpointer.restore_iterator(step, train_data.iterator)
       data_offset = metadata["data_offset"]
     else:  # Grain's state is per process: position the stream by step instead.
       data_offset = step * (config.train.batch_size // num_groups)
-      train_data = _train_pipeline(config, group, num_groups, data_offset, layout.grid_slots)
+      train_data = _train_pipeline(config, source, group, num_groups, data_offset)
       logging.info("Checkpoint had %d data groups, now %d: data stream positioned by step.",
                    metadata["data_groups"], num_groups)
 
@@ -200,7 +200,7 @@ def _auto_remat(config) -> dict:
   return choice
 
 
-def _train_pipeline(config, group, num_groups, offset, grid_slots):
+def _train_pipeline(config, source, group, num_groups, offset):
   """The training pipeline whose stream starts `offset` examples into this process's share."""
   return pipeline.from_config(config, "train", process_index=group, process_count=num_groups,
-                              skip_examples=offset, grid_slots=grid_slots)
+                              skip_examples=offset, source=source)
