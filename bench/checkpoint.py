@@ -7,7 +7,8 @@ async figure is the time `Checkpointer.save` takes to return (device-to-host
 copy; writing continues in the background); the sync figure is a blocking
 Orbax save of the same state. Target: async blocks < 10 % of the sync time.
 For scale, a last line saves the same bytes in 4 arrays: Orbax's blocking
-cost is per array, and the state has hundreds.
+cost is per array (~0.4 ms here), and the state has ~90 (the AdamW moments are
+two vectors, `wnscale.train.optimizer`; the parameters are a tree of ~80).
 """
 
 import os

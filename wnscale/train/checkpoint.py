@@ -4,7 +4,9 @@ Saves are asynchronous (the loop blocks only for the device-to-host copy);
 each step directory is written under a temporary name and renamed when
 complete, so a crash never leaves a half checkpoint that looks whole.
 Restoring walks from the newest step back and skips, with a warning naming
-it, any checkpoint that fails to restore (truncated or missing files).
+it, any checkpoint that fails to restore (truncated or missing files). A
+checkpoint that is whole but holds a different train state (another model or
+optimizer configuration) is an error, not damage: nothing is set aside.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import time
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint's train state has other arrays, shapes or dtypes than this run's."""
 
 
 class Checkpointer:
@@ -28,7 +35,11 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=True,
-            cleanup_tmp_directories=True, create=True))
+            cleanup_tmp_directories=True, create=True),
+        # Named so that a new process can read a step's metadata before restoring it.
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler(),
+                       "metadata": ocp.JsonCheckpointHandler()})
 
   def save(self, step: int, state, iterator, metadata: dict):
     """Starts an asynchronous save; returns once device arrays are copied out."""
@@ -52,9 +63,27 @@ class Checkpointer:
 
     Returns:
       `(state, metadata)` or None.
+
+    Raises:
+      CheckpointMismatchError: the newest readable checkpoint holds a train
+        state of other arrays, shapes or dtypes than `abstract_state`.
     """
     result, damaged = None, []
     for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        stored = self.manager.item_metadata(step).state.tree
+      except Exception as error:  # a missing or unreadable _METADATA
+        self._warn_damaged(step, error)
+        damaged.append(step)
+        continue
+      differences = _differences(stored, abstract_state)
+      if differences:
+        raise CheckpointMismatchError(
+            f"Checkpoint {os.path.join(self.directory, str(step))} holds a different train "
+            f"state than this run builds (another model or optimizer configuration?); "
+            f"{len(differences)} differences: {'; '.join(differences[:5])}. Resume with the "
+            "config it was written with (saved in the checkpoint's metadata) or start a new "
+            "--workdir.")
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
@@ -63,13 +92,16 @@ class Checkpointer:
         result = restored.state, restored.metadata
         break
       except Exception as error:  # Orbax raises many types for damaged files.
-        logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
-                        os.path.join(self.directory, str(step)), step,
-                        (str(error).splitlines() or [repr(error)])[0][:300])
+        self._warn_damaged(step, error)
         damaged.append(step)
     if damaged:
       self._set_aside(damaged)
     return result
+
+  def _warn_damaged(self, step, error):
+    logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
+                    os.path.join(self.directory, str(step)), step,
+                    (str(error).splitlines() or [repr(error)])[0][:300])
 
   def _set_aside(self, steps):
     """Renames damaged step directories (kept for inspection) so new saves can reuse the step."""
@@ -95,3 +127,15 @@ class Checkpointer:
 def abstract_like(tree, sharding):
   """`jax.ShapeDtypeStruct`s of `tree`'s leaves, all with `sharding`."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _differences(stored_tree, abstract_state) -> list[str]:
+  """How a checkpoint's stored arrays differ from `abstract_state`'s, one line each."""
+  def describe(tree):
+    return {".".join(map(str, path)): f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+            for path, leaf in ocp.tree.to_flat_dict(tree).items()}
+
+  stored, wanted = describe(stored_tree), describe(abstract_state)
+  return [f"{name}: checkpoint {stored.get(name, 'absent')}, this run {wanted.get(name, 'absent')}"
+          for name in sorted(stored.keys() | wanted.keys())
+          if stored.get(name) != wanted.get(name)]

@@ -1,0 +1,73 @@
+"""Checkpointer restore paths: a good checkpoint restores, a damaged one is skipped and
+set aside, one written for another train state is a clear error and is left in place."""
+
+import os
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from wnscale.train import checkpoint
+
+
+def _state(width=4):
+  return {"params": {"kernel": jnp.arange(3 * width, dtype=jnp.float32).reshape(3, width),
+                     "bias": jnp.ones((width,))},
+          "step": jnp.array(7, jnp.int32)}
+
+
+def _iterator():
+  iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
+  next(iterator)
+  return iterator
+
+
+def _save(directory, steps, state):
+  saver = checkpoint.Checkpointer(directory, max_to_keep=5)
+  for step in steps:
+    saver.save(step, state, _iterator(), {"step": step})
+  saver.close()
+
+
+def _abstract(state):
+  return checkpoint.abstract_like(state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+
+
+def _restore(directory, state):
+  saver = checkpoint.Checkpointer(directory, max_to_keep=5)
+  try:
+    return saver.restore_latest(_abstract(state), lambda step, metadata: None)
+  finally:
+    saver.close()
+
+
+def test_restores_the_newest_checkpoint(tmp_path):
+  _save(str(tmp_path), [1, 2], _state())
+  state, metadata = _restore(str(tmp_path), _state())
+  assert metadata == {"step": 2}
+  jax.tree.map(np.testing.assert_array_equal, state, _state())
+
+
+def test_unreadable_newest_checkpoint_falls_back_and_is_set_aside(tmp_path, caplog):
+  _save(str(tmp_path), [1, 2], _state())
+  os.remove(os.path.join(tmp_path, "2", "state", "_METADATA"))
+  _, metadata = _restore(str(tmp_path), _state())
+  assert metadata == {"step": 1}
+  assert f"Skipping checkpoint {tmp_path / '2'}" in caplog.text
+  assert any(name.startswith("2.damaged-") for name in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize("other, named", [
+    (lambda: _state(width=5), "params.kernel: checkpoint float32[3, 4], this run float32[3, 5]"),
+    (lambda: {**_state(), "extra": jnp.zeros(())}, "extra: checkpoint absent, this run float32[]"),
+    (lambda: {"params": _state()["params"]}, "step: checkpoint int32[], this run absent"),
+], ids=["shape", "extra array", "missing array"])
+def test_a_different_train_state_is_an_error_not_damage(tmp_path, other, named):
+  _save(str(tmp_path), [1], _state())
+  with pytest.raises(checkpoint.CheckpointMismatchError) as error:
+    _restore(str(tmp_path), other())
+  assert named in str(error.value)
+  assert str(tmp_path / "1") in str(error.value)
+  assert sorted(os.listdir(tmp_path)) == ["1"]  # nothing moved aside
