@@ -77,7 +77,8 @@ def load(out: str) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-  """Markdown: one row per (topology, graph), peak GiB per device for each scheme."""
+  """Markdown: one row per (topology, graph), peak GiB per device for each scheme, and the
+  commit(s) of the code that compiled them."""
   cells = {}
   for r in results:
     key = (r["topology"], r["mesh"]["graph"])
@@ -87,16 +88,18 @@ def table(results: list[dict]) -> str:
       peak = f"{r['peak_bytes'] / GIB:.2f}" + ("" if r["fits"] else " (no)")
       text = f"{peak} `{r['candidate']}`" if r["scheme"] == "best" else peak
     cells.setdefault(key, {})[r["scheme"]] = text
+    cells[key].setdefault("code", set()).add(r.get("code", "?"))
     cells[key]["devices"] = r.get("num_devices", cells[key].get("devices"))
     cells[key]["hbm"] = f"{r['device_memory_bytes'] / GIB:.0f}" if "device_memory_bytes" in r \
         else cells[key].get("hbm", "")
   lines = ["| topology | graph shards | chips per example | HBM GiB per device | no remat "
-           "| paper | planner's choice |", "|---|---:|---:|---:|---:|---:|---|"]
+           "| paper | planner's choice | code |", "|---|---:|---:|---:|---:|---:|---|---|"]
   for (topology, graph), row in sorted(cells.items()):
     chips = math.prod(int(n) for n in topology.split(":")[1].split("x"))
     per_chip = row["devices"] // chips  # v4 exposes both TensorCores of a chip
     lines.append(f"| {topology} | {graph} | {graph / per_chip:g} | {row.get('hbm', '')} | "
-                 + " | ".join(row.get(s, "-") for s in SCHEMES) + " |")
+                 + " | ".join(row.get(s, "-") for s in SCHEMES)
+                 + f" | {', '.join(sorted(row['code']))} |")
   return "\n".join(lines)
 
 

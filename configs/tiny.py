@@ -8,8 +8,8 @@
 
 Expect (2 CPU cores): the synthetic store is written once into the cache
 directory ($WNSCALE_CACHE_DIR or ~/.cache/wnscale, a few seconds), the step
-compiles in ~8 s, then ~16 steps/s; the loss falls from ~12 at step 10 to ~2.8
-at step 100 and ~2.3 at step 200, about 30 s in all.
+compiles in 8-10 s, then 12-18 steps/s; the loss falls from ~12 at step 10 to ~2.8
+at step 100 and ~2.3 at step 200, 30-40 s in all.
 """
 
 from wnscale.config import default_config

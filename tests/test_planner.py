@@ -145,3 +145,23 @@ def test_compile_time_out_of_memory_is_reported_as_not_fitting(monkeypatch):
   report = Problem(config, target).compile()
   assert report["fits"] is False and "CompileTimeHbmOom" in report["error"]
   assert report["temp_bytes"] == int(21.24 * 2**30)
+
+
+def test_plan_cache_key_follows_what_changes_the_compiled_step(plan_cache, monkeypatch):
+  config = tiny()
+  target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
+
+  def key(config):
+    return auto_remat._cache_path(config, target, 2**30)
+
+  base = key(config)
+  retuned = tiny()
+  retuned.train.learning_rate *= 10
+  assert key(retuned) == base  # a new learning rate reuses the plan
+  rollout = tiny()
+  rollout.train.remat_rollout = not config.train.remat_rollout
+  assert key(rollout) != base
+  bigger = tiny(latent_size=64)
+  assert key(bigger) != base
+  monkeypatch.setattr(auto_remat, "_library_digest", lambda: "other code")
+  assert key(config) != base  # plans measured on other wnscale code are not reused

@@ -2,15 +2,19 @@
 
 Candidates are data (below), ranked by the FLOPs they add (`planner.flops`);
 each is compiled in that order until one's per-device peak memory fits the
-budget. The decision is cached on disk by a hash of everything it depends on.
+budget. The decision is cached on disk by a hash of everything it depends on:
+the config's model, data and mesh (less the remat keys), the batch, the
+rollout remat, the target, the budget, the jax version and wnscale's sources.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
+import pathlib
 
 import jax
 import ml_collections
@@ -55,12 +59,24 @@ def ranked_candidates(config, counts, num_devices, names=None) -> list[tuple[str
   return sorted(ranked, key=lambda item: item[1])
 
 
+@functools.cache
+def _library_digest() -> str:
+  """A hash of wnscale's Python sources: a plan measured on other code is not reused."""
+  digest = hashlib.sha256()
+  package = pathlib.Path(__file__).resolve().parents[1]
+  for path in sorted(package.rglob("*.py")):
+    digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+  return digest.hexdigest()[:16]
+
+
 def _cache_path(config, target: Target, budget: int) -> str:
   fixed = ml_collections.ConfigDict(config).to_dict()
   for key in REMAT_KEYS:
     fixed["model"].pop(key, None)
+  # Only what changes the compiled step: a new learning rate reuses the plan.
   key = json.dumps([fixed["model"], fixed["data"], fixed["mesh"], config.train.batch_size,
-                    target.name, len(target.devices), budget, jax.__version__],
+                    config.train.remat_rollout, target.name, len(target.devices), budget,
+                    jax.__version__, _library_digest()],
                    sort_keys=True, default=str)
   return os.path.join(cache_dir(), "remat_plans",
                       hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
