@@ -151,8 +151,8 @@ def test_plan_cache_key_follows_what_changes_the_compiled_step(plan_cache, monke
   config = tiny()
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
 
-  def key(config):
-    return auto_remat._cache_path(config, target, 2**30)
+  def key(trial):
+    return auto_remat._cache_path(trial, target, 2**30)
 
   base = key(config)
   retuned = tiny()
