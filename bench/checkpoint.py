@@ -41,7 +41,7 @@ def main():
   config.model.update(latent_size=args.latent, message_passing_steps=args.steps)
   _, params = setup.init_model(config)
   tx = optimizer.make_optimizer(config.train)
-  state = state_lib.initial_state(params, tx, seed=0)
+  state = state_lib.initial_state(params, tx)
   jax.block_until_ready(state)
   size = sum(x.nbytes for x in jax.tree.leaves(state))
   iterator = iter(grain.MapDataset.range(100).to_iter_dataset())

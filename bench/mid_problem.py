@@ -2,11 +2,16 @@
 
 import argparse
 import os
+import sys
 
 from wnscale import config as config_lib
 from wnscale.graphs import grid
 
-CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "mid_1p0.py")
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+CONFIG = os.path.join(REPO, "configs", "mid_1p0.py")
+# The benchmarks measure the tests' problems (random batches on a real graph).
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import problems  # noqa: E402,F401  pylint: disable=g-import-not-at-top,unused-import
 
 
 def parse(description: str, repeats: int):

@@ -34,12 +34,13 @@ def measure(topology: str, graph: int, out: str, done: set):
   from wnscale import config as config_lib
   from wnscale.planner import auto_remat, topology as topology_lib
   from wnscale.planner.compile import Problem
+  from wnscale.train.step import lower_train_step
 
   target = topology_lib.resolve(topology)
   config = config_lib.load(CONFIG)
   config.mesh.update(graph=graph, data=len(target.devices) // graph)
   config.train.batch_size = config.mesh.data  # one example per data shard
-  problem = Problem(config, target)
+  problem = Problem(config, target, lower_train_step)
 
   def record(scheme, report):
     with open(out, "a") as f:
@@ -52,7 +53,7 @@ def measure(topology: str, graph: int, out: str, done: set):
       record(scheme, problem.compile(auto_remat.candidate_overrides(scheme)))
   if "best" not in done:
     try:
-      choice = auto_remat.choose_remat(config, target, problem=problem)
+      choice = auto_remat.choose_remat(config, target, lower_train_step, problem=problem)
       record("best", dict(problem.compile(choice["overrides"]), candidate=choice["name"],
                           reason=choice["reason"]))
     except ValueError as error:  # nothing fits

@@ -12,8 +12,9 @@ guide): processor remat alone cuts peak memory 30-40 %, all three stages 50 %+.
 import os
 import sys
 
-# Memory on CPU: the sequential scheduler, or XLA hoists recomputation and
-# remat barely shows (shared JAX notes, section 3). Set before jax is imported.
+# Memory on CPU: XLA:CPU's concurrency-optimized scheduler hoists the
+# recomputation that remat adds, so remat barely shows in its temp bytes; the
+# sequential scheduler does not. Set before jax is imported.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_enable_concurrency_optimized_scheduler=false")
@@ -26,7 +27,9 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 import mid_problem  # noqa: E402
-from wnscale.model import cost, setup  # noqa: E402
+from mid_problem import problems  # noqa: E402
+from wnscale.model import setup  # noqa: E402
+from wnscale.planner import xla_stats  # noqa: E402
 
 ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
 VARIANTS = {
@@ -52,7 +55,7 @@ def main():
     return variant
 
   constants, batch, params = jax.device_put(
-      setup.synthetic_problem(config, latitude, longitude, batch_size=1))
+      problems.synthetic_problem(config, latitude, longitude, batch_size=1))
   graphs = constants.graphs
   channels = setup.num_state_channels(config.data)
   print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "
@@ -65,9 +68,9 @@ def main():
   base = None
   for name in names:
     start = time.perf_counter()
-    compiled = cost.compile_loss_and_grad(make_config(**VARIANTS[name]), constants, batch, params)
+    compiled = problems.compile_loss_and_grad(make_config(**VARIANTS[name]), constants, batch, params)
     compile_seconds = time.perf_counter() - start
-    temp = cost.compiled_stats(compiled)["temp_bytes"]
+    temp = xla_stats.compiled_stats(compiled)["temp_bytes"]
     jax.block_until_ready(compiled(params, constants, batch))  # warm-up
     times = []
     for _ in range(args.repeats):

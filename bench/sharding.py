@@ -27,9 +27,12 @@ import time  # noqa: E402
 import jax  # noqa: E402
 
 import mid_problem  # noqa: E402
-from wnscale.model import cost, setup  # noqa: E402
+from mid_problem import problems  # noqa: E402
+from wnscale.model import setup  # noqa: E402
+from wnscale.planner import xla_stats  # noqa: E402
 from wnscale.sharding import mesh as mesh_lib  # noqa: E402
-from wnscale.sharding import sharded_loss  # noqa: E402
+from wnscale.sharding import sharded_model  # noqa: E402
+from wnscale.sharding.layout import ShardedLayout  # noqa: E402
 
 
 def exchanged_rows(layout, steps: int) -> int:
@@ -45,7 +48,7 @@ def exchanged_rows(layout, steps: int) -> int:
 
 def main():
   args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=2)
-  constants, batch, params = setup.synthetic_problem(config, latitude, longitude, batch_size=1)
+  constants, batch, params = problems.synthetic_problem(config, latitude, longitude, batch_size=1)
   positions = setup.node_positions(config, latitude, longitude)
   graphdef, _ = setup.init_model_shapes(config)
   print(f"grid {len(latitude)}x{len(longitude)}, {constants.graphs.counts()}, latent "
@@ -61,12 +64,12 @@ def main():
         continue
       config.mesh.data, config.mesh.graph = 1, shards
       mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:shards])
-      layout = sharded_loss.ShardedLayout(mesh, constants.graphs, *positions, exchange)
+      layout = ShardedLayout(mesh, constants.graphs, *positions, exchange)
       device_constants, halo_indices = layout.constants(constants)
       device_batch = layout.batch(batch)
-      step = jax.jit(jax.value_and_grad(layout.loss_fn(graphdef))).lower(
+      step = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef))).lower(
           params, device_constants, halo_indices, device_batch).compile()
-      temp = cost.compiled_stats(step)["temp_bytes"]
+      temp = xla_stats.compiled_stats(step)["temp_bytes"]
       base_temp = base_temp or temp
       moved = 2 * exchanged_rows(layout, args.steps) * args.latent * 4 / 2**20
       gathered.setdefault(shards, moved)

@@ -16,9 +16,4 @@ from wnscale.config import default_config
 
 
 def get_config():
-  config = default_config()
-  config.model.latent_size = 32
-  config.model.mesh_levels = 2
-  config.model.message_passing_steps = 4
-  config.data.resolution = 5.625
-  return config
+  return default_config()  # the defaults are this model: every knob is documented there

@@ -18,8 +18,14 @@ os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")  # quiets libtpu's 
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from wnscale import config as config_lib  # noqa: E402
+from wnscale.planner import auto_remat, topology  # noqa: E402
+from wnscale.planner.compile import Problem  # noqa: E402
+from wnscale.train.step import lower_train_step  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"),
@@ -50,13 +56,9 @@ def _row(report) -> str:
 
 def main(argv):
   del argv
-  import jax
   name = _TOPOLOGY.value
   if name.startswith("cpu:"):
     jax.config.update("jax_num_cpu_devices", int(name.split(":")[1]))
-  from wnscale import config as config_lib
-  from wnscale.planner import auto_remat, topology
-  from wnscale.planner.compile import Problem
 
   target = topology.resolve(name)
   config = config_lib.validate(_CONFIG.value)
@@ -69,10 +71,10 @@ def main(argv):
     config.mesh.update(graph=graph, data=-1)
     if _BATCH.value:
       config.train.batch_size = _BATCH.value * (len(target.devices) // graph)
-    problem = Problem(config, target)
+    problem = Problem(config, target, lower_train_step)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
     if config.model.remat_policy == "auto" and not _SWEEP.value:
-      names = [auto_remat.choose_remat(config, target,
+      names = [auto_remat.choose_remat(config, target, lower_train_step,
                                        int(config.train.memory_budget_gib * GIB) or None,
                                        problem=problem)["name"]]
     for candidate in names:

@@ -24,7 +24,7 @@ def main(argv):
   del argv
   config = config_lib.validate(_CONFIG.value)
   # The training grid comes from the store; here, the standard grid of the resolution.
-  latitude, longitude = grid.standard_grid(config.data.resolution)
+  latitude, longitude = grid.regular_grid(config.data.resolution)
   start = time.perf_counter()
   graphs = build.build_graphs(latitude, longitude, config.model.mesh_levels,
                               config.model.radius_fraction, use_cache=not _NO_CACHE.value)

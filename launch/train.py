@@ -9,8 +9,11 @@
 import logging as std_logging
 import os
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from wnscale.train.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
@@ -38,8 +41,8 @@ def _on_cloud_tpu() -> bool:
 def main(argv):
   del argv
   std_logging.getLogger("absl").addFilter(_quiet_orbax)
-  import jax  # after flags, so the platform is chosen before any backend starts
-
+  # Importing JAX starts no backend; the first device query does. So these
+  # settings only have to come before that.
   if _PLATFORM.value:
     jax.config.update("jax_platforms", _PLATFORM.value)
   if _NUM_CPU_DEVICES.value:
@@ -52,8 +55,6 @@ def main(argv):
     jax.distributed.initialize()  # Cloud TPU: peers are found from the environment
   logging.info("JAX process %d of %d, %d local / %d global devices.", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
-
-  from wnscale.train.trainer import train_and_evaluate
   train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_count() > 1:
     jax.distributed.shutdown()

@@ -21,10 +21,22 @@ def store_path(tmp_path_factory):
                                          variables=VARIABLES)
 
 
-def _pipeline(store_path, worker_count=0, **kwargs):
-  return pipeline.make_dataset_iterator(
-      store_path, VARIABLES, LEVELS, batch_size=2, seed=3,
-      worker_count=worker_count, process_index=0, process_count=1, **kwargs)
+def _config(store_path, worker_count=0):
+  """An experiment config whose train split is the whole store."""
+  return ml_collections.ConfigDict({
+      "seed": 3,
+      "data": {
+          "path": store_path, "resolution": 5.625, "variables": VARIABLES,
+          "pressure_levels": LEVELS, "input_steps": 2, "target_steps": 1,
+          "time_step_hours": 6, "train_start": "", "train_end": "",
+          "worker_count": worker_count, "fill_nan": False,
+      },
+  })
+
+
+def _pipeline(store_path, worker_count=0, source=None):
+  return pipeline.from_config(_config(store_path, worker_count), "train", batch_size=2,
+                              process_index=0, process_count=1, source=source)
 
 
 def _take(iterator, count):
@@ -99,9 +111,8 @@ def test_every_epoch_is_a_new_permutation():
 
 def test_batch_size_errors(store_path):
   with pytest.raises(ValueError, match="not divisible by the 2 processes"):
-    pipeline.make_dataset_iterator(store_path, VARIABLES, LEVELS,
-                                   batch_size=3, process_index=0,
-                                   process_count=2)
+    pipeline.from_config(_config(store_path), "train", batch_size=3, process_index=0,
+                         process_count=2)
   share = pipeline.make_dataset(list(range(7)), num_epochs=1,
                                 process_index=1, process_count=2)
   assert len(share) == 3
@@ -114,7 +125,7 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
   from wnscale import config as config_lib
   from wnscale.model import setup
   from wnscale.sharding import mesh as mesh_lib
-  from wnscale.sharding.sharded_loss import ShardedLayout
+  from wnscale.sharding.layout import ShardedLayout
 
   config = config_lib.load("configs/tiny.py")
   config.mesh.update(data=1, graph=4)
@@ -124,7 +135,7 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
                          setup.graphs_for_grid(config, latitude, longitude),
                          *setup.node_positions(config, latitude, longitude), "halo")
   assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering
-  slotted = _pipeline(store_path, grid_slots=layout.grid_slots)
+  slotted = _pipeline(store_path, source=natural.source.in_layout(layout.grid_slots))
   expected, batch = layout.host_batch(next(natural.iterator)), next(slotted.iterator)
   arrays = layout.global_batch(batch, 2)
   for key, value in expected.items():

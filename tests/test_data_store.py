@@ -6,6 +6,7 @@ import pytest
 import xarray as xr
 import zarr
 
+from wnscale.data import source as source_lib
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
 
@@ -189,8 +190,9 @@ def test_nan_raises_naming_variable_and_time(nan_store):
 
 
 def test_fill_nan_uses_the_channel_mean(nan_store):
-  store = store_lib.open_store(nan_store, ["temperature"], LEVELS,
-                               fill_nan=True)
+  source = source_lib.WeatherExampleSource(nan_store, ["temperature"], LEVELS, fill_nan=True)
+  store = source.store
+  np.testing.assert_array_equal(store.channel_fill, source.channel_stats["mean"])
   state = store.read_state([2])
   # Row 4 from the north of 32 is row 27 from the south.
   assert state[0, 1, 27 * 64 + 5] == store.channel_fill[1]

@@ -88,7 +88,7 @@ def test_grid_with_and_without_poles():
   assert latitude[0] == 90 and latitude[-1] == -90
   latitude, _ = synthetic.store_coordinates(5.625, include_poles=True)
   assert latitude.size == 33
-  with pytest.raises(ValueError, match="must divide 360"):
+  with pytest.raises(ValueError, match="does not divide 360"):
     synthetic.store_coordinates(7.0)
 
 

@@ -106,13 +106,13 @@ def test_cache_is_keyed_by_parameters(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   latitude, longitude = grid.regular_grid(5.625, include_poles=False)
   first = build.build_graphs(latitude, longitude, 2)
-  assert len(os.listdir(tmp_path)) == 1
+  assert len(os.listdir(tmp_path / "graphs")) == 1
   again = build.build_graphs(latitude, longitude, 2)
   for a, b in zip(build._flatten(first).values(), build._flatten(again).values()):
     np.testing.assert_array_equal(a, b)
   build.build_graphs(latitude, longitude, 2, radius_fraction=0.7)
   build.build_graphs(latitude, longitude, 1)
-  assert len([f for f in os.listdir(tmp_path) if f.endswith(".npz")]) == 3
+  assert len([f for f in os.listdir(tmp_path / "graphs") if f.endswith(".npz")]) == 3
 
 
 def test_graph_info_json():

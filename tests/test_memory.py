@@ -2,9 +2,10 @@
 
 import pytest
 
+from problems import compile_loss_and_grad, synthetic_problem
 from wnscale import config as config_lib
 from wnscale.graphs import grid
-from wnscale.model import cost, setup
+from wnscale.planner.xla_stats import compiled_stats
 
 
 def config_with(**model):
@@ -16,12 +17,11 @@ def config_with(**model):
 @pytest.fixture(scope="module")
 def problem():
   latitude, longitude = grid.regular_grid(2.8125, include_poles=True)
-  return setup.synthetic_problem(config_with(), latitude, longitude, batch_size=1,
-                                 abstract=True)
+  return synthetic_problem(config_with(), latitude, longitude, batch_size=1, abstract=True)
 
 
 def temp_bytes(problem, **model):
-  return cost.compiled_stats(cost.compile_loss_and_grad(config_with(**model), *problem))["temp_bytes"]
+  return compiled_stats(compile_loss_and_grad(config_with(**model), *problem))["temp_bytes"]
 
 
 def test_remat_reduces_temporary_memory(problem):

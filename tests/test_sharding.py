@@ -4,14 +4,16 @@ import jax
 import numpy as np
 import pytest
 
+from problems import compile_loss_and_grad, loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
 from wnscale.graphs import grid
 from wnscale.graphs.build import EdgeSet
-from wnscale.model import cost, setup
+from wnscale.model import setup
+from wnscale.planner.xla_stats import compiled_stats
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import partition as partition_lib
-from wnscale.sharding import sharded_loss
-from wnscale.train import loss as loss_lib
+from wnscale.sharding import sharded_model
+from wnscale.sharding.layout import ShardedLayout
 
 # 19 x 36 = 684 grid nodes and 162 mesh nodes: neither divides 4 or 8 shards.
 LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
@@ -26,24 +28,22 @@ def small_config(**model):
 @pytest.fixture(scope="module")
 def problem():
   config = small_config()
-  constants, batch, params = setup.synthetic_problem(config, LATITUDE, LONGITUDE,
-                                                     batch_size=2, seed=3)
+  constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
+                                               seed=3)
   return constants, batch, params, setup.node_positions(config, LATITUDE, LONGITUDE)
 
 
 def reference_loss_and_grads(config, constants, batch, params):
-  graphdef, _ = setup.init_model_shapes(config)
-  fn = lambda p: loss_lib.forecast_loss(graphdef, p, constants, batch)
-  return jax.jit(jax.value_and_grad(fn))(params)
+  return jax.jit(loss_and_grad_fn(config, constants, batch))(params)
 
 
 def sharded_loss_and_grads(config, constants, batch, params, positions, data, graph, exchange):
   config.mesh.data, config.mesh.graph = data, graph
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  layout = sharded_loss.ShardedLayout(mesh, constants.graphs, *positions, exchange)
+  layout = ShardedLayout(mesh, constants.graphs, *positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(config)
-  fn = jax.jit(jax.value_and_grad(layout.loss_fn(graphdef)))
+  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
   return fn(params, device_constants, halo_indices, layout.batch(batch))
 
 
@@ -167,18 +167,18 @@ def test_mesh_shape_errors():
 def test_four_graph_shards_use_much_less_memory_per_device():
   config = small_config(latent_size=32, mesh_levels=3)
   latitude, longitude = grid.regular_grid(2.8125, include_poles=True)
-  constants, batch, params = setup.synthetic_problem(config, latitude, longitude, batch_size=1,
-                                                     abstract=True)
+  constants, batch, params = synthetic_problem(config, latitude, longitude, batch_size=1,
+                                               abstract=True)
   graphs = constants.graphs
-  single = cost.compiled_stats(cost.compile_loss_and_grad(config, constants, batch, params))
+  single = compiled_stats(compile_loss_and_grad(config, constants, batch, params))
   config.mesh.data, config.mesh.graph = 1, 4
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
   positions = setup.node_positions(config, latitude, longitude)
-  layout = sharded_loss.ShardedLayout(mesh, graphs, *positions, "halo")
+  layout = ShardedLayout(mesh, graphs, *positions, "halo")
   device_constants, halo_indices = layout.abstract_constants(constants)
   batch = layout.abstract_batch(batch)
   graphdef, _ = setup.init_model_shapes(config)
-  compiled = jax.jit(jax.value_and_grad(layout.loss_fn(graphdef))).lower(
+  compiled = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef))).lower(
       params, device_constants, halo_indices, batch).compile()
-  sharded = cost.compiled_stats(compiled)
+  sharded = compiled_stats(compiled)
   assert sharded["temp_bytes"] < 0.45 * single["temp_bytes"], (sharded, single)

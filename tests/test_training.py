@@ -1,5 +1,8 @@
 """Training end to end, in real processes: loss falls, kill -9 / SIGTERM / corrupt
-checkpoints resume exactly, multi-process and resharded runs match one process."""
+checkpoints resume exactly, multi-process and resharded runs match one process.
+
+(That remat and one graph shard give the same training is covered at the level
+of the loss and gradients, in test_remat.py and test_sharding.py.)"""
 
 import json
 import os
@@ -12,6 +15,8 @@ import time
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.slow  # real training runs, in real processes
 
 from wnscale import config as config_lib
 from wnscale.train import trainer
@@ -151,17 +156,6 @@ def test_two_processes_match_one(reference, tmp_path):
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=2e-4)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "4", "8"]
-
-
-def test_remat_and_one_graph_shard_match(reference, tmp_path):
-  workdir = str(tmp_path)
-  remat = ["--config.model.remat_grid_to_mesh_gnn=True", "--config.model.remat_mesh_gnn=True",
-           "--config.model.remat_mesh_to_grid_gnn=True", "--config.model.edge_chunks=3",
-           "--config.model.mesh_remat_every=3"]
-  run(workdir, devices=1, data=1, graph=1, extra=remat)
-  got, want = losses(workdir), losses(reference)
-  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
-                             rtol=2e-4)
 
 
 def test_nonfinite_loss_stops_without_checkpointing_it(tmp_path):

@@ -11,15 +11,14 @@ import ml_collections
 
 from wnscale.data import variables as variables_lib
 from wnscale.model import remat
-
-EXCHANGE_MODES = ("all_gather", "halo")
-DTYPES = ("float32", "bfloat16")
+from wnscale.model.graphcast import DTYPES
+from wnscale.sharding.partition import EXCHANGE_MODES
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The defaults; the comment after each key is its documentation."""
   c = ml_collections.ConfigDict()
-  c.seed = 0  # seeds parameter init, data shuffling and dropout-free training RNG
+  c.seed = 0  # seeds parameter init, data shuffling and the synthetic store
 
   c.model = m = ml_collections.ConfigDict()
   m.latent_size = 32  # width of every node and edge latent and MLP hidden layer
@@ -42,7 +41,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh.exchange = "all_gather"  # how shards get remote sender rows: all_gather | halo
 
   c.data = d = ml_collections.ConfigDict()
-  d.path = ""  # zarr store (WeatherBench2 layout); empty: a synthetic store in the workdir
+  d.path = ""  # zarr store (WeatherBench2 layout); empty: a synthetic store, written once
+  # into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
   d.resolution = 5.625  # grid spacing in degrees; must match the store
   d.variables = ("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "specific_humidity", "2m_temperature",
@@ -126,7 +126,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   m, d, t = config.model, config.data, config.train
   if m.remat_policy != "auto":
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
-  _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {DTYPES}")
+  _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")

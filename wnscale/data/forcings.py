@@ -11,7 +11,8 @@ Channels, in `variables.FORCING_CHANNELS` order:
   * sin/cos of day progress: local mean solar time, i.e. UTC time of day
     shifted by longitude / 15 hours, as a fraction of the day.
   * sin/cos of year progress: seconds since 1970-01-01 over the mean Julian
-    year (365.25 days), as GraphCast does.
+    year (365.25 days). (GraphCast divides by the tropical year, 365.24219
+    days, instead: by 2020 the two differ by ~0.4 days of year progress.)
 """
 
 from __future__ import annotations

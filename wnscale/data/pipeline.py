@@ -26,7 +26,7 @@ from wnscale.data import source as source_lib
 
 @dataclasses.dataclass
 class DataPipeline:
-  """What `make_pipeline` builds.
+  """What `from_config` builds.
 
   Attributes:
     source: the example source (its `channel_stats` feed the model and loss).
@@ -99,74 +99,6 @@ def make_iterator(dataset: grain.MapDataset,
   return iter(iter_dataset)
 
 
-def make_dataset_iterator(path: str,
-                          variables,
-                          levels,
-                          *,
-                          batch_size: int,
-                          input_steps: int = 2,
-                          target_steps: int = 1,
-                          start: str | None = None,
-                          end: str | None = None,
-                          seed: int = 0,
-                          worker_count: int = 0,
-                          time_step_hours: int = 6,
-                          fill_nan: bool = False,
-                          resolution: float | None = None,
-                          shuffle: bool = True,
-                          num_epochs: int | None = None,
-                          process_index: int | None = None,
-                          process_count: int | None = None,
-                          skip_examples: int = 0,
-                          grid_slots: np.ndarray | None = None) -> DataPipeline:
-  """Source, dataset and iterator for one store and time range.
-
-  Args:
-    grid_slots: the grid axis's node order, e.g. `ShardedLayout.grid_slots`.
-    Others: see `source.WeatherExampleSource` and `make_pipeline`.
-  """
-  source = source_lib.WeatherExampleSource(
-      path, variables, levels, input_steps=input_steps,
-      target_steps=target_steps, start=start, end=end,
-      time_step_hours=time_step_hours, fill_nan=fill_nan,
-      resolution=resolution, grid_slots=grid_slots)
-  return make_pipeline(source, batch_size=batch_size, seed=seed, worker_count=worker_count,
-                       shuffle=shuffle, num_epochs=num_epochs, process_index=process_index,
-                       process_count=process_count, skip_examples=skip_examples)
-
-
-def make_pipeline(source: source_lib.WeatherExampleSource,
-                  *,
-                  batch_size: int,
-                  seed: int = 0,
-                  worker_count: int = 0,
-                  shuffle: bool = True,
-                  num_epochs: int | None = None,
-                  process_index: int | None = None,
-                  process_count: int | None = None,
-                  skip_examples: int = 0) -> DataPipeline:
-  """Dataset and iterator of `source`'s examples.
-
-  Args:
-    batch_size: GLOBAL batch size; each process yields
-      `batch_size // process_count` examples per batch.
-    process_index, process_count: default to `jax.process_index()` and
-      `jax.process_count()`.
-    skip_examples: examples of this process's share to skip (resuming by step).
-    Others: see `make_dataset` and `make_iterator`.
-  """
-  process_index = jax.process_index() if process_index is None else process_index
-  process_count = jax.process_count() if process_count is None else process_count
-  if batch_size % process_count:
-    raise ValueError(f"Global batch size {batch_size} is not divisible by the "
-                     f"{process_count} processes")
-  dataset = make_dataset(source, seed=seed, shuffle=shuffle,
-                         num_epochs=num_epochs, process_index=process_index,
-                         process_count=process_count)[skip_examples:]
-  iterator = make_iterator(dataset, batch_size // process_count, worker_count)
-  return DataPipeline(source, dataset, iterator)
-
-
 def _check_split(split: str):
   if split not in ("train", "eval"):
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -206,6 +138,11 @@ def from_config(config,
       `config.train.batch_size` / `config.seed` unless given here) or its
       `data` part (see `source_from_config`; also reads `data.worker_count`).
     split: "train" (shuffled, endless) or "eval" (in order, one pass).
+    batch_size: GLOBAL batch size; each process yields
+      `batch_size // process_count` examples per batch.
+    process_index, process_count: this process's share of the example stream;
+      default `jax.process_index()` and `jax.process_count()`.
+    skip_examples: examples of this process's share to skip (resuming by step).
     source: this split's source, already open (e.g. `source.in_layout(...)`);
       default: `source_from_config(config, split)`.
   """
@@ -217,9 +154,15 @@ def from_config(config,
   if seed is None:
     seed = config.get("seed", 0)
   data = config.data if "data" in config else config
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  if batch_size % process_count:
+    raise ValueError(f"Global batch size {batch_size} is not divisible by the "
+                     f"{process_count} processes")
   training = split == "train"
-  return make_pipeline(source or source_from_config(config, split),
-                       batch_size=batch_size, seed=seed,
-                       worker_count=data.get("worker_count", 0), shuffle=training,
-                       num_epochs=None if training else 1, process_index=process_index,
-                       process_count=process_count, skip_examples=skip_examples)
+  source = source or source_from_config(config, split)
+  dataset = make_dataset(source, seed=seed, shuffle=training,
+                         num_epochs=None if training else 1, process_index=process_index,
+                         process_count=process_count)[skip_examples:]
+  iterator = make_iterator(dataset, batch_size // process_count, data.get("worker_count", 0))
+  return DataPipeline(source, dataset, iterator)

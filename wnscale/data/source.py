@@ -57,8 +57,9 @@ class WeatherExampleSource:
     """Opens the store and loads (or computes once) its statistics.
 
     Args:
-      path, variables, levels, time_step_hours, fill_nan, resolution: see
+      path, variables, levels, time_step_hours, resolution: see
         `store.open_store`.
+      fill_nan: fill NaN with the channel's mean instead of raising.
       input_steps, target_steps: model steps per example.
       start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
         a date without a time covers that whole day. None: the store's ends.
@@ -70,13 +71,15 @@ class WeatherExampleSource:
     if input_steps < 1 or target_steps < 1:
       raise ValueError(f"input_steps ({input_steps}) and target_steps "
                        f"({target_steps}) must be at least 1")
-    self.store = store_lib.open_store(path, variables, levels,
-                                      time_step_hours=time_step_hours,
-                                      fill_nan=fill_nan, resolution=resolution)
+    self.store = store_lib.open_store(path, variables, levels, time_step_hours=time_step_hours,
+                                      resolution=resolution)
     stats = normalization.load_or_compute_stats(path, time_step_hours)
     self.channel_stats = normalization.channel_stats(stats, self.store.variables,
                                                      self.store.levels)
     self.static_stats = normalization.static_stats(stats)
+    if fill_nan:
+      self.store.channel_fill = self.channel_stats["mean"]
+      self.store.static_fill = self.static_stats["mean"]
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.start, self.end = start, end

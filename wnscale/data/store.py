@@ -52,7 +52,8 @@ class WeatherStore:
     times: `[num_times]` datetime64[ns], every `time_stride`-th store time.
     latitude: `[num_lat]` ascending, degrees.
     longitude: `[num_lon]` ascending, degrees.
-    fill_nan: fill NaN with the channel mean instead of raising.
+    channel_fill, static_fill: `[channels]` / `[2]` values that replace NaN
+      (None: a NaN is an error).
   """
 
   path: str
@@ -62,13 +63,16 @@ class WeatherStore:
   times: np.ndarray
   latitude: np.ndarray
   longitude: np.ndarray
-  fill_nan: bool
   time_stride: int
   level_indices: np.ndarray
   flip_latitude: bool
   handles: dict
   channel_fill: np.ndarray | None = None
   static_fill: np.ndarray | None = None
+
+  @property
+  def fill_nan(self) -> bool:
+    return self.channel_fill is not None
 
   @property
   def num_grid_nodes(self) -> int:
@@ -107,8 +111,8 @@ class WeatherStore:
     (tensorstore futures); each is copied (and normalized to
     `(x - mean) / std` when `mean`, `std` `[channels]` are given) by a thread
     of its own: numpy releases the GIL for these copies, so they use every core.
-    NaN raises a ValueError naming variable and time, unless `fill_nan` (then
-    filled with the channel mean) or `allow_nan` (then left, for statistics).
+    NaN raises a ValueError naming variable and time, unless the store has
+    fill values (then filled with them) or `allow_nan` (then left, for statistics).
 
     `grid_index` (from `grid_index(nodes)`) picks and orders the output's grid
     positions during that copy, e.g. into a sharded layout's slots; -1 gives a
@@ -189,9 +193,7 @@ class WeatherStore:
 
   def _fill_or_raise(self, array, fill, names, times):
     """Fills NaN in `[time, channels, grid]` in place, or raises."""
-    if self.fill_nan:
-      if fill is None:
-        raise ValueError("fill_nan=True but no fill values were loaded")
+    if fill is not None:
       np.copyto(array, np.broadcast_to(np.asarray(fill)[:, None], array.shape),
                 where=np.isnan(array))
       return
@@ -206,7 +208,6 @@ def open_store(path: str,
                variables,
                levels,
                time_step_hours: int = 6,
-               fill_nan: bool = False,
                resolution: float | None = None) -> WeatherStore:
   """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
 
@@ -215,9 +216,9 @@ def open_store(path: str,
     variables: state variable names (catalogue names, config order).
     levels: pressure levels in hPa, config order; each must be in the store.
     time_step_hours: the model's time step; the store's step must divide it.
-    fill_nan: fill NaN with the channel's mean from the store statistics
-      (`normalization.load_or_compute_stats`) instead of raising.
     resolution: if given, the store's lat/lon spacing must equal it (degrees).
+
+  The store raises on NaN until its `channel_fill` and `static_fill` are set.
 
   Raises:
     ValueError: naming the problem, for any store that does not fit.
@@ -246,17 +247,8 @@ def open_store(path: str,
                     read=True, context=context).result()
       for name in variables + variables_lib.STATIC_VARIABLES
   }
-  store = WeatherStore(path, variables, levels, time_step_hours, times,
-                       latitude, longitude, fill_nan, stride, level_indices,
-                       flip, handles)
-  if fill_nan:
-    # Imported here: normalization imports this module to read stores.
-    from wnscale.data import normalization  # pylint: disable=g-import-not-at-top
-    stats = normalization.load_or_compute_stats(path, time_step_hours)
-    store.channel_fill = normalization.channel_stats(stats, variables,
-                                                     levels)["mean"]
-    store.static_fill = normalization.static_stats(stats)["mean"]
-  return store
+  return WeatherStore(path, variables, levels, time_step_hours, times, latitude, longitude,
+                      stride, level_indices, flip, handles)
 
 
 def open_metadata(path: str) -> xr.Dataset:

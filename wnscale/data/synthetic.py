@@ -9,10 +9,13 @@ waves advected eastward by the jet. A pure travelling wave obeys
 `x(t+1) = 2 cos(w) x(t) - x(t-1)`, so the next state is predictable from the
 previous two: a model has something to learn.
 
-Layout (what WeatherBench2 publishes): dims `time, level, latitude, longitude`;
-latitude descending (90 -> -90); longitude ascending from 0; levels in hPa;
-one time step per chunk; statics `geopotential_at_surface` and `land_sea_mask`
-on `latitude, longitude`.
+Layout: dims `time, level, latitude, longitude` with latitude descending
+(90 -> -90), as ERA5 and WeatherBench2's 0.25 and 1 deg stores hold them;
+longitude ascending from 0; levels in hPa; WeatherBench2's names; one time step
+per chunk; statics `geopotential_at_surface` and `land_sea_mask` on
+`latitude, longitude`. (WeatherBench2's low-resolution regridded stores, e.g.
+64 x 32 and 240 x 121, are longitude-major instead: `time, level, longitude,
+latitude`, latitude ascending.)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import xarray as xr
 import zarr
 
 from wnscale.data import variables as variables_lib
+from wnscale.graphs import grid
 
 GRAVITY = 9.80665  # m s^-2
 EARTH_RADIUS = 6.371e6  # m
@@ -37,29 +41,16 @@ TIME_BLOCK_BYTES = 64 * 2**20
 
 
 def store_coordinates(resolution: float, include_poles: bool | None = None):
-  """Latitude (descending, WB2 order) and longitude of a regular grid.
+  """Latitude (descending, as the stores written here hold it) and longitude.
 
-  WeatherBench2 publishes its 1.0 and 0.25 deg grids with pole rows (181 x 360,
-  721 x 1440) and its 5.625 / 1.40625 deg grids without (32 x 64 cell centres
-  -87.1875 .. 87.1875). By default poles are included for resolution <= 1.0.
+  The grid is `graphs.grid.regular_grid`'s (pole rows at 1 deg and finer by
+  default), latitude reversed.
 
   Returns:
     (latitude [num_lat] descending, longitude [num_lon] ascending from 0).
   """
-  if resolution <= 0 or not float(360 / resolution).is_integer():
-    raise ValueError(
-        f"resolution {resolution} deg must divide 360 evenly (e.g. 5.625, 1.0,"
-        " 0.25)")
-  if include_poles is None:
-    include_poles = resolution <= 1.0
-  num_lon = int(round(360 / resolution))
-  longitude = np.arange(num_lon) * resolution
-  if include_poles:
-    latitude = np.linspace(90, -90, int(round(180 / resolution)) + 1)
-  else:
-    num_lat = int(round(180 / resolution))
-    latitude = 90 - resolution / 2 - np.arange(num_lat) * resolution
-  return latitude, longitude
+  latitude, longitude = grid.regular_grid(resolution, include_poles)
+  return latitude[::-1].copy(), longitude
 
 
 class _Waves:

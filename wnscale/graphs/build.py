@@ -16,10 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from wnscale import cache
 from wnscale.graphs import connectivity, features, grid, icosahedron
-
-# Bump when the construction changes, so stale cache files are not reused.
-_CACHE_VERSION = 1
 
 
 class EdgeSet(NamedTuple):
@@ -99,15 +97,10 @@ def _build(latitude, longitude, mesh_levels, radius_fraction) -> Graphs:
   )
 
 
-def cache_dir() -> str:
-  """`$WNSCALE_CACHE_DIR`, or `~/.cache/wnscale`."""
-  return os.path.abspath(os.environ.get(
-      "WNSCALE_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "wnscale")))
-
-
 def _cache_key(latitude, longitude, mesh_levels, radius_fraction) -> str:
+  """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
-  digest.update(f"v{_CACHE_VERSION}:{mesh_levels}:{radius_fraction!r}:".encode())
+  digest.update(f"{cache.source_digest('graphs')}:{mesh_levels}:{radius_fraction!r}:".encode())
   digest.update(np.ascontiguousarray(latitude, dtype=np.float64).tobytes())
   digest.update(b"|")
   digest.update(np.ascontiguousarray(longitude, dtype=np.float64).tobytes())
@@ -142,12 +135,13 @@ def build_graphs(latitude, longitude, mesh_levels: int,
       0..mesh_levels (6 gives GraphCast's 40,962 nodes).
     radius_fraction: grid-to-mesh radius as a fraction of the finest mesh's
       longest edge.
-    use_cache: read and write `cache_dir()/graphs-<key>.npz`, keyed by all inputs.
+    use_cache: read and write `<cache dir>/graphs/<key>.npz`, keyed by all
+      inputs and the graph code.
   """
   latitude = np.asarray(latitude, dtype=np.float64)
   longitude = np.asarray(longitude, dtype=np.float64)
-  path = os.path.join(cache_dir(), "graphs-"
-                      + _cache_key(latitude, longitude, mesh_levels, radius_fraction) + ".npz")
+  path = cache.cache_path(
+      "graphs", _cache_key(latitude, longitude, mesh_levels, radius_fraction) + ".npz")
   if use_cache and os.path.exists(path):
     with np.load(path) as cached:
       return _unflatten(dict(cached))
@@ -156,8 +150,9 @@ def build_graphs(latitude, longitude, mesh_levels: int,
   logging.info("Built graphs in %.1f s: %s", time.perf_counter() - start, graphs.counts())
   if use_cache:
     # Write to a temporary file and rename: a crash never leaves a half file.
-    os.makedirs(cache_dir(), exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache_dir(), suffix=".npz.tmp", delete=False) as f:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), suffix=".npz.tmp",
+                                     delete=False) as f:
       np.savez(f, **_flatten(graphs))
     os.replace(f.name, path)
   return graphs

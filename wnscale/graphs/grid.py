@@ -9,13 +9,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def regular_grid(resolution: float, include_poles: bool = True):
+def regular_grid(resolution: float, include_poles: bool | None = None):
   """Latitudes (ascending) and longitudes of a regular grid, in degrees.
 
   Args:
-    resolution: grid spacing in degrees; must divide 180.
+    resolution: grid spacing in degrees; must divide 360 (and so 180 too, for
+      the latitudes).
     include_poles: True gives rows at +-90 (ERA5 0.25 deg: 721 x 1440); False
-      puts the rows half a spacing off the poles (WeatherBench2 5.625 deg: 32 x 64).
+      puts the rows half a spacing off the poles (WeatherBench2 5.625 deg:
+      32 x 64). None: the usual grid at `resolution`, as WeatherBench2
+      publishes it: pole rows at 1 deg and finer, none when coarser.
 
   Returns:
     `(latitude [num_lat], longitude [num_lon])`, float64.
@@ -24,6 +27,8 @@ def regular_grid(resolution: float, include_poles: bool = True):
   if abs(num_lon - round(num_lon)) > 1e-6:
     raise ValueError(f"Grid resolution {resolution} deg does not divide 360 deg.")
   num_lon = int(round(num_lon))
+  if include_poles is None:
+    include_poles = resolution <= 1.0
   longitude = np.arange(num_lon) * resolution
   if include_poles:
     latitude = np.linspace(-90.0, 90.0, num_lon // 2 + 1)
@@ -53,10 +58,3 @@ def xyz_to_lat_lon(xyz: np.ndarray):
   lat = np.rad2deg(np.arcsin(np.clip(xyz[:, 2], -1.0, 1.0)))
   lon = np.rad2deg(np.arctan2(xyz[:, 1], xyz[:, 0])) % 360.0
   return lat, lon
-
-
-def standard_grid(resolution: float):
-  """The usual grid at `resolution`: ERA5's with pole rows at 1 deg and finer
-  (721 x 1440 at 0.25 deg), WeatherBench2's without them when coarser (32 x 64
-  at 5.625 deg). For configs and AOT compiles; training takes the store's grid."""
-  return regular_grid(resolution, include_poles=resolution <= 1.0)

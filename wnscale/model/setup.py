@@ -1,4 +1,4 @@
-"""Builds a model, its constants and (for tests, benchmarks, AOT) batch shapes from a config."""
+"""Builds a model, its constants and (for AOT compiles) batch shapes from a config."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from wnscale.graphs import icosahedron
 from wnscale.graphs.build import Graphs, build_graphs
 from wnscale.model import forecast
 from wnscale.model.graphcast import GraphCast
-from wnscale.train import loss as loss_lib
+from wnscale.model import loss as loss_lib
 
 
 def num_state_channels(data_config: ml_collections.ConfigDict) -> int:
@@ -80,29 +80,3 @@ def batch_shapes(config: ml_collections.ConfigDict, num_grid_nodes: int,
                         num_grid_nodes),
       "statics": shape(forecast.NUM_STATICS, num_grid_nodes),
   }
-
-
-def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
-  """A batch of standard-normal arrays with the contract's shapes (tests, benchmarks)."""
-  rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s.shape).astype(np.float32)
-          for k, s in batch_shapes(config, num_grid_nodes, batch_size).items()}
-
-
-def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int = 0,
-                      abstract: bool = False):
-  """`(constants, batch, params)` for tests, benchmarks and AOT compiles, no data store.
-
-  The residual scales are random in [0.2, 1) (so a wrong scale shows in the loss);
-  with `abstract`, batch and params are `jax.ShapeDtypeStruct`s and nothing is
-  initialized.
-  """
-  graphs = graphs_for_grid(config, latitude, longitude)
-  rng = np.random.default_rng(seed)
-  residual_scale = rng.uniform(0.2, 1.0, num_state_channels(config.data))
-  constants = make_constants(config, graphs, latitude, longitude, residual_scale)
-  if abstract:
-    return (constants, batch_shapes(config, graphs.num_grid_nodes, batch_size),
-            init_model_shapes(config)[1])
-  return (constants, random_batch(config, graphs.num_grid_nodes, batch_size, seed),
-          init_model(config)[1])

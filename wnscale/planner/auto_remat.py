@@ -4,24 +4,23 @@ Candidates are data (below), ranked by the FLOPs they add (`planner.flops`);
 each is compiled in that order until one's per-device peak memory fits the
 budget. The decision is cached on disk by a hash of everything it depends on:
 the config's model, data and mesh (less the remat keys), the batch, the
-rollout remat, the target, the budget, the jax version and wnscale's sources.
+rollout remat, the target, the budget, the jax version and wnscale's sources
+(`wnscale.cache.source_digest`).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import os
-import pathlib
 
 import jax
 import ml_collections
 
-from wnscale.graphs.build import cache_dir
+from wnscale import cache
 from wnscale.planner import flops as flops_lib
-from wnscale.planner.compile import REMAT_KEYS, Problem
+from wnscale.planner.compile import REMAT_KEYS, Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
 
 _ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
@@ -59,16 +58,6 @@ def ranked_candidates(config, counts, num_devices, names=None) -> list[tuple[str
   return sorted(ranked, key=lambda item: item[1])
 
 
-@functools.cache
-def _library_digest() -> str:
-  """A hash of wnscale's Python sources: a plan measured on other code is not reused."""
-  digest = hashlib.sha256()
-  package = pathlib.Path(__file__).resolve().parents[1]
-  for path in sorted(package.rglob("*.py")):
-    digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-  return digest.hexdigest()[:16]
-
-
 def _cache_path(config, target: Target, budget: int) -> str:
   fixed = ml_collections.ConfigDict(config).to_dict()
   for key in REMAT_KEYS:
@@ -76,14 +65,13 @@ def _cache_path(config, target: Target, budget: int) -> str:
   # Only what changes the compiled step: a new learning rate reuses the plan.
   key = json.dumps([fixed["model"], fixed["data"], fixed["mesh"], config.train.batch_size,
                     config.train.remat_rollout, target.name, len(target.devices), budget,
-                    jax.__version__, _library_digest()],
+                    jax.__version__, cache.source_digest()],
                    sort_keys=True, default=str)
-  return os.path.join(cache_dir(), "remat_plans",
-                      hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+  return cache.cache_path("remat_plans", hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
 def choose_remat(config: ml_collections.ConfigDict, target: Target,
-                 budget_bytes: int | None = None, names=None,
+                 step_builder: StepBuilder, budget_bytes: int | None = None, names=None,
                  problem: Problem | None = None) -> dict:
   """Picks the remat settings for `config` on `target`.
 
@@ -92,6 +80,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   no candidate will, and the search stops there instead of compiling them all.
 
   Args:
+    step_builder: lowers the step to measure (`wnscale.planner.compile.StepBuilder`).
     budget_bytes: per-device memory allowed; default the target's device memory.
     names: candidate names to consider (default: all of `CANDIDATES`).
     problem: a `Problem` of this config and target to reuse (and its compiles).
@@ -111,7 +100,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
       choice = json.load(f)
     logging.info("Remat plan from cache %s: %s", path, choice["reason"])
     return choice
-  problem = problem or Problem(config, target)
+  problem = problem or Problem(config, target, step_builder)
   ranked = ranked_candidates(config, problem.counts, len(target.devices), names)
   peaks = {}  # candidate name -> compiled peak bytes, in the order compiled
 

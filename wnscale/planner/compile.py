@@ -1,8 +1,9 @@
-"""Compiles the real training step for a target, with abstract inputs, and reports its cost.
+"""Compiles a config's step for a target, with abstract inputs, and reports its cost.
 
-Same code path as training (`wnscale.train.step.make_train_step` on a
-`ShardedLayout`), but every input is a `jax.ShapeDtypeStruct` carrying its
-sharding: nothing is allocated, so a 0.25 deg model compiles for a TPU pod
+The step comes from the caller (`step_builder`; the trainer and `launch.compile`
+pass `wnscale.train.step.lower_train_step`, the step training runs), lowered
+on a `ShardedLayout` whose every input is a `jax.ShapeDtypeStruct` carrying
+its sharding: nothing is allocated, so a 0.25 deg model compiles for a TPU pod
 slice on a CPU-only machine.
 """
 
@@ -11,33 +12,42 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Callable
 
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from wnscale.graphs import grid as grid_lib
-from wnscale.model import cost, setup
+from wnscale.model import setup
 from wnscale.planner import flops as flops_lib
+from wnscale.planner import xla_stats
 from wnscale.planner.topology import Target
 from wnscale.sharding import mesh as mesh_lib
-from wnscale.sharding.sharded_loss import ShardedLayout
-from wnscale.train import optimizer as optimizer_lib
-from wnscale.train import step as step_lib
-from wnscale.train.state import initial_state
+from wnscale.sharding.layout import ShardedLayout
+
+# `(config, layout, constants, halo_indices, batch) -> jax.stages.Lowered`.
+StepBuilder = Callable[..., jax.stages.Lowered]
 
 REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
               "remat_policy", "mesh_remat_every", "edge_chunks")
 
 
 class Problem:
-  """A config's graphs and layout on a target, built once and compiled for many remat settings."""
+  """A config's graphs and layout on a target, built once and compiled for many remat settings.
 
-  def __init__(self, config: ml_collections.ConfigDict, target: Target):
+  Args:
+    config: the experiment; its grid is the standard one of `data.resolution`.
+    target: the devices to compile for.
+    step_builder: lowers the step to measure (see `StepBuilder`).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, target: Target,
+               step_builder: StepBuilder):
     self.config = config
     self.target = target
-    latitude, longitude = grid_lib.standard_grid(config.data.resolution)
+    self.step_builder = step_builder
+    latitude, longitude = grid_lib.regular_grid(config.data.resolution)
     graphs = setup.graphs_for_grid(config, latitude, longitude)
     self.counts = graphs.counts()
     self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
@@ -65,18 +75,10 @@ class Problem:
   def _compile(self, model_overrides: dict | None) -> dict:
     config = ml_collections.ConfigDict(self.config)
     config.model.update(model_overrides or {})
-    graphdef, params = setup.init_model_shapes(config)
-    optimizer = optimizer_lib.make_optimizer(config.train)
-    replicated = self.layout.sharding(P())
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                         jax.eval_shape(lambda p: initial_state(p, optimizer, 0), params))
-    train_step = step_lib.make_train_step(
-        self.layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
-        *self.constants, remat_steps=config.train.remat_rollout)
     start = time.perf_counter()
     try:
-      stats = cost.compiled_stats(
-          train_step.lower(state, *self.constants, self.batch).compile())
+      stats = xla_stats.compiled_stats(
+          self.step_builder(config, self.layout, *self.constants, self.batch).compile())
       out_of_memory = None
     except jax.errors.JaxRuntimeError as error:
       # The TPU compiler refuses programs whose temporaries exceed HBM.
@@ -113,8 +115,3 @@ def _stats_from_oom_message(message: str) -> dict:
   temp = int(float(match.group(1)) * scale[match.group(2)]) if match else 0
   return {"argument_bytes": 0, "output_bytes": 0, "temp_bytes": temp, "alias_bytes": 0,
           "peak_bytes": temp, "flops": 0.0}
-
-
-def compile_train_step(config, target: Target) -> dict:
-  """One compile of `config` as it is; see `Problem.compile`."""
-  return Problem(config, target).compile()

@@ -26,13 +26,11 @@ class Target:
     name: the topology string.
     devices: the (possibly abstract) devices, one per mesh position.
     device_memory_bytes: memory of one device, or None if unknown.
-    devices_per_chip: v4 topologies expose both TensorCores of a chip.
   """
 
   name: str
   devices: tuple
   device_memory_bytes: int | None
-  devices_per_chip: int = 1
 
 
 def host_memory_bytes() -> int:
@@ -63,6 +61,6 @@ def resolve(topology: str) -> Target:
                      "need the libtpu wheel: pip install -e '.[tpu]'.") from error
   devices = tuple(description.devices)
   chips = math.prod(int(n) for n in tpu.group(2).split("x"))
+  # v4 topologies expose both TensorCores of a chip, each with half its memory.
   per_chip = max(1, len(devices) // chips)
-  memory = CHIP_MEMORY_GIB[tpu.group(1)] * GIB // per_chip
-  return Target(topology, devices, memory, per_chip)
+  return Target(topology, devices, CHIP_MEMORY_GIB[tpu.group(1)] * GIB // per_chip)

@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 
 from wnscale.data import pipeline
-from wnscale.sharding.sharded_loss import ShardedLayout
+from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import step as step_lib
 
 

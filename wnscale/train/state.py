@@ -15,7 +15,6 @@ class TrainState(NamedTuple):
     step: int32 scalar, optimizer steps taken.
     params: the model parameters (`nnx.State` of float32 arrays).
     opt_state: the optax state.
-    rng: `[2]` uint32 key data (raw, so it checkpoints as a plain array).
     nonfinite_step: int32 scalar, the first step whose loss was NaN or inf, -1
       if none: checked on the host only when it syncs anyway (logs, checkpoints).
   """
@@ -23,12 +22,10 @@ class TrainState(NamedTuple):
   step: jax.Array
   params: Any
   opt_state: Any
-  rng: jax.Array
   nonfinite_step: jax.Array
 
 
-def initial_state(params, optimizer, seed: int) -> TrainState:
-  return TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-      rng=jax.random.key_data(jax.random.key(seed)),
-      nonfinite_step=jnp.full((), -1, jnp.int32))
+def initial_state(params, optimizer) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params),
+                    nonfinite_step=jnp.full((), -1, jnp.int32))

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
-from wnscale.sharding.sharded_loss import BATCH_SPECS, ShardedLayout
-from wnscale.train.state import TrainState
+from wnscale.model import setup
+from wnscale.sharding import sharded_model
+from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
+from wnscale.train import optimizer as optimizer_lib
+from wnscale.train.state import TrainState, initial_state
 
 
 def _shardings(layout: ShardedLayout, constants, halo_indices):
@@ -26,17 +30,16 @@ def _shardings(layout: ShardedLayout, constants, halo_indices):
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
                     halo_indices, *, remat_steps: bool = False):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings."""
-  loss_fn = layout.loss_fn(graphdef, remat_steps=remat_steps)
+  loss_fn = sharded_model.loss_fn(layout, graphdef, remat_steps=remat_steps)
 
   def train_step(state: TrainState, constants, halo_indices, batch):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, constants, halo_indices, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     first_bad = (state.nonfinite_step < 0) & ~jnp.isfinite(loss)
-    new_state = TrainState(
-        step=state.step + 1, params=params, opt_state=opt_state,
-        rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1)),
-        nonfinite_step=jnp.where(first_bad, state.step, state.nonfinite_step))
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                           nonfinite_step=jnp.where(first_bad, state.step,
+                                                    state.nonfinite_step))
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": schedule(state.step)}
     return new_state, metrics
@@ -47,6 +50,24 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
                  out_shardings=(replicated, replicated), donate_argnums=0)
 
 
+def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, constants,
+                     halo_indices, batch) -> jax.stages.Lowered:
+  """The train step of `config` lowered for abstract (or real) constants and batch.
+
+  Nothing is allocated: the state is `jax.ShapeDtypeStruct`s. This is the
+  step builder the memory planner compiles (`wnscale.planner.compile.Problem`).
+  """
+  graphdef, params = setup.init_model_shapes(config)
+  optimizer = optimizer_lib.make_optimizer(config.train)
+  replicated = layout.sharding(P())
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                       jax.eval_shape(lambda p: initial_state(p, optimizer), params))
+  train_step = make_train_step(layout, graphdef, optimizer,
+                               optimizer_lib.learning_rate_schedule(config.train), constants,
+                               halo_indices, remat_steps=config.train.remat_rollout)
+  return train_step.lower(state, constants, halo_indices, batch)
+
+
 def make_eval_step(layout: ShardedLayout, graphdef, constants, halo_indices):
   """`eval_step(params, constants, halo_indices, batch, std) -> [C]` summed squared errors.
 
@@ -54,7 +75,7 @@ def make_eval_step(layout: ShardedLayout, graphdef, constants, halo_indices):
   grid nodes, summed over examples, lead times and nodes; divide by the
   number of (example, lead time, node) triples for the MSE.
   """
-  error_sums = layout.error_sums_fn(graphdef)
+  error_sums = sharded_model.error_sums_fn(layout, graphdef)
   shardings = _shardings(layout, constants, halo_indices)
   return jax.jit(error_sums, in_shardings=shardings + (shardings[0],),
                  out_shardings=shardings[0])

@@ -3,7 +3,7 @@
 Data (Grain, per-process share) -> sharded train step (shard_map over the
 `(data, graph)` mesh) -> Optax -> metrics and evaluation -> Orbax checkpoints.
 Re-running with the same workdir resumes from the newest good checkpoint:
-model, optimizer, RNG and data iterator, so the losses continue exactly.
+model, optimizer and data iterator, so the losses continue exactly.
 SIGTERM saves a checkpoint at the current step and returns cleanly.
 """
 
@@ -22,11 +22,13 @@ import numpy as np
 
 from wnscale import config as config_lib
 from wnscale.data import pipeline
+from wnscale.data.resolve import resolve_store
 from wnscale.model import setup
+from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
-from wnscale.sharding.sharded_loss import ShardedLayout
+from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import checkpoint as checkpoint_lib
-from wnscale.train import datasets, evaluation, optimizer as optimizer_lib
+from wnscale.train import evaluation, optimizer as optimizer_lib
 from wnscale.train import step as step_lib
 from wnscale.train.metrics import MetricsWriter
 from wnscale.train.state import initial_state
@@ -70,7 +72,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   # The store gives the grid and the normalization statistics.
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
-  config.data.path = datasets.resolve_store(config)
+  config.data.path = resolve_store(config)
   source = pipeline.source_from_config(config, "train")
   latitude, longitude = source.store.latitude, source.store.longitude
 
@@ -97,7 +99,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
   replicated = layout.sharding(jax.sharding.PartitionSpec())
-  state = jax.device_put(initial_state(params, optimizer, config.seed), replicated)
+  state = jax.device_put(initial_state(params, optimizer), replicated)
 
   # Resume.
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -188,14 +190,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _auto_remat(config) -> dict:
   """Chooses remat settings for this run's devices (`wnscale.planner.auto_remat`)."""
-  from wnscale.planner import auto_remat, topology
   devices = jax.devices()
   memory = (devices[0].memory_stats() or {}).get("bytes_limit")
   if memory is None and devices[0].platform == "cpu":  # fake CPU devices share the host
     memory = topology.host_memory_bytes() // jax.local_device_count()
   target = topology.Target(f"{devices[0].platform}:{len(devices)}", tuple(devices), memory)
   budget = int(config.train.memory_budget_gib * topology.GIB) or None
-  choice = auto_remat.choose_remat(config, target, budget)
+  choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, budget)
   logging.info("remat_policy='auto' chose %s", choice["reason"])
   return choice
 

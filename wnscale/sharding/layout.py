@@ -1,29 +1,23 @@
-"""The forecast loss with the graph split over devices: the three GNN stages under `shard_map`.
+"""The graphs laid out over the mesh: partitioned once, and every array placed to match.
 
-Host side, `ShardedLayout` partitions the graphs once and lays constants and
-batches out in the padded, sharded node order. Device side, `loss(params,
-constants, batch)` runs the model's rollout inside `jax.shard_map` over the
-`(data, graph)` mesh: every collective is explicit (the exchange's
-`all_gather` / `ppermute`, and one `psum` of the loss). Parameters are
-replicated; taking `jax.grad` outside the `shard_map` reduces their gradients
-over both axes.
+`ShardedLayout` partitions the graphs over the mesh's `graph` axis (host side,
+once) and lays constants and batches out in the padded, sharded node order:
+on devices, as abstract shapes for ahead-of-time compiles, or as global
+arrays built from each process's share. What runs on that layout under
+`shard_map` is in `wnscale.sharding.sharded_model`.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from wnscale.model import forecast
 from wnscale.model.forecast import Constants
 from wnscale.sharding import partition as partition_lib
 from wnscale.sharding.exchange import AllGatherExchange, HaloExchange
 from wnscale.sharding.mesh import DATA, GRAPH
-from wnscale.train import loss as loss_lib
 
 # Batch arrays (`[B, ..., G]`, see `model.forecast`): batch on `data`, grid nodes on `graph`.
 BATCH_SPECS = {
@@ -32,6 +26,9 @@ BATCH_SPECS = {
     "forcings": P(DATA, None, None, GRAPH),
     "statics": P(DATA, None, GRAPH),
 }
+# Constants (see `ShardedLayout.constants`): graph arrays and node weights on `graph`.
+CONSTANT_SPECS = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
+                           channel_weights=P())
 _GRID_AXIS = -1
 
 
@@ -49,8 +46,8 @@ class ShardedLayout:
   def grid_slots(self) -> np.ndarray:
     """`[num_shards * per_shard]` the grid node in each slot of a batch's grid axis, -1: padding.
 
-    Pipelines built with it (`data.pipeline`'s `grid_slots`) yield batches in
-    this layout, ready for `global_batch`.
+    A source in this order (`WeatherExampleSource.in_layout`) yields batches
+    ready for `global_batch`.
     """
     return self.partitioned.grid.node_of_slot
 
@@ -64,14 +61,14 @@ class ShardedLayout:
     all_gather mode) of per-edge-set tuples of `[num_shards, rows]` arrays.
     """
     part = self.partitioned
-    on_graph, replicated = self.sharding(P(GRAPH)), self.sharding(P())
     host = Constants(graphs=part.graphs, residual_scale=constants.residual_scale,
                      node_weights=part.grid.to_slots(constants.node_weights, 0),
                      channel_weights=constants.channel_weights)
-    shardings = Constants(graphs=jax.tree.map(lambda _: on_graph, part.graphs),
-                          residual_scale=replicated, node_weights=on_graph,
-                          channel_weights=replicated)
+    # Every leaf of a field gets the field's spec (the graphs: all on `graph`).
+    shardings = Constants(*(jax.tree.map(lambda _, spec=spec: self.sharding(spec), field)
+                            for field, spec in zip(host, CONSTANT_SPECS)))
     halo_indices = {name: halo.send_indices for name, halo in (part.halos or {}).items()}
+    on_graph = self.sharding(P(GRAPH))
     return (host, halo_indices), (shardings, jax.tree.map(lambda _: on_graph, halo_indices))
 
   def constants(self, constants: Constants):
@@ -124,50 +121,10 @@ class ShardedLayout:
                                                            global_shape)
     return arrays
 
-  def _exchange(self, halo_indices):
+  def exchange(self, halo_indices):
+    """The exchange of a shard, given its `halo_indices` (inside `shard_map`)."""
     if self.partitioned.exchange == "all_gather":
       return AllGatherExchange()
     offsets = {name: halo.offsets for name, halo in self.partitioned.halos.items()}
     local = {name: tuple(i[0] for i in indices) for name, indices in halo_indices.items()}
     return HaloExchange(offsets, local, self.num_shards)
-
-  def _shard_mapped(self, fn, out_specs, extra_in_specs=()):
-    """`fn(params, local constants, exchange, local batch, *extra)` under shard_map."""
-    def body(params, constants, halo_indices, batch, *extra):
-      local_graphs = jax.tree.map(lambda x: x[0], constants.graphs)  # drop the shard axis
-      return fn(params, constants._replace(graphs=local_graphs),
-                self._exchange(halo_indices), batch, *extra)
-
-    constant_specs = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
-                               channel_weights=P())
-    return jax.shard_map(body, mesh=self.mesh,
-                         in_specs=(P(), constant_specs, P(GRAPH), BATCH_SPECS)
-                         + tuple(extra_in_specs),
-                         out_specs=out_specs)
-
-  def loss_fn(self, graphdef, *, remat_steps: bool = False):
-    """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss."""
-    def local_loss(params, constants, exchange, batch):
-      predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
-                                     remat_steps=remat_steps, exchange=exchange)
-      errors = loss_lib.weighted_squared_error(predictions, batch["targets"], constants)
-      num_examples = errors.shape[0] * self.mesh.shape[DATA]
-      count = num_examples * errors.shape[1] * self.num_grid_nodes  # real nodes only
-      return jax.lax.psum(jnp.sum(errors), (DATA, GRAPH)) / count
-
-    return self._shard_mapped(local_loss, out_specs=P())
-
-  def error_sums_fn(self, graphdef):
-    """`(params, constants, halo_indices, batch, std [C]) -> [C]` area-weighted squared errors.
-
-    Errors are scaled by `std` (normalized -> physical units) and summed over
-    examples, lead times and real grid nodes; used for evaluation RMSE.
-    """
-    def local_error_sums(params, constants, exchange, batch, std):
-      predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
-                                     exchange=exchange)
-      squared = jnp.square((predictions - batch["targets"]) * std[:, None])
-      per_channel = jnp.einsum("btcg,g->c", squared, constants.node_weights)
-      return jax.lax.psum(per_channel, (DATA, GRAPH))
-
-    return self._shard_mapped(local_error_sums, out_specs=P(), extra_in_specs=(P(),))

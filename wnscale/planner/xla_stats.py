@@ -1,18 +1,12 @@
-"""What a compiled loss-and-gradient computation costs: memory per device and FLOPs.
+"""What a compiled program costs, as XLA reports it: memory per device and FLOPs.
 
-Figures come from XLA (`compiled.memory_analysis()` / `cost_analysis()`), not
+Figures come from `compiled.memory_analysis()` / `cost_analysis()`, not
 estimates. On CPU, run with `--xla_cpu_enable_concurrency_optimized_scheduler=false`
 or rematerialization hardly shows (the scheduler hoists recomputation); on TPU,
 read `peak_bytes` rather than `temp_bytes`.
 """
 
 from __future__ import annotations
-
-import jax
-import ml_collections
-
-from wnscale.model import setup
-from wnscale.train import loss as loss_lib
 
 
 def compiled_stats(compiled) -> dict[str, float]:
@@ -33,14 +27,3 @@ def compiled_stats(compiled) -> dict[str, float]:
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   stats["flops"] = float((cost or {}).get("flops", 0.0))
   return stats
-
-
-def compile_loss_and_grad(config: ml_collections.ConfigDict, constants, batch, params):
-  """Compiles `value_and_grad` of the forecast loss for `config`'s remat settings."""
-  graphdef, _ = setup.init_model_shapes(config)
-
-  def loss(params, constants, batch):
-    return loss_lib.forecast_loss(graphdef, params, constants, batch,
-                                  remat_steps=config.train.remat_rollout)
-
-  return jax.jit(jax.value_and_grad(loss)).lower(params, constants, batch).compile()

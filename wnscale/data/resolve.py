@@ -5,22 +5,25 @@ from __future__ import annotations
 import os
 import shutil
 
+import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-import jax
+from wnscale import cache
 from wnscale.data import synthetic
 from wnscale.data import variables as variables_lib
-from wnscale.graphs.build import cache_dir
 
 
-def synthetic_store_path(data: ml_collections.ConfigDict) -> str:
+def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   """Where the synthetic store for `data`'s resolution, levels and time ranges lives."""
   start = min(data.train_start, data.eval_start)
   end = max(data.train_end, data.eval_end)
   levels = _store_levels(data.pressure_levels)
-  name = f"synthetic-{data.resolution}deg-{len(levels)}levels-{start}-{end}.zarr"
-  return os.path.join(cache_dir(), "datasets", name)
+  # The code digest: a store written by other synthetic code is not reused.
+  code = cache.source_digest("data/synthetic.py", "graphs/grid.py")
+  name = (f"synthetic-{data.resolution}deg-{len(levels)}levels-{start}-{end}-seed{seed}-"
+          f"{code}.zarr")
+  return cache.cache_path("datasets", name)
 
 
 def _store_levels(levels):
@@ -38,7 +41,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   data = config.data
   if data.path:
     return data.path
-  path = synthetic_store_path(data)
+  path = synthetic_store_path(data, config.seed)
   if jax.process_index() == 0 and not os.path.exists(path):
     partial = f"{path}.partial-{os.getpid()}"
     synthetic.write_synthetic_store(

@@ -1,0 +1,48 @@
+"""Small model problems for tests and benchmarks: random batches on a graph, no data store."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from wnscale.model import loss as loss_lib
+from wnscale.model import setup
+
+
+def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
+  """A batch of standard-normal arrays with the model's batch shapes."""
+  rng = np.random.default_rng(seed)
+  return {k: rng.standard_normal(s.shape).astype(np.float32)
+          for k, s in setup.batch_shapes(config, num_grid_nodes, batch_size).items()}
+
+
+def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int = 0,
+                      abstract: bool = False):
+  """`(constants, batch, params)` of `config` on a grid.
+
+  The residual scales are random in [0.2, 1) (so a wrong scale shows in the loss);
+  with `abstract`, batch and params are `jax.ShapeDtypeStruct`s and nothing is
+  initialized.
+  """
+  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  rng = np.random.default_rng(seed)
+  residual_scale = rng.uniform(0.2, 1.0, setup.num_state_channels(config.data))
+  constants = setup.make_constants(config, graphs, latitude, longitude, residual_scale)
+  if abstract:
+    return (constants, setup.batch_shapes(config, graphs.num_grid_nodes, batch_size),
+            setup.init_model_shapes(config)[1])
+  return (constants, random_batch(config, graphs.num_grid_nodes, batch_size, seed),
+          setup.init_model(config)[1])
+
+
+def loss_and_grad_fn(config, constants, batch):
+  """`params -> (loss, grads)` of the single-device model with `config`'s remat settings."""
+  graphdef, _ = setup.init_model_shapes(config)
+  return jax.value_and_grad(lambda params: loss_lib.forecast_loss(
+      graphdef, params, constants, batch, remat_steps=config.train.remat_rollout))
+
+
+def compile_loss_and_grad(config, constants, batch, params):
+  """The compiled `loss_and_grad_fn` (for its memory figures)."""
+  return jax.jit(lambda p, c, b: loss_and_grad_fn(config, c, b)(p)).lower(
+      params, constants, batch).compile()

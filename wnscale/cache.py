@@ -1,0 +1,43 @@
+"""The on-disk cache: where derived files live and how their keys see code changes.
+
+Graphs, synthetic stores and remat plans are expensive to make and cheap to
+keep. Each cached file is named by a hash of everything it depends on,
+including the source code that made it (`source_digest`), so a change to that
+code never reads back a stale file and nobody has to remember to bump a version.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+
+_PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
+def cache_dir() -> str:
+  """`$WNSCALE_CACHE_DIR`, or `~/.cache/wnscale`."""
+  return os.path.abspath(os.environ.get(
+      "WNSCALE_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "wnscale")))
+
+
+def cache_path(kind: str, name: str) -> str:
+  """`cache_dir()/kind/name`: one folder per kind of cached file."""
+  return os.path.join(cache_dir(), kind, name)
+
+
+@functools.cache
+def source_digest(*parts: str) -> str:
+  """A hash of wnscale's Python sources under `parts` (all of wnscale if none).
+
+  Args:
+    parts: paths relative to the package, subpackages (`"graphs"`) or modules
+      (`"data/synthetic.py"`).
+  """
+  digest = hashlib.sha256()
+  for root in [_PACKAGE / part for part in parts] or [_PACKAGE]:
+    files = [root] if root.is_file() else sorted(root.rglob("*.py"))
+    for path in files:
+      digest.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes())
+  return digest.hexdigest()[:16]

@@ -1,0 +1,62 @@
+"""The model's loss and evaluation sums with the graph split over devices, under `shard_map`.
+
+Each function runs the model's rollout inside `jax.shard_map` over the
+`(data, graph)` mesh of a `ShardedLayout`: every collective is explicit (the
+exchange's `all_gather` / `ppermute`, and one `psum` of the result).
+Parameters are replicated; taking `jax.grad` outside the `shard_map` reduces
+their gradients over both axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from wnscale.model import forecast
+from wnscale.model import loss as loss_lib
+from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout
+from wnscale.sharding.mesh import DATA, GRAPH
+
+
+def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
+  """`fn(params, local constants, exchange, local batch, *extra)` under shard_map."""
+  def body(params, constants, halo_indices, batch, *extra):
+    local_graphs = jax.tree.map(lambda x: x[0], constants.graphs)  # drop the shard axis
+    return fn(params, constants._replace(graphs=local_graphs), layout.exchange(halo_indices),
+              batch, *extra)
+
+  return jax.shard_map(body, mesh=layout.mesh,
+                       in_specs=(P(), CONSTANT_SPECS, P(GRAPH), BATCH_SPECS)
+                       + tuple(extra_in_specs),
+                       out_specs=out_specs)
+
+
+def loss_fn(layout: ShardedLayout, graphdef, *, remat_steps: bool = False):
+  """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss."""
+  def local_loss(params, constants, exchange, batch):
+    predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
+                                   remat_steps=remat_steps, exchange=exchange)
+    errors = loss_lib.weighted_squared_error(predictions, batch["targets"], constants)
+    num_examples = errors.shape[0] * layout.mesh.shape[DATA]
+    count = num_examples * errors.shape[1] * layout.num_grid_nodes  # real nodes only
+    return jax.lax.psum(jnp.sum(errors), (DATA, GRAPH)) / count
+
+  return _shard_mapped(layout, local_loss, out_specs=P())
+
+
+def error_sums_fn(layout: ShardedLayout, graphdef):
+  """`(params, constants, halo_indices, batch, std [C]) -> [C]` area-weighted squared errors.
+
+  Errors are scaled by `std` (normalized -> physical units) and summed over
+  examples, lead times and real grid nodes; used for evaluation RMSE.
+  """
+  def local_error_sums(params, constants, exchange, batch, std):
+    predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
+                                   exchange=exchange)
+    squared = jnp.square((predictions - batch["targets"]) * std[:, None])
+    per_channel = jnp.einsum("btcg,g->c", squared, constants.node_weights)
+    return jax.lax.psum(per_channel, (DATA, GRAPH))
+
+  return _shard_mapped(layout, local_error_sums, out_specs=P(), extra_in_specs=(P(),))
