@@ -68,7 +68,8 @@ def main():
   base = None
   for name in names:
     start = time.perf_counter()
-    compiled = problems.compile_loss_and_grad(make_config(**VARIANTS[name]), constants, batch, params)
+    compiled = problems.compile_loss_and_grad(make_config(**VARIANTS[name]), constants, batch,
+                                              params)
     compile_seconds = time.perf_counter() - start
     temp = xla_stats.compiled_stats(compiled)["temp_bytes"]
     jax.block_until_ready(compiled(params, constants, batch))  # warm-up
