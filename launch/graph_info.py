@@ -26,8 +26,9 @@ def main(argv):
   # The training grid comes from the store; here, the standard grid of the resolution.
   latitude, longitude = grid.regular_grid(config.data.resolution)
   start = time.perf_counter()
-  graphs = build.build_graphs(latitude, longitude, config.model.mesh_levels,
-                              config.model.radius_fraction, use_cache=not _NO_CACHE.value)
+  m = config.model
+  graphs = build.build_graphs(latitude, longitude, m.mesh_levels, m.radius_fraction,
+                              m.mesh_to_grid_edge_normalization, use_cache=not _NO_CACHE.value)
   seconds = time.perf_counter() - start
   counts = graphs.counts()
   if _JSON.value:

@@ -40,6 +40,7 @@ def test_paper_config_matches_graphcast():
     ("model", "remat_policy", "save_only_these_names:bogus", "unknown checkpoint names"),
     ("model", "dtype", "float16", "model.dtype"),
     ("model", "edge_chunks", 0, "model.edge_chunks=0"),
+    ("model", "mesh_to_grid_edge_normalization", -0.6, "mesh_to_grid_edge_normalization"),
     ("mesh", "exchange", "broadcast", "mesh.exchange"),
     ("data", "variables", ("temperature", "cloud_cover"), "Unknown variable 'cloud_cover'"),
     ("train", "warmup_steps", 500, "warmup_steps"),

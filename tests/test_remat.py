@@ -42,7 +42,7 @@ def reference(problem):
 ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
 # Chunk counts that divide neither edge set of the problem (checked below), so the
 # last block is padded.
-ODD_CHUNKS = (5, 7)
+ODD_CHUNKS = (7, 9)
 VARIANTS = {
     "encoder": dict(remat_grid_to_mesh_gnn=True),
     "processor": dict(remat_mesh_gnn=True),  # one checkpoint per layer
@@ -120,4 +120,5 @@ def test_rollout_remat_matches(rollout_problem):
     results.append(jax.jit(loss_and_grad_fn(config, constants, batch))(params))
   np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
   for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1])):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    # atol relative to the array, as above: an element near 0 can differ by float32 rounding.
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7 * float(np.abs(b).max() + 1))

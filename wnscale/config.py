@@ -24,6 +24,10 @@ def default_config() -> ml_collections.ConfigDict:
   m.latent_size = 32  # width of every node and edge latent and MLP hidden layer
   m.mesh_levels = 2  # icosahedron refinements; the multi-mesh merges levels 0..mesh_levels
   m.radius_fraction = 0.6  # grid->mesh radius, as a fraction of the finest mesh edge
+  m.mesh_to_grid_edge_normalization = 0.0  # mesh->grid edge features are divided by this;
+  # 0.0: by the longest mesh->grid edge (as the other edge sets always are). GraphCast's
+  # published checkpoints carry 0.6180338738074472 (their ModelConfig's
+  # mesh2grid_edge_normalization_factor); running one needs that value.
   m.message_passing_steps = 4  # processor (mesh GNN) layers
   m.remat_grid_to_mesh_gnn = False  # checkpoint the whole encoder
   m.remat_mesh_gnn = False  # checkpoint the processor, one checkpoint per mesh_remat_every layers
@@ -131,6 +135,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
+  _require(m.mesh_to_grid_edge_normalization >= 0,
+           "model.mesh_to_grid_edge_normalization must be >= 0 (0: the longest edge)")
   _require(config.mesh.exchange in EXCHANGE_MODES,
            f"mesh.exchange={config.mesh.exchange!r}, expected one of {EXCHANGE_MODES}")
   for axis in ("data", "graph"):

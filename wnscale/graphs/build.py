@@ -1,8 +1,13 @@
 """Builds the three graphs of a GraphCast model for a grid, cached on disk.
 
-`build_graphs(latitude, longitude, mesh_levels, radius_fraction)` returns
-`Graphs`, a pytree of plain arrays that the model takes as an argument (never
-as a closed-over constant, so the index arrays are not baked into the HLO).
+`build_graphs(latitude, longitude, mesh_levels, ...)` returns `Graphs`, a
+pytree of plain arrays that the model takes as an argument (never as a
+closed-over constant, so the index arrays are not baked into the HLO).
+
+The graphs are GraphCast's (google-deepmind/graphcast), index for index where
+the reference's order is defined: mesh node i is the reference's vertex i, and
+grid node `i_lat * num_lon + i_lon` follows the given latitude order. The grid's
+latitude and longitude are rounded to float32 first, as the reference does.
 """
 
 from __future__ import annotations
@@ -70,37 +75,43 @@ class Graphs(NamedTuple):
     }
 
 
-def _edge_set(senders, receivers, sender_xyz, receiver_xyz) -> EdgeSet:
+def _edge_set(senders, receivers, sender_lat_lon, receiver_lat_lon,
+              normalization=None) -> EdgeSet:
   return EdgeSet(
       senders.astype(np.int32), receivers.astype(np.int32),
-      features.edge_features(sender_xyz[senders], receiver_xyz[receivers]))
+      features.edge_features(*sender_lat_lon, *receiver_lat_lon, senders, receivers,
+                             normalization))
 
 
-def _build(latitude, longitude, mesh_levels, radius_fraction) -> Graphs:
-  grid_lat, grid_lon = grid.grid_lat_lon(latitude, longitude)
-  grid_xyz = grid.lat_lon_to_xyz(grid_lat, grid_lon)
+def _build(latitude, longitude, mesh_levels, radius_fraction,
+           mesh_to_grid_normalization) -> Graphs:
+  grid_lat_lon = grid.grid_lat_lon(latitude.astype(np.float32), longitude.astype(np.float32))
+  grid_xyz = grid.lat_lon_to_xyz(*grid_lat_lon)  # float32
   meshes = icosahedron.mesh_hierarchy(mesh_levels)
   finest = meshes[-1]
-  mesh_xyz = finest.vertices
-  mesh_lat, mesh_lon = grid.xyz_to_lat_lon(mesh_xyz)
+  mesh_lat_lon = grid.xyz_to_lat_lon(finest.vertices)  # float32
 
-  radius = radius_fraction * connectivity.max_edge_length(finest)
+  # float32 radius, as the reference's: its bits decide ties at the radius.
+  radius = connectivity.max_edge_length(finest) * np.float32(radius_fraction)
   g2m_senders, g2m_receivers = connectivity.grid_to_mesh_edges(grid_xyz, finest, radius)
   mesh_senders, mesh_receivers = icosahedron.multi_mesh_edges(meshes)
   m2g_senders, m2g_receivers = connectivity.mesh_to_grid_edges(grid_xyz, finest)
   return Graphs(
-      grid_node_features=features.node_features(grid_lat, grid_lon),
-      mesh_node_features=features.node_features(mesh_lat, mesh_lon),
-      grid_to_mesh=_edge_set(g2m_senders, g2m_receivers, grid_xyz, mesh_xyz),
-      mesh=_edge_set(mesh_senders, mesh_receivers, mesh_xyz, mesh_xyz),
-      mesh_to_grid=_edge_set(m2g_senders, m2g_receivers, mesh_xyz, grid_xyz),
+      grid_node_features=features.node_features(*grid_lat_lon),
+      mesh_node_features=features.node_features(*mesh_lat_lon),
+      grid_to_mesh=_edge_set(g2m_senders, g2m_receivers, grid_lat_lon, mesh_lat_lon),
+      mesh=_edge_set(mesh_senders, mesh_receivers, mesh_lat_lon, mesh_lat_lon),
+      mesh_to_grid=_edge_set(m2g_senders, m2g_receivers, mesh_lat_lon, grid_lat_lon,
+                             mesh_to_grid_normalization or None),
   )
 
 
-def _cache_key(latitude, longitude, mesh_levels, radius_fraction) -> str:
+def _cache_key(latitude, longitude, mesh_levels, radius_fraction,
+               mesh_to_grid_normalization) -> str:
   """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
-  digest.update(f"{cache.source_digest('graphs')}:{mesh_levels}:{radius_fraction!r}:".encode())
+  digest.update(f"{cache.source_digest('graphs')}:{mesh_levels}:{radius_fraction!r}:"
+                f"{mesh_to_grid_normalization!r}:".encode())
   digest.update(np.ascontiguousarray(latitude, dtype=np.float64).tobytes())
   digest.update(b"|")
   digest.update(np.ascontiguousarray(longitude, dtype=np.float64).tobytes())
@@ -124,8 +135,9 @@ def _unflatten(flat) -> Graphs:
                 edge_set("grid_to_mesh"), edge_set("mesh"), edge_set("mesh_to_grid"))
 
 
-def build_graphs(latitude, longitude, mesh_levels: int,
-                 radius_fraction: float = 0.6, use_cache: bool = True) -> Graphs:
+def build_graphs(latitude, longitude, mesh_levels: int, radius_fraction: float = 0.6,
+                 mesh_to_grid_normalization: float = 0.0,
+                 use_cache: bool = True) -> Graphs:
   """The model's graphs for a latitude/longitude grid (any regular grid, either order).
 
   Args:
@@ -135,18 +147,22 @@ def build_graphs(latitude, longitude, mesh_levels: int,
       0..mesh_levels (6 gives GraphCast's 40,962 nodes).
     radius_fraction: grid-to-mesh radius as a fraction of the finest mesh's
       longest edge.
+    mesh_to_grid_normalization: what mesh-to-grid edge features are divided by;
+      0: the longest mesh-to-grid edge (the other edge sets always use theirs).
     use_cache: read and write `<cache dir>/graphs/<key>.npz`, keyed by all
       inputs and the graph code.
   """
   latitude = np.asarray(latitude, dtype=np.float64)
   longitude = np.asarray(longitude, dtype=np.float64)
-  path = cache.cache_path(
-      "graphs", _cache_key(latitude, longitude, mesh_levels, radius_fraction) + ".npz")
+  path = cache.cache_path("graphs", _cache_key(
+      latitude, longitude, mesh_levels, radius_fraction,
+      float(mesh_to_grid_normalization)) + ".npz")
   if use_cache and os.path.exists(path):
     with np.load(path) as cached:
       return _unflatten(dict(cached))
   start = time.perf_counter()
-  graphs = _build(latitude, longitude, mesh_levels, radius_fraction)
+  graphs = _build(latitude, longitude, mesh_levels, radius_fraction,
+                  float(mesh_to_grid_normalization))
   logging.info("Built graphs in %.1f s: %s", time.perf_counter() - start, graphs.counts())
   if use_cache:
     # Write to a temporary file and rename: a crash never leaves a half file.

@@ -1,11 +1,18 @@
-"""Edges between the grid and the mesh.
+"""Edges between the grid and the mesh, GraphCast's definition.
 
-* grid -> mesh: every (grid node, mesh node) pair closer than a radius, so each
-  mesh node gathers the grid around it (the encoder's receptive field);
-* mesh -> grid: each grid node to the 3 vertices of the finest-mesh triangle
-  that contains it (the decoder interpolates from them).
+* grid -> mesh: every (grid node, mesh node) pair whose straight-line (chord)
+  distance is at most a radius, so each mesh node gathers the grid around it
+  (the encoder's receptive field). The radius is a fraction of the finest
+  mesh's longest edge, in float32 as the reference computes it.
+* mesh -> grid: each grid node to the 3 vertices of the finest-mesh face whose
+  *flat* triangle is closest to it (what the reference gets from trimesh's
+  closest point). Among equally close faces, which happens when the closest
+  point lies on an edge or vertex shared by them, the face whose normal points
+  most toward the grid node wins. For a grid node off every edge this is the
+  face that contains it; for a node exactly on an edge the reference's pick
+  depends on float rounding and order and cannot be reproduced.
 
-Distances are chords between unit vectors, as in GraphCast.
+Positions are float32 unit vectors (the reference's), distances float64.
 """
 
 from __future__ import annotations
@@ -13,19 +20,17 @@ from __future__ import annotations
 import numpy as np
 from scipy import spatial
 
-from wnscale.graphs.icosahedron import TriangularMesh
+from wnscale.graphs.icosahedron import TriangularMesh, faces_to_directed_edges
 
 
-def max_edge_length(mesh: TriangularMesh) -> float:
-  """Longest chord of any face edge of `mesh`."""
-  v = mesh.vertices
-  f = mesh.faces
-  lengths = [np.linalg.norm(v[f[:, i]] - v[f[:, (i + 1) % 3]], axis=1) for i in range(3)]
-  return float(np.max(lengths))
+def max_edge_length(mesh: TriangularMesh) -> np.float32:
+  """Longest chord of any face edge of `mesh`, float32 as the reference computes it."""
+  senders, receivers = faces_to_directed_edges(mesh.faces)
+  return np.linalg.norm(mesh.vertices[senders] - mesh.vertices[receivers], axis=-1).max()
 
 
 def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float):
-  """All (grid node, mesh node) pairs within `radius`, sorted by receiver.
+  """All (grid node, mesh node) pairs at distance <= `radius`, sorted by receiver.
 
   Args:
     grid_xyz: `[num_grid_nodes, 3]` unit vectors.
@@ -40,7 +45,7 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float
   """
   mesh_tree = spatial.cKDTree(mesh.vertices)
   grid_tree = spatial.cKDTree(grid_xyz)
-  pairs = mesh_tree.sparse_distance_matrix(grid_tree, radius, output_type="ndarray")
+  pairs = mesh_tree.sparse_distance_matrix(grid_tree, float(radius), output_type="ndarray")
   receivers = pairs["i"].astype(np.int64)
   senders = pairs["j"].astype(np.int64)
   covered = np.bincount(receivers, minlength=len(mesh.vertices))
@@ -55,35 +60,137 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float
   return senders[order], receivers[order]
 
 
-def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
-                       candidates: int = 8, block: int = 262144):
-  """Each grid node to the 3 vertices of the mesh face that contains it.
+def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarray:
+  """`[num_points]` a face whose spherical triangle contains each point.
 
-  The containing face is found among the `candidates` faces whose centroids are
-  nearest (a KD-tree query), by testing the point against the three great-circle
-  planes of each candidate face.
-
-  Returns:
-    `(senders [3 * num_grid_nodes] mesh indices, receivers [3 * num_grid_nodes]
-    grid indices)`, sorted by receiver.
+  Tests the `candidates` faces with the nearest centroids against the three
+  great-circle planes of each face; a point on an edge gets one of its faces.
   """
-  vertices, faces = mesh.vertices, mesh.faces
-  corners = vertices[faces]  # [num_faces, 3, 3]
   # Outward normals of the planes through the origin and each face edge: a point
   # is inside a (counter-clockwise) face when it is on the inner side of all three.
   edge_normals = np.cross(corners, np.roll(corners, -1, axis=1))  # [num_faces, 3, 3]
   centroid_tree = spatial.cKDTree(corners.mean(axis=1))
-  containing = np.empty(len(grid_xyz), dtype=np.int64)
-  for start in range(0, len(grid_xyz), block):
-    points = grid_xyz[start:start + block]
-    _, nearest = centroid_tree.query(points, k=candidates)
+  containing = np.empty(len(points), dtype=np.int64)
+  for start in range(0, len(points), block):
+    chunk = points[start:start + block]
+    _, nearest = centroid_tree.query(chunk, k=candidates)
     # [points, candidates, 3]: signed distance of each point to each edge plane.
-    sides = np.einsum("pkej,pj->pke", edge_normals[nearest], points)
+    sides = np.einsum("pkej,pj->pke", edge_normals[nearest], chunk)
     inside = np.all(sides >= -1e-12, axis=-1)
     if not np.all(inside.any(axis=1)):
       raise RuntimeError("A grid node lies in none of its nearest mesh faces; "
                          "raise `candidates`.")
-    containing[start:start + block] = nearest[np.arange(len(points)), inside.argmax(axis=1)]
-  senders = faces[containing].reshape(-1)
+    containing[start:start + block] = nearest[np.arange(len(chunk)), inside.argmax(axis=1)]
+  return containing
+
+
+def _foot_inside(points, corners) -> np.ndarray:
+  """`[n]` bool: the orthogonal projection of each point on its face's plane lies
+  inside the flat triangle, at least 1e-9 (chord) from every edge.
+
+  Args:
+    points: `[n, 3]`; corners: `[n, 3, 3]` each point's triangle.
+  """
+  normals = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+  normals /= np.linalg.norm(normals, axis=-1, keepdims=True)
+  edges = np.roll(corners, -1, axis=1) - corners  # [n, 3 edges, 3]
+  # Distance of the foot from each edge's line, positive inside (counter-clockwise).
+  offsets = np.einsum("nej,nj->ne", np.cross(edges, points[:, None] - corners), normals)
+  return np.all(offsets > 1e-9 * np.linalg.norm(edges, axis=-1), axis=-1)
+
+
+def closest_points_on_triangles(points: np.ndarray, corners: np.ndarray) -> np.ndarray:
+  """`[n, 3]` the point of each flat triangle closest to each point.
+
+  The Voronoi-region test of Ericson (Real-Time Collision Detection, 5.1.5),
+  vectorized: vertex regions, then edge regions, else the interior.
+
+  Args:
+    points: `[n, 3]`; corners: `[n, 3, 3]` the triangles' vertices.
+  """
+  a, b, c = corners[:, 0], corners[:, 1], corners[:, 2]
+  dot = lambda u, v: np.einsum("nj,nj->n", u, v)
+  ab, ac = b - a, c - a
+  d1, d2 = dot(ab, points - a), dot(ac, points - a)
+  d3, d4 = dot(ab, points - b), dot(ac, points - b)
+  d5, d6 = dot(ab, points - c), dot(ac, points - c)
+  va, vb, vc = d3 * d6 - d5 * d4, d5 * d2 - d1 * d6, d1 * d4 - d3 * d2
+  with np.errstate(divide="ignore", invalid="ignore"):  # unused branches divide by 0
+    along_ab = d1 / (d1 - d3)
+    along_ac = d2 / (d2 - d6)
+    along_bc = (d4 - d3) / ((d4 - d3) + (d5 - d6))
+    v, w = vb / (va + vb + vc), vc / (va + vb + vc)
+  conditions = [
+      (d1 <= 0) & (d2 <= 0), (d3 >= 0) & (d4 <= d3), (d6 >= 0) & (d5 <= d6),
+      (vc <= 0) & (d1 >= 0) & (d3 <= 0), (vb <= 0) & (d2 >= 0) & (d6 <= 0),
+      (va <= 0) & (d4 - d3 >= 0) & (d5 - d6 >= 0)]
+  choices = [a, b, c, a + along_ab[:, None] * ab, a + along_ac[:, None] * ac,
+             b + along_bc[:, None] * (c - b)]
+  return np.select([k[:, None] for k in conditions], choices,
+                   default=a + v[:, None] * ab + w[:, None] * ac)
+
+
+def _faces_around_vertices(faces: np.ndarray, num_vertices: int) -> np.ndarray:
+  """`[num_vertices, max_degree]` faces incident to each vertex (a short row repeats its first)."""
+  vertex = faces.reshape(-1)
+  face = np.repeat(np.arange(len(faces)), 3)
+  order = np.argsort(vertex, kind="stable")
+  vertex, face = vertex[order], face[order]
+  degree = np.bincount(vertex, minlength=num_vertices)
+  start = np.concatenate([[0], np.cumsum(degree)[:-1]])
+  slot = np.arange(len(vertex)) - start[vertex]
+  table = np.repeat(face[start][:, None], degree.max(), axis=1)
+  table[vertex, slot] = face
+  return table
+
+
+def _closest_faces(points, guesses, vertices, faces) -> np.ndarray:
+  """`[n]` the closest flat face to each point, searched around its guessed face.
+
+  Candidates are the faces touching a vertex of the guess. Faces within float
+  rounding of the smallest distance are equally close; among them the one whose
+  unit normal has the largest dot product with the unit vector from the closest
+  point to the point wins.
+  """
+  around = _faces_around_vertices(faces, len(vertices))
+  candidates = around[faces[guesses]].reshape(len(points), -1)  # [n, 3 * max_degree]
+  corners = vertices[faces[candidates]]  # [n, k, 3, 3]
+  repeated = np.repeat(points, candidates.shape[1], axis=0)
+  closest = closest_points_on_triangles(repeated, corners.reshape(-1, 3, 3))
+  offsets = (repeated - closest).reshape(candidates.shape + (3,))
+  squared = np.einsum("nkj,nkj->nk", offsets, offsets)
+  nearest = squared.min(axis=1, keepdims=True)
+  equal = squared <= nearest * (1 + 1e-9)
+  normals = np.cross(corners[..., 1, :] - corners[..., 0, :],
+                     corners[..., 2, :] - corners[..., 0, :])
+  normals /= np.linalg.norm(normals, axis=-1, keepdims=True)
+  with np.errstate(divide="ignore", invalid="ignore"):  # a point on the mesh: 0 / 0
+    facing = np.einsum("nkj,nkj->nk", normals, offsets) / np.sqrt(squared)
+  facing = np.where(equal & np.isfinite(facing), facing, -np.inf)
+  best = np.where(np.isfinite(facing).any(axis=1), facing.argmax(axis=1),
+                  squared.argmin(axis=1))
+  return candidates[np.arange(len(points)), best]
+
+
+def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
+                       candidates: int = 8, block: int = 262144):
+  """Each grid node to the 3 vertices of the closest flat mesh face (see module doc).
+
+  The face containing a grid node (on the sphere) is found first. When the
+  node's orthogonal projection on that face's plane lies inside the flat
+  triangle, the face is the closest: the mesh is convex, so no other face comes
+  nearer than that plane. Only the few nodes near an edge, whose projection
+  falls near or outside the triangle, get the full search among the faces around.
+
+  Returns:
+    `(senders [3 * num_grid_nodes] mesh indices, receivers [3 * num_grid_nodes]
+    grid indices)`, sorted by receiver; each node's senders in face order.
+  """
+  vertices, faces = mesh.vertices.astype(np.float64), mesh.faces
+  points = grid_xyz.astype(np.float64)
+  chosen = _containing_faces(points, vertices[faces], candidates, block)
+  near_edge = ~_foot_inside(points, vertices[faces[chosen]])
+  chosen[near_edge] = _closest_faces(points[near_edge], chosen[near_edge], vertices, faces)
+  senders = faces[chosen].reshape(-1)
   receivers = np.repeat(np.arange(len(grid_xyz)), 3)
   return senders, receivers

@@ -1,55 +1,81 @@
-"""Static node and edge features, as in GraphCast.
+"""Static node and edge features, GraphCast's definition.
 
-* nodes: cos(latitude), sin(longitude), cos(longitude);
-* edges: length and 3-D displacement (sender minus receiver) expressed in the
-  receiver's local frame (the receiver rotated to latitude 0, longitude 0), all
-  divided by the longest edge of the edge set.
+* nodes: `[sin(lat), cos(lon), sin(lon)]` (the reference writes the first as
+  the cosine of the colatitude);
+* edges: `[length, dx, dy, dz]`: the displacement sender minus receiver in the
+  receiver's local frame, and its length, all divided by the edge set's
+  normalization factor (by default its longest edge, so lengths are in [0, 1]).
+  The local frame rotates the receiver to latitude 0, longitude 0, i.e. onto
+  (1, 0, 0): first by -lon about z, then by +lat about y. As the frame is
+  defined by latitude and longitude, the features are unchanged by a shift of
+  every longitude (a rotation about z), not by other rotations of the sphere.
+
+Precision follows the reference, whose features wnscale must reproduce: nodes
+are given float32 latitude/longitude; positions (and node features) are computed
+from them in float32; the rotation, displacement, length and normalization in
+float64 from those; features are rounded to float32 at the end.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from wnscale.graphs.grid import xyz_to_lat_lon
+from wnscale.graphs.grid import lat_lon_to_xyz
 
 NODE_FEATURES = 3
 EDGE_FEATURES = 4
 
 
 def node_features(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
-  """`[num_nodes, 3]` float32: cos lat, sin lon, cos lon."""
-  lat, lon = np.deg2rad(lat_deg), np.deg2rad(lon_deg)
-  return np.stack([np.cos(lat), np.sin(lon), np.cos(lon)], axis=-1).astype(np.float32)
+  """`[num_nodes, 3]` float32: sin lat (as cos of the colatitude), cos lon, sin lon."""
+  lon = np.deg2rad(lon_deg)
+  colatitude = np.deg2rad(90 - lat_deg)
+  return np.stack([np.cos(colatitude), np.cos(lon), np.sin(lon)], -1).astype(np.float32)
 
 
-def _to_receiver_frame(points: np.ndarray, receiver_xyz: np.ndarray) -> np.ndarray:
-  """Rotates each point so that its receiver lands on (1, 0, 0).
+def _frame_rotations(lat_deg: np.ndarray, lon_deg: np.ndarray):
+  """Per node, `(cos, sin)` of the two angles of its local frame, float64 `[n]` each.
 
-  The rotation is longitude -lon about z, then latitude +lat about y, per edge.
+  The angles are -lon and lat = pi/2 - colatitude, formed in the inputs' precision
+  (float32), their cosines and sines in float64, as the reference does.
   """
-  lat, lon = (np.deg2rad(a) for a in xyz_to_lat_lon(receiver_xyz))
+  lon = np.deg2rad(lon_deg)
+  lat = np.asarray(np.pi / 2, dtype=lon.dtype) - np.deg2rad(90 - lat_deg)
+  lon, lat = lon.astype(np.float64), lat.astype(np.float64)
+  return np.cos(lon), np.sin(lon), np.cos(lat), np.sin(lat)
+
+
+def _to_frame(points: np.ndarray, cos_lon, sin_lon, cos_lat, sin_lat) -> np.ndarray:
+  """Rotates `[n, 3]` points by -lon about z, then by +lat about y (row-wise angles)."""
   x, y, z = points[:, 0], points[:, 1], points[:, 2]
-  cos_lon, sin_lon = np.cos(lon), np.sin(lon)
   x1 = cos_lon * x + sin_lon * y
   y1 = -sin_lon * x + cos_lon * y
-  cos_lat, sin_lat = np.cos(lat), np.sin(lat)
-  x2 = cos_lat * x1 + sin_lat * z
-  z2 = -sin_lat * x1 + cos_lat * z
-  return np.stack([x2, y1, z2], axis=-1)
+  return np.stack([cos_lat * x1 + sin_lat * z, y1, -sin_lat * x1 + cos_lat * z], axis=-1)
 
 
-def edge_features(sender_xyz: np.ndarray, receiver_xyz: np.ndarray,
-                  block: int = 1 << 20) -> np.ndarray:
-  """`[num_edges, 4]` float32: length, dx, dy, dz in the receiver frame, / longest edge.
+def edge_features(sender_lat, sender_lon, receiver_lat, receiver_lon, senders, receivers,
+                  normalization: float | None = None, block: int = 1 << 20) -> np.ndarray:
+  """`[num_edges, 4]` float32: length, dx, dy, dz in the receiver's frame, / normalization.
 
   Args:
-    sender_xyz, receiver_xyz: `[num_edges, 3]` unit vectors of each edge's ends.
+    sender_lat, sender_lon: `[num_sender_nodes]` float32 degrees.
+    receiver_lat, receiver_lon: `[num_receiver_nodes]` float32 degrees.
+    senders, receivers: `[num_edges]` node indices.
+    normalization: what the features are divided by; None: the longest edge.
+    block: edges per step, to bound the float64 temporaries.
   """
-  features = np.empty((len(sender_xyz), EDGE_FEATURES), dtype=np.float64)
-  for start in range(0, len(sender_xyz), block):
-    s, r = sender_xyz[start:start + block], receiver_xyz[start:start + block]
-    displacement = _to_receiver_frame(s, r) - _to_receiver_frame(r, r)
+  sender_xyz = lat_lon_to_xyz(sender_lat, sender_lon)
+  receiver_xyz = lat_lon_to_xyz(receiver_lat, receiver_lon)
+  frames = _frame_rotations(receiver_lat, receiver_lon)
+  # The receiver in its own frame is ~(1, 0, 0), not exactly: subtract it as rotated.
+  receiver_in_frame = _to_frame(receiver_xyz.astype(np.float64), *frames)
+  features = np.empty((len(senders), EDGE_FEATURES), dtype=np.float64)
+  for start in range(0, len(senders), block):
+    s, r = senders[start:start + block], receivers[start:start + block]
+    displacement = _to_frame(sender_xyz[s].astype(np.float64), *(f[r] for f in frames))
+    displacement -= receiver_in_frame[r]
     features[start:start + block, 0] = np.linalg.norm(displacement, axis=-1)
     features[start:start + block, 1:] = displacement
-  longest = features[:, 0].max() if len(features) else 1.0
-  return (features / longest).astype(np.float32)
+  if normalization is None:
+    normalization = features[:, 0].max() if len(features) else 1.0
+  return (features / normalization).astype(np.float32)

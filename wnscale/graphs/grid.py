@@ -47,14 +47,26 @@ def grid_lat_lon(latitude: np.ndarray, longitude: np.ndarray):
 
 
 def lat_lon_to_xyz(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
-  """Unit vectors `[n, 3]` of points given in degrees."""
-  lat, lon = np.deg2rad(lat_deg), np.deg2rad(lon_deg)
-  return np.stack(
-      [np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
+  """Unit vectors `[n, 3]` of points given in degrees, in the inputs' float dtype.
+
+  As the reference computes them: from the colatitude theta = 90 - lat and
+  lon, `(cos lon sin theta, sin lon sin theta, cos theta)`, all in the input
+  precision (float32 for the graphs: the bits decide ties at the grid-to-mesh
+  radius).
+  """
+  lon = np.deg2rad(lon_deg)
+  colatitude = np.deg2rad(90 - lat_deg)
+  sin_colatitude = np.sin(colatitude)
+  return np.stack([np.cos(lon) * sin_colatitude, np.sin(lon) * sin_colatitude,
+                   np.cos(colatitude)], axis=-1)
 
 
 def xyz_to_lat_lon(xyz: np.ndarray):
-  """Latitude and longitude in degrees (longitude in [0, 360)) of unit vectors."""
-  lat = np.rad2deg(np.arcsin(np.clip(xyz[:, 2], -1.0, 1.0)))
-  lon = np.rad2deg(np.arctan2(xyz[:, 1], xyz[:, 0])) % 360.0
+  """Latitude and longitude in degrees (longitude in [0, 360)) of unit vectors `[n, 3]`.
+
+  In the input's float dtype, via the colatitude `arccos(z)` as the reference does.
+  """
+  x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+  lon = np.mod(np.rad2deg(np.arctan2(y, x)), 360)
+  lat = 90 - np.rad2deg(np.arccos(np.clip(z, -1, 1)))
   return lat, lon

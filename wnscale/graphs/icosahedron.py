@@ -1,9 +1,23 @@
 """The icosahedral multi-mesh: refined icosahedra with all levels' edges merged.
 
-Refining splits every triangle into four; the vertices of a level are kept (with
-the same indices) by every finer level, so the nodes of the finest level index
-the edges of all levels. The multi-mesh is the union of every level's directed
-edges: coarse levels add long-range links to the fine local ones.
+The mesh is GraphCast's, vertex for vertex and face for face, so that a node
+index means the same vertex in wnscale and in the reference implementation
+(google-deepmind/graphcast), whose parameters and graphs are compared by index:
+
+* level 0 is the regular icosahedron with vertices at the cyclic permutations of
+  (+-1, +-phi, 0), rotated about the y axis so that a face (not a vertex) sits
+  at each pole; vertices are float32, as the reference builds them;
+* refining splits every face (a, b, c) into (a, ab, ca), (ab, b, bc), (ca, bc, c),
+  (ab, bc, ca), face by face, where ab is the midpoint of a and b pushed out to
+  the sphere, computed in float32. A new vertex is numbered in the order it is
+  first needed, walking the faces in order and each face's edges ab, bc, ca;
+  the vertices of a level keep their indices in every finer level, so the
+  finest level's vertices index the edges of all levels.
+
+The multi-mesh is the union of every level's directed edges: each face (a, b, c)
+gives a -> b, b -> c, c -> a, and as faces are oriented consistently every edge
+appears once in each direction. Coarse levels add long-range links to the fine
+local ones; edges of different levels never coincide.
 """
 
 from __future__ import annotations
@@ -12,63 +26,83 @@ import dataclasses
 
 import numpy as np
 
+# The 20 faces of the level-0 icosahedron, counter-clockwise seen from outside,
+# in the reference's order (the order fixes every finer level's numbering).
+_ICOSAHEDRON_FACES = np.array([
+    (0, 1, 2), (0, 6, 1), (8, 0, 2), (8, 4, 0), (3, 8, 2),
+    (3, 2, 7), (7, 2, 1), (0, 4, 6), (4, 11, 6), (6, 11, 5),
+    (1, 5, 7), (4, 10, 11), (4, 8, 10), (10, 8, 3), (10, 3, 9),
+    (11, 10, 9), (11, 9, 5), (5, 9, 7), (9, 3, 7), (1, 6, 5),
+], dtype=np.int32)
+
 
 @dataclasses.dataclass(frozen=True)
 class TriangularMesh:
   """A triangulated unit sphere.
 
   Attributes:
-    vertices: `[num_vertices, 3]` unit vectors.
-    faces: `[num_faces, 3]` vertex indices, counter-clockwise seen from outside.
+    vertices: `[num_vertices, 3]` float32 unit vectors.
+    faces: `[num_faces, 3]` int32 vertex indices, counter-clockwise seen from outside.
   """
 
   vertices: np.ndarray
   faces: np.ndarray
 
 
-def icosahedron() -> TriangularMesh:
-  """The regular icosahedron (12 vertices, 20 faces) on the unit sphere."""
+def _pole_face_rotation() -> np.ndarray:
+  """`[3, 3]` rotation about y that turns a face of the icosahedron to each pole.
+
+  The unrotated icosahedron has an edge parallel to y on top; tilting it by half
+  of (pi - dihedral angle) lays one of the two faces at that edge flat.
+  Applied to row vectors (`vertices @ rotation`).
+  """
   phi = (1.0 + np.sqrt(5.0)) / 2.0
-  vertices = np.array([
-      [-1, phi, 0], [1, phi, 0], [-1, -phi, 0], [1, -phi, 0],
-      [0, -1, phi], [0, 1, phi], [0, -1, -phi], [0, 1, -phi],
-      [phi, 0, -1], [phi, 0, 1], [-phi, 0, -1], [-phi, 0, 1],
-  ], dtype=np.float64)
-  vertices /= np.linalg.norm(vertices, axis=1, keepdims=True)
-  faces = np.array([
-      [0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11],
-      [1, 5, 9], [5, 11, 4], [11, 10, 2], [10, 7, 6], [7, 1, 8],
-      [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9],
-      [4, 9, 5], [2, 4, 11], [6, 2, 10], [8, 6, 7], [9, 8, 1],
-  ], dtype=np.int64)
-  return TriangularMesh(vertices, _orient_outward(vertices, faces))
+  dihedral = 2.0 * np.arcsin(phi / np.sqrt(3.0))
+  angle = (np.pi - dihedral) / 2.0
+  cos, sin = np.cos(angle), np.sin(angle)
+  return np.array([[cos, 0.0, sin], [0.0, 1.0, 0.0], [-sin, 0.0, cos]])
 
 
-def _orient_outward(vertices: np.ndarray, faces: np.ndarray) -> np.ndarray:
-  """Flips faces whose normal points into the sphere."""
-  a, b, c = (vertices[faces[:, k]] for k in range(3))
-  inward = np.einsum("ij,ij->i", np.cross(b - a, c - a), a) < 0
-  faces = faces.copy()
-  faces[inward] = faces[inward][:, ::-1]
-  return faces
+def icosahedron() -> TriangularMesh:
+  """The regular icosahedron (12 vertices, 20 faces) on the unit sphere, a face at each pole."""
+  phi = (1.0 + np.sqrt(5.0)) / 2.0
+  rows = []
+  for a, b in ((1.0, phi), (1.0, -phi), (-1.0, phi), (-1.0, -phi)):
+    rows += [(a, b, 0.0), (0.0, a, b), (b, 0.0, a)]  # the cyclic permutations
+  # The reference's precision: coordinates rounded to float32, scaled in float64,
+  # rotated in float64, each result rounded to float32.
+  vertices = np.array(rows, dtype=np.float32)
+  vertices = (vertices / np.hypot(1.0, phi)).astype(np.float32)
+  vertices = (vertices.astype(np.float64) @ _pole_face_rotation()).astype(np.float32)
+  return TriangularMesh(vertices, _ICOSAHEDRON_FACES.copy())
 
 
 def refine(mesh: TriangularMesh) -> TriangularMesh:
   """Splits each face into four, adding one vertex per edge (projected to the sphere)."""
   faces = mesh.faces
-  num_vertices = len(mesh.vertices)
-  # The three edges of every face, as sorted vertex pairs: [3 * num_faces, 2].
-  edges = np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]])
-  unique_edges, edge_id = np.unique(np.sort(edges, axis=1), axis=0, return_inverse=True)
-  midpoints = mesh.vertices[unique_edges].sum(axis=1)
-  midpoints /= np.linalg.norm(midpoints, axis=1, keepdims=True)
-  num_faces = len(faces)
-  ab, bc, ca = (num_vertices + edge_id.reshape(3, num_faces))
+  num_vertices, num_faces = len(mesh.vertices), len(faces)
   a, b, c = faces.T
-  new_faces = np.concatenate([
+  # Each face's edges ab, bc, ca, face by face: [3 * num_faces, 2].
+  edges = np.stack([np.stack([a, b], 1), np.stack([b, c], 1), np.stack([c, a], 1)],
+                   axis=1).reshape(-1, 2)
+  unique_edges, first_use, edge_id = np.unique(
+      np.sort(edges, axis=1), axis=0, return_index=True, return_inverse=True)
+  # Number the new vertices in the order their edges are first met.
+  order = np.argsort(first_use, kind="stable")
+  rank = np.empty(len(order), dtype=np.int64)
+  rank[order] = np.arange(len(order))
+  ab, bc, ca = (num_vertices + rank[edge_id.reshape(-1)]).reshape(num_faces, 3).T
+  new_faces = np.stack([
       np.stack([a, ab, ca], 1), np.stack([ab, b, bc], 1),
-      np.stack([ca, bc, c], 1), np.stack([ab, bc, ca], 1)])
-  return TriangularMesh(np.concatenate([mesh.vertices, midpoints]), new_faces)
+      np.stack([ca, bc, c], 1), np.stack([ab, bc, ca], 1)], axis=1).reshape(-1, 3)
+  # float32 midpoints, normalized in float32 (the reference's arithmetic). The
+  # squared norm must be numpy's float32 dot (what np.linalg.norm of one vector
+  # uses): an elementwise sum of squares rounds differently for ~1 vertex in 10.
+  ends = mesh.vertices[unique_edges[order]]  # [num_new, 2, 3]
+  midpoints = (ends[:, 0] + ends[:, 1]) / np.float32(2.0)
+  midpoints = midpoints / np.sqrt(np.vecdot(midpoints, midpoints))[:, None]
+  return TriangularMesh(np.concatenate([mesh.vertices, midpoints]).astype(np.float32),
+                        new_faces.astype(np.int32))
 
 
 def mesh_hierarchy(levels: int) -> list[TriangularMesh]:
@@ -80,21 +114,21 @@ def mesh_hierarchy(levels: int) -> list[TriangularMesh]:
 
 
 def faces_to_directed_edges(faces: np.ndarray):
-  """Both directions of every face edge: `(senders [n], receivers [n])`."""
-  pairs = np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]])
-  pairs = np.concatenate([pairs, pairs[:, ::-1]])
-  pairs = np.unique(pairs, axis=0)
-  return pairs[:, 0], pairs[:, 1]
+  """Each face (a, b, c) as the edges a -> b, b -> c, c -> a: `(senders [3F], receivers [3F])`.
+
+  On a closed, consistently oriented mesh this gives every edge once in each direction.
+  """
+  return (np.concatenate([faces[:, 0], faces[:, 1], faces[:, 2]]),
+          np.concatenate([faces[:, 1], faces[:, 2], faces[:, 0]]))
 
 
 def multi_mesh_edges(meshes: list[TriangularMesh]):
-  """Directed edges of all levels merged and de-duplicated, sorted by receiver.
+  """Directed edges of all levels merged, sorted by receiver (then sender).
 
   Returns:
     `(senders [num_edges], receivers [num_edges])` indices into the finest
     mesh's vertices.
   """
-  all_faces = np.concatenate([m.faces for m in meshes])
-  senders, receivers = faces_to_directed_edges(all_faces)
+  senders, receivers = faces_to_directed_edges(np.concatenate([m.faces for m in meshes]))
   order = np.lexsort((senders, receivers))
   return senders[order], receivers[order]

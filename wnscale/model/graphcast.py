@@ -46,15 +46,16 @@ class LocalExchange:
 
 
 class EncoderDecoderEdges(nnx.Module):
-  """Embeds a bipartite edge set's static features and updates the edges once."""
+  """Embeds a bipartite edge set's static features and computes its messages once."""
 
   def __init__(self, latent_size: int, *, dtype, rngs: nnx.Rngs):
     self.embedder = MLP(EDGE_FEATURES, latent_size, latent_size, dtype=dtype, rngs=rngs)
     self.interaction = InteractionNetwork(latent_size, dtype=dtype, rngs=rngs)
 
   def __call__(self, features, senders, receivers, projected_senders, projected_receivers):
-    return self.interaction.update_edges(self.embedder(features), projected_senders,
-                                         projected_receivers, senders, receivers)
+    """`[E, D]` messages (the updated edge latents are never needed: one step only)."""
+    return self.interaction.messages(self.embedder(features), projected_senders,
+                                     projected_receivers, senders, receivers)
 
 
 class GraphCast(nnx.Module):
@@ -132,11 +133,13 @@ class GraphCast(nnx.Module):
       def one_layer(carry, layer_state):
         mesh, edge_latents = carry
         layer = nnx.merge(graphdef, layer_state)
-        edge_latents = layer.update_edges(
+        messages = layer.messages(
             edge_latents, exchange.mesh(layer.project_senders(mesh)),
             layer.project_receivers(mesh), edges.senders, edges.receivers)
-        messages = sum_by_receiver(edge_latents, edges.receivers, mesh.shape[0])
-        return (layer.update_nodes(mesh, messages), edge_latents), None
+        mesh = layer.update_nodes(mesh, sum_by_receiver(messages, edges.receivers,
+                                                        mesh.shape[0]))
+        # The edge residual comes after the node update, which saw only the messages.
+        return (mesh, edge_latents + messages), None
 
       return jax.lax.scan(one_layer, carry, layer_states)[0]
 

@@ -1,14 +1,25 @@
 """Message passing: the interaction network and edge-chunked aggregation.
 
-An interaction network step (Battaglia et al. 2018, as used by GraphCast):
+One interaction-network step, GraphCast's (the reference's
+`deep_typed_graph_net` with an `InteractionNetwork` and residuals):
 
-  edges'  = edges + edge_mlp([edges, senders_table[senders], receivers_table[receivers]])
-  nodes'  = nodes + node_mlp([nodes, sum over each receiver's edges of edges'])
+  messages = edge_mlp([edges, sender_nodes[senders], receiver_nodes[receivers]])
+  nodes'   = nodes + node_mlp([nodes, sum of messages over each receiver's edges])
+  edges'   = edges + messages
+
+The sum is over the *messages* (the edge MLP's outputs), not over the
+residual-updated edges'. The encoder and decoder use only the node update (their
+edges' are never read again); the processor carries edges' to the next layer.
 
 The edge MLP's first layer is linear in each part of its input, so the sender
 and receiver parts are projected once per *node* and gathered per edge:
 `W [e, s, r] = W_e e + (W_s s)[senders] + (W_r r)[receivers]`. Same function,
 but no `[num_edges, 3 * latent]` concatenation and a third of the edge matmuls.
+
+Messages are summed in float32 whatever the activation dtype, then cast back:
+a bfloat16 sum over a receiver's edges (dozens per mesh node in the encoder)
+would lose the low bits of every term. The reference does this in its encoder;
+wnscale does it in every stage (the cost is one cast per edge).
 
 Edges are sorted by receiver (an invariant of `wnscale.graphs.Graphs`), so the
 aggregation is a sorted segment sum. Where sender rows come from is the
@@ -29,10 +40,18 @@ from wnscale.model import remat
 from wnscale.model.mlp import MLP
 
 
-def sum_by_receiver(edges: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
-  """`[num_edges, D] -> [num_receivers, D]`; receivers out of range are dropped (padding)."""
-  return jax.ops.segment_sum(edges, receivers, num_segments=num_receivers,
-                             indices_are_sorted=True)
+def _float32_sum(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
+  """`[num_edges, D] -> [num_receivers, D]` float32 sums; receivers out of range are dropped."""
+  return jax.ops.segment_sum(messages.astype(jnp.float32), receivers,
+                             num_segments=num_receivers, indices_are_sorted=True)
+
+
+def sum_by_receiver(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
+  """`[num_edges, D] -> [num_receivers, D]`, summed in float32, in `messages`' dtype.
+
+  Receivers out of range are dropped (padding edges).
+  """
+  return _float32_sum(messages, receivers, num_receivers).astype(messages.dtype)
 
 
 def _varying_axes(x) -> frozenset:
@@ -70,8 +89,10 @@ class InteractionNetwork(nnx.Module):
     """`[N, D]` receiver nodes' contribution to the edge MLP's first layer."""
     return self.receiver_projection(nodes)
 
-  def update_edges(self, edges, projected_senders, projected_receivers, senders, receivers):
-    """`[E, D]` edge latents after the residual edge MLP.
+  def messages(self, edges, projected_senders, projected_receivers, senders, receivers):
+    """`[E, D]` messages: the edge MLP on each edge's latent, sender and receiver.
+
+    The new edge latents are `edges + messages`; the nodes sum the messages.
 
     Args:
       edges: `[E, D]` edge latents.
@@ -81,12 +102,12 @@ class InteractionNetwork(nnx.Module):
     """
     hidden = (self.edge_mlp.hidden(edges) + projected_senders[senders]
               + projected_receivers[receivers])
-    return checkpoint_name(edges + self.edge_mlp.finish(hidden), remat.EDGE_LATENTS)
+    return checkpoint_name(self.edge_mlp.finish(hidden), remat.EDGE_LATENTS)
 
-  def update_nodes(self, nodes, messages):
-    """`[N, D]` receiver latents after the residual node MLP on summed messages."""
-    messages = checkpoint_name(messages, remat.MESSAGES)
-    updated = nodes + self.node_mlp(jnp.concatenate([nodes, messages], -1))
+  def update_nodes(self, nodes, summed_messages):
+    """`[N, D]` receiver latents after the residual node MLP on their summed messages."""
+    summed_messages = checkpoint_name(summed_messages, remat.MESSAGES)
+    updated = nodes + self.node_mlp(jnp.concatenate([nodes, summed_messages], -1))
     return checkpoint_name(updated, remat.NODE_LATENTS)
 
 
@@ -101,7 +122,7 @@ def _split_into_chunks(array: jax.Array, num_chunks: int, fill) -> jax.Array:
 def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, senders,
                       receivers, sender_table, receiver_table, num_receivers: int,
                       num_chunks: int) -> jax.Array:
-  """Updates edges with `edge_fn` and sums them per receiver, in blocks of edges.
+  """Computes per-edge messages with `edge_fn` and sums them per receiver, in blocks of edges.
 
   With `num_chunks > 1` the edges are processed in that many blocks by a scan,
   each block under its own `jax.checkpoint` that saves nothing: only one block's
@@ -112,24 +133,26 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
   Args:
     edge_model: module holding the parameters `edge_fn` uses.
     edge_fn: `(edge_model, features [e, F], senders [e], receivers [e], sender_table,
-      receiver_table) -> updated edge latents [e, D]`.
+      receiver_table) -> messages [e, D]`.
     edge_features: `[E, F]` static edge features.
     senders, receivers: `[E]` indices into the sender / receiver tables.
     sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` (for
       an interaction network: the projected node tables).
 
   Returns:
-    `[num_receivers, D]` summed messages.
+    `[num_receivers, D]` summed messages (summed in float32, in the messages' dtype).
   """
   graphdef, state = nnx.split(edge_model)
+  dtype = receiver_table.dtype
 
   def messages(state, features, senders, receivers, sender_table, receiver_table):
-    edges = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
-                    sender_table, receiver_table)
-    return sum_by_receiver(edges, receivers, num_receivers)
+    per_edge = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
+                       sender_table, receiver_table)
+    return _float32_sum(per_edge, receivers, num_receivers)
 
   if num_chunks == 1:
-    return messages(state, edge_features, senders, receivers, sender_table, receiver_table)
+    return messages(state, edge_features, senders, receivers, sender_table,
+                    receiver_table).astype(dtype)
 
   chunk_messages = jax.checkpoint(messages, policy=jax.checkpoint_policies.nothing_saveable)
 
@@ -141,7 +164,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
   chunks = (_split_into_chunks(edge_features, num_chunks, 0),
             _split_into_chunks(senders, num_chunks, 0),
             _split_into_chunks(receivers, num_chunks, num_receivers))
-  initial = jnp.zeros((num_receivers, receiver_table.shape[-1]), receiver_table.dtype)
+  # The running total stays float32 across blocks too.
+  initial = jnp.zeros((num_receivers, receiver_table.shape[-1]), jnp.float32)
   initial = vary_like(initial, sender_table, receiver_table, edge_features)
   total, _ = jax.lax.scan(add_chunk, initial, chunks)
-  return total
+  return total.astype(dtype)

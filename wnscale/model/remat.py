@@ -14,7 +14,9 @@ from flax import nnx
 
 # Names given with `jax.ad_checkpoint.checkpoint_name` at the natural save
 # points of a message-passing step.
-EDGE_LATENTS = "edge_latents"  # updated edge latents, [num_edges, latent]
+# The edge MLP's output per edge: the message, and the increment of the edge
+# latents (which the processor recomputes from it with one addition).
+EDGE_LATENTS = "edge_latents"  # [num_edges, latent]
 MESSAGES = "messages"  # aggregated messages per receiver, [num_receivers, latent]
 NODE_LATENTS = "node_latents"  # updated node latents, [num_nodes, latent]
 CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS)

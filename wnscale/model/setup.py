@@ -45,8 +45,9 @@ def init_model_shapes(config: ml_collections.ConfigDict):
 
 
 def graphs_for_grid(config: ml_collections.ConfigDict, latitude, longitude) -> Graphs:
-  return build_graphs(latitude, longitude, config.model.mesh_levels,
-                      config.model.radius_fraction)
+  m = config.model
+  return build_graphs(latitude, longitude, m.mesh_levels, m.radius_fraction,
+                      m.mesh_to_grid_edge_normalization)
 
 
 def node_positions(config: ml_collections.ConfigDict, latitude, longitude):
