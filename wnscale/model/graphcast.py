@@ -94,9 +94,13 @@ class GraphCast(nnx.Module):
     are float32 whatever the compute dtype.
     """
     def one_example(inputs):
-      grid, mesh = self.encode(graphs, inputs, exchange)
-      mesh = self.process(graphs.mesh, mesh, exchange)
-      return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+      # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
+      with jax.named_scope("encoder"):
+        grid, mesh = self.encode(graphs, inputs, exchange)
+      with jax.named_scope("processor"):
+        mesh = self.process(graphs.mesh, mesh, exchange)
+      with jax.named_scope("decoder"):
+        return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
 
     return jax.vmap(one_example)(grid_inputs)
 
