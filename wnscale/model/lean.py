@@ -28,16 +28,24 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wnscale.model.varying import vary_like
+
 LAYER_NORM_EPSILON = 1e-5
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float) -> jax.Array:
   """Normalizes the last axis of `x`; `scale`, `bias` broadcast against `x`; result in x's dtype.
 
   Scale and bias enter rounded to x's dtype, as Flax's and Haiku's layer norms
   use them in bfloat16; the statistics and arithmetic are float32.
   """
+  # Under shard_map, replicated parameters meet sharded rows outside the custom
+  # gradient, where JAX reduces their gradient over the shards itself.
+  return _layer_norm(x, vary_like(scale, x), vary_like(bias, x), epsilon)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x, scale, bias, epsilon):
   return _layer_norm_forward(x, scale, bias, epsilon)[0]
 
 
@@ -75,7 +83,7 @@ def _sum_to(value, like):
   return jnp.sum(value, axis=axes).reshape(like.shape).astype(like.dtype)
 
 
-layer_norm.defvjp(_layer_norm_forward, _layer_norm_backward)
+_layer_norm.defvjp(_layer_norm_forward, _layer_norm_backward)
 
 
 @jax.custom_vjp
