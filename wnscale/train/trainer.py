@@ -134,7 +134,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    stats, source.store.channel_names, group, num_groups)
 
   def next_batch():
-    return layout.global_batch(next(train_data.iterator), config.train.batch_size)
+    return layout.global_batch(next(train_data.iterator), config.train.batch_size,
+                               setup.batch_dtype(config))
 
   total = config.train.steps
   last = {}
