@@ -50,7 +50,7 @@ VARIANTS = {
     "all_three": ALL_STAGES,
     **{f"policy_{name}": dict(ALL_STAGES, remat_policy=name) for name in (
         "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable",
-        "offload_dots", "save_only_these_names:node_latents,messages")},
+        "offload_dots", "offload_carries", "save_only_these_names:node_latents,messages")},
     # 4 layers: groups of 2, of 3 plus a remainder of 1, and all 4 in one group.
     **{f"every_{k}": dict(remat_mesh_gnn=True, mesh_remat_every=k) for k in (2, 3, 4)},
     **{f"edge_chunks_{k}": dict(edge_chunks=k) for k in ODD_CHUNKS + (4,)},

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
@@ -171,7 +172,10 @@ class GraphCast(nnx.Module):
       return layers(carry, stacked_state)[0]
 
     # One checkpoint per group of K layers: a scan over full groups, then the rest.
-    group = jax.checkpoint(layers, policy=self.policy)
+    # The group's input is tagged: a policy may keep it (in host memory, say).
+    group = jax.checkpoint(
+        lambda carry, states: layers(checkpoint_name(carry, remat.PROCESSOR_CARRY), states),
+        policy=self.policy)
     per_group = min(config.mesh_remat_every, steps)
     num_groups, remainder = divmod(steps, per_group)
     grouped = jax.tree.map(
