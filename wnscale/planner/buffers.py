@@ -104,7 +104,9 @@ def read_peak_buffers(folder: str) -> list[Buffer]:
     shape, op_name = _describe(name, index, instructions)
     buffer = Buffer(size, shape, part_of(op_name), op_name)
     place = places.get(_value_name(name, index), name + str(index))
-    if place not in buffers or buffers[place].part == "other":
+    # One piece of memory named several ways: a step argument's name wins (the
+    # memory is the argument's), then any name that says what made it.
+    if place not in buffers or _rank(buffer) < _rank(buffers[place]):
       buffers[place] = buffer
   return sorted(buffers.values(), key=lambda b: -b.bytes)
 
@@ -120,6 +122,12 @@ def part_of(op_name: str) -> str:
       if re.search(rf"(^|\(){part}(\)|$)", scope):
         return f"{part} (backward)" if "transpose(" in op_name else part
   return "other"
+
+
+def _rank(buffer: Buffer) -> int:
+  if buffer.part in dict(ARGUMENT_PARTS).values():
+    return 0
+  return 2 if buffer.part == "other" else 1
 
 
 def summarize(buffers: list[Buffer]) -> dict[str, int]:

@@ -33,7 +33,7 @@ StepBuilder = Callable[..., jax.stages.Lowered]
 
 BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
 REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
-              "remat_policy", "mesh_remat_every", "edge_chunks")
+              "remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks")
 
 
 class Problem:
@@ -111,6 +111,7 @@ class Problem:
                      and (memory is None or stats["peak_bytes"] <= memory)),
         "flops": analytic["model"] + analytic["recompute"],
         "recompute_flops": analytic["recompute"],
+        "offloaded_bytes": analytic["offloaded_bytes"],
         "xla_flops": stats["flops"],
         "compile_seconds": round(seconds, 2),
     }
