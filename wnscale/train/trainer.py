@@ -123,37 +123,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   replicated = layout.sharding(jax.sharding.PartitionSpec())
   state = jax.device_put(initial_state(params, optimizer), replicated)
 
-  # Resume. Only unreadable checkpoint files count as damage: the data state is applied
-  # after they are read, so an error there stops the run and the checkpoint stays.
+  # Resume (only unreadable checkpoint files count as damage, see `_resume`).
   checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, "checkpoints"),
                                              config.train.max_checkpoints)
-  data_offset = 0
-
-  def same_data_layout(metadata) -> bool:  # Grain keeps one state per process
-    return (metadata["data_groups"] == num_groups
-            and metadata.get("process_count", jax.process_count()) == jax.process_count())
-
   try:
-    restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, replicated),
-                                           same_data_layout)
-  except Exception:
+    state, train_data, data_offset = _resume(checkpointer, state, replicated, config, source,
+                                             group, num_groups, train_data)
+  except BaseException:
     checkpointer.close()
-    train_data.close()
     raise
-  if restored is not None:
-    state, metadata = restored.state, restored.metadata
-    train_data.close()
-    if restored.data_state is not None:
-      data_offset = metadata["data_offset"]
-      train_data = _train_pipeline(config, source, group, num_groups, data_offset)
-      train_data.restore(restored.data_state)
-    else:  # positioned by step instead
-      data_offset = restored.step * (config.train.batch_size // num_groups)
-      train_data = _train_pipeline(config, source, group, num_groups, data_offset)
-      logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
-                   "positioned by step.", metadata["data_groups"],
-                   metadata.get("process_count", "?"), num_groups, jax.process_count())
-    logging.info("Resumed from step %d.", int(state.step))
   # The run is compatible with the workdir's checkpoints: record its resolved config.
   if is_main:
     _write_config(workdir, config)
@@ -223,6 +201,44 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     writer.close()
     train_data.close()
   return last
+
+
+def _resume(checkpointer, state, sharding, config, source, group, num_groups, train_data):
+  """`(state, train_data, data_offset)` from the newest good checkpoint, or as given.
+
+  The data iterator's state is applied after the checkpoint's files are read
+  (`Checkpointer.restore_latest`): an error there propagates and sets nothing aside.
+  """
+  def same_data_layout(metadata) -> bool:  # Grain keeps one state per process
+    return (metadata["data_groups"] == num_groups
+            and metadata.get("process_count", jax.process_count()) == jax.process_count())
+
+  try:
+    restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, sharding),
+                                           same_data_layout)
+  except BaseException:
+    train_data.close()
+    raise
+  if restored is None:
+    return state, train_data, 0
+  train_data.close()
+  metadata = restored.metadata
+  if restored.data_state is not None:
+    data_offset = metadata["data_offset"]
+    train_data = _train_pipeline(config, source, group, num_groups, data_offset)
+    try:
+      train_data.restore(restored.data_state)
+    except BaseException:
+      train_data.close()
+      raise
+  else:  # positioned by step instead
+    data_offset = restored.step * (config.train.batch_size // num_groups)
+    train_data = _train_pipeline(config, source, group, num_groups, data_offset)
+    logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
+                 "positioned by step.", metadata["data_groups"],
+                 metadata.get("process_count", "?"), num_groups, jax.process_count())
+  logging.info("Resumed from step %d.", restored.step)
+  return restored.state, train_data, data_offset
 
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict):
