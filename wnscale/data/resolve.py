@@ -86,11 +86,11 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     free = paths.free_bytes(path)
     if free is not None and size > free:
       raise ValueError(
-          f"The synthetic store {path} needs up to {size / 2**30:.2f} GiB but the disk holds "
-          f"only {free / 2**30:.2f} GiB free; shorten data.train_*/eval_* ranges, use a "
+          f"The synthetic store {path} needs up to {_size(size)} but the disk holds only "
+          f"{_size(free)} free; shorten data.train_*/eval_* ranges, use a "
           "coarser data.resolution, or set WNSCALE_CACHE_DIR to a bigger disk or a bucket.")
-    logging.info("Writing the synthetic store %s (up to %.2f GiB uncompressed, %s .. %s).",
-                 path, size / 2**30, start, end)
+    logging.info("Writing the synthetic store %s (up to %s uncompressed, %s .. %s).",
+                 path, _size(size), start, end)
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end,
         levels=_store_levels(data.pressure_levels), seed=config.seed,
@@ -101,6 +101,10 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   once_by_process_0(f"synthetic {path}", write_if_missing, "write the synthetic store")
   write_if_missing()  # no-op unless this host's cache is not process 0's
   return path
+
+
+def _size(num_bytes: int) -> str:
+  return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:

@@ -149,10 +149,11 @@ class WeatherStore:
     for time_indices, out in requests:
       time_indices = self._check_times(time_indices)
       store_indices = time_indices * self.time_stride
-      if out.shape != (len(time_indices), self.num_channels,
-                       self.num_grid_nodes if grid_index is None else len(grid_index)):
-        raise ValueError(f"Buffer of shape {out.shape} for {len(time_indices)} times of "
-                         f"{self.num_channels} channels")
+      expected = (len(time_indices), self.num_channels,
+                  self.num_grid_nodes if grid_index is None else len(grid_index))
+      if out.shape != expected or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"Buffer {out.dtype}{list(out.shape)} (C-contiguous: "
+                         f"{out.flags.c_contiguous}) cannot take a state of shape {expected}")
       if grid_index is None:
         target = ts.array(out.reshape(out.shape[:2] + (self.latitude.size, -1)),
                           copy=False, write=True)
