@@ -91,10 +91,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # The store gives the grid; the training range gives the normalization statistics.
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   config.data.path = resolve_store(config)
-  stats_data = resolve_stats(config.data)
-  source = pipeline.source_from_config(config, "train", stats=stats_data)
+  statistics = resolve_stats(config.data)
+  source = pipeline.source_from_config(config, "train", stats=statistics)
   # The eval range is opened now: a range the store lacks is an error before compiling.
-  eval_source = (pipeline.source_from_config(config, "eval", stats=stats_data)
+  eval_source = (pipeline.source_from_config(config, "eval", stats=statistics)
                  if config.train.eval_every else None)
   latitude, longitude = source.store.latitude, source.store.longitude
 
