@@ -16,4 +16,6 @@ from wnscale.config import default_config
 
 
 def get_config():
-  return default_config()  # the defaults are this model: every knob is documented there
+  config = default_config()  # the defaults are this model: every knob is documented there
+  config.data.synthetic = True
+  return config

@@ -48,8 +48,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh.exchange = "all_gather"  # how shards get remote sender rows: all_gather | halo
 
   c.data = d = ml_collections.ConfigDict()
-  d.path = ""  # zarr store (WeatherBench2 layout); empty: a synthetic store, written once
-  # into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
+  d.path = ""  # zarr store (WeatherBench2 layout), a local path or a URL (gs://...)
+  d.synthetic = False  # with no data.path: train on a synthetic ERA5-like store, written
+  # once into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
+  d.stats_path = ""  # normalization statistics to use (path or URL): a wnscale .nc file, or a
+  # directory of GraphCast's mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc;
+  # empty: computed once from the training time range, cached in <cache dir>/stats
   d.resolution = 5.625  # grid spacing in degrees; must match the store
   d.variables = ("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "specific_humidity", "2m_temperature",
@@ -151,6 +155,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for name in d.variables:
     variables_lib.lookup(name)  # raises naming the unknown variable
   _require(len(d.variables) > 0, "data.variables is empty")
+  unknown = [level for level in d.pressure_levels if level not in variables_lib.ERA5_LEVELS_37]
+  _require(not unknown, f"data.pressure_levels {unknown} are not ERA5 pressure levels "
+           f"{variables_lib.ERA5_LEVELS_37}")
   has_levels = any(variables_lib.lookup(n).atmospheric for n in d.variables)
   _require(not has_levels or len(d.pressure_levels) > 0,
            "data.pressure_levels is empty but atmospheric variables are requested")

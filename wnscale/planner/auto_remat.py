@@ -13,12 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 
 import jax
 import ml_collections
 
-from wnscale import cache
+from wnscale import cache, paths
 from wnscale.planner import flops as flops_lib
 from wnscale.planner.compile import REMAT_KEYS, Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
@@ -103,9 +102,8 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   if not budget:
     raise ValueError("remat_policy='auto' needs a memory budget: set train.memory_budget_gib.")
   path = _cache_path(config, target, budget)
-  if os.path.exists(path):
-    with open(path) as f:
-      choice = json.load(f)
+  if paths.exists(path):
+    choice = json.loads(paths.read_text(path))
     logging.info("Remat plan from cache %s: %s", path, choice["reason"])
     return choice
   problem = problem or Problem(config, target, step_builder)
@@ -132,10 +130,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
                         else "") + " per device per step; cheaper ones did not "
                      f"fit: {cheaper or '-'}."),
       }
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path + ".tmp", "w") as f:
-        json.dump(choice, f)
-      os.replace(path + ".tmp", path)
+      paths.write_text(path, json.dumps(choice))
       logging.info("Remat plan: %s", choice["reason"])
       return choice
   smallest = min(peaks, key=peaks.get)
