@@ -37,6 +37,9 @@ def default_config() -> ml_collections.ConfigDict:
   # train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)
   m.mesh_remat_every = 1  # layers per processor checkpoint (GraphCast: 3)
   m.edge_chunks = 1  # encoder/decoder edges in this many blocks, each under its own checkpoint
+  m.grid_blocks = 1  # grid-node work (embedder, encoder grid update, the whole decoder) in
+  # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
+  # to the encoder only)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
 
   c.mesh = ml_collections.ConfigDict()
@@ -135,7 +138,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if m.remat_policy != "auto":
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
-  for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks"):
+  for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
+              "grid_blocks"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")

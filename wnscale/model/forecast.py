@@ -75,9 +75,8 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     forcings: `[B, input_steps + 1, G, F]` at the history times and the next time.
     statics: `[B, G, S]`.
   """
-  grid_inputs = jnp.concatenate(
-      [_stack_channels(history), _stack_channels(forcings), statics], axis=-1)
-  residual = model(constants.graphs, grid_inputs, exchange)
+  residual = model(constants.graphs,
+                   (_stack_channels(history), _stack_channels(forcings), statics), exchange)
   return history[:, -1] + residual * constants.residual_scale
 
 
@@ -103,8 +102,10 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
 
   def scan_step(history, lead):
     window = jax.lax.dynamic_slice_in_dim(forcings, lead, input_steps + 1, axis=1)
-    prediction = step(state, history, window)
-    history = jnp.concatenate([history[:, 1:], prediction[:, None]], axis=1)
+    prediction = step(state, history, window)  # float32
+    # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
+    history = jnp.concatenate([history[:, 1:], prediction[:, None].astype(history.dtype)],
+                              axis=1)
     return history, prediction
 
   _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))

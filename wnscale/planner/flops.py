@@ -16,7 +16,7 @@ from wnscale.model import forecast, setup
 # recomputes under each policy (matmuls dominate; saved dots are not redone).
 RECOMPUTE_FRACTION = {
     "nothing_saveable": 1.0, "dots_saveable": 0.05, "dots_with_no_batch_dims_saveable": 0.05,
-    "everything_saveable": 0.0, "offload_dots": 0.05,
+    "everything_saveable": 0.0, "offload_dots": 0.05, "offload_carries": 1.0,
 }
 
 
@@ -30,7 +30,7 @@ def _edge_update(edges: int, senders: int, receivers: int, latent: int) -> float
 
 
 def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, float]:
-  """Forward FLOPs of one example per stage: encoder edges / rest, processor, decoder."""
+  """Forward FLOPs of one example per stage and part of a stage."""
   d = config.model.latent_size
   channels = setup.num_state_channels(config.data)
   inputs = forecast.input_channels(channels, config.data.input_steps) + NODE_FEATURES
@@ -39,8 +39,8 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
                    counts["mesh_to_grid_edges"])
   return {
       "encoder_edges": _mlp(g2m, EDGE_FEATURES, d, d) + _edge_update(g2m, grid, mesh, d),
-      "encoder_nodes": (_mlp(grid, inputs, d, d) + _mlp(mesh, NODE_FEATURES, d, d)
-                        + _mlp(mesh, 2 * d, d, d) + _mlp(grid, d, d, d)),
+      "encoder_grid": _mlp(grid, inputs, d, d) + _mlp(grid, d, d, d),
+      "encoder_mesh": _mlp(mesh, NODE_FEATURES, d, d) + _mlp(mesh, 2 * d, d, d),
       "processor": (_mlp(m2m, EDGE_FEATURES, d, d) + config.model.message_passing_steps
                     * (_edge_update(m2m, mesh, mesh, d) + _mlp(mesh, 2 * d, d, d))),
       "decoder_edges": _mlp(m2g, EDGE_FEATURES, d, d) + _edge_update(m2g, mesh, grid, d),
@@ -49,19 +49,38 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
 
 
 def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int) -> dict:
-  """Per-device FLOPs of one training step: `{"model": fwd + bwd, "recompute": extra}`."""
+  """Per-device cost of one training step.
+
+  Returns:
+    `{"model": forward + backward FLOPs, "recompute": FLOPs the remat settings
+    add, "offloaded_bytes": bytes the offload policy moves between device and
+    host memory (out and back)}`.
+  """
   model = config.model
   stages = forward_flops(config, counts)
   fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
+  encoder = stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
+  decoder = stages["decoder_edges"] + stages["decoder_nodes"]
   extra = 0.0
   if model.remat_grid_to_mesh_gnn:
-    extra += fraction * (stages["encoder_edges"] + stages["encoder_nodes"])
+    extra += fraction * encoder
   if model.remat_mesh_gnn:
     extra += fraction * stages["processor"]
   if model.remat_mesh_to_grid_gnn:
-    extra += fraction * (stages["decoder_edges"] + stages["decoder_nodes"])
-  if model.edge_chunks > 1:  # each block's forward is redone inside its own checkpoint
-    extra += stages["encoder_edges"] + stages["decoder_edges"]
+    extra += fraction * decoder
+  # Each block's forward is redone inside its own checkpoint.
+  if model.grid_blocks > 1:
+    extra += stages["encoder_grid"] + decoder  # the decoder runs per grid block
+  if model.edge_chunks > 1:
+    extra += stages["encoder_edges"] + (stages["decoder_edges"] if model.grid_blocks == 1
+                                        else 0.0)
   examples = config.train.batch_size * config.data.target_steps
   scale = examples / num_devices
-  return {"model": 3.0 * sum(stages.values()) * scale, "recompute": extra * scale}
+  offloaded = 0.0
+  if model.remat_mesh_gnn and model.remat_policy == "offload_carries":
+    groups = -(-model.message_passing_steps // model.mesh_remat_every)
+    width = 2 if model.dtype == "bfloat16" else 4
+    carry = (counts["mesh_nodes"] + counts["mesh_edges"]) * model.latent_size * width
+    offloaded = 2 * groups * carry  # out in the forward pass, back in the backward
+  return {"model": 3.0 * sum(stages.values()) * scale, "recompute": extra * scale,
+          "offloaded_bytes": offloaded * scale}

@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 
 from wnscale.data import pipeline
+from wnscale.model import setup
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import step as step_lib
 
@@ -39,7 +40,7 @@ class Evaluator:
     sums, examples = 0.0, 0
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):
-        batch = self.layout.global_batch(local, batch_size)
+        batch = self.layout.global_batch(local, batch_size, setup.batch_dtype(self.config))
         sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
                                      self.std)
         examples += batch_size

@@ -146,7 +146,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    source=eval_source)
 
   def next_batch():
-    return layout.global_batch(next(train_data.iterator), config.train.batch_size)
+    return layout.global_batch(next(train_data.iterator), config.train.batch_size,
+                               setup.batch_dtype(config))
 
   total = config.train.steps
   last = {}
