@@ -83,7 +83,7 @@ class WeatherExampleSource:
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.start, self.end = start, end
-    self._first_time, num_times = _time_range(self.store.times, start, end)
+    self._first_time, num_times = time_range(self.store.times, start, end)
     self._num_examples = num_times - self.window + 1
     if self._num_examples <= 0:
       raise ValueError(
@@ -131,9 +131,7 @@ class WeatherExampleSource:
   def statics(self) -> np.ndarray:
     """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""
     if self._statics is None:
-      statics = self.store.read_statics()
-      statics[0] = ((statics[0] - self.static_stats["mean"][0]) /
-                    self.static_stats["std"][0])
+      statics = normalize_statics(self.store.read_statics(), self.static_stats)
       self._statics = self._to_slots(statics)
     return self._statics
 
@@ -157,8 +155,19 @@ class WeatherExampleSource:
     return out
 
 
-def _time_range(times: np.ndarray, start, end) -> tuple[int, int]:
-  """(index of the first time >= start, number of times in [start, end])."""
+def normalize_statics(statics: np.ndarray, static_stats: dict) -> np.ndarray:
+  """`[2, grid]` statics as the model takes them, in place: surface geopotential
+  normalized with `static_stats` (`{"mean", "std"}` `[2]`), land-sea mask as is."""
+  statics[0] = (statics[0] - static_stats["mean"][0]) / static_stats["std"][0]
+  return statics
+
+
+def time_range(times: np.ndarray, start, end) -> tuple[int, int]:
+  """(index of the first time >= start, number of times in [start, end]).
+
+  `start`, `end`: inclusive, e.g. "2020-01-01" or "2020-06-30T18"; an `end`
+  without a time covers that whole day; None: the first / last of `times`.
+  """
   begin = np.datetime64(pd.Timestamp(start)) if start else times[0]
   if end:
     stop = pd.Timestamp(end)
