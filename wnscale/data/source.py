@@ -19,6 +19,7 @@ contiguous copies; the model's step transposes to node-major on the device
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pandas as pd
@@ -160,6 +161,17 @@ def normalize_statics(statics: np.ndarray, static_stats: dict) -> np.ndarray:
   normalized with `static_stats` (`{"mean", "std"}` `[2]`), land-sea mask as is."""
   statics[0] = (statics[0] - static_stats["mean"][0]) / static_stats["std"][0]
   return statics
+
+
+def parse_duration(text) -> pd.Timedelta:
+  """A duration such as "10d", "36h", "90min" or "1 days 06:00:00"."""
+  match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dh])\s*", str(text))
+  if match:  # pandas is retiring the lower-case "d"
+    return pd.Timedelta(**{"days" if match[2] == "d" else "hours": float(match[1])})
+  try:
+    return pd.Timedelta(text)
+  except ValueError as error:
+    raise ValueError(f"Cannot read {text!r} as a duration (e.g. 10d, 36h).") from error
 
 
 def time_range(times: np.ndarray, start, end) -> tuple[int, int]:
