@@ -80,8 +80,8 @@ def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
 
 def plot_map(latitude, longitude, forecast: np.ndarray, truth: np.ndarray, title: str,
              units: str, path: str):
-  """Forecast, truth and forecast - truth, each `[num_lat, num_lon]`, side by side."""
-  figure = Figure(figsize=(15, 3.8), dpi=_DPI, layout="constrained")
+  """Forecast, truth and forecast - truth, each `[num_lat, num_lon]` (latitude ascending)."""
+  figure = Figure(figsize=(15, 3.4), dpi=_DPI, layout="constrained")
   axes = figure.subplots(1, 3)
   low = np.nanmin([np.nanmin(forecast), np.nanmin(truth)])
   high = np.nanmax([np.nanmax(forecast), np.nanmax(truth)])
@@ -90,12 +90,16 @@ def plot_map(latitude, longitude, forecast: np.ndarray, truth: np.ndarray, title
   panels = [("forecast", forecast, dict(cmap="viridis", vmin=low, vmax=high)),
             ("truth", truth, dict(cmap="viridis", vmin=low, vmax=high)),
             ("forecast - truth", error, dict(cmap="RdBu_r", vmin=-limit, vmax=limit))]
+  # Cell edges half a spacing beyond the first and last rows and columns (a regular grid).
+  extent = [longitude[0] - (longitude[1] - longitude[0]) / 2,
+            longitude[-1] + (longitude[-1] - longitude[-2]) / 2,
+            latitude[0] - (latitude[1] - latitude[0]) / 2,
+            latitude[-1] + (latitude[-1] - latitude[-2]) / 2]
   for ax, (name, values, style) in zip(axes, panels):
-    mesh = ax.pcolormesh(longitude, latitude, values, shading="nearest", **style)
+    image = ax.imshow(values, origin="lower", extent=extent, interpolation="nearest", **style)
     ax.set_title(name, fontsize=10)
     ax.set_xlabel("longitude")
-    ax.set_aspect("equal")
-    figure.colorbar(mesh, ax=ax, shrink=0.8, label=units)
+    figure.colorbar(image, ax=ax, shrink=0.8, label=units)
   axes[0].set_ylabel("latitude")
   figure.suptitle(title, fontsize=10)
   figure.savefig(path)
@@ -111,8 +115,8 @@ def plot_scorecard(model: xr.Dataset, baseline: xr.Dataset, path: str,
           for _, variable, level in channels]
   table = np.array(rows)
   x, xlabel = _lead_axis(model)
-  figure = Figure(figsize=(1.4 + 0.45 * len(x), 1.0 + 0.32 * len(channels)), dpi=_DPI,
-                  layout="constrained")
+  figure = Figure(figsize=(max(6.0, 2.8 + 0.45 * len(x)), 1.4 + 0.32 * len(channels)),
+                  dpi=_DPI, layout="constrained")
   ax = figure.subplots()
   limit = float(np.nanmax(np.abs(table))) if np.isfinite(table).any() else 1.0
   image = ax.imshow(table, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
@@ -121,8 +125,9 @@ def plot_scorecard(model: xr.Dataset, baseline: xr.Dataset, path: str,
   ax.set_xlabel(xlabel)
   for (i, j), v in np.ndenumerate(table):
     if np.isfinite(v):
-      ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6)
+      ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6,
+              color="white" if abs(v) > limit / 2 else "black")
   figure.colorbar(image, ax=ax, label="RMSE difference (%)")
-  ax.set_title(f"RMSE of {names[0]} relative to {names[1]} (negative: {names[0]} better)",
+  ax.set_title(f"RMSE of {names[0]} relative to {names[1]}\n(negative: {names[0]} better)",
                fontsize=9)
   figure.savefig(path)

@@ -53,9 +53,13 @@ def latitude_weights(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
 
 
 def spatial_mean(data, weights: xr.DataArray | None = None):
-  """The area-weighted mean over latitude and longitude (other dims kept)."""
+  """The area-weighted mean over latitude and longitude (other dims kept).
+
+  `weights` are per latitude row (every longitude weighs the same), so the
+  weighted mean is mean(weights x data) / mean(weights).
+  """
   weights = latitude_weights(data) if weights is None else weights
-  return data.weighted(weights).mean(SPATIAL_DIMS, skipna=False)
+  return (data * weights).mean(SPATIAL_DIMS, skipna=False) / float(weights.mean())
 
 
 def _deterministic(forecast, ensemble_dim):

@@ -12,6 +12,7 @@ command continues a killed forecast where it stopped.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -168,6 +169,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   logging.info("Forecasting %d initial times x %d lead times (%d done before) into %s, "
                "%d at a time.", len(remaining), num_leads, summary["already_written"],
                output.path, forecaster.batch_size)
+  gc.collect()  # the restore's garbage holds device arrays; the peak below is the rollout's
   progress = Progress(len(remaining), num_leads, stream)
   peak = 0
   for first in range(0, len(remaining), forecaster.batch_size):
