@@ -48,8 +48,7 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   Args:
     map_channels: channels to map (e.g. `geopotential@500`); default: the
       first two headline channels.
-    map_leads: lead times to map (`pandas.Timedelta` strings); default: the
-      first and the last.
+    map_leads: lead times to map (e.g. "1d"); default: the first and the last.
 
   Returns:
     `{"results": {name: xr.Dataset}, "files": [written paths]}`.
@@ -64,41 +63,50 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   if baseline_path:
     forecast, baseline = _common(forecast, datasets.open_forecast(baseline_path))
   datasets.check_valid_times(forecast, truth, truth_path)
-  weights = metrics.latitude_weights(forecast.dataset)
-  leads = forecast.leads
-  per_init = {}
+  maps = _maps(forecast, map_channels, map_leads)
   logging.info("Scoring %d initial times x %d lead times of %s.", len(forecast.init_times),
-               len(leads), forecast_path)
-  for index, init in enumerate(forecast.init_times):
-    valid = init + leads
-    truth_now = _on_leads(datasets.at_times(truth, forecast.variables, forecast.levels, valid),
-                          leads)
-    candidates = {FORECAST: forecast.at_init(index)}
-    if baseline is not None:
-      candidates[BASELINE] = baseline.at_init(index)
-    candidates[PERSISTENCE] = _on_leads(datasets.at_times(
-        truth, forecast.variables, forecast.levels, [init] * len(leads)), leads)
-    expected = None
-    if climatology is not None:
-      expected = _on_leads(_climatology_at(climatology, forecast, valid, climatology_path),
-                           leads)
-      candidates[CLIMATOLOGY] = expected
-    for name, candidate in candidates.items():
-      names = list(candidate.data_vars)
-      reference = None if expected is None else expected[names]
-      for metric, values in score(candidate, truth_now[names], reference, weights).items():
+               len(forecast.leads), forecast_path)
+  per_init = {}
+  for index in range(len(forecast.init_times)):
+    for name, scores in _score_init(forecast, index, truth, climatology, climatology_path,
+                                    baseline).items():
+      for metric, values in scores.items():
         per_init.setdefault(name, {}).setdefault(metric, []).append(values)
   results = {name: results_lib.summarize(scores) for name, scores in per_init.items()}
-  os.makedirs(out_dir, exist_ok=True)
   about = {"forecast": os.path.abspath(forecast_path), "truth": os.path.abspath(truth_path),
            "climatology": climatology_path and os.path.abspath(climatology_path),
            "baseline": baseline_path and os.path.abspath(baseline_path),
            "initial_times": [str(t) for t in forecast.init_times]}
   files = results_lib.write(results, out_dir, about)
-  files += _figures(results, forecast, truth, out_dir, map_channels, map_leads)
+  files += _figures(results, forecast, truth, out_dir, maps)
   for path in files:
     logging.info("wrote %s", path)
   return {"results": results, "files": files}
+
+
+def _score_init(forecast, index, truth, climatology, climatology_path, baseline):
+  """`{name: {metric: Dataset}}` of every candidate forecast at initial time `index`."""
+  init, leads = forecast.init_times[index], forecast.leads
+  valid = init + leads
+  observed = _on_leads(datasets.at_times(truth, forecast.variables, forecast.levels, valid),
+                       leads)
+  candidates = {FORECAST: forecast.at_init(index)}
+  if baseline is not None:
+    candidates[BASELINE] = baseline.at_init(index)
+  # Persistence: the truth at the initial time (read once), for every lead time.
+  at_init = datasets.at_times(truth, forecast.variables, forecast.levels, [init])
+  candidates[PERSISTENCE] = _on_leads(at_init.isel({LEAD: [0] * len(leads)}), leads)
+  expected = None
+  if climatology is not None:
+    expected = _on_leads(_climatology_at(climatology, forecast, valid, climatology_path), leads)
+    candidates[CLIMATOLOGY] = expected
+  weights = metrics.latitude_weights(forecast.dataset)
+  scores = {}
+  for name, candidate in candidates.items():
+    names = list(candidate.data_vars)
+    scores[name] = score(candidate, observed[names],
+                         None if expected is None else expected[names], weights)
+  return scores
 
 
 def _on_leads(dataset: xr.Dataset, leads) -> xr.Dataset:
@@ -144,8 +152,26 @@ def _climatology_at(climatology, forecast, valid, path) -> xr.Dataset:
   return selected
 
 
-def _figures(results, forecast, truth, out_dir, map_channels, map_leads) -> list[str]:
-  """The score curves, the maps and (with a baseline) the scorecard; returns their paths."""
+def _maps(forecast: datasets.Forecast, channels, leads) -> list[tuple[str, pd.Timedelta]]:
+  """The `(channel, lead time)` pairs to map, checked before any scoring."""
+  held = {channel for channel, _, _ in datasets.channel_names(forecast.dataset)}
+  if channels is None:
+    channels = [f"{variable}@{level}" if level else variable for _, variable, level
+                in figures.headline_channels(forecast.dataset)[:2]]
+  for channel in channels:
+    if channel not in held:
+      raise ValueError(f"No channel {channel!r} to map; the forecast has {sorted(held)}.")
+  chosen = [forecast.leads[0], forecast.leads[-1]] if leads is None else [
+      parse_duration(lead) for lead in leads]
+  for lead in chosen:
+    if lead not in forecast.leads:
+      raise ValueError(f"No lead time {lead} to map; the forecast has "
+                       f"{[str(x) for x in forecast.leads]}.")
+  return [(channel, lead) for channel in channels for lead in dict.fromkeys(chosen)]
+
+
+def _figures(results, forecast, truth, out_dir, maps) -> list[str]:
+  """The score curves, the scorecard (with a baseline) and the maps; returns their paths."""
   paths = [os.path.join(out_dir, "scores.png")]
   figures.plot_scores(results, paths[0], title=f"{os.path.basename(forecast.path)}: "
                       f"{len(forecast.init_times)} initial times")
@@ -154,32 +180,21 @@ def _figures(results, forecast, truth, out_dir, map_channels, map_leads) -> list
     figures.plot_scorecard(results[FORECAST], results[BASELINE], paths[-1])
   channels = {channel: (variable, level) for channel, variable, level
               in datasets.channel_names(forecast.dataset)}
-  if map_channels is None:
-    map_channels = [f"{variable}@{level}" if level else variable for _, variable, level
-                    in figures.headline_channels(results[FORECAST])[:2]]
-  leads = forecast.leads
-  chosen = [leads[0], leads[-1]] if map_leads is None else [parse_duration(x) for x in
-                                                             map_leads]
   init = forecast.init_times[0]
-  for channel in map_channels:
-    if channel not in channels:
-      raise ValueError(f"No channel {channel!r} to map; the forecast has {sorted(channels)}.")
+  for channel, lead in maps:
     variable, level = channels[channel]
-    for lead in dict.fromkeys(chosen):
-      if lead not in leads:
-        raise ValueError(f"No lead time {lead} to map; the forecast has {list(leads)}.")
-      predicted = forecast.dataset[variable].sel({datasets.INIT: init, LEAD: lead})
-      observed = truth[variable].sel({datasets.INIT: init + lead})
-      if level is not None:
-        predicted, observed = predicted.sel(level=level), observed.sel(level=level)
-      if ENSEMBLE in predicted.dims:
-        predicted = predicted.mean(ENSEMBLE)
-      hours = int(lead / pd.Timedelta(hours=1))
-      paths.append(os.path.join(out_dir, f"map_{channel.replace('@', '')}_{hours}h.png"))
-      figures.plot_map(forecast.dataset[metrics.LATITUDE].values,
-                       forecast.dataset[metrics.LONGITUDE].values,
-                       predicted.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
-                       observed.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
-                       f"{channel}: initial time {init}, lead {lead}",
-                       figures.units(variable), paths[-1])
+    predicted = forecast.dataset[variable].sel({datasets.INIT: init, LEAD: lead})
+    observed = truth[variable].sel({datasets.INIT: init + lead})
+    if level is not None:
+      predicted, observed = predicted.sel(level=level), observed.sel(level=level)
+    if ENSEMBLE in predicted.dims:
+      predicted = predicted.mean(ENSEMBLE)
+    hours = int(lead / pd.Timedelta(hours=1))
+    paths.append(os.path.join(out_dir, f"map_{channel.replace('@', '')}_{hours}h.png"))
+    figures.plot_map(forecast.dataset[metrics.LATITUDE].values,
+                     forecast.dataset[metrics.LONGITUDE].values,
+                     predicted.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
+                     observed.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
+                     f"{channel}: initial time {init}, lead {lead}", figures.units(variable),
+                     paths[-1])
   return paths
