@@ -12,10 +12,9 @@ rest are forecast. The last line printed is a JSON summary (speed, memory).
 
 import json
 
-import jax
 from absl import app, flags
 
-from launch import logs
+from launch import process
 from wnscale.inference.forecast import run_forecast
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.", required=True)
@@ -40,11 +39,7 @@ _NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
 
 def main(argv):
   del argv
-  logs.install()
-  if _PLATFORM.value:
-    jax.config.update("jax_platforms", _PLATFORM.value)
-  if _NUM_CPU_DEVICES.value:
-    jax.config.update("jax_num_cpu_devices", _NUM_CPU_DEVICES.value)
+  process.set_up(_PLATFORM.value, _NUM_CPU_DEVICES.value)
   mesh = {key: flag.value for key, flag in [("data", _MESH_DATA), ("graph", _MESH_GRAPH),
                                             ("exchange", _MESH_EXCHANGE)]
           if flag.value is not None}

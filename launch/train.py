@@ -12,7 +12,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from launch import logs
+from launch import process
 from wnscale.train.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py")
@@ -35,13 +35,7 @@ def _on_cloud_tpu() -> bool:
 
 def main(argv):
   del argv
-  logs.install()
-  # Importing JAX starts no backend; the first device query does. So these
-  # settings only have to come before that.
-  if _PLATFORM.value:
-    jax.config.update("jax_platforms", _PLATFORM.value)
-  if _NUM_CPU_DEVICES.value:
-    jax.config.update("jax_num_cpu_devices", _NUM_CPU_DEVICES.value)
+  process.set_up(_PLATFORM.value, _NUM_CPU_DEVICES.value)
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,

@@ -236,3 +236,37 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
   progress.init_done("2020-01-01T00")
   assert plain.getvalue() == ""
   assert "initial time 2020-01-01T00 done (1/2)" in caplog.text
+
+
+def test_run_forecast_from_a_run_directory_with_another_store(tmp_path, store_source):
+  """Initial conditions from another store, normalized with the run's statistics; a 4 x 2
+  mesh (four initial times per call: two are padding); a second call finds all written."""
+  run_store, _ = store_source
+  other = synthetic.write_synthetic_store(str(tmp_path / "other.zarr"), resolution=5.625,
+                                          start="2020-01-01", end="2020-01-02",
+                                          levels=(500, 850), seed=9)
+  config = small_config()
+  config.data.path = run_store
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  _, params = setup.init_model(config)
+  saver = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=1)
+  saver.save(5, initial_state(params, optimizer_lib.make_optimizer(config.train)),
+             iter(grain.MapDataset.range(2).to_iter_dataset()), {"step": 5})
+  saver.close()
+  out = str(tmp_path / "forecast.zarr")
+  summary = forecast_lib.run_forecast(str(workdir), out, lead="12h",
+                                      init_times=["2020-01-01T12", "2020-01-02T06"],
+                                      data_path=other, mesh_overrides={"graph": 2})
+  assert summary["written"] == 2 and summary["checkpoint_step"] == 5
+  assert summary["peak_live_device_bytes"] > 0 and summary["steps_per_sec"] > 0
+  dataset = xr.open_zarr(out, chunks=None)
+  assert dataset.attrs["wnscale_forecast"]["initial_conditions"] == other
+  assert dataset.sizes["time"] == 2 and dataset.sizes["prediction_timedelta"] == 2
+  assert np.isfinite(dataset["temperature"].values).all()
+  assert not os.path.exists(other + ".stats.nc")  # the run's statistics were used
+  again = forecast_lib.run_forecast(str(workdir), out, lead="12h",
+                                    init_times=["2020-01-01T12", "2020-01-02T06"],
+                                    data_path=other)
+  assert again["already_written"] == 2 and "written" not in again
