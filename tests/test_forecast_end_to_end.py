@@ -29,8 +29,8 @@ VARIABLES = ("temperature", "geopotential", "u_component_of_wind", "v_component_
 
 
 def command(module, *flags, devices=1):
-  platform = ["--platform=cpu", f"--num_cpu_devices={devices}"] if module != "evaluate" and \
-      module != "make_climatology" else []
+  jax_flags = module in ("train", "forecast")  # the others do not use JAX
+  platform = ["--platform=cpu", f"--num_cpu_devices={devices}"] if jax_flags else []
   return [sys.executable, "-m", f"launch.{module}", *platform, *flags]
 
 
