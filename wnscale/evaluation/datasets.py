@@ -40,8 +40,7 @@ class Forecast:
     path: the store.
     dataset: the store's variables, latitude ascending, finished initial times only.
     variables: the scored variables (catalogue names).
-    init_times: `[num_inits]` the finished initial times.
-    leads: `[num_leads]` the lead times.
+  Properties: `init_times` (the finished ones), `leads`, `levels`.
   """
 
   path: str
@@ -58,8 +57,9 @@ class Forecast:
 
   @property
   def levels(self) -> list[int]:
-    return [int(level) for level in self.dataset["level"].values] if "level" in self.dataset.dims \
-        else []
+    if "level" not in self.dataset.dims:
+      return []
+    return [int(level) for level in self.dataset["level"].values]
 
   def at_init(self, index: int) -> xr.Dataset:
     """All variables at initial time `index`, loaded as float64 (`LEAD` first)."""
