@@ -6,13 +6,13 @@
   python -m launch.train --coordinator_address=host:port --num_processes=2 --process_id=0 ...
 """
 
-import logging as std_logging
 import os
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from launch import process
 from wnscale.train.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py")
@@ -27,11 +27,6 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the r
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
-def _quiet_orbax(record) -> bool:
-  """Keeps Orbax's per-save INFO chatter out of the progress log (warnings stay)."""
-  return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
-
-
 def _on_cloud_tpu() -> bool:
   """A Cloud TPU VM of a multi-host slice, unless this run is forced onto another platform."""
   platform = _PLATFORM.value or os.environ.get("JAX_PLATFORMS", "")
@@ -40,13 +35,7 @@ def _on_cloud_tpu() -> bool:
 
 def main(argv):
   del argv
-  std_logging.getLogger("absl").addFilter(_quiet_orbax)
-  # Importing JAX starts no backend; the first device query does. So these
-  # settings only have to come before that.
-  if _PLATFORM.value:
-    jax.config.update("jax_platforms", _PLATFORM.value)
-  if _NUM_CPU_DEVICES.value:
-    jax.config.update("jax_num_cpu_devices", _NUM_CPU_DEVICES.value)
+  process.set_up(_PLATFORM.value, _NUM_CPU_DEVICES.value)
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,

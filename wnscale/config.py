@@ -7,6 +7,8 @@ is built or compiled.
 
 from __future__ import annotations
 
+import json
+
 import ml_collections
 
 from wnscale.data import variables as variables_lib
@@ -192,6 +194,27 @@ def _check_keys_and_types(reference, config, prefix):
     elif isinstance(expected, (int, str, tuple)):
       _require(isinstance(value, type(expected)) and not isinstance(value, bool),
                f"{name}={value!r} must be of type {type(expected).__name__}")
+
+
+def from_json(text: str) -> ml_collections.ConfigDict:
+  """A config saved as JSON (a run's `config.json`), validated.
+
+  JSON lists become the tuples the defaults hold; keys the JSON lacks (a run
+  written before they existed) keep their defaults; an unknown key is an error.
+  """
+  config = default_config()
+  _update_from_json(config, json.loads(text), prefix="")
+  return validate(config)
+
+
+def _update_from_json(config, values: dict, prefix: str):
+  for key, value in values.items():
+    _require(key in config, f"unknown key '{prefix}{key}'")
+    if isinstance(config[key], ml_collections.ConfigDict):
+      _require(isinstance(value, dict), f"{prefix}{key} must be a section")
+      _update_from_json(config[key], value, prefix + key + ".")
+    else:
+      config[key] = tuple(value) if isinstance(value, list) else value
 
 
 def load(path: str) -> ml_collections.ConfigDict:

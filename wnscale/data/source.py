@@ -20,8 +20,10 @@ buffer per key, which is how the pipeline reads (no per-example arrays to stack)
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from wnscale.data import forcings as forcings_lib
@@ -151,9 +153,7 @@ class WeatherExampleSource:
   def statics(self) -> np.ndarray:
     """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""
     if self._statics is None:
-      statics = self.store.read_statics()
-      statics[0] = ((statics[0] - self.static_stats["mean"][0]) /
-                    self.static_stats["std"][0])
+      statics = normalize_statics(self.store.read_statics(), self.static_stats)
       self._statics = self._to_slots(statics)
     return self._statics
 
@@ -174,3 +174,21 @@ class WeatherExampleSource:
     out = np.take(array, np.maximum(self.grid_slots, 0), axis=-1)
     out[..., self.grid_slots < 0] = 0.0
     return out
+
+
+def normalize_statics(statics: np.ndarray, static_stats: dict) -> np.ndarray:
+  """`[2, grid]` statics as the model takes them, in place: surface geopotential
+  normalized with `static_stats` (`{"mean", "std"}` `[2]`), land-sea mask as is."""
+  statics[0] = (statics[0] - static_stats["mean"][0]) / static_stats["std"][0]
+  return statics
+
+
+def parse_duration(text) -> pd.Timedelta:
+  """A duration such as "10d", "36h", "90min" or "1 days 06:00:00"."""
+  match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dh])\s*", str(text))
+  if match:  # pandas is retiring the lower-case "d"
+    return pd.Timedelta(**{"days" if match[2] == "d" else "hours": float(match[1])})
+  try:
+    return pd.Timedelta(text)
+  except ValueError as error:
+    raise ValueError(f"Cannot read {text!r} as a duration (e.g. 10d, 36h).") from error

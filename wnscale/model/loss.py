@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wnscale.evaluation.metrics import cell_area_weights
 from wnscale.model import forecast
 from wnscale.model.forecast import Constants
 
@@ -20,15 +21,11 @@ from wnscale.model.forecast import Constants
 def latitude_weights(latitude_deg: np.ndarray, num_lon: int) -> np.ndarray:
   """Per-node weights `[num_lat * num_lon]` proportional to cell area, mean 1.
 
-  A row's cell spans half a spacing either side (clipped at the poles), so pole
-  rows get their small but nonzero cap area instead of cos(90 deg) = 0.
+  WeatherBench2's weights (`evaluation.metrics.cell_area_weights`), so the loss
+  and every reported RMSE weigh the grid alike; pole rows get their small but
+  nonzero cap area instead of cos(90 deg) = 0.
   """
-  lat = np.asarray(latitude_deg, dtype=np.float64)
-  half = np.abs(np.diff(np.sort(lat))).min() / 2 if len(lat) > 1 else 90.0
-  upper = np.deg2rad(np.minimum(lat + half, 90.0))
-  lower = np.deg2rad(np.maximum(lat - half, -90.0))
-  area = np.sin(upper) - np.sin(lower)
-  return np.repeat(area / area.mean(), num_lon).astype(np.float32)
+  return np.repeat(cell_area_weights(latitude_deg), num_lon).astype(np.float32)
 
 
 def weighted_squared_error(predictions, targets, constants: Constants):

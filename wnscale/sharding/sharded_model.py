@@ -1,10 +1,12 @@
-"""The model's loss and evaluation sums with the graph split over devices, under `shard_map`.
+"""The model's loss, evaluation sums and forecast step with the graph split over devices.
 
-Each function runs the model's rollout inside `jax.shard_map` over the
-`(data, graph)` mesh of a `ShardedLayout`: every collective is explicit (the
-exchange's `all_gather` / `ppermute`, and one `psum` of the result).
-Parameters are replicated; taking `jax.grad` outside the `shard_map` reduces
-their gradients over both axes.
+Each function runs the model inside `jax.shard_map` over the `(data, graph)`
+mesh of a `ShardedLayout`: every collective is explicit (the exchange's
+`all_gather` / `ppermute`, and one `psum` of a loss). Parameters are
+replicated; taking `jax.grad` outside the `shard_map` reduces their gradients
+over both axes. The forecast step is one model step: called once per lead
+time with the history kept on the devices, a forecast of any length holds
+one step's arrays.
 """
 
 from __future__ import annotations
@@ -20,15 +22,20 @@ from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout
 from wnscale.sharding.mesh import DATA, GRAPH
 
 
-def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
-  """`fn(params, local constants, exchange, local batch, *extra)` under shard_map."""
+def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=(),
+                  batch_keys=tuple(BATCH_SPECS)):
+  """`fn(params, local constants, exchange, local batch, *extra)` under shard_map.
+
+  The batch is a dict with `batch_keys` (arrays laid out as `BATCH_SPECS`).
+  """
   def body(params, constants, halo_indices, batch, *extra):
     local_graphs = jax.tree.map(lambda x: x[0], constants.graphs)  # drop the shard axis
     return fn(params, constants._replace(graphs=local_graphs), layout.exchange(halo_indices),
               batch, *extra)
 
   return jax.shard_map(body, mesh=layout.mesh,
-                       in_specs=(P(), CONSTANT_SPECS, P(GRAPH), BATCH_SPECS)
+                       in_specs=(P(), CONSTANT_SPECS, P(GRAPH),
+                                 {key: BATCH_SPECS[key] for key in batch_keys})
                        + tuple(extra_in_specs),
                        out_specs=out_specs)
 
@@ -60,3 +67,29 @@ def error_sums_fn(layout: ShardedLayout, graphdef):
     return jax.lax.psum(per_channel, (DATA, GRAPH))
 
   return _shard_mapped(layout, local_error_sums, out_specs=P(), extra_in_specs=(P(),))
+
+
+STEP_KEYS = ("inputs", "forcings", "statics")
+STATE_SPEC = P(DATA, None, GRAPH)  # one state `[B, C, G]`
+
+
+def forecast_step_fn(layout: ShardedLayout, graphdef):
+  """`step(params, constants, halo_indices, inputs) -> (history, state)`: one model step.
+
+  `inputs` holds `STEP_KEYS`: `inputs` `[B, input_steps, C, G]` the latest
+  states (the history, oldest first), `forcings` `[B, input_steps + 1, F, G]`
+  at those times and the next, `statics` `[B, S, G]`; all normalized and laid
+  out as `BATCH_SPECS`. Returns the history moved on one step (oldest state
+  dropped, the new one appended; same layout) and the new state `[B, C, G]`
+  (`STATE_SPEC`). The same arithmetic as one step of `forecast.rollout`.
+  """
+  def local_step(params, constants, exchange, inputs):
+    node_major = forecast.to_node_major(inputs)
+    state = forecast.one_step(nnx.merge(graphdef, params), constants, node_major["inputs"],
+                              node_major["forcings"], node_major["statics"], exchange)
+    state = jnp.swapaxes(state, -1, -2)  # [B, G, C] -> [B, C, G]
+    history = jnp.concatenate([inputs["inputs"][:, 1:], state[:, None]], axis=1)
+    return history, state
+
+  return _shard_mapped(layout, local_step, out_specs=(BATCH_SPECS["inputs"], STATE_SPEC),
+                       batch_keys=STEP_KEYS)

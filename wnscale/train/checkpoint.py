@@ -13,6 +13,7 @@ setting the data iterator's state) happens after `restore_latest` returns, so
 its errors propagate and never set a good checkpoint aside. A checkpoint that
 is whole but holds a different train state (another model or optimizer
 configuration) is an error, not damage: nothing is set aside.
+`restore_params` reads only the parameters, for forecasts (no optimizer).
 """
 
 from __future__ import annotations
@@ -145,9 +146,7 @@ class Checkpointer:
     return result
 
   def _warn_damaged(self, step, error):
-    logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
-                    paths.join(self.directory, str(step)), step,
-                    (str(error).splitlines() or [repr(error)])[0][:300])
+    _warn_damaged(self.directory, step, error)
 
   def _set_aside(self, steps):
     """Renames damaged step directories (kept for inspection) so new saves can reuse the step."""
@@ -163,6 +162,82 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def restore_params(directory: str, abstract_params, step: int | None = None):
+  """Restores only the model parameters (`state.params`) of a run's checkpoint.
+
+  Orbax reads the `params` subtree of the saved train state; no optimizer is
+  built and its state is not read. The directory is only read: with
+  `step=None` the newest checkpoint that restores is used, a damaged one
+  skipped with a warning (and left where it is).
+
+  Args:
+    directory: the run's `checkpoints/` directory.
+    abstract_params: `jax.ShapeDtypeStruct` tree of the parameters, with the
+      shardings to restore onto.
+    step: the checkpoint to restore; None: the newest.
+
+  Returns:
+    `(params, step)`.
+
+  Raises:
+    ValueError: no checkpoint there, or none at `step` (the message lists them).
+    CheckpointMismatchError: the checkpoint holds parameters of other arrays,
+      shapes or dtypes (another model configuration).
+  """
+  directory = paths.normalize(directory)
+  manager = None
+  if paths.exists(directory):
+    manager = ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(create=False),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler(),
+                       "metadata": ocp.JsonCheckpointHandler()})
+  steps = sorted(manager.all_steps(), reverse=True) if manager else []
+  try:
+    if not steps:
+      raise ValueError(f"No checkpoint in {directory}; train first (python -m launch.train "
+                       "--workdir=...) or point --workdir at a run directory.")
+    if step is not None and step not in steps:
+      raise ValueError(f"No checkpoint of step {step} in {directory}; it has steps "
+                       f"{sorted(steps)}.")
+    failures = []
+    for candidate in [step] if step is not None else steps:
+      try:
+        stored = manager.item_metadata(candidate).state
+        stored = getattr(stored, "tree", stored)["params"]
+      except Exception as error:  # a missing or unreadable _METADATA
+        _warn_damaged(directory, candidate, error)
+        failures.append(candidate)
+        continue
+      differences = _differences(stored, abstract_params)
+      if differences:
+        raise CheckpointMismatchError(
+            f"Checkpoint {paths.join(directory, str(candidate))} holds parameters of another "
+            f"model than the run's config.json describes; {len(differences)} differences: "
+            f"{'; '.join(differences[:5])}.")
+      item = {"params": abstract_params}
+      try:
+        restored = manager.restore(candidate, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                partial_restore=True)))
+        return restored.state["params"], candidate
+      except Exception as error:  # Orbax raises many types for damaged files.
+        _warn_damaged(directory, candidate, error)
+        failures.append(candidate)
+    raise ValueError(f"No checkpoint in {directory} could be restored (tried steps "
+                     f"{failures}).")
+  finally:
+    if manager is not None:
+      manager.close()
+
+
+def _warn_damaged(directory, step, error):
+  logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
+                  paths.join(directory, str(step)), step,
+                  (str(error).splitlines() or [repr(error)])[0][:300])
 
 
 def abstract_like(tree, sharding):

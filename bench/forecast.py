@@ -1,0 +1,108 @@
+"""Forecast speed and memory at the mid config: 4 lead times against 40, same command.
+
+  python bench/forecast.py [--inits=1 --long=10d --short=1d]
+
+Sets up a run directory for `configs/mid_1p0.py` (1 deg, mesh levels 0..5,
+latent 128, 8 steps) on a small synthetic 1 deg store of its variables, with a
+checkpoint of freshly initialized parameters (speed and memory do not depend
+on training), then runs `python -m launch.forecast` once per lead, each in its
+own process. Printed per lead: model steps per second (after compiling), the
+compiled step's per-device memory (arguments, outputs, temporaries), the peak
+of live device arrays during the rollout, and the process's peak RSS (on CPU
+the devices are the host). The rollout streams lead times to the host, so
+device memory should not grow with the lead: target ratio 40 / 4 leads = 1.00.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+
+import grain  # noqa: E402
+
+from wnscale import config as config_lib  # noqa: E402
+from wnscale.data import normalization, synthetic  # noqa: E402
+from wnscale.model import setup  # noqa: E402
+from wnscale.train import checkpoint, optimizer, state as state_lib  # noqa: E402
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+MIB = 2**20
+
+
+def make_run(directory: str) -> str:
+  """A run directory of the mid config with a step-0 checkpoint; returns it."""
+  config = config_lib.load(os.path.join(REPO, "configs", "mid_1p0.py"))
+  store = synthetic.write_synthetic_store(
+      os.path.join(directory, "mid.zarr"), resolution=1.0, start="2020-01-01",
+      end="2020-01-03", levels=config.data.pressure_levels, variables=config.data.variables)
+  config.data.path = store
+  normalization.load_or_compute_stats(store, config.data.time_step_hours)  # not in the runs
+  workdir = os.path.join(directory, "run")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  _, params = setup.init_model(config)
+  state = state_lib.initial_state(params, optimizer.make_optimizer(config.train))
+  saver = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1)
+  saver.save(0, state, iter(grain.MapDataset.range(1).to_iter_dataset()), {"step": 0})
+  saver.close()
+  return workdir
+
+
+# Runs the forecast launcher in this process's child and reports the child's own peak RSS.
+_MEASURED = """
+import json, resource, runpy, sys
+sys.argv = ["launch.forecast"] + sys.argv[1:]
+try:
+  runpy.run_module("launch.forecast", run_name="__main__", alter_sys=True)
+except SystemExit:
+  pass
+print(json.dumps({"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def forecast(workdir: str, out: str, lead: str, inits: int) -> dict:
+  """Runs the forecast command; its JSON summary plus the process's peak RSS."""
+  times = ",".join(f"2020-01-0{1 + i // 4}T{6 * (i % 4 + 1) % 24:02d}" for i in range(inits))
+  command = [sys.executable, "-c", _MEASURED, "--platform=cpu", f"--workdir={workdir}",
+             f"--out={out}", f"--init_times={times}", f"--lead={lead}"]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  lines = result.stdout.strip().splitlines()
+  if result.returncode or len(lines) < 2:
+    raise RuntimeError(result.stderr[-3000:])
+  return dict(json.loads(lines[-2]), **json.loads(lines[-1]))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--inits", type=int, default=1, help="initial times per forecast")
+  parser.add_argument("--short", default="1d", help="the short lead (4 steps)")
+  parser.add_argument("--long", default="10d", help="the long lead (40 steps)")
+  args = parser.parse_args()
+  with tempfile.TemporaryDirectory() as directory:
+    workdir = make_run(directory)
+    rows = {}
+    for lead in (args.short, args.long):
+      rows[lead] = forecast(workdir, os.path.join(directory, f"{lead}.zarr"), lead, args.inits)
+  print(f"mid config (configs/mid_1p0.py), {args.inits} initial time(s), 1 CPU device")
+  print(f"{'lead':>6} {'steps':>6} {'steps/s':>8} {'step args MiB':>14} {'step temp MiB':>14} "
+        f"{'live device MiB':>16} {'max RSS MiB':>12}")
+  for lead, row in rows.items():
+    memory = row["step_memory"]
+    print(f"{lead:>6} {row['model_steps']:>6} {row['steps_per_sec']:>8.3f} "
+          f"{memory['argument_bytes'] / MIB:>14.1f} {memory['temp_bytes'] / MIB:>14.1f} "
+          f"{row['peak_live_device_bytes'] / MIB:>16.1f} {row['max_rss_bytes'] / MIB:>12.1f}")
+  short, long = rows[args.short], rows[args.long]
+  print(f"ratio {args.long} / {args.short}: live device memory "
+        f"{long['peak_live_device_bytes'] / short['peak_live_device_bytes']:.3f}, max RSS "
+        f"{long['max_rss_bytes'] / short['max_rss_bytes']:.3f}, steps/s "
+        f"{long['steps_per_sec'] / short['steps_per_sec']:.3f}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,40 @@
+r"""Scores a forecast against the truth the WeatherBench2 way, with baselines and figures.
+
+  python -m launch.evaluate --forecast=/tmp/tiny_forecast.zarr --truth=STORE.zarr \
+      --climatology=/tmp/clim.zarr --out=/tmp/tiny_eval
+  # against another model's forecast (same layout): adds a scorecard
+  python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --baseline=OTHER.zarr --out=DIR
+
+Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
+WeatherBench2's results layout, DIR/metrics.json, and PNG figures.
+"""
+
+from absl import app, flags
+
+from wnscale.evaluation.scoring import evaluate
+
+_FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.", required=True)
+_TRUTH = flags.DEFINE_string("truth", None, "Truth zarr store (WeatherBench2 layout).",
+                             required=True)
+_OUT = flags.DEFINE_string("out", None, "Output directory.", required=True)
+_CLIMATOLOGY = flags.DEFINE_string("climatology", None,
+                                   "Climatology store (launch.make_climatology): ACC and the "
+                                   "climatology baseline.")
+_BASELINE = flags.DEFINE_string("baseline", None, "Another forecast to compare with.")
+_MAPS = flags.DEFINE_list("maps", None, "Channels to map, e.g. geopotential@500,2m_temperature "
+                          "(default: two headline channels).")
+_MAP_LEADS = flags.DEFINE_list("map_leads", None,
+                               "Lead times to map, e.g. 1d,5d (default: first and last).")
+
+
+def main(argv):
+  del argv
+  result = evaluate(_FORECAST.value, _TRUTH.value, _OUT.value,
+                    climatology_path=_CLIMATOLOGY.value, baseline_path=_BASELINE.value,
+                    map_channels=_MAPS.value, map_leads=_MAP_LEADS.value)
+  for path in result["files"]:
+    print(path)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,54 @@
+r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
+
+  python -m launch.forecast --workdir=/tmp/wnscale_tiny --out=/tmp/tiny_forecast.zarr \
+      --init_start=2020-11-01 --init_end=2020-11-30 --init_every=12h --lead=5d
+  # chosen initial times, a checkpoint step, another store, the graph over 4 devices
+  python -m launch.forecast --workdir=DIR --out=F.zarr --init_times=2020-11-01T00,2020-11-02T12 \
+      --step=100 --data.path=/data/era5.zarr --mesh.graph=4 --platform=cpu --num_cpu_devices=4
+
+Run the same command again after a crash: finished initial times are kept and the
+rest are forecast. The last line printed is a JSON summary (speed, memory).
+"""
+
+import json
+
+from absl import app, flags
+
+from launch import process
+from wnscale.inference.forecast import run_forecast
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.", required=True)
+_OUT = flags.DEFINE_string("out", None, "Forecast zarr store to write.", required=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
+_INIT_TIMES = flags.DEFINE_list("init_times", None, "Initial times, e.g. 2020-11-01T00,...")
+_INIT_START = flags.DEFINE_string("init_start", None,
+                                  "First initial time (default: the run's eval range).")
+_INIT_END = flags.DEFINE_string("init_end", None, "Last initial time (a date: its whole day).")
+_INIT_EVERY = flags.DEFINE_string("init_every", "12h", "Interval between initial times.")
+_LEAD = flags.DEFINE_string("lead", "10d", "Longest lead time, a multiple of the model step.")
+_DATA_PATH = flags.DEFINE_string("data.path", None,
+                                 "Initial conditions from this store (same variables).")
+_MESH_DATA = flags.DEFINE_integer("mesh.data", None, "Devices along the batch axis (-1: rest).")
+_MESH_GRAPH = flags.DEFINE_integer("mesh.graph", None, "Devices along the space axis.")
+_MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"],
+                                   "How graph shards exchange rows.")
+_PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+_NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
+                                        "With --platform=cpu: fake devices.")
+
+
+def main(argv):
+  del argv
+  process.set_up(_PLATFORM.value, _NUM_CPU_DEVICES.value)
+  mesh = {key: flag.value for key, flag in [("data", _MESH_DATA), ("graph", _MESH_GRAPH),
+                                            ("exchange", _MESH_EXCHANGE)]
+          if flag.value is not None}
+  summary = run_forecast(_WORKDIR.value, _OUT.value, lead=_LEAD.value,
+                         init_times=_INIT_TIMES.value, init_start=_INIT_START.value,
+                         init_end=_INIT_END.value, init_every=_INIT_EVERY.value,
+                         step=_STEP.value, data_path=_DATA_PATH.value, mesh_overrides=mesh)
+  print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+  app.run(main)

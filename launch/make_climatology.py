@@ -1,0 +1,33 @@
+r"""Writes a day-of-year x hour-of-day climatology of a store (WeatherBench2's method).
+
+  python -m launch.make_climatology --store=STORE.zarr --start=2020-01-01 --end=2020-10-31 \
+      --out=/tmp/clim.zarr
+
+A 61-day window by default (--window); all the store's catalogue variables and
+levels unless --variables / --levels say otherwise.
+"""
+
+from absl import app, flags
+
+from wnscale.evaluation.climatology import compute_climatology
+
+_STORE = flags.DEFINE_string("store", None, "Zarr store (WeatherBench2 layout).", required=True)
+_OUT = flags.DEFINE_string("out", None, "Climatology zarr store to write.", required=True)
+_START = flags.DEFINE_string("start", None, "First day (default: the store's first).")
+_END = flags.DEFINE_string("end", None, "Last day, inclusive (default: the store's last).")
+_WINDOW = flags.DEFINE_integer("window", 61, "Smoothing window in days (odd).")
+_VARIABLES = flags.DEFINE_list("variables", None, "Variables (default: all in the store).")
+_LEVELS = flags.DEFINE_list("levels", None, "Pressure levels, hPa (default: all).")
+_MEMORY_GIB = flags.DEFINE_float("memory_gib", 2.0, "Bound on the sums held in memory.")
+
+
+def main(argv):
+  del argv
+  levels = [int(level) for level in _LEVELS.value] if _LEVELS.value else None
+  print(compute_climatology(_STORE.value, _OUT.value, _START.value, _END.value,
+                            variables=_VARIABLES.value, levels=levels, window=_WINDOW.value,
+                            memory_bytes=int(_MEMORY_GIB.value * 2**30)))
+
+
+if __name__ == "__main__":
+  app.run(main)

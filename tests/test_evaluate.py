@@ -1,0 +1,164 @@
+"""Scoring a forecast store: WeatherBench2's results layout, numbers equal to an
+independent computation (the `scores` package, cell-area weights written out here),
+persistence and climatology baselines, a baseline forecast's scorecard, clear errors."""
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import scores
+import xarray as xr
+
+from wnscale.data import synthetic
+from wnscale.evaluation import climatology as climatology_lib
+from wnscale.evaluation.scoring import evaluate
+
+VARIABLES = ["geopotential", "temperature", "2m_temperature"]
+LEVELS = [500, 850]
+INITS = pd.date_range("2020-01-02", periods=4, freq="12h")
+LEADS = pd.timedelta_range("6h", periods=3, freq="6h")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+  """A synthetic truth store (latitude descending) and its climatology."""
+  directory = tmp_path_factory.mktemp("evaluate")
+  path = synthetic.write_synthetic_store(str(directory / "truth.zarr"), resolution=5.625,
+                                         start="2020-01-01", end="2020-01-05",
+                                         levels=(500, 700, 850), variables=VARIABLES, seed=4)
+  clim = climatology_lib.compute_climatology(path, str(directory / "clim.zarr"),
+                                             levels=LEVELS)
+  return path, clim, directory
+
+
+def write_forecast(path, truth_path, offset=0.0, inits=INITS, seed=0):
+  """Truth at the valid times, plus a drift growing with lead time and noise; latitude
+  ascending (the truth's is descending) and no wnscale attributes, like a foreign model's."""
+  truth = xr.open_zarr(truth_path).sel(level=LEVELS)[VARIABLES].sortby("latitude")
+  rng = np.random.default_rng(seed)
+  fields = {}
+  for name in VARIABLES:
+    valid = truth[name].sel(time=xr.DataArray(inits.values[:, None] + LEADS.values[None],
+                                              dims=("time", "prediction_timedelta")))
+    drift = xr.DataArray(np.arange(1, len(LEADS) + 1) * (1.0 + offset),
+                         dims="prediction_timedelta")
+    noise = rng.normal(scale=0.5 * float(truth[name].std()) / 20, size=valid.shape)
+    fields[name] = (valid + drift + noise).astype(np.float32).drop_vars("time")
+  forecast = xr.Dataset(fields).assign_coords(time=inits.values, prediction_timedelta=LEADS.values)
+  forecast.to_zarr(path, zarr_format=2, consolidated=True)
+  return str(path)
+
+
+def area_weights(latitude):
+  """Cell areas written out independently: bounds at midpoints and +-90, mean 1."""
+  latitude = np.sort(latitude)
+  lat = np.deg2rad(latitude)
+  edges = np.r_[-np.pi / 2, (lat[1:] + lat[:-1]) / 2, np.pi / 2]
+  area = np.diff(np.sin(edges))
+  return xr.DataArray(area / area.mean(), dims="latitude", coords={"latitude": latitude})
+
+
+@pytest.fixture(scope="module")
+def evaluated(store):
+  truth_path, clim_path, directory = store
+  forecast_path = write_forecast(directory / "forecast.zarr", truth_path)
+  baseline_path = write_forecast(directory / "baseline.zarr", truth_path, offset=1.0,
+                                 inits=INITS[1:], seed=1)
+  out = str(directory / "out")
+  result = evaluate(forecast_path, truth_path, out, climatology_path=clim_path,
+                    baseline_path=baseline_path, map_channels=["temperature@850"],
+                    map_leads=["12h"])
+  return result, out, forecast_path, truth_path, clim_path
+
+
+def test_results_layout_files_and_figures(evaluated):
+  result, out, *_ = evaluated
+  names = ["forecast", "baseline", "persistence", "climatology"]
+  assert sorted(result["results"]) == sorted(names)
+  for name in names:
+    results = xr.open_dataset(os.path.join(out, f"{name}.nc"))
+    assert results["temperature"].dims == ("metric", "lead_time", "level")
+    assert results["2m_temperature"].dims == ("metric", "lead_time")
+    assert list(results.metric.values) == ["rmse", "mse", "bias", "acc"]
+    np.testing.assert_array_equal(results.lead_time.values, LEADS.values)
+    assert results.attrs["num_initial_times"] == 3  # the ones the baseline shares
+  document = json.load(open(os.path.join(out, "metrics.json")))
+  assert document["lead_time_hours"] == [6.0, 12.0, 18.0]
+  assert len(document["scores"]["forecast"]["rmse"]["geopotential@500"]) == 3
+  assert all(x is None for x in document["scores"]["climatology"]["acc"]["2m_temperature"])
+  for figure in ("scores.png", "scorecard.png", "map_temperature850_12h.png"):
+    path = os.path.join(out, figure)
+    assert os.path.getsize(path) > 10_000 and open(path, "rb").read(4) == b"\x89PNG"
+
+
+def test_numbers_equal_an_independent_computation(evaluated):
+  result, _, forecast_path, truth_path, clim_path = evaluated
+  forecast = xr.open_zarr(forecast_path).isel(time=slice(1, None)).load()  # shared inits
+  truth = xr.open_zarr(truth_path).sel(level=LEVELS).sortby("latitude").load()
+  clim = xr.open_zarr(clim_path, chunks=None).sel(level=LEVELS).sortby("latitude")
+  valid = xr.DataArray(forecast.time.values[:, None] + LEADS.values[None],
+                       dims=("time", "prediction_timedelta"))
+  weights = area_weights(truth.latitude.values)
+  keep = ["prediction_timedelta", "level"]
+  for name in VARIABLES:
+    f = forecast[name].astype(np.float64)
+    t = truth[name].sel(time=valid).drop_vars("time").astype(np.float64)
+    t = t.assign_coords(time=f.time, prediction_timedelta=f.prediction_timedelta)
+    ours = result["results"]["forecast"][name]
+    preserve = [d for d in keep if d in f.dims]
+    mse = scores.continuous.mse(f, t, preserve_dims=preserve, weights=weights)
+    np.testing.assert_allclose(ours.sel(metric="rmse").values, np.sqrt(mse.values), rtol=1e-9)
+    bias = scores.continuous.additive_bias(f, t, preserve_dims=preserve, weights=weights)
+    np.testing.assert_allclose(ours.sel(metric="bias").values, bias.values, rtol=1e-7,
+                               atol=1e-9 * float(abs(t).max()))
+    # Persistence: the truth at the initial time, for every lead.
+    p = truth[name].sel(time=f.time).astype(np.float64).broadcast_like(t)
+    mse = scores.continuous.mse(p, t, preserve_dims=preserve, weights=weights)
+    np.testing.assert_allclose(result["results"]["persistence"][name].sel(metric="rmse").values,
+                               np.sqrt(mse.values), rtol=1e-9)
+    # ACC: per initial time against the climatology of the valid time's day and hour, then
+    # averaged over initial times.
+    c = clim[name].isel(hour=xr.DataArray(valid.dt.hour.values // 6, dims=valid.dims),
+                        dayofyear=xr.DataArray(valid.dt.dayofyear.values - 1, dims=valid.dims))
+    fa, ta = f - c.values, t - c.values
+    mean = lambda x: x.weighted(weights).mean(("latitude", "longitude"))  # noqa: E731
+    acc = (mean(fa * ta) / np.sqrt(mean(fa ** 2) * mean(ta ** 2))).mean("time")
+    np.testing.assert_allclose(ours.sel(metric="acc").values, acc.values, rtol=1e-9)
+
+
+def test_the_model_beats_its_noisier_baseline_in_the_scorecard_numbers(evaluated):
+  results = evaluated[0]["results"]
+  model = results["forecast"]["temperature"].sel(metric="rmse")
+  baseline = results["baseline"]["temperature"].sel(metric="rmse")
+  assert (model < baseline).all()  # the baseline drifts twice as fast
+
+
+def test_clear_errors(store, tmp_path):
+  truth_path, clim_path, _ = store
+  forecast_path = write_forecast(tmp_path / "f.zarr", truth_path)
+  # A forecast variable the truth lacks.
+  other = synthetic.write_synthetic_store(str(tmp_path / "other.zarr"), resolution=5.625,
+                                          start="2020-01-01", end="2020-01-05",
+                                          levels=(500, 850), variables=VARIABLES[:2])
+  with pytest.raises(ValueError, match="'2m_temperature' is not in the truth"):
+    evaluate(forecast_path, other, str(tmp_path / "o1"))
+  # Valid times the truth does not hold: the first is named.
+  late = str(tmp_path / "late.zarr")
+  xr.open_zarr(forecast_path).assign_coords(
+      time=pd.date_range("2020-01-04T18", periods=len(INITS), freq="6h")).to_zarr(
+          late, zarr_format=2)
+  with pytest.raises(ValueError, match="no data at 2020-01-06 00:00:00 \\(initial time "
+                                       "2020-01-05 06:00:00 \\+ lead 0 days 18:00:00\\)"):
+    evaluate(late, truth_path, str(tmp_path / "o2"))
+  # Another grid.
+  coarse = synthetic.write_synthetic_store(str(tmp_path / "coarse.zarr"), resolution=10.0,
+                                           start="2020-01-01", end="2020-01-05",
+                                           levels=(500, 850), variables=VARIABLES)
+  with pytest.raises(ValueError, match="Grids differ: .*32 x 64.*18 x 36"):
+    evaluate(forecast_path, coarse, str(tmp_path / "o3"))
+  with pytest.raises(ValueError, match="not a climatology"):
+    evaluate(forecast_path, truth_path, str(tmp_path / "o4"), climatology_path=truth_path)
+  with pytest.raises(ValueError, match="No channel 'nonsense' to map"):
+    evaluate(forecast_path, truth_path, str(tmp_path / "o5"), map_channels=["nonsense"])

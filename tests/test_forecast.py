@@ -1,0 +1,272 @@
+"""Forecasting pieces in one process: the sharded streaming step equals the training
+rollout on any mesh, the forecast store's layout and resume rules, params-only restore,
+initial-time selection and the progress display."""
+
+import io
+import json
+import os
+
+import grain
+import jax
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+from flax import nnx
+
+from problems import random_batch
+from wnscale import config as config_lib
+from wnscale.data import source as source_lib
+from wnscale.data import synthetic
+from wnscale.graphs import grid
+from wnscale.inference import forecast as forecast_lib
+from wnscale.inference.forecast_store import ForecastStore, forecast_settings
+from wnscale.inference.progress import Progress
+from wnscale.inference.rollout import StreamingForecaster
+from wnscale.model import forecast, setup
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding import sharded_model
+from wnscale.sharding.layout import ShardedLayout
+from wnscale.train import checkpoint, optimizer as optimizer_lib
+from wnscale.train.state import initial_state
+
+VARIABLES = ("temperature", "geopotential", "2m_temperature")
+LEVELS = (850, 500)
+LEADS = 3
+
+
+def small_config(**data):
+  config = config_lib.default_config()
+  config.model.update(latent_size=16, message_passing_steps=2)
+  config.data.update(dict(variables=VARIABLES, pressure_levels=LEVELS), **data)
+  return config_lib.validate(config)
+
+
+def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=1):
+  config.mesh.update(data=data, graph=graph, exchange=exchange)
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
+  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  return ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
+                       exchange), graphs
+
+
+@pytest.mark.parametrize("graph, exchange", [(1, "all_gather"), (4, "halo")])
+def test_sharded_step_repeats_the_training_rollout(graph, exchange):
+  """Three calls of the one-step function, history on the device, = `forecast.rollout`."""
+  config = small_config(target_steps=LEADS)
+  latitude, longitude = grid.regular_grid(10.0, include_poles=True)
+  layout, graphs = make_layout(config, latitude, longitude, graph, exchange, data=2)
+  constants = setup.make_constants(config, graphs, latitude, longitude,
+                                   np.linspace(0.3, 1.0, len(VARIABLES) * 2 - 1))
+  graphdef, params = setup.init_model(config)
+  batch = random_batch(config, graphs.num_grid_nodes, batch_size=2, seed=1)
+  expected = np.asarray(forecast.rollout(nnx.merge(graphdef, params), constants, batch))
+  step = jax.jit(sharded_model.forecast_step_fn(layout, graphdef), donate_argnums=3)
+  device_constants, halo_indices = layout.constants(constants)
+  laid_out = layout.batch(batch)
+  history = laid_out["inputs"]
+  for lead in range(LEADS):
+    window = laid_out["forcings"][:, lead:lead + config.data.input_steps + 1]
+    history, state = step(params, device_constants, halo_indices,
+                          {"inputs": history, "forcings": window,
+                           "statics": laid_out["statics"]})
+    got = layout.partitioned.grid.from_slots(np.asarray(state), -1)
+    np.testing.assert_allclose(got, expected[:, lead], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def store_source(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("store") / "era5.zarr")
+  synthetic.write_synthetic_store(path, resolution=5.625, start="2020-01-01",
+                                  end="2020-01-04", levels=(500, 700, 850), seed=3)
+  source = source_lib.WeatherExampleSource(path, VARIABLES, LEVELS, target_steps=LEADS)
+  return path, source
+
+
+def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
+  """From the store, the streamed states equal the rollout of the training pipeline's
+  example (same normalization, forcings and statics), on one device and on four."""
+  _, source = store_source
+  config = small_config(target_steps=LEADS)
+  graphdef, params = setup.init_model(config)
+  stats = source.channel_stats
+  index = 5  # the example whose inputs end at store time index + 1
+  example = {k: v[None] for k, v in source[index].items()}
+  latitude, longitude = source.store.latitude, source.store.longitude
+  results = []
+  for graph in (1, 4):
+    layout, graphs = make_layout(config, latitude, longitude, graph)
+    constants = setup.make_constants(config, graphs, latitude, longitude,
+                                     stats["diff_std"] / stats["std"])
+    forecaster = StreamingForecaster(config, layout, graphdef, params, constants,
+                                     source.store, stats, source.static_stats)
+    states = dict(forecaster.run([index + 1], LEADS))
+    assert sorted(states) == list(range(LEADS))
+    results.append(np.stack([states[lead][0] for lead in range(LEADS)]))
+  expected = np.asarray(forecast.rollout(nnx.merge(graphdef, params), constants, example))[0]
+  expected = expected * stats["std"][:, None] + stats["mean"][:, None]
+  np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+  np.testing.assert_allclose(results[1], results[0], rtol=1e-5,
+                             atol=1e-5 * np.abs(expected).max())
+
+
+def test_forecast_store_layout_and_resume_rules(tmp_path, store_source):
+  _, source = store_source
+  store = source.store
+  init_times = store.times[[1, 3]]
+  leads = pd.timedelta_range("6h", periods=2, freq="6h")
+  settings = forecast_settings(workdir="run", checkpoint_step=7, initial_conditions=store.path,
+                               init_times=init_times, leads=leads, variables=VARIABLES,
+                               levels=LEVELS)
+  path = str(tmp_path / "forecast.zarr")
+  kwargs = dict(init_times=init_times, leads=leads, variables=VARIABLES, levels=LEVELS,
+                latitude=store.latitude[::-1], longitude=store.longitude, flip_latitude=True)
+  output = ForecastStore(path, settings, **kwargs)
+  state = np.arange(5 * store.num_grid_nodes, dtype=np.float32).reshape(5, -1)
+  output.write(1, 0, state)
+  output.finish_init(1)
+  dataset = xr.open_zarr(path, chunks=None)
+  assert dataset["temperature"].dims == ("time", "prediction_timedelta", "level", "latitude",
+                                         "longitude")
+  assert dataset["2m_temperature"].dims == ("time", "prediction_timedelta", "latitude",
+                                            "longitude")
+  assert dataset["temperature"].attrs["units"] == "K"
+  assert dataset["geopotential"].attrs["units"] == "m^2 s^-2"
+  assert dataset["temperature"].encoding["chunks"] == (1, 1, 2, 32, 64)
+  assert dataset.prediction_timedelta.dtype.kind == "m"
+  np.testing.assert_array_equal(dataset.level, LEVELS)
+  assert dataset.latitude.values[0] > dataset.latitude.values[-1]  # the store's order
+  # Written channel 0 (temperature@850) comes back, flipped to the store's latitude order.
+  np.testing.assert_array_equal(dataset["temperature"].isel(time=1, prediction_timedelta=0)
+                                .sel(level=850).values, state[0].reshape(32, 64)[::-1])
+  assert np.isnan(dataset["temperature"].isel(time=0).values).all()
+  assert dataset.attrs["wnscale_completed_inits"] == [1]
+  # Reopened with the same settings: it continues; with others: an error, untouched.
+  assert ForecastStore(path, settings, **kwargs).completed == [1]
+  with pytest.raises(ValueError, match="other settings \\(checkpoint_step differ\\)"):
+    ForecastStore(path, dict(settings, checkpoint_step=8), **kwargs)
+  # Ensemble members: a `number` dim after `time`.
+  members = ForecastStore(str(tmp_path / "ensemble.zarr"), settings, members=2, **kwargs)
+  members.write(0, 1, state, member=1)
+  members.finish_init(0)
+  ensemble = xr.open_zarr(members.path, chunks=None)
+  assert ensemble["temperature"].dims[:3] == ("time", "number", "prediction_timedelta")
+  assert np.isfinite(ensemble["temperature"].isel(time=0, number=1, prediction_timedelta=1)).all()
+  assert np.isnan(ensemble["temperature"].isel(time=0, number=0)).all()
+
+
+def test_init_times_and_leads(store_source):
+  _, source = store_source
+  times = source.store.times  # 2020-01-01T00 .. 2020-01-04T18, every 6 h
+  select = lambda **kw: forecast_lib.select_init_times(times, path="S", **kw)  # noqa: E731
+  np.testing.assert_array_equal(select(start="2020-01-02", end="2020-01-03", every="12h"),
+                                [4, 6, 8, 10])
+  np.testing.assert_array_equal(select(init_times=["2020-01-02T06", "2020-01-01T06"]), [5, 1])
+  with pytest.raises(ValueError, match="needs the 1 earlier state"):
+    select(init_times=["2020-01-01T00"])
+  with pytest.raises(ValueError, match="2020-01-09 00:00:00 is not a time of the store S"):
+    select(init_times=["2020-01-09"])
+  with pytest.raises(ValueError, match="multiple of the model's 6 h step"):
+    select(start="2020-01-02", end="2020-01-03", every="9h")
+  assert forecast_lib.lead_steps("10d", 6) == 40
+  assert forecast_lib.lead_steps("18h", 6) == 3
+  with pytest.raises(ValueError, match="--lead=5h must be a positive multiple"):
+    forecast_lib.lead_steps("5h", 6)
+
+
+def test_params_only_restore_and_clear_errors(tmp_path):
+  config = small_config()
+  graphdef, params = setup.init_model(config)
+  state = initial_state(params, optimizer_lib.make_optimizer(config.train))
+  saver = checkpoint.Checkpointer(str(tmp_path), max_to_keep=3)
+  iterator = iter(grain.MapDataset.range(4).to_iter_dataset())
+  for step in (3, 6):
+    saver.save(step, state, iterator, {"step": step})
+  saver.close()
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = checkpoint.abstract_like(setup.init_model_shapes(config)[1], sharding)
+  restored, step = checkpoint.restore_params(str(tmp_path), abstract)
+  assert step == 6
+  jax.tree.map(np.testing.assert_array_equal, restored, params)
+  assert checkpoint.restore_params(str(tmp_path), abstract, step=3)[1] == 3
+  with pytest.raises(ValueError, match=r"No checkpoint of step 4 .* steps \[3, 6\]"):
+    checkpoint.restore_params(str(tmp_path), abstract, step=4)
+  with pytest.raises(ValueError, match="No checkpoint in"):
+    checkpoint.restore_params(str(tmp_path / "nothing"), abstract)
+  other = small_config()
+  other.model.latent_size = 24
+  wider = checkpoint.abstract_like(setup.init_model_shapes(other)[1], sharding)
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="parameters of another model"):
+    checkpoint.restore_params(str(tmp_path), wider)
+
+
+def test_run_config_round_trips_through_json(tmp_path):
+  config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                        "mid_1p0.py"))
+  (tmp_path / "config.json").write_text(config.to_json_best_effort(indent=2))
+  loaded, path = forecast_lib.load_run_config(str(tmp_path), {"graph": 4}, "/other.zarr")
+  assert loaded.data.variables == config.data.variables  # tuples again
+  assert loaded.mesh.graph == 4 and path == "/other.zarr"
+  with pytest.raises(ValueError, match="unknown key 'model.nonsense'"):
+    data = json.loads(config.to_json_best_effort())
+    data["model"]["nonsense"] = 1
+    config_lib.from_json(json.dumps(data))
+  with pytest.raises(ValueError, match="No config.json"):
+    forecast_lib.load_run_config(str(tmp_path / "missing"))
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
+  terminal = _Terminal()
+  progress = Progress(2, 4, terminal)
+  for lead in range(4):
+    progress.leads_done(lead, 1)
+  progress.init_done("2020-01-01T00")
+  progress.close()
+  text = terminal.getvalue()
+  assert "\r[" in text and "initial times 1/2 | lead 4/4" in text and "ETA" in text
+  plain = io.StringIO()
+  caplog.set_level("INFO")
+  progress = Progress(2, 4, plain)
+  progress.leads_done(3, 1)
+  progress.init_done("2020-01-01T00")
+  assert plain.getvalue() == ""
+  assert "initial time 2020-01-01T00 done (1/2)" in caplog.text
+
+
+def test_run_forecast_from_a_run_directory_with_another_store(tmp_path, store_source):
+  """Initial conditions from another store, normalized with the run's statistics; a 4 x 2
+  mesh (four initial times per call: two are padding); a second call finds all written."""
+  run_store, _ = store_source
+  other = synthetic.write_synthetic_store(str(tmp_path / "other.zarr"), resolution=5.625,
+                                          start="2020-01-01", end="2020-01-02",
+                                          levels=(500, 850), seed=9)
+  config = small_config()
+  config.data.path = run_store
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  _, params = setup.init_model(config)
+  saver = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=1)
+  saver.save(5, initial_state(params, optimizer_lib.make_optimizer(config.train)),
+             iter(grain.MapDataset.range(2).to_iter_dataset()), {"step": 5})
+  saver.close()
+  out = str(tmp_path / "forecast.zarr")
+  summary = forecast_lib.run_forecast(str(workdir), out, lead="12h",
+                                      init_times=["2020-01-01T12", "2020-01-02T06"],
+                                      data_path=other, mesh_overrides={"graph": 2})
+  assert summary["written"] == 2 and summary["checkpoint_step"] == 5
+  assert summary["peak_live_device_bytes"] > 0 and summary["steps_per_sec"] > 0
+  dataset = xr.open_zarr(out, chunks=None)
+  assert dataset.attrs["wnscale_forecast"]["initial_conditions"] == other
+  assert dataset.sizes["time"] == 2 and dataset.sizes["prediction_timedelta"] == 2
+  assert np.isfinite(dataset["temperature"].values).all()
+  assert not os.path.exists(other + ".stats.nc")  # the run's statistics were used
+  again = forecast_lib.run_forecast(str(workdir), out, lead="12h",
+                                    init_times=["2020-01-01T12", "2020-01-02T06"],
+                                    data_path=other)
+  assert again["already_written"] == 2 and "written" not in again

@@ -1,0 +1,78 @@
+"""Writes WeatherBench2-layout zarr stores piece by piece: forecasts, climatologies.
+
+`create_store` lays a store out (coordinates, attributes, every data variable
+with its dims, chunks and `units`, filled with NaN) in one go; the data then
+goes in block by block through tensorstore (`open_variable`), so a writer
+never holds more than a block in memory. Zarr v2, as WeatherBench2 publishes,
+with consolidated metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorstore as ts
+import xarray as xr
+import zarr
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableLayout:
+  """One float32 data variable of a store being laid out.
+
+  Attributes:
+    dims: dimension names, each a coordinate of the store.
+    chunks: chunk shape, one entry per dim.
+    attrs: attributes, e.g. `{"units": "K"}`.
+  """
+
+  dims: tuple[str, ...]
+  chunks: tuple[int, ...]
+  attrs: dict
+
+
+def create_store(path: str, coords: dict, variables: dict[str, VariableLayout],
+                 attrs: dict | None = None) -> str:
+  """Writes the layout of a new zarr v2 store at `path` (which must not exist).
+
+  Args:
+    coords: `{dim: 1-D values}` (datetime64 and timedelta64 are encoded by xarray).
+    variables: `{name: VariableLayout}`; data is NaN until written.
+    attrs: the store's attributes (JSON-serializable).
+
+  Returns:
+    `path`, absolute.
+  """
+  path = os.path.abspath(path)  # tensorstore refuses paths with ".."
+  xr.Dataset(coords={name: (name, np.asarray(values)) for name, values in coords.items()},
+             attrs=attrs or {}).to_zarr(path, mode="w-", zarr_format=2, consolidated=False)
+  group = zarr.open_group(path, mode="r+", zarr_format=2)
+  for name, layout in variables.items():
+    shape = tuple(len(coords[dim]) for dim in layout.dims)
+    group.create_array(name, shape=shape, chunks=layout.chunks, dtype="float32",
+                       fill_value=np.nan,
+                       attributes={"_ARRAY_DIMENSIONS": list(layout.dims), **layout.attrs})
+  zarr.consolidate_metadata(path, zarr_format=2)
+  return path
+
+
+def open_variable(path: str, name: str):
+  """A tensorstore handle for writing variable `name` of the store at `path`."""
+  return ts.open({"driver": "zarr", "kvstore": {"driver": "file",
+                                                "path": os.path.join(path, name)}},
+                 write=True).result()
+
+
+def read_attrs(path: str) -> dict:
+  """The store's own attributes, read from the group (not the consolidated copy)."""
+  return dict(zarr.open_group(path, mode="r", zarr_format=2, use_consolidated=False).attrs)
+
+
+def update_attrs(path: str, attrs: dict):
+  """Sets store attributes; each file is replaced atomically (the group's, then
+  the consolidated copy that readers such as `xarray.open_zarr` see)."""
+  group = zarr.open_group(path, mode="r+", zarr_format=2, use_consolidated=False)
+  group.attrs.update(attrs)
+  zarr.consolidate_metadata(path, zarr_format=2)

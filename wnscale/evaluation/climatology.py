@@ -1,0 +1,243 @@
+"""Day-of-year x hour-of-day climatology of a store, as WeatherBench2 computes it.
+
+For each hour of day h in the store and each day of year d = 1..366, the
+climatology is the weighted mean of the store's values at hour h on days
+d - 30 .. d + 30 of every year in the range, the weight falling linearly from
+1 at d to 0 at +-30 days (WeatherBench2's default 61-day window), days of year
+wrapping around the year's end. A year without a day 366 (not a leap year, or
+not covered) counts its day 365 there. Missing values (NaN, or days outside
+the range) are left out; where nothing is left the climatology is NaN. (This
+is WeatherBench2's "explicit" method. Given no leap year at all it wraps over
+365 days and has no day 366; here day 366 always exists.)
+
+`compute_climatology` reads the store once per variable (once per block of
+levels and latitude rows when the sums would not fit `memory_bytes`), in
+blocks of times, and writes a WeatherBench2-layout zarr store, dims
+`(hour, dayofyear, [level,] latitude, longitude)`, latitude in the store's
+order, with `units`; under a temporary name, renamed when complete.
+`at_valid_times` looks the climatology up for forecast valid times.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wnscale.data import store as store_lib
+from wnscale.data import variables as variables_lib
+from wnscale.data import writer
+from wnscale.data.store import time_range
+
+DAYS = 366
+# Bytes per (hour, day of year, grid value) while a block is summed and smoothed:
+# float64 sums, int32 counts, and the smoothing's transforms and results.
+_BYTES_PER_VALUE = 8 + 4 + 40
+_READ_BYTES = 256 * 2**20  # bytes of store values read at once
+
+
+def window_weights(window: int) -> np.ndarray:
+  """`[window]` weights of day offsets -window//2 .. window//2: 1 at 0, 0 at the ends."""
+  if window < 3 or window % 2 == 0:
+    raise ValueError(f"The smoothing window must be an odd number of days >= 3; got {window}")
+  half = window // 2
+  return 1.0 - np.abs(np.arange(-half, half + 1)) / half
+
+
+class _DayHourSums:
+  """Sums and counts of one block of grid values per (hour, day of year), over years.
+
+  Values come one time at a time, in time order. A year's day 365 waits (per
+  hour) until it is known whether that year has a day 366 of its own.
+  """
+
+  def __init__(self, num_hours: int, shape: tuple[int, ...]):
+    self.sums = np.zeros((num_hours, DAYS) + shape)
+    self.counts = np.zeros((num_hours, DAYS) + shape, np.int32)
+    self._day_365 = {}  # hour -> (year, values)
+
+  def add(self, hour: int, year: int, day: int, values: np.ndarray):
+    waiting = self._day_365.get(hour)
+    if waiting is not None and waiting[0] != year:
+      self._add(hour, DAYS, self._day_365.pop(hour)[1])  # that year had no day 366
+    if day == DAYS and waiting is not None and waiting[0] == year:
+      values = np.where(np.isnan(values), self._day_365.pop(hour)[1], values)
+    if day == DAYS - 1:
+      self._day_365[hour] = (year, values)
+    self._add(hour, day, values)
+
+  def _add(self, hour, day, values):
+    present = ~np.isnan(values)
+    self.sums[hour, day - 1] += np.where(present, values, 0.0)
+    self.counts[hour, day - 1] += present
+
+  def smoothed(self, weights: np.ndarray) -> np.ndarray:
+    """`[hours, 366, ...]` float32: the window-weighted means, days wrapping around."""
+    for hour in list(self._day_365):
+      self._add(hour, DAYS, self._day_365.pop(hour)[1])
+    # A circular convolution over days (the window is symmetric, so day d takes
+    # weight w_k of day d + k), through the FFT: one pass however wide the window.
+    kernel = np.zeros(DAYS)
+    half = len(weights) // 2
+    for offset, w in zip(range(-half, half + 1), weights):
+      kernel[offset % DAYS] += w
+    spectrum = np.fft.rfft(kernel).reshape((1, -1) + (1,) * (self.sums.ndim - 2))
+
+    def smooth(x):
+      return np.fft.irfft(np.fft.rfft(x, axis=1) * spectrum, n=DAYS, axis=1)
+
+    total, weight = smooth(self.sums), smooth(self.counts.astype(np.float64))
+    # Weights are 0 or at least 1 / half; the FFT leaves ~1e-12 where they are 0.
+    present = weight > 0.5 / half
+    return np.where(present, total / np.where(present, weight, 1.0), np.nan).astype(np.float32)
+
+
+def compute_climatology(path: str, out: str, start: str | None = None, end: str | None = None,
+                        *, variables=None, levels=None, window: int = 61,
+                        memory_bytes: int = 2 * 2**30) -> str:
+  """Writes the climatology of store `path` over [start, end] to the zarr store `out`.
+
+  Args:
+    variables: catalogue variables to include; default: all the store has.
+    levels: pressure levels (hPa) of the atmospheric ones; default: all.
+    window: smoothing window in days (odd).
+    memory_bytes: bound on the sums held at once (blocks of levels and rows).
+
+  Returns:
+    `out`, absolute.
+
+  Raises:
+    ValueError: naming a missing variable or level, an empty time range, or an
+      existing `out`.
+  """
+  weights = window_weights(window)
+  out = os.path.abspath(out)
+  if os.path.exists(out):
+    raise ValueError(f"{out} exists; remove it or choose another --out")
+  dataset = store_lib.open_metadata(path)
+  names = _variables(dataset, variables, path)
+  level_values = _levels(dataset, names, levels, path)
+  times = pd.DatetimeIndex(dataset["time"].values)
+  first, count = time_range(times.values, start, end)
+  if count == 0:
+    raise ValueError(f"Store {path} has no times in {start} .. {end}; it covers "
+                     f"{times[0]} .. {times[-1]}")
+  indices = np.arange(first, first + count)
+  hours = np.unique(times.hour[indices])
+  layout = _layout(dataset, names, level_values, hours, window, path, times[indices])
+  partial = f"{out}.partial-{os.getpid()}"
+  try:
+    writer.create_store(partial, *layout)
+    for name in names:
+      _write_variable(dataset, name, level_values, times, indices, hours, weights,
+                      memory_bytes, partial)
+    os.replace(partial, out)
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)
+  return out
+
+
+def _variables(dataset, variables, path):
+  present = [name for name in variables_lib.VARIABLES if name in dataset]
+  if variables is None:
+    if not present:
+      raise ValueError(f"Store {path} has none of the catalogue variables "
+                       f"{sorted(variables_lib.VARIABLES)}")
+    return present
+  for name in variables:
+    variables_lib.lookup(name)
+    if name not in dataset:
+      raise ValueError(f"Store {path} lacks variable {name!r}; it has {present}")
+  return list(variables)
+
+
+def _levels(dataset, names, levels, path):
+  if not any(variables_lib.lookup(name).atmospheric for name in names):
+    return []
+  store_levels = [int(level) for level in dataset["level"].values]
+  if levels is None:
+    return store_levels
+  absent = [int(level) for level in levels if int(level) not in store_levels]
+  if absent:
+    raise ValueError(f"Level(s) {absent} hPa not in store {path}; it has {store_levels}")
+  return [int(level) for level in levels]
+
+
+def _layout(dataset, names, levels, hours, window, path, times):
+  """`(coords, variables, attrs)` of the climatology store (see `writer.create_store`)."""
+  coords = {"hour": hours.astype(np.int64), "dayofyear": np.arange(1, DAYS + 1),
+            "latitude": dataset["latitude"].values, "longitude": dataset["longitude"].values}
+  grid = (len(coords["latitude"]), len(coords["longitude"]))
+  if levels:
+    coords["level"] = np.asarray(levels, np.int64)
+  variables = {}
+  for name in names:
+    atmospheric = variables_lib.lookup(name).atmospheric
+    dims = ("hour", "dayofyear") + (("level",) if atmospheric else ()) + store_lib.STATIC_DIMS
+    chunks = (1, 1) + ((len(levels),) if atmospheric else ()) + grid
+    variables[name] = writer.VariableLayout(dims, chunks,
+                                            {"units": variables_lib.lookup(name).units})
+  attrs = {"source": os.path.abspath(path), "window_days": window,
+           "start": str(times[0]), "end": str(times[-1]),
+           "description": "day-of-year x hour-of-day climatology (WeatherBench2's method)"}
+  return coords, variables, attrs
+
+
+def _write_variable(dataset, name, levels, times, indices, hours, weights, memory_bytes, out):
+  """Sums, smooths and writes one variable, block by block."""
+  field = dataset[name]
+  atmospheric = variables_lib.lookup(name).atmospheric
+  if atmospheric:
+    store_levels = [int(level) for level in dataset["level"].values]
+    field = field.isel(level=[store_levels.index(level) for level in levels])
+    field = field.transpose("time", "level", *store_lib.STATIC_DIMS)
+  else:
+    field = field.transpose("time", *store_lib.STATIC_DIMS).expand_dims("level", axis=1)
+  num_levels, num_lat, num_lon = field.shape[1:]
+  handle = writer.open_variable(out, name)
+  per_value = len(hours) * DAYS * _BYTES_PER_VALUE
+  whole_levels = memory_bytes // (per_value * num_lat * num_lon)
+  levels_per_block = max(1, whole_levels)
+  rows_per_block = num_lat if whole_levels else max(1, memory_bytes // (per_value * num_lon))
+  hour_index = np.searchsorted(hours, times.hour[indices])  # hours: sorted, all present
+  years, days = np.asarray(times.year[indices]), np.asarray(times.day_of_year[indices])
+  for level_start in range(0, num_levels, levels_per_block):
+    level_block = slice(level_start, min(level_start + levels_per_block, num_levels))
+    for row_start in range(0, num_lat, rows_per_block):
+      rows = slice(row_start, min(row_start + rows_per_block, num_lat))
+      block = field.isel(level=level_block, latitude=rows)
+      sums = _DayHourSums(len(hours), block.shape[1:])
+      step = max(1, _READ_BYTES // (4 * int(np.prod(block.shape[1:]))))
+      for first in range(0, len(indices), step):
+        values = block.isel(time=indices[first:first + step]).values.astype(np.float64)
+        for i, value in enumerate(values, start=first):
+          sums.add(hour_index[i], years[i], days[i], value)
+      result = sums.smoothed(weights)  # [hours, days, levels, rows, lon]
+      target = result if atmospheric else result[:, :, 0]
+      region = (slice(None), slice(None)) + ((level_block,) if atmospheric else ()) + (rows,)
+      handle[region].write(target).result()
+      logging.info("climatology: %s levels %s rows %s done", name, level_block, rows)
+
+
+def at_valid_times(climatology: xr.Dataset, valid_times, dim: str = "lead_time") -> xr.Dataset:
+  """The climatology at each of `valid_times` (day of year and hour), stacked along `dim`.
+
+  Raises:
+    ValueError: a valid time's hour of day is not in the climatology.
+  """
+  valid_times = pd.DatetimeIndex(valid_times)
+  hours = [int(h) for h in climatology["hour"].values]
+  missing = [time for time in valid_times if time.hour not in hours]
+  if missing:
+    raise ValueError(f"The climatology has no hour {missing[0].hour} (valid time "
+                     f"{missing[0]}); it has hours {hours}. Make it from a store with "
+                     "these hours.")
+  days = [int(d) for d in climatology["dayofyear"].values]
+  return climatology.isel(
+      hour=xr.DataArray([hours.index(t.hour) for t in valid_times], dims=dim),
+      dayofyear=xr.DataArray([days.index(t.day_of_year) for t in valid_times], dims=dim),
+      drop=True)

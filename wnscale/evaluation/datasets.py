@@ -1,0 +1,182 @@
+"""Opens a forecast, its truth, a climatology and a baseline for scoring, and checks they fit.
+
+A forecast is in WeatherBench2's forecast layout: variables on `time` (the
+initial time), `prediction_timedelta`, [`level`,] `latitude`, `longitude`,
+optionally an ensemble `number`; a truth store is in WeatherBench2's layout
+(`time`, [`level`,] `latitude`, `longitude`). Dims are selected by name, and
+latitude may run either way: every dataset here is returned with latitude
+ascending. A forecast written by `launch.forecast` lists its finished
+initial times in its attributes; only those are scored.
+
+The checks raise ValueError naming the problem: a forecast variable or level
+the truth (or climatology) lacks, grids that differ, a valid time the truth
+does not hold (the first one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wnscale.data import store as store_lib
+from wnscale.data import variables as variables_lib
+from wnscale.evaluation.metrics import LATITUDE, LONGITUDE
+
+INIT = "time"  # the forecast layout's initial-time dim
+LEAD = "prediction_timedelta"  # the forecast layout's lead-time dim
+ENSEMBLE = "number"  # an ensemble forecast's member dim
+COMPLETED_ATTR = "wnscale_completed_inits"  # indices of the finished initial times
+GRID_TOLERANCE = 1e-3  # degrees
+
+
+@dataclasses.dataclass
+class Forecast:
+  """An opened forecast store (lazy: nothing is read until `at_init`).
+
+  Attributes:
+    path: the store.
+    dataset: the store's variables, latitude ascending, finished initial times only.
+    variables: the scored variables (catalogue names).
+  Properties: `init_times` (the finished ones), `leads`, `levels`.
+  """
+
+  path: str
+  dataset: xr.Dataset
+  variables: tuple[str, ...]
+
+  @property
+  def init_times(self) -> pd.DatetimeIndex:
+    return pd.DatetimeIndex(self.dataset[INIT].values)
+
+  @property
+  def leads(self) -> pd.TimedeltaIndex:
+    return pd.TimedeltaIndex(self.dataset[LEAD].values)
+
+  @property
+  def levels(self) -> list[int]:
+    if "level" not in self.dataset.dims:
+      return []
+    return [int(level) for level in self.dataset["level"].values]
+
+  def at_init(self, index: int) -> xr.Dataset:
+    """All variables at initial time `index`, loaded as float64 (`LEAD` first)."""
+    return self.dataset.isel({INIT: index}).load().astype(np.float64)
+
+  def select(self, init_times, leads, variables=None) -> Forecast:
+    """This forecast restricted to `init_times`, `leads` and `variables` (all held)."""
+    variables = tuple(variables or self.variables)
+    return dataclasses.replace(
+        self, dataset=self.dataset[list(variables)].sel({INIT: init_times, LEAD: leads}),
+        variables=variables)
+
+
+def open_forecast(path: str) -> Forecast:
+  """Opens a forecast store; its variables are the catalogue variables it holds."""
+  dataset = store_lib.open_metadata(path)
+  if INIT not in dataset.dims or LEAD not in dataset.dims:
+    raise ValueError(f"{path} is not in the forecast layout: it has dims "
+                     f"{dict(dataset.sizes)}; expected {INIT!r} (initial time) and {LEAD!r}.")
+  variables = tuple(str(name) for name in dataset.data_vars if name in variables_lib.VARIABLES)
+  if not variables:
+    raise ValueError(f"Forecast {path} holds none of the catalogue variables "
+                     f"{sorted(variables_lib.VARIABLES)}; it has {sorted(dataset.data_vars)}")
+  completed = dataset.attrs.get(COMPLETED_ATTR)
+  if completed is not None:
+    if not completed:
+      raise ValueError(f"Forecast {path} has no finished initial time yet.")
+    dataset = dataset.isel({INIT: sorted(int(i) for i in completed)})
+  return Forecast(path, ascending_latitude(dataset[list(variables)]), variables)
+
+
+def open_truth(path: str) -> xr.Dataset:
+  """A WeatherBench2-layout store, lazy, latitude ascending."""
+  return ascending_latitude(store_lib.open_metadata(path))
+
+
+def open_climatology(path: str) -> xr.Dataset:
+  """A climatology store (`make_climatology`), lazy, latitude ascending."""
+  climatology = store_lib.open_metadata(path)
+  for dim in ("hour", "dayofyear"):
+    if dim not in climatology.dims:
+      raise ValueError(f"{path} is not a climatology: it has no {dim!r} dim (dims "
+                       f"{dict(climatology.sizes)}); make one with python -m "
+                       "launch.make_climatology.")
+  return ascending_latitude(climatology)
+
+
+def ascending_latitude(dataset: xr.Dataset) -> xr.Dataset:
+  latitude = dataset[LATITUDE].values
+  return dataset.isel({LATITUDE: slice(None, None, -1)}) if latitude[0] > latitude[-1] \
+      else dataset
+
+
+def fitted(forecast: Forecast, other: xr.Dataset, other_path: str, what: str) -> xr.Dataset:
+  """`other` (the truth or a climatology) checked against the forecast, on its grid.
+
+  It must hold every forecast variable and level, on the same grid (to
+  `GRID_TOLERANCE`); it is returned with the forecast's coordinates, so that
+  arithmetic between them aligns.
+  """
+  for name in forecast.variables:
+    if name not in other:
+      raise ValueError(f"Forecast variable {name!r} is not in the {what} {other_path}; it "
+                       f"has {sorted(str(n) for n in other.data_vars)}.")
+    if "level" in forecast.dataset[name].dims:
+      held = [int(level) for level in other["level"].values] if "level" in other.dims else []
+      absent = [level for level in forecast.levels if level not in held]
+      if absent:
+        raise ValueError(f"The {what} {other_path} lacks level(s) {absent} hPa of forecast "
+                         f"variable {name!r}; it has {held}.")
+  check_same_grid(forecast.dataset, forecast.path, other, other_path)
+  return other.assign_coords({dim: forecast.dataset[dim].values
+                              for dim in (LATITUDE, LONGITUDE)})
+
+
+def check_same_grid(a: xr.Dataset, a_path: str, b: xr.Dataset, b_path: str):
+  def describe(dataset, path):
+    lat, lon = dataset[LATITUDE].values, dataset[LONGITUDE].values
+    return (f"{path}: {len(lat)} x {len(lon)} (latitude {lat.min():g}..{lat.max():g}, "
+            f"longitude {lon.min():g}..{lon.max():g})")
+
+  same = all(a.sizes[dim] == b.sizes[dim] and np.allclose(a[dim].values, b[dim].values,
+                                                         atol=GRID_TOLERANCE)
+             for dim in (LATITUDE, LONGITUDE))
+  if not same:
+    raise ValueError(f"Grids differ: {describe(a, a_path)}; {describe(b, b_path)}. Regrid one "
+                     "to the other's grid first.")
+
+
+def check_valid_times(forecast: Forecast, truth: xr.Dataset, truth_path: str):
+  """The truth holds every valid time, and every initial time (for persistence)."""
+  held = pd.DatetimeIndex(truth[INIT].values)
+  for init in forecast.init_times:
+    for lead in [pd.Timedelta(0)] + list(forecast.leads):
+      if init + lead not in held:
+        raise ValueError(
+            f"The truth {truth_path} has no data at {init + lead} (initial time {init} + "
+            f"lead {lead}); it covers {held[0]} .. {held[-1]}. Score initial times whose "
+            "valid times it covers, or use a store that covers them.")
+
+
+def at_times(dataset: xr.Dataset, variables, levels, times, dim: str = LEAD) -> xr.Dataset:
+  """`variables` of `dataset` at `times` (and `levels`), stacked along `dim`, as float64."""
+  selected = dataset[list(variables)].sel({INIT: xr.DataArray(pd.DatetimeIndex(times),
+                                                              dims=dim)})
+  if levels and "level" in selected.dims:
+    selected = selected.sel(level=levels)
+  return selected.drop_vars(INIT).load().astype(np.float64)
+
+
+def channel_names(dataset: xr.Dataset) -> list[tuple[str, str, int | None]]:
+  """`[(channel, variable, level or None)]` of a dataset's variables, e.g. `temperature@850`."""
+  channels = []
+  for name in dataset.data_vars:
+    if "level" in dataset[name].dims:
+      channels += [(f"{name}@{int(level)}", str(name), int(level))
+                   for level in dataset["level"].values]
+    else:
+      channels.append((str(name), str(name), None))
+  return channels

@@ -1,0 +1,133 @@
+"""PNG figures of an evaluation (matplotlib, no display and no map data needed).
+
+  * `plot_scores`: RMSE and ACC against lead time for the headline channels,
+    every scored forecast (model, persistence, climatology, baseline) on the
+    same axes;
+  * `plot_map`: forecast, truth and their difference for one channel, one
+    initial time and lead time, on the latitude-longitude grid;
+  * `plot_scorecard`: the relative RMSE difference of the model against a
+    baseline per channel and lead time (blue: the model is better).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from matplotlib.figure import Figure
+
+from wnscale.data import variables as variables_lib
+from wnscale.evaluation import results as results_lib
+from wnscale.evaluation.datasets import channel_names
+
+# WeatherBench2's headline channels: (label, variable, level).
+HEADLINE = (("z500", "geopotential", 500), ("t850", "temperature", 850),
+            ("t2m", "2m_temperature", None), ("u10", "10m_u_component_of_wind", None),
+            ("msl", "mean_sea_level_pressure", None))
+STYLES = {"forecast": dict(color="tab:blue", lw=2),
+          "baseline": dict(color="tab:orange", lw=2),
+          "persistence": dict(color="0.35", ls="--"),
+          "climatology": dict(color="0.35", ls=":")}
+_DPI = 110
+
+
+def headline_channels(result: xr.Dataset) -> list[tuple[str, str, int | None]]:
+  """`[(label, variable, level)]`: the headline channels `result` has (else its first 4)."""
+  held = {(variable, level) for _, variable, level in channel_names(result)}
+  present = [entry for entry in HEADLINE if entry[1:] in held]
+  return present or channel_names(result)[:4]
+
+
+def units(variable: str) -> str:
+  return variables_lib.lookup(variable).units
+
+
+def _lead_axis(result: xr.Dataset):
+  """`(x values, axis label)` of the lead times: days, or hours for short forecasts."""
+  leads = pd.TimedeltaIndex(result[results_lib.RESULTS_LEAD].values)
+  if leads.max() >= pd.Timedelta(days=2):
+    return leads / pd.Timedelta(days=1), "lead time (days)"
+  return leads / pd.Timedelta(hours=1), "lead time (hours)"
+
+
+def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
+  """RMSE (and ACC, where scored) against lead time, one row per headline channel."""
+  model = results["forecast"]
+  channels = headline_channels(model)
+  columns = ["rmse"] + (["acc"] if "acc" in model["metric"].values else [])
+  figure = Figure(figsize=(4.2 * len(columns), 2.8 * len(channels)), dpi=_DPI,
+                  layout="constrained")
+  axes = figure.subplots(len(channels), len(columns), squeeze=False)
+  x, xlabel = _lead_axis(model)
+  for row, (label, variable, level) in enumerate(channels):
+    for column, metric in enumerate(columns):
+      ax = axes[row, column]
+      for name, result in results.items():
+        if variable not in result or metric not in result["metric"].values:
+          continue
+        y = results_lib.value(result, metric, variable, level)
+        if np.isfinite(y).any():  # the climatology's ACC is undefined (zero anomaly)
+          ax.plot(x, y, marker="o", ms=3, label=name, **STYLES.get(name, {}))
+      unit = f" ({units(variable)})" if metric == "rmse" else ""
+      ax.set_title(f"{label}: {metric.upper()}{unit}", fontsize=10)
+      ax.set_xlabel(xlabel)
+      ax.grid(alpha=0.3)
+  axes[0, 0].legend(fontsize=8)
+  if title:
+    figure.suptitle(title, fontsize=10)
+  figure.savefig(path)
+
+
+def plot_map(latitude, longitude, forecast: np.ndarray, truth: np.ndarray, title: str,
+             units: str, path: str):
+  """Forecast, truth and forecast - truth, each `[num_lat, num_lon]` (latitude ascending)."""
+  figure = Figure(figsize=(15, 3.4), dpi=_DPI, layout="constrained")
+  axes = figure.subplots(1, 3)
+  low = np.nanmin([np.nanmin(forecast), np.nanmin(truth)])
+  high = np.nanmax([np.nanmax(forecast), np.nanmax(truth)])
+  error = forecast - truth
+  limit = float(np.nanmax(np.abs(error))) or 1.0
+  panels = [("forecast", forecast, dict(cmap="viridis", vmin=low, vmax=high)),
+            ("truth", truth, dict(cmap="viridis", vmin=low, vmax=high)),
+            ("forecast - truth", error, dict(cmap="RdBu_r", vmin=-limit, vmax=limit))]
+  # Cell edges half a spacing beyond the first and last rows and columns (a regular grid).
+  extent = [longitude[0] - (longitude[1] - longitude[0]) / 2,
+            longitude[-1] + (longitude[-1] - longitude[-2]) / 2,
+            latitude[0] - (latitude[1] - latitude[0]) / 2,
+            latitude[-1] + (latitude[-1] - latitude[-2]) / 2]
+  for ax, (name, values, style) in zip(axes, panels):
+    image = ax.imshow(values, origin="lower", extent=extent, interpolation="nearest", **style)
+    ax.set_title(name, fontsize=10)
+    ax.set_xlabel("longitude")
+    figure.colorbar(image, ax=ax, shrink=0.8, label=units)
+  axes[0].set_ylabel("latitude")
+  figure.suptitle(title, fontsize=10)
+  figure.savefig(path)
+
+
+def plot_scorecard(model: xr.Dataset, baseline: xr.Dataset, path: str,
+                   names=("forecast", "baseline")):
+  """100 x (RMSE model - RMSE baseline) / RMSE baseline per channel (rows) and lead (columns)."""
+  channels = [entry for entry in channel_names(model) if entry[1] in baseline]
+  rows = [(results_lib.value(model, "rmse", variable, level)
+           - results_lib.value(baseline, "rmse", variable, level))
+          / results_lib.value(baseline, "rmse", variable, level) * 100
+          for _, variable, level in channels]
+  table = np.array(rows)
+  x, xlabel = _lead_axis(model)
+  figure = Figure(figsize=(max(6.0, 2.8 + 0.45 * len(x)), 1.4 + 0.32 * len(channels)),
+                  dpi=_DPI, layout="constrained")
+  ax = figure.subplots()
+  limit = float(np.nanmax(np.abs(table))) if np.isfinite(table).any() else 1.0
+  image = ax.imshow(table, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+  ax.set_yticks(range(len(channels)), [channel for channel, _, _ in channels], fontsize=8)
+  ax.set_xticks(range(len(x)), [f"{v:g}" for v in x], fontsize=8)
+  ax.set_xlabel(xlabel)
+  for (i, j), v in np.ndenumerate(table):
+    if np.isfinite(v):
+      ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6,
+              color="white" if abs(v) > limit / 2 else "black")
+  figure.colorbar(image, ax=ax, label="RMSE difference (%)")
+  ax.set_title(f"RMSE of {names[0]} relative to {names[1]}\n(negative: {names[0]} better)",
+               fontsize=9)
+  figure.savefig(path)

@@ -1,0 +1,93 @@
+"""WeatherBench2's deterministic metrics, on xarray data with named dimensions.
+
+The definitions are WeatherBench2's (`weatherbench2.metrics`):
+  * a latitude row weighs in proportion to the area of its cells,
+    sin(upper bound) - sin(lower bound), the bounds half-way between
+    neighbouring rows and at +-90 deg, normalized to mean 1; every longitude
+    weighs the same;
+  * a spatial mean is the weighted mean over latitude and longitude;
+  * per initial time: MSE is the spatial mean of (forecast - truth)^2, bias
+    the spatial mean of (forecast - truth), ACC the spatial mean of f' t'
+    over the square root of (spatial mean of f'^2) x (spatial mean of t'^2),
+    where f' and t' are forecast and truth minus the climatology at the valid
+    time (not centred again);
+  * over initial times each is averaged, and RMSE = sqrt(mean MSE): the square
+    root comes after the average over initial times.
+
+The per-initial-time functions reduce latitude and longitude only; every other
+dimension (lead time, level, initial time) is kept. A forecast with an
+ensemble dimension is scored by its ensemble mean (`ensemble_dim`), as
+WeatherBench2 scores ensembles with deterministic metrics. NaN propagates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+LATITUDE, LONGITUDE = "latitude", "longitude"
+SPATIAL_DIMS = (LATITUDE, LONGITUDE)
+
+
+def cell_area_weights(latitude) -> np.ndarray:
+  """`[num_lat]` float64 weights of latitude rows (degrees, any order), mean 1.
+
+  Each row's cell runs half-way to its neighbours, and to +-90 deg at the ends.
+  """
+  latitude = np.asarray(latitude, np.float64)
+  order = np.argsort(latitude)
+  ascending = np.deg2rad(latitude[order])
+  if np.any(np.diff(ascending) <= 0):
+    raise ValueError(f"Latitudes must be distinct; got {latitude.tolist()}")
+  bounds = np.concatenate([[-np.pi / 2], (ascending[:-1] + ascending[1:]) / 2, [np.pi / 2]])
+  area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
+  weights = np.empty_like(area)
+  weights[order] = area / area.mean()
+  return weights
+
+
+def latitude_weights(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
+  """`cell_area_weights` of `data`'s latitude coordinate, as a DataArray on it."""
+  return xr.DataArray(cell_area_weights(data[LATITUDE].values), dims=[LATITUDE],
+                      coords={LATITUDE: data[LATITUDE].values})
+
+
+def spatial_mean(data, weights: xr.DataArray | None = None):
+  """The area-weighted mean over latitude and longitude (other dims kept).
+
+  `weights` are per latitude row (every longitude weighs the same), so the
+  weighted mean is mean(weights x data) / mean(weights).
+  """
+  weights = latitude_weights(data) if weights is None else weights
+  return (data * weights).mean(SPATIAL_DIMS, skipna=False) / float(weights.mean())
+
+
+def _deterministic(forecast, ensemble_dim):
+  return forecast if ensemble_dim is None else forecast.mean(ensemble_dim)
+
+
+def mse(forecast, truth, weights=None, ensemble_dim: str | None = None):
+  """Spatial mean of the squared error, per initial time (and lead, level...)."""
+  return spatial_mean((_deterministic(forecast, ensemble_dim) - truth) ** 2, weights)
+
+
+def bias(forecast, truth, weights=None, ensemble_dim: str | None = None):
+  """Spatial mean of forecast minus truth."""
+  return spatial_mean(_deterministic(forecast, ensemble_dim) - truth, weights)
+
+
+def acc(forecast, truth, climatology, weights=None, ensemble_dim: str | None = None):
+  """Anomaly correlation against `climatology` (aligned with the valid times).
+
+  NaN where an anomaly is zero everywhere (e.g. the climatology as a forecast).
+  """
+  forecast_anomaly = _deterministic(forecast, ensemble_dim) - climatology
+  truth_anomaly = truth - climatology
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return spatial_mean(forecast_anomaly * truth_anomaly, weights) / np.sqrt(
+        spatial_mean(forecast_anomaly ** 2, weights) * spatial_mean(truth_anomaly ** 2, weights))
+
+
+def rmse(mse_per_init, init_dim: str = "time"):
+  """RMSE from per-initial-time MSE: the square root of their mean."""
+  return np.sqrt(mse_per_init.mean(init_dim, skipna=False))

@@ -1,0 +1,193 @@
+"""`run_forecast`: forecasts from a trained run's checkpoint into a WeatherBench2 zarr store.
+
+The run directory gives the model (`config.json`) and its parameters (the
+newest checkpoint, or a chosen step; parameters only, no optimizer). Initial
+conditions come from the run's store or another with the same variables;
+normalization uses the training store's statistics. The rollout runs sharded
+over the `(data, graph)` mesh exactly like training, streaming each lead time
+to the host (`rollout.StreamingForecaster`), and each initial time is recorded
+as finished once all its lead times are written (`forecast_store`): the same
+command continues a killed forecast where it stopped.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+import pandas as pd
+from jax.sharding import PartitionSpec as P
+
+from wnscale import config as config_lib
+from wnscale.data import normalization
+from wnscale.data import store as store_lib
+from wnscale.data.source import parse_duration
+from wnscale.data.store import time_range
+from wnscale.inference import forecast_store
+from wnscale.inference.progress import Progress
+from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
+from wnscale.model import setup
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding.layout import ShardedLayout
+from wnscale.train import checkpoint as checkpoint_lib
+
+
+def load_run_config(workdir: str, mesh: dict | None = None, data_path: str | None = None):
+  """The run's `config.json`, with mesh overrides (`data`, `graph`, `exchange`) and store."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise ValueError(f"No config.json in {os.path.abspath(workdir)}: --workdir must be a run "
+                     "directory of python -m launch.train.")
+  with open(path) as f:
+    config = config_lib.from_json(f.read())
+  config.mesh.update(mesh or {})
+  return config_lib.validate(config), data_path or config.data.path
+
+
+def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=None,
+                      every: str = "12h", time_step_hours: int = 6, input_steps: int = 2,
+                      path: str = "") -> np.ndarray:
+  """Indices into `times` (a store's times at the model step) of the initial times.
+
+  Either `init_times` (a list), or every `every` from `start` to `end` (inclusive;
+  an `end` without a time covers its day). Each needs `input_steps - 1` earlier
+  store times for its history.
+  """
+  times = np.asarray(times, "datetime64[ns]")
+  span = f"it covers {times[0]} .. {times[-1]} every {time_step_hours} h"
+  if init_times:
+    wanted = pd.DatetimeIndex([pd.Timestamp(t) for t in init_times]).values
+    missing = [t for t in wanted if t not in times]
+    if missing:
+      raise ValueError(f"Initial time {pd.Timestamp(missing[0])} is not a time of the store "
+                       f"{path} at the model's {time_step_hours} h step; {span}.")
+    indices = np.searchsorted(times, wanted)
+  else:
+    interval = parse_duration(every)
+    step = pd.Timedelta(hours=time_step_hours)
+    if interval <= pd.Timedelta(0) or interval % step:
+      raise ValueError(f"--init_every={every} must be a positive multiple of the model's "
+                       f"{time_step_hours} h step.")
+    first, count = time_range(times, start, end)
+    indices = np.arange(first, first + count, interval // step)
+    if len(indices) == 0:
+      raise ValueError(f"No initial times in {start} .. {end} in the store {path}; {span}.")
+  early = [i for i in indices if i < input_steps - 1]
+  if early:
+    raise ValueError(f"Initial time {pd.Timestamp(times[early[0]])} needs the "
+                     f"{input_steps - 1} earlier state(s) of its history, which the store "
+                     f"{path} does not hold; {span}.")
+  return np.asarray(indices, np.int64)
+
+
+def lead_steps(lead: str, time_step_hours: int) -> int:
+  """Model steps in `lead` (e.g. "10d", "36h"), which must be a multiple of the step."""
+  total, step = parse_duration(lead), pd.Timedelta(hours=time_step_hours)
+  if total <= pd.Timedelta(0) or total % step:
+    raise ValueError(f"--lead={lead} must be a positive multiple of the model's "
+                     f"{time_step_hours} h step.")
+  return int(total // step)
+
+
+def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
+                 init_start: str | None = None, init_end: str | None = None,
+                 init_every: str = "12h", step: int | None = None,
+                 data_path: str | None = None, mesh_overrides: dict | None = None,
+                 stream=None) -> dict:
+  """Forecasts every initial time not yet in `out`; returns a summary (speed, memory).
+
+  Args:
+    workdir: a training run directory (`config.json`, `checkpoints/`).
+    out: the forecast store (created, or continued when it holds the same forecast).
+    lead: the longest lead time; every model step up to it is written.
+    init_times / init_start, init_end, init_every: the initial times (see
+      `select_init_times`); default: every `init_every` over the run's eval range.
+    step: the checkpoint; default: the newest (or, continuing `out`, the one it used).
+    data_path: initial conditions from this store instead of the run's.
+    mesh_overrides: overrides of the config's `mesh` section (`data`, `graph`, `exchange`).
+    stream: where a progress bar goes (default stderr; a bar only on a terminal).
+  """
+  if jax.process_count() > 1:
+    raise ValueError("Forecasts run in one process (on any number of its devices); "
+                     f"this is one of {jax.process_count()}.")
+  config, path = load_run_config(workdir, mesh_overrides, data_path)
+  d = config.data
+  stats = normalization.load_or_compute_stats(d.path, d.time_step_hours)
+  channel_stats = normalization.channel_stats(stats, d.variables, d.pressure_levels)
+  static_stats = normalization.static_stats(stats)
+  store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
+                               d.resolution)
+  if init_times is None and init_start is None and init_end is None:
+    init_start, init_end = d.eval_start, d.eval_end
+  indices = select_init_times(store.times, init_times=init_times, start=init_start,
+                              end=init_end, every=init_every, time_step_hours=d.time_step_hours,
+                              input_steps=d.input_steps, path=path)
+  num_leads = lead_steps(lead, d.time_step_hours)
+  leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
+                             freq=f"{d.time_step_hours}h")
+  previous = forecast_store.recorded_settings(out)
+  if step is None and previous is not None:
+    step = previous["checkpoint_step"]  # continue with the parameters it was started with
+
+  mesh = mesh_lib.make_mesh(config.mesh)
+  latitude, longitude = store.latitude, store.longitude
+  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
+                         config.mesh.exchange)
+  graphdef, abstract = setup.init_model_shapes(config)
+  params, step = checkpoint_lib.restore_params(
+      os.path.join(workdir, "checkpoints"),
+      checkpoint_lib.abstract_like(abstract, layout.sharding(P())), step)
+  logging.info("Restored the parameters of step %d from %s.", step, workdir)
+
+  init_datetimes = store.times[indices]
+  settings = forecast_store.forecast_settings(
+      workdir=workdir, checkpoint_step=step, initial_conditions=path,
+      init_times=init_datetimes, leads=leads, variables=d.variables, levels=d.pressure_levels)
+  latitude_out = latitude[::-1] if store.flip_latitude else latitude
+  output = forecast_store.ForecastStore(
+      out, settings, init_times=init_datetimes, leads=leads, variables=d.variables,
+      levels=d.pressure_levels, latitude=latitude_out, longitude=longitude,
+      flip_latitude=store.flip_latitude)
+  remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
+  summary = {"out": output.path, "checkpoint_step": step, "initial_times": len(indices),
+             "already_written": len(indices) - len(remaining), "lead_times": num_leads}
+  if not remaining:
+    logging.info("%s already holds all %d initial times.", output.path, len(indices))
+    return summary
+
+  constants = setup.make_constants(config, graphs, latitude, longitude,
+                                   channel_stats["diff_std"] / channel_stats["std"])
+  forecaster = StreamingForecaster(config, layout, graphdef, params, constants, store,
+                                   channel_stats, static_stats)
+  compile_start = time.perf_counter()
+  summary["step_memory"] = forecaster.compile()
+  summary["compile_seconds"] = time.perf_counter() - compile_start
+  logging.info("Forecasting %d initial times x %d lead times (%d done before) into %s, "
+               "%d at a time.", len(remaining), num_leads, summary["already_written"],
+               output.path, forecaster.batch_size)
+  gc.collect()  # the restore's garbage holds device arrays; the peak below is the rollout's
+  progress = Progress(len(remaining), num_leads, stream)
+  peak = 0
+  for first in range(0, len(remaining), forecaster.batch_size):
+    batch = remaining[first:first + forecaster.batch_size]
+    for lead_index, states in forecaster.run(indices[batch], num_leads):
+      for init_index, state in zip(batch, states):
+        output.write(init_index, lead_index, state)
+      peak = max(peak, live_device_bytes())
+      progress.leads_done(lead_index, len(batch))
+    for init_index in batch:
+      output.finish_init(init_index)
+      progress.init_done(str(pd.Timestamp(init_datetimes[init_index])))
+  progress.close()
+  seconds = time.perf_counter() - progress.start
+  summary.update(written=len(remaining), model_steps=len(remaining) * num_leads,
+                 seconds=seconds, steps_per_sec=len(remaining) * num_leads / seconds,
+                 peak_live_device_bytes=peak)
+  logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
+               len(remaining), num_leads, output.path, summary["steps_per_sec"])
+  return summary

@@ -1,0 +1,135 @@
+"""A forecast written as a WeatherBench2-layout zarr store, one initial time at a time.
+
+Layout: every state variable on dims `time` (the initial time),
+[`number` (ensemble member),] `prediction_timedelta` (timedelta64), [`level`,]
+`latitude`, `longitude`; latitude in the order of the store the initial
+conditions came from; float32 in physical units with a `units` attribute;
+one chunk per (initial time, [member,] lead time), so a lead time is written
+as soon as it is computed and a chunk never holds two initial times.
+
+The store is laid out in full when created (under a temporary name, then
+renamed), NaN until written. Its attributes record the forecast's settings
+(`SETTINGS_ATTR`) and the initial times finished so far
+(`datasets.COMPLETED_ATTR`, updated atomically after each one), so a killed
+forecast keeps every finished initial time and the same command continues
+with the rest; a store of other settings is never written into.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+
+from wnscale.data import variables as variables_lib
+from wnscale.data import writer
+from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
+
+SETTINGS_ATTR = "wnscale_forecast"
+
+
+def recorded_settings(path: str) -> dict | None:
+  """The settings an existing forecast store at `path` was written with (None: no store)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    return writer.read_attrs(path)[SETTINGS_ATTR]
+  except Exception as error:  # not a zarr store, or not one of ours
+    raise ValueError(f"{path} exists and is not a forecast store written by wnscale "
+                     f"({error}); choose another --out or remove it.") from error
+
+
+class ForecastStore:
+  """Writes states into a forecast store; see the module docstring.
+
+  Args:
+    path: the store (created if missing, else resumed when its settings match).
+    settings: JSON-serializable settings recorded in the store (`init_times`,
+      `lead_hours`, ...); a resumed store must have been written with the same.
+    init_times: `[num_inits]` datetime64; leads: `[num_leads]` timedelta64.
+    variables, levels: the state layout (`variables.channel_names` order).
+    latitude: `[num_lat]` in the order to write (the source store's);
+      `flip_latitude`: states arrive latitude ascending and are to be flipped.
+    longitude: `[num_lon]`.
+    members: ensemble size (adds the `number` dim); None: deterministic.
+  """
+
+  def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
+               latitude, longitude, flip_latitude: bool, members: int | None = None):
+    self.path = os.path.abspath(path)
+    self.variables, self.levels = tuple(variables), tuple(levels)
+    self.flip_latitude = flip_latitude
+    self.grid = (len(latitude), len(longitude))
+    self.members = members
+    existing = recorded_settings(self.path)
+    if existing is None:
+      self._create(settings, init_times, leads, latitude, longitude)
+    elif existing != settings:
+      changed = sorted(key for key in existing.keys() | settings.keys()
+                       if existing.get(key) != settings.get(key))
+      raise ValueError(f"{self.path} holds a forecast with other settings ({', '.join(changed)} "
+                       "differ); choose another --out, or remove it to start again.")
+    self.completed = sorted(int(i) for i in writer.read_attrs(self.path)[COMPLETED_ATTR])
+    self._handles = {name: writer.open_variable(self.path, name) for name in self.variables}
+    self._pending = []
+
+  def _create(self, settings, init_times, leads, latitude, longitude):
+    coords = {INIT: np.asarray(init_times, "datetime64[ns]"),
+              LEAD: np.asarray(leads, "timedelta64[ns]"),
+              "latitude": np.asarray(latitude), "longitude": np.asarray(longitude)}
+    lead_dims = ((ENSEMBLE, LEAD) if self.members else (LEAD,))
+    if self.members:
+      coords[ENSEMBLE] = np.arange(self.members)
+    if self.levels:
+      coords["level"] = np.asarray(self.levels, np.int64)
+    layouts = {}
+    for name in self.variables:
+      level_dims = ("level",) if variables_lib.lookup(name).atmospheric else ()
+      dims = (INIT,) + lead_dims + level_dims + ("latitude", "longitude")
+      chunks = (1,) * (1 + len(lead_dims)) + (len(self.levels),) * len(level_dims) + self.grid
+      layouts[name] = writer.VariableLayout(dims, chunks,
+                                            {"units": variables_lib.lookup(name).units})
+    partial = f"{self.path}.partial-{os.getpid()}"
+    try:
+      writer.create_store(partial, coords, layouts,
+                          {SETTINGS_ATTR: settings, COMPLETED_ATTR: []})
+      os.replace(partial, self.path)
+    finally:
+      shutil.rmtree(partial, ignore_errors=True)
+
+  def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None):
+    """Starts writing one state `[channels, lat * lon]` (latitude ascending, physical units)."""
+    for write in self._pending:  # at most one lead time's writes in flight
+      write.result()
+    self._pending = []
+    prefix = (init_index,) + (() if member is None else (member,)) + (lead_index,)
+    channel = 0
+    for name in self.variables:
+      width = len(self.levels) if variables_lib.lookup(name).atmospheric else 1
+      field = state[channel:channel + width].reshape((width,) + self.grid)
+      if self.flip_latitude:
+        field = field[:, ::-1]
+      if not variables_lib.lookup(name).atmospheric:
+        field = field[0]
+      self._pending.append(self._handles[name][prefix].write(np.ascontiguousarray(field)))
+      channel += width
+
+  def finish_init(self, init_index: int):
+    """Waits for the initial time's writes, then records it as finished."""
+    for write in self._pending:
+      write.result()
+    self._pending = []
+    self.completed = sorted(set(self.completed) | {int(init_index)})
+    writer.update_attrs(self.path, {COMPLETED_ATTR: self.completed})
+
+
+def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,
+                      init_times, leads, variables, levels) -> dict:
+  """The JSON settings that identify a forecast (what a resumed run must match)."""
+  return {"workdir": os.path.abspath(workdir), "checkpoint_step": int(checkpoint_step),
+          "initial_conditions": os.path.abspath(initial_conditions),
+          "init_times": [str(pd.Timestamp(t)) for t in init_times],
+          "lead_hours": [float(pd.Timedelta(lead) / pd.Timedelta(hours=1)) for lead in leads],
+          "variables": list(variables), "levels": [int(level) for level in levels]}

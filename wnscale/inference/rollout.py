@@ -1,0 +1,137 @@
+"""The streaming rollout: the sharded model stepped one lead time at a time.
+
+Initial conditions come from a store (normalized with the training run's
+statistics, read straight into the sharded layout's grid order). Each lead
+time is one call of the jitted, sharded model step
+(`sharded_model.forecast_step_fn`), with the history kept on the devices
+(donated, so updated in place) and the new state copied to the host while
+the next step runs. Device memory therefore holds one step's arrays however
+many lead times are forecast. Initial times are batched over the mesh's
+`data` axis, one per data shard.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+
+from wnscale.data import forcings as forcings_lib
+from wnscale.data.source import normalize_statics
+from wnscale.data.store import WeatherStore
+from wnscale.model import forecast
+from wnscale.sharding import sharded_model
+from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
+from wnscale.sharding.mesh import DATA
+
+
+class StreamingForecaster:
+  """Forecasts from initial times of `store`, yielding one lead time at a time.
+
+  Args:
+    config: the run's config (`data.input_steps`, `data.time_step_hours`).
+    layout: the sharded layout of the store's grid.
+    graphdef, params: the model; params replicated on the layout's mesh.
+    constants: host `forecast.Constants` of the grid.
+    store: the initial conditions (the config's variables and levels).
+    channel_stats: `{"mean", "std"}` `[C]`, static_stats: `{"mean", "std"}` `[2]`:
+      the training run's statistics.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
+               params, constants: forecast.Constants, store: WeatherStore,
+               channel_stats: dict, static_stats: dict):
+    self.layout, self.params, self.store = layout, params, store
+    self.input_steps = config.data.input_steps
+    self.time_step = np.timedelta64(config.data.time_step_hours, "h")
+    self.batch_size = layout.mesh.shape[DATA]  # initial times per call: one per data shard
+    self.mean = np.asarray(channel_stats["mean"], np.float32)
+    self.std = np.asarray(channel_stats["std"], np.float32)
+    self._grid_index = store.grid_index(layout.grid_slots)
+    self.constants, self.halo_indices = layout.constants(constants)
+    statics = layout.partitioned.grid.to_slots(
+        normalize_statics(store.read_statics(), static_stats), -1)
+    self.statics = self._put("statics", np.broadcast_to(statics,
+                                                        (self.batch_size,) + statics.shape))
+    step = sharded_model.forecast_step_fn(layout, graphdef)
+
+    def step_fn(params, constants, halo_indices, history, forcings, statics):
+      return step(params, constants, halo_indices,
+                  {"inputs": history, "forcings": forcings, "statics": statics})
+
+    self._step = jax.jit(step_fn, donate_argnums=3)
+    self._compiled = None
+
+  def _put(self, key: str, array: np.ndarray) -> jax.Array:
+    return jax.device_put(np.ascontiguousarray(array, np.float32),
+                          self.layout.sharding(BATCH_SPECS[key]))
+
+  def _history(self, init_indices) -> np.ndarray:
+    """`[B, input_steps, C, slots]` normalized states up to each initial time."""
+    offsets = np.arange(1 - self.input_steps, 1)
+    return np.stack([self.store.read_state(index + offsets, mean=self.mean, std=self.std,
+                                           grid_index=self._grid_index)
+                     for index in init_indices])
+
+  def _forcings(self, init_times, lead: int) -> np.ndarray:
+    """`[B, input_steps + 1, F, slots]` at the history times of lead `lead` and its target."""
+    offsets = np.arange(lead + 1 - self.input_steps, lead + 2) * self.time_step
+    windows = [forcings_lib.compute_forcings(np.datetime64(t, "ns") + offsets,
+                                             self.store.latitude, self.store.longitude)
+               for t in init_times]
+    return self.layout.partitioned.grid.to_slots(np.stack(windows), -1)
+
+  def compile(self) -> dict:
+    """Compiles the step; returns its memory figures (bytes, per device)."""
+    slots = len(self.layout.grid_slots)
+
+    def abstract(key, *shape):
+      return jax.ShapeDtypeStruct((self.batch_size,) + shape + (slots,), np.float32,
+                                  sharding=self.layout.sharding(BATCH_SPECS[key]))
+
+    history = abstract("inputs", self.input_steps, len(self.mean))
+    forcings = abstract("forcings", self.input_steps + 1, forecast.NUM_FORCINGS)
+    self._compiled = self._step.lower(self.params, self.constants, self.halo_indices, history,
+                                      forcings, self.statics).compile()
+    stats = self._compiled.memory_analysis()
+    return {"argument_bytes": stats.argument_size_in_bytes,
+            "output_bytes": stats.output_size_in_bytes,
+            "temp_bytes": stats.temp_size_in_bytes}
+
+  def run(self, init_indices, num_leads: int):
+    """Yields `(lead index, states [len(init_indices), C, lat * lon])` for each lead time.
+
+    States are float32 in physical units, latitude ascending (the store's
+    internal order). `init_indices` index `store.times`, at most `batch_size`
+    of them; each needs `input_steps - 1` earlier times in the store.
+    """
+    if self._compiled is None:
+      self.compile()
+    count = len(init_indices)
+    if not 0 < count <= self.batch_size:
+      raise ValueError(f"{count} initial times; a call takes 1..{self.batch_size}")
+    indices = list(init_indices) + [init_indices[-1]] * (self.batch_size - count)  # padding
+    init_times = self.store.times[indices]
+    history = self._put("inputs", self._history(indices))
+    pending = None
+    for lead in range(num_leads):
+      forcings = self._put("forcings", self._forcings(init_times, lead))
+      history, state = self._compiled(self.params, self.constants, self.halo_indices, history,
+                                      forcings, self.statics)
+      state.copy_to_host_async()
+      if pending is not None:  # the previous lead reaches the host while this one runs
+        yield pending[0], self._to_host(pending[1], count)
+      pending = (lead, state)
+    yield pending[0], self._to_host(pending[1], count)
+
+  def _to_host(self, state: jax.Array, count: int) -> np.ndarray:
+    """`[count, C, lat * lon]` physical units from a device state `[B, C, slots]`."""
+    normalized = self.layout.partitioned.grid.from_slots(np.asarray(state)[:count], -1)
+    return normalized * self.std[:, None] + self.mean[:, None]
+
+
+def live_device_bytes() -> int:
+  """Bytes of all live JAX arrays on this process's devices."""
+  return sum(shard.data.nbytes for array in jax.live_arrays()
+             for shard in array.addressable_shards)
+
