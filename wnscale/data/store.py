@@ -65,6 +65,7 @@ class WeatherStore:
     views: `{name: TensorStore}` the same arrays in internal order:
       `[time, level, lat, lon]`, `[time, lat, lon]` or `[lat, lon]`, latitude
       ascending.
+    flip_latitude: the store holds latitude descending (its views flip it).
     channel_fill, static_fill: `[channels]` / `[2]` values that replace NaN
       (None: a NaN is an error).
   """
@@ -80,6 +81,7 @@ class WeatherStore:
   level_indices: np.ndarray
   handles: dict
   views: dict
+  flip_latitude: bool = False
   channel_fill: np.ndarray | None = None
   static_fill: np.ndarray | None = None
 
@@ -280,7 +282,7 @@ def open_store(path: str,
   }
   views = {name: _internal_view(handles[name], dims[name], flip) for name in names}
   return WeatherStore(path, variables, levels, time_step_hours, times, latitude, longitude,
-                      stride, level_indices, handles, views)
+                      stride, level_indices, handles, views, flip)
 
 
 def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], flip_latitude: bool):

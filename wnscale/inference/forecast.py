@@ -26,6 +26,7 @@ from wnscale import config as config_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
+from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import time_range
 from wnscale.inference import forecast_store
 from wnscale.inference.progress import Progress
@@ -116,7 +117,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                      f"this is one of {jax.process_count()}.")
   config, path = load_run_config(workdir, mesh_overrides, data_path)
   d = config.data
-  stats = normalization.load_or_compute_stats(d.path, d.time_step_hours)
+  stats = resolve_stats(d)  # the training run's statistics
   channel_stats = normalization.channel_stats(stats, d.variables, d.pressure_levels)
   static_stats = normalization.static_stats(stats)
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,

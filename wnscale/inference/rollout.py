@@ -47,7 +47,6 @@ class StreamingForecaster:
     self.batch_size = layout.mesh.shape[DATA]  # initial times per call: one per data shard
     self.mean = np.asarray(channel_stats["mean"], np.float32)
     self.std = np.asarray(channel_stats["std"], np.float32)
-    self._grid_index = store.grid_index(layout.grid_slots)
     self.constants, self.halo_indices = layout.constants(constants)
     statics = layout.partitioned.grid.to_slots(
         normalize_statics(store.read_statics(), static_stats), -1)
@@ -70,7 +69,7 @@ class StreamingForecaster:
     """`[B, input_steps, C, slots]` normalized states up to each initial time."""
     offsets = np.arange(1 - self.input_steps, 1)
     return np.stack([self.store.read_state(index + offsets, mean=self.mean, std=self.std,
-                                           grid_index=self._grid_index)
+                                           grid_index=self.layout.grid_slots)
                      for index in init_indices])
 
   def _forcings(self, init_times, lead: int) -> np.ndarray:
