@@ -132,3 +132,32 @@ def free_bytes(path: str) -> int | None:
   while not os.path.exists(directory):
     directory = os.path.dirname(directory)
   return shutil.disk_usage(directory).free
+
+
+@contextlib.contextmanager
+def building(path: str):
+  """Yields where to build a new directory-like output (a zarr store) meant for `path`.
+
+  Locally it is built under a temporary name and renamed to `path` when the
+  block ends without error (removed otherwise): it appears whole or not at all.
+  A bucket has no renames of many objects at once, so there it is built at
+  `path` itself and a `<path>.complete` marker is written last; `is_complete`
+  tells the two apart in either case.
+  """
+  path = normalize(path)
+  if is_url(path):
+    yield path
+    write_text(path + ".complete", "")
+    return
+  partial = f"{path}.partial-{os.getpid()}"
+  try:
+    yield partial
+    os.replace(partial, path)
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def is_complete(path: str) -> bool:
+  """Whether an output built with `building` is all there."""
+  path = normalize(path)
+  return exists(path + ".complete") if is_url(path) else exists(path)

@@ -1,5 +1,7 @@
 """Writes WeatherBench2-layout zarr stores piece by piece: forecasts, climatologies.
 
+Paths may be local or URLs (`gs://`; `wnscale.paths`).
+
 `create_store` lays a store out (coordinates, attributes, every data variable
 with its dims, chunks and `units`, filled with NaN) in one go; the data then
 goes in block by block through tensorstore (`open_variable`), so a writer
@@ -10,12 +12,13 @@ with consolidated metadata.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import tensorstore as ts
 import xarray as xr
 import zarr
+
+from wnscale import paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +46,9 @@ def create_store(path: str, coords: dict, variables: dict[str, VariableLayout],
     attrs: the store's attributes (JSON-serializable).
 
   Returns:
-    `path`, absolute.
+    `path`, normalized (`paths.normalize`).
   """
-  path = os.path.abspath(path)  # tensorstore refuses paths with ".."
+  path = paths.normalize(path)  # tensorstore refuses paths with ".."
   xr.Dataset(coords={name: (name, np.asarray(values)) for name, values in coords.items()},
              attrs=attrs or {}).to_zarr(path, mode="w-", zarr_format=2, consolidated=False)
   group = zarr.open_group(path, mode="r+", zarr_format=2)
@@ -60,8 +63,7 @@ def create_store(path: str, coords: dict, variables: dict[str, VariableLayout],
 
 def open_variable(path: str, name: str):
   """A tensorstore handle for writing variable `name` of the store at `path`."""
-  return ts.open({"driver": "zarr", "kvstore": {"driver": "file",
-                                                "path": os.path.join(path, name)}},
+  return ts.open({"driver": "zarr", "kvstore": paths.kvstore_spec(paths.join(path, name))},
                  write=True).result()
 
 

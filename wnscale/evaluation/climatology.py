@@ -21,13 +21,12 @@ order, with `units`; under a temporary name, renamed when complete.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wnscale import paths
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
@@ -115,8 +114,8 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
       existing `out`.
   """
   weights = window_weights(window)
-  out = os.path.abspath(out)
-  if os.path.exists(out):
+  out = paths.normalize(out)
+  if paths.exists(out):
     raise ValueError(f"{out} exists; remove it or choose another --out")
   dataset = store_lib.open_metadata(path)
   names = _variables(dataset, variables, path)
@@ -129,15 +128,11 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   indices = np.arange(first, first + count)
   hours = np.unique(times.hour[indices])
   layout = _layout(dataset, names, level_values, hours, window, path, times[indices])
-  partial = f"{out}.partial-{os.getpid()}"
-  try:
-    writer.create_store(partial, *layout)
+  with paths.building(out) as where:
+    writer.create_store(where, *layout)
     for name in names:
       _write_variable(dataset, name, level_values, times, indices, hours, weights,
-                      memory_bytes, partial)
-    os.replace(partial, out)
-  finally:
-    shutil.rmtree(partial, ignore_errors=True)
+                      memory_bytes, where)
   return out
 
 
@@ -181,7 +176,7 @@ def _layout(dataset, names, levels, hours, window, path, times):
     chunks = (1, 1) + ((len(levels),) if atmospheric else ()) + grid
     variables[name] = writer.VariableLayout(dims, chunks,
                                             {"units": variables_lib.lookup(name).units})
-  attrs = {"source": os.path.abspath(path), "window_days": window,
+  attrs = {"source": paths.normalize(path), "window_days": window,
            "start": str(times[0]), "end": str(times[-1]),
            "description": "day-of-year x hour-of-day climatology (WeatherBench2's method)"}
   return coords, variables, attrs

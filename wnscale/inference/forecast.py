@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
 
 import jax
@@ -23,6 +22,7 @@ import pandas as pd
 from jax.sharding import PartitionSpec as P
 
 from wnscale import config as config_lib
+from wnscale import paths
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
@@ -39,12 +39,11 @@ from wnscale.train import checkpoint as checkpoint_lib
 
 def load_run_config(workdir: str, mesh: dict | None = None, data_path: str | None = None):
   """The run's `config.json`, with mesh overrides (`data`, `graph`, `exchange`) and store."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise ValueError(f"No config.json in {os.path.abspath(workdir)}: --workdir must be a run "
+  path = paths.join(workdir, "config.json")
+  if not paths.exists(path):
+    raise ValueError(f"No config.json in {paths.normalize(workdir)}: --workdir must be a run "
                      "directory of python -m launch.train.")
-  with open(path) as f:
-    config = config_lib.from_json(f.read())
+  config = config_lib.from_json(paths.read_text(path))
   config.mesh.update(mesh or {})
   return config_lib.validate(config), data_path or config.data.path
 
@@ -141,7 +140,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                          config.mesh.exchange)
   graphdef, abstract = setup.init_model_shapes(config)
   params, step = checkpoint_lib.restore_params(
-      os.path.join(workdir, "checkpoints"),
+      paths.join(workdir, "checkpoints"),
       checkpoint_lib.abstract_like(abstract, layout.sharding(P())), step)
   logging.info("Restored the parameters of step %d from %s.", step, workdir)
 

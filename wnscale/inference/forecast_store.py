@@ -7,8 +7,8 @@ conditions came from; float32 in physical units with a `units` attribute;
 one chunk per (initial time, [member,] lead time), so a lead time is written
 as soon as it is computed and a chunk never holds two initial times.
 
-The store is laid out in full when created (under a temporary name, then
-renamed), NaN until written. Its attributes record the forecast's settings
+The store is laid out in full when created (whole or not at all:
+`paths.building`; the path may be a `gs://` URL), NaN until written. Its attributes record the forecast's settings
 (`SETTINGS_ATTR`) and the initial times finished so far
 (`datasets.COMPLETED_ATTR`, updated atomically after each one), so a killed
 forecast keeps every finished initial time and the same command continues
@@ -17,12 +17,10 @@ with the rest; a store of other settings is never written into.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 import pandas as pd
 
+from wnscale import paths
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
 from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
@@ -32,8 +30,11 @@ SETTINGS_ATTR = "wnscale_forecast"
 
 def recorded_settings(path: str) -> dict | None:
   """The settings an existing forecast store at `path` was written with (None: no store)."""
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return None
+  if not paths.is_complete(path):
+    raise ValueError(f"{path} is a forecast store whose creation was cut short; remove it "
+                     "and run the same command again.")
   try:
     return writer.read_attrs(path)[SETTINGS_ATTR]
   except Exception as error:  # not a zarr store, or not one of ours
@@ -58,7 +59,7 @@ class ForecastStore:
 
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
                latitude, longitude, flip_latitude: bool, members: int | None = None):
-    self.path = os.path.abspath(path)
+    self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
     self.grid = (len(latitude), len(longitude))
@@ -91,13 +92,8 @@ class ForecastStore:
       chunks = (1,) * (1 + len(lead_dims)) + (len(self.levels),) * len(level_dims) + self.grid
       layouts[name] = writer.VariableLayout(dims, chunks,
                                             {"units": variables_lib.lookup(name).units})
-    partial = f"{self.path}.partial-{os.getpid()}"
-    try:
-      writer.create_store(partial, coords, layouts,
-                          {SETTINGS_ATTR: settings, COMPLETED_ATTR: []})
-      os.replace(partial, self.path)
-    finally:
-      shutil.rmtree(partial, ignore_errors=True)
+    with paths.building(self.path) as where:
+      writer.create_store(where, coords, layouts, {SETTINGS_ATTR: settings, COMPLETED_ATTR: []})
 
   def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None):
     """Starts writing one state `[channels, lat * lon]` (latitude ascending, physical units)."""
@@ -128,8 +124,8 @@ class ForecastStore:
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,
                       init_times, leads, variables, levels) -> dict:
   """The JSON settings that identify a forecast (what a resumed run must match)."""
-  return {"workdir": os.path.abspath(workdir), "checkpoint_step": int(checkpoint_step),
-          "initial_conditions": os.path.abspath(initial_conditions),
+  return {"workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
+          "initial_conditions": paths.normalize(initial_conditions),
           "init_times": [str(pd.Timestamp(t)) for t in init_times],
           "lead_hours": [float(pd.Timedelta(lead) / pd.Timedelta(hours=1)) for lead in leads],
           "variables": list(variables), "levels": [int(level) for level in levels]}
