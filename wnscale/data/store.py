@@ -21,6 +21,7 @@ import tensorstore as ts
 import xarray as xr
 
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 
 _COPY_THREADS = None
 
@@ -167,7 +168,8 @@ class WeatherStore:
       # pass without a boolean temporary; `_fill_or_raise` looks closer.
       return bool(np.isnan(out.sum()))
 
-    has_nan = any(_copy_threads().map(fill_channels, tasks))
+    # A list first: any() alone would stop waiting at the first NaN, with copies still running.
+    has_nan = any(list(_copy_threads().map(fill_channels, tasks)))
     if has_nan and not allow_nan and np.isnan(state).any():
       fill = self.channel_fill
       if mean is not None and fill is not None:
@@ -199,9 +201,14 @@ class WeatherStore:
       return
     bad_time, bad_channel, _ = np.argwhere(np.isnan(array))[0]
     when = "" if times is None else f" at time {times[bad_time]}"
-    raise ValueError(
-        f"NaN in variable {names[bad_channel]!r}{when} of store {self.path}; "
-        "pass fill_nan=True to fill NaN with the variable's mean")
+    raise UserError(nan_message(names[bad_channel], when, self.path))
+
+
+def nan_message(channel: str, when: str, path: str) -> str:
+  """The error for a NaN in `channel` (`when`: " at time ..." or "") of the store at `path`."""
+  return (f"NaN in variable {channel!r}{when} of store {path}. Pass "
+          "--config.data.fill_nan=True (fill_nan=True) to fill NaN with the variable's mean, "
+          "or repair the store.")
 
 
 def open_store(path: str,
@@ -254,14 +261,18 @@ def open_store(path: str,
 def open_metadata(path: str) -> xr.Dataset:
   """The store as a lazy xarray Dataset (metadata and coordinates only)."""
   if not os.path.exists(path):
-    raise ValueError(f"Store not found: {path}")
+    raise UserError(
+        f"Store not found: {path}. Point data.path at a WeatherBench2-layout zarr store; make "
+        f"a synthetic one with python -m launch.make_dataset --out={path}; or, for small "
+        "configs such as configs/tiny.py, leave data.path empty to have a synthetic store "
+        "written into the cache.")
   # v2 stores carry .zmetadata (WB2 does); v3 has no consolidated standard.
   consolidated = _tensorstore_driver(path) == "zarr" and os.path.exists(
       os.path.join(path, ".zmetadata"))
   try:
     return xr.open_zarr(path, chunks=None, consolidated=consolidated)
   except Exception as error:  # zarr raises many types for a broken store
-    raise ValueError(f"Cannot open {path} as a zarr store: {error}") from error
+    raise UserError(f"Cannot open {path} as a zarr store: {error}") from error
 
 
 def _check_variables(dataset, variables, levels, path):
@@ -269,9 +280,10 @@ def _check_variables(dataset, variables, levels, path):
   required = variables + variables_lib.STATIC_VARIABLES
   missing = [name for name in required if name not in dataset]
   if missing:
-    raise ValueError(
+    raise UserError(
         f"Store {path} lacks variable(s) {missing}; it has "
-        f"{sorted(str(name) for name in dataset.data_vars)}")
+        f"{sorted(str(name) for name in dataset.data_vars)}. Choose data.variables among "
+        "those (the static fields are always needed), or use a store that has them.")
   for name in required:
     if name in variables_lib.STATIC_VARIABLES:
       expected = STATIC_DIMS
@@ -280,34 +292,34 @@ def _check_variables(dataset, variables, levels, path):
     else:
       expected = SURFACE_DIMS
     if tuple(dataset[name].dims) != expected:
-      raise ValueError(f"Variable {name!r} in {path} has dims "
-                       f"{tuple(dataset[name].dims)}; expected {expected}")
+      raise UserError(f"Variable {name!r} in {path} has dims "
+                      f"{tuple(dataset[name].dims)}; expected {expected}")
   if any(variables_lib.lookup(name).atmospheric for name in variables):
     store_levels = [int(level) for level in dataset["level"].values]
     absent = [level for level in levels if level not in store_levels]
     if absent:
-      raise ValueError(f"Level(s) {absent} hPa not in store {path}; it has "
-                       f"{store_levels}")
+      raise UserError(f"Level(s) {absent} hPa not in store {path}; it has "
+                      f"{store_levels}. Choose data.pressure_levels among those.")
 
 
 def _subsampled_times(dataset, time_step_hours, path):
   """The store's times every `time_step_hours` and the index stride."""
   times = dataset["time"].values
   if not np.issubdtype(times.dtype, np.datetime64):
-    raise ValueError(f"Time coordinate of {path} is not datetime-decodable: "
-                     f"dtype {times.dtype}")
+    raise UserError(f"Time coordinate of {path} is not datetime-decodable: "
+                    f"dtype {times.dtype}")
   if len(times) < 2:
-    raise ValueError(f"Store {path} has {len(times)} time(s); need at least 2")
+    raise UserError(f"Store {path} has {len(times)} time(s); need at least 2")
   steps = np.diff(times) / np.timedelta64(1, "h")
   if not np.allclose(steps, steps[0]):
-    raise ValueError(f"Time step of {path} is not uniform: steps (hours) range "
-                     f"{steps.min()} .. {steps.max()}")
+    raise UserError(f"Time step of {path} is not uniform: steps (hours) range "
+                    f"{steps.min()} .. {steps.max()}")
   step = float(steps[0])
   if step <= 0:
-    raise ValueError(f"Times of {path} are not increasing (step {step:g} h)")
+    raise UserError(f"Times of {path} are not increasing (step {step:g} h)")
   stride = time_step_hours / step
   if not float(stride).is_integer():
-    raise ValueError(
+    raise UserError(
         f"Store {path} has a time step of {step:g} h, which does not divide "
         f"time_step_hours={time_step_hours} (the store is too coarse or "
         "misaligned)")
@@ -321,13 +333,13 @@ def _grid(dataset, resolution, path):
   longitude = np.asarray(dataset["longitude"].values, np.float64)
   lat_steps, lon_steps = np.diff(latitude), np.diff(longitude)
   if not (np.all(lat_steps > 0) or np.all(lat_steps < 0)):
-    raise ValueError(f"Latitude of {path} is not monotonic")
+    raise UserError(f"Latitude of {path} is not monotonic")
   if not np.all(lon_steps > 0):
-    raise ValueError(f"Longitude of {path} is not ascending")
+    raise UserError(f"Longitude of {path} is not ascending")
   if resolution is not None:
     spacing = (np.abs(lat_steps).mean(), lon_steps.mean())
     if any(abs(s - resolution) > RESOLUTION_TOLERANCE for s in spacing):
-      raise ValueError(
+      raise UserError(
           f"Store {path} has grid spacing {spacing[0]:g} x {spacing[1]:g} deg "
           f"(lat x lon); the config asks for resolution {resolution:g}")
   flip = bool(lat_steps[0] < 0)
@@ -340,4 +352,4 @@ def _tensorstore_driver(path: str) -> str:
     return "zarr3"
   if os.path.exists(os.path.join(path, ".zgroup")):
     return "zarr"
-  raise ValueError(f"{path} has neither .zgroup (zarr v2) nor zarr.json (v3)")
+  raise UserError(f"{path} has neither .zgroup (zarr v2) nor zarr.json (v3)")

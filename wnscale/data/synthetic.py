@@ -30,6 +30,7 @@ import xarray as xr
 import zarr
 
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 from wnscale.graphs import grid
 
 GRAVITY = 9.80665  # m s^-2
@@ -217,7 +218,7 @@ class SyntheticWeather:
       signal = waves(surface_speed, hours, np.array([1.5]), 0.5)[:, 0]
       # Softplus keeps it positive and mostly small, like rain.
       return 2e-3 * wet * np.log1p(np.exp(3 * signal - 2)) / 3
-    raise ValueError(f"No synthetic field for variable {name!r}")
+    raise UserError(f"No synthetic field for variable {name!r}")
 
 
 def write_synthetic_store(
@@ -247,18 +248,22 @@ def write_synthetic_store(
     `path`.
   """
   if zarr_format not in (2, 3):
-    raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format}")
+    raise UserError(f"zarr_format must be 2 or 3, got {zarr_format}")
   if time_step_hours <= 0:
-    raise ValueError(f"time_step_hours must be positive, got {time_step_hours}")
+    raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = os.path.abspath(path)  # tensorstore refuses paths with ".."
   names = list(variables or variables_lib.VARIABLES)
   for name in names:
     variables_lib.lookup(name)
   levels = [int(level) for level in levels]
-  times = pd.date_range(pd.Timestamp(start), pd.Timestamp(end) +
-                        pd.Timedelta(hours=23), freq=f"{time_step_hours}h")
+  try:
+    first, final = pd.Timestamp(start), pd.Timestamp(end)
+  except ValueError as error:
+    raise UserError(f"Cannot read the dates start={start!r}, end={end!r} ({error}); write "
+                    "them as YYYY-MM-DD.") from error
+  times = pd.date_range(first, final + pd.Timedelta(hours=23), freq=f"{time_step_hours}h")
   if len(times) == 0:
-    raise ValueError(f"No times between start={start} and end={end}")
+    raise UserError(f"No times between start={start} and end={end}")
   times = times.values.astype("datetime64[ns]")
   latitude, longitude = store_coordinates(resolution, include_poles)
   weather = SyntheticWeather(latitude, longitude, levels, seed)
@@ -268,8 +273,8 @@ def write_synthetic_store(
                   for marker in (".zgroup", "zarr.json"))
     if not overwrite or not is_zarr:
       # Never delete a directory that is not a zarr store.
-      raise ValueError(f"{path} exists (overwrite={overwrite}, zarr store: "
-                       f"{is_zarr}); remove it or choose another path")
+      raise UserError(f"{path} exists (overwrite={overwrite}, zarr store: "
+                      f"{is_zarr}); remove it or choose another path")
     shutil.rmtree(path)
   _write_layout(path, weather, names, times, levels, latitude, longitude,
                 zarr_format)

@@ -21,8 +21,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from wnscale.errors import UserError
 
-class CheckpointMismatchError(ValueError):
+
+class CheckpointMismatchError(UserError):
   """A checkpoint's train state has other arrays, shapes or dtypes than this run's."""
 
 
@@ -78,12 +80,14 @@ class Checkpointer:
         continue
       differences = _differences(stored, abstract_state)
       if differences:
+        path = os.path.join(self.directory, str(step))
+        more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
         raise CheckpointMismatchError(
-            f"Checkpoint {os.path.join(self.directory, str(step))} holds a different train "
-            f"state than this run builds (another model or optimizer configuration?); "
-            f"{len(differences)} differences: {'; '.join(differences[:5])}. Resume with the "
-            "config it was written with (saved in the checkpoint's metadata) or start a new "
-            "--workdir.")
+            f"The checkpoint {path} was written by another model or optimizer configuration: "
+            f"{len(differences)} of its arrays differ from this run's "
+            f"({'; '.join(differences[:3])}{more}). Resume with the config it was written "
+            f"with (in {os.path.join(path, 'metadata')}), or give this run a new --workdir. "
+            "The checkpoint is left as it is.")
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
