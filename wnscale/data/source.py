@@ -26,6 +26,7 @@ import pandas as pd
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
+from wnscale.errors import UserError
 
 
 class WeatherExampleSource:
@@ -56,6 +57,9 @@ class WeatherExampleSource:
                grid_slots: np.ndarray | None = None):
     """Opens the store and loads (or computes once) its statistics.
 
+    Without `fill_nan`, a NaN that the statistics pass saw inside the time
+    range is an error here, before anything is compiled.
+
     Args:
       path, variables, levels, time_step_hours, resolution: see
         `store.open_store`.
@@ -69,8 +73,8 @@ class WeatherExampleSource:
         training loop does not reorder batches. None: all nodes in order.
     """
     if input_steps < 1 or target_steps < 1:
-      raise ValueError(f"input_steps ({input_steps}) and target_steps "
-                       f"({target_steps}) must be at least 1")
+      raise UserError(f"input_steps ({input_steps}) and target_steps "
+                      f"({target_steps}) must be at least 1")
     self.store = store_lib.open_store(path, variables, levels, time_step_hours=time_step_hours,
                                       resolution=resolution)
     stats = normalization.load_or_compute_stats(path, time_step_hours)
@@ -86,11 +90,45 @@ class WeatherExampleSource:
     self._first_time, num_times = _time_range(self.store.times, start, end)
     self._num_examples = num_times - self.window + 1
     if self._num_examples <= 0:
-      raise ValueError(
+      times = self.store.times
+      raise UserError(
           f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
           f"{time_step_hours} h; one example needs {self.window} "
-          f"({input_steps} input + {target_steps} target)")
+          f"({input_steps} input + {target_steps} target). The store covers "
+          f"{times[0]} .. {times[-1]}: set data.train_start/train_end and "
+          "data.eval_start/eval_end inside it.")
+    if not fill_nan:
+      self._check_nan(stats, num_times)
     self._set_grid_slots(grid_slots)
+
+  def _check_nan(self, stats, num_times: int):
+    """Raises on the first NaN in this source's time range, if the statistics saw any.
+
+    The statistics note each channel's first and last NaN over the whole store;
+    only a channel whose NaN span meets the range is read, from where it meets.
+    """
+    spans = normalization.nan_hours(stats, self.store.variables, self.store.levels)
+    if spans is None:  # statistics that do not record NaN
+      return
+    hours = (self.store.times - np.datetime64(0, "ns")) / np.timedelta64(1, "h")
+    times = np.arange(self._first_time, self._first_time + num_times)
+    first, last = spans
+    with np.errstate(invalid="ignore"):  # NaN hours: channels without NaN
+      suspects = np.flatnonzero((first <= hours[times[-1]]) & (last >= hours[times[0]]))
+    if suspects.size == 0:
+      return
+    span = (hours[times] >= first[suspects].min()) & (hours[times] <= last[suspects].max())
+    times = times[span]
+    block = max(1, normalization.BLOCK_BYTES // (4 * self.store.num_grid_nodes
+                                                  * self.store.num_channels))
+    for begin in range(0, len(times), block):
+      state = self.store.read_state(times[begin:begin + block], allow_nan=True)
+      bad = np.argwhere(np.isnan(state[:, suspects]).any(axis=2))
+      if bad.size:
+        step, channel = bad[0]
+        raise UserError(store_lib.nan_message(
+            self.store.channel_names[suspects[channel]],
+            f" at time {self.store.times[times[begin + step]]}", self.store.path))
 
   @property
   def window(self) -> int:
@@ -169,7 +207,7 @@ def _time_range(times: np.ndarray, start, end) -> tuple[int, int]:
   else:
     stop = times[-1]
   if stop < begin:
-    raise ValueError(f"Time range end {end} is before its start {start}")
+    raise UserError(f"Time range end {end} is before its start {start}")
   inside = np.flatnonzero((times >= begin) & (times <= stop))
   if inside.size == 0:
     return 0, 0
