@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import time
 
 import jax
 import ml_collections
@@ -43,6 +45,9 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     return data.path
   path = synthetic_store_path(data, config.seed)
   if jax.process_index() == 0 and not os.path.exists(path):
+    logging.info("Writing the synthetic store %s (data.path is empty; kept for later runs).",
+                 path)
+    start = time.perf_counter()
     partial = f"{path}.partial-{os.getpid()}"
     synthetic.write_synthetic_store(
         partial, resolution=data.resolution, start=min(data.train_start, data.eval_start),
@@ -52,6 +57,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
       os.replace(partial, path)
     except OSError:  # another run finished the same store first
       shutil.rmtree(partial, ignore_errors=True)
+    logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - start)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("wnscale synthetic store ready")
   return path

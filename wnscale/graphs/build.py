@@ -142,10 +142,13 @@ def build_graphs(latitude, longitude, mesh_levels: int,
   longitude = np.asarray(longitude, dtype=np.float64)
   path = cache.cache_path(
       "graphs", _cache_key(latitude, longitude, mesh_levels, radius_fraction) + ".npz")
+  start = time.perf_counter()
   if use_cache and os.path.exists(path):
     with np.load(path) as cached:
-      return _unflatten(dict(cached))
-  start = time.perf_counter()
+      graphs = _unflatten(dict(cached))
+    logging.info("Graphs from the cache %s in %.1f s: %s", path, time.perf_counter() - start,
+                 graphs.counts())
+    return graphs
   graphs = _build(latitude, longitude, mesh_levels, radius_fraction)
   logging.info("Built graphs in %.1f s: %s", time.perf_counter() - start, graphs.counts())
   if use_cache:

@@ -5,8 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 from tensorboardX import SummaryWriter
+
+from wnscale.train import workdir as workdir_lib
+
+# Names TensorBoard keeps as they are; metrics.jsonl uses the same names.
+_TAG = re.compile(r"[\w./-]+")
 
 
 class MetricsWriter:
@@ -20,7 +26,7 @@ class MetricsWriter:
     self.enabled = enabled
     if not enabled:
       return
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = os.path.join(workdir, workdir_lib.METRICS)
     if os.path.exists(self.path):
       with open(self.path) as f:
         kept = [line for line in f if _step_of(line) <= resume_step]
@@ -28,18 +34,21 @@ class MetricsWriter:
         f.writelines(kept)
       os.replace(self.path + ".tmp", self.path)
     self.file = open(self.path, "a")
-    self.tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self.tensorboard = SummaryWriter(os.path.join(workdir, workdir_lib.TENSORBOARD))
 
   def write(self, step: int, values: dict):
+    """Appends `{name: value}` at `step`; names must be valid TensorBoard tags."""
     if not self.enabled:
       return
+    bad = [name for name in values if not _TAG.fullmatch(name)]
+    if bad:
+      raise ValueError(f"Metric names {bad} are not TensorBoard tags (letters, digits, _ . / -)")
     values = {k: (float(v) if not isinstance(v, str) else v) for k, v in values.items()}
     self.file.write(json.dumps({"step": step, **values}) + "\n")
     self.file.flush()
     for name, value in values.items():
       if isinstance(value, float) and math.isfinite(value):
-        # TensorBoard tags allow no "@": temperature@500 -> temperature_500.
-        self.tensorboard.add_scalar(name.replace("@", "_"), value, step)
+        self.tensorboard.add_scalar(name, value, step)
     self.tensorboard.flush()
 
   def close(self):
@@ -58,5 +67,5 @@ def _step_of(line: str) -> float:
 
 def read_metrics(workdir: str) -> list[dict]:
   """The entries of `workdir/metrics.jsonl`, in order."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+  with open(os.path.join(workdir, workdir_lib.METRICS)) as f:
     return [json.loads(line) for line in f if line.strip()]
