@@ -30,7 +30,12 @@ import re
 import sys
 import traceback
 
-from jax._src import hardware_utils
+from absl import app, flags
+from ml_collections import config_flags
+
+from wnscale import config as config_lib
+from wnscale.errors import UserError
+from wnscale.train import workdir as workdir_lib
 
 
 def _quiet_libtpu():
@@ -40,8 +45,11 @@ def _quiet_libtpu():
   without them prints start-up errors while looking for TPU hosts, then falls
   back to the CPU. ALLOW_MULTIPLE_LIBTPU_LOAD lets several such processes run.
   """
-  # JAX's own test for TPU chips on the PCI bus (its private module; jax is pinned).
-  if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+  try:  # JAX's own test for TPU chips on the PCI bus (a private module; jax is pinned)
+    from jax._src import hardware_utils
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+      return
+  except (ImportError, AttributeError):  # cannot tell: leave a possible TPU alone
     return
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
@@ -50,14 +58,8 @@ def _quiet_libtpu():
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
 
+# At import: a launcher imports this module before its main starts JAX's backend.
 _quiet_libtpu()
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from wnscale import config as config_lib  # noqa: E402
-from wnscale.errors import UserError  # noqa: E402
-from wnscale.train import workdir as workdir_lib  # noqa: E402
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
@@ -117,7 +119,7 @@ def _parse_flags(argv: list[str], required) -> list[str]:
   if any(arg in _HELP_FLAGS for arg in own):
     app.usage(shorthelp="--helpfull" not in own, writeto_stdout=True, exitcode=0)
   for name in required:
-    if not any(re.match(rf"--?{name}(=|$)", arg) for arg in own):
+    if not any(re.match(rf"--?{name}(=.|$)", arg) for arg in own):
       raise UserError(f"--{name} is required: {flags.FLAGS[name].help} (--help lists "
                       "every flag)")
   if "config" in flags.FLAGS:

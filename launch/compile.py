@@ -17,10 +17,12 @@ the libtpu wheel (`pip install -e '.[tpu]'`).
 import json
 import os
 
-# A planning tool for CPU hosts: keep libtpu from claiming (absent) TPUs. XLA:CPU's
-# default scheduler hoists the recomputation that remat adds (then remat hardly
-# shows in a cpu:N compile); the sequential one does not.
+# A planning tool for CPU hosts: keep libtpu from claiming TPUs (a training job may
+# hold them), and let it load beside that job. XLA:CPU's default scheduler hoists
+# the recomputation that remat adds (then remat hardly shows in a cpu:N compile);
+# the sequential one does not.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_cpu_enable_concurrency_optimized_scheduler=false")
@@ -46,10 +48,11 @@ _GRAPH_SHARDS = flags.DEFINE_list("graph_shards", None,
                                   "--sweep: 1, 2, 4, ... up to the device count).")
 _BATCH = flags.DEFINE_integer("batch_per_data_shard", 0,
                               "Examples per data shard (0: the config's train.batch_size split "
-                              "over the data shards, rounded up to whole examples).")
+                              "over the data shards, rounded up to whole examples).",
+                              lower_bound=0)
 
 GIB = 2**30
-COLUMNS = (  # what --help and the end of the table explain
+COLUMNS = (  # printed under the table
     ("candidate", "the remat setting compiled (with --sweep; see wnscale/planner/auto_remat.py)"),
     ("graph", "graph shards (mesh.graph); the other devices split the batch (mesh.data)"),
     ("batch", "global batch (train.batch_size), whole examples per data shard"),
@@ -92,6 +95,10 @@ def main(argv):
   target = topology.resolve(name)
   num_devices = len(target.devices)
   config = config_lib.validate(_CONFIG.value)
+  config_batch = config.train.batch_size
+  if _GRAPH_SHARDS.value and not all(g.isdigit() for g in _GRAPH_SHARDS.value):
+    raise UserError(f"--graph_shards={','.join(_GRAPH_SHARDS.value)}: give shard counts, "
+                    "e.g. --graph_shards=1,4,8.")
   shard_counts = ([int(g) for g in _GRAPH_SHARDS.value] if _GRAPH_SHARDS.value
                   else [config.mesh.graph] if not _SWEEP.value
                   else [2**k for k in range(num_devices.bit_length())
@@ -103,12 +110,11 @@ def main(argv):
                       f"{name}.")
     config.mesh.update(graph=graph, data=-1)
     data_shards = num_devices // graph
-    per_shard = _BATCH.value or batch_per_data_shard(config.train.batch_size, data_shards)
-    if not _BATCH.value and per_shard * data_shards != config.train.batch_size:
+    per_shard = _BATCH.value or batch_per_data_shard(config_batch, data_shards)
+    if not _BATCH.value and per_shard * data_shards != config_batch:
       logging.warning("train.batch_size=%d does not split over %d data shards: compiling "
                       "%d example(s) per data shard (batch %d); --batch_per_data_shard "
-                      "chooses.", config.train.batch_size, data_shards, per_shard,
-                      per_shard * data_shards)
+                      "chooses.", config_batch, data_shards, per_shard, per_shard * data_shards)
     config.train.batch_size = per_shard * data_shards
     problem = Problem(config, target, lower_train_step)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
@@ -125,8 +131,8 @@ def main(argv):
       if not _JSON.value:
         if len(reports) == 1:
           print(f"{target.name}: {num_devices} devices; graphs {problem.counts}")
-          print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'chnk':>5}  {'policy':<34}"
-                f"{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}{'FLOPs':>11}"
+          print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'chnk':>5}  "
+                f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}{'FLOPs':>11}"
                 f"{'comp s':>8}")
         print(_row(report), flush=True)
   if _JSON.value:
