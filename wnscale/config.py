@@ -45,7 +45,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.data = d = ml_collections.ConfigDict()
   d.path = ""  # zarr store (WeatherBench2 layout); empty: a synthetic store, written once
-  # into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
+  # into the cache directory ($WNSCALE_CACHE_DIR/datasets, default ~/.cache/wnscale/datasets)
   d.resolution = 5.625  # grid spacing in degrees; must match the store
   d.variables = ("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "specific_humidity", "2m_temperature",
@@ -66,7 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.batch_size = 2  # global batch (examples per step over all data shards)
   t.learning_rate = 1e-3  # peak learning rate after warm-up
   t.end_learning_rate = 3e-7  # learning rate at the end of the cosine decay
-  t.warmup_steps = 20  # linear warm-up steps
+  t.warmup_steps = 20  # linear warm-up steps (clipped to steps - 1 for a shorter run)
   t.weight_decay = 0.1  # AdamW decoupled weight decay
   t.adam_b1 = 0.9
   t.adam_b2 = 0.95
@@ -74,7 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.remat_rollout = False  # checkpoint each autoregressive rollout step
   t.log_every = 10  # steps between progress lines / metrics.jsonl entries
   t.eval_every = 100  # steps between evaluations (0: never)
-  t.eval_batches = 4  # batches per evaluation
+  t.eval_batches = 4  # an evaluation reads the first eval_batches batches of the eval range
   t.checkpoint_every = 100  # steps between asynchronous checkpoints
   t.max_checkpoints = 3  # checkpoints kept
   t.memory_budget_gib = 0.0  # per-device memory for remat_policy="auto"; 0: the device's memory
