@@ -8,9 +8,9 @@ levels (12 state channels), on the synthetic ERA5-like store made on first use.
 
 Expect (2 CPU cores, shared with other jobs: load average 5-8): the synthetic
 store is written once into the cache directory ($WNSCALE_CACHE_DIR/datasets, by
-default ~/.cache/wnscale/datasets: 11 s, its statistics 8 s), the step compiles in
-~15 s, then 6-9 steps/s; the loss falls from ~11.6 at step 10 to ~2.8 at step 100
-and ~2.3 at step 200, 82 s in all the first time.
+default ~/.cache/wnscale/datasets: 11-14 s, its statistics 8-10 s), the step
+compiles in ~15 s, then 5-10 steps/s; the loss falls from ~11.6 at step 10 to ~2.8
+at step 100 and ~2.3 at step 200; 76-83 s in all the first time, 57 s later.
 """
 
 from wnscale.config import default_config

@@ -207,8 +207,8 @@ class WeatherStore:
 def nan_message(channel: str, when: str, path: str) -> str:
   """The error for a NaN in `channel` (`when`: " at time ..." or "") of the store at `path`."""
   return (f"NaN in variable {channel!r}{when} of store {path}. Pass "
-          "--config.data.fill_nan=True (fill_nan=True) to fill NaN with the variable's mean, "
-          "or repair the store.")
+          "--config.data.fill_nan=True to fill NaN with the variable's mean, or repair the "
+          "store.")
 
 
 def open_store(path: str,
