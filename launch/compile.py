@@ -132,8 +132,8 @@ def main(argv):
         if len(reports) == 1:
           print(f"{target.name}: {num_devices} devices; graphs {problem.counts}")
           print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'chnk':>5}  "
-                f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}{'FLOPs':>11}"
-                f"{'comp s':>8}")
+                f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}"
+                f"{'FLOPs':>11}{'comp s':>8}")
         print(_row(report), flush=True)
   if _JSON.value:
     print(json.dumps(reports if _SWEEP.value else reports[0]))
