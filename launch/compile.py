@@ -1,4 +1,4 @@
-"""Compiles a config's real training step for a TPU topology (or local CPUs) and reports
+r"""Compiles a config's real training step for a TPU topology (or local CPUs) and reports
 per-device memory against the chip's, FLOPs and compile time; nothing is allocated.
 
   python -m launch.compile --config=configs/graphcast_0p25.py --topology=v5e:4x4
@@ -6,42 +6,71 @@ per-device memory against the chip's, FLOPs and compile time; nothing is allocat
   python -m launch.compile --config=configs/graphcast_0p25.py --topology=v4:2x2x2 --sweep \
       --graph_shards=1,4,8 --batch_per_data_shard=1
 
-TPU topologies need the libtpu wheel (`pip install -e '.[tpu]'`).
+The graph is split over the config's mesh.graph devices (--graph_shards to choose),
+the rest of the devices split the batch. When the config's train.batch_size does
+not divide over those data shards, each data shard gets the fewest whole examples
+that cover it (--batch_per_data_shard to choose). Any config key can be overridden
+as --config.section.key=value (wnscale/config.py lists them). TPU topologies need
+the libtpu wheel (`pip install -e '.[tpu]'`).
 """
 
 import json
 import os
 
-# A planning tool for CPU hosts: keep libtpu from claiming (absent) TPUs.
+# A planning tool for CPU hosts: keep libtpu from claiming TPUs (a training job may
+# hold them), and let it load beside that job. XLA:CPU's default scheduler hoists
+# the recomputation that remat adds (then remat hardly shows in a cpu:N compile);
+# the sequential one does not.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")  # quiets libtpu's start-up
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_cpu_enable_concurrency_optimized_scheduler=false")
+
+from launch import cli  # noqa: E402
 
 import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
+from wnscale.errors import UserError  # noqa: E402
 from wnscale.planner import auto_remat, topology  # noqa: E402
-from wnscale.planner.compile import Problem  # noqa: E402
+from wnscale.planner.compile import (Problem, batch_per_data_shard,  # noqa: E402
+                                     best_setting)
 from wnscale.train.step import lower_train_step  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"),
-    "Experiment config file.")
+_CONFIG = cli.define_config()
 _TOPOLOGY = flags.DEFINE_string("topology", "cpu:8", "v4:2x2x1, v5e:4x4, ..., or cpu:N.")
 _JSON = flags.DEFINE_bool("json", False, "Print JSON (one object, or a list with --sweep).")
 _SWEEP = flags.DEFINE_bool("sweep", False, "Compile every remat candidate at each shard count.")
 _GRAPH_SHARDS = flags.DEFINE_list("graph_shards", None,
-                                  "With --sweep: graph shard counts (default 1, 2, 4, ...).")
+                                  "Graph shard counts (default: the config's mesh.graph; with "
+                                  "--sweep: 1, 2, 4, ... up to the device count).")
 _BATCH = flags.DEFINE_integer("batch_per_data_shard", 0,
-                              "Examples per data shard (0: the config's train.batch_size).")
+                              "Examples per data shard (0: the config's train.batch_size split "
+                              "over the data shards, rounded up to whole examples).",
+                              lower_bound=0)
 _BREAKDOWN = flags.DEFINE_bool(
     "breakdown", False, "Also list the largest buffers live at the peak of each compiled step "
     "(from XLA's buffer assignment) and the bytes at the peak per part of the model.")
 
 GIB = 2**30
+COLUMNS = (  # printed under the table
+    ("candidate", "the remat setting compiled (with --sweep; see wnscale/planner/auto_remat.py)"),
+    ("graph", "graph shards (mesh.graph); the other devices split the batch (mesh.data)"),
+    ("batch", "global batch (train.batch_size), whole examples per data shard"),
+    ("EPD", "stages under remat: E encoder, P processor, D decoder (- none)"),
+    ("K", "processor layers per checkpoint (model.mesh_remat_every)"),
+    ("chnk", "encoder/decoder edge blocks (model.edge_chunks)"),
+    ("policy", "model.remat_policy"),
+    ("arg GiB", "per device: parameters, optimizer state, batch and graph arrays"),
+    ("tmp GiB", "per device: XLA's temporaries"),
+    ("peak", "per device: peak memory in GiB, as compiled"),
+    ("HBM", "memory of one device in GiB (cpu:N: the host's RAM / N)"),
+    ("fits", "peak <= HBM"),
+    ("FLOPs", "per device per step: model plus recomputation (analytic)"),
+    ("comp s", "compile seconds"),
+)
 
 
 def _row(report) -> str:
@@ -49,7 +78,8 @@ def _row(report) -> str:
   stages = "".join(flag for key, flag in (("remat_grid_to_mesh_gnn", "E"), ("remat_mesh_gnn", "P"),
                                           ("remat_mesh_to_grid_gnn", "D")) if remat[key]) or "-"
   memory = report["device_memory_bytes"]
-  return (f"{report.get('candidate', ''):<22}{report['mesh']['graph']:>6}{stages:>5}"
+  return (f"{report.get('candidate', ''):<22}{report['mesh']['graph']:>6}"
+          f"{report['batch_size']:>6}{stages:>5}"
           f"{remat['mesh_remat_every']:>4}{remat['edge_chunks']:>5}  {remat['remat_policy']:<34}"
           f"{report['argument_bytes'] / GIB:>8.2f}{report['temp_bytes'] / GIB:>8.2f}"
           f"{report['peak_bytes'] / GIB:>8.2f}{(memory or 0) / GIB:>8.2f}"
@@ -79,19 +109,34 @@ def main(argv):
   del argv
   name = _TOPOLOGY.value
   if name.startswith("cpu:"):
-    jax.config.update("jax_num_cpu_devices", int(name.split(":")[1]))
+    if not name[4:].isdigit() or int(name[4:]) < 1:
+      raise UserError(f"--topology={name}: cpu:N needs a device count N >= 1, e.g. cpu:8.")
+    jax.config.update("jax_num_cpu_devices", int(name[4:]))
 
   target = topology.resolve(name)
+  num_devices = len(target.devices)
   config = config_lib.validate(_CONFIG.value)
+  config_batch = config.train.batch_size
+  if _GRAPH_SHARDS.value and not all(g.isdigit() for g in _GRAPH_SHARDS.value):
+    raise UserError(f"--graph_shards={','.join(_GRAPH_SHARDS.value)}: give shard counts, "
+                    "e.g. --graph_shards=1,4,8.")
   shard_counts = ([int(g) for g in _GRAPH_SHARDS.value] if _GRAPH_SHARDS.value
                   else [config.mesh.graph] if not _SWEEP.value
-                  else [2**k for k in range(len(target.devices).bit_length())
-                        if len(target.devices) % 2**k == 0])
+                  else [2**k for k in range(num_devices.bit_length())
+                        if num_devices % 2**k == 0])
   reports = []
   for graph in shard_counts:
+    if graph < 1 or num_devices % graph:
+      raise UserError(f"{graph} graph shards do not divide the {num_devices} devices of "
+                      f"{name}.")
     config.mesh.update(graph=graph, data=-1)
-    if _BATCH.value:
-      config.train.batch_size = _BATCH.value * (len(target.devices) // graph)
+    data_shards = num_devices // graph
+    per_shard = _BATCH.value or batch_per_data_shard(config_batch, data_shards)
+    if not _BATCH.value and per_shard * data_shards != config_batch:
+      logging.warning("train.batch_size=%d does not split over %d data shards: compiling "
+                      "%d example(s) per data shard (batch %d); --batch_per_data_shard "
+                      "chooses.", config_batch, data_shards, per_shard, per_shard * data_shards)
+    config.train.batch_size = per_shard * data_shards
     problem = Problem(config, target, lower_train_step)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
     if config.model.remat_policy == "auto" and not _SWEEP.value:
@@ -106,18 +151,24 @@ def main(argv):
       reports.append(report)
       if not _JSON.value:
         if len(reports) == 1:
-          print(f"{target.name}: {len(target.devices)} devices, {problem.counts}")
-          print(f"{'candidate':<22}{'graph':>6}{'EPD':>5}{'K':>4}{'chnk':>5}  {'policy':<34}"
-                f"{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}{'FLOPs':>11}"
-                f"{'comp s':>8}")
+          print(f"{target.name}: {num_devices} devices; graphs {problem.counts}")
+          print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'chnk':>5}  "
+                f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}"
+                f"{'FLOPs':>11}{'comp s':>8}")
         print(_row(report), flush=True)
         if _BREAKDOWN.value and "peak_buffers" in report:
           print(_breakdown(report), flush=True)
   if _JSON.value:
     print(json.dumps(reports if _SWEEP.value else reports[0]))
+    return
+  print("Columns:")
+  for column, meaning in COLUMNS:
+    print(f"  {column:<10} {meaning}")
+  if _SWEEP.value:
+    print(best_setting(reports))
   elif not all(r["fits"] for r in reports):
     print("Some configurations do NOT fit in device memory (fits = NO).")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("config",))

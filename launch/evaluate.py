@@ -9,14 +9,15 @@ Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
 WeatherBench2's results layout, DIR/metrics.json, and PNG figures.
 """
 
-from absl import app, flags
+from absl import flags
+
+from launch import cli  # before JAX's backend starts: it quiets libtpu
 
 from wnscale.evaluation.scoring import evaluate
 
-_FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.", required=True)
-_TRUTH = flags.DEFINE_string("truth", None, "Truth zarr store (WeatherBench2 layout).",
-                             required=True)
-_OUT = flags.DEFINE_string("out", None, "Output directory.", required=True)
+_FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.")
+_TRUTH = flags.DEFINE_string("truth", None, "Truth zarr store (WeatherBench2 layout).")
+_OUT = flags.DEFINE_string("out", None, "Output directory.")
 _CLIMATOLOGY = flags.DEFINE_string("climatology", None,
                                    "Climatology store (launch.make_climatology): ACC and the "
                                    "climatology baseline.")
@@ -37,4 +38,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("forecast", "truth", "out"))

@@ -12,13 +12,14 @@ rest are forecast. The last line printed is a JSON summary (speed, memory).
 
 import json
 
-from absl import app, flags
+from absl import flags
 
+from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
 from wnscale.inference.forecast import run_forecast
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.", required=True)
-_OUT = flags.DEFINE_string("out", None, "Forecast zarr store to write.", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.")
+_OUT = flags.DEFINE_string("out", None, "Forecast zarr store to write.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
 _INIT_TIMES = flags.DEFINE_list("init_times", None, "Initial times, e.g. 2020-11-01T00,...")
 _INIT_START = flags.DEFINE_string("init_start", None,
@@ -51,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("workdir", "out"), writes_workdir=False)

@@ -1,21 +1,21 @@
 """Prints the node and edge counts of a config's three graphs and the build time.
 
   python -m launch.graph_info --config=configs/graphcast_0p25.py [--json]
+
+The grid is the standard one of data.resolution; override any config key as
+--config.section.key=value (wnscale/config.py lists them).
 """
 
 import json
-import os
 import time
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
+from launch import cli
 from wnscale import config as config_lib
 from wnscale.graphs import build, grid
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"),
-    "Experiment config file.")
+_CONFIG = cli.define_config()
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
 _NO_CACHE = flags.DEFINE_bool("no_cache", False, "Build even if the graphs are cached.")
 
@@ -40,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("config",))

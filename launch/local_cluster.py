@@ -5,8 +5,9 @@
 Starts `python -m launch.train` (or `--module`) N times with a free loopback
 coordinator port, `--platform=cpu` and each process's share of
 `--num_cpu_devices` fake devices; prefixes each line of output with the
-process id; if one process fails, stops the others; exits with the first
-failure's code.
+process id (`[p0] ...`, stdout to stdout, stderr to stderr), leaving out Gloo's
+connection messages unless `--gloo_messages`; if one process fails, stops the
+others; exits with the first failure's code (2: a mistake in the input).
 """
 
 import os
@@ -16,13 +17,18 @@ import sys
 import threading
 import time
 
-from absl import app, flags
+from absl import flags
+
+from launch import cli
+from wnscale.errors import UserError
 
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 2, "Processes to start.")
 _NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", 4,
                                         "Fake CPU devices over all processes.")
 _MODULE = flags.DEFINE_string("module", "launch.train", "Entry point run in each process.")
 _TIMEOUT = flags.DEFINE_float("timeout", 3600.0, "Seconds before all processes are stopped.")
+_GLOO_MESSAGES = flags.DEFINE_bool("gloo_messages", False,
+                                   "Show Gloo's '[Gloo] Rank i is connected to ...' lines.")
 
 
 def free_port() -> int:
@@ -31,27 +37,33 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def _forward(process_id: int, stream):
+def _forward(process_id: int, stream, out, gloo_messages: bool):
+  """Copies `stream` to `out` line by line, prefixed `[p<id>] `."""
   for line in iter(stream.readline, ""):
-    sys.stdout.write(f"[p{process_id}] {line}")
-    sys.stdout.flush()
+    if gloo_messages or not line.startswith("[Gloo]"):
+      out.write(f"[p{process_id}] {line}")
+      out.flush()
 
 
 def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: list[str],
-                timeout: float) -> int:
+                timeout: float, gloo_messages: bool = False) -> int:
   """Starts the processes, waits for all, returns 0 or the first nonzero exit code."""
-  if num_cpu_devices % num_processes:
-    raise ValueError(f"{num_cpu_devices} devices do not split over {num_processes} processes.")
+  if num_processes < 1 or num_cpu_devices % num_processes:
+    raise UserError(f"--num_cpu_devices={num_cpu_devices} devices do not split over "
+                    f"--num_processes={num_processes} processes.")
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  processes = []
+  processes, forwarders = [], []
   for process_id in range(num_processes):
     command = [sys.executable, "-m", module, *args, f"--coordinator_address=localhost:{port}",
                f"--num_processes={num_processes}", f"--process_id={process_id}",
                "--platform=cpu", f"--num_cpu_devices={num_cpu_devices // num_processes}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env)
-    threading.Thread(target=_forward, args=(process_id, process.stdout), daemon=True).start()
+    for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+      forwarders.append(threading.Thread(target=_forward, daemon=True,
+                                         args=(process_id, stream, out, gloo_messages)))
+      forwarders[-1].start()
     processes.append(process)
   deadline = time.monotonic() + timeout
   code = 0
@@ -69,13 +81,15 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
       if p.poll() is None:
         p.kill()
       p.wait()
+    for forwarder in forwarders:  # the last lines of output
+      forwarder.join(timeout=10)
   return code
 
 
 def main(argv):
   sys.exit(run_cluster(_NUM_PROCESSES.value, _NUM_CPU_DEVICES.value, _MODULE.value, argv[1:],
-                       _TIMEOUT.value))
+                       _TIMEOUT.value, _GLOO_MESSAGES.value))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

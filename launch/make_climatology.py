@@ -7,12 +7,14 @@ A 61-day window by default (--window); all the store's catalogue variables and
 levels unless --variables / --levels say otherwise.
 """
 
-from absl import app, flags
+from absl import flags
+
+from launch import cli  # before JAX's backend starts: it quiets libtpu
 
 from wnscale.evaluation.climatology import compute_climatology
 
-_STORE = flags.DEFINE_string("store", None, "Zarr store (WeatherBench2 layout).", required=True)
-_OUT = flags.DEFINE_string("out", None, "Climatology zarr store to write.", required=True)
+_STORE = flags.DEFINE_string("store", None, "Zarr store (WeatherBench2 layout).")
+_OUT = flags.DEFINE_string("out", None, "Climatology zarr store to write.")
 _START = flags.DEFINE_string("start", None, "First day (default: the store's first).")
 _END = flags.DEFINE_string("end", None, "Last day, inclusive (default: the store's last).")
 _WINDOW = flags.DEFINE_integer("window", 61, "Smoothing window in days (odd).")
@@ -30,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("store", "out"))

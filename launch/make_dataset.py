@@ -2,16 +2,18 @@ r"""Writes a synthetic WeatherBench2-layout zarr store.
 
   python -m launch.make_dataset --out=/tmp/era_5p625.zarr --resolution=5.625 \
       --start=2020-01-01 --end=2020-12-31 --levels=13
+
+Train on it with --config.data.path=<the --out path> (and a config whose
+data.resolution and time ranges the store covers).
 """
 
-from absl import app
 from absl import flags
 
+from launch import cli
 from wnscale.data import synthetic
 from wnscale.data import variables
 
-_OUT = flags.DEFINE_string("out", None, "Path of the zarr store to write.",
-                           required=True)
+_OUT = flags.DEFINE_string("out", None, "Path of the zarr store to write.")
 _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
 _START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC).")
 _END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive).")
@@ -45,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("out",))

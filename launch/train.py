@@ -4,24 +4,26 @@
   python -m launch.train --config=configs/tiny.py --config.train.steps=50 --workdir=DIR
   # one process of several (on Cloud TPU no flags are needed: JAX finds its peers)
   python -m launch.train --coordinator_address=host:port --num_processes=2 --process_id=0 ...
+
+Any config key can be overridden as --config.section.key=value; wnscale/config.py
+lists them all. A mistake in the input ends the run with a one-line error and exit
+status 2 (--traceback to see where it was found).
 """
 
 import os
 
 import jax
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
+from launch import cli  # before JAX's backend starts (in main): it quiets libtpu
 from launch import process
-from wnscale.train.trainer import train_and_evaluate
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
-_WORKDIR = flags.DEFINE_string("workdir", os.path.join("/tmp", "wnscale_tiny"),
-                               "Run directory: config, metrics, checkpoints.")
+_CONFIG = cli.define_config()
+_WORKDIR = cli.define_workdir()
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
-_NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
-                                        "With --platform=cpu: fake devices per process.")
+_NUM_CPU_DEVICES = flags.DEFINE_integer(
+    "num_cpu_devices", None, "Fake CPU devices per process, on a CPU run (no accelerator, or "
+    "--platform=cpu), e.g. to try mesh.graph > 1.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
@@ -42,12 +44,15 @@ def main(argv):
                                initialization_timeout=120)
   elif _on_cloud_tpu():
     jax.distributed.initialize()  # Cloud TPU: peers are found from the environment
-  logging.info("JAX process %d of %d, %d local / %d global devices.", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  logging.info("JAX process %d of %d, %d local / %d global %s devices.", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.devices()[0].platform)
+  # Imported here: a mistake in the flags is reported before this slow import.
+  from wnscale.train.trainer import train_and_evaluate
   train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_count() > 1:
     jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, required=("config", "workdir"))

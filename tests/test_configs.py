@@ -6,6 +6,8 @@ import os
 import pytest
 
 from wnscale import config as config_lib
+from wnscale.errors import UserError
+from wnscale.train import optimizer
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
 CONFIG_FILES = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.py")))
@@ -52,20 +54,41 @@ def test_paper_config_matches_graphcast():
     ("mesh", "exchange", "broadcast", "mesh.exchange"),
     ("data", "variables", ("temperature", "cloud_cover"), "Unknown variable 'cloud_cover'"),
     ("data", "pressure_levels", (500, 505), r"\[505\] are not ERA5 pressure levels"),
-    ("train", "warmup_steps", 500, "warmup_steps"),
+    ("train", "warmup_steps", -1, "train.warmup_steps=-1 must be >= 0"),
+    ("train", "steps", 0, "train.steps=0 must be >= 1"),
+    ("train", "learning_rate", 0.0, "train.learning_rate=0.0 must be > 0"),
+    ("train", "learning_rate", -1e-3, "train.learning_rate=-0.001 must be > 0"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):
   config = config_lib.default_config()
   config[section][key] = value
-  with pytest.raises(ValueError, match=message):
+  with pytest.raises(UserError, match=message):
     config_lib.validate(config)
 
 
-def test_unknown_key_is_rejected():
+def test_a_warm_up_longer_than_the_run_is_valid_and_clipped():
   config = config_lib.default_config()
-  config.model.num_layers = 3
-  with pytest.raises(ValueError, match="unknown key 'model.num_layers'"):
+  config.train.update(steps=3, warmup_steps=20)
+  config_lib.validate(config)
+  assert optimizer.warmup_steps(config.train) == 2
+  schedule = optimizer.learning_rate_schedule(config.train)
+  assert float(schedule(0)) == 0.0
+  assert float(schedule(2)) == pytest.approx(config.train.learning_rate, rel=1e-6)
+
+
+def test_unknown_key_is_rejected_with_the_nearest_key():
+  config = config_lib.default_config()
+  config.model.latent = 3
+  with pytest.raises(UserError, match="Unknown config key 'model.latent'; did you mean "
+                     "model.latent_size?"):
     config_lib.validate(config)
+  with pytest.raises(UserError, match=r"'model.num_layers'\. Every key"):  # nothing close
+    config_lib.check_key("model.num_layers")
+  with pytest.raises(UserError, match="'trian.steps'; did you mean train.steps?"):
+    config_lib.check_key("trian.steps")
+  with pytest.raises(UserError, match="'train.step'; did you mean train.steps?"):
+    config_lib.check_key("train.step")
+  config_lib.check_key("train.steps")
 
 
 def test_both_mesh_axes_free_is_rejected():

@@ -6,9 +6,11 @@ import pytest
 import xarray as xr
 import zarr
 
+from wnscale.data import normalization
 from wnscale.data import source as source_lib
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
+from wnscale.errors import UserError
 
 LEVELS = (500, 850, 1000)
 VARIABLES = ("temperature", "geopotential", "2m_temperature",
@@ -188,6 +190,24 @@ def test_nan_raises_naming_variable_and_time(nan_store):
   with pytest.raises(ValueError, match=r"NaN in variable 'temperature@850' "
                      r"at time 2020-01-01T12.*fill_nan=True"):
     store.read_state([1, 2])
+
+
+def test_a_nan_in_the_time_range_stops_the_source_as_it_opens(tmp_path):
+  path = synthetic.write_synthetic_store(
+      str(tmp_path / "nan.zarr"), start="2020-01-01", end="2020-01-03", levels=LEVELS,
+      variables=["temperature"])
+  zarr.open_array(f"{path}/temperature", mode="r+")[9, 1, 4, 5] = np.nan  # 2020-01-03T06
+  first, last = normalization.nan_hours(normalization.load_or_compute_stats(path),
+                                        ["temperature"], LEVELS)
+  hour = (np.datetime64("2020-01-03T06") - np.datetime64(0, "h")) / np.timedelta64(1, "h")
+  assert np.isnan(first[[0, 2]]).all() and first[1] == last[1] == hour
+  with pytest.raises(UserError, match=r"'temperature@850' at time 2020-01-03T06.*"
+                     r"--config.data.fill_nan=True"):
+    source_lib.WeatherExampleSource(path, ["temperature"], LEVELS, start="2020-01-02",
+                                    end="2020-01-03")
+  # Outside the range the NaN is never read: the source opens.
+  source_lib.WeatherExampleSource(path, ["temperature"], LEVELS, start="2020-01-01",
+                                  end="2020-01-02")
 
 
 def test_fill_nan_uses_the_channel_mean(nan_store):

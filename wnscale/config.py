@@ -7,11 +7,13 @@ is built or compiled.
 
 from __future__ import annotations
 
+import difflib
 import json
 
 import ml_collections
 
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 from wnscale.model import remat
 from wnscale.model.graphcast import DTYPES
 from wnscale.sharding.partition import EXCHANGE_MODES
@@ -76,7 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.batch_size = 2  # global batch (examples per step over all data shards)
   t.learning_rate = 1e-3  # peak learning rate after warm-up
   t.end_learning_rate = 3e-7  # learning rate at the end of the cosine decay
-  t.warmup_steps = 20  # linear warm-up steps
+  t.warmup_steps = 20  # linear warm-up steps (clipped to steps - 1 for a shorter run)
   t.weight_decay = 0.1  # AdamW decoupled weight decay
   t.adam_b1 = 0.9
   t.adam_b2 = 0.95
@@ -84,7 +86,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.remat_rollout = False  # checkpoint each autoregressive rollout step
   t.log_every = 10  # steps between progress lines / metrics.jsonl entries
   t.eval_every = 100  # steps between evaluations (0: never)
-  t.eval_batches = 4  # batches per evaluation
+  t.eval_batches = 4  # an evaluation reads the first eval_batches batches of the eval range
   t.checkpoint_every = 100  # steps between asynchronous checkpoints
   t.max_checkpoints = 3  # checkpoints kept
   t.memory_budget_gib = 0.0  # per-device memory for remat_policy="auto"; 0: the device's memory
@@ -130,7 +132,35 @@ def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
 
 def _require(condition: bool, message: str):
   if not condition:
-    raise ValueError(f"Invalid config: {message}")
+    raise UserError(f"Invalid config: {message}.")
+
+
+def key_paths(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  """Every key of `config` as a dotted path (`train.steps`), sections included."""
+  paths = []
+  for key, value in config.items():
+    paths.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      paths.extend(key_paths(value, prefix + key + "."))
+  return paths
+
+
+def check_key(path: str):
+  """A `UserError` suggesting the nearest key when `path` (`train.step`) is no config key."""
+  known = key_paths(default_config())
+  if path in known:
+    return
+  # Compare names within the key's section: "train." alone makes every train key look close.
+  section = path.rpartition(".")[0]
+  siblings = {key.rpartition(".")[2]: key for key in known if key.rpartition(".")[0] == section}
+  if siblings:
+    nearest = [siblings[name] for name in difflib.get_close_matches(
+        path.rpartition(".")[2], siblings, n=1, cutoff=0.7)]
+  else:
+    nearest = difflib.get_close_matches(path, known, n=1, cutoff=0.7)
+  hint = f"; did you mean {nearest[0]}?" if nearest else "."
+  raise UserError(f"Unknown config key {path!r}{hint} Every key, with its default and "
+                  "meaning, is listed in wnscale/config.py.")
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -167,8 +197,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
            "data.input_steps and data.target_steps must be >= 1")
   _require(d.resolution > 0 and d.time_step_hours > 0,
            "data.resolution and data.time_step_hours must be > 0")
-  _require(t.steps >= 1 and t.batch_size >= 1, "train.steps and train.batch_size must be >= 1")
-  _require(0 <= t.warmup_steps < t.steps, "train.warmup_steps must be in [0, train.steps)")
+  for key in ("steps", "batch_size"):
+    _require(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
+  # A warm-up longer than the run is clipped to it (optimizer.learning_rate_schedule).
+  _require(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
+  _require(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
+  _require(0 <= t.end_learning_rate <= t.learning_rate,
+           f"train.end_learning_rate={t.end_learning_rate} must be in "
+           f"[0, train.learning_rate={t.learning_rate}]")
+  _require(t.weight_decay >= 0 and t.grad_clip_norm > 0,
+           "train.weight_decay must be >= 0 and train.grad_clip_norm > 0")
   for key in ("log_every", "checkpoint_every", "max_checkpoints"):
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
@@ -178,7 +216,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def _check_keys_and_types(reference, config, prefix):
   for key in config.keys():
-    _require(key in reference, f"unknown key '{prefix}{key}'")
+    if key not in reference:
+      check_key(prefix + key)
   for key, expected in reference.items():
     name = prefix + key
     _require(key in config, f"missing key {name!r}")
@@ -222,7 +261,7 @@ def load(path: str) -> ml_collections.ConfigDict:
   import importlib.util
   spec = importlib.util.spec_from_file_location("wnscale_config_file", path)
   if spec is None:
-    raise ValueError(f"Config file {path!r} is not a python file.")
+    raise UserError(f"Config file {path!r} is not a python file.")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return validate(module.get_config())

@@ -10,9 +10,13 @@ store, variables, levels, time range, time step and this code (never beside
 the store: a published or remote store is read-only).
 
 The stats dataset has one data variable per store variable, dims
-`(statistic[, level])`, `statistic` = `mean`, `std`, `diff_std`.
+`(statistic[, level])`, `statistic` = `mean`, `std`, `diff_std`,
+`nan_first_hour`, `nan_last_hour`.
 `diff_std` is the std of `x(t + time_step_hours) - x(t)`, GraphCast's scale for
-the residual the model predicts.
+the residual the model predicts. The pass sees every value, so it also notes
+the first and last time (hours since 1970) at which a channel holds a NaN (NaN
+if never): a run then finds a NaN in its time range before it compiles anything
+(`source.WeatherExampleSource`), at no extra read for a store without NaN.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import hashlib
 import io
 import json
 import logging
+import time
 import warnings
 
 import numpy as np
@@ -29,11 +34,13 @@ import xarray as xr
 from wnscale import cache, paths
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 
 STATISTICS = ("mean", "std", "diff_std")
 # GraphCast's published statistics: one file per statistic, in one directory.
 GRAPHCAST_FILES = {"mean": "mean_by_level.nc", "std": "stddev_by_level.nc",
                    "diff_std": "diffs_stddev_by_level.nc"}
+NAN_HOURS = ("nan_first_hour", "nan_last_hour")
 # A std below max(STD_FLOOR_ABSOLUTE, STD_FLOOR_RELATIVE * |mean|) is raised
 # to it, so constant fields (e.g. a synthetic level) do not divide by zero.
 STD_FLOOR_ABSOLUTE = 1e-12
@@ -58,10 +65,11 @@ def load_or_compute_stats(path: str, variables, levels, start: str | None = None
   target = cached_stats_path(path, variables, levels, start, end, time_step_hours)
   if paths.exists(target):
     return from_bytes(paths.read_bytes(target))
+  begin = time.perf_counter()
   stats = compute_stats(path, variables, levels, start, end, time_step_hours)
   paths.write_bytes(target, to_bytes(stats))  # whole or not at all
-  logging.info("Normalization statistics of %s (%s .. %s) cached in %s", path, start, end,
-               target)
+  logging.info("Computed the statistics of %s (%s .. %s) in %.1f s (one pass); cached in %s",
+               path, start, end, time.perf_counter() - begin, target)
   return stats
 
 
@@ -80,12 +88,12 @@ def read_stats(path: str) -> xr.Dataset:
   if paths.exists(paths.join(path, GRAPHCAST_FILES["mean"])):
     return _from_graphcast(path)
   if not paths.exists(path):
-    raise ValueError(f"Statistics not found: {path} (a .nc file written by wnscale, or a "
+    raise UserError(f"Statistics not found: {path} (a .nc file written by wnscale, or a "
                      f"directory holding {sorted(GRAPHCAST_FILES.values())})")
   with paths.local_copy(path) as local:
     stats = xr.load_dataset(local)
   if "statistic" not in stats.coords:
-    raise ValueError(f"{path} is not a wnscale statistics file (no 'statistic' coordinate) "
+    raise UserError(f"{path} is not a wnscale statistics file (no 'statistic' coordinate) "
                      f"nor a directory of GraphCast's {sorted(GRAPHCAST_FILES.values())}")
   return stats
 
@@ -101,7 +109,7 @@ def _from_graphcast(directory: str) -> xr.Dataset:
   for statistic, name in GRAPHCAST_FILES.items():
     file = paths.join(directory, name)
     if not paths.exists(file):
-      raise ValueError(f"{directory} has {GRAPHCAST_FILES['mean']} but no {name}")
+      raise UserError(f"{directory} has {GRAPHCAST_FILES['mean']} but no {name}")
     with paths.local_copy(file) as local:
       files[statistic] = xr.load_dataset(local)
   data, levels = {}, None
@@ -138,24 +146,32 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
       times) > 1 else time_step_hours
   lag = time_step_hours / store_step
   if not float(store_step).is_integer() or not float(lag).is_integer():
-    raise ValueError(f"Store {path} has a time step of {store_step:g} h, which"
-                     f" does not divide time_step_hours={time_step_hours}")
+    raise UserError(f"Store {path} has a time step of {store_step:g} h, which"
+                    f" does not divide time_step_hours={time_step_hours}")
   lag = int(lag)
   # Native step: every store time counts, and diffs use `lag` store steps.
   store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step))
   first_time, num_times = store_lib.time_range(store.times, start, end)
   if num_times < 1 + lag:
-    raise ValueError(f"Time range {start} .. {end} of {path} has {num_times} time(s); "
+    raise UserError(f"Time range {start} .. {end} of {path} has {num_times} time(s); "
                      f"statistics need at least {1 + lag}")
   sums = _Moments(store.num_channels)
   diff_sums = _Moments(store.num_channels)
+  hours = (store.times - np.datetime64(0, "ns")) / np.timedelta64(1, "h")
+  nan_first = np.full(store.num_channels, np.nan)
+  nan_last = np.full(store.num_channels, np.nan)
   block = max(1, BLOCK_BYTES // (4 * store.num_grid_nodes * store.num_channels))
   for first in range(first_time, first_time + num_times, block):
     last = min(first + block, first_time + num_times)
     # Read `lag` extra steps so the diffs starting in this block are complete.
     state = store.read_state(np.arange(first, min(last + lag, first_time + num_times)),
                              allow_nan=True)
-    sums.add(state[:last - first])
+    nan_rows = sums.add(state[:last - first])
+    if nan_rows is not None:
+      for channel in np.flatnonzero(nan_rows.any(axis=0)):
+        rows = hours[first:last][nan_rows[:, channel]]
+        nan_first[channel] = np.fmin(nan_first[channel], rows[0])
+        nan_last[channel] = rows[-1]
     num_diffs = min(last - first, state.shape[0] - lag)
     if num_diffs > 0:
       diff_sums.add(state[lag:lag + num_diffs] - state[:num_diffs])
@@ -163,7 +179,8 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
   static_sums = _Moments(statics.shape[1])
   static_sums.add(statics)
   times = store.times[[first_time, first_time + num_times - 1]]
-  return _to_dataset(store, sums, diff_sums, static_sums, time_step_hours, times)
+  return _to_dataset(store, sums, diff_sums, static_sums, (nan_first, nan_last),
+                     time_step_hours, times)
 
 
 class _Moments:
@@ -180,21 +197,28 @@ class _Moments:
     self.sum_squares = np.zeros(num_channels)
     self.shift = None
 
-  def add(self, values: np.ndarray):
-    """Adds `[time, channels, grid]` values."""
+  def add(self, values: np.ndarray) -> np.ndarray | None:
+    """Adds `[time, channels, grid]` values.
+
+    Returns:
+      `[time, channels]` True where a value was NaN, or None if none was.
+    """
     if self.shift is None:
       with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN channels
         self.shift = np.nan_to_num(np.nanmean(values, axis=(0, 2), dtype=np.float64))
     centred = values - self.shift.astype(values.dtype)[:, None]
     missing = np.isnan(centred)
+    nan_rows = None
     if missing.any():
       centred[missing] = 0.0
       self.count += np.sum(~missing, axis=(0, 2))
+      nan_rows = missing.any(axis=2)
     else:
       self.count += centred.shape[0] * centred.shape[2]
     self.sum += centred.sum(axis=(0, 2), dtype=np.float64)
     self.sum_squares += np.square(centred).sum(axis=(0, 2), dtype=np.float64)
+    return nan_rows
 
   def mean_std(self):
     count = np.maximum(self.count, 1)
@@ -210,11 +234,11 @@ def floor_std(std, mean):
                                     STD_FLOOR_RELATIVE * np.abs(mean)))
 
 
-def _to_dataset(store, sums, diff_sums, static_sums, time_step_hours, times):
-  """Per-channel moments -> the per-variable stats dataset."""
+def _to_dataset(store, sums, diff_sums, static_sums, nan_hours, time_step_hours, times):
+  """Per-channel moments and NaN hours -> the per-variable stats dataset."""
   mean, std = sums.mean_std()
   _, diff_std = diff_sums.mean_std()
-  per_channel = np.stack([mean, floor_std(std, mean), floor_std(diff_std, mean)])
+  per_channel = np.stack([mean, floor_std(std, mean), floor_std(diff_std, mean), *nan_hours])
   data = {}
   channel = 0
   for name in store.variables:
@@ -228,10 +252,11 @@ def _to_dataset(store, sums, diff_sums, static_sums, time_step_hours, times):
   static_mean, static_std = static_sums.mean_std()
   static_std = floor_std(static_std, static_mean)
   for i, name in enumerate(variables_lib.STATIC_VARIABLES):
-    # Statics do not change: their diff_std is meaningless, set to std.
+    # Statics do not change: their diff_std is meaningless, set to std. Their NaN
+    # are found when they are read, once, as the run starts.
     data[name] = (("statistic",), np.array(
-        [static_mean[i], static_std[i], static_std[i]]))
-  coords = {"statistic": list(STATISTICS)}
+        [static_mean[i], static_std[i], static_std[i], np.nan, np.nan]))
+  coords = {"statistic": list(STATISTICS + NAN_HOURS)}
   if store.levels:
     coords["level"] = np.asarray(store.levels, np.int64)
   return xr.Dataset(data, coords=coords, attrs={
@@ -248,26 +273,43 @@ def channel_stats(stats: xr.Dataset, variables, levels) -> dict[str, np.ndarray]
   Returns:
     `{"mean": [C], "std": [C], "diff_std": [C]}` float32.
   """
+  table = _channel_table(stats, STATISTICS, variables, levels).astype(np.float32)
+  return {statistic: table[i] for i, statistic in enumerate(STATISTICS)}
+
+
+def nan_hours(stats: xr.Dataset, variables, levels) -> tuple[np.ndarray, np.ndarray] | None:
+  """`(first [C], last [C])` hours since 1970 of each channel's NaN (NaN: none).
+
+  None for statistics that do not record them.
+  """
+  if not set(NAN_HOURS) <= set(stats["statistic"].values):
+    return None
+  first, last = _channel_table(stats, NAN_HOURS, variables, levels)
+  return first, last
+
+
+def _channel_table(stats, statistics, variables, levels) -> np.ndarray:
+  """`[len(statistics), C]` float64: `statistics` of each state channel."""
+  stats = stats.sel(statistic=list(statistics))
   columns = []
   for name in variables:
     if name not in stats:
-      raise ValueError(f"Statistics have no variable {name!r}; they have "
-                       f"{sorted(str(n) for n in stats.data_vars)}")
+      raise UserError(f"Statistics have no variable {name!r}; they have "
+                      f"{sorted(str(n) for n in stats.data_vars)}")
     values = stats[name]
     if variables_lib.lookup(name).atmospheric:
       stats_levels = [int(level) for level in stats["level"].values]
       absent = [level for level in levels if int(level) not in stats_levels]
       if absent:
-        raise ValueError(f"Statistics have no level(s) {absent} for {name!r}")
+        raise UserError(f"Statistics have no level(s) {absent} for {name!r}")
       columns.append(values.sel(level=list(levels)).values)
     else:
       columns.append(values.values[:, None])
-  table = np.concatenate(columns, axis=1).astype(np.float32)  # [3, C]
-  return {statistic: table[i] for i, statistic in enumerate(STATISTICS)}
+  return np.concatenate(columns, axis=1).astype(np.float64)
 
 
 def static_stats(stats: xr.Dataset) -> dict[str, np.ndarray]:
   """`{"mean": [2], "std": [2]}` float32 of `variables.STATIC_VARIABLES`."""
-  table = np.stack([stats[name].values for name in
+  table = np.stack([stats[name].sel(statistic=["mean", "std"]).values for name in
                     variables_lib.STATIC_VARIABLES], axis=1).astype(np.float32)
   return {"mean": table[0], "std": table[1]}

@@ -24,6 +24,7 @@ import numpy as np
 
 from wnscale.data import resolve
 from wnscale.data import source as source_lib
+from wnscale.errors import UserError
 
 
 @dataclasses.dataclass
@@ -68,7 +69,7 @@ def make_dataset(source,
     raise ValueError(f"process_index {process_index} not in "
                      f"[0, process_count={process_count})")
   if len(source) == 0:
-    raise ValueError(f"Source {source!r} has no examples")
+    raise UserError(f"Source {source!r} has no examples")
   dataset = grain.MapDataset.range(len(source))
   if shuffle:
     dataset = dataset.shuffle(seed=seed)
@@ -92,7 +93,7 @@ def make_iterator(source,
   if batch_size < 1:
     raise ValueError(f"batch size per process must be >= 1, got {batch_size}")
   if len(dataset) < batch_size:
-    raise ValueError(
+    raise UserError(
         f"This process's share has {len(dataset)} example(s), fewer than one "
         f"batch of {batch_size}")
   read_options = grain.ReadOptions(num_threads=num_threads,
@@ -167,8 +168,8 @@ def from_config(config,
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
   if batch_size % process_count:
-    raise ValueError(f"Global batch size {batch_size} is not divisible by the "
-                     f"{process_count} processes")
+    raise UserError(f"Global batch size {batch_size} is not divisible by the "
+                    f"{process_count} processes")
   training = split == "train"
   source = source or source_from_config(config, split)
   dataset = make_dataset(source, seed=seed, shuffle=training,

@@ -9,6 +9,7 @@ fail at once with its error instead of waiting.
 from __future__ import annotations
 
 import logging
+import time
 
 import jax
 import ml_collections
@@ -18,6 +19,7 @@ from jax._src import distributed  # the coordination service client, as Orbax us
 from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 
 # How long a process waits for process 0 to write a synthetic store or compute
 # statistics (a 0.25 deg training range can take a while) before giving up.
@@ -71,7 +73,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   if data.path:
     return paths.normalize(data.path)
   if not data.synthetic:
-    raise ValueError(
+    raise UserError(
         "No training data: config.data.path is empty and config.data.synthetic is False. "
         "Pass a WeatherBench2-layout zarr store with --config.data.path=PATH_OR_URL "
         "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
@@ -85,17 +87,19 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     size = synthetic_store_bytes(data)
     free = paths.free_bytes(path)
     if free is not None and size > free:
-      raise ValueError(
+      raise UserError(
           f"The synthetic store {path} needs up to {_size(size)} but the disk holds only "
           f"{_size(free)} free; shorten data.train_*/eval_* ranges, use a "
           "coarser data.resolution, or set WNSCALE_CACHE_DIR to a bigger disk or a bucket.")
-    logging.info("Writing the synthetic store %s (up to %s uncompressed, %s .. %s).",
-                 path, _size(size), start, end)
+    logging.info("Writing the synthetic store %s (up to %s uncompressed, %s .. %s; kept "
+                 "for later runs).", path, _size(size), start, end)
+    begin = time.perf_counter()
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end,
         levels=_store_levels(data.pressure_levels), seed=config.seed,
         time_step_hours=data.time_step_hours)
     paths.write_text(path + ".complete", "")
+    logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - begin)
     return b""
 
   once_by_process_0(f"synthetic {path}", write_if_missing, "write the synthetic store")

@@ -29,6 +29,7 @@ import xarray as xr
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
+from wnscale.errors import UserError
 
 
 class WeatherExampleSource:
@@ -60,6 +61,9 @@ class WeatherExampleSource:
                stats: xr.Dataset | None = None):
     """Opens the store and takes (or computes once) its statistics.
 
+    Without `fill_nan`, a NaN that the statistics pass saw inside the time
+    range is an error here, before anything is compiled.
+
     Args:
       path, variables, levels, time_step_hours, resolution: see
         `store.open_store`.
@@ -76,8 +80,8 @@ class WeatherExampleSource:
         training loop does not reorder batches. None: all nodes in order.
     """
     if input_steps < 1 or target_steps < 1:
-      raise ValueError(f"input_steps ({input_steps}) and target_steps "
-                       f"({target_steps}) must be at least 1")
+      raise UserError(f"input_steps ({input_steps}) and target_steps "
+                      f"({target_steps}) must be at least 1")
     self.store = store_lib.open_store(path, variables, levels, time_step_hours=time_step_hours,
                                       resolution=resolution)
     self.input_steps = input_steps
@@ -86,10 +90,13 @@ class WeatherExampleSource:
     self._first_time, num_times = store_lib.time_range(self.store.times, start, end)
     self._num_examples = num_times - self.window + 1
     if self._num_examples <= 0:
-      raise ValueError(
+      times = self.store.times
+      raise UserError(
           f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
           f"{time_step_hours} h; one example needs {self.window} "
-          f"({input_steps} input + {target_steps} target)")
+          f"({input_steps} input + {target_steps} target). The store covers "
+          f"{times[0]} .. {times[-1]}: set data.train_start/train_end and "
+          "data.eval_start/eval_end inside it.")
     if stats is None:
       stats = normalization.load_or_compute_stats(path, variables, levels, start, end,
                                                   time_step_hours)
@@ -99,7 +106,46 @@ class WeatherExampleSource:
     if fill_nan:
       self.store.channel_fill = self.channel_stats["mean"]
       self.store.static_fill = self.static_stats["mean"]
+    else:
+      self._check_nan(stats, num_times)
     self._set_grid_slots(grid_slots)
+
+  def _check_nan(self, stats, num_times: int):
+    """Raises on the first NaN in this source's time range, if the statistics saw any.
+
+    The statistics note each channel's first and last NaN over the time range
+    they were computed from (the training range); only a channel whose NaN
+    span meets this source's range is read, from where it meets. Times outside
+    the statistics' range (e.g. an evaluation range) are not checked here: a NaN
+    there is the same error when it is read.
+    """
+    spans = normalization.nan_hours(stats, self.store.variables, self.store.levels)
+    if spans is None or "first_time" not in stats.attrs:  # statistics without NaN hours
+      return
+    hours = (self.store.times - np.datetime64(0, "ns")) / np.timedelta64(1, "h")
+    times = np.arange(self._first_time, self._first_time + num_times)
+    seen = ((self.store.times[times] >= np.datetime64(stats.attrs["first_time"]))
+            & (self.store.times[times] <= np.datetime64(stats.attrs["last_time"])))
+    times = times[seen]
+    if times.size == 0:
+      return
+    first, last = spans
+    with np.errstate(invalid="ignore"):  # NaN hours: channels without NaN
+      suspects = np.flatnonzero((first <= hours[times[-1]]) & (last >= hours[times[0]]))
+    if suspects.size == 0:
+      return
+    span = (hours[times] >= first[suspects].min()) & (hours[times] <= last[suspects].max())
+    times = times[span]
+    block = max(1, normalization.BLOCK_BYTES // (4 * self.store.num_grid_nodes
+                                                  * self.store.num_channels))
+    for begin in range(0, len(times), block):
+      state = self.store.read_state(times[begin:begin + block], allow_nan=True)
+      bad = np.argwhere(np.isnan(state[:, suspects]).any(axis=2))
+      if bad.size:
+        step, channel = bad[0]
+        raise UserError(store_lib.nan_message(
+            self.store.channel_names[suspects[channel]],
+            f" at time {self.store.times[times[begin + step]]}", self.store.path))
 
   @property
   def window(self) -> int:
@@ -191,4 +237,4 @@ def parse_duration(text) -> pd.Timedelta:
   try:
     return pd.Timedelta(text)
   except ValueError as error:
-    raise ValueError(f"Cannot read {text!r} as a duration (e.g. 10d, 36h).") from error
+    raise UserError(f"Cannot read {text!r} as a duration (e.g. 10d, 36h).") from error

@@ -29,6 +29,7 @@ import xarray as xr
 
 from wnscale import paths
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 
 _COPY_THREADS = None
 
@@ -231,9 +232,14 @@ class WeatherStore:
       return
     bad_time, bad_channel, _ = np.argwhere(np.isnan(array))[0]
     when = "" if times is None else f" at time {times[bad_time]}"
-    raise ValueError(
-        f"NaN in variable {names[bad_channel]!r}{when} of store {self.path}; "
-        "pass fill_nan=True to fill NaN with the variable's mean")
+    raise UserError(nan_message(names[bad_channel], when, self.path))
+
+
+def nan_message(channel: str, when: str, path: str) -> str:
+  """The error for a NaN in `channel` (`when`: " at time ..." or "") of the store at `path`."""
+  return (f"NaN in variable {channel!r}{when} of store {path}. Pass "
+          "--config.data.fill_nan=True to fill NaN with the variable's mean, or repair the "
+          "store.")
 
 
 def open_store(path: str,
@@ -300,14 +306,18 @@ def open_metadata(path: str) -> xr.Dataset:
   """The store as a lazy xarray Dataset (metadata and coordinates only)."""
   path = paths.normalize(path)
   if not paths.exists(path):
-    raise ValueError(f"Store not found: {path}")
+    raise UserError(
+        f"Store not found: {path}. Point data.path at a WeatherBench2-layout zarr store; make "
+        f"a synthetic one with python -m launch.make_dataset --out={path}; or, for small "
+        "configs such as configs/tiny.py, set data.synthetic=True and leave data.path empty "
+        "to have a synthetic store written into the cache.")
   # v2 stores carry .zmetadata (WB2 does); v3 has no consolidated standard.
   consolidated = _tensorstore_driver(path) == "zarr" and paths.exists(
       paths.join(path, ".zmetadata"))
   try:
     return xr.open_zarr(path, chunks=None, consolidated=consolidated)
   except Exception as error:  # zarr raises many types for a broken store
-    raise ValueError(f"Cannot open {path} as a zarr store: {error}") from error
+    raise UserError(f"Cannot open {path} as a zarr store: {error}") from error
 
 
 def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, ...]]:
@@ -319,9 +329,10 @@ def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, .
   required = variables + variables_lib.STATIC_VARIABLES
   missing = [name for name in required if name not in dataset]
   if missing:
-    raise ValueError(
+    raise UserError(
         f"Store {path} lacks variable(s) {missing}; it has "
-        f"{sorted(str(name) for name in dataset.data_vars)}")
+        f"{sorted(str(name) for name in dataset.data_vars)}. Choose data.variables among "
+        "those (the static fields are always needed), or use a store that has them.")
   dims = {}
   for name in required:
     if name in variables_lib.STATIC_VARIABLES:
@@ -332,14 +343,14 @@ def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, .
       expected = SURFACE_DIMS
     dims[name] = tuple(str(dim) for dim in dataset[name].dims)
     if sorted(dims[name]) != sorted(expected):
-      raise ValueError(f"Variable {name!r} in {path} has dims {dims[name]}; expected "
-                       f"{expected} in any order")
+      raise UserError(f"Variable {name!r} in {path} has dims {dims[name]}; expected "
+                      f"{expected} in any order")
   if any(variables_lib.lookup(name).atmospheric for name in variables):
     store_levels = [int(level) for level in dataset["level"].values]
     absent = [level for level in levels if level not in store_levels]
     if absent:
-      raise ValueError(f"Level(s) {absent} hPa not in store {path}; it has "
-                       f"{store_levels}")
+      raise UserError(f"Level(s) {absent} hPa not in store {path}; it has "
+                      f"{store_levels}. Choose data.pressure_levels among those.")
   return dims
 
 
@@ -359,7 +370,7 @@ def time_range(times: np.ndarray, start, end) -> tuple[int, int]:
   else:
     stop = times[-1]
   if stop < begin:
-    raise ValueError(f"Time range end {end} is before its start {start}")
+    raise UserError(f"Time range end {end} is before its start {start}")
   inside = np.flatnonzero((times >= begin) & (times <= stop))
   if inside.size == 0:
     return 0, 0
@@ -370,20 +381,20 @@ def _subsampled_times(dataset, time_step_hours, path):
   """The store's times every `time_step_hours` and the index stride."""
   times = dataset["time"].values
   if not np.issubdtype(times.dtype, np.datetime64):
-    raise ValueError(f"Time coordinate of {path} is not datetime-decodable: "
-                     f"dtype {times.dtype}")
+    raise UserError(f"Time coordinate of {path} is not datetime-decodable: "
+                    f"dtype {times.dtype}")
   if len(times) < 2:
-    raise ValueError(f"Store {path} has {len(times)} time(s); need at least 2")
+    raise UserError(f"Store {path} has {len(times)} time(s); need at least 2")
   steps = np.diff(times) / np.timedelta64(1, "h")
   if not np.allclose(steps, steps[0]):
-    raise ValueError(f"Time step of {path} is not uniform: steps (hours) range "
-                     f"{steps.min()} .. {steps.max()}")
+    raise UserError(f"Time step of {path} is not uniform: steps (hours) range "
+                    f"{steps.min()} .. {steps.max()}")
   step = float(steps[0])
   if step <= 0:
-    raise ValueError(f"Times of {path} are not increasing (step {step:g} h)")
+    raise UserError(f"Times of {path} are not increasing (step {step:g} h)")
   stride = time_step_hours / step
   if not float(stride).is_integer():
-    raise ValueError(
+    raise UserError(
         f"Store {path} has a time step of {step:g} h, which does not divide "
         f"time_step_hours={time_step_hours} (the store is too coarse or "
         "misaligned)")
@@ -397,13 +408,13 @@ def _grid(dataset, resolution, path):
   longitude = np.asarray(dataset["longitude"].values, np.float64)
   lat_steps, lon_steps = np.diff(latitude), np.diff(longitude)
   if not (np.all(lat_steps > 0) or np.all(lat_steps < 0)):
-    raise ValueError(f"Latitude of {path} is not monotonic")
+    raise UserError(f"Latitude of {path} is not monotonic")
   if not np.all(lon_steps > 0):
-    raise ValueError(f"Longitude of {path} is not ascending")
+    raise UserError(f"Longitude of {path} is not ascending")
   if resolution is not None:
     spacing = (np.abs(lat_steps).mean(), lon_steps.mean())
     if any(abs(s - resolution) > RESOLUTION_TOLERANCE for s in spacing):
-      raise ValueError(
+      raise UserError(
           f"Store {path} has grid spacing {spacing[0]:g} x {spacing[1]:g} deg "
           f"(lat x lon); the config asks for resolution {resolution:g}")
   flip = bool(lat_steps[0] < 0)
@@ -416,4 +427,4 @@ def _tensorstore_driver(path: str) -> str:
     return "zarr3"
   if paths.exists(paths.join(path, ".zgroup")):
     return "zarr"
-  raise ValueError(f"{path} has neither .zgroup (zarr v2) nor zarr.json (v3)")
+  raise UserError(f"{path} has neither .zgroup (zarr v2) nor zarr.json (v3)")

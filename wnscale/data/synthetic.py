@@ -28,6 +28,7 @@ import zarr
 
 from wnscale import paths
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 from wnscale.graphs import grid
 
 GRAVITY = 9.80665  # m s^-2
@@ -40,8 +41,12 @@ TIME_BLOCK_BYTES = 64 * 2**20
 
 def store_times(start: str, end: str, time_step_hours: int) -> np.ndarray:
   """`[num_times]` datetime64[ns] from `start` 00:00 to `end` 23:00 every `time_step_hours`."""
-  times = pd.date_range(pd.Timestamp(start), pd.Timestamp(end) + pd.Timedelta(hours=23),
-                        freq=f"{time_step_hours}h")
+  try:
+    first, final = pd.Timestamp(start), pd.Timestamp(end)
+  except ValueError as error:
+    raise UserError(f"Cannot read the dates start={start!r}, end={end!r} ({error}); write "
+                    "them as YYYY-MM-DD.") from error
+  times = pd.date_range(first, final + pd.Timedelta(hours=23), freq=f"{time_step_hours}h")
   return times.values.astype("datetime64[ns]")
 
 
@@ -222,7 +227,7 @@ class SyntheticWeather:
       signal = waves(surface_speed, hours, np.array([1.5]), 0.5)[:, 0]
       # Softplus keeps it positive and mostly small, like rain.
       return 2e-3 * wet * np.log1p(np.exp(3 * signal - 2)) / 3
-    raise ValueError(f"No synthetic field for variable {name!r}")
+    raise UserError(f"No synthetic field for variable {name!r}")
 
 
 def write_synthetic_store(
@@ -252,9 +257,9 @@ def write_synthetic_store(
     `path`.
   """
   if zarr_format not in (2, 3):
-    raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format}")
+    raise UserError(f"zarr_format must be 2 or 3, got {zarr_format}")
   if time_step_hours <= 0:
-    raise ValueError(f"time_step_hours must be positive, got {time_step_hours}")
+    raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = paths.normalize(path)
   names = list(variables or variables_lib.VARIABLES)
   for name in names:
@@ -262,7 +267,7 @@ def write_synthetic_store(
   levels = [int(level) for level in levels]
   times = store_times(start, end, time_step_hours)
   if len(times) == 0:
-    raise ValueError(f"No times between start={start} and end={end}")
+    raise UserError(f"No times between start={start} and end={end}")
   latitude, longitude = store_coordinates(resolution, include_poles)
   weather = SyntheticWeather(latitude, longitude, levels, seed)
 
@@ -271,8 +276,8 @@ def write_synthetic_store(
                   for marker in (".zgroup", "zarr.json"))
     if not overwrite or not is_zarr:
       # Never delete a directory that is not a zarr store.
-      raise ValueError(f"{path} exists (overwrite={overwrite}, zarr store: "
-                       f"{is_zarr}); remove it or choose another path")
+      raise UserError(f"{path} exists (overwrite={overwrite}, zarr store: "
+                      f"{is_zarr}); remove it or choose another path")
     paths.as_epath(path).rmtree()
   _write_layout(path, weather, names, times, levels, latitude, longitude,
                 zarr_format)

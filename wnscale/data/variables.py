@@ -18,6 +18,8 @@ import dataclasses
 
 import numpy as np
 
+from wnscale.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class Variable:
@@ -76,7 +78,7 @@ ERA5_LEVELS_37 = (
 def lookup(name: str) -> Variable:
   """Returns the catalogue entry of `name`, with a clear error if unknown."""
   if name not in VARIABLES:
-    raise ValueError(
+    raise UserError(
         f"Unknown variable {name!r}; known variables: {sorted(VARIABLES)}")
   return VARIABLES[name]
 

@@ -31,6 +31,7 @@ from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
 from wnscale.data.store import time_range
+from wnscale.errors import UserError
 
 DAYS = 366
 # Bytes per (hour, day of year, grid value) while a block is summed and smoothed:
@@ -42,7 +43,7 @@ _READ_BYTES = 256 * 2**20  # bytes of store values read at once
 def window_weights(window: int) -> np.ndarray:
   """`[window]` weights of day offsets -window//2 .. window//2: 1 at 0, 0 at the ends."""
   if window < 3 or window % 2 == 0:
-    raise ValueError(f"The smoothing window must be an odd number of days >= 3; got {window}")
+    raise UserError(f"The smoothing window must be an odd number of days >= 3; got {window}")
   half = window // 2
   return 1.0 - np.abs(np.arange(-half, half + 1)) / half
 
@@ -116,14 +117,14 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   weights = window_weights(window)
   out = paths.normalize(out)
   if paths.exists(out):
-    raise ValueError(f"{out} exists; remove it or choose another --out")
+    raise UserError(f"{out} exists; remove it or choose another --out")
   dataset = store_lib.open_metadata(path)
   names = _variables(dataset, variables, path)
   level_values = _levels(dataset, names, levels, path)
   times = pd.DatetimeIndex(dataset["time"].values)
   first, count = time_range(times.values, start, end)
   if count == 0:
-    raise ValueError(f"Store {path} has no times in {start} .. {end}; it covers "
+    raise UserError(f"Store {path} has no times in {start} .. {end}; it covers "
                      f"{times[0]} .. {times[-1]}")
   indices = np.arange(first, first + count)
   hours = np.unique(times.hour[indices])
@@ -140,13 +141,13 @@ def _variables(dataset, variables, path):
   present = [name for name in variables_lib.VARIABLES if name in dataset]
   if variables is None:
     if not present:
-      raise ValueError(f"Store {path} has none of the catalogue variables "
+      raise UserError(f"Store {path} has none of the catalogue variables "
                        f"{sorted(variables_lib.VARIABLES)}")
     return present
   for name in variables:
     variables_lib.lookup(name)
     if name not in dataset:
-      raise ValueError(f"Store {path} lacks variable {name!r}; it has {present}")
+      raise UserError(f"Store {path} lacks variable {name!r}; it has {present}")
   return list(variables)
 
 
@@ -158,7 +159,7 @@ def _levels(dataset, names, levels, path):
     return store_levels
   absent = [int(level) for level in levels if int(level) not in store_levels]
   if absent:
-    raise ValueError(f"Level(s) {absent} hPa not in store {path}; it has {store_levels}")
+    raise UserError(f"Level(s) {absent} hPa not in store {path}; it has {store_levels}")
   return [int(level) for level in levels]
 
 
@@ -228,7 +229,7 @@ def at_valid_times(climatology: xr.Dataset, valid_times, dim: str = "lead_time")
   hours = [int(h) for h in climatology["hour"].values]
   missing = [time for time in valid_times if time.hour not in hours]
   if missing:
-    raise ValueError(f"The climatology has no hour {missing[0].hour} (valid time "
+    raise UserError(f"The climatology has no hour {missing[0].hour} (valid time "
                      f"{missing[0]}); it has hours {hours}. Make it from a store with "
                      "these hours.")
   days = [int(d) for d in climatology["dayofyear"].values]

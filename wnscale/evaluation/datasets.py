@@ -8,7 +8,7 @@ latitude may run either way: every dataset here is returned with latitude
 ascending. A forecast written by `launch.forecast` lists its finished
 initial times in its attributes; only those are scored.
 
-The checks raise ValueError naming the problem: a forecast variable or level
+The checks raise UserError (a ValueError) naming the problem: a forecast variable or level
 the truth (or climatology) lacks, grids that differ, a valid time the truth
 does not hold (the first one).
 """
@@ -23,6 +23,7 @@ import xarray as xr
 
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 from wnscale.evaluation.metrics import LATITUDE, LONGITUDE
 
 INIT = "time"  # the forecast layout's initial-time dim
@@ -77,16 +78,16 @@ def open_forecast(path: str) -> Forecast:
   """Opens a forecast store; its variables are the catalogue variables it holds."""
   dataset = store_lib.open_metadata(path)
   if INIT not in dataset.dims or LEAD not in dataset.dims:
-    raise ValueError(f"{path} is not in the forecast layout: it has dims "
+    raise UserError(f"{path} is not in the forecast layout: it has dims "
                      f"{dict(dataset.sizes)}; expected {INIT!r} (initial time) and {LEAD!r}.")
   variables = tuple(str(name) for name in dataset.data_vars if name in variables_lib.VARIABLES)
   if not variables:
-    raise ValueError(f"Forecast {path} holds none of the catalogue variables "
+    raise UserError(f"Forecast {path} holds none of the catalogue variables "
                      f"{sorted(variables_lib.VARIABLES)}; it has {sorted(dataset.data_vars)}")
   completed = dataset.attrs.get(COMPLETED_ATTR)
   if completed is not None:
     if not completed:
-      raise ValueError(f"Forecast {path} has no finished initial time yet.")
+      raise UserError(f"Forecast {path} has no finished initial time yet.")
     dataset = dataset.isel({INIT: sorted(int(i) for i in completed)})
   return Forecast(path, ascending_latitude(dataset[list(variables)]), variables)
 
@@ -101,7 +102,7 @@ def open_climatology(path: str) -> xr.Dataset:
   climatology = store_lib.open_metadata(path)
   for dim in ("hour", "dayofyear"):
     if dim not in climatology.dims:
-      raise ValueError(f"{path} is not a climatology: it has no {dim!r} dim (dims "
+      raise UserError(f"{path} is not a climatology: it has no {dim!r} dim (dims "
                        f"{dict(climatology.sizes)}); make one with python -m "
                        "launch.make_climatology.")
   return ascending_latitude(climatology)
@@ -122,13 +123,13 @@ def fitted(forecast: Forecast, other: xr.Dataset, other_path: str, what: str) ->
   """
   for name in forecast.variables:
     if name not in other:
-      raise ValueError(f"Forecast variable {name!r} is not in the {what} {other_path}; it "
+      raise UserError(f"Forecast variable {name!r} is not in the {what} {other_path}; it "
                        f"has {sorted(str(n) for n in other.data_vars)}.")
     if "level" in forecast.dataset[name].dims:
       held = [int(level) for level in other["level"].values] if "level" in other.dims else []
       absent = [level for level in forecast.levels if level not in held]
       if absent:
-        raise ValueError(f"The {what} {other_path} lacks level(s) {absent} hPa of forecast "
+        raise UserError(f"The {what} {other_path} lacks level(s) {absent} hPa of forecast "
                          f"variable {name!r}; it has {held}.")
   check_same_grid(forecast.dataset, forecast.path, other, other_path)
   return other.assign_coords({dim: forecast.dataset[dim].values
@@ -145,7 +146,7 @@ def check_same_grid(a: xr.Dataset, a_path: str, b: xr.Dataset, b_path: str):
                                                          atol=GRID_TOLERANCE)
              for dim in (LATITUDE, LONGITUDE))
   if not same:
-    raise ValueError(f"Grids differ: {describe(a, a_path)}; {describe(b, b_path)}. Regrid one "
+    raise UserError(f"Grids differ: {describe(a, a_path)}; {describe(b, b_path)}. Regrid one "
                      "to the other's grid first.")
 
 
@@ -155,7 +156,7 @@ def check_valid_times(forecast: Forecast, truth: xr.Dataset, truth_path: str):
   for init in forecast.init_times:
     for lead in [pd.Timedelta(0)] + list(forecast.leads):
       if init + lead not in held:
-        raise ValueError(
+        raise UserError(
             f"The truth {truth_path} has no data at {init + lead} (initial time {init} + "
             f"lead {lead}); it covers {held[0]} .. {held[-1]}. Score initial times whose "
             "valid times it covers, or use a store that covers them.")

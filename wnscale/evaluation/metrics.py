@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
+from wnscale.errors import UserError
 
 LATITUDE, LONGITUDE = "latitude", "longitude"
 SPATIAL_DIMS = (LATITUDE, LONGITUDE)
@@ -38,7 +39,7 @@ def cell_area_weights(latitude) -> np.ndarray:
   order = np.argsort(latitude)
   ascending = np.deg2rad(latitude[order])
   if np.any(np.diff(ascending) <= 0):
-    raise ValueError(f"Latitudes must be distinct; got {latitude.tolist()}")
+    raise UserError(f"Latitudes must be distinct; got {latitude.tolist()}")
   bounds = np.concatenate([[-np.pi / 2], (ascending[:-1] + ascending[1:]) / 2, [np.pi / 2]])
   area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
   weights = np.empty_like(area)

@@ -20,6 +20,7 @@ import pandas as pd
 import xarray as xr
 
 from wnscale.data.source import parse_duration
+from wnscale.errors import UserError
 from wnscale.evaluation import climatology as climatology_lib
 from wnscale.evaluation import datasets, figures, metrics
 from wnscale.evaluation import results as results_lib
@@ -123,7 +124,7 @@ def _common(forecast: datasets.Forecast, baseline: datasets.Forecast):
   leads = forecast.leads.intersection(baseline.leads)
   variables = [name for name in baseline.variables if name in forecast.variables]
   if len(inits) == 0 or len(leads) == 0 or not variables:
-    raise ValueError(f"The forecast {forecast.path} and the baseline {baseline.path} share no "
+    raise UserError(f"The forecast {forecast.path} and the baseline {baseline.path} share no "
                      f"initial time, lead time or variable ({len(inits)} initial times, "
                      f"{len(leads)} lead times, variables {variables} shared).")
   if len(inits) < len(forecast.init_times) or len(leads) < len(forecast.leads):
@@ -146,7 +147,7 @@ def _climatology_at(climatology, forecast, valid, path) -> xr.Dataset:
     if np.isnan(values).any():
       lead = int(np.argwhere(np.isnan(values))[0][0])
       time = pd.Timestamp(valid[lead])
-      raise ValueError(f"The climatology {path} has no value for {name!r} on day of year "
+      raise UserError(f"The climatology {path} has no value for {name!r} on day of year "
                        f"{time.day_of_year}, hour {time.hour} (valid time {time}); make it from a "
                        "time range that covers that part of the year.")
   return selected
@@ -160,12 +161,12 @@ def _maps(forecast: datasets.Forecast, channels, leads) -> list[tuple[str, pd.Ti
                 in figures.headline_channels(forecast.dataset)[:2]]
   for channel in channels:
     if channel not in held:
-      raise ValueError(f"No channel {channel!r} to map; the forecast has {sorted(held)}.")
+      raise UserError(f"No channel {channel!r} to map; the forecast has {sorted(held)}.")
   chosen = [forecast.leads[0], forecast.leads[-1]] if leads is None else [
       parse_duration(lead) for lead in leads]
   for lead in chosen:
     if lead not in forecast.leads:
-      raise ValueError(f"No lead time {lead} to map; the forecast has "
+      raise UserError(f"No lead time {lead} to map; the forecast has "
                        f"{[str(x) for x in forecast.leads]}.")
   return [(channel, lead) for channel in channels for lead in dict.fromkeys(chosen)]
 

@@ -156,10 +156,13 @@ def build_graphs(latitude, longitude, mesh_levels: int, radius_fraction: float =
   path = cache.cache_path("graphs", _cache_key(
       latitude, longitude, mesh_levels, radius_fraction,
       float(mesh_to_grid_normalization)) + ".npz")
+  start = time.perf_counter()
   if use_cache and paths.exists(path):
     with np.load(io.BytesIO(paths.read_bytes(path))) as cached:
-      return _unflatten(dict(cached))
-  start = time.perf_counter()
+      graphs = _unflatten(dict(cached))
+    logging.info("Graphs from the cache %s in %.1f s: %s", path, time.perf_counter() - start,
+                 graphs.counts())
+    return graphs
   graphs = _build(latitude, longitude, mesh_levels, radius_fraction,
                   float(mesh_to_grid_normalization))
   logging.info("Built graphs in %.1f s: %s", time.perf_counter() - start, graphs.counts())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import spatial
 
+from wnscale.errors import UserError
 from wnscale.graphs.icosahedron import TriangularMesh, faces_to_directed_edges
 
 
@@ -51,7 +52,7 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float
   covered = np.bincount(receivers, minlength=len(mesh.vertices))
   if np.any(covered == 0):
     lonely = int(np.sum(covered == 0))
-    raise ValueError(
+    raise UserError(
         f"The mesh is too fine for the grid: {lonely} of {len(covered)} mesh nodes have "
         f"no grid node within the grid-to-mesh radius ({radius:.4f} chord). Use fewer "
         "mesh refinements (model.mesh_levels) or a finer grid, or raise "

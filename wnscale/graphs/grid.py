@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from wnscale.errors import UserError
+
 
 def regular_grid(resolution: float, include_poles: bool | None = None):
   """Latitudes (ascending) and longitudes of a regular grid, in degrees.
@@ -25,7 +27,7 @@ def regular_grid(resolution: float, include_poles: bool | None = None):
   """
   num_lon = 360.0 / resolution
   if abs(num_lon - round(num_lon)) > 1e-6:
-    raise ValueError(f"Grid resolution {resolution} deg does not divide 360 deg.")
+    raise UserError(f"Grid resolution {resolution} deg does not divide 360 deg.")
   num_lon = int(round(num_lon))
   if include_poles is None:
     include_poles = resolution <= 1.0

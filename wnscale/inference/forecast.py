@@ -28,6 +28,7 @@ from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import time_range
+from wnscale.errors import UserError
 from wnscale.inference import forecast_store
 from wnscale.inference.progress import Progress
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
@@ -41,7 +42,7 @@ def load_run_config(workdir: str, mesh: dict | None = None, data_path: str | Non
   """The run's `config.json`, with mesh overrides (`data`, `graph`, `exchange`) and store."""
   path = paths.join(workdir, "config.json")
   if not paths.exists(path):
-    raise ValueError(f"No config.json in {paths.normalize(workdir)}: --workdir must be a run "
+    raise UserError(f"No config.json in {paths.normalize(workdir)}: --workdir must be a run "
                      "directory of python -m launch.train.")
   config = config_lib.from_json(paths.read_text(path))
   config.mesh.update(mesh or {})
@@ -63,22 +64,22 @@ def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=Non
     wanted = pd.DatetimeIndex([pd.Timestamp(t) for t in init_times]).values
     missing = [t for t in wanted if t not in times]
     if missing:
-      raise ValueError(f"Initial time {pd.Timestamp(missing[0])} is not a time of the store "
+      raise UserError(f"Initial time {pd.Timestamp(missing[0])} is not a time of the store "
                        f"{path} at the model's {time_step_hours} h step; {span}.")
     indices = np.searchsorted(times, wanted)
   else:
     interval = parse_duration(every)
     step = pd.Timedelta(hours=time_step_hours)
     if interval <= pd.Timedelta(0) or interval % step:
-      raise ValueError(f"--init_every={every} must be a positive multiple of the model's "
+      raise UserError(f"--init_every={every} must be a positive multiple of the model's "
                        f"{time_step_hours} h step.")
     first, count = time_range(times, start, end)
     indices = np.arange(first, first + count, interval // step)
     if len(indices) == 0:
-      raise ValueError(f"No initial times in {start} .. {end} in the store {path}; {span}.")
+      raise UserError(f"No initial times in {start} .. {end} in the store {path}; {span}.")
   early = [i for i in indices if i < input_steps - 1]
   if early:
-    raise ValueError(f"Initial time {pd.Timestamp(times[early[0]])} needs the "
+    raise UserError(f"Initial time {pd.Timestamp(times[early[0]])} needs the "
                      f"{input_steps - 1} earlier state(s) of its history, which the store "
                      f"{path} does not hold; {span}.")
   return np.asarray(indices, np.int64)
@@ -88,7 +89,7 @@ def lead_steps(lead: str, time_step_hours: int) -> int:
   """Model steps in `lead` (e.g. "10d", "36h"), which must be a multiple of the step."""
   total, step = parse_duration(lead), pd.Timedelta(hours=time_step_hours)
   if total <= pd.Timedelta(0) or total % step:
-    raise ValueError(f"--lead={lead} must be a positive multiple of the model's "
+    raise UserError(f"--lead={lead} must be a positive multiple of the model's "
                      f"{time_step_hours} h step.")
   return int(total // step)
 
@@ -112,7 +113,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
   if jax.process_count() > 1:
-    raise ValueError("Forecasts run in one process (on any number of its devices); "
+    raise UserError("Forecasts run in one process (on any number of its devices); "
                      f"this is one of {jax.process_count()}.")
   config, path = load_run_config(workdir, mesh_overrides, data_path)
   d = config.data

@@ -23,6 +23,7 @@ import pandas as pd
 from wnscale import paths
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
+from wnscale.errors import UserError
 from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
 
 SETTINGS_ATTR = "wnscale_forecast"
@@ -33,12 +34,12 @@ def recorded_settings(path: str) -> dict | None:
   if not paths.exists(path):
     return None
   if not paths.is_complete(path):
-    raise ValueError(f"{path} is a forecast store whose creation was cut short; remove it "
+    raise UserError(f"{path} is a forecast store whose creation was cut short; remove it "
                      "and run the same command again.")
   try:
     return writer.read_attrs(path)[SETTINGS_ATTR]
   except Exception as error:  # not a zarr store, or not one of ours
-    raise ValueError(f"{path} exists and is not a forecast store written by wnscale "
+    raise UserError(f"{path} exists and is not a forecast store written by wnscale "
                      f"({error}); choose another --out or remove it.") from error
 
 
@@ -70,7 +71,7 @@ class ForecastStore:
     elif existing != settings:
       changed = sorted(key for key in existing.keys() | settings.keys()
                        if existing.get(key) != settings.get(key))
-      raise ValueError(f"{self.path} holds a forecast with other settings ({', '.join(changed)} "
+      raise UserError(f"{self.path} holds a forecast with other settings ({', '.join(changed)} "
                        "differ); choose another --out, or remove it to start again.")
     self.completed = sorted(int(i) for i in writer.read_attrs(self.path)[COMPLETED_ATTR])
     self._handles = {name: writer.open_variable(self.path, name) for name in self.variables}

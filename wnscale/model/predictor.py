@@ -16,6 +16,7 @@ from flax import nnx
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data.variables import STATIC_VARIABLES
+from wnscale.errors import UserError
 from wnscale.model import forecast
 
 
@@ -28,7 +29,7 @@ def dataset_to_channels(dataset: xr.Dataset, variables, levels) -> np.ndarray:
   parts = []
   for name in variables:
     if name not in dataset:
-      raise ValueError(f"Input dataset lacks variable {name!r}; it has {sorted(dataset)}.")
+      raise UserError(f"Input dataset lacks variable {name!r}; it has {sorted(dataset)}.")
     field = dataset[name]
     if variables_lib.lookup(name).atmospheric:
       field = field.sel(level=list(levels)).transpose(..., "time", "level", "latitude",

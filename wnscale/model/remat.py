@@ -12,6 +12,8 @@ from typing import Callable
 import jax
 from flax import nnx
 
+from wnscale.errors import UserError
+
 # Names given with `jax.ad_checkpoint.checkpoint_name` at the natural save
 # points of a message-passing step.
 # The edge MLP's output per edge: the message, and the increment of the edge
@@ -52,11 +54,11 @@ def resolve_policy(name: str) -> Callable:
     names = [n for n in name[len(_SAVE_ONLY_PREFIX):].split(",") if n]
     unknown = sorted(set(names) - set(CHECKPOINT_NAMES))
     if not names or unknown:
-      raise ValueError(
+      raise UserError(
           f"Remat policy {name!r} names unknown checkpoint names {unknown or '(none)'}; "
           f"known names: {list(CHECKPOINT_NAMES)}.")
     return _policies.save_only_these_names(*names)
-  raise ValueError(f"Unknown remat policy {name!r}; known policies: {list(POLICY_NAMES)}.")
+  raise UserError(f"Unknown remat policy {name!r}; known policies: {list(POLICY_NAMES)}.")
 
 
 def checkpointed(module: nnx.Module, fn: Callable, enabled: bool, policy: Callable | None):

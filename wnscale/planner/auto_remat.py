@@ -18,6 +18,7 @@ import jax
 import ml_collections
 
 from wnscale import cache, paths
+from wnscale.errors import UserError
 from wnscale.planner import flops as flops_lib
 from wnscale.planner.compile import REMAT_KEYS, Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
@@ -100,7 +101,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   """
   budget = budget_bytes or target.device_memory_bytes
   if not budget:
-    raise ValueError("remat_policy='auto' needs a memory budget: set train.memory_budget_gib.")
+    raise UserError("remat_policy='auto' needs a memory budget: set train.memory_budget_gib.")
   path = _cache_path(config, target, budget)
   if paths.exists(path):
     choice = json.loads(paths.read_text(path))
@@ -134,7 +135,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
       logging.info("Remat plan: %s", choice["reason"])
       return choice
   smallest = min(peaks, key=peaks.get)
-  raise ValueError(
+  raise UserError(
       f"No remat configuration fits {budget / GIB:.2f} GiB per device on {target.name}: the "
       f"smallest peak is {peaks[smallest] / GIB:.2f} GiB ('{smallest}'). Use more graph shards "
       "(mesh.graph), a smaller batch per data shard, bfloat16, or a smaller model.")

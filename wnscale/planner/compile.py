@@ -24,7 +24,7 @@ from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib
 from wnscale.planner import flops as flops_lib
 from wnscale.planner import xla_stats
-from wnscale.planner.topology import Target
+from wnscale.planner.topology import GIB, Target
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 
@@ -34,6 +34,11 @@ StepBuilder = Callable[..., jax.stages.Lowered]
 BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
 REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
               "remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks")
+
+
+def batch_per_data_shard(batch_size: int, data_shards: int) -> int:
+  """Whole examples per data shard that cover a global `batch_size`: ceil(batch / shards)."""
+  return -(-batch_size // data_shards)
 
 
 class Problem:
@@ -104,6 +109,7 @@ class Problem:
         "topology": self.target.name,
         "num_devices": len(self.target.devices),
         "mesh": {"data": self.mesh.shape[mesh_lib.DATA], "graph": self.mesh.shape[mesh_lib.GRAPH]},
+        "batch_size": config.train.batch_size,
         "remat": {key: config.model[key] for key in REMAT_KEYS},
         **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
         "device_memory_bytes": memory,
@@ -121,6 +127,40 @@ class Problem:
       report["peak_by_part"] = buffers_lib.summarize(peak_buffers)
       report["peak_buffers"] = [dataclasses.asdict(b) for b in peak_buffers[:BREAKDOWN_ROWS]]
     return report
+
+
+def best_setting(reports: list[dict]) -> str:
+  """Which compiled setting to train with, and why, in a sentence.
+
+  The least work per example (per-device FLOPs over the global batch: the
+  recomputation differs, the model's share is the same at any shard count)
+  among those that fit; then the fewest graph shards (less exchange between
+  devices); then the lowest peak.
+  """
+  fitting = [r for r in reports if r["fits"]]
+  if not fitting:
+    smallest = min(reports, key=lambda r: r["peak_bytes"])
+    return (f"Nothing fits: the smallest peak is {smallest['peak_bytes'] / GIB:.2f} GiB per "
+            f"device ('{smallest.get('candidate', '')}', {smallest['mesh']['graph']} graph "
+            "shards). Use more graph shards, fewer examples per data shard, bfloat16 or a "
+            "smaller model.")
+
+  def per_example(report):
+    return report["flops"] / report["batch_size"]
+
+  least = min(per_example(r) for r in fitting)
+  best = min((r for r in fitting if per_example(r) <= least * (1 + 1e-6)),
+             key=lambda r: (r["mesh"]["graph"], r["peak_bytes"]))
+  recompute = best["recompute_flops"] / best["flops"]
+  memory = best["device_memory_bytes"]
+  of_memory = f" of {memory / GIB:.2f}" if memory else ""
+  return (f"Best: '{best.get('candidate', '')}' with {best['mesh']['graph']} graph shard(s) "
+          f"({best['mesh']['data']} data shard(s), batch {best['batch_size']}): it fits "
+          f"({best['peak_bytes'] / GIB:.2f}{of_memory} GiB per device) and, of the "
+          f"{len(fitting)} settings that fit, does the least work per example "
+          f"({per_example(best):.3g} FLOPs per device per example, "
+          f"{recompute:.0%} of it recomputation); among equals, the fewest graph shards "
+          "(the least exchange between devices), then the lowest peak.")
 
 
 def _stats_from_oom_message(message: str) -> dict:

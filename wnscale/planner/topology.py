@@ -7,15 +7,19 @@ generation and the chip grid), or `cpu:N` for N local (fake) CPU devices.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import re
 
 import jax
 
+from wnscale.errors import UserError
+
 GIB = 2**30
 # HBM per chip, GiB.
 CHIP_MEMORY_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "TPU7x": 192}
+_EXAMPLES = "v5e:2x2, v5e:4x4, v4:2x2x1, v4:2x2x2, v5p:2x2x2, v6e:2x2, TPU7x:2x2x1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +49,25 @@ def resolve(topology: str) -> Target:
     count = int(cpu.group(1))
     devices = jax.devices("cpu")
     if len(devices) < count:
-      raise ValueError(f"Topology {topology!r} needs {count} CPU devices, this process has "
-                       f"{len(devices)} (set jax_num_cpu_devices before JAX starts).")
+      raise UserError(f"Topology {topology!r} needs {count} CPU devices, this process has "
+                      f"{len(devices)} (set jax_num_cpu_devices before JAX starts).")
     # Fake CPU devices share the host's memory.
     return Target(topology, tuple(devices[:count]), host_memory_bytes() // count)
   tpu = re.fullmatch(r"(v4|v5e|v5p|v6e|TPU7x):(\d+(?:x\d+){1,2})", topology)
   if not tpu:
-    raise ValueError(f"Unknown topology {topology!r}; use e.g. v4:2x2x1, v5e:4x4, v5p:2x2x2, "
-                     f"v6e:2x2 or cpu:8.")
+    raise UserError(f"Unknown topology {topology!r}: name a TPU slice <generation>:<chip grid> "
+                    f"with generation one of {', '.join(CHIP_MEMORY_GIB)} (e.g. {_EXAMPLES}), "
+                    "or cpu:N for N local CPU devices.")
+  if importlib.util.find_spec("libtpu") is None:
+    raise UserError(f"TPU topology {topology!r} needs the libtpu wheel: "
+                    "pip install -e '.[tpu]'.")
   try:
     from jax.experimental import topologies
     description = topologies.get_topology_desc(topology_name=topology, platform="tpu")
-  except Exception as error:  # libtpu missing or the name is refused
-    raise ValueError(f"Cannot describe TPU topology {topology!r} ({error}). TPU compiles "
-                     "need the libtpu wheel: pip install -e '.[tpu]'.") from error
+  except Exception as error:  # libtpu refuses the chip grid
+    reason = (str(error).splitlines() or [repr(error)])[0]
+    raise UserError(f"libtpu has no TPU slice {topology!r} ({reason}); valid names include "
+                    f"{_EXAMPLES}.") from error
   devices = tuple(description.devices)
   chips = math.prod(int(n) for n in tpu.group(2).split("x"))
   # v4 topologies expose both TensorCores of a chip, each with half its memory.

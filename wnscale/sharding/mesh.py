@@ -10,24 +10,38 @@ import ml_collections
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from wnscale.errors import UserError
+
 DATA = "data"
 GRAPH = "graph"
 AXES = (DATA, GRAPH)
 
 
-def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int]:
-  """`(data, graph)` sizes; -1 takes the devices left over. A clear error if they don't fit."""
+def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int,
+               platform: str | None = None) -> tuple[int, int]:
+  """`(data, graph)` sizes; -1 takes the devices left over. A clear error if they don't fit.
+
+  `platform` ("cpu", "tpu", ...) only shapes the advice in that error.
+  """
   data, graph = mesh_config.data, mesh_config.graph
   if data == -1 or graph == -1:
     fixed = graph if data == -1 else data
     if num_devices % fixed:
-      raise ValueError(f"mesh: {num_devices} devices cannot be split into groups of {fixed} "
-                       f"(mesh.data={data}, mesh.graph={graph}).")
+      raise UserError(f"mesh: {num_devices} devices cannot be split into groups of {fixed} "
+                      f"(mesh.data={data}, mesh.graph={graph}).{_advice(fixed, platform)}")
     data, graph = (num_devices // fixed, graph) if data == -1 else (data, num_devices // fixed)
   if data * graph != num_devices:
-    raise ValueError(f"mesh: mesh.data x mesh.graph = {data} x {graph} = {data * graph} does "
-                     f"not match the {num_devices} available devices.")
+    raise UserError(f"mesh: mesh.data x mesh.graph = {data} x {graph} = {data * graph} does "
+                    f"not match the {num_devices} available devices."
+                    f"{_advice(data * graph, platform)}")
   return data, graph
+
+
+def _advice(wanted: int, platform: str | None) -> str:
+  if platform == "cpu":
+    return (f" On CPU, launch.train --num_cpu_devices={wanted} gives the process {wanted} "
+            "fake devices.")
+  return " Set mesh.data and mesh.graph to fit the devices (-1: the devices left over)."
 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
@@ -37,7 +51,7 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
   explicit `in_specs` keep every collective visible in the model code.
   """
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_config, len(devices))
+  shape = mesh_shape(mesh_config, len(devices), getattr(devices[0], "platform", None))
   # Graph shards of one example sit next to each other (same host where possible),
   # since the exchange between them runs every layer.
   grid = np.array(devices, dtype=object).reshape(shape)
@@ -57,7 +71,7 @@ def process_data_group(mesh: Mesh) -> tuple[int, int]:
   groups = sorted({frozenset(rows) for rows in rows_of_process.values()}, key=min)
   covered = [row for group in groups for row in group]
   if len(covered) != len(set(covered)):
-    raise ValueError("mesh: processes share some but not all batch rows; make mesh.graph "
+    raise UserError("mesh: processes share some but not all batch rows; make mesh.graph "
                      "divide or be a multiple of the devices per process.")
   return groups.index(frozenset(rows_of_process[jax.process_index()])), len(groups)
 
@@ -65,6 +79,6 @@ def process_data_group(mesh: Mesh) -> tuple[int, int]:
 def check_batch_size(mesh: Mesh, batch_size: int):
   """A clear error when the global batch does not split over the `data` axis."""
   if batch_size % mesh.shape[DATA]:
-    raise ValueError(f"train.batch_size={batch_size} is not divisible by the "
-                     f"{mesh.shape[DATA]} data shards of the mesh (mesh.data); change one of "
-                     "them, or give the graph more devices (mesh.graph).")
+    raise UserError(f"train.batch_size={batch_size} is not divisible by the "
+                    f"{mesh.shape[DATA]} data shards of the mesh (mesh.data); change one of "
+                    "them, or give the graph more devices (mesh.graph).")

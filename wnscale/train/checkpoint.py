@@ -32,8 +32,10 @@ from jax.experimental import multihost_utils
 
 from wnscale import paths
 
+from wnscale.errors import UserError
 
-class CheckpointMismatchError(ValueError):
+
+class CheckpointMismatchError(UserError):
   """A checkpoint's train state has other arrays, shapes or dtypes than this run's."""
 
 
@@ -120,12 +122,14 @@ class Checkpointer:
         continue
       differences = _differences(stored, abstract_state)
       if differences:
+        path = paths.join(self.directory, str(step))
+        more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
         raise CheckpointMismatchError(
-            f"Checkpoint {paths.join(self.directory, str(step))} holds a different train "
-            f"state than this run builds (another model or optimizer configuration?); "
-            f"{len(differences)} differences: {'; '.join(differences[:5])}. Resume with the "
-            "config it was written with (saved in the checkpoint's metadata) or start a new "
-            "--workdir.")
+            f"The checkpoint {path} was written by another model or optimizer configuration: "
+            f"{len(differences)} of its arrays differ from this run's "
+            f"({'; '.join(differences[:3])}{more}). Resume with the config it was written "
+            f"with (in {paths.join(path, 'metadata')}), or give this run a new --workdir. "
+            "The checkpoint is left as it is.")
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
@@ -197,10 +201,10 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
   steps = sorted(manager.all_steps(), reverse=True) if manager else []
   try:
     if not steps:
-      raise ValueError(f"No checkpoint in {directory}; train first (python -m launch.train "
+      raise UserError(f"No checkpoint in {directory}; train first (python -m launch.train "
                        "--workdir=...) or point --workdir at a run directory.")
     if step is not None and step not in steps:
-      raise ValueError(f"No checkpoint of step {step} in {directory}; it has steps "
+      raise UserError(f"No checkpoint of step {step} in {directory}; it has steps "
                        f"{sorted(steps)}.")
     failures = []
     for candidate in [step] if step is not None else steps:
@@ -227,7 +231,7 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
       except Exception as error:  # Orbax raises many types for damaged files.
         _warn_damaged(directory, candidate, error)
         failures.append(candidate)
-    raise ValueError(f"No checkpoint in {directory} could be restored (tried steps "
+    raise UserError(f"No checkpoint in {directory} could be restored (tried steps "
                      f"{failures}).")
   finally:
     if manager is not None:

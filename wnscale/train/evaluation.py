@@ -12,8 +12,17 @@ from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import step as step_lib
 
 
+def metric_name(channel: str) -> str:
+  """`eval/rmse/temperature_500` for channel `temperature@500`: a TensorBoard tag as well."""
+  return "eval/rmse/" + channel.replace("@", "_")
+
+
 class Evaluator:
-  """Runs the model over `train.eval_batches` batches of the eval range, in order."""
+  """Runs the model over `train.eval_batches` batches of the eval range, in order.
+
+  `source`: the eval range's source, already open (any grid order); default:
+  opened at the first evaluation.
+  """
 
   def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
                constants, halo_indices, stats: dict, channel_names, group: int,
@@ -27,8 +36,8 @@ class Evaluator:
     self.channel_names = list(channel_names)
     self.group, self.num_groups = group, num_groups
     self.eval_step = step_lib.make_eval_step(layout, graphdef, constants, halo_indices)
-    # The eval range's source in the layout's grid order; None: opened at the first evaluation.
-    self.source = source
+    # Read in the layout's grid order.
+    self.source = None if source is None else source.in_layout(layout.grid_slots)
 
   def evaluate(self, params) -> dict[str, float]:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -20,8 +21,11 @@ import time
 from tensorboardX import SummaryWriter
 
 from wnscale import paths
+from wnscale.train import workdir as workdir_lib
 
 SYNC_EVERY_S = 60.0
+# Names TensorBoard keeps as they are; metrics.jsonl uses the same names.
+_TAG = re.compile(r"[\w./-]+")
 
 
 class MetricsWriter:
@@ -38,26 +42,29 @@ class MetricsWriter:
     self.workdir = workdir
     self.remote = paths.is_url(workdir)
     self.local_dir = tempfile.mkdtemp(prefix="wnscale-metrics-") if self.remote else workdir
-    self.path = os.path.join(self.local_dir, "metrics.jsonl")
-    stored = paths.join(workdir, "metrics.jsonl")
+    self.path = os.path.join(self.local_dir, workdir_lib.METRICS)
+    stored = paths.join(workdir, workdir_lib.METRICS)
     if paths.exists(stored):
       kept = [line for line in paths.read_text(stored).splitlines(keepends=True)
               if _step_of(line) <= resume_step]
       paths.write_text(self.path, "".join(kept))
     self.file = open(self.path, "a")
-    self.tensorboard = SummaryWriter(os.path.join(self.local_dir, "tensorboard"))
+    self.tensorboard = SummaryWriter(os.path.join(self.local_dir, workdir_lib.TENSORBOARD))
     self._synced = time.monotonic()
 
   def write(self, step: int, values: dict):
+    """Appends `{name: value}` at `step`; names must be valid TensorBoard tags."""
     if not self.enabled:
       return
+    bad = [name for name in values if not _TAG.fullmatch(name)]
+    if bad:
+      raise ValueError(f"Metric names {bad} are not TensorBoard tags (letters, digits, _ . / -)")
     values = {k: (float(v) if not isinstance(v, str) else v) for k, v in values.items()}
     self.file.write(json.dumps({"step": step, **values}) + "\n")
     self.file.flush()
     for name, value in values.items():
       if isinstance(value, float) and math.isfinite(value):
-        # TensorBoard tags allow no "@": temperature@500 -> temperature_500.
-        self.tensorboard.add_scalar(name.replace("@", "_"), value, step)
+        self.tensorboard.add_scalar(name, value, step)
     self.tensorboard.flush()
     if time.monotonic() - self._synced > SYNC_EVERY_S:
       self.sync()
@@ -95,5 +102,5 @@ def _step_of(line: str) -> float:
 
 def read_metrics(workdir: str) -> list[dict]:
   """The entries of `workdir/metrics.jsonl` (a directory or a URL), in order."""
-  text = paths.read_text(paths.join(workdir, "metrics.jsonl"))
+  text = paths.read_text(paths.join(workdir, workdir_lib.METRICS))
   return [json.loads(line) for line in text.splitlines() if line.strip()]

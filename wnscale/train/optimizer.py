@@ -15,10 +15,15 @@ import ml_collections
 import optax
 
 
+def warmup_steps(train: ml_collections.ConfigDict) -> int:
+  """`train.warmup_steps`, clipped to leave the run one step of decay."""
+  return min(train.warmup_steps, train.steps - 1)
+
+
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-  """0 -> `learning_rate` over `warmup_steps`, then half-cosine to `end_learning_rate`."""
+  """0 -> `learning_rate` over `warmup_steps(train)`, then half-cosine to `end_learning_rate`."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=train.learning_rate, warmup_steps=train.warmup_steps,
+      init_value=0.0, peak_value=train.learning_rate, warmup_steps=warmup_steps(train),
       decay_steps=train.steps, end_value=train.end_learning_rate)
 
 

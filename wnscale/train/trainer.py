@@ -7,6 +7,7 @@ model, optimizer and data iterator, so the losses continue exactly. The
 workdir, the store and the statistics may be URLs (`gs://...`).
 SIGTERM saves a checkpoint and returns cleanly; with several processes, all of
 them save the same step (JAX's preemption sync point), whichever got the signal.
+What the run logs as it goes: `wnscale.train.run_log`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from wnscale import config as config_lib
 from wnscale import paths
 from wnscale.data import pipeline
 from wnscale.data.resolve import resolve_stats, resolve_store
+from wnscale.errors import UserError
 from wnscale.model import setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import checkpoint as checkpoint_lib
 from wnscale.train import evaluation, optimizer as optimizer_lib
+from wnscale.train import run_log
 from wnscale.train import step as step_lib
+from wnscale.train import workdir as workdir_lib
 from wnscale.train.metrics import MetricsWriter
 from wnscale.train.state import initial_state
 
@@ -81,21 +85,29 @@ def _check_finite(state):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains `config` in `workdir` (a directory or a URL); returns the last logged metrics."""
+  run_start = time.perf_counter()
   config_lib.validate(config)
   workdir = paths.normalize(workdir)
-  paths.makedirs(workdir)
+  workdir_lib.prepare(workdir)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_batch_size(mesh, config.train.batch_size)
+  warmup = optimizer_lib.warmup_steps(config.train)
+  if warmup != config.train.warmup_steps:
+    logging.warning("train.warmup_steps=%d does not fit in a run of train.steps=%d: warm-up "
+                    "clipped to %d steps.", config.train.warmup_steps, config.train.steps,
+                    warmup)
 
   # The store gives the grid; the training range gives the normalization statistics.
-  config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
-  config.data.path = resolve_store(config)
-  statistics = resolve_stats(config.data)
-  source = pipeline.source_from_config(config, "train", stats=statistics)
   # The eval range is opened now: a range the store lacks is an error before compiling.
-  eval_source = (pipeline.source_from_config(config, "eval", stats=statistics)
-                 if config.train.eval_every else None)
+  config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
+  with run_log.phase("Store and statistics ready") as phase:
+    config.data.path = resolve_store(config)
+    statistics = resolve_stats(config.data)
+    source = pipeline.source_from_config(config, "train", stats=statistics)
+    eval_source = (pipeline.source_from_config(config, "eval", stats=statistics)
+                   if config.train.eval_every else None)
+    phase["text"] = run_log.describe_data(source, eval_source)
   latitude, longitude = source.store.latitude, source.store.longitude
 
   if config.model.remat_policy == "auto":
@@ -103,12 +115,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   # Model, constants and the sharded layout.
   stats = source.channel_stats
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  graphs = setup.graphs_for_grid(config, latitude, longitude)  # logs built or from cache
   constants = setup.make_constants(config, graphs, latitude, longitude,
                                    stats["diff_std"] / stats["std"])
-  layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
-                         config.mesh.exchange)
-  device_constants, halo_indices = layout.constants(constants)
+  with run_log.phase(f"Partitioned the graphs over {mesh.shape[mesh_lib.GRAPH]} graph shard(s) "
+                     f"({mesh.shape[mesh_lib.DATA]} data x {mesh.shape[mesh_lib.GRAPH]} graph "
+                     "devices)"):
+    layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
+                           config.mesh.exchange)
+    device_constants, halo_indices = layout.constants(constants)
   # Data: this process's share (processes holding the same batch rows read the same
   # examples), read straight into the layout's grid order.
   group, num_groups = mesh_lib.process_data_group(mesh)
@@ -117,14 +132,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     _check_eval_range(config, eval_source, num_groups)
     eval_source = eval_source.in_layout(layout.grid_slots)
   train_data = _train_pipeline(config, source, group, num_groups, 0)
-  graphdef, params = setup.init_model(config)
+  with run_log.phase("Initialized the model") as phase:
+    graphdef, params = setup.init_model(config)
+    phase["text"] = f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters"
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
   replicated = layout.sharding(jax.sharding.PartitionSpec())
   state = jax.device_put(initial_state(params, optimizer), replicated)
 
   # Resume (only unreadable checkpoint files count as damage, see `_resume`).
-  checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, "checkpoints"),
+  checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, workdir_lib.CHECKPOINTS),
                                              config.train.max_checkpoints)
   try:
     state, train_data, data_offset = _resume(checkpointer, state, replicated, config, source,
@@ -150,16 +167,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                setup.batch_dtype(config))
 
   total = config.train.steps
-  last = {}
+  last, last_step, last_eval = {}, None, None
+  times = {"set-up": time.perf_counter() - run_start, "compile": 0.0, "evaluation": 0.0,
+           "checkpoint": 0.0}
+  done = start_step
   preemption = _Preemption()
   try:
     if start_step < total:
       batch = next_batch()
       compile_start = time.perf_counter()
-      train_step = train_step.lower(state, device_constants, halo_indices, batch).compile()
-      if is_main:
-        logging.info("Compiled the train step in %.1f s.", time.perf_counter() - compile_start)
-    timer_step, timer = start_step, time.perf_counter()
+      with run_log.phase("Compiled the train step"):
+        train_step = train_step.lower(state, device_constants, halo_indices, batch).compile()
+      times["compile"] = time.perf_counter() - compile_start
+    else:
+      logging.info("Nothing to train: the checkpoint is at train.steps=%d. Raise "
+                   "--config.train.steps to train further.", total)
+    loop_start = time.perf_counter()
+    timer_step, timer = start_step, loop_start
     for step in range(start_step, total):
       if step > start_step:
         batch = next_batch()
@@ -172,6 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         steps_per_sec = (done - timer_step) / max(elapsed, 1e-9)
         last = {k: float(v) for k, v in metrics.items()}
         last["steps_per_sec"] = steps_per_sec
+        last_step = done
         writer.write(done, last)
         if is_main:
           eta = datetime.timedelta(seconds=round((total - done) / max(steps_per_sec, 1e-9)))
@@ -179,28 +204,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                        last["loss"], last["learning_rate"], steps_per_sec, eta)
         timer_step, timer = done, time.perf_counter()
       if config.train.eval_every and done % config.train.eval_every == 0:
+        eval_start = time.perf_counter()
         rmse = evaluator.evaluate(state.params)
-        writer.write(done, {f"eval/rmse/{k}": v for k, v in rmse.items()})
+        last_eval = (done, rmse)
+        writer.write(done, {evaluation.metric_name(k): v for k, v in rmse.items()})
         if is_main:
-          logging.info("eval at step %d, RMSE: %s", done,
-                       ", ".join(f"{k} {v:.4g}" for k, v in rmse.items()))
+          logging.info("eval at step %d, RMSE: %s", done, run_log.format_rmse(rmse))
+        times["evaluation"] += time.perf_counter() - eval_start
         timer = time.perf_counter()  # evaluation time is not training speed
       if done % config.train.checkpoint_every == 0 or done == total or preempted:
         _check_finite(state)
         writer.sync()  # metrics up to this step are stored before the checkpoint is
+        save_start = time.perf_counter()
         checkpointer.save(done, state, train_data.iterator,
                           {"step": done, "data_groups": num_groups, "data_offset": data_offset,
                            "process_count": jax.process_count(),
                            "config": json.loads(config.to_json_best_effort())})
+        blocked = time.perf_counter() - save_start
+        times["checkpoint"] += blocked
+        if is_main:
+          logging.info("Checkpoint of step %d: writing in the background to %s (the loop "
+                       "was blocked %.3f s).", done,
+                       paths.join(checkpointer.directory, str(done)), blocked)
       if preempted:
         checkpointer.wait()
         logging.warning("Stopped at step %d after SIGTERM; checkpoint saved.", done)
         break
+    loop_end = time.perf_counter()
   finally:
     preemption.restore()
     checkpointer.close()
     writer.close()
     train_data.close()
+  times["training"] = loop_end - loop_start - times["evaluation"] - times["checkpoint"]
+  if is_main:
+    run_log.summary(start_step, done, time.perf_counter() - run_start, times,
+                    (last_step, last), last_eval, config.train, workdir,
+                    checkpointer.manager.all_steps())
   return last
 
 
@@ -221,6 +261,7 @@ def _resume(checkpointer, state, sharding, config, source, group, num_groups, tr
     train_data.close()
     raise
   if restored is None:
+    logging.info("Starting fresh: no checkpoint in %s.", checkpointer.directory)
     return state, train_data, 0
   train_data.close()
   metadata = restored.metadata
@@ -238,7 +279,8 @@ def _resume(checkpointer, state, sharding, config, source, group, num_groups, tr
     logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
                  "positioned by step.", metadata["data_groups"],
                  metadata.get("process_count", "?"), num_groups, jax.process_count())
-  logging.info("Resumed from step %d.", restored.step)
+  logging.info("Resumed from step %d, checkpoint %s.", restored.step,
+               paths.join(checkpointer.directory, str(restored.step)))
   return restored.state, train_data, data_offset
 
 
@@ -247,7 +289,7 @@ def _write_config(workdir: str, config: ml_collections.ConfigDict):
   text = config.to_json_best_effort(indent=2)
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
   paths.write_text(paths.join(workdir, "configs", f"config-{started}.json"), text)
-  paths.write_text(paths.join(workdir, "config.json"), text)
+  paths.write_text(paths.join(workdir, workdir_lib.CONFIG), text)
 
 
 def _check_eval_range(config, eval_source, num_groups: int):
@@ -255,7 +297,7 @@ def _check_eval_range(config, eval_source, num_groups: int):
   per_group = config.train.batch_size // num_groups
   if len(eval_source) // num_groups < per_group:
     data = config.data
-    raise ValueError(
+    raise UserError(
         f"The eval range {data.eval_start} .. {data.eval_end} of {data.path} holds "
         f"{len(eval_source)} example(s); one evaluation batch needs {per_group} per data "
         f"group ({num_groups} group(s)). Widen data.eval_start/eval_end or set "

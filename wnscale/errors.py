@@ -1,0 +1,12 @@
+"""The one exception type for mistakes in what the user gave: config, flags, data, directories.
+
+A `UserError` is raised where the mistake is found, with a message that names
+the problem and says what to do. The launchers print that message as one line
+and exit with status 2 (`launch/cli.py`); any other exception is a bug and
+keeps its traceback. It subclasses `ValueError`, so code that catches bad
+input as `ValueError` keeps working.
+"""
+
+
+class UserError(ValueError):
+  """A mistake in the user's input; the message says what it is and how to fix it."""
