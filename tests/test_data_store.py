@@ -197,8 +197,8 @@ def test_a_nan_in_the_time_range_stops_the_source_as_it_opens(tmp_path):
       str(tmp_path / "nan.zarr"), start="2020-01-01", end="2020-01-03", levels=LEVELS,
       variables=["temperature"])
   zarr.open_array(f"{path}/temperature", mode="r+")[9, 1, 4, 5] = np.nan  # 2020-01-03T06
-  first, last = normalization.nan_hours(normalization.load_or_compute_stats(path),
-                                        ["temperature"], LEVELS)
+  stats = normalization.load_or_compute_stats(path, ["temperature"], LEVELS)  # every time
+  first, last = normalization.nan_hours(stats, ["temperature"], LEVELS)
   hour = (np.datetime64("2020-01-03T06") - np.datetime64(0, "h")) / np.timedelta64(1, "h")
   assert np.isnan(first[[0, 2]]).all() and first[1] == last[1] == hour
   with pytest.raises(UserError, match=r"'temperature@850' at time 2020-01-03T06.*"
