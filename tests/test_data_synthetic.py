@@ -148,7 +148,9 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
   path = resolve.resolve_store(config)
   assert path.startswith(str(tmp_path / "datasets")) and os.path.exists(path + ".complete")
   size = resolve.synthetic_store_bytes(config.data)
-  assert size == 4 * 32 * 64 * (12 * (6 * 13 + 5) + 2)  # 12 times, 83 channels, 2 statics
+  # 12 times of the config's 12 channels (5 variables on 2 levels, 2 surface ones) and
+  # 2 statics: the store holds what the config reads, no more.
+  assert size == 4 * 32 * 64 * (12 * 12 + 2)
   assert f"Writing the synthetic store {path} (up to {size / 2**20:.1f} MiB" in caplog.text
   caplog.clear()
   assert resolve.resolve_store(config) == path
@@ -158,7 +160,7 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
 def test_synthetic_store_that_does_not_fit_is_refused(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   monkeypatch.setattr(resolve.paths, "free_bytes", lambda path: 1000)
-  with pytest.raises(ValueError, match=r"needs up to 7.8 MiB but the disk holds only 0.0 MiB free"):
+  with pytest.raises(ValueError, match=r"needs up to 1.1 MiB but the disk holds only 0.0 MiB free"):
     resolve.resolve_store(_tiny_config())
   assert not os.path.exists(tmp_path / "datasets")
 
