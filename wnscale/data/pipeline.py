@@ -110,7 +110,7 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None
 
   `config` is the experiment ConfigDict or its `data` part. Keys read:
   `path, resolution, variables, pressure_levels, input_steps, target_steps,
-  time_step_hours, {train,eval}_{start,end}, fill_nan`.
+  time_step_hours, {train,eval}_{start,end}, fill_nan, global_forcings`.
   """
   _check_split(split)
   data = config.data if "data" in config else config
@@ -119,7 +119,8 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None
       input_steps=data.input_steps, target_steps=data.target_steps,
       start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
       time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
-      resolution=data.get("resolution"), grid_slots=grid_slots)
+      resolution=data.get("resolution"), grid_slots=grid_slots,
+      global_forcings=tuple(data.get("global_forcings", ())))
 
 
 def from_config(config,

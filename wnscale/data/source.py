@@ -10,6 +10,8 @@ Each example (the batch contract with the model, before batching):
   * `forcings`: `[input_steps + target_steps, 5, grid]` (`forcings.py`)
   * `statics`:  `[2, grid]` geopotential_at_surface normalized, land_sea_mask
     as is
+  * `globals`:  `[input_steps + target_steps, F]` global forcings
+    (`forcings.GLOBAL_FORCINGS`), only when some are asked for
 all float32, grid flattened latitude-major with latitude ascending.
 Channel-major is the stores' own layout, so an example is assembled with
 contiguous copies; the model's step transposes to node-major on the device
@@ -53,7 +55,8 @@ class WeatherExampleSource:
                time_step_hours: int = 6,
                fill_nan: bool = False,
                resolution: float | None = None,
-               grid_slots: np.ndarray | None = None):
+               grid_slots: np.ndarray | None = None,
+               global_forcings=()):
     """Opens the store and loads (or computes once) its statistics.
 
     Args:
@@ -67,6 +70,7 @@ class WeatherExampleSource:
         examples' grid axis, -1 for padding (zeros): a sharded layout's node
         order (`ShardedLayout.grid_slots`), applied while copying, so the
         training loop does not reorder batches. None: all nodes in order.
+      global_forcings: names of `forcings.GLOBAL_FORCINGS` to add as `globals`.
     """
     if input_steps < 1 or target_steps < 1:
       raise ValueError(f"input_steps ({input_steps}) and target_steps "
@@ -82,6 +86,7 @@ class WeatherExampleSource:
       self.store.static_fill = self.static_stats["mean"]
     self.input_steps = input_steps
     self.target_steps = target_steps
+    self.global_forcings = tuple(global_forcings)
     self.start, self.end = start, end
     self._first_time, num_times = _time_range(self.store.times, start, end)
     self._num_examples = num_times - self.window + 1
@@ -119,14 +124,17 @@ class WeatherExampleSource:
     time_indices = self.time_indices(index)
     state = self.store.read_state(time_indices, mean=self.channel_stats["mean"],
                                   std=self.channel_stats["std"], grid_index=self._grid_index)
-    return {
+    times = self.store.times[time_indices]
+    example = {
         "inputs": state[:self.input_steps],
         "targets": state[self.input_steps:],
         "forcings": self._to_slots(forcings_lib.compute_forcings(
-            self.store.times[time_indices], self.store.latitude,
-            self.store.longitude)),
+            times, self.store.latitude, self.store.longitude)),
         "statics": self.statics().copy(),
     }
+    if self.global_forcings:
+      example["globals"] = forcings_lib.compute_global_forcings(times, self.global_forcings)
+    return example
 
   def statics(self) -> np.ndarray:
     """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""

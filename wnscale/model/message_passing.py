@@ -71,12 +71,18 @@ def vary_like(x: jax.Array, *references: jax.Array) -> jax.Array:
 
 
 class InteractionNetwork(nnx.Module):
-  """One message-passing step; latents are `[num_*, latent_size]`."""
+  """One message-passing step; node latents and messages are `[num_*, latent_size]`.
 
-  def __init__(self, latent_size: int, *, dtype, rngs: nnx.Rngs):
+  Edge latents are `[num_edges, edge_size]` (default `latent_size`; narrower
+  ones need no edge residual: a one-step encoder or decoder).
+  """
+
+  def __init__(self, latent_size: int, *, edge_size: int | None = None, dtype,
+               rngs: nnx.Rngs):
     linear = lambda: nnx.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
                                 rngs=rngs)
-    self.edge_mlp = MLP(latent_size, latent_size, latent_size, dtype=dtype, rngs=rngs)
+    self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size, dtype=dtype,
+                        rngs=rngs)
     self.sender_projection = linear()  # edge_mlp's first-layer weights for the sender part
     self.receiver_projection = linear()  # ... and for the receiver part
     self.node_mlp = MLP(2 * latent_size, latent_size, latent_size, dtype=dtype, rngs=rngs)
@@ -111,7 +117,7 @@ class InteractionNetwork(nnx.Module):
     return checkpoint_name(updated, remat.NODE_LATENTS)
 
 
-def _split_into_chunks(array: jax.Array, num_chunks: int, fill) -> jax.Array:
+def split_into_chunks(array: jax.Array, num_chunks: int, fill) -> jax.Array:
   """`[E, ...] -> [num_chunks, ceil(E / num_chunks), ...]`, padded with `fill`."""
   chunk = -(-array.shape[0] // num_chunks)
   padding = [(0, chunk * num_chunks - array.shape[0])] + [(0, 0)] * (array.ndim - 1)
@@ -161,9 +167,9 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     return total + chunk_messages(state, features, chunk_senders, chunk_receivers,
                                   sender_table, receiver_table), None
 
-  chunks = (_split_into_chunks(edge_features, num_chunks, 0),
-            _split_into_chunks(senders, num_chunks, 0),
-            _split_into_chunks(receivers, num_chunks, num_receivers))
+  chunks = (split_into_chunks(edge_features, num_chunks, 0),
+            split_into_chunks(senders, num_chunks, 0),
+            split_into_chunks(receivers, num_chunks, num_receivers))
   # The running total stays float32 across blocks too.
   initial = jnp.zeros((num_receivers, receiver_table.shape[-1]), jnp.float32)
   initial = vary_like(initial, sender_table, receiver_table, edge_features)

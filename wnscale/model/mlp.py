@@ -1,10 +1,7 @@
 """The MLP used everywhere in GraphCast: one hidden layer, swish, LayerNorm.
 
-The LayerNorm is the reference's (Haiku's defaults): epsilon 1e-5 and the
-two-pass variance mean((x - mean)^2), not Flax's defaults (1e-6 and the
-one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std):
-
-  y = (x - mean(x)) * rsqrt(mean((x - mean(x))^2) + 1e-5) * scale + bias
+The LayerNorm is the reference's (epsilon 1e-5, two-pass variance; see
+`wnscale.model.norm`).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-LAYER_NORM_EPSILON = 1e-5
+from wnscale.model import norm
 
 
 class MLP(nnx.Module):
@@ -26,8 +23,7 @@ class MLP(nnx.Module):
                layer_norm: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
     self.hidden = nnx.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
-    self.norm = nnx.LayerNorm(out_size, epsilon=LAYER_NORM_EPSILON, use_fast_variance=False,
-                              dtype=dtype, rngs=rngs) if layer_norm else None
+    self.norm = norm.layer_norm(out_size, dtype=dtype, rngs=rngs) if layer_norm else None
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.finish(self.hidden(x))

@@ -19,7 +19,10 @@ from flax import nnx
 EDGE_LATENTS = "edge_latents"  # [num_edges, latent]
 MESSAGES = "messages"  # aggregated messages per receiver, [num_receivers, latent]
 NODE_LATENTS = "node_latents"  # updated node latents, [num_nodes, latent]
-CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS)
+# ... and of a mesh transformer block: the outputs of its two residual branches.
+ATTENTION_OUTPUT = "attention_output"  # attention's output projection, [num_mesh_nodes, width]
+FFW_OUTPUT = "ffw_output"  # the feed-forward branch's output, [num_mesh_nodes, width]
+CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS, ATTENTION_OUTPUT, FFW_OUTPUT)
 
 _policies = jax.checkpoint_policies
 POLICIES: dict[str, Callable] = {
@@ -64,3 +67,35 @@ def checkpointed(module: nnx.Module, fn: Callable, enabled: bool, policy: Callab
 
   checkpointed_pure = jax.checkpoint(pure, policy=policy)
   return lambda *args: checkpointed_pure(state, *args)
+
+
+def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool, every: int,
+                policy: Callable | None):
+  """Applies layers whose parameters are stacked on a leading `[num_layers]` axis, in order.
+
+  With `checkpoint`, the layers run in groups of `every`, each group under one
+  `jax.checkpoint` with `policy`: a scan over the full groups, then the
+  remaining layers as one more group. The processors (mesh GNN and mesh
+  transformer) both run this way.
+
+  Args:
+    apply_layer: `(carry, layer_state) -> carry`, one layer.
+    carry: what the layers update (a pytree of arrays).
+    stacked_state: the layers' `nnx.State`, every leaf `[num_layers, ...]`.
+  """
+  def layers(carry, states):
+    return jax.lax.scan(lambda c, s: (apply_layer(c, s), None), carry, states)[0]
+
+  if not checkpoint:
+    return layers(carry, stacked_state)
+  num_layers = jax.tree.leaves(stacked_state)[0].shape[0]
+  group = jax.checkpoint(layers, policy=policy)
+  per_group = min(every, num_layers)
+  num_groups, remainder = divmod(num_layers, per_group)
+  grouped = jax.tree.map(
+      lambda x: x[:num_groups * per_group].reshape((num_groups, per_group) + x.shape[1:]),
+      stacked_state)
+  carry, _ = jax.lax.scan(lambda c, s: (group(c, s), None), carry, grouped)
+  if remainder:
+    carry = group(carry, jax.tree.map(lambda x: x[num_groups * per_group:], stacked_state))
+  return carry

@@ -129,8 +129,11 @@ def _halo(sender_shard, sender_local, receiver_shard, num_shards, per_shard):
     at_k = remote & (offset_of_edge == k)
     if not at_k.any():
       continue
-    # Rows shard t sends to t + k: its distinct local rows that edges on t + k read.
-    pairs = np.unique(np.stack([sender_shard[at_k], sender_local[at_k]], 1), axis=0)
+    # Rows shard t sends to t + k: its distinct local rows that edges on t + k read,
+    # as keys t * per_shard + local (1-D: np.unique of rows is slow for 10^8 edges).
+    edge_keys = sender_shard[at_k] * per_shard + sender_local[at_k]
+    pair_keys = np.unique(edge_keys)
+    pairs = np.stack(np.divmod(pair_keys, per_shard), 1)
     counts = np.bincount(pairs[:, 0], minlength=num_shards)
     rows = counts.max()
     send = np.zeros((num_shards, rows), dtype=np.int32)
@@ -138,8 +141,6 @@ def _halo(sender_shard, sender_local, receiver_shard, num_shards, per_shard):
     position = np.arange(len(pairs)) - first[pairs[:, 0]]
     send[pairs[:, 0], position] = pairs[:, 1]
     # Receiving shard r finds row (t, local) at base + position in its table.
-    pair_keys = pairs[:, 0] * per_shard + pairs[:, 1]  # ascending, as np.unique sorted them
-    edge_keys = sender_shard[at_k] * per_shard + sender_local[at_k]
     table_index[at_k] = base + position[np.searchsorted(pair_keys, edge_keys)]
     offsets.append(k)
     send_indices.append(send)
@@ -194,7 +195,10 @@ def partition_graphs(graphs: Graphs, grid_xyz: np.ndarray, mesh_xyz: np.ndarray,
   edge_sets, halos = {}, {}
   for name, senders_part, receivers_part in [("grid_to_mesh", grid, mesh),
                                              ("mesh", mesh, mesh),
-                                             ("mesh_to_grid", mesh, grid)]:
+                                             ("mesh_to_grid", mesh, grid),
+                                             ("mesh_neighbours", mesh, mesh)]:
+    if getattr(graphs, name) is None:  # no transformer, no neighbour lists
+      continue
     edge_sets[name], halos[name] = _partition_edges(getattr(graphs, name), senders_part,
                                                     receivers_part, exchange)
   stacked = Graphs(stack(grid, graphs.grid_node_features),

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale.model import forecast
 from wnscale.model import loss as loss_lib
-from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout
+from wnscale.sharding.layout import CONSTANT_SPECS, ShardedLayout, batch_specs
 from wnscale.sharding.mesh import DATA, GRAPH
 
 
@@ -27,10 +27,13 @@ def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
     return fn(params, constants._replace(graphs=local_graphs), layout.exchange(halo_indices),
               batch, *extra)
 
-  return jax.shard_map(body, mesh=layout.mesh,
-                       in_specs=(P(), CONSTANT_SPECS, P(GRAPH), BATCH_SPECS)
-                       + tuple(extra_in_specs),
-                       out_specs=out_specs)
+  def shard_mapped(params, constants, halo_indices, batch, *extra):
+    return jax.shard_map(body, mesh=layout.mesh,
+                         in_specs=(P(), CONSTANT_SPECS, P(GRAPH), batch_specs(batch))
+                         + tuple(extra_in_specs),
+                         out_specs=out_specs)(params, constants, halo_indices, batch, *extra)
+
+  return shard_mapped
 
 
 def loss_fn(layout: ShardedLayout, graphdef, *, remat_steps: bool = False):
