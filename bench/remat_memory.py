@@ -46,6 +46,10 @@ VARIANTS = {
     "all three, dots_saveable": dict(ALL, remat_policy="dots_saveable"),
     "all three, dots_no_batch": dict(ALL, remat_policy="dots_with_no_batch_dims_saveable"),
     "all three, save node_latents": dict(ALL, remat_policy="save_only_these_names:node_latents"),
+    "all three + grid_blocks=8": dict(ALL, edge_chunks=4, grid_blocks=8),
+    "paper + grid_blocks=8": dict(ALL, mesh_remat_every=3, edge_chunks=4, grid_blocks=8),
+    "all three, offload_carries": dict(ALL, edge_chunks=4, grid_blocks=8,
+                                       remat_policy="offload_carries"),
 }
 # The transformer's own: attention edges in blocks, and its named save points.
 TRANSFORMER_VARIANTS = {

@@ -23,5 +23,6 @@ def get_config():
       variables=("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "2m_temperature"),
       pressure_levels=(300, 500, 850))
+  config.data.synthetic = True  # unless --config.data.path is given
   config.train.batch_size = 1
   return config

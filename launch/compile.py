@@ -37,6 +37,9 @@ _GRAPH_SHARDS = flags.DEFINE_list("graph_shards", None,
                                   "With --sweep: graph shard counts (default 1, 2, 4, ...).")
 _BATCH = flags.DEFINE_integer("batch_per_data_shard", 0,
                               "Examples per data shard (0: the config's train.batch_size).")
+_BREAKDOWN = flags.DEFINE_bool(
+    "breakdown", False, "Also list the largest buffers live at the peak of each compiled step "
+    "(from XLA's buffer assignment) and the bytes at the peak per part of the model.")
 
 GIB = 2**30
 
@@ -52,6 +55,24 @@ def _row(report) -> str:
           f"{report['peak_bytes'] / GIB:>8.2f}{(memory or 0) / GIB:>8.2f}"
           f"{'yes' if report['fits'] else 'NO':>6}{report['flops']:>11.3g}"
           f"{report['compile_seconds']:>8.1f}")
+
+
+def _breakdown(report) -> str:
+  """The peak per model part, then the largest peak buffers."""
+  mib = 2**20
+  lines = ["  at the peak, by part (MiB): " + ", ".join(
+      f"{part} {size / mib:.1f}" for part, size in report["peak_by_part"].items())]
+  lines.append(f"  {'MiB':>9}  {'buffer':<30}{'part':<22}made by (JAX name stack)")
+  for buffer in report["peak_buffers"]:
+    # Scopes every buffer shares (the jit, shard_map, scans' while bodies) say nothing.
+    scopes = [s for s in buffer["op_name"].split("/") if s not in _NOISE_SCOPES]
+    lines.append(f"  {buffer['bytes'] / mib:>9.1f}  {buffer['shape']:<30}{buffer['part']:<22}"
+                 f"{'/'.join(scopes)[-80:]}")
+  return "\n".join(lines)
+
+
+_NOISE_SCOPES = {"jit(train_step)", "jvp()", "transpose(jvp())", "shard_map", "while", "body",
+                 "closed_call"}
 
 
 def main(argv):
@@ -79,7 +100,7 @@ def main(argv):
                                        problem=problem)["name"]]
     for candidate in names:
       overrides = auto_remat.candidate_overrides(candidate) if candidate else {}
-      report = problem.compile(overrides)
+      report = problem.compile(overrides, breakdown=_BREAKDOWN.value)
       if candidate:
         report["candidate"] = candidate
       reports.append(report)
@@ -90,6 +111,8 @@ def main(argv):
                 f"{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}{'FLOPs':>11}"
                 f"{'comp s':>8}")
         print(_row(report), flush=True)
+        if _BREAKDOWN.value and "peak_buffers" in report:
+          print(_breakdown(report), flush=True)
   if _JSON.value:
     print(json.dumps(reports if _SWEEP.value else reports[0]))
   elif not all(r["fits"] for r in reports):

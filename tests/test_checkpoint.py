@@ -1,5 +1,6 @@
-"""Checkpointer restore paths: a good checkpoint restores, a damaged one is skipped and
-set aside, one written for another train state is a clear error and is left in place."""
+"""Checkpointer restore paths: a good checkpoint restores (with its data iterator state),
+a damaged one is skipped and set aside, one written for another train state is a clear
+error and is left in place."""
 
 import os
 
@@ -35,25 +36,40 @@ def _abstract(state):
   return checkpoint.abstract_like(state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
 
 
-def _restore(directory, state):
+def _restore(directory, state, read_data_state=lambda metadata: True):
   saver = checkpoint.Checkpointer(directory, max_to_keep=5)
   try:
-    return saver.restore_latest(_abstract(state), lambda step, metadata: None)
+    restored = saver.restore_latest(_abstract(state), read_data_state)
+    return restored.state, restored.metadata, restored.data_state
   finally:
     saver.close()
 
 
 def test_restores_the_newest_checkpoint(tmp_path):
   _save(str(tmp_path), [1, 2], _state())
-  state, metadata = _restore(str(tmp_path), _state())
+  state, metadata, data_state = _restore(str(tmp_path), _state())
   assert metadata == {"step": 2}
   jax.tree.map(np.testing.assert_array_equal, state, _state())
+  # The iterator's state as saved; applying it is the caller's business.
+  assert data_state == _iterator().get_state()
+  iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
+  iterator.set_state(data_state)
+  assert next(iterator) == 1
+  assert _restore(str(tmp_path), _state(), lambda metadata: False)[2] is None
+
+
+def test_unreadable_data_state_falls_back_and_is_set_aside(tmp_path):
+  _save(str(tmp_path), [1, 2], _state())
+  os.remove(os.path.join(tmp_path, "2", "data", "process_0-of-1.json"))
+  _, metadata, data_state = _restore(str(tmp_path), _state())
+  assert metadata == {"step": 1} and data_state is not None
+  assert any(name.startswith("2.damaged-") for name in os.listdir(tmp_path))
 
 
 def test_unreadable_newest_checkpoint_falls_back_and_is_set_aside(tmp_path, caplog):
   _save(str(tmp_path), [1, 2], _state())
   os.remove(os.path.join(tmp_path, "2", "state", "_METADATA"))
-  _, metadata = _restore(str(tmp_path), _state())
+  _, metadata, _ = _restore(str(tmp_path), _state())
   assert metadata == {"step": 1}
   assert f"Skipping checkpoint {tmp_path / '2'}" in caplog.text
   assert any(name.startswith("2.damaged-") for name in os.listdir(tmp_path))

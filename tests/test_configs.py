@@ -26,6 +26,15 @@ def test_config_loads_and_validates(path):
   assert "python -m launch." in docstring
 
 
+def test_only_the_small_configs_ask_for_a_synthetic_store():
+  synthetic = {os.path.basename(path): config_lib.load(path).data.synthetic
+               for path in CONFIG_FILES}
+  assert synthetic == {"graphcast_0p25.py": False, "graphcast_1p0.py": False,
+                       "mid_1p0.py": True, "tiny.py": True, "weathernext2_0p25.py": False,
+                       "weathernext2_1p0.py": False}
+  assert config_lib.default_config().data.synthetic is False
+
+
 def test_paper_config_matches_graphcast():
   config = config_lib.load(os.path.join(CONFIG_DIR, "graphcast_0p25.py"))
   assert config.model.latent_size == 512
@@ -55,6 +64,7 @@ def test_weathernext2_config_matches_its_release():
     ("model", "mesh_to_grid_edge_normalization", -0.6, "mesh_to_grid_edge_normalization"),
     ("mesh", "exchange", "broadcast", "mesh.exchange"),
     ("data", "variables", ("temperature", "cloud_cover"), "Unknown variable 'cloud_cover'"),
+    ("data", "pressure_levels", (500, 505), r"\[505\] are not ERA5 pressure levels"),
     ("train", "warmup_steps", 500, "warmup_steps"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):

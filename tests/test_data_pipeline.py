@@ -117,7 +117,7 @@ def test_batch_size_errors(store_path):
                                 process_index=1, process_count=2)
   assert len(share) == 3
   with pytest.raises(ValueError, match="share has 3 example.*batch of 4"):
-    pipeline.make_iterator(share, batch_size=4)
+    pipeline.make_iterator(list(range(7)), share, batch_size=4)
 
 
 def test_layout_ordered_batches_become_global_arrays(store_path):

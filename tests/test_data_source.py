@@ -24,11 +24,16 @@ def store_path(tmp_path_factory):
                                          end="2020-01-03", levels=LEVELS)
 
 
+def _stats(store_path, start=None, end=None):
+  return normalization.load_or_compute_stats(store_path, VARIABLES, LEVELS, start, end)
+
+
 def test_stats_match_numpy_and_are_computed_once(store_path, monkeypatch):
-  stats_file = normalization.stats_path(store_path)
-  assert stats_file.endswith("era.zarr.stats.nc")
-  stats = normalization.load_or_compute_stats(store_path)
-  assert os.path.exists(stats_file)
+  stats_file = normalization.cached_stats_path(store_path, VARIABLES, LEVELS, None, None)
+  assert not os.path.exists(stats_file)
+  stats = _stats(store_path)
+  assert os.path.exists(stats_file) and "/stats/era.zarr-" in stats_file
+  assert not os.path.exists(store_path + ".stats.nc")  # nothing written beside the store
   temperature = xr.open_zarr(store_path, chunks=None)["temperature"].values
   np.testing.assert_allclose(stats["temperature"].sel(statistic="mean"),
                              temperature.mean(axis=(0, 2, 3)), rtol=1e-6)
@@ -39,12 +44,28 @@ def test_stats_match_numpy_and_are_computed_once(store_path, monkeypatch):
                              diffs.std(axis=(0, 2, 3)), rtol=1e-4)
   # Second call reads the file: computing again would fail here.
   monkeypatch.setattr(normalization, "compute_stats", None)
-  again = normalization.load_or_compute_stats(store_path)
+  again = _stats(store_path)
   xr.testing.assert_allclose(stats, again)
 
 
+def test_stats_cover_only_their_time_range(store_path):
+  """The statistics of a training range ignore the times outside it (e.g. held-out days)."""
+  stats = _stats(store_path, "2020-01-01", "2020-01-02")
+  other = _stats(store_path, "2020-01-03", "2020-01-03")
+  temperature = xr.open_zarr(store_path, chunks=None)["temperature"].sel(
+      time=slice("2020-01-01", "2020-01-02")).values
+  assert temperature.shape[0] == 8
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="mean"),
+                             temperature.mean(axis=(0, 2, 3)), rtol=1e-6)
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="diff_std"),
+                             (temperature[1:] - temperature[:-1]).std(axis=(0, 2, 3)),
+                             rtol=1e-4)
+  assert not np.allclose(stats["temperature"].values, other["temperature"].values)
+  assert stats.attrs["last_time"].startswith("2020-01-02T18")
+
+
 def test_channel_stats_layout_and_floor(store_path):
-  stats = normalization.load_or_compute_stats(store_path)
+  stats = _stats(store_path)
   channel = normalization.channel_stats(stats, ["2m_temperature",
                                                 "temperature"], [850, 500])
   assert set(channel) == {"mean", "std", "diff_std"}
@@ -152,7 +173,8 @@ def test_grid_slots_reorder_and_pad_every_array(source, store_path):
   rng.shuffle(slots)
   slotted = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, input_steps=2,
                                             target_steps=2, grid_slots=slots)
-  assert slotted.store.flip_latitude  # the WB2 layout: the gather also flips latitude
+  # The WB2 layout: the gather also flips latitude.
+  assert np.diff(xr.open_zarr(store_path)["latitude"].values)[0] < 0
   natural, example = source[4], slotted[4]
   for key, value in natural.items():
     expected = value[..., np.maximum(slots, 0)]

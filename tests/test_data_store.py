@@ -152,7 +152,8 @@ def test_wrong_dims_are_named(tmp_path):
                        pd.date_range("2020-01-01", periods=4, freq="6h"),
                        dims=("time", "latitude", "longitude"))
   with pytest.raises(ValueError, match=r"'temperature' .* has dims \('time', "
-                     r"'latitude', 'longitude'\); expected \('time', 'level'"):
+                     r"'latitude', 'longitude'\); expected \('time', 'level', 'latitude', "
+                     r"'longitude'\) in any order"):
     store_lib.open_store(path, ["temperature"], [500])
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from wnscale.data import forcings
+from wnscale.data import forcings, resolve
 from wnscale.data import synthetic
 from wnscale.data import variables
 
@@ -131,3 +131,40 @@ def test_never_deletes_a_directory_that_is_not_a_store(tmp_path):
   with pytest.raises(ValueError, match="exists .*zarr store: False"):
     synthetic.write_synthetic_store(str(tmp_path), end="2020-01-01")
   assert (tmp_path / "notes.txt").exists()
+
+
+def _tiny_config():
+  from wnscale import config as config_lib
+  config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"))
+  config.data.update(train_start="2020-01-01", train_end="2020-01-02",
+                     eval_start="2020-01-03", eval_end="2020-01-03")
+  return config
+
+
+def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplog):
+  monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
+  config = _tiny_config()
+  caplog.set_level("INFO")
+  path = resolve.resolve_store(config)
+  assert path.startswith(str(tmp_path / "datasets")) and os.path.exists(path + ".complete")
+  size = resolve.synthetic_store_bytes(config.data)
+  assert size == 4 * 32 * 64 * (12 * (6 * 13 + 5) + 2)  # 12 times, 83 channels, 2 statics
+  assert f"Writing the synthetic store {path} (up to {size / 2**20:.1f} MiB" in caplog.text
+  caplog.clear()
+  assert resolve.resolve_store(config) == path
+  assert "Writing" not in caplog.text
+
+
+def test_synthetic_store_that_does_not_fit_is_refused(tmp_path, monkeypatch):
+  monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(resolve.paths, "free_bytes", lambda path: 1000)
+  with pytest.raises(ValueError, match=r"needs up to 7.8 MiB but the disk holds only 0.0 MiB free"):
+    resolve.resolve_store(_tiny_config())
+  assert not os.path.exists(tmp_path / "datasets")
+
+
+def test_no_path_without_synthetic_names_the_flag():
+  config = _tiny_config()
+  config.data.synthetic = False
+  with pytest.raises(ValueError, match=r"--config.data.path=PATH_OR_URL"):
+    resolve.resolve_store(config)

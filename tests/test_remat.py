@@ -50,18 +50,21 @@ VARIANTS = {
     "all_three": ALL_STAGES,
     **{f"policy_{name}": dict(ALL_STAGES, remat_policy=name) for name in (
         "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable",
-        "offload_dots", "save_only_these_names:node_latents,messages")},
+        "offload_dots", "offload_carries", "save_only_these_names:node_latents,messages")},
     # 4 layers: groups of 2, of 3 plus a remainder of 1, and all 4 in one group.
     **{f"every_{k}": dict(remat_mesh_gnn=True, mesh_remat_every=k) for k in (2, 3, 4)},
     **{f"edge_chunks_{k}": dict(edge_chunks=k) for k in ODD_CHUNKS + (4,)},
     "paper_scheme": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3),
+    **{f"grid_blocks_{k}": dict(grid_blocks=k) for k in ODD_CHUNKS},
+    "all_three_grid_blocks": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3),
 }
 
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):
   graphs = problem[0].graphs
-  for edges in (graphs.grid_to_mesh, graphs.mesh_to_grid):
-    assert all(len(edges.senders) % k for k in ODD_CHUNKS), len(edges.senders)
+  for rows in (graphs.grid_to_mesh.senders, graphs.mesh_to_grid.senders,
+               graphs.grid_node_features):
+    assert all(len(rows) % k for k in ODD_CHUNKS), len(rows)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

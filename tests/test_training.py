@@ -1,5 +1,7 @@
 """Training end to end, in real processes: loss falls, kill -9 / SIGTERM / corrupt
-checkpoints resume exactly, multi-process and resharded runs match one process.
+checkpoints resume exactly, multi-process and resharded runs match one process, a
+SIGTERM to one process of two stops both at one step, and a failing restore or
+another model loses nothing in the workdir.
 
 (That remat and one graph shard give the same training is covered at the level
 of the loss and gradients, in test_remat.py and test_sharding.py.)"""
@@ -19,7 +21,8 @@ import pytest
 pytestmark = pytest.mark.slow  # real training runs, in real processes
 
 from wnscale import config as config_lib
-from wnscale.train import trainer
+from wnscale.data import pipeline, resolve
+from wnscale.train import checkpoint, trainer
 from wnscale.train.metrics import read_metrics
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -102,6 +105,7 @@ def test_end_to_end_run(reference):
   assert all(np.isfinite(v) and v > 0 for k, v in evals[-1].items() if k != "step")
   assert "eval/rmse/temperature@500" in evals[-1]
   assert json.load(open(os.path.join(reference, "config.json")))["model"]["latent_size"] == 32
+  assert len(os.listdir(os.path.join(reference, "configs"))) == 1  # a dated copy per start
   assert os.listdir(os.path.join(reference, "tensorboard"))
   assert sorted(os.listdir(os.path.join(reference, "checkpoints"))) == ["12", "4", "8"]
 
@@ -171,3 +175,112 @@ def test_nonfinite_loss_stops_without_checkpointing_it(tmp_path):
   saved = [int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()]
   assert all(step <= bad_step for step in saved)
   shutil.rmtree(tmp_path)
+
+
+def _children(pid):
+  """Process ids of `pid`'s children (Linux /proc)."""
+  with open(f"/proc/{pid}/task/{pid}/children") as f:
+    return [int(child) for child in f.read().split()]
+
+
+def _cluster_process(cluster_pid, process_id, timeout=120):
+  """The pid of `launch.train --process_id=<process_id>` under a local_cluster."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    for child in _children(cluster_pid):
+      with open(f"/proc/{child}/cmdline") as f:
+        if f"--process_id={process_id}" in f.read().split("\0"):
+          return child
+    time.sleep(0.2)
+  raise TimeoutError(f"process {process_id} of the cluster did not start")
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(reference, tmp_path):
+  workdir = str(tmp_path)
+  cluster = subprocess.Popen(train_command(workdir, devices=4, data=1, graph=4, processes=2),
+                             cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+  wait_for_step(cluster, workdir, 3)
+  os.kill(_cluster_process(cluster.pid, 1), signal.SIGTERM)  # not the one that logs
+  output, _ = cluster.communicate(timeout=300)
+  assert cluster.returncode == 0, output[-3000:]
+  stops = set(re.findall(r"\[p(\d)\] .*Stopped at step (\d+) after SIGTERM", output))
+  assert {process for process, _ in stops} == {"0", "1"}, output[-3000:]
+  assert len({step for _, step in stops}) == 1  # both at the same step
+  stopped = int(stops.pop()[1])
+  assert stopped < STEPS
+  saved = os.path.join(workdir, "checkpoints", str(stopped))
+  assert sorted(os.listdir(os.path.join(saved, "data"))) == [
+      "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
+  assert max(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
+             if s.isdigit()) == stopped
+  run(workdir, devices=4, data=1, graph=4, processes=2)
+  got, want = losses(workdir), losses(reference)
+  assert sorted(got) == sorted(want)
+  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
+                             rtol=2e-4)
+
+
+def _config_like_run_flags():
+  """In this process, the config that `RUN_FLAGS` give (on 2 x 4 of the 8 test devices)."""
+  config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+  config.train.update(steps=STEPS, warmup_steps=2, log_every=1, checkpoint_every=4,
+                      eval_every=6, eval_batches=2)
+  config.data.update(train_start="2020-01-01", train_end="2020-01-20",
+                     eval_start="2020-01-21", eval_end="2020-01-31")
+  config.mesh.update(data=2, graph=4)
+  return config
+
+
+def _snapshot(workdir):
+  """Every file under `workdir` with its bytes."""
+  files = {}
+  for root, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, workdir)] = f.read()
+  return files
+
+
+def test_a_failing_data_restore_keeps_the_checkpoint(reference, tmp_path, monkeypatch):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  before = _snapshot(workdir)
+
+  def broken_restore(self, state):
+    raise RuntimeError("injected failure while restoring the data iterator")
+
+  monkeypatch.setattr(pipeline.DataPipeline, "restore", broken_restore)
+  with pytest.raises(RuntimeError, match="injected failure"):
+    trainer.train_and_evaluate(_config_like_run_flags(), workdir)
+  assert _snapshot(workdir) == before  # no checkpoint set aside, nothing rewritten
+
+
+def test_another_model_leaves_the_workdir_untouched(reference, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  before = _snapshot(workdir)
+  config = _config_like_run_flags()
+  config.model.latent_size = 16
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="latent|different train state"):
+    trainer.train_and_evaluate(config, workdir)
+  assert _snapshot(workdir) == before  # config.json, configs/, checkpoints, metrics
+
+
+def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tmp_path):
+  config = _config_like_run_flags()
+  # The reference run's synthetic store (2020-01), named as a store of real data.
+  config.data.update(path=resolve.synthetic_store_path(config.data, config.seed),
+                     synthetic=False, eval_start="2021-06-01", eval_end="2021-06-30")
+  assert os.path.exists(config.data.path)
+  with pytest.raises(ValueError, match=r"Time range 2021-06-01 .. 2021-06-30 .* has 0 time"):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "config.json")
+
+
+def test_no_store_and_no_synthetic_names_the_flag(tmp_path):
+  config = config_lib.load(os.path.join(REPO, "configs", "graphcast_1p0.py"))
+  with pytest.raises(ValueError, match=r"--config.data.path="):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert os.listdir(tmp_path) == []

@@ -13,18 +13,21 @@ import hashlib
 import os
 import pathlib
 
+from wnscale import paths
+
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 
 
 def cache_dir() -> str:
-  """`$WNSCALE_CACHE_DIR`, or `~/.cache/wnscale`."""
-  return os.path.abspath(os.environ.get(
+  """`$WNSCALE_CACHE_DIR` (a local path or a URL such as `gs://bucket/cache`), or
+  `~/.cache/wnscale`."""
+  return paths.normalize(os.environ.get(
       "WNSCALE_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "wnscale")))
 
 
 def cache_path(kind: str, name: str) -> str:
   """`cache_dir()/kind/name`: one folder per kind of cached file."""
-  return os.path.join(cache_dir(), kind, name)
+  return paths.join(cache_dir(), kind, name)
 
 
 @functools.cache

@@ -51,6 +51,9 @@ def default_config() -> ml_collections.ConfigDict:
   # train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)
   m.mesh_remat_every = 1  # layers per processor checkpoint (GraphCast: 3)
   m.edge_chunks = 1  # encoder/decoder edges in this many blocks, each under its own checkpoint
+  m.grid_blocks = 1  # grid-node work (embedder, encoder grid update, the whole decoder) in
+  # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
+  # to the encoder only)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
 
   c.mesh = ml_collections.ConfigDict()
@@ -59,8 +62,12 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh.exchange = "all_gather"  # how shards get remote sender rows: all_gather | halo
 
   c.data = d = ml_collections.ConfigDict()
-  d.path = ""  # zarr store (WeatherBench2 layout); empty: a synthetic store, written once
-  # into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
+  d.path = ""  # zarr store (WeatherBench2 layout), a local path or a URL (gs://...)
+  d.synthetic = False  # with no data.path: train on a synthetic ERA5-like store, written
+  # once into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
+  d.stats_path = ""  # normalization statistics to use (path or URL): a wnscale .nc file, or a
+  # directory of GraphCast's mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc;
+  # empty: computed once from the training time range, cached in <cache dir>/stats
   d.resolution = 5.625  # grid spacing in degrees; must match the store
   d.variables = ("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "specific_humidity", "2m_temperature",
@@ -174,7 +181,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
-              "transformer_layers", "transformer_heads", "transformer_ffw_size"):
+              "grid_blocks", "transformer_layers", "transformer_heads", "transformer_ffw_size"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   for key in ("edge_latent_size", "transformer_k_hop", "transformer_edges_per_block"):
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
@@ -197,6 +204,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for name in d.variables:
     variables_lib.lookup(name)  # raises naming the unknown variable
   _require(len(d.variables) > 0, "data.variables is empty")
+  unknown = [level for level in d.pressure_levels if level not in variables_lib.ERA5_LEVELS_37]
+  _require(not unknown, f"data.pressure_levels {unknown} are not ERA5 pressure levels "
+           f"{variables_lib.ERA5_LEVELS_37}")
   for name in d.global_forcings:
     _require(name in forcings_lib.GLOBAL_FORCINGS,
              f"data.global_forcings: unknown {name!r}, expected names from "

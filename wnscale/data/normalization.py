@@ -1,9 +1,13 @@
-"""Normalization statistics of a store: mean, std, std of model-step changes.
+"""Normalization statistics: mean, std, std of model-step changes, per channel.
 
-Computed in one streaming pass over the store (time blocks, float64
-accumulators, NaN ignored) for every catalogue variable the store has, on all
-its levels, and for the statics; saved beside the store as `<store>.stats.nc`
-and recomputed only when missing (or made for another time step).
+Either computed from the training time range of a store, in one streaming pass
+(time blocks, float64 accumulators, NaN ignored), for the configured variables
+and levels and the statics; or read from `data.stats_path`: a file of this
+module's format, or a directory of GraphCast's published files
+(`mean_by_level.nc`, `stddev_by_level.nc`, `diffs_stddev_by_level.nc`).
+Computed statistics are cached in `<cache dir>/stats/` under a key of the
+store, variables, levels, time range, time step and this code (never beside
+the store: a published or remote store is read-only).
 
 The stats dataset has one data variable per store variable, dims
 `(statistic[, level])`, `statistic` = `mean`, `std`, `diff_std`.
@@ -13,16 +17,23 @@ the residual the model predicts.
 
 from __future__ import annotations
 
-import os
+import hashlib
+import io
+import json
+import logging
 import warnings
 
 import numpy as np
 import xarray as xr
 
+from wnscale import cache, paths
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 
 STATISTICS = ("mean", "std", "diff_std")
+# GraphCast's published statistics: one file per statistic, in one directory.
+GRAPHCAST_FILES = {"mean": "mean_by_level.nc", "std": "stddev_by_level.nc",
+                   "diff_std": "diffs_stddev_by_level.nc"}
 # A std below max(STD_FLOOR_ABSOLUTE, STD_FLOOR_RELATIVE * |mean|) is raised
 # to it, so constant fields (e.g. a synthetic level) do not divide by zero.
 STD_FLOOR_ABSOLUTE = 1e-12
@@ -31,36 +42,98 @@ STD_FLOOR_RELATIVE = 1e-6
 BLOCK_BYTES = 64 * 2**20
 
 
-def stats_path(path: str) -> str:
-  """`<store>.stats.nc`, beside the store."""
-  return path.rstrip("/") + ".stats.nc"
+def cached_stats_path(path: str, variables, levels, start: str | None, end: str | None,
+                      time_step_hours: int = 6) -> str:
+  """Where `compute_stats`' result for these arguments is cached: `<cache dir>/stats/...nc`."""
+  key = json.dumps([paths.normalize(path), list(variables), [int(v) for v in levels],
+                    start or "", end or "", time_step_hours,
+                    cache.source_digest("data/normalization.py", "data/store.py")])
+  name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
+  return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
 
-def load_or_compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
-  """Loads `<store>.stats.nc`, computing and saving it first if missing."""
-  target = stats_path(path)
-  if os.path.exists(target):
-    stats = xr.load_dataset(target)
-    if stats.attrs.get("time_step_hours") == time_step_hours:
-      return stats
-  stats = compute_stats(path, time_step_hours)
-  # Write-then-rename: concurrent processes never see a half-written file.
-  temporary = f"{target}.tmp{os.getpid()}"
-  stats.to_netcdf(temporary)
-  os.replace(temporary, target)
+def load_or_compute_stats(path: str, variables, levels, start: str | None = None,
+                          end: str | None = None, time_step_hours: int = 6) -> xr.Dataset:
+  """The cached statistics of `compute_stats(...)`, computing and caching them if missing."""
+  target = cached_stats_path(path, variables, levels, start, end, time_step_hours)
+  if paths.exists(target):
+    return from_bytes(paths.read_bytes(target))
+  stats = compute_stats(path, variables, levels, start, end, time_step_hours)
+  paths.write_bytes(target, to_bytes(stats))  # whole or not at all
+  logging.info("Normalization statistics of %s (%s .. %s) cached in %s", path, start, end,
+               target)
   return stats
 
 
-def compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
-  """One streaming pass over the store; see the module docstring."""
+def to_bytes(stats: xr.Dataset) -> bytes:
+  """The statistics as a NetCDF file's bytes."""
+  return stats.to_netcdf()
+
+
+def from_bytes(data: bytes) -> xr.Dataset:
+  return xr.load_dataset(io.BytesIO(data))
+
+
+def read_stats(path: str) -> xr.Dataset:
+  """Statistics from `data.stats_path`: a file of this module's format, or a directory
+  (local or URL) of GraphCast's three files."""
+  if paths.exists(paths.join(path, GRAPHCAST_FILES["mean"])):
+    return _from_graphcast(path)
+  if not paths.exists(path):
+    raise ValueError(f"Statistics not found: {path} (a .nc file written by wnscale, or a "
+                     f"directory holding {sorted(GRAPHCAST_FILES.values())})")
+  with paths.local_copy(path) as local:
+    stats = xr.load_dataset(local)
+  if "statistic" not in stats.coords:
+    raise ValueError(f"{path} is not a wnscale statistics file (no 'statistic' coordinate) "
+                     f"nor a directory of GraphCast's {sorted(GRAPHCAST_FILES.values())}")
+  return stats
+
+
+def _from_graphcast(directory: str) -> xr.Dataset:
+  """GraphCast's files -> this module's format (catalogue variables and statics only).
+
+  Each file holds one data variable per name; atmospheric ones over a `level`
+  coordinate (all 37 ERA5 levels, selected later by value), the others
+  scalars. Statics have no change, so their diff_std is set to their std.
+  """
+  files = {}
+  for statistic, name in GRAPHCAST_FILES.items():
+    file = paths.join(directory, name)
+    if not paths.exists(file):
+      raise ValueError(f"{directory} has {GRAPHCAST_FILES['mean']} but no {name}")
+    with paths.local_copy(file) as local:
+      files[statistic] = xr.load_dataset(local)
+  data, levels = {}, None
+  for name in tuple(variables_lib.VARIABLES) + variables_lib.STATIC_VARIABLES:
+    if not all(name in file for file in files.values()):
+      continue
+    static = name in variables_lib.STATIC_VARIABLES
+    columns = [files[s][name] for s in ("mean", "std", "std" if static else "diff_std")]
+    if "level" in columns[0].dims:
+      levels = columns[0]["level"].values
+      data[name] = (("statistic", "level"),
+                    np.stack([c.transpose("level").values for c in columns]))
+    else:
+      data[name] = (("statistic",), np.stack([float(c.values) for c in columns]))
+  coords = {"statistic": list(STATISTICS)}
+  if levels is not None:
+    coords["level"] = np.asarray(levels, np.int64)
+  return xr.Dataset(data, coords=coords, attrs={"source": directory, "format": "graphcast"})
+
+
+def compute_stats(path: str, variables, levels, start: str | None = None,
+                  end: str | None = None, time_step_hours: int = 6) -> xr.Dataset:
+  """One streaming pass over the store's times in [start, end]; see the module docstring.
+
+  Args:
+    path: the store (local or URL).
+    variables, levels: the channels to cover (catalogue names, hPa).
+    start, end: inclusive time range (`store.time_range`); None: the store's ends.
+    time_step_hours: the model's step, the lag of `diff_std`.
+  """
   with store_lib.open_metadata(path) as dataset:
-    names = tuple(name for name in variables_lib.VARIABLES if name in dataset)
-    levels = tuple(int(level) for level in dataset["level"].values
-                  ) if "level" in dataset.coords else ()
     times = dataset["time"].values
-  if not names:
-    raise ValueError(f"Store {path} has none of the catalogue variables "
-                     f"{sorted(variables_lib.VARIABLES)}")
   store_step = (times[1] - times[0]) / np.timedelta64(1, "h") if len(
       times) > 1 else time_step_hours
   lag = time_step_hours / store_step
@@ -69,16 +142,18 @@ def compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
                      f" does not divide time_step_hours={time_step_hours}")
   lag = int(lag)
   # Native step: every store time counts, and diffs use `lag` store steps.
-  store = store_lib.open_store(path, names, levels,
-                               time_step_hours=int(store_step))
+  store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step))
+  first_time, num_times = store_lib.time_range(store.times, start, end)
+  if num_times < 1 + lag:
+    raise ValueError(f"Time range {start} .. {end} of {path} has {num_times} time(s); "
+                     f"statistics need at least {1 + lag}")
   sums = _Moments(store.num_channels)
   diff_sums = _Moments(store.num_channels)
-  num_times = len(store.times)
   block = max(1, BLOCK_BYTES // (4 * store.num_grid_nodes * store.num_channels))
-  for first in range(0, num_times, block):
-    last = min(first + block, num_times)
+  for first in range(first_time, first_time + num_times, block):
+    last = min(first + block, first_time + num_times)
     # Read `lag` extra steps so the diffs starting in this block are complete.
-    state = store.read_state(np.arange(first, min(last + lag, num_times)),
+    state = store.read_state(np.arange(first, min(last + lag, first_time + num_times)),
                              allow_nan=True)
     sums.add(state[:last - first])
     num_diffs = min(last - first, state.shape[0] - lag)
@@ -87,7 +162,8 @@ def compute_stats(path: str, time_step_hours: int = 6) -> xr.Dataset:
   statics = store.read_statics(allow_nan=True)[None]
   static_sums = _Moments(statics.shape[1])
   static_sums.add(statics)
-  return _to_dataset(store, sums, diff_sums, static_sums, time_step_hours)
+  times = store.times[[first_time, first_time + num_times - 1]]
+  return _to_dataset(store, sums, diff_sums, static_sums, time_step_hours, times)
 
 
 class _Moments:
@@ -134,7 +210,7 @@ def floor_std(std, mean):
                                     STD_FLOOR_RELATIVE * np.abs(mean)))
 
 
-def _to_dataset(store, sums, diff_sums, static_sums, time_step_hours):
+def _to_dataset(store, sums, diff_sums, static_sums, time_step_hours, times):
   """Per-channel moments -> the per-variable stats dataset."""
   mean, std = sums.mean_std()
   _, diff_std = diff_sums.mean_std()
@@ -160,8 +236,9 @@ def _to_dataset(store, sums, diff_sums, static_sums, time_step_hours):
     coords["level"] = np.asarray(store.levels, np.int64)
   return xr.Dataset(data, coords=coords, attrs={
       "time_step_hours": time_step_hours,
-      "store": os.path.abspath(store.path),
-      "num_times": len(store.times),
+      "store": store.path,
+      "first_time": str(times[0]),
+      "last_time": str(times[1]),
   })
 
 

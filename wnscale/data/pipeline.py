@@ -1,9 +1,10 @@
-"""The Grain pipeline: source -> shuffle -> per-process share -> batch.
+"""The Grain pipeline: example indices -> shuffle -> per-process share -> batch -> read.
 
-Order of examples: the whole source is shuffled with `seed` (reshuffled every
-epoch), repeated, and the resulting stream is dealt round-robin to the JAX
-processes (`stream[process_index::process_count]`), each batching its share
-(in shared memory when Grain worker processes read it).
+Order of examples: the source's indices are shuffled with `seed` (reshuffled
+every epoch), repeated, and the resulting stream is dealt round-robin to the
+JAX processes (`stream[process_index::process_count]`), each batching its
+share. A batch of indices is then read whole (`source.read_batch`: one buffer
+per key, decoded into; in shared memory when Grain worker processes read it).
 So every process reads only its own examples, the shares of one epoch are
 disjoint, and the global batch sequence is the same for any process count.
 
@@ -21,6 +22,7 @@ import grain
 import jax
 import numpy as np
 
+from wnscale.data import resolve
 from wnscale.data import source as source_lib
 
 
@@ -30,7 +32,7 @@ class DataPipeline:
 
   Attributes:
     source: the example source (its `channel_stats` feed the model and loss).
-    dataset: this process's `grain.MapDataset` of examples (unbatched).
+    dataset: this process's `grain.MapDataset` of example indices (unbatched).
     iterator: yields per-process batches: dicts of `[batch, ...]` float32
       (see `source.py` for the keys); has `get_state`/`set_state`.
   """
@@ -38,6 +40,10 @@ class DataPipeline:
   source: source_lib.WeatherExampleSource
   dataset: grain.MapDataset
   iterator: grain.DatasetIterator
+
+  def restore(self, state: dict):
+    """Continues from `iterator.get_state()`'s `state` (e.g. read from a checkpoint)."""
+    self.iterator.set_state(state)
 
   def close(self):
     """Stops the iterator's worker processes, if it has any."""
@@ -52,18 +58,18 @@ def make_dataset(source,
                  num_epochs: int | None = None,
                  process_index: int = 0,
                  process_count: int = 1) -> grain.MapDataset:
-  """`MapDataset` of this process's share of the (shuffled) example stream.
+  """`MapDataset` of this process's share of the (shuffled) stream of example indices.
 
-  Any random-access source works (`__len__`, `__getitem__`). With
-  `num_epochs=None` the stream is infinite. The stream is cut to a multiple of
-  `process_count` so every process gets the same number of examples.
+  Any sized source works (`__len__`). With `num_epochs=None` the stream is
+  infinite. The stream is cut to a multiple of `process_count` so every
+  process gets the same number of examples.
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in "
                      f"[0, process_count={process_count})")
   if len(source) == 0:
     raise ValueError(f"Source {source!r} has no examples")
-  dataset = grain.MapDataset.source(source)
+  dataset = grain.MapDataset.range(len(source))
   if shuffle:
     dataset = dataset.shuffle(seed=seed)
   # reseed_each_epoch (the default) gives every epoch a new order.
@@ -72,15 +78,16 @@ def make_dataset(source,
   return dataset[:usable][process_index::process_count]
 
 
-def make_iterator(dataset: grain.MapDataset,
+def make_iterator(source,
+                  dataset: grain.MapDataset,
                   batch_size: int,
                   worker_count: int = 0,
                   num_threads: int = 2,
                   prefetch_batches: int = 2) -> grain.DatasetIterator:
-  """Iterator of `batch_size` batches of `dataset`, in `worker_count` processes.
+  """Iterator of `source.read_batch` of `batch_size` indices of `dataset` at a time.
 
-  Batching happens on the iterator so that, with workers, batches are built
-  in shared memory instead of being pickled back to the main process.
+  Batches are read by `num_threads` threads (`prefetch_batches` ahead), in
+  `worker_count` processes if > 0.
   """
   if batch_size < 1:
     raise ValueError(f"batch size per process must be >= 1, got {batch_size}")
@@ -88,11 +95,10 @@ def make_iterator(dataset: grain.MapDataset,
     raise ValueError(
         f"This process's share has {len(dataset)} example(s), fewer than one "
         f"batch of {batch_size}")
-  read_options = grain.ReadOptions(
-      num_threads=num_threads,
-      prefetch_buffer_size=max(num_threads, batch_size * prefetch_batches))
-  iter_dataset = dataset.to_iter_dataset(read_options).batch(
-      batch_size, drop_remainder=True)
+  read_options = grain.ReadOptions(num_threads=num_threads,
+                                   prefetch_buffer_size=max(num_threads, prefetch_batches))
+  iter_dataset = dataset.batch(batch_size, drop_remainder=True).map(
+      source.read_batch).to_iter_dataset(read_options)
   if worker_count > 0:
     iter_dataset = iter_dataset.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=worker_count, per_worker_buffer_size=prefetch_batches))
@@ -104,22 +110,26 @@ def _check_split(split: str):
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
 
 
-def source_from_config(config, split: str, grid_slots: np.ndarray | None = None
-                       ) -> source_lib.WeatherExampleSource:
+def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
+                       stats=None) -> source_lib.WeatherExampleSource:
   """The example source of `split` ("train" or "eval") of an experiment config.
 
   `config` is the experiment ConfigDict or its `data` part. Keys read:
   `path, resolution, variables, pressure_levels, input_steps, target_steps,
-  time_step_hours, {train,eval}_{start,end}, fill_nan, global_forcings`.
+  time_step_hours, {train,eval}_{start,end}, fill_nan, stats_path, global_forcings`.
+  Both splits are normalized with `stats`, default the training range's
+  (`resolve.resolve_stats`).
   """
   _check_split(split)
   data = config.data if "data" in config else config
+  if stats is None:
+    stats = resolve.resolve_stats(data)
   return source_lib.WeatherExampleSource(
       data.path, tuple(data.variables), tuple(data.pressure_levels),
       input_steps=data.input_steps, target_steps=data.target_steps,
       start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
       time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
-      resolution=data.get("resolution"), grid_slots=grid_slots,
+      resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats,
       global_forcings=tuple(data.get("global_forcings", ())))
 
 
@@ -165,5 +175,6 @@ def from_config(config,
   dataset = make_dataset(source, seed=seed, shuffle=training,
                          num_epochs=None if training else 1, process_index=process_index,
                          process_count=process_count)[skip_examples:]
-  iterator = make_iterator(dataset, batch_size // process_count, data.get("worker_count", 0))
+  iterator = make_iterator(source, dataset, batch_size // process_count,
+                           data.get("worker_count", 0))
   return DataPipeline(source, dataset, iterator)

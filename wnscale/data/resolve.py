@@ -1,23 +1,32 @@
-"""Finds the run's zarr store, making the synthetic ERA5-like one when none is configured."""
+"""The run's data: its store (the configured one, or a synthetic one when the config asks
+for it) and its normalization statistics, each made once by process 0.
+
+The other processes wait for process 0 through the coordination service's
+key-value store, with a bound (`WAIT_FOR_PROCESS_0_S`); if process 0 fails, they
+fail at once with its error instead of waiting.
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
+import logging
 
 import jax
 import ml_collections
-from jax.experimental import multihost_utils
+import xarray as xr
+from jax._src import distributed  # the coordination service client, as Orbax uses it
 
-from wnscale import cache
-from wnscale.data import synthetic
+from wnscale import cache, paths
+from wnscale.data import normalization, synthetic
 from wnscale.data import variables as variables_lib
+
+# How long a process waits for process 0 to write a synthetic store or compute
+# statistics (a 0.25 deg training range can take a while) before giving up.
+WAIT_FOR_PROCESS_0_S = 3 * 3600.0
 
 
 def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   """Where the synthetic store for `data`'s resolution, levels and time ranges lives."""
-  start = min(data.train_start, data.eval_start)
-  end = max(data.train_end, data.eval_end)
+  start, end = _synthetic_time_span(data)
   levels = _store_levels(data.pressure_levels)
   # The code digest: a store written by other synthetic code is not reused.
   code = cache.source_digest("data/synthetic.py", "graphs/grid.py")
@@ -26,32 +35,124 @@ def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   return cache.cache_path("datasets", name)
 
 
+def _synthetic_time_span(data) -> tuple[str, str]:
+  return min(data.train_start, data.eval_start), max(data.train_end, data.eval_end)
+
+
 def _store_levels(levels):
   if set(levels) <= set(variables_lib.WB2_LEVELS_13):
     return variables_lib.WB2_LEVELS_13
   return variables_lib.ERA5_LEVELS_37
 
 
-def resolve_store(config: ml_collections.ConfigDict) -> str:
-  """`config.data.path`, or the synthetic store (written by process 0 if missing).
+def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
+  """Uncompressed bytes of the synthetic store of `data` (an upper bound of its size)."""
+  start, end = _synthetic_time_span(data)
+  num_times = len(synthetic.store_times(start, end, data.time_step_hours))
+  latitude, longitude = synthetic.store_coordinates(data.resolution)
+  levels = len(_store_levels(data.pressure_levels))
+  channels = sum(levels if variable.atmospheric else 1
+                 for variable in variables_lib.VARIABLES.values())
+  return 4 * latitude.size * longitude.size * (num_times * channels + 2)
 
-  The synthetic store is written to a temporary name and renamed when
-  complete, so an interrupted write is never mistaken for a store.
+
+def resolve_store(config: ml_collections.ConfigDict) -> str:
+  """`config.data.path`, or the synthetic store if `config.data.synthetic`.
+
+  Process 0 writes the synthetic store (if missing) into the cache directory,
+  after checking that it fits on the disk; a process on another host whose
+  cache does not hold it then writes its own copy. A `<store>.complete` marker
+  written last tells a whole store from one cut short.
+
+  Raises:
+    ValueError: no path and no synthetic store asked for, or not enough disk.
   """
   data = config.data
   if data.path:
-    return data.path
+    return paths.normalize(data.path)
+  if not data.synthetic:
+    raise ValueError(
+        "No training data: config.data.path is empty and config.data.synthetic is False. "
+        "Pass a WeatherBench2-layout zarr store with --config.data.path=PATH_OR_URL "
+        "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
+        "--config.data.synthetic=True for a synthetic ERA5-like store.")
   path = synthetic_store_path(data, config.seed)
-  if jax.process_index() == 0 and not os.path.exists(path):
-    partial = f"{path}.partial-{os.getpid()}"
+  start, end = _synthetic_time_span(data)
+
+  def write_if_missing() -> bytes:
+    if paths.exists(path + ".complete"):
+      return b""
+    size = synthetic_store_bytes(data)
+    free = paths.free_bytes(path)
+    if free is not None and size > free:
+      raise ValueError(
+          f"The synthetic store {path} needs up to {_size(size)} but the disk holds only "
+          f"{_size(free)} free; shorten data.train_*/eval_* ranges, use a "
+          "coarser data.resolution, or set WNSCALE_CACHE_DIR to a bigger disk or a bucket.")
+    logging.info("Writing the synthetic store %s (up to %s uncompressed, %s .. %s).",
+                 path, _size(size), start, end)
     synthetic.write_synthetic_store(
-        partial, resolution=data.resolution, start=min(data.train_start, data.eval_start),
-        end=max(data.train_end, data.eval_end), levels=_store_levels(data.pressure_levels),
-        seed=config.seed, time_step_hours=data.time_step_hours)
-    try:
-      os.replace(partial, path)
-    except OSError:  # another run finished the same store first
-      shutil.rmtree(partial, ignore_errors=True)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("wnscale synthetic store ready")
+        path, resolution=data.resolution, start=start, end=end,
+        levels=_store_levels(data.pressure_levels), seed=config.seed,
+        time_step_hours=data.time_step_hours)
+    paths.write_text(path + ".complete", "")
+    return b""
+
+  once_by_process_0(f"synthetic {path}", write_if_missing, "write the synthetic store")
+  write_if_missing()  # no-op unless this host's cache is not process 0's
   return path
+
+
+def _size(num_bytes: int) -> str:
+  return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:
+  """The run's normalization statistics: `data.stats_path`'s, or the training range's.
+
+  Computed ones (`normalization.load_or_compute_stats`) come from process 0,
+  so every process normalizes with the same numbers even where hosts' caches differ.
+  """
+  if data.get("stats_path"):
+    return normalization.read_stats(data.stats_path)
+  arguments = (data.path, tuple(data.variables), tuple(data.pressure_levels),
+               data.get("train_start"), data.get("train_end"), data.get("time_step_hours", 6))
+  blob = once_by_process_0(
+      f"stats {normalization.cached_stats_path(*arguments)}",
+      lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
+      "compute the normalization statistics")
+  return normalization.from_bytes(blob)
+
+
+def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S
+                      ) -> bytes:
+  """Runs `make() -> bytes` on process 0 only; returns its result on every process.
+
+  Process 0 publishes the bytes (or its error) under `key` in the coordination
+  service's key-value store; the others wait at most `timeout_s` for it.
+
+  Raises:
+    RuntimeError: on the other processes, when process 0 failed (with its message).
+    TimeoutError: when process 0 published nothing within `timeout_s`.
+  """
+  if jax.process_count() == 1:
+    return make()
+  client = distributed.global_state.client
+  key = f"wnscale/{key}"
+  if jax.process_index() == 0:
+    try:
+      result = make()
+    except Exception as error:
+      client.key_value_set_bytes(key, b"error " + str(error).encode(), allow_overwrite=True)
+      raise
+    client.key_value_set_bytes(key, b"ok " + result, allow_overwrite=True)
+    return result
+  try:
+    reply = client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+  except Exception as error:  # the client raises a generic error on a deadline
+    raise TimeoutError(f"Process {jax.process_index()} waited {timeout_s:.0f} s for process 0 "
+                       f"to {what}; it did not finish: {error}") from error
+  status, _, result = reply.partition(b" ")
+  if status != b"ok":
+    raise RuntimeError(f"Process 0 could not {what}: {result.decode()}")
+  return result

@@ -13,9 +13,10 @@ Each example (the batch contract with the model, before batching):
   * `globals`:  `[input_steps + target_steps, F]` global forcings
     (`forcings.GLOBAL_FORCINGS`), only when some are asked for
 all float32, grid flattened latitude-major with latitude ascending.
-Channel-major is the stores' own layout, so an example is assembled with
-contiguous copies; the model's step transposes to node-major on the device
-(`model.forecast.to_node_major`).
+Channel-major is the stores' own layout, so tensorstore decodes an example
+straight into it; the model's step transposes to node-major on the device
+(`model.forecast.to_node_major`). `read_batch` reads a whole batch into one
+buffer per key, which is how the pipeline reads (no per-example arrays to stack).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import pandas as pd
+import xarray as xr
 
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
@@ -56,8 +57,9 @@ class WeatherExampleSource:
                fill_nan: bool = False,
                resolution: float | None = None,
                grid_slots: np.ndarray | None = None,
+               stats: xr.Dataset | None = None,
                global_forcings=()):
-    """Opens the store and loads (or computes once) its statistics.
+    """Opens the store and takes (or computes once) its statistics.
 
     Args:
       path, variables, levels, time_step_hours, resolution: see
@@ -66,6 +68,9 @@ class WeatherExampleSource:
       input_steps, target_steps: model steps per example.
       start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
         a date without a time covers that whole day. None: the store's ends.
+      stats: normalization statistics (`normalization.py`), e.g. the training
+        range's for an evaluation source. None: this source's own time range's
+        (cached).
       grid_slots: `[num_slots]` the grid node at each position of the
         examples' grid axis, -1 for padding (zeros): a sharded layout's node
         order (`ShardedLayout.grid_slots`), applied while copying, so the
@@ -77,24 +82,26 @@ class WeatherExampleSource:
                        f"({target_steps}) must be at least 1")
     self.store = store_lib.open_store(path, variables, levels, time_step_hours=time_step_hours,
                                       resolution=resolution)
-    stats = normalization.load_or_compute_stats(path, time_step_hours)
-    self.channel_stats = normalization.channel_stats(stats, self.store.variables,
-                                                     self.store.levels)
-    self.static_stats = normalization.static_stats(stats)
-    if fill_nan:
-      self.store.channel_fill = self.channel_stats["mean"]
-      self.store.static_fill = self.static_stats["mean"]
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.global_forcings = tuple(global_forcings)
     self.start, self.end = start, end
-    self._first_time, num_times = _time_range(self.store.times, start, end)
+    self._first_time, num_times = store_lib.time_range(self.store.times, start, end)
     self._num_examples = num_times - self.window + 1
     if self._num_examples <= 0:
       raise ValueError(
           f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
           f"{time_step_hours} h; one example needs {self.window} "
           f"({input_steps} input + {target_steps} target)")
+    if stats is None:
+      stats = normalization.load_or_compute_stats(path, variables, levels, start, end,
+                                                  time_step_hours)
+    self.channel_stats = normalization.channel_stats(stats, self.store.variables,
+                                                     self.store.levels)
+    self.static_stats = normalization.static_stats(stats)
+    if fill_nan:
+      self.store.channel_fill = self.channel_stats["mean"]
+      self.store.static_fill = self.static_stats["mean"]
     self._set_grid_slots(grid_slots)
 
   @property
@@ -120,21 +127,35 @@ class WeatherExampleSource:
     return self.store.times[self.time_indices(index)]
 
   def __getitem__(self, index) -> dict[str, np.ndarray]:
-    index = int(index)
-    time_indices = self.time_indices(index)
-    state = self.store.read_state(time_indices, mean=self.channel_stats["mean"],
-                                  std=self.channel_stats["std"], grid_index=self._grid_index)
-    times = self.store.times[time_indices]
-    example = {
-        "inputs": state[:self.input_steps],
-        "targets": state[self.input_steps:],
-        "forcings": self._to_slots(forcings_lib.compute_forcings(
-            times, self.store.latitude, self.store.longitude)),
-        "statics": self.statics().copy(),
-    }
+    return {key: value[0] for key, value in self.read_batch([index]).items()}
+
+  def read_batch(self, indices) -> dict[str, np.ndarray]:
+    """Examples `indices` stacked, `{key: [batch, ...]}`: each key one buffer, read into.
+
+    Every variable of every example is in flight at once (`store.read_into`).
+    """
+    indices = [int(index) for index in np.asarray(indices).reshape(-1)]
+    num_points = self.store.num_grid_nodes if self.grid_slots is None else len(self.grid_slots)
+    state_shape = (self.store.num_channels, num_points)
+    inputs = np.empty((len(indices), self.input_steps) + state_shape, np.float32)
+    targets = np.empty((len(indices), self.target_steps) + state_shape, np.float32)
+    requests = []
+    for row, index in enumerate(indices):
+      times = self.time_indices(index)
+      requests += [(times[:self.input_steps], inputs[row]),
+                   (times[self.input_steps:], targets[row])]
+    self.store.read_into(requests, mean=self.channel_stats["mean"],
+                         std=self.channel_stats["std"], grid_index=self.grid_slots)
+    forcings = np.stack([self._to_slots(forcings_lib.compute_forcings(
+        self.example_times(index), self.store.latitude, self.store.longitude))
+                         for index in indices])
+    statics = np.broadcast_to(self.statics(), (len(indices),) + self.statics().shape)
+    batch = {"inputs": inputs, "targets": targets, "forcings": forcings,
+             "statics": statics.copy()}
     if self.global_forcings:
-      example["globals"] = forcings_lib.compute_global_forcings(times, self.global_forcings)
-    return example
+      batch["globals"] = np.stack([forcings_lib.compute_global_forcings(
+          self.example_times(index), self.global_forcings) for index in indices])
+    return batch
 
   def statics(self) -> np.ndarray:
     """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""
@@ -153,7 +174,6 @@ class WeatherExampleSource:
 
   def _set_grid_slots(self, grid_slots: np.ndarray | None):
     self.grid_slots = None if grid_slots is None else np.asarray(grid_slots, np.int64)
-    self._grid_index = None if grid_slots is None else self.store.grid_index(self.grid_slots)
     self._statics = None  # statics are cached in the grid order
 
   def _to_slots(self, array: np.ndarray) -> np.ndarray:
@@ -163,22 +183,3 @@ class WeatherExampleSource:
     out = np.take(array, np.maximum(self.grid_slots, 0), axis=-1)
     out[..., self.grid_slots < 0] = 0.0
     return out
-
-
-def _time_range(times: np.ndarray, start, end) -> tuple[int, int]:
-  """(index of the first time >= start, number of times in [start, end])."""
-  begin = np.datetime64(pd.Timestamp(start)) if start else times[0]
-  if end:
-    stop = pd.Timestamp(end)
-    # A bare date means the whole day.
-    if len(str(end).strip()) <= 10:
-      stop += pd.Timedelta(days=1) - pd.Timedelta(seconds=1)
-    stop = np.datetime64(stop)
-  else:
-    stop = times[-1]
-  if stop < begin:
-    raise ValueError(f"Time range end {end} is before its start {start}")
-  inside = np.flatnonzero((times >= begin) & (times <= stop))
-  if inside.size == 0:
-    return 0, 0
-  return int(inside[0]), int(inside.size)

@@ -1,13 +1,19 @@
-"""Reads WeatherBench2-layout zarr stores into the wnscale channel layout.
+"""Reads WeatherBench2 zarr stores, as published, into the wnscale channel layout.
 
 xarray opens metadata and coordinates only; array data is read through
-tensorstore, all variables of one example in flight at once. Works on the
-synthetic stores and on real WB2 / ARCO-ERA5 stores: zarr v2 or v3, latitude
-in either order, with or without pole rows, 1-hourly data subsampled to the
-model's step, a subset of the store's levels, extra variables ignored.
+tensorstore, all variables of a batch in flight at once, decoded straight into
+the caller's buffer. Works on the synthetic stores and on real WB2 / ARCO-ERA5
+stores, local or in a bucket (`gs://...`): zarr v2 or v3; dimensions found by
+name, so `(time, level, latitude, longitude)` (ERA5, WB2's 0.25 and 1 deg
+stores) and `(time, level, longitude, latitude)` (WB2's low-resolution
+regridded stores) alike, any mix per variable; latitude in either order, with
+or without pole rows; any time chunking; 1-hourly data subsampled to the
+model's step; a subset of the store's levels; extra variables ignored.
 
 Internal order (see `variables.py`): latitude ascending (-90 -> 90), longitude
-ascending, grid flattened latitude-major.
+ascending, grid flattened latitude-major. Each variable gets a tensorstore view
+in that order (a transposed and/or latitude-flipped index transform of the
+stored array), so reordering happens inside tensorstore's copy.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import dataclasses
 import os
 
 import numpy as np
+import pandas as pd
 import tensorstore as ts
 import xarray as xr
 
+from wnscale import paths
 from wnscale.data import variables as variables_lib
 
 _COPY_THREADS = None
@@ -33,6 +41,7 @@ def _copy_threads() -> concurrent.futures.ThreadPoolExecutor:
   return _COPY_THREADS
 
 
+# Internal dimension order; a stored variable may hold its dimensions in any order.
 ATMOSPHERIC_DIMS = ("time", "level", "latitude", "longitude")
 SURFACE_DIMS = ("time", "latitude", "longitude")
 STATIC_DIMS = ("latitude", "longitude")
@@ -42,16 +51,20 @@ RESOLUTION_TOLERANCE = 1e-3
 
 @dataclasses.dataclass(eq=False)
 class WeatherStore:
-  """An opened store: coordinates plus one tensorstore handle per variable.
+  """An opened store: coordinates plus one tensorstore view per variable.
 
   Attributes:
-    path: the store's path.
+    path: the store's path or URL.
     variables: state variable names, config order.
     levels: pressure levels (hPa) used, config order.
     time_step_hours: the model's step; `times` are the store's times at it.
     times: `[num_times]` datetime64[ns], every `time_stride`-th store time.
     latitude: `[num_lat]` ascending, degrees.
     longitude: `[num_lon]` ascending, degrees.
+    handles: `{name: TensorStore}` the stored arrays, in the store's own order.
+    views: `{name: TensorStore}` the same arrays in internal order:
+      `[time, level, lat, lon]`, `[time, lat, lon]` or `[lat, lon]`, latitude
+      ascending.
     channel_fill, static_fill: `[channels]` / `[2]` values that replace NaN
       (None: a NaN is an error).
   """
@@ -65,8 +78,8 @@ class WeatherStore:
   longitude: np.ndarray
   time_stride: int
   level_indices: np.ndarray
-  flip_latitude: bool
   handles: dict
+  views: dict
   channel_fill: np.ndarray | None = None
   static_fill: np.ndarray | None = None
 
@@ -92,100 +105,117 @@ class WeatherStore:
             f"levels={self.levels}, time_step_hours={self.time_step_hours}, "
             f"fill_nan={self.fill_nan})")
 
-  def grid_index(self, nodes: np.ndarray) -> np.ndarray:
-    """Positions in the store's own flattened grid of internal grid `nodes` (-1 stays -1)."""
-    nodes = np.asarray(nodes, np.int64)
-    if not self.flip_latitude:
-      return nodes
-    num_lat, num_lon = self.latitude.size, self.longitude.size
-    row, column = np.divmod(nodes, num_lon)
-    return np.where(nodes < 0, -1, (num_lat - 1 - row) * num_lon + column)
-
   def read_state(self, time_indices, allow_nan: bool = False, mean=None,
                  std=None, grid_index: np.ndarray | None = None) -> np.ndarray:
     """Reads the state at `times[time_indices]`, `[time, channels, grid]` f32.
 
-    Channel-major, as the store holds it: each variable's `[level, lat, lon]`
-    block is one contiguous copy (the model's jitted step transposes on the
-    device, where it is cheap). All variables are requested at once
-    (tensorstore futures); each is copied (and normalized to
-    `(x - mean) / std` when `mean`, `std` `[channels]` are given) by a thread
-    of its own: numpy releases the GIL for these copies, so they use every core.
-    NaN raises a ValueError naming variable and time, unless the store has
-    fill values (then filled with them) or `allow_nan` (then left, for statistics).
-
-    `grid_index` (from `grid_index(nodes)`) picks and orders the output's grid
-    positions during that copy, e.g. into a sharded layout's slots; -1 gives a
-    zero. Default: every node in internal order.
+    See `read_into` for the arguments.
     """
-    time_indices = np.asarray(time_indices, dtype=np.int64)
-    if time_indices.min() < 0 or time_indices.max() >= len(self.times):
-      raise ValueError(f"time indices {time_indices} outside the store's "
-                       f"{len(self.times)} times")
-    store_indices = time_indices * self.time_stride
     num_points = self.num_grid_nodes if grid_index is None else len(grid_index)
     state = np.empty((len(time_indices), self.num_channels, num_points), np.float32)
+    self.read_into([(time_indices, state)], allow_nan=allow_nan, mean=mean, std=std,
+                   grid_index=grid_index)
+    return state
+
+  def read_into(self, requests, allow_nan: bool = False, mean=None, std=None,
+                grid_index: np.ndarray | None = None):
+    """Reads several states at once, each into a caller's buffer.
+
+    Channel-major, as the stores hold it. Every variable of every request is
+    requested at once; tensorstore decodes each straight into its block of the
+    buffer (reordering dimensions and flipping latitude on the way, in C++
+    threads), then a thread per block normalizes it in place to
+    `(x - mean) / std` when `mean`, `std` `[channels]` are given (numpy
+    releases the GIL there). NaN raises a ValueError naming variable and time,
+    unless the store has fill values (then filled with them) or `allow_nan`
+    (then left, for statistics).
+
+    Args:
+      requests: `[(time_indices [T], out [T, channels, points] float32)]`;
+        `out` must be C-contiguous.
+      grid_index: `[points]` the internal grid node at each output position,
+        -1 for a zero (e.g. a sharded layout's slots): then each variable is
+        decoded into a temporary and gathered from it. Default: every node
+        in internal order.
+    """
     if mean is not None:
       mean = np.asarray(mean, np.float32)[:, None]
       inverse_std = 1.0 / np.asarray(std, np.float32)[:, None]
     if grid_index is not None:
+      grid_index = np.asarray(grid_index, np.int64)
       padding = grid_index < 0
       gather = np.maximum(grid_index, 0)
-    tasks, channel = [], 0
-    for name in self.variables:
-      handle = self.handles[name]
-      atmospheric = variables_lib.lookup(name).atmospheric
-      future = (handle.oindex[store_indices, self.level_indices] if atmospheric
-                else handle.oindex[store_indices]).read()
-      width = len(self.level_indices) if atmospheric else 1
-      tasks.append((future, slice(channel, channel + width)))
-      channel += width
-
-    def fill_channels(task) -> bool:
-      future, channels = task
-      data = future.result()
-      data = data.reshape((data.shape[0], -1) + data.shape[-2:])  # [time, level, lat, lon]
+    tasks = []
+    for time_indices, out in requests:
+      time_indices = self._check_times(time_indices)
+      store_indices = time_indices * self.time_stride
+      expected = (len(time_indices), self.num_channels,
+                  self.num_grid_nodes if grid_index is None else len(grid_index))
+      if out.shape != expected or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"Buffer {out.dtype}{list(out.shape)} (C-contiguous: "
+                         f"{out.flags.c_contiguous}) cannot take a state of shape {expected}")
       if grid_index is None:
-        source = data[:, :, ::-1] if self.flip_latitude else data
-        out = state.reshape(state.shape[:2] + data.shape[-2:])[:, channels]
+        target = ts.array(out.reshape(out.shape[:2] + (self.latitude.size, -1)),
+                          copy=False, write=True)
+      channel = 0
+      for name in self.variables:
+        view = self.views[name]
+        atmospheric = variables_lib.lookup(name).atmospheric
+        width = len(self.level_indices) if atmospheric else 1
+        view = (view.oindex[store_indices, self.level_indices] if atmospheric
+                else view.oindex[store_indices])
+        channels = slice(channel, channel + width)
+        if grid_index is None:  # decoded in place
+          future = (target[:, channels] if atmospheric else target[:, channel]).write(view)
+        else:
+          future = view.read()
+        tasks.append((future, out, channels))
+        channel += width
+
+    def finish(task) -> bool:
+      future, out, channels = task
+      block = out[:, channels]
+      if grid_index is None:
+        future.result()
       else:
-        out = state[:, channels]
-        flat = data.reshape(data.shape[:2] + (-1,))
-        for step in range(out.shape[0]):  # out[step] is contiguous: no buffering
-          np.take(flat[step], gather, axis=-1, out=out[step], mode="clip")
-        source = out
-      if mean is None:
-        if source is not out:
-          out[...] = source
-      else:
-        shape = (-1,) + (1,) * (out.ndim - 2)
-        np.subtract(source, mean[channels].reshape(shape), out=out)
-        out *= inverse_std[channels].reshape(shape)
+        data = future.result()
+        flat = data.reshape(data.shape[0], block.shape[1], -1)
+        for step in range(out.shape[0]):  # block[step] is contiguous: no buffering
+          np.take(flat[step], gather, axis=-1, out=block[step], mode="clip")
+      if mean is not None:
+        block -= mean[channels]
+        block *= inverse_std[channels]
       if grid_index is not None:
-        out[..., padding] = 0.0
+        block[..., padding] = 0.0
       # A sum is NaN if any value is (or, rarely, if +inf meets -inf): one
       # pass without a boolean temporary; `_fill_or_raise` looks closer.
-      return bool(np.isnan(out.sum()))
+      return bool(np.isnan(block.sum()))
 
-    has_nan = any(_copy_threads().map(fill_channels, tasks))
-    if has_nan and not allow_nan and np.isnan(state).any():
+    has_nan = list(_copy_threads().map(finish, tasks))
+    if any(has_nan) and not allow_nan:
       fill = self.channel_fill
       if mean is not None and fill is not None:
         fill = (fill - mean[:, 0]) * inverse_std[:, 0]
-      self._fill_or_raise(state, fill, self.channel_names, self.times[time_indices])
-    return state
+      for time_indices, out in requests:
+        if np.isnan(out).any():
+          self._fill_or_raise(out, fill, self.channel_names,
+                              self.times[np.asarray(time_indices, np.int64)])
+
+  def _check_times(self, time_indices) -> np.ndarray:
+    time_indices = np.asarray(time_indices, dtype=np.int64)
+    if time_indices.min() < 0 or time_indices.max() >= len(self.times):
+      raise ValueError(f"time indices {time_indices} outside the store's "
+                       f"{len(self.times)} times")
+    return time_indices
 
   def read_statics(self, allow_nan: bool = False) -> np.ndarray:
     """`[2, grid]` float32: `variables.STATIC_VARIABLES` in that order.
 
     NaN is handled as in `read_state`.
     """
-    futures = [self.handles[name].read() for name in
-               variables_lib.STATIC_VARIABLES]
-    statics = np.stack([future.result() for future in futures])
-    if self.flip_latitude:
-      statics = statics[:, ::-1]
-    statics = np.ascontiguousarray(statics, np.float32).reshape(2, -1)
+    futures = [self.views[name].read() for name in variables_lib.STATIC_VARIABLES]
+    statics = np.stack([future.result() for future in futures]).astype(np.float32)
+    statics = statics.reshape(len(futures), -1)
     if not allow_nan and np.isnan(statics).any():
       self._fill_or_raise(statics[None], self.static_fill,
                           list(variables_lib.STATIC_VARIABLES), None)
@@ -212,7 +242,8 @@ def open_store(path: str,
   """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
 
   Args:
-    path: local directory of a zarr v2 or v3 store in WB2 layout.
+    path: directory or URL (`gs://bucket/era5.zarr`) of a zarr v2 or v3 store
+      in a WB2 layout.
     variables: state variable names (catalogue names, config order).
     levels: pressure levels in hPa, config order; each must be in the store.
     time_step_hours: the model's time step; the store's step must divide it.
@@ -223,13 +254,14 @@ def open_store(path: str,
   Raises:
     ValueError: naming the problem, for any store that does not fit.
   """
-  path = os.path.abspath(path)  # tensorstore refuses paths with ".."
+  path = paths.normalize(path)
   variables = tuple(variables)
   levels = tuple(int(level) for level in levels)
   for name in variables:
     variables_lib.lookup(name)
+  names = variables + variables_lib.STATIC_VARIABLES
   with open_metadata(path) as dataset:
-    _check_variables(dataset, variables, levels, path)
+    dims = _check_variables(dataset, variables, levels, path)
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     latitude, longitude, flip = _grid(dataset, resolution, path)
     store_levels = [int(level) for level in dataset["level"].values
@@ -242,36 +274,53 @@ def open_store(path: str,
   driver = _tensorstore_driver(path)
   context = ts.Context()
   handles = {
-      name: ts.open({"driver": driver, "kvstore": {
-          "driver": "file", "path": os.path.join(path, name)}},
+      name: ts.open({"driver": driver, "kvstore": paths.kvstore_spec(paths.join(path, name))},
                     read=True, context=context).result()
-      for name in variables + variables_lib.STATIC_VARIABLES
+      for name in names
   }
+  views = {name: _internal_view(handles[name], dims[name], flip) for name in names}
   return WeatherStore(path, variables, levels, time_step_hours, times, latitude, longitude,
-                      stride, level_indices, flip, handles)
+                      stride, level_indices, handles, views)
+
+
+def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], flip_latitude: bool):
+  """`handle` with its dimensions in internal order, latitude ascending, origin 0."""
+  order = [dim for dim in ATMOSPHERIC_DIMS if dim in dims]
+  view = handle
+  if list(dims) != order:
+    view = view[ts.d[[dims.index(dim) for dim in order]].transpose[list(range(len(order)))]]
+  if flip_latitude:
+    view = view[ts.d[order.index("latitude")][::-1]].translate_to[0]
+  return view
 
 
 def open_metadata(path: str) -> xr.Dataset:
   """The store as a lazy xarray Dataset (metadata and coordinates only)."""
-  if not os.path.exists(path):
+  path = paths.normalize(path)
+  if not paths.exists(path):
     raise ValueError(f"Store not found: {path}")
   # v2 stores carry .zmetadata (WB2 does); v3 has no consolidated standard.
-  consolidated = _tensorstore_driver(path) == "zarr" and os.path.exists(
-      os.path.join(path, ".zmetadata"))
+  consolidated = _tensorstore_driver(path) == "zarr" and paths.exists(
+      paths.join(path, ".zmetadata"))
   try:
     return xr.open_zarr(path, chunks=None, consolidated=consolidated)
   except Exception as error:  # zarr raises many types for a broken store
     raise ValueError(f"Cannot open {path} as a zarr store: {error}") from error
 
 
-def _check_variables(dataset, variables, levels, path):
-  """Every required variable present with WB2 dims; every level present."""
+def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, ...]]:
+  """Every required variable present with WB2 dims (any order); every level present.
+
+  Returns:
+    `{name: dims as stored}` of the variables and statics.
+  """
   required = variables + variables_lib.STATIC_VARIABLES
   missing = [name for name in required if name not in dataset]
   if missing:
     raise ValueError(
         f"Store {path} lacks variable(s) {missing}; it has "
         f"{sorted(str(name) for name in dataset.data_vars)}")
+  dims = {}
   for name in required:
     if name in variables_lib.STATIC_VARIABLES:
       expected = STATIC_DIMS
@@ -279,15 +328,40 @@ def _check_variables(dataset, variables, levels, path):
       expected = ATMOSPHERIC_DIMS
     else:
       expected = SURFACE_DIMS
-    if tuple(dataset[name].dims) != expected:
-      raise ValueError(f"Variable {name!r} in {path} has dims "
-                       f"{tuple(dataset[name].dims)}; expected {expected}")
+    dims[name] = tuple(str(dim) for dim in dataset[name].dims)
+    if sorted(dims[name]) != sorted(expected):
+      raise ValueError(f"Variable {name!r} in {path} has dims {dims[name]}; expected "
+                       f"{expected} in any order")
   if any(variables_lib.lookup(name).atmospheric for name in variables):
     store_levels = [int(level) for level in dataset["level"].values]
     absent = [level for level in levels if level not in store_levels]
     if absent:
       raise ValueError(f"Level(s) {absent} hPa not in store {path}; it has "
                        f"{store_levels}")
+  return dims
+
+
+def time_range(times: np.ndarray, start, end) -> tuple[int, int]:
+  """(index of the first time >= start, number of times in [start, end]).
+
+  `start`, `end`: inclusive ("2020-01-01", "2020-06-30T18"); a date without a
+  time covers that whole day; empty or None: the store's first / last time.
+  """
+  begin = np.datetime64(pd.Timestamp(start)) if start else times[0]
+  if end:
+    stop = pd.Timestamp(end)
+    # A bare date means the whole day.
+    if len(str(end).strip()) <= 10:
+      stop += pd.Timedelta(days=1) - pd.Timedelta(seconds=1)
+    stop = np.datetime64(stop)
+  else:
+    stop = times[-1]
+  if stop < begin:
+    raise ValueError(f"Time range end {end} is before its start {start}")
+  inside = np.flatnonzero((times >= begin) & (times <= stop))
+  if inside.size == 0:
+    return 0, 0
+  return int(inside[0]), int(inside.size)
 
 
 def _subsampled_times(dataset, time_step_hours, path):
@@ -336,8 +410,8 @@ def _grid(dataset, resolution, path):
 
 def _tensorstore_driver(path: str) -> str:
   """`zarr` for a v2 store (`.zgroup`), `zarr3` for v3 (`zarr.json`)."""
-  if os.path.exists(os.path.join(path, "zarr.json")):
+  if paths.exists(paths.join(path, "zarr.json")):
     return "zarr3"
-  if os.path.exists(os.path.join(path, ".zgroup")):
+  if paths.exists(paths.join(path, ".zgroup")):
     return "zarr"
   raise ValueError(f"{path} has neither .zgroup (zarr v2) nor zarr.json (v3)")

@@ -20,15 +20,13 @@ latitude`, latitude ascending.)
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 import pandas as pd
 import tensorstore as ts
 import xarray as xr
 import zarr
 
+from wnscale import paths
 from wnscale.data import variables as variables_lib
 from wnscale.graphs import grid
 
@@ -38,6 +36,13 @@ SCALE_HEIGHT = 7.5e3  # m, of pressure: z(p) = H ln(p0 / p)
 NUM_WAVES = 6
 # Time steps written per `to_zarr` call: bounds memory, keeps calls few.
 TIME_BLOCK_BYTES = 64 * 2**20
+
+
+def store_times(start: str, end: str, time_step_hours: int) -> np.ndarray:
+  """`[num_times]` datetime64[ns] from `start` 00:00 to `end` 23:00 every `time_step_hours`."""
+  times = pd.date_range(pd.Timestamp(start), pd.Timestamp(end) + pd.Timedelta(hours=23),
+                        freq=f"{time_step_hours}h")
+  return times.values.astype("datetime64[ns]")
 
 
 def store_coordinates(resolution: float, include_poles: bool | None = None):
@@ -234,7 +239,7 @@ def write_synthetic_store(
     include_poles: bool | None = None,
     overwrite: bool = True,
 ) -> str:
-  """Writes a synthetic WeatherBench2-layout zarr store at `path`.
+  """Writes a synthetic WeatherBench2-layout zarr store at `path` (a directory or a URL).
 
   Times run from `start` 00:00 to `end` 23:00 at `time_step_hours`. Variables
   default to the whole catalogue (`variables.VARIABLES`); statics are always
@@ -250,27 +255,25 @@ def write_synthetic_store(
     raise ValueError(f"zarr_format must be 2 or 3, got {zarr_format}")
   if time_step_hours <= 0:
     raise ValueError(f"time_step_hours must be positive, got {time_step_hours}")
-  path = os.path.abspath(path)  # tensorstore refuses paths with ".."
+  path = paths.normalize(path)
   names = list(variables or variables_lib.VARIABLES)
   for name in names:
     variables_lib.lookup(name)
   levels = [int(level) for level in levels]
-  times = pd.date_range(pd.Timestamp(start), pd.Timestamp(end) +
-                        pd.Timedelta(hours=23), freq=f"{time_step_hours}h")
+  times = store_times(start, end, time_step_hours)
   if len(times) == 0:
     raise ValueError(f"No times between start={start} and end={end}")
-  times = times.values.astype("datetime64[ns]")
   latitude, longitude = store_coordinates(resolution, include_poles)
   weather = SyntheticWeather(latitude, longitude, levels, seed)
 
-  if os.path.exists(path):
-    is_zarr = any(os.path.exists(os.path.join(path, marker))
+  if paths.exists(path):
+    is_zarr = any(paths.exists(paths.join(path, marker))
                   for marker in (".zgroup", "zarr.json"))
     if not overwrite or not is_zarr:
       # Never delete a directory that is not a zarr store.
       raise ValueError(f"{path} exists (overwrite={overwrite}, zarr store: "
                        f"{is_zarr}); remove it or choose another path")
-    shutil.rmtree(path)
+    paths.as_epath(path).rmtree()
   _write_layout(path, weather, names, times, levels, latitude, longitude,
                 zarr_format)
   bytes_per_time = 4 * latitude.size * longitude.size * sum(
@@ -280,9 +283,7 @@ def write_synthetic_store(
   # No fsync per chunk: a half-written synthetic store is simply rewritten.
   context = ts.Context({"file_io_sync": False})
   handles = {
-      name: ts.open({"driver": driver,
-                     "kvstore": {"driver": "file",
-                                 "path": os.path.join(path, name)}},
+      name: ts.open({"driver": driver, "kvstore": paths.kvstore_spec(paths.join(path, name))},
                     write=True, context=context).result() for name in names
   }
   # Time step 0 was written by xarray with the layout. Block k is written in

@@ -13,15 +13,14 @@ latitude and longitude are rounded to float32 first, as the reference does.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
-import os
-import tempfile
 import time
 from typing import NamedTuple
 
 import numpy as np
 
-from wnscale import cache
+from wnscale import cache, paths
 from wnscale.graphs import connectivity, features, grid, icosahedron
 
 
@@ -171,18 +170,15 @@ def build_graphs(latitude, longitude, mesh_levels: int, radius_fraction: float =
   path = cache.cache_path("graphs", _cache_key(
       latitude, longitude, mesh_levels, radius_fraction,
       float(mesh_to_grid_normalization)) + ".npz")
-  if use_cache and os.path.exists(path):
-    with np.load(path) as cached:
+  if use_cache and paths.exists(path):
+    with np.load(io.BytesIO(paths.read_bytes(path))) as cached:
       return _unflatten(dict(cached))
   start = time.perf_counter()
   graphs = _build(latitude, longitude, mesh_levels, radius_fraction,
                   float(mesh_to_grid_normalization))
   logging.info("Built graphs in %.1f s: %s", time.perf_counter() - start, graphs.counts())
-  if use_cache:
-    # Write to a temporary file and rename: a crash never leaves a half file.
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), suffix=".npz.tmp",
-                                     delete=False) as f:
-      np.savez(f, **_flatten(graphs))
-    os.replace(f.name, path)
+  if use_cache:  # whole or not at all: a crash never leaves a half file
+    buffer = io.BytesIO()
+    np.savez(buffer, **_flatten(graphs))
+    paths.write_bytes(path, buffer.getvalue())
   return graphs

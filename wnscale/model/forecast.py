@@ -84,13 +84,13 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     statics: `[B, G, S]`.
     global_forcings: `[B, input_steps + 1, F_global]` at the same times, or None.
   """
-  parts = [_stack_channels(history), _stack_channels(forcings), statics]
+  parts = (_stack_channels(history), _stack_channels(forcings), statics)
   global_inputs = None
-  if global_forcings is not None:
-    global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)  # [B, T * F_global]
-    parts.append(jnp.broadcast_to(global_inputs[:, None], statics.shape[:2]
-                                  + global_inputs.shape[-1:]))
-  residual = model(constants.graphs, jnp.concatenate(parts, axis=-1), exchange, global_inputs)
+  if global_forcings is not None:  # [B, T * F_global], also a part on every grid node
+    global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
+    parts += (jnp.broadcast_to(global_inputs[:, None], statics.shape[:2]
+                               + global_inputs.shape[-1:]),)
+  residual = model(constants.graphs, parts, exchange, global_inputs)
   return history[:, -1] + residual * constants.residual_scale
 
 
@@ -118,8 +118,10 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
   def scan_step(history, lead):
     window = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, input_steps + 1, axis=1)
     prediction = step(state, history, window(forcings),
-                      None if global_forcings is None else window(global_forcings))
-    history = jnp.concatenate([history[:, 1:], prediction[:, None]], axis=1)
+                      None if global_forcings is None else window(global_forcings))  # float32
+    # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
+    history = jnp.concatenate([history[:, 1:], prediction[:, None].astype(history.dtype)],
+                              axis=1)
     return history, prediction
 
   _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))

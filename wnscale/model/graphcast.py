@@ -26,6 +26,7 @@ from flax import nnx
 from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.model import remat
+from wnscale.model.blocks import map_row_blocks
 from wnscale.model.mesh_gnn import MeshGNN
 from wnscale.model.mesh_transformer import MeshTransformer
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
@@ -114,60 +115,127 @@ class GraphCast(nnx.Module):
     """The `[message_passing_steps]`-stacked interaction networks."""
     return self.processor.layers
 
-  def __call__(self, graphs: Graphs, grid_inputs: jax.Array, exchange=LocalExchange(),
+  def __call__(self, graphs: Graphs, grid_input_parts, exchange=LocalExchange(),
                global_inputs: jax.Array | None = None):
-    """`[batch, num_grid_nodes, input_channels] -> [batch, num_grid_nodes, output_channels]`.
+    """`grid inputs [batch, num_grid_nodes, input_channels] -> [batch, num_grid_nodes,
+    output_channels]`.
 
+    `grid_input_parts`: arrays `[batch, num_grid_nodes, channels_i]` whose
+    channels, concatenated, are the grid inputs (concatenated block by block:
+    the whole `[num_grid_nodes, input_channels]` array never exists).
     `graphs` holds the (possibly shard-local) index and feature arrays;
     `global_inputs` `[batch, global_channels]` (if any) reach the mesh embedder
-    (the grid inputs already hold them); outputs are float32 whatever the
+    (the grid input parts already hold them); outputs are float32 whatever the
     compute dtype.
     """
     def one_example(inputs, global_inputs):
-      grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
-      mesh = self.processor(graphs, mesh, exchange)
-      return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+      # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
+      with jax.named_scope("encoder"):
+        grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
+      with jax.named_scope("processor"):
+        mesh = self.processor(graphs, mesh, exchange)
+      with jax.named_scope("decoder"):
+        return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
 
-    return jax.vmap(one_example)(grid_inputs, global_inputs)
+    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs)
 
-  def encode(self, graphs: Graphs, grid_inputs, exchange, global_inputs):
-    """Embeds grid and mesh nodes and passes messages grid -> mesh once."""
+  def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None):
+    """Embeds grid and mesh nodes and passes messages grid -> mesh once.
+
+    The grid-node work (the embedder, the sender projection, the grid MLP) runs
+    in `grid_blocks` blocks of grid nodes, each under its own checkpoint.
+    """
     config = self.config
 
-    def encoder(model, graphs, grid_inputs, global_inputs):
-      grid_inputs = jnp.concatenate(
-          [grid_inputs, graphs.grid_node_features.astype(grid_inputs.dtype)], -1)
-      grid = model.grid_embedder(grid_inputs.astype(self.dtype))
+    def embed_grid(model, node_features, *parts):
+      """Grid latents `[rows, D]` and their sender projection for the edges."""
+      grid = model.grid_embedder(jnp.concatenate(
+          [part.astype(self.dtype) for part in parts + (node_features,)], -1))
+      return grid, model.grid_to_mesh_edges.interaction.project_senders(grid)
+
+    def update_grid(model, grid):
+      return grid + model.grid_to_mesh_grid_mlp(grid)
+
+    def encoder(model, graphs, grid_input_parts, global_inputs):
+      grid, projected_grid = map_row_blocks(
+          model, embed_grid, config.grid_blocks,
+          (graphs.grid_node_features,) + tuple(grid_input_parts))
       mesh_inputs = graphs.mesh_node_features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
         mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(
             global_inputs.astype(self.dtype), mesh_inputs.shape[:1] + global_inputs.shape)], -1)
       mesh = model.mesh_embedder(mesh_inputs)
       edges, interaction = graphs.grid_to_mesh, model.grid_to_mesh_edges.interaction
-      # Project before the exchange: only local rows are multiplied.
+      # Projected before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
-          edges.senders, edges.receivers, exchange.grid_to_mesh(interaction.project_senders(grid)),
+          edges.senders, edges.receivers, exchange.grid_to_mesh(projected_grid),
           interaction.project_receivers(mesh), mesh.shape[0], config.edge_chunks)
       mesh = interaction.update_nodes(mesh, messages)
-      grid = grid + model.grid_to_mesh_grid_mlp(grid)
+      grid = map_row_blocks(model, update_grid, config.grid_blocks, (grid,))
       return grid, mesh
 
     return remat.checkpointed(self, encoder, config.remat_grid_to_mesh_gnn,
-                              self.policy)(graphs, grid_inputs, global_inputs)
+                              self.policy)(graphs, tuple(grid_input_parts), global_inputs)
 
   def decode(self, edges: EdgeSet, grid, mesh, exchange):
-    """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`."""
+    """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`.
+
+    With `grid_blocks > 1` the whole decoder runs per block of grid nodes, each
+    under its own checkpoint, with the block's own edges: the mesh-to-grid
+    edges come `k` per grid node in grid-node order (GraphCast's graphs: 3,
+    the corners of the node's mesh triangle), so a block of rows owns a block
+    of edges and `edge_chunks` is not needed there.
+    """
     config = self.config
 
-    def decoder(model, grid, mesh):
+    def decode_rows(model, grid, features, senders, receivers, sender_table, chunks):
+      """Output `[rows, C]` of grid rows whose edges point at them (`receivers` < rows)."""
       interaction = model.mesh_to_grid_edges.interaction
       messages = sum_edge_messages(
-          model.mesh_to_grid_edges, EncoderDecoderEdges.__call__, edges.features,
-          edges.senders, edges.receivers, exchange.mesh_to_grid(interaction.project_senders(mesh)),
-          interaction.project_receivers(grid), grid.shape[0], config.edge_chunks)
+          model.mesh_to_grid_edges, EncoderDecoderEdges.__call__, features, senders,
+          receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks)
       grid = interaction.update_nodes(grid, messages)
       return model.output_mlp(grid).astype(jnp.float32)
 
+    def decoder(model, grid, mesh):
+      sender_table = exchange.mesh_to_grid(
+          model.mesh_to_grid_edges.interaction.project_senders(mesh))
+      if config.grid_blocks == 1:
+        return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
+                           sender_table, config.edge_chunks)
+      blocked, rows = _receiver_blocks(edges, grid, config.grid_blocks)
+
+      def decode_block(model, grid, features, senders, receivers, block, sender_table):
+        return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
+                           sender_table, 1)
+
+      return map_row_blocks(model, decode_block, config.grid_blocks, blocked,
+                            (sender_table,))[:grid.shape[0]]
+
     return remat.checkpointed(self, decoder, config.remat_mesh_to_grid_gnn,
                               self.policy)(grid, mesh)
+
+
+def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):
+  """`(blocked arrays, rows per block)` for `map_row_blocks` over blocks of receivers.
+
+  Grid rows are padded to `num_blocks * rows`; edges (`k` per row, in row
+  order) to `k` times that, padding edges pointing past every block (dropped).
+  Blocked: grid `[R', D]`, features `[k R', F]`, senders and receivers `[k R']`,
+  block index `[num_blocks]`.
+  """
+  num_rows, num_edges = grid.shape[0], edges.senders.shape[0]
+  if num_edges % num_rows:
+    raise ValueError(
+        f"model.grid_blocks > 1 needs the same number of mesh-to-grid edges for every "
+        f"grid node, in grid-node order; {num_edges} edges for {num_rows} grid nodes.")
+  per_row = num_edges // num_rows
+  rows = -(-num_rows // num_blocks)
+  padded_rows = rows * num_blocks
+  pad = lambda x, fill: jnp.pad(x, [(0, per_row * (padded_rows - num_rows))]
+                                + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+  blocked = (jnp.pad(grid, [(0, padded_rows - num_rows), (0, 0)]), pad(edges.features, 0),
+             pad(edges.senders, 0), pad(edges.receivers, padded_rows),
+             jnp.arange(num_blocks))
+  return blocked, rows

@@ -36,9 +36,10 @@ def weighted_squared_error(predictions, targets, constants: Constants):
 
   `predictions`, `targets`: `[B, T, C, G]` normalized.
   """
-  error = (predictions - targets) / constants.residual_scale[:, None]
-  per_node = jnp.sum(constants.channel_weights[:, None] * jnp.square(error), axis=-2)
-  return per_node * constants.node_weights
+  with jax.named_scope("loss"):
+    error = (predictions - targets) / constants.residual_scale[:, None]
+    per_node = jnp.sum(constants.channel_weights[:, None] * jnp.square(error), axis=-2)
+    return per_node * constants.node_weights
 
 
 def loss_fn(predictions: jax.Array, targets: jax.Array, constants: Constants) -> jax.Array:

@@ -14,8 +14,9 @@ from flax import nnx
 from wnscale.graphs.build import Graphs
 from wnscale.graphs.features import EDGE_FEATURES
 from wnscale.model import remat
-from wnscale.model.message_passing import InteractionNetwork, sum_by_receiver, vary_like
+from wnscale.model.message_passing import InteractionNetwork, sum_by_receiver
 from wnscale.model.mlp import MLP
+from wnscale.model.varying import vary_like
 
 
 class MeshGNN(nnx.Module):

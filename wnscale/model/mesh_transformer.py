@@ -43,11 +43,11 @@ class TransformerBlock(nnx.Module):
     zeros = nnx.initializers.zeros_init()
     linear = lambda n_in, n_out, kernel_init, **kw: nnx.Linear(
         n_in, n_out, kernel_init=kernel_init, dtype=dtype, rngs=rngs, **kw)
-    self.attention_norm = norm.layer_norm(width, dtype=dtype, rngs=rngs)
+    self.attention_norm = norm.layer_norm(width)
     self.query = linear(width, width, init, use_bias=False)
     self.key_value = linear(width, 2 * width, init, use_bias=False)
     self.attention_output = linear(width, width, zeros)
-    self.ffw_norm = norm.layer_norm(width, dtype=dtype, rngs=rngs)
+    self.ffw_norm = norm.layer_norm(width)
     self.ffw_up = linear(width, ffw_size, init)
     self.ffw_down = linear(ffw_size, width, zeros)
 
@@ -83,7 +83,7 @@ class MeshTransformer(nnx.Module):
                               layers, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.final_norm = norm.layer_norm(width, dtype=dtype, rngs=rngs)
+    self.final_norm = norm.layer_norm(width)
     self.policy = remat.resolve_policy(config.remat_policy)
 
   def __call__(self, graphs: Graphs, mesh, exchange):

@@ -37,7 +37,9 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.model import remat
+from wnscale.model.blocks import split_rows
 from wnscale.model.mlp import MLP
+from wnscale.model.varying import vary_like
 
 
 def _float32_sum(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
@@ -52,22 +54,6 @@ def sum_by_receiver(messages: jax.Array, receivers: jax.Array, num_receivers: in
   Receivers out of range are dropped (padding edges).
   """
   return _float32_sum(messages, receivers, num_receivers).astype(messages.dtype)
-
-
-def _varying_axes(x) -> frozenset:
-  manual = getattr(jax.typeof(x), "manual_axis_type", None)
-  return getattr(manual, "varying", frozenset())
-
-
-def vary_like(x: jax.Array, *references: jax.Array) -> jax.Array:
-  """`x`, marked as varying over every manual mesh axis that `references` vary over.
-
-  Under `shard_map` a scan carry must keep its type; a value computed from graph
-  constants alone (varying over `graph`) joins per-example latents (varying over
-  `data` too). Outside `shard_map` this is the identity.
-  """
-  missing = frozenset().union(*map(_varying_axes, references)) - _varying_axes(x)
-  return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
 
 
 class InteractionNetwork(nnx.Module):
@@ -117,14 +103,6 @@ class InteractionNetwork(nnx.Module):
     return checkpoint_name(updated, remat.NODE_LATENTS)
 
 
-def split_into_chunks(array: jax.Array, num_chunks: int, fill) -> jax.Array:
-  """`[E, ...] -> [num_chunks, ceil(E / num_chunks), ...]`, padded with `fill`."""
-  chunk = -(-array.shape[0] // num_chunks)
-  padding = [(0, chunk * num_chunks - array.shape[0])] + [(0, 0)] * (array.ndim - 1)
-  return jnp.pad(array, padding, constant_values=fill).reshape(
-      (num_chunks, chunk) + array.shape[1:])
-
-
 def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, senders,
                       receivers, sender_table, receiver_table, num_receivers: int,
                       num_chunks: int) -> jax.Array:
@@ -167,9 +145,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     return total + chunk_messages(state, features, chunk_senders, chunk_receivers,
                                   sender_table, receiver_table), None
 
-  chunks = (split_into_chunks(edge_features, num_chunks, 0),
-            split_into_chunks(senders, num_chunks, 0),
-            split_into_chunks(receivers, num_chunks, num_receivers))
+  chunks = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
+            split_rows(receivers, num_chunks, fill=num_receivers))
   # The running total stays float32 across blocks too.
   initial = jnp.zeros((num_receivers, receiver_table.shape[-1]), jnp.float32)
   initial = vary_like(initial, sender_table, receiver_table, edge_features)

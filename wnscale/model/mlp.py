@@ -1,7 +1,10 @@
 """The MLP used everywhere in GraphCast: one hidden layer, swish, LayerNorm.
 
-The LayerNorm is the reference's (epsilon 1e-5, two-pass variance; see
-`wnscale.model.norm`).
+The LayerNorm is the reference's (Haiku's defaults): epsilon 1e-5 and the
+two-pass variance mean((x - mean)^2), not Flax's defaults (1e-6 and the
+one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std). Layer
+norm and swish are `wnscale.model.lean`'s: the same functions, whose
+gradients keep only their inputs; the norm comes from `wnscale.model.norm`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model import norm
+from wnscale.model import lean, norm
 
 
 class MLP(nnx.Module):
@@ -23,7 +26,7 @@ class MLP(nnx.Module):
                layer_norm: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
     self.hidden = nnx.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
-    self.norm = norm.layer_norm(out_size, dtype=dtype, rngs=rngs) if layer_norm else None
+    self.norm = norm.layer_norm(out_size) if layer_norm else None
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.finish(self.hidden(x))
@@ -34,5 +37,5 @@ class MLP(nnx.Module):
     Lets a caller build the first layer's pre-activation from parts (see
     `InteractionNetwork`).
     """
-    y = self.out(jax.nn.swish(hidden))
+    y = self.out(lean.swish(hidden))
     return self.norm(y) if self.norm is not None else y

@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 # Names given with `jax.ad_checkpoint.checkpoint_name` at the natural save
 # points of a message-passing step.
@@ -22,7 +23,13 @@ NODE_LATENTS = "node_latents"  # updated node latents, [num_nodes, latent]
 # ... and of a mesh transformer block: the outputs of its two residual branches.
 ATTENTION_OUTPUT = "attention_output"  # attention's output projection, [num_mesh_nodes, width]
 FFW_OUTPUT = "ffw_output"  # the feed-forward branch's output, [num_mesh_nodes, width]
-CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS, ATTENTION_OUTPUT, FFW_OUTPUT)
+# What a checkpointed group of processor layers starts from: mesh latents
+# [num_mesh_nodes, latent] (and the GNN's mesh-edge latents [num_mesh_edges, latent]).
+# The backward pass needs one per group; GraphCast's 16 layers at 0.25 deg: ~6 GiB
+# in bfloat16.
+PROCESSOR_CARRY = "processor_carry"
+CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS, ATTENTION_OUTPUT, FFW_OUTPUT,
+                    PROCESSOR_CARRY)
 
 _policies = jax.checkpoint_policies
 POLICIES: dict[str, Callable] = {
@@ -32,6 +39,12 @@ POLICIES: dict[str, Callable] = {
     "everything_saveable": _policies.everything_saveable,
     # Keep matmul outputs, but in host memory (pinned_host) where the backend has it.
     "offload_dots": _policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    # Recompute everything, but keep the processor groups' carries in host memory
+    # (pinned_host) where the backend has it: the device holds one group's work.
+    # On CPU, host and device memory are one: it compiles and changes nothing.
+    "offload_carries": _policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=(), names_which_can_be_offloaded=(PROCESSOR_CARRY,),
+        offload_src="device", offload_dst="pinned_host"),
 }
 _SAVE_ONLY_PREFIX = "save_only_these_names:"
 POLICY_NAMES = tuple(POLICIES) + (_SAVE_ONLY_PREFIX + "<name>,...",)
@@ -75,8 +88,9 @@ def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool
 
   With `checkpoint`, the layers run in groups of `every`, each group under one
   `jax.checkpoint` with `policy`: a scan over the full groups, then the
-  remaining layers as one more group. The processors (mesh GNN and mesh
-  transformer) both run this way.
+  remaining layers as one more group. A group's input is tagged
+  `PROCESSOR_CARRY`: a policy may keep it (in host memory, say). The
+  processors (mesh GNN and mesh transformer) both run this way.
 
   Args:
     apply_layer: `(carry, layer_state) -> carry`, one layer.
@@ -89,7 +103,9 @@ def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool
   if not checkpoint:
     return layers(carry, stacked_state)
   num_layers = jax.tree.leaves(stacked_state)[0].shape[0]
-  group = jax.checkpoint(layers, policy=policy)
+  group = jax.checkpoint(
+      lambda carry, states: layers(checkpoint_name(carry, PROCESSOR_CARRY), states),
+      policy=policy)
   per_group = min(every, num_layers)
   num_groups, remainder = divmod(num_layers, per_group)
   grouped = jax.tree.map(

@@ -78,12 +78,22 @@ def make_constants(config: ml_collections.ConfigDict, graphs: Graphs, latitude, 
       channel_weights=variables_lib.loss_channel_weights(d.variables, d.pressure_levels))
 
 
+def batch_dtype(config: ml_collections.ConfigDict):
+  """The dtype batches are carried in on the device: bfloat16 where the activations are.
+
+  At 0.25 deg a float32 example is ~2.7 GiB of inputs and targets; the network
+  casts them to its activation dtype anyway, and the loss accumulates in float32.
+  """
+  return jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+
+
 def batch_shapes(config: ml_collections.ConfigDict, num_grid_nodes: int,
                  batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes of one batch, following the contract in `wnscale.model.forecast`."""
   d = config.data
   channels = num_state_channels(d)
-  shape = lambda *s: jax.ShapeDtypeStruct((batch_size,) + s, jnp.float32)
+  dtype = batch_dtype(config)
+  shape = lambda *s: jax.ShapeDtypeStruct((batch_size,) + s, dtype)
   shapes = {
       "inputs": shape(d.input_steps, channels, num_grid_nodes),
       "targets": shape(d.target_steps, channels, num_grid_nodes),

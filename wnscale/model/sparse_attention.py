@@ -25,7 +25,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from wnscale.model.message_passing import split_into_chunks, vary_like
+from wnscale.model.blocks import split_rows
+from wnscale.model.varying import vary_like
 
 # "Minus infinity" for masked logits: finite, so exp(NEGATIVE - max) is 0 without inf - inf.
 NEGATIVE = -1e30
@@ -78,8 +79,7 @@ def neighbour_attention(queries, keys, values, senders, receivers,
     _, sums, weighted = _block(queries, keys, values, senders, receivers, start[0])
   else:
     num_blocks = -(-num_edges // edges_per_block)
-    blocks = (split_into_chunks(senders, num_blocks, 0),
-              split_into_chunks(receivers, num_blocks, num_receivers))
+    blocks = (split_rows(senders, num_blocks), split_rows(receivers, num_blocks, num_receivers))
     block = jax.checkpoint(_block, policy=jax.checkpoint_policies.nothing_saveable)
 
     def add_block(carry, edges):

@@ -13,19 +13,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 
 import jax
 import ml_collections
 
-from wnscale import cache
+from wnscale import cache, paths
 from wnscale.planner import flops as flops_lib
 from wnscale.planner.compile import REMAT_KEYS, Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
 
 _ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
 _NONE = dict(remat_grid_to_mesh_gnn=False, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
-             remat_policy="nothing_saveable", mesh_remat_every=1, edge_chunks=1)
+             remat_policy="nothing_saveable", mesh_remat_every=1, edge_chunks=1, grid_blocks=1)
 CANDIDATES = {
     "none": {},
     "edge_chunks": dict(edge_chunks=4),
@@ -36,11 +35,17 @@ CANDIDATES = {
     "all_dots_saveable": dict(_ALL, remat_policy="dots_with_no_batch_dims_saveable",
                               edge_chunks=4),
     "paper": dict(_ALL, mesh_remat_every=3, edge_chunks=4),
+    "paper_grid_blocks": dict(_ALL, mesh_remat_every=3, edge_chunks=4, grid_blocks=8),
     "all_every_1": dict(_ALL, edge_chunks=4),
-    "all_every_1_chunks_16": dict(_ALL, edge_chunks=16),
+    "all_every_1_grid_blocks": dict(_ALL, edge_chunks=16, grid_blocks=16),
+    # The processor's group carries in host memory, where the backend has it.
+    "paper_offload": dict(_ALL, mesh_remat_every=3, edge_chunks=4, grid_blocks=8,
+                          remat_policy="offload_carries"),
+    "all_every_1_offload": dict(_ALL, edge_chunks=16, grid_blocks=16,
+                                remat_policy="offload_carries"),
 }
 # The candidate that keeps the least: if it does not fit, none does.
-LEAST_MEMORY = "all_every_1_chunks_16"
+LEAST_MEMORY = "all_every_1_offload"
 
 
 def candidate_overrides(name: str) -> dict:
@@ -48,14 +53,16 @@ def candidate_overrides(name: str) -> dict:
   return dict(_NONE, **CANDIDATES[name])
 
 
-def ranked_candidates(config, counts, num_devices, names=None) -> list[tuple[str, float]]:
-  """`(name, added FLOPs per device)`, cheapest first (ties keep the table's order)."""
+def ranked_candidates(config, counts, num_devices, names=None) -> list[tuple[str, float, float]]:
+  """`(name, added FLOPs, offloaded bytes)` per device and step, cheapest first: by added
+  FLOPs, then by bytes moved to host memory and back (ties keep the table's order)."""
   ranked = []
   for name in names or CANDIDATES:
     trial = ml_collections.ConfigDict(config)
     trial.model.update(candidate_overrides(name))
-    ranked.append((name, flops_lib.step_flops(trial, counts, num_devices)["recompute"]))
-  return sorted(ranked, key=lambda item: item[1])
+    cost = flops_lib.step_flops(trial, counts, num_devices)
+    ranked.append((name, cost["recompute"], cost["offloaded_bytes"]))
+  return sorted(ranked, key=lambda item: item[1:])
 
 
 def _cache_path(config, target: Target, budget: int) -> str:
@@ -95,9 +102,8 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   if not budget:
     raise ValueError("remat_policy='auto' needs a memory budget: set train.memory_budget_gib.")
   path = _cache_path(config, target, budget)
-  if os.path.exists(path):
-    with open(path) as f:
-      choice = json.load(f)
+  if paths.exists(path):
+    choice = json.loads(paths.read_text(path))
     logging.info("Remat plan from cache %s: %s", path, choice["reason"])
     return choice
   problem = problem or Problem(config, target, step_builder)
@@ -109,23 +115,22 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
     peaks[name] = report["peak_bytes"]
     return report["fits"] and report["peak_bytes"] <= budget
 
-  for index, (name, extra) in enumerate(ranked):
-    if index == 1 and LEAST_MEMORY in dict(ranked) and not fits(LEAST_MEMORY):
+  for index, (name, extra, offloaded) in enumerate(ranked):
+    if index == 1 and LEAST_MEMORY in [n for n, *_ in ranked] and not fits(LEAST_MEMORY):
       break
     if fits(name):
-      cheaper = ", ".join(f"{n} {peaks[n] / GIB:.2f} GiB" for n, _ in ranked[:index])
+      cheaper = ", ".join(f"{n} {peaks[n] / GIB:.2f} GiB" for n, *_ in ranked[:index])
       choice = {
           "name": name, "overrides": candidate_overrides(name),
-          "peak_bytes": peaks[name], "recompute_flops": extra,
+          "peak_bytes": peaks[name], "recompute_flops": extra, "offloaded_bytes": offloaded,
           "reason": (f"'{name}' is the cheapest remat configuration that fits: peak "
                      f"{peaks[name] / GIB:.2f} GiB of {budget / GIB:.2f} GiB per device, "
-                     f"+{extra:.3g} recompute FLOPs per device per step; cheaper ones did not "
+                     f"+{extra:.3g} recompute FLOPs"
+                     + (f" and {offloaded / GIB:.2f} GiB to host memory and back" if offloaded
+                        else "") + " per device per step; cheaper ones did not "
                      f"fit: {cheaper or '-'}."),
       }
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path + ".tmp", "w") as f:
-        json.dump(choice, f)
-      os.replace(path + ".tmp", path)
+      paths.write_text(path, json.dumps(choice))
       logging.info("Remat plan: %s", choice["reason"])
       return choice
   smallest = min(peaks, key=peaks.get)

@@ -9,6 +9,7 @@ slice on a CPU-only machine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -20,6 +21,7 @@ import numpy as np
 
 from wnscale.graphs import grid as grid_lib
 from wnscale.model import setup
+from wnscale.planner import buffers as buffers_lib
 from wnscale.planner import flops as flops_lib
 from wnscale.planner import xla_stats
 from wnscale.planner.topology import Target
@@ -29,8 +31,9 @@ from wnscale.sharding.layout import ShardedLayout
 # `(config, layout, constants, halo_indices, batch) -> jax.stages.Lowered`.
 StepBuilder = Callable[..., jax.stages.Lowered]
 
+BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
 REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
-              "remat_policy", "mesh_remat_every", "edge_chunks")
+              "remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks")
 
 
 class Problem:
@@ -62,29 +65,37 @@ class Problem:
         setup.batch_shapes(config, graphs.num_grid_nodes, config.train.batch_size))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
-  def compile(self, model_overrides: dict | None = None) -> dict:
+  def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:
     """Compiles the train step with `model_overrides` (remat keys); returns its figures.
 
+    With `breakdown`, the report adds the buffers live at the peak
+    (`peak_buffers`, largest first, and `peak_by_part`; see `planner.buffers`).
     A setting compiled before by this `Problem` is not compiled again.
     """
     key = json.dumps(model_overrides or {}, sort_keys=True)
-    if key not in self._reports:
-      self._reports[key] = self._compile(model_overrides)
+    if key not in self._reports or (breakdown and "peak_buffers" not in self._reports[key]):
+      self._reports[key] = self._compile(model_overrides, breakdown)
     return dict(self._reports[key])
 
-  def _compile(self, model_overrides: dict | None) -> dict:
+  def _compile(self, model_overrides: dict | None, breakdown: bool) -> dict:
     config = ml_collections.ConfigDict(self.config)
     config.model.update(model_overrides or {})
     start = time.perf_counter()
+    peak_buffers = None
     try:
-      stats = xla_stats.compiled_stats(
-          self.step_builder(config, self.layout, *self.constants, self.batch).compile())
+      lowered = self.step_builder(config, self.layout, *self.constants, self.batch)
+      if breakdown:
+        compiled, peak_buffers = buffers_lib.compile_with_breakdown(lowered)
+      else:
+        compiled = lowered.compile()
+      stats = xla_stats.compiled_stats(compiled)
       out_of_memory = None
     except jax.errors.JaxRuntimeError as error:
       # The TPU compiler refuses programs whose temporaries exceed HBM.
       if "RESOURCE_EXHAUSTED" not in str(error):
         raise
       out_of_memory = str(error).split("\n")[0]
+      peak_buffers = getattr(error, "peak_buffers", None)
       stats = _stats_from_oom_message(out_of_memory)
     seconds = time.perf_counter() - start
     analytic = flops_lib.step_flops(config, self.counts, len(self.target.devices))
@@ -100,11 +111,15 @@ class Problem:
                      and (memory is None or stats["peak_bytes"] <= memory)),
         "flops": analytic["model"] + analytic["recompute"],
         "recompute_flops": analytic["recompute"],
+        "offloaded_bytes": analytic["offloaded_bytes"],
         "xla_flops": stats["flops"],
         "compile_seconds": round(seconds, 2),
     }
     if out_of_memory:
       report["error"] = out_of_memory
+    if peak_buffers is not None:
+      report["peak_by_part"] = buffers_lib.summarize(peak_buffers)
+      report["peak_buffers"] = [dataclasses.asdict(b) for b in peak_buffers[:BREAKDOWN_ROWS]]
     return report
 
 

@@ -16,7 +16,7 @@ from wnscale.model import forecast, setup
 # recomputes under each policy (matmuls dominate; saved dots are not redone).
 RECOMPUTE_FRACTION = {
     "nothing_saveable": 1.0, "dots_saveable": 0.05, "dots_with_no_batch_dims_saveable": 0.05,
-    "everything_saveable": 0.0, "offload_dots": 0.05,
+    "everything_saveable": 0.0, "offload_dots": 0.05, "offload_carries": 1.0,
 }
 
 
@@ -47,7 +47,7 @@ def _processor(config: ml_collections.ConfigDict, counts: dict) -> float:
 
 
 def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, float]:
-  """Forward FLOPs of one example per stage: encoder edges / rest, processor, decoder."""
+  """Forward FLOPs of one example per stage and part of a stage."""
   d = config.model.latent_size
   e = config.model.edge_latent_size or d
   data = config.data
@@ -59,8 +59,8 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
   g2m, m2g = counts["grid_to_mesh_edges"], counts["mesh_to_grid_edges"]
   return {
       "encoder_edges": _mlp(g2m, EDGE_FEATURES, e, e) + _edge_update(g2m, grid, mesh, d, e),
-      "encoder_nodes": (_mlp(grid, inputs, d, d) + _mlp(mesh, mesh_inputs, d, d)
-                        + _mlp(mesh, 2 * d, d, d) + _mlp(grid, d, d, d)),
+      "encoder_grid": _mlp(grid, inputs, d, d) + _mlp(grid, d, d, d),
+      "encoder_mesh": _mlp(mesh, mesh_inputs, d, d) + _mlp(mesh, 2 * d, d, d),
       "processor": _processor(config, counts),
       "decoder_edges": _mlp(m2g, EDGE_FEATURES, e, e) + _edge_update(m2g, mesh, grid, d, e),
       "decoder_nodes": _mlp(grid, 2 * d, d, d) + _mlp(grid, d, d, channels),
@@ -68,21 +68,44 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
 
 
 def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int) -> dict:
-  """Per-device FLOPs of one training step: `{"model": fwd + bwd, "recompute": extra}`."""
+  """Per-device cost of one training step.
+
+  Returns:
+    `{"model": forward + backward FLOPs, "recompute": FLOPs the remat settings
+    add, "offloaded_bytes": bytes the offload policy moves between device and
+    host memory (out and back)}`.
+  """
   model = config.model
   stages = forward_flops(config, counts)
   fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
+  encoder = stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
+  decoder = stages["decoder_edges"] + stages["decoder_nodes"]
   extra = 0.0
   if model.remat_grid_to_mesh_gnn:
-    extra += fraction * (stages["encoder_edges"] + stages["encoder_nodes"])
+    extra += fraction * encoder
   if model.remat_mesh_gnn:
     extra += fraction * stages["processor"]
   if model.remat_mesh_to_grid_gnn:
-    extra += fraction * (stages["decoder_edges"] + stages["decoder_nodes"])
-  if model.edge_chunks > 1:  # each block's forward is redone inside its own checkpoint
-    extra += stages["encoder_edges"] + stages["decoder_edges"]
+    extra += fraction * decoder
+  # Each block's forward is redone inside its own checkpoint.
+  if model.grid_blocks > 1:
+    extra += stages["encoder_grid"] + decoder  # the decoder runs per grid block
+  if model.edge_chunks > 1:
+    extra += stages["encoder_edges"] + (stages["decoder_edges"] if model.grid_blocks == 1
+                                        else 0.0)
   if model.processor == "transformer" and model.transformer_edges_per_block:  # likewise
     extra += model.transformer_layers * _attention(config, counts)
   examples = config.train.batch_size * config.data.target_steps
   scale = examples / num_devices
-  return {"model": 3.0 * sum(stages.values()) * scale, "recompute": extra * scale}
+  offloaded = 0.0
+  if model.remat_mesh_gnn and model.remat_policy == "offload_carries":
+    transformer = model.processor == "transformer"
+    layers = model.transformer_layers if transformer else model.message_passing_steps
+    groups = -(-layers // model.mesh_remat_every)
+    width = 2 if model.dtype == "bfloat16" else 4
+    # The GNN carries its mesh-edge latents too; the transformer only the mesh latents.
+    rows = counts["mesh_nodes"] + (0 if transformer else counts["mesh_edges"])
+    carry = rows * model.latent_size * width
+    offloaded = 2 * groups * carry  # out in the forward pass, back in the backward
+  return {"model": 3.0 * sum(stages.values()) * scale, "recompute": extra * scale,
+          "offloaded_bytes": offloaded * scale}

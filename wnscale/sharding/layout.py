@@ -115,13 +115,14 @@ class ShardedLayout:
     return {k: jax.device_put(v, self.sharding(BATCH_SPECS[k]))
             for k, v in self.host_batch(batch).items()}
 
-  def global_batch(self, local_batch: dict, global_batch_size: int) -> dict:
+  def global_batch(self, local_batch: dict, global_batch_size: int, dtype=None) -> dict:
     """Global device arrays from this process's share of a batch (any process count).
 
     `local_batch` holds this process's data group's examples (see
     `mesh.process_data_group`), grid axis already in `grid_slots` order (all
     slots); each process contributes the block of rows and grid slots its
-    devices hold, via `jax.make_array_from_process_local_data`.
+    devices hold, via `jax.make_array_from_process_local_data`, cast to
+    `dtype` on the host (None: as they are) so only that many bytes move.
     """
     arrays = {}
     for key, value in local_batch.items():
@@ -132,6 +133,8 @@ class ShardedLayout:
         start = min(index[-1].start or 0 for index in blocks)
         stop = max(index[-1].stop or value.shape[-1] for index in blocks)
         value = value[..., start:stop]
+      if dtype is not None:
+        value = value.astype(dtype)
       arrays[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
     return arrays
 

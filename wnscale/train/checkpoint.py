@@ -2,18 +2,26 @@
 
 Saves are asynchronous (the loop blocks only for the device-to-host copy);
 each step directory is written under a temporary name and renamed when
-complete, so a crash never leaves a half checkpoint that looks whole.
+complete, so a crash never leaves a half checkpoint that looks whole. The
+directory may be a URL (`gs://bucket/run/checkpoints`): Orbax writes arrays
+through tensorstore and the rest through `etils.epath`.
+
 Restoring walks from the newest step back and skips, with a warning naming
-it, any checkpoint that fails to restore (truncated or missing files). A
-checkpoint that is whole but holds a different train state (another model or
-optimizer configuration) is an error, not damage: nothing is set aside.
+it, any checkpoint whose files cannot be read (truncated or missing files).
+Only reading counts: what the caller does with the files' contents (e.g.
+setting the data iterator's state) happens after `restore_latest` returns, so
+its errors propagate and never set a good checkpoint aside. A checkpoint that
+is whole but holds a different train state (another model or optimizer
+configuration) is an error, not damage: nothing is set aside.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-import os
 import time
+from typing import Callable
 
 import grain
 import jax
@@ -21,16 +29,49 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from wnscale import paths
+
 
 class CheckpointMismatchError(ValueError):
   """A checkpoint's train state has other arrays, shapes or dtypes than this run's."""
+
+
+@dataclasses.dataclass
+class Restored:
+  """What `Checkpointer.restore_latest` read.
+
+  Attributes:
+    step: the checkpoint's step.
+    state: the train state, with the shardings asked for.
+    metadata: the JSON metadata saved with it.
+    data_state: this process's data iterator state as saved (a JSON dict), or
+      None when not asked for.
+  """
+
+  step: int
+  state: object
+  metadata: dict
+  data_state: dict | None
+
+
+class _StateReader:
+  """Takes the place of an iterator in Grain's restore: keeps the state it is given."""
+
+  def __init__(self):
+    self.state = None
+
+  def set_state(self, state: bytes):
+    self.state = json.loads(state)
+
+  def start_prefetch(self):
+    pass
 
 
 class Checkpointer:
   """Saves and restores `(TrainState, data iterator, metadata)` under `directory`."""
 
   def __init__(self, directory: str, max_to_keep: int):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.normalize(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -52,17 +93,17 @@ class Checkpointer:
     """Blocks until every started save is complete on disk."""
     self.manager.wait_until_finished()
 
-  def restore_latest(self, abstract_state, restore_data):
-    """Restores the newest good checkpoint, or returns None if there is none.
+  def restore_latest(self, abstract_state,
+                     read_data_state: Callable[[dict], bool] = lambda metadata: True
+                     ) -> Restored | None:
+    """Reads the newest good checkpoint, or returns None if there is none.
 
     Args:
       abstract_state: `jax.ShapeDtypeStruct` tree with the *current* mesh's
         shardings, so a checkpoint saved on another device count reshards.
-      restore_data: `(step, metadata) -> None`, restores the data iterator of
-        that checkpoint and raises if it cannot.
-
-    Returns:
-      `(state, metadata)` or None.
+      read_data_state: `metadata -> bool`, whether to read this process's data
+        iterator state too (e.g. not when the process count changed, since
+        Grain keeps one state per process).
 
     Raises:
       CheckpointMismatchError: the newest readable checkpoint holds a train
@@ -79,7 +120,7 @@ class Checkpointer:
       differences = _differences(stored, abstract_state)
       if differences:
         raise CheckpointMismatchError(
-            f"Checkpoint {os.path.join(self.directory, str(step))} holds a different train "
+            f"Checkpoint {paths.join(self.directory, str(step))} holds a different train "
             f"state than this run builds (another model or optimizer configuration?); "
             f"{len(differences)} differences: {'; '.join(differences[:5])}. Resume with the "
             "config it was written with (saved in the checkpoint's metadata) or start a new "
@@ -88,8 +129,13 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             metadata=ocp.args.JsonRestore()))
-        restore_data(step, restored.metadata)
-        result = restored.state, restored.metadata
+        data_state = None
+        if read_data_state(restored.metadata):
+          reader = _StateReader()
+          self.manager.restore(step, args=ocp.args.Composite(
+              data=grain.checkpoint.CheckpointRestore(reader)))
+          data_state = reader.state
+        result = Restored(step, restored.state, restored.metadata, data_state)
         break
       except Exception as error:  # Orbax raises many types for damaged files.
         self._warn_damaged(step, error)
@@ -100,24 +146,19 @@ class Checkpointer:
 
   def _warn_damaged(self, step, error):
     logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
-                    os.path.join(self.directory, str(step)), step,
+                    paths.join(self.directory, str(step)), step,
                     (str(error).splitlines() or [repr(error)])[0][:300])
 
   def _set_aside(self, steps):
     """Renames damaged step directories (kept for inspection) so new saves can reuse the step."""
     if jax.process_index() == 0:
       for step in steps:
-        path = os.path.join(self.directory, str(step))
-        os.replace(path, f"{path}.damaged-{int(time.time())}")
+        path = paths.as_epath(paths.join(self.directory, str(step)))
+        path.rename(f"{path}.damaged-{int(time.time())}")
         logging.warning("Moved the damaged checkpoint %s aside.", path)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("wnscale damaged checkpoints set aside")
     self.manager.reload()
-
-  def restore_iterator(self, step: int, iterator):
-    """Restores the Grain iterator state saved at `step` into `iterator` (in place)."""
-    self.manager.restore(step, args=ocp.args.Composite(
-        data=grain.checkpoint.CheckpointRestore(iterator)))
 
   def close(self):
     self.manager.wait_until_finished()

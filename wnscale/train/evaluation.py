@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 
 from wnscale.data import pipeline
+from wnscale.model import setup
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import step as step_lib
 
@@ -16,7 +17,7 @@ class Evaluator:
 
   def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
                constants, halo_indices, stats: dict, channel_names, group: int,
-               num_groups: int):
+               num_groups: int, source=None):
     self.config = config
     self.layout = layout
     self.constants = constants
@@ -26,7 +27,8 @@ class Evaluator:
     self.channel_names = list(channel_names)
     self.group, self.num_groups = group, num_groups
     self.eval_step = step_lib.make_eval_step(layout, graphdef, constants, halo_indices)
-    self.source = None  # opened at the first evaluation, read in the layout's grid order
+    # The eval range's source in the layout's grid order; None: opened at the first evaluation.
+    self.source = source
 
   def evaluate(self, params) -> dict[str, float]:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
@@ -38,7 +40,7 @@ class Evaluator:
     sums, examples = 0.0, 0
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):
-        batch = self.layout.global_batch(local, batch_size)
+        batch = self.layout.global_batch(local, batch_size, setup.batch_dtype(self.config))
         sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
                                      self.std)
         examples += batch_size

@@ -1,12 +1,27 @@
-"""Run metrics: `metrics.jsonl` (one JSON object per logged step) and TensorBoard events."""
+"""Run metrics: `metrics.jsonl` (one JSON object per logged step) and TensorBoard events.
+
+In a local workdir both are written in place. In a bucket (`gs://...`), where
+objects cannot be appended to, both are written to a local staging directory
+and uploaded whole by `sync()`: every `SYNC_EVERY_S` seconds, before each
+checkpoint (so a resumed run finds every line up to its step) and at `close()`.
+(tensorboardX's own gs:// writer is not used: it keeps the whole event file in
+memory and speaks to Cloud Storage through its own client.)
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
+import tempfile
+import time
 
 from tensorboardX import SummaryWriter
+
+from wnscale import paths
+
+SYNC_EVERY_S = 60.0
 
 
 class MetricsWriter:
@@ -20,15 +35,18 @@ class MetricsWriter:
     self.enabled = enabled
     if not enabled:
       return
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        kept = [line for line in f if _step_of(line) <= resume_step]
-      with open(self.path + ".tmp", "w") as f:
-        f.writelines(kept)
-      os.replace(self.path + ".tmp", self.path)
+    self.workdir = workdir
+    self.remote = paths.is_url(workdir)
+    self.local_dir = tempfile.mkdtemp(prefix="wnscale-metrics-") if self.remote else workdir
+    self.path = os.path.join(self.local_dir, "metrics.jsonl")
+    stored = paths.join(workdir, "metrics.jsonl")
+    if paths.exists(stored):
+      kept = [line for line in paths.read_text(stored).splitlines(keepends=True)
+              if _step_of(line) <= resume_step]
+      paths.write_text(self.path, "".join(kept))
     self.file = open(self.path, "a")
-    self.tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self.tensorboard = SummaryWriter(os.path.join(self.local_dir, "tensorboard"))
+    self._synced = time.monotonic()
 
   def write(self, step: int, values: dict):
     if not self.enabled:
@@ -41,11 +59,30 @@ class MetricsWriter:
         # TensorBoard tags allow no "@": temperature@500 -> temperature_500.
         self.tensorboard.add_scalar(name.replace("@", "_"), value, step)
     self.tensorboard.flush()
+    if time.monotonic() - self._synced > SYNC_EVERY_S:
+      self.sync()
+
+  def sync(self):
+    """Uploads the staged files to a remote workdir (nothing to do for a local one)."""
+    if not self.enabled or not self.remote:
+      return
+    if not self.file.closed:
+      self.file.flush()
+      self.tensorboard.flush()
+    for root, _, files in os.walk(self.local_dir):
+      for name in files:
+        local = os.path.join(root, name)
+        relative = os.path.relpath(local, self.local_dir).replace(os.sep, "/")
+        paths.upload(local, paths.join(self.workdir, relative))
+    self._synced = time.monotonic()
 
   def close(self):
     if self.enabled:
       self.file.close()
       self.tensorboard.close()
+      if self.remote:
+        self.sync()
+        shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
 def _step_of(line: str) -> float:
@@ -57,6 +94,6 @@ def _step_of(line: str) -> float:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The entries of `workdir/metrics.jsonl`, in order."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The entries of `workdir/metrics.jsonl` (a directory or a URL), in order."""
+  text = paths.read_text(paths.join(workdir, "metrics.jsonl"))
+  return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -39,8 +39,9 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
 
   def train_step(state: TrainState, constants, halo_indices, batch):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, constants, halo_indices, batch)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    with jax.named_scope("optimizer"):
+      updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
     first_bad = (state.nonfinite_step < 0) & ~jnp.isfinite(loss)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            nonfinite_step=jnp.where(first_bad, state.step,

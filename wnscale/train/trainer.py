@@ -3,8 +3,10 @@
 Data (Grain, per-process share) -> sharded train step (shard_map over the
 `(data, graph)` mesh) -> Optax -> metrics and evaluation -> Orbax checkpoints.
 Re-running with the same workdir resumes from the newest good checkpoint:
-model, optimizer and data iterator, so the losses continue exactly.
-SIGTERM saves a checkpoint at the current step and returns cleanly.
+model, optimizer and data iterator, so the losses continue exactly. The
+workdir, the store and the statistics may be URLs (`gs://...`).
+SIGTERM saves a checkpoint and returns cleanly; with several processes, all of
+them save the same step (JAX's preemption sync point), whichever got the signal.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
 import signal
 import time
 
 import jax
 import ml_collections
-import numpy as np
+from jax.experimental import multihost_utils
 
 from wnscale import config as config_lib
+from wnscale import paths
 from wnscale.data import pipeline
-from wnscale.data.resolve import resolve_store
+from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.model import setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
@@ -39,19 +41,34 @@ class NonFiniteLossError(RuntimeError):
 
 
 class _Preemption:
-  """Records SIGTERM so the loop can checkpoint and stop between steps."""
+  """Tells the loop when to checkpoint and stop because of a SIGTERM.
+
+  One process: its own SIGTERM handler. Several: JAX's preemption service
+  (`jax.distributed`) catches SIGTERM in any process and agrees on one step
+  at which every process stops, so all save the same step and none waits for
+  a peer that has left.
+  """
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._requested = False
+    self._previous = None
+    if jax.process_count() == 1:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     del signum, frame
     logging.warning("SIGTERM received: checkpointing the current step, then stopping.")
-    self.requested = True
+    self._requested = True
+
+  def reached(self, step: int) -> bool:
+    """Whether to checkpoint `step` and stop; every process calls it at every step."""
+    if jax.process_count() == 1:
+      return self._requested
+    return multihost_utils.reached_preemption_sync_point(step)
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def _check_finite(state):
@@ -63,24 +80,26 @@ def _check_finite(state):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains `config` in `workdir`; returns the last logged metrics."""
+  """Trains `config` in `workdir` (a directory or a URL); returns the last logged metrics."""
   config_lib.validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = paths.normalize(workdir)
+  paths.makedirs(workdir)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
   mesh_lib.check_batch_size(mesh, config.train.batch_size)
 
-  # The store gives the grid and the normalization statistics.
+  # The store gives the grid; the training range gives the normalization statistics.
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   config.data.path = resolve_store(config)
-  source = pipeline.source_from_config(config, "train")
+  statistics = resolve_stats(config.data)
+  source = pipeline.source_from_config(config, "train", stats=statistics)
+  # The eval range is opened now: a range the store lacks is an error before compiling.
+  eval_source = (pipeline.source_from_config(config, "eval", stats=statistics)
+                 if config.train.eval_every else None)
   latitude, longitude = source.store.latitude, source.store.longitude
 
   if config.model.remat_policy == "auto":
     config.model.update(_auto_remat(config)["overrides"])
-  if is_main:  # the resolved config: store path and remat settings as run
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
 
   # Model, constants and the sharded layout.
   stats = source.channel_stats
@@ -94,6 +113,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # examples), read straight into the layout's grid order.
   group, num_groups = mesh_lib.process_data_group(mesh)
   source = source.in_layout(layout.grid_slots)
+  if eval_source is not None:
+    _check_eval_range(config, eval_source, num_groups)
+    eval_source = eval_source.in_layout(layout.grid_slots)
   train_data = _train_pipeline(config, source, group, num_groups, 0)
   graphdef, params = setup.init_model(config)
   optimizer = optimizer_lib.make_optimizer(config.train)
@@ -101,29 +123,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   replicated = layout.sharding(jax.sharding.PartitionSpec())
   state = jax.device_put(initial_state(params, optimizer), replicated)
 
-  # Resume.
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+  # Resume (only unreadable checkpoint files count as damage, see `_resume`).
+  checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, "checkpoints"),
                                              config.train.max_checkpoints)
-  data_offset = 0
-
-  def restore_data(step, metadata):
-    nonlocal train_data, data_offset
-    train_data.close()
-    if metadata["data_groups"] == num_groups:
-      train_data = _train_pipeline(config, source, group, num_groups, metadata["data_offset"])
-      checkpointer.restore_iterator(step, train_data.iterator)
-      data_offset = metadata["data_offset"]
-    else:  # Grain's state is per process: position the stream by step instead.
-      data_offset = step * (config.train.batch_size // num_groups)
-      train_data = _train_pipeline(config, source, group, num_groups, data_offset)
-      logging.info("Checkpoint had %d data groups, now %d: data stream positioned by step.",
-                   metadata["data_groups"], num_groups)
-
-  restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, replicated),
-                                         restore_data)
-  if restored is not None:
-    state = restored[0]
-    logging.info("Resumed from step %d.", int(state.step))
+  try:
+    state, train_data, data_offset = _resume(checkpointer, state, replicated, config, source,
+                                             group, num_groups, train_data)
+  except BaseException:
+    checkpointer.close()
+    raise
+  # The run is compatible with the workdir's checkpoints: record its resolved config.
+  if is_main:
+    _write_config(workdir, config)
   start_step = int(state.step)
   writer = MetricsWriter(workdir, resume_step=start_step, enabled=is_main)
 
@@ -131,10 +142,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                         device_constants, halo_indices,
                                         remat_steps=config.train.remat_rollout)
   evaluator = evaluation.Evaluator(config, layout, graphdef, device_constants, halo_indices,
-                                   stats, source.store.channel_names, group, num_groups)
+                                   stats, source.store.channel_names, group, num_groups,
+                                   source=eval_source)
 
   def next_batch():
-    return layout.global_batch(next(train_data.iterator), config.train.batch_size)
+    return layout.global_batch(next(train_data.iterator), config.train.batch_size,
+                               setup.batch_dtype(config))
 
   total = config.train.steps
   last = {}
@@ -152,6 +165,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         batch = next_batch()
       state, metrics = train_step(state, device_constants, halo_indices, batch)
       done = step + 1
+      preempted = preemption.reached(done)
       if done % config.train.log_every == 0 or done == total:
         _check_finite(state)
         elapsed = time.perf_counter() - timer
@@ -171,12 +185,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           logging.info("eval at step %d, RMSE: %s", done,
                        ", ".join(f"{k} {v:.4g}" for k, v in rmse.items()))
         timer = time.perf_counter()  # evaluation time is not training speed
-      if done % config.train.checkpoint_every == 0 or done == total or preemption.requested:
+      if done % config.train.checkpoint_every == 0 or done == total or preempted:
         _check_finite(state)
+        writer.sync()  # metrics up to this step are stored before the checkpoint is
         checkpointer.save(done, state, train_data.iterator,
                           {"step": done, "data_groups": num_groups, "data_offset": data_offset,
+                           "process_count": jax.process_count(),
                            "config": json.loads(config.to_json_best_effort())})
-      if preemption.requested:
+      if preempted:
         checkpointer.wait()
         logging.warning("Stopped at step %d after SIGTERM; checkpoint saved.", done)
         break
@@ -186,6 +202,64 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     writer.close()
     train_data.close()
   return last
+
+
+def _resume(checkpointer, state, sharding, config, source, group, num_groups, train_data):
+  """`(state, train_data, data_offset)` from the newest good checkpoint, or as given.
+
+  The data iterator's state is applied after the checkpoint's files are read
+  (`Checkpointer.restore_latest`): an error there propagates and sets nothing aside.
+  """
+  def same_data_layout(metadata) -> bool:  # Grain keeps one state per process
+    return (metadata["data_groups"] == num_groups
+            and metadata.get("process_count", jax.process_count()) == jax.process_count())
+
+  try:
+    restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, sharding),
+                                           same_data_layout)
+  except BaseException:
+    train_data.close()
+    raise
+  if restored is None:
+    return state, train_data, 0
+  train_data.close()
+  metadata = restored.metadata
+  if restored.data_state is not None:
+    data_offset = metadata["data_offset"]
+    train_data = _train_pipeline(config, source, group, num_groups, data_offset)
+    try:
+      train_data.restore(restored.data_state)
+    except BaseException:
+      train_data.close()
+      raise
+  else:  # positioned by step instead
+    data_offset = restored.step * (config.train.batch_size // num_groups)
+    train_data = _train_pipeline(config, source, group, num_groups, data_offset)
+    logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
+                 "positioned by step.", metadata["data_groups"],
+                 metadata.get("process_count", "?"), num_groups, jax.process_count())
+  logging.info("Resumed from step %d.", restored.step)
+  return restored.state, train_data, data_offset
+
+
+def _write_config(workdir: str, config: ml_collections.ConfigDict):
+  """`config.json` (the resolved config as run) and a dated copy per start in `configs/`."""
+  text = config.to_json_best_effort(indent=2)
+  started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+  paths.write_text(paths.join(workdir, "configs", f"config-{started}.json"), text)
+  paths.write_text(paths.join(workdir, "config.json"), text)
+
+
+def _check_eval_range(config, eval_source, num_groups: int):
+  """A clear error, before compiling, when the eval range cannot fill one batch."""
+  per_group = config.train.batch_size // num_groups
+  if len(eval_source) // num_groups < per_group:
+    data = config.data
+    raise ValueError(
+        f"The eval range {data.eval_start} .. {data.eval_end} of {data.path} holds "
+        f"{len(eval_source)} example(s); one evaluation batch needs {per_group} per data "
+        f"group ({num_groups} group(s)). Widen data.eval_start/eval_end or set "
+        "train.eval_every=0.")
 
 
 def _auto_remat(config) -> dict:

@@ -1,0 +1,134 @@
+"""Paths that are a local path or a URL (`gs://bucket/dir`), treated alike.
+
+Every path wnscale takes (stores, statistics, the run directory, the cache)
+may live in Cloud Storage. Files go through `etils.epath` (fsspec/gcsfs for
+`gs://`, as Orbax does); arrays through tensorstore, whose kvstore spec
+`kvstore_spec` builds. Nothing here speaks HTTP itself.
+
+In tests, a Cloud Storage emulator stands in for `gs://`: tensorstore finds it
+through `TENSORSTORE_GCS_HTTP_URL`, gcsfs through `STORAGE_EMULATOR_HOST`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import urllib.parse
+
+from etils import epath
+
+# URL schemes with a tensorstore kvstore driver of their own.
+_KVSTORE_DRIVERS = {"gs": "gcs", "s3": "s3"}
+
+
+def is_url(path: str) -> bool:
+  """True for `scheme://...` (two letters or more: a Windows drive is not a scheme)."""
+  scheme = urllib.parse.urlsplit(str(path)).scheme
+  return len(scheme) > 1 and "://" in str(path)
+
+
+def normalize(path: str) -> str:
+  """A local path made absolute (tensorstore refuses ".."), a URL without a trailing "/"."""
+  path = os.fspath(path)
+  if is_url(path):
+    return path.rstrip("/")
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def join(base: str, *parts: str) -> str:
+  """`base/part/...` for a local path or a URL."""
+  if is_url(base):
+    return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])
+  return os.path.join(base, *parts)
+
+
+def as_epath(path: str) -> epath.Path:
+  """An `etils.epath.Path` (local or `gs://`) for file operations."""
+  return epath.Path(normalize(path))
+
+
+def exists(path: str) -> bool:
+  return as_epath(path).exists()
+
+
+def makedirs(path: str):
+  """Creates a directory and its parents (for a bucket: a no-op, prefixes need none)."""
+  as_epath(path).mkdir(parents=True, exist_ok=True)
+
+
+def read_text(path: str) -> str:
+  return as_epath(path).read_text()
+
+
+def read_bytes(path: str) -> bytes:
+  return as_epath(path).read_bytes()
+
+
+def write_text(path: str, text: str):
+  """Writes `text` whole or not at all (see `write_bytes`)."""
+  write_bytes(path, text.encode())
+
+
+def write_bytes(path: str, data: bytes):
+  """Writes `data` whole or not at all: readers never see a half-written file.
+
+  Locally: a temporary file renamed into place. In a bucket one upload is one
+  object, which appears complete or not at all.
+  """
+  if is_url(path):
+    as_epath(path).write_bytes(data)
+    return
+  path = normalize(path)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  temporary = f"{path}.tmp-{os.getpid()}"
+  with open(temporary, "wb") as f:
+    f.write(data)
+  os.replace(temporary, path)
+
+
+def kvstore_spec(path: str) -> dict:
+  """The tensorstore kvstore spec of a directory: `file` locally, `gcs` for `gs://`.
+
+  E.g. `kvstore_spec("gs://bkt/era5.zarr/temperature")` ->
+  `{"driver": "gcs", "bucket": "bkt", "path": "era5.zarr/temperature/"}`.
+  """
+  path = normalize(path)
+  if not is_url(path):
+    return {"driver": "file", "path": path + "/"}
+  parts = urllib.parse.urlsplit(path)
+  if parts.scheme not in _KVSTORE_DRIVERS:
+    raise ValueError(f"Unsupported URL scheme {parts.scheme!r} in {path}; use a local path "
+                     f"or one of {sorted(f'{s}://' for s in _KVSTORE_DRIVERS)}")
+  return {"driver": _KVSTORE_DRIVERS[parts.scheme], "bucket": parts.netloc,
+          "path": parts.path.strip("/") + "/"}
+
+
+@contextlib.contextmanager
+def local_copy(path: str):
+  """Yields a local path holding the file at `path` (downloaded first if a URL)."""
+  if not is_url(path):
+    yield normalize(path)
+    return
+  with tempfile.TemporaryDirectory(prefix="wnscale-") as directory:
+    local = os.path.join(directory, os.path.basename(path))
+    with as_epath(path).open("rb") as source, open(local, "wb") as target:
+      shutil.copyfileobj(source, target)
+    yield local
+
+
+def upload(local_path: str, path: str):
+  """Copies the local file `local_path` to `path` (local or URL), replacing it whole."""
+  with open(local_path, "rb") as f:
+    write_bytes(path, f.read())
+
+
+def free_bytes(path: str) -> int | None:
+  """Free bytes on the disk that would hold `path`; None for a URL (no fixed size)."""
+  if is_url(path):
+    return None
+  directory = normalize(path)
+  while not os.path.exists(directory):
+    directory = os.path.dirname(directory)
+  return shutil.disk_usage(directory).free
