@@ -194,13 +194,14 @@ ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_t
 NAMES = f"save_only_these_names:{remat.ATTENTION_OUTPUT},{remat.FFW_OUTPUT}"
 REMAT_VARIANTS = {
     "processor": dict(remat_mesh_gnn=True),  # one checkpoint per block
-    # 3 blocks: a group of 2 plus a remainder of 1, and all 3 in one group.
-    **{f"every_{k}": dict(remat_mesh_gnn=True, mesh_remat_every=k) for k in (2, 3)},
-    # Every named policy (nothing_saveable: the rows above), and the transformer's names.
-    **{f"policy_{name}": dict(ALL_STAGES, remat_policy=name)
+    # 3 blocks: a group of 2 plus a remainder of 1.
+    "every_2": dict(remat_mesh_gnn=True, mesh_remat_every=2),
+    "all_three": ALL_STAGES,
+    # Every named policy on the processor (nothing_saveable: the rows above), and the
+    # transformer's own names.
+    **{f"policy_{name}": dict(remat_mesh_gnn=True, remat_policy=name)
        for name in [p for p in remat.POLICIES if p != "nothing_saveable"] + [NAMES]},
     # 97 divides no shard's edge count: the last block is padded.
-    "edge_blocks": dict(transformer_edges_per_block=97),
     "edge_blocks_every_2": dict(remat_mesh_gnn=True, mesh_remat_every=2,
                                 transformer_edges_per_block=97),
 }

@@ -39,7 +39,7 @@ def _year_angle(seconds: np.ndarray) -> np.ndarray:
   return 2 * np.pi * np.mod(seconds / SECONDS_PER_YEAR, 1.0)
 
 
-# Name -> `[num_times]` value of seconds since 1970.
+# Name -> its value at each time, from `[num_times]` seconds since 1970.
 GLOBAL_FORCINGS = {
     "sin_year_progress": lambda seconds: np.sin(_year_angle(seconds)),
     "cos_year_progress": lambda seconds: np.cos(_year_angle(seconds)),

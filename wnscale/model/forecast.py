@@ -13,11 +13,12 @@ node-major (`[B, G, C]`: one row of features per grid node, what its gathers
 and MLPs want); `to_node_major` transposes on the device.
 
 One step maps the last `input_steps` states (plus forcings at those times and
-at the target time, and statics) to the next state. Global forcings of the same
-times join every grid node's inputs and every mesh node's embedding. The network predicts the
-residual in units of the 6-hour-difference std; `residual_scale = diff_std / std`
-converts it to the state's normalized units. Longer rollouts feed predictions back.
-No xarray, no coordinates: everything here runs under jit, remat and shard_map.
+at the target time, and statics) to the next state; global forcings at the same
+times join every grid node's inputs and every mesh node's embedding. The
+network predicts the residual in units of the 6-hour-difference std;
+`residual_scale = diff_std / std` converts it to the state's normalized units.
+Longer rollouts feed predictions back. No xarray, no coordinates: everything
+here runs under jit, remat and shard_map.
 """
 
 from __future__ import annotations
