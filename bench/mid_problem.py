@@ -20,13 +20,19 @@ def parse(description: str, repeats: int):
   parser.add_argument("--resolution", type=float, default=1.0)
   parser.add_argument("--mesh_levels", type=int, default=5)
   parser.add_argument("--latent", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=8, help="message-passing steps")
+  parser.add_argument("--steps", type=int, default=8,
+                      help="processor layers (message-passing steps or transformer blocks)")
+  parser.add_argument("--processor", default="interaction_network",
+                      help="interaction_network or transformer")
+  parser.add_argument("--k_hop", type=int, default=4, help="transformer: attention hops")
   parser.add_argument("--repeats", type=int, default=repeats, help="timed executions")
   parser.add_argument("--only", default="", help="comma-separated variant names")
   args = parser.parse_args()
   config = config_lib.load(CONFIG)
   config.model.update(latent_size=args.latent, mesh_levels=args.mesh_levels,
-                      message_passing_steps=args.steps)
+                      message_passing_steps=args.steps, processor=args.processor,
+                      transformer_layers=args.steps, transformer_k_hop=args.k_hop,
+                      transformer_ffw_size=4 * args.latent)
   config.data.resolution = args.resolution
   latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
   return args, config_lib.validate(config), latitude, longitude

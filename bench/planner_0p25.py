@@ -1,8 +1,10 @@
 """Per-chip memory of GraphCast 0.25 deg on TPU topologies: no remat, the paper's scheme, and
-the planner's choice, at several graph shard counts (AOT compiles with libtpu, on this CPU).
+the planner's choice, at several graph shard counts (AOT compiles with libtpu, on this CPU);
+with `--model=weathernext2`, WeatherNext 2's network: no remat and processor remat.
 
   python bench/planner_0p25.py [--topologies=v5e:4x4,v4:2x2x2 --graph_shards=8,16,4,1,2]
-  python bench/planner_0p25.py --table   # what is measured so far
+  python bench/planner_0p25.py --model=weathernext2 --graph_shards=16,8,4
+  python bench/planner_0p25.py [--model=...] --table   # what is measured so far
 
 Each (topology, graph shards) runs in its own process (a 0.25 deg TPU compile
 takes minutes and gigabytes of host memory) and appends one JSON line per
@@ -24,20 +26,35 @@ os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-CONFIG = os.path.join(REPO, "configs", "graphcast_0p25.py")
 GIB = 2**30
-SCHEMES = ("none", "paper", "best")
+# Per model: its config, its schemes (column labels) and its default results file.
+MODELS = {
+    "graphcast": ("graphcast_0p25.py", {"none": "no remat", "paper": "paper",
+                                        "best": "planner's choice"}, "planner_0p25.jsonl"),
+    "weathernext2": ("weathernext2_0p25.py", {"none": "no remat", "processor": "processor remat"},
+                     "planner_0p25_weathernext2.jsonl"),
+}
 
 
-def measure(topology: str, graph: int, out: str, done: set):
+def scheme_overrides(scheme: str) -> dict:
+  """Remat settings of a fixed scheme: an auto_remat candidate, or `processor` (the processor
+  alone, one checkpoint per layer)."""
+  from wnscale.planner import auto_remat
+  if scheme == "processor":
+    return dict(auto_remat.candidate_overrides("none"), remat_mesh_gnn=True)
+  return auto_remat.candidate_overrides(scheme)
+
+
+def measure(model: str, topology: str, graph: int, out: str, done: set):
   """Compiles the schemes of one (topology, graph) not yet in `done`; appends them to `out`."""
   from wnscale import config as config_lib
   from wnscale.planner import auto_remat, topology as topology_lib
   from wnscale.planner.compile import Problem
   from wnscale.train.step import lower_train_step
 
+  config_file, schemes, _ = MODELS[model]
   target = topology_lib.resolve(topology)
-  config = config_lib.load(CONFIG)
+  config = config_lib.load(os.path.join(REPO, "configs", config_file))
   config.mesh.update(graph=graph, data=len(target.devices) // graph)
   config.train.batch_size = config.mesh.data  # one example per data shard
   problem = Problem(config, target, lower_train_step)
@@ -48,10 +65,10 @@ def measure(topology: str, graph: int, out: str, done: set):
     print(f"{topology} graph={graph} {scheme}: peak {report['peak_bytes'] / GIB:.2f} GiB, "
           f"fits={report['fits']}, {report['compile_seconds']:.0f} s", flush=True)
 
-  for scheme in ("none", "paper"):
-    if scheme not in done:
-      record(scheme, problem.compile(auto_remat.candidate_overrides(scheme)))
-  if "best" not in done:
+  for scheme in schemes:
+    if scheme not in done and scheme != "best":
+      record(scheme, problem.compile(scheme_overrides(scheme)))
+  if "best" in schemes and "best" not in done:
     try:
       choice = auto_remat.choose_remat(config, target, lower_train_step, problem=problem)
       record("best", dict(problem.compile(choice["overrides"]), candidate=choice["name"],
@@ -77,9 +94,9 @@ def load(out: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def table(results: list[dict]) -> str:
-  """Markdown: one row per (topology, graph), peak GiB per device for each scheme, and the
-  commit(s) of the code that compiled them."""
+def table(results: list[dict], schemes: dict) -> str:
+  """Markdown: one row per (topology, graph), peak GiB per device for each of `schemes`, and
+  the commit(s) of the code that compiled them."""
   cells = {}
   for r in results:
     key = (r["topology"], r["mesh"]["graph"])
@@ -93,25 +110,30 @@ def table(results: list[dict]) -> str:
     cells[key]["devices"] = r.get("num_devices", cells[key].get("devices"))
     cells[key]["hbm"] = f"{r['device_memory_bytes'] / GIB:.0f}" if "device_memory_bytes" in r \
         else cells[key].get("hbm", "")
-  lines = ["| topology | graph shards | chips per example | HBM GiB per device | no remat "
-           "| paper | planner's choice | code |", "|---|---:|---:|---:|---:|---:|---|---|"]
+  labels = list(schemes.values())
+  lines = ["| topology | graph shards | chips per example | HBM GiB per device | "
+           + " | ".join(labels) + " | code |",
+           "|---|---:|---:|---:|" + "---:|" * len(labels) + "---|"]
   for (topology, graph), row in sorted(cells.items()):
     chips = math.prod(int(n) for n in topology.split(":")[1].split("x"))
     per_chip = row["devices"] // chips  # v4 exposes both TensorCores of a chip
     lines.append(f"| {topology} | {graph} | {graph / per_chip:g} | {row.get('hbm', '')} | "
-                 + " | ".join(row.get(s, "-") for s in SCHEMES)
+                 + " | ".join(row.get(s, "-") for s in schemes)
                  + f" | {', '.join(sorted(row['code']))} |")
   return "\n".join(lines)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", default="graphcast", choices=sorted(MODELS))
   parser.add_argument("--topologies", default="v5e:4x4,v4:2x2x2")
   parser.add_argument("--graph_shards", default="8,16,4,1,2")
-  parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "planner_0p25.jsonl"))
+  parser.add_argument("--out", default="", help="results file (default: the model's)")
   parser.add_argument("--table", action="store_true", help="print the table of --out, compile nothing")
   parser.add_argument("--one", default="", help=argparse.SUPPRESS)  # "topology,graph": child
   args = parser.parse_args()
+  schemes = MODELS[args.model][1]
+  args.out = args.out or os.path.join(REPO, "bench", "results", MODELS[args.model][2])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
 
   def done(topology, graph):
@@ -119,21 +141,22 @@ def main():
             if r["topology"] == topology and r["mesh"]["graph"] == graph}
 
   if args.table:
-    print(table(load(args.out)))
+    print(table(load(args.out), schemes))
     return 0
   if args.one:
     topology, graph = args.one.split(",")
-    measure(topology, int(graph), args.out, done(topology, int(graph)))
+    measure(args.model, topology, int(graph), args.out, done(topology, int(graph)))
     return 0
   for graph in (int(g) for g in args.graph_shards.split(",")):
     for topology in args.topologies.split(","):
-      if done(topology, graph) >= set(SCHEMES):
+      if done(topology, graph) >= set(schemes):
         continue
       status = subprocess.run([sys.executable, __file__, f"--one={topology},{graph}",
-                               f"--out={args.out}"], cwd=REPO).returncode
+                               f"--model={args.model}", f"--out={args.out}"],
+                              cwd=REPO).returncode
       if status:
         print(f"{topology} graph={graph}: the compile process failed ({status})", flush=True)
-  print(table(load(args.out)))
+  print(table(load(args.out), schemes))
   return 0
 
 

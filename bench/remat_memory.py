@@ -1,9 +1,12 @@
 """Remat configurations side by side: compiled temp memory and step time vs no remat.
 
   python bench/remat_memory.py [--resolution=1.0 --mesh_levels=5 --latent=128 --steps=8]
+  python bench/remat_memory.py --processor=transformer --k_hop=4   # WeatherNext 2's processor
 
 The problem is `configs/mid_1p0.py` (1 deg grid, multi-mesh levels 0..5,
-latent 128, 8 message-passing steps, 13 channels, float32, batch 1). Memory is the
+latent 128, 8 message-passing steps, 13 channels, float32, batch 1); with
+`--processor=transformer`, 8 transformer blocks (4 heads, feed-forward 512)
+attending within `--k_hop` hops of the finest mesh instead. Memory is the
 per-device temporary allocation XLA reports for loss + gradients; time is the
 median of a few executions on this machine. Published bar (WeatherNext's remat
 guide): processor remat alone cuts peak memory 30-40 %, all three stages 50 %+.
@@ -48,6 +51,16 @@ VARIANTS = {
     "all three, offload_carries": dict(ALL, edge_chunks=4, grid_blocks=8,
                                        remat_policy="offload_carries"),
 }
+# The transformer's own: attention edges in blocks, and its named save points.
+TRANSFORMER_VARIANTS = {
+    **{name: VARIANTS[name] for name in (
+        "none", "encoder", "processor", "decoder", "all three", "paper (every 3, chunks 4)",
+        "all three, dots_saveable", "all three, dots_no_batch")},
+    "edge blocks of 2^16": dict(transformer_edges_per_block=2**16),
+    "processor + edge blocks": dict(remat_mesh_gnn=True, transformer_edges_per_block=2**16),
+    "all three, save attn/ffw out": dict(
+        ALL, remat_policy="save_only_these_names:attention_output,ffw_output"),
+}
 
 
 def main():
@@ -63,16 +76,17 @@ def main():
   graphs = constants.graphs
   channels = setup.num_state_channels(config.data)
   print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "
-        f"{args.steps} steps, {channels} channels, float32, batch 1, jax {jax.__version__}, "
-        f"{jax.devices()[0].platform}")
-  names = [n for n in VARIANTS if not args.only or n in args.only.split(",")]
+        f"{args.steps} {args.processor} layers, {channels} channels, float32, batch 1, "
+        f"jax {jax.__version__}, {jax.devices()[0].platform}")
+  variants = TRANSFORMER_VARIANTS if args.processor == "transformer" else VARIANTS
+  names = [n for n in variants if not args.only or n in args.only.split(",")]
   header = f"{'remat':<32}{'temp MiB':>10}{'vs none':>9}{'step s':>9}{'vs none':>9}{'compile s':>11}"
   print(header)
   print("-" * len(header))
   base = None
   for name in names:
     start = time.perf_counter()
-    compiled = problems.compile_loss_and_grad(make_config(**VARIANTS[name]), constants, batch,
+    compiled = problems.compile_loss_and_grad(make_config(**variants[name]), constants, batch,
                                               params)
     compile_seconds = time.perf_counter() - start
     temp = xla_stats.compiled_stats(compiled)["temp_bytes"]

@@ -1,9 +1,11 @@
-"""Prints the node and edge counts of a config's three graphs and the build time.
+"""Prints the node and edge counts of a config's graphs and the build time.
 
   python -m launch.graph_info --config=configs/graphcast_0p25.py [--json]
 
 The grid is the standard one of data.resolution; override any config key as
 --config.section.key=value (wnscale/config.py lists them).
+With `model.processor='transformer'` the counts include the attention
+neighbour lists (`mesh_neighbour_edges`).
 """
 
 import json
@@ -13,7 +15,8 @@ from absl import flags
 
 from launch import cli
 from wnscale import config as config_lib
-from wnscale.graphs import build, grid
+from wnscale.graphs import grid
+from wnscale.model import setup
 
 _CONFIG = cli.define_config()
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
@@ -26,9 +29,7 @@ def main(argv):
   # The training grid comes from the store; here, the standard grid of the resolution.
   latitude, longitude = grid.regular_grid(config.data.resolution)
   start = time.perf_counter()
-  m = config.model
-  graphs = build.build_graphs(latitude, longitude, m.mesh_levels, m.radius_fraction,
-                              m.mesh_to_grid_edge_normalization, use_cache=not _NO_CACHE.value)
+  graphs = setup.graphs_for_grid(config, latitude, longitude, use_cache=not _NO_CACHE.value)
   seconds = time.perf_counter() - start
   counts = graphs.counts()
   if _JSON.value:

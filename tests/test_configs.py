@@ -32,7 +32,8 @@ def test_only_the_small_configs_ask_for_a_synthetic_store():
   synthetic = {os.path.basename(path): config_lib.load(path).data.synthetic
                for path in CONFIG_FILES}
   assert synthetic == {"graphcast_0p25.py": False, "graphcast_1p0.py": False,
-                       "mid_1p0.py": True, "tiny.py": True}
+                       "mid_1p0.py": True, "tiny.py": True, "weathernext2_0p25.py": False,
+                       "weathernext2_1p0.py": False}
   assert config_lib.default_config().data.synthetic is False
 
 
@@ -43,6 +44,18 @@ def test_paper_config_matches_graphcast():
   assert config.model.mesh_levels == 6
   assert len(config.data.pressure_levels) == 37
   assert config.data.resolution == 0.25
+
+
+def test_weathernext2_config_matches_its_release():
+  """24 blocks, width 768, 6 heads, feed-forward 3072, 32 hops on the finest of 6
+  refinements; encoder edge latents 32; 13 levels; year progress as a global input."""
+  config = config_lib.load(os.path.join(CONFIG_DIR, "weathernext2_1p0.py"))
+  m = config.model
+  assert (m.processor, m.transformer_layers, m.latent_size, m.transformer_heads,
+          m.transformer_ffw_size, m.transformer_k_hop, m.mesh_levels, m.edge_latent_size) == (
+              "transformer", 24, 768, 6, 3072, 32, 6, 32)
+  assert len(config.data.pressure_levels) == 13
+  assert config.data.global_forcings == ("sin_year_progress", "cos_year_progress")
 
 
 @pytest.mark.parametrize("section, key, value, message", [

@@ -21,13 +21,16 @@ def store_path(tmp_path_factory):
                                          end="2020-01-03", levels=(500, 700, 850), seed=2)
 
 
-@pytest.fixture(scope="module")
-def model(store_path):
+# Without and with global forcings (the batch's optional `globals`).
+@pytest.fixture(scope="module", params=[(), ("cos_year_progress",)], ids=["", "globals"])
+def model(store_path, request):
   config = config_lib.default_config()
   config.model.update(latent_size=16, message_passing_steps=2)
-  config.data.update(variables=VARIABLES, pressure_levels=LEVELS, target_steps=2)
+  config.data.update(variables=VARIABLES, pressure_levels=LEVELS, target_steps=2,
+                     global_forcings=request.param)
   config_lib.validate(config)
-  source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2)
+  source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
+                                           global_forcings=request.param)
   latitude, longitude = source.store.latitude, source.store.longitude
   stats = source.channel_stats
   constants = setup.make_constants(config, setup.graphs_for_grid(config, latitude, longitude),
@@ -49,7 +52,8 @@ def test_predictor_matches_pure_rollout(store_path, model):
   inputs = dataset[list(VARIABLES)].sel(time=times[:2])
   statics = dataset[["geopotential_at_surface", "land_sea_mask"]]
   run = predictor.Predictor(graphdef, params, constants, source.channel_stats,
-                            source.static_stats, VARIABLES, LEVELS)
+                            source.static_stats, VARIABLES, LEVELS,
+                            global_forcings=source.global_forcings)
   forecast_ds = run(inputs, statics, num_steps=2)
 
   np.testing.assert_array_equal(forecast_ds.time.values, times[2:])

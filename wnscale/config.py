@@ -12,10 +12,11 @@ import json
 
 import ml_collections
 
+from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.model import remat
-from wnscale.model.graphcast import DTYPES
+from wnscale.model.graphcast import DTYPES, PROCESSORS
 from wnscale.sharding.partition import EXCHANGE_MODES
 
 
@@ -32,9 +33,22 @@ def default_config() -> ml_collections.ConfigDict:
   # 0.0: by the longest mesh->grid edge (as the other edge sets always are). GraphCast's
   # published checkpoints carry 0.6180338738074472 (their ModelConfig's
   # mesh2grid_edge_normalization_factor); running one needs that value.
-  m.message_passing_steps = 4  # processor (mesh GNN) layers
+  m.edge_latent_size = 0  # encoder/decoder edge latents (edge embedder width, edge MLP
+  # input); 0: latent_size. WeatherNext 2: 32 (its node latents: 768)
+  m.processor = "interaction_network"  # the mesh processor: "interaction_network" (GraphCast's
+  # message passing on the multi-mesh) or "transformer" (WeatherNext 2's: attention within
+  # k-hop neighbourhoods of the finest mesh, width latent_size)
+  m.message_passing_steps = 4  # interaction_network: processor (mesh GNN) layers
+  m.transformer_layers = 4  # transformer: blocks (attention + feed-forward)
+  m.transformer_heads = 4  # transformer: attention heads; must divide latent_size
+  m.transformer_ffw_size = 128  # transformer: hidden width of the feed-forward layers
+  m.transformer_k_hop = 2  # transformer: a mesh node attends to the nodes at most this many
+  # edges away on the finest mesh (itself included); WeatherNext 2: 32 at mesh_levels 6
+  m.transformer_edges_per_block = 0  # transformer: attention edges per block on a device,
+  # each block under its own checkpoint (bounds the [edges, latent] gathers); 0: all at once
   m.remat_grid_to_mesh_gnn = False  # checkpoint the whole encoder
-  m.remat_mesh_gnn = False  # checkpoint the processor, one checkpoint per mesh_remat_every layers
+  m.remat_mesh_gnn = False  # checkpoint the processor (either kind), one checkpoint per
+  # mesh_remat_every layers
   m.remat_mesh_to_grid_gnn = False  # checkpoint the whole decoder
   m.remat_policy = "nothing_saveable"  # a name from wnscale.model.remat.POLICY_NAMES, or
   # "auto": before training, the cheapest remat settings whose compiled step fits
@@ -66,6 +80,8 @@ def default_config() -> ml_collections.ConfigDict:
   d.input_steps = 2  # input times (t - 6h, t)
   d.target_steps = 1  # autoregressive lead times in the loss
   d.time_step_hours = 6  # model time step; finer stores are subsampled
+  d.global_forcings = ()  # forcings without position, given to every grid and mesh node
+  # embedder (WeatherNext 2's year progress), names from data.forcings.GLOBAL_FORCINGS
   d.train_start = "2020-01-01"  # training time range (inclusive)
   d.train_end = "2020-10-31"
   d.eval_start = "2020-11-01"  # held-out time range for evaluation
@@ -130,6 +146,32 @@ def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
   return c
 
 
+def weathernext2_config(resolution: float) -> ml_collections.ConfigDict:
+  """WeatherNext 2's network, as released, on a grid of `resolution` degrees.
+
+  GraphCast's encoder and decoder (one message-passing step each) with node
+  latents 768 and edge latents 32, and a transformer processor: 24 blocks of
+  width 768, 6 heads, feed-forward 3072, attention within 32 hops on the finest
+  of 6 refinements; bfloat16 activations; the encoder under remat (its
+  released remat flags); the year progress as a global input to the grid and
+  mesh embedders. Data: 6 atmospheric variables on WeatherBench2's 13 levels
+  plus 5 surface variables (WeatherNext 2 also has sea-surface temperature
+  and 100 m winds, which wnscale's catalogue lacks); the schedule is GraphCast's.
+  Not here: its noise-conditioned norms and CRPS training (FGN ensembles).
+  """
+  c = graphcast_paper_config(resolution)
+  c.model.update(
+      latent_size=768, edge_latent_size=32, processor="transformer", transformer_layers=24,
+      transformer_heads=6, transformer_ffw_size=3072, transformer_k_hop=32, mesh_levels=6,
+      # ~1 GiB of bfloat16 gathers per block of 2^17 edges (of 127 M at 6 refinements).
+      transformer_edges_per_block=131_072,
+      remat_grid_to_mesh_gnn=True, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
+      mesh_remat_every=1, edge_chunks=1)
+  c.data.pressure_levels = variables_lib.WB2_LEVELS_13
+  c.data.global_forcings = ("sin_year_progress", "cos_year_progress")
+  return c
+
+
 def _require(condition: bool, message: str):
   if not condition:
     raise UserError(f"Invalid config: {message}.")
@@ -171,8 +213,15 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
-              "grid_blocks"):
+              "grid_blocks", "transformer_layers", "transformer_heads", "transformer_ffw_size"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
+  for key in ("edge_latent_size", "transformer_k_hop", "transformer_edges_per_block"):
+    _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
+  _require(m.processor in PROCESSORS,
+           f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
+  _require(m.processor != "transformer" or m.latent_size % m.transformer_heads == 0,
+           f"model.transformer_heads={m.transformer_heads} must divide "
+           f"model.latent_size={m.latent_size}")
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
   _require(m.mesh_to_grid_edge_normalization >= 0,
@@ -190,6 +239,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   unknown = [level for level in d.pressure_levels if level not in variables_lib.ERA5_LEVELS_37]
   _require(not unknown, f"data.pressure_levels {unknown} are not ERA5 pressure levels "
            f"{variables_lib.ERA5_LEVELS_37}")
+  for name in d.global_forcings:
+    _require(name in forcings_lib.GLOBAL_FORCINGS,
+             f"data.global_forcings: unknown {name!r}, expected names from "
+             f"{tuple(forcings_lib.GLOBAL_FORCINGS)}")
+  _require(len(set(d.global_forcings)) == len(d.global_forcings),
+           f"data.global_forcings={d.global_forcings} repeats a name")
   has_levels = any(variables_lib.lookup(n).atmospheric for n in d.variables)
   _require(not has_levels or len(d.pressure_levels) > 0,
            "data.pressure_levels is empty but atmospheric variables are requested")

@@ -13,6 +13,10 @@ Channels, in `variables.FORCING_CHANNELS` order:
   * sin/cos of year progress: seconds since 1970-01-01 over the mean Julian
     year (365.25 days). (GraphCast divides by the tropical year, 365.24219
     days, instead: by 2020 the two differ by ~0.4 days of year progress.)
+
+Global forcings (`GLOBAL_FORCINGS`, chosen by `data.global_forcings`) have no
+position: one value per time, `[num_times, F]`, which the model broadcasts to
+every grid and mesh node (WeatherNext 2 feeds its year progress this way).
 """
 
 from __future__ import annotations
@@ -24,6 +28,31 @@ from wnscale.data import variables as variables_lib
 SECONDS_PER_DAY = 86400.0
 SECONDS_PER_YEAR = 365.25 * SECONDS_PER_DAY
 OBLIQUITY_DEG = 23.44
+
+
+def _seconds_since_1970(times) -> np.ndarray:
+  return (np.asarray(times).astype("datetime64[s]") -
+          np.datetime64("1970-01-01T00:00:00", "s")).astype(np.float64)
+
+
+def _year_angle(seconds: np.ndarray) -> np.ndarray:
+  return 2 * np.pi * np.mod(seconds / SECONDS_PER_YEAR, 1.0)
+
+
+# Name -> its value at each time, from `[num_times]` seconds since 1970.
+GLOBAL_FORCINGS = {
+    "sin_year_progress": lambda seconds: np.sin(_year_angle(seconds)),
+    "cos_year_progress": lambda seconds: np.cos(_year_angle(seconds)),
+}
+
+
+def compute_global_forcings(times, names) -> np.ndarray:
+  """`[num_times, len(names)]` float32 global forcings (`GLOBAL_FORCINGS`) at `times`."""
+  seconds = _seconds_since_1970(times)
+  out = np.empty((len(seconds), len(names)), np.float32)
+  for column, name in enumerate(names):
+    out[:, column] = GLOBAL_FORCINGS[name](seconds)
+  return out
 
 
 def compute_forcings(times, latitude, longitude) -> np.ndarray:
@@ -38,8 +67,7 @@ def compute_forcings(times, latitude, longitude) -> np.ndarray:
     `[num_times, 5, num_lat * num_lon]` float32, channels in
     `variables.FORCING_CHANNELS` order, grid flattened latitude-major.
   """
-  seconds = (np.asarray(times).astype("datetime64[s]") -
-             np.datetime64("1970-01-01T00:00:00", "s")).astype(np.float64)
+  seconds = _seconds_since_1970(times)
   lat = np.deg2rad(np.asarray(latitude, np.float64))
   lon = np.asarray(longitude, np.float64)
   num_times, num_lat, num_lon = seconds.size, lat.size, lon.size
@@ -49,7 +77,7 @@ def compute_forcings(times, latitude, longitude) -> np.ndarray:
       np.mod(seconds, SECONDS_PER_DAY)[:, None] / SECONDS_PER_DAY +
       lon[None] / 360.0, 1.0)
   day_angle = 2 * np.pi * day_progress
-  year_angle = 2 * np.pi * np.mod(seconds / SECONDS_PER_YEAR, 1.0)  # [time]
+  year_angle = _year_angle(seconds)  # [time]
 
   day_of_year = _day_of_year(times)
   declination = np.deg2rad(OBLIQUITY_DEG) * np.sin(

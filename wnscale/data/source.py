@@ -10,6 +10,8 @@ Each example (the batch contract with the model, before batching):
   * `forcings`: `[input_steps + target_steps, 5, grid]` (`forcings.py`)
   * `statics`:  `[2, grid]` geopotential_at_surface normalized, land_sea_mask
     as is
+  * `globals`:  `[input_steps + target_steps, F]` global forcings
+    (`forcings.GLOBAL_FORCINGS`), only when some are asked for
 all float32, grid flattened latitude-major with latitude ascending.
 Channel-major is the stores' own layout, so tensorstore decodes an example
 straight into it; the model's step transposes to node-major on the device
@@ -58,7 +60,8 @@ class WeatherExampleSource:
                fill_nan: bool = False,
                resolution: float | None = None,
                grid_slots: np.ndarray | None = None,
-               stats: xr.Dataset | None = None):
+               stats: xr.Dataset | None = None,
+               global_forcings=()):
     """Opens the store and takes (or computes once) its statistics.
 
     Without `fill_nan`, a NaN that the statistics pass saw inside the time
@@ -78,6 +81,7 @@ class WeatherExampleSource:
         examples' grid axis, -1 for padding (zeros): a sharded layout's node
         order (`ShardedLayout.grid_slots`), applied while copying, so the
         training loop does not reorder batches. None: all nodes in order.
+      global_forcings: names of `forcings.GLOBAL_FORCINGS` to add as `globals`.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "
@@ -86,6 +90,7 @@ class WeatherExampleSource:
                                       resolution=resolution)
     self.input_steps = input_steps
     self.target_steps = target_steps
+    self.global_forcings = tuple(global_forcings)
     self.start, self.end = start, end
     self._first_time, num_times = store_lib.time_range(self.store.times, start, end)
     self._num_examples = num_times - self.window + 1
@@ -193,8 +198,12 @@ class WeatherExampleSource:
         self.example_times(index), self.store.latitude, self.store.longitude))
                          for index in indices])
     statics = np.broadcast_to(self.statics(), (len(indices),) + self.statics().shape)
-    return {"inputs": inputs, "targets": targets, "forcings": forcings,
-            "statics": statics.copy()}
+    batch = {"inputs": inputs, "targets": targets, "forcings": forcings,
+             "statics": statics.copy()}
+    if self.global_forcings:
+      batch["globals"] = np.stack([forcings_lib.compute_global_forcings(
+          self.example_times(index), self.global_forcings) for index in indices])
+    return batch
 
   def statics(self) -> np.ndarray:
     """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""

@@ -39,7 +39,7 @@ class EdgeSet(NamedTuple):
 
 
 class Graphs(NamedTuple):
-  """The grid and mesh nodes and the three edge sets of the model.
+  """The grid and mesh nodes and the edge sets of the model.
 
   Attributes:
     grid_node_features: `[num_grid_nodes, 3]`, grid nodes latitude-major.
@@ -47,6 +47,9 @@ class Graphs(NamedTuple):
     grid_to_mesh: encoder edges (senders: grid nodes, receivers: mesh nodes).
     mesh: multi-mesh edges of all refinement levels.
     mesh_to_grid: decoder edges (senders: mesh nodes, receivers: grid nodes).
+    mesh_neighbours: the mesh transformer's attention edges (mesh -> mesh, k-hop
+      neighbourhoods on the finest mesh, `wnscale.graphs.neighbourhoods`), with
+      `[num_edges, 0]` features; None for the interaction-network processor.
   """
 
   grid_node_features: np.ndarray
@@ -54,6 +57,7 @@ class Graphs(NamedTuple):
   grid_to_mesh: EdgeSet
   mesh: EdgeSet
   mesh_to_grid: EdgeSet
+  mesh_neighbours: EdgeSet | None = None
 
   @property
   def num_grid_nodes(self) -> int:
@@ -65,13 +69,21 @@ class Graphs(NamedTuple):
 
   def counts(self) -> dict[str, int]:
     """Node and edge counts, the keys of `launch.graph_info --json`."""
-    return {
+    counts = {
         "grid_nodes": self.num_grid_nodes,
         "mesh_nodes": self.num_mesh_nodes,
         "grid_to_mesh_edges": len(self.grid_to_mesh.senders),
         "mesh_edges": len(self.mesh.senders),
         "mesh_to_grid_edges": len(self.mesh_to_grid.senders),
     }
+    if self.mesh_neighbours is not None:
+      counts["mesh_neighbour_edges"] = len(self.mesh_neighbours.senders)
+    return counts
+
+  def with_neighbourhoods(self, senders: np.ndarray, receivers: np.ndarray) -> Graphs:
+    """These graphs with `mesh_neighbours` set to the given mesh -> mesh edges."""
+    return self._replace(mesh_neighbours=EdgeSet(
+        senders, receivers, np.zeros((len(senders), 0), np.float32)))
 
 
 def _edge_set(senders, receivers, sender_lat_lon, receiver_lat_lon,
@@ -120,6 +132,8 @@ def _cache_key(latitude, longitude, mesh_levels, radius_fraction,
 def _flatten(graphs: Graphs) -> dict[str, np.ndarray]:
   flat = {}
   for name, value in graphs._asdict().items():
+    if value is None:  # mesh_neighbours: cached on their own (neighbourhoods.py)
+      continue
     if isinstance(value, EdgeSet):
       flat.update({f"{name}.{field}": v for field, v in value._asdict().items()})
     else:

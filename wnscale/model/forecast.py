@@ -7,15 +7,18 @@ examples with contiguous copies):
   targets   [B, target_steps, C, G]                state, normalized
   forcings  [B, input_steps + target_steps, F, G]  solar radiation, day/year progress
   statics   [B, S, G]                              surface geopotential, land-sea mask
+  globals   [B, input_steps + target_steps, F]     global forcings (only if configured)
 `rollout` returns predictions in the same layout. Inside, the network works
 node-major (`[B, G, C]`: one row of features per grid node, what its gathers
 and MLPs want); `to_node_major` transposes on the device.
 
 One step maps the last `input_steps` states (plus forcings at those times and
-at the target time, and statics) to the next state. The network predicts the
-residual in units of the 6-hour-difference std; `residual_scale = diff_std / std`
-converts it to the state's normalized units. Longer rollouts feed predictions back.
-No xarray, no coordinates: everything here runs under jit, remat and shard_map.
+at the target time, and statics) to the next state; global forcings at the same
+times join every grid node's inputs and every mesh node's embedding. The
+network predicts the residual in units of the 6-hour-difference std;
+`residual_scale = diff_std / std` converts it to the state's normalized units.
+Longer rollouts feed predictions back. No xarray, no coordinates: everything
+here runs under jit, remat and shard_map.
 """
 
 from __future__ import annotations
@@ -50,9 +53,15 @@ class Constants(NamedTuple):
   channel_weights: jax.Array
 
 
-def input_channels(num_state_channels: int, input_steps: int) -> int:
-  """Channels of the network's grid input for one step."""
-  return input_steps * num_state_channels + (input_steps + 1) * NUM_FORCINGS + NUM_STATICS
+def input_channels(num_state_channels: int, input_steps: int, num_globals: int = 0) -> int:
+  """Channels of the network's grid input for one step (`num_globals` global forcings)."""
+  return (input_steps * num_state_channels + (input_steps + 1) * NUM_FORCINGS + NUM_STATICS
+          + global_channels(input_steps, num_globals))
+
+
+def global_channels(input_steps: int, num_globals: int) -> int:
+  """Global input channels of one step: each global forcing at the input and target times."""
+  return (input_steps + 1) * num_globals
 
 
 def to_node_major(batch: dict) -> dict:
@@ -67,16 +76,22 @@ def _stack_channels(x: jax.Array) -> jax.Array:
 
 
 def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
-             exchange=LocalExchange()):
+             exchange=LocalExchange(), global_forcings=None):
   """The next normalized state `[B, G, C]`.
 
   Args:
     history: `[B, input_steps, G, C]` the latest states, oldest first.
     forcings: `[B, input_steps + 1, G, F]` at the history times and the next time.
     statics: `[B, G, S]`.
+    global_forcings: `[B, input_steps + 1, F_global]` at the same times, or None.
   """
-  residual = model(constants.graphs,
-                   (_stack_channels(history), _stack_channels(forcings), statics), exchange)
+  parts = (_stack_channels(history), _stack_channels(forcings), statics)
+  global_inputs = None
+  if global_forcings is not None:  # [B, T * F_global], also a part on every grid node
+    global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
+    parts += (jnp.broadcast_to(global_inputs[:, None], statics.shape[:2]
+                               + global_inputs.shape[-1:]),)
+  residual = model(constants.graphs, parts, exchange, global_inputs)
   return history[:, -1] + residual * constants.residual_scale
 
 
@@ -87,22 +102,24 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
   Each step's prediction joins the history of the next; forcings slide along.
   `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
   """
+  global_forcings = batch.get("globals")
   batch = to_node_major({key: batch[key] for key in ("inputs", "forcings", "statics")})
   inputs, forcings = batch["inputs"], batch["forcings"]
   input_steps = inputs.shape[1]
   target_steps = forcings.shape[1] - input_steps
   graphdef, state = nnx.split(model)
 
-  def step(state, history, forcing_window):
+  def step(state, history, forcing_window, global_window):
     return one_step(nnx.merge(graphdef, state), constants, history, forcing_window,
-                    batch["statics"], exchange)
+                    batch["statics"], exchange, global_window)
 
   if remat_steps:
     step = jax.checkpoint(step)
 
   def scan_step(history, lead):
-    window = jax.lax.dynamic_slice_in_dim(forcings, lead, input_steps + 1, axis=1)
-    prediction = step(state, history, window)  # float32
+    window = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, input_steps + 1, axis=1)
+    prediction = step(state, history, window(forcings),
+                      None if global_forcings is None else window(global_forcings))  # float32
     # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
     history = jnp.concatenate([history[:, 1:], prediction[:, None].astype(history.dtype)],
                               axis=1)

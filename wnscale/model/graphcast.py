@@ -1,9 +1,14 @@
 """The GraphCast network: encoder (grid -> mesh), processor (mesh), decoder (mesh -> grid).
 
+The processor is chosen by `model.processor`: GraphCast's interaction networks
+on the multi-mesh (`mesh_gnn.MeshGNN`) or WeatherNext 2's transformer with
+attention within k-hop neighbourhoods of the finest mesh
+(`mesh_transformer.MeshTransformer`); encoder and decoder are the same for both.
+
 Shapes (per example; the batch is vmapped):
   grid inputs   [num_grid_nodes, input_channels]
   grid latents  [num_grid_nodes, latent]     mesh latents [num_mesh_nodes, latent]
-  edge latents  [num_edges, latent]          outputs      [num_grid_nodes, output_channels]
+  edge latents  [num_edges, edge_latent]     outputs      [num_grid_nodes, output_channels]
 
 Rematerialization follows the `model` config (see `wnscale.model.remat`):
 each stage may run under `jax.checkpoint` with the named policy; the processor
@@ -17,17 +22,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.model import remat
 from wnscale.model.blocks import map_row_blocks
-from wnscale.model.message_passing import InteractionNetwork, sum_by_receiver, sum_edge_messages
+from wnscale.model.mesh_gnn import MeshGNN
+from wnscale.model.mesh_transformer import MeshTransformer
+from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
-from wnscale.model.varying import vary_like
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+PROCESSORS = {"interaction_network": MeshGNN, "transformer": MeshTransformer}
 
 
 class LocalExchange:
@@ -46,13 +52,20 @@ class LocalExchange:
   def mesh_to_grid(self, mesh_latents):
     return mesh_latents
 
+  def mesh_neighbours(self, mesh_latents):
+    return mesh_latents
+
 
 class EncoderDecoderEdges(nnx.Module):
-  """Embeds a bipartite edge set's static features and computes its messages once."""
+  """Embeds a bipartite edge set's static features and computes its messages once.
 
-  def __init__(self, latent_size: int, *, dtype, rngs: nnx.Rngs):
-    self.embedder = MLP(EDGE_FEATURES, latent_size, latent_size, dtype=dtype, rngs=rngs)
-    self.interaction = InteractionNetwork(latent_size, dtype=dtype, rngs=rngs)
+  Edge latents are `edge_size` wide (hidden layer too); messages `latent_size`.
+  """
+
+  def __init__(self, latent_size: int, edge_size: int, *, dtype, rngs: nnx.Rngs):
+    self.embedder = MLP(EDGE_FEATURES, edge_size, edge_size, dtype=dtype, rngs=rngs)
+    self.interaction = InteractionNetwork(latent_size, edge_size=edge_size, dtype=dtype,
+                                          rngs=rngs)
 
   def __call__(self, features, senders, receivers, projected_senders, projected_receivers):
     """`[E, D]` messages (the updated edge latents are never needed: one step only)."""
@@ -61,56 +74,72 @@ class EncoderDecoderEdges(nnx.Module):
 
 
 class GraphCast(nnx.Module):
-  """Encoder-processor-decoder GNN predicting normalized residuals on the grid."""
+  """Encoder-processor-decoder network predicting normalized residuals on the grid.
+
+  Args:
+    input_channels: grid input channels per node (global inputs included).
+    output_channels: predicted channels per grid node.
+    config: the `model` config.
+    global_channels: global inputs per example (no position: e.g. year
+      progress) that the mesh embedder sees too, broadcast to every mesh node.
+  """
 
   def __init__(self, input_channels: int, output_channels: int,
-               config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+               config: ml_collections.ConfigDict, *, global_channels: int = 0,
+               rngs: nnx.Rngs):
     self.config = config
     latent = config.latent_size
     dtype = DTYPES[config.dtype]
     self.dtype = dtype
     mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, dtype=dtype, rngs=rngs, **kw)
+    edge_size = config.edge_latent_size or latent
     # Encoder.
     self.grid_embedder = mlp(input_channels + NODE_FEATURES, latent)
-    self.mesh_embedder = mlp(NODE_FEATURES, latent)
-    self.grid_to_mesh_edges = EncoderDecoderEdges(latent, dtype=dtype, rngs=rngs)
+    self.mesh_embedder = mlp(NODE_FEATURES + global_channels, latent)
+    self.grid_to_mesh_edges = EncoderDecoderEdges(latent, edge_size, dtype=dtype, rngs=rngs)
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
-    # Processor: parameters stacked along a leading [message_passing_steps] axis.
-    self.mesh_edge_embedder = mlp(EDGE_FEATURES, latent)
-
-    @nnx.split_rngs(splits=config.message_passing_steps)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def stacked_layers(rngs):
-      return InteractionNetwork(latent, dtype=dtype, rngs=rngs)
-
-    self.mesh_layers = stacked_layers(rngs)
+    # Processor: parameters stacked along a leading layer axis.
+    self.processor = PROCESSORS[config.processor](config, dtype=dtype, rngs=rngs)
     # Decoder.
-    self.mesh_to_grid_edges = EncoderDecoderEdges(latent, dtype=dtype, rngs=rngs)
+    self.mesh_to_grid_edges = EncoderDecoderEdges(latent, edge_size, dtype=dtype, rngs=rngs)
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
     self.policy = remat.resolve_policy(config.remat_policy)
 
-  def __call__(self, graphs: Graphs, grid_input_parts, exchange=LocalExchange()):
+  # The interaction-network processor's parts, by the names GraphCast's own use.
+  @property
+  def mesh_edge_embedder(self) -> MLP:
+    return self.processor.edge_embedder
+
+  @property
+  def mesh_layers(self) -> InteractionNetwork:
+    """The `[message_passing_steps]`-stacked interaction networks."""
+    return self.processor.layers
+
+  def __call__(self, graphs: Graphs, grid_input_parts, exchange=LocalExchange(),
+               global_inputs: jax.Array | None = None):
     """`grid inputs [batch, num_grid_nodes, input_channels] -> [batch, num_grid_nodes,
     output_channels]`.
 
     `grid_input_parts`: arrays `[batch, num_grid_nodes, channels_i]` whose
     channels, concatenated, are the grid inputs (concatenated block by block:
     the whole `[num_grid_nodes, input_channels]` array never exists).
-    `graphs` holds the (possibly shard-local) index and feature arrays; outputs
-    are float32 whatever the compute dtype.
+    `graphs` holds the (possibly shard-local) index and feature arrays;
+    `global_inputs` `[batch, global_channels]` (if any) reach the mesh embedder
+    (the grid input parts already hold them); outputs are float32 whatever the
+    compute dtype.
     """
-    def one_example(inputs):
+    def one_example(inputs, global_inputs):
       # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
       with jax.named_scope("encoder"):
-        grid, mesh = self.encode(graphs, inputs, exchange)
+        grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
       with jax.named_scope("processor"):
-        mesh = self.process(graphs.mesh, mesh, exchange)
+        mesh = self.processor(graphs, mesh, exchange)
       with jax.named_scope("decoder"):
         return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
 
-    return jax.vmap(one_example)(tuple(grid_input_parts))
+    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs)
 
-  def encode(self, graphs: Graphs, grid_input_parts, exchange):
+  def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None):
     """Embeds grid and mesh nodes and passes messages grid -> mesh once.
 
     The grid-node work (the embedder, the sender projection, the grid MLP) runs
@@ -127,11 +156,15 @@ class GraphCast(nnx.Module):
     def update_grid(model, grid):
       return grid + model.grid_to_mesh_grid_mlp(grid)
 
-    def encoder(model, graphs, grid_input_parts):
+    def encoder(model, graphs, grid_input_parts, global_inputs):
       grid, projected_grid = map_row_blocks(
           model, embed_grid, config.grid_blocks,
           (graphs.grid_node_features,) + tuple(grid_input_parts))
-      mesh = model.mesh_embedder(graphs.mesh_node_features.astype(self.dtype))
+      mesh_inputs = graphs.mesh_node_features.astype(self.dtype)
+      if global_inputs is not None:  # the same for every mesh node
+        mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(
+            global_inputs.astype(self.dtype), mesh_inputs.shape[:1] + global_inputs.shape)], -1)
+      mesh = model.mesh_embedder(mesh_inputs)
       edges, interaction = graphs.grid_to_mesh, model.grid_to_mesh_edges.interaction
       # Projected before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
@@ -143,48 +176,7 @@ class GraphCast(nnx.Module):
       return grid, mesh
 
     return remat.checkpointed(self, encoder, config.remat_grid_to_mesh_gnn,
-                              self.policy)(graphs, tuple(grid_input_parts))
-
-  def process(self, edges: EdgeSet, mesh, exchange):
-    """`message_passing_steps` interaction networks on the multi-mesh."""
-    config = self.config
-    edge_latents = self.mesh_edge_embedder(edges.features.astype(self.dtype))
-    graphdef, stacked_state = nnx.split(self.mesh_layers)
-
-    def layers(carry, layer_states):
-      """Applies the layers whose stacked parameters are `layer_states`."""
-      def one_layer(carry, layer_state):
-        mesh, edge_latents = carry
-        layer = nnx.merge(graphdef, layer_state)
-        messages = layer.messages(
-            edge_latents, exchange.mesh(layer.project_senders(mesh)),
-            layer.project_receivers(mesh), edges.senders, edges.receivers)
-        mesh = layer.update_nodes(mesh, sum_by_receiver(messages, edges.receivers,
-                                                        mesh.shape[0]))
-        # The edge residual comes after the node update, which saw only the messages.
-        return (mesh, edge_latents + messages), None
-
-      return jax.lax.scan(one_layer, carry, layer_states)[0]
-
-    carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
-    steps = config.message_passing_steps
-    if not config.remat_mesh_gnn:
-      return layers(carry, stacked_state)[0]
-
-    # One checkpoint per group of K layers: a scan over full groups, then the rest.
-    # The group's input is tagged: a policy may keep it (in host memory, say).
-    group = jax.checkpoint(
-        lambda carry, states: layers(checkpoint_name(carry, remat.PROCESSOR_CARRY), states),
-        policy=self.policy)
-    per_group = min(config.mesh_remat_every, steps)
-    num_groups, remainder = divmod(steps, per_group)
-    grouped = jax.tree.map(
-        lambda x: x[:num_groups * per_group].reshape((num_groups, per_group) + x.shape[1:]),
-        stacked_state)
-    carry, _ = jax.lax.scan(lambda c, s: (group(c, s), None), carry, grouped)
-    if remainder:
-      carry = group(carry, jax.tree.map(lambda x: x[num_groups * per_group:], stacked_state))
-    return carry[0]
+                              self.policy)(graphs, tuple(grid_input_parts), global_inputs)
 
   def decode(self, edges: EdgeSet, grid, mesh, exchange):
     """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`.

@@ -57,12 +57,18 @@ def sum_by_receiver(messages: jax.Array, receivers: jax.Array, num_receivers: in
 
 
 class InteractionNetwork(nnx.Module):
-  """One message-passing step; latents are `[num_*, latent_size]`."""
+  """One message-passing step; node latents and messages are `[num_*, latent_size]`.
 
-  def __init__(self, latent_size: int, *, dtype, rngs: nnx.Rngs):
+  Edge latents are `[num_edges, edge_size]` (default `latent_size`; narrower
+  ones need no edge residual: a one-step encoder or decoder).
+  """
+
+  def __init__(self, latent_size: int, *, edge_size: int | None = None, dtype,
+               rngs: nnx.Rngs):
     linear = lambda: nnx.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
                                 rngs=rngs)
-    self.edge_mlp = MLP(latent_size, latent_size, latent_size, dtype=dtype, rngs=rngs)
+    self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size, dtype=dtype,
+                        rngs=rngs)
     self.sender_projection = linear()  # edge_mlp's first-layer weights for the sender part
     self.receiver_projection = linear()  # ... and for the receiver part
     self.node_mlp = MLP(2 * latent_size, latent_size, latent_size, dtype=dtype, rngs=rngs)

@@ -4,7 +4,7 @@ The LayerNorm is the reference's (Haiku's defaults): epsilon 1e-5 and the
 two-pass variance mean((x - mean)^2), not Flax's defaults (1e-6 and the
 one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std). Layer
 norm and swish are `wnscale.model.lean`'s: the same functions, whose
-gradients keep only their inputs.
+gradients keep only their inputs; the norm comes from `wnscale.model.norm`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model import lean
+from wnscale.model import lean, norm
 
 
 class MLP(nnx.Module):
@@ -26,7 +26,7 @@ class MLP(nnx.Module):
                layer_norm: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
     self.hidden = nnx.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
-    self.norm = lean.LayerNorm(out_size) if layer_norm else None
+    self.norm = norm.layer_norm(out_size) if layer_norm else None
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.finish(self.hidden(x))

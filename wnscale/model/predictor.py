@@ -70,10 +70,12 @@ class Predictor:
     constants: host `forecast.Constants` for the model's grid.
     channel_stats: `{"mean", "std"}` `[C]`; static_stats: `{"mean", "std"}` `[2]`.
     variables, levels: the state layout the model was trained on.
+    global_forcings: the model's global forcings (`data.global_forcings`).
   """
 
   def __init__(self, graphdef, params, constants: forecast.Constants, channel_stats: dict,
-               static_stats: dict, variables, levels, time_step_hours: int = 6):
+               static_stats: dict, variables, levels, time_step_hours: int = 6,
+               global_forcings=()):
     self.params = params
     self.constants = jax.device_put(constants)
     self.mean = np.asarray(channel_stats["mean"], np.float32)
@@ -81,6 +83,7 @@ class Predictor:
     self.static_stats = static_stats
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.time_step = pd.Timedelta(hours=time_step_hours)
+    self.global_forcings = tuple(global_forcings)
     self._rollout = jax.jit(
         lambda params, constants, batch: forecast.rollout(nnx.merge(graphdef, params),
                                                           constants, batch))
@@ -127,6 +130,9 @@ class Predictor:
         "forcings": np.broadcast_to(forcing, (batch_size,) + forcing.shape).astype(np.float32),
         "statics": np.broadcast_to(static, (batch_size,) + static.shape),
     }
+    if self.global_forcings:
+      values = forcings_lib.compute_global_forcings(all_times.values, self.global_forcings)
+      batch["globals"] = np.broadcast_to(values, (batch_size,) + values.shape)
     normalized = np.asarray(self._rollout(self.params, self.constants, batch))
     coords = {"batch": inputs.batch.values, "time": target_times.values,
               "latitude": inputs.latitude.values, "longitude": inputs.longitude.values}

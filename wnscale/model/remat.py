@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.errors import UserError
 
@@ -21,11 +22,16 @@ from wnscale.errors import UserError
 EDGE_LATENTS = "edge_latents"  # [num_edges, latent]
 MESSAGES = "messages"  # aggregated messages per receiver, [num_receivers, latent]
 NODE_LATENTS = "node_latents"  # updated node latents, [num_nodes, latent]
-# What a checkpointed group of processor layers starts from: mesh and mesh-edge
-# latents, [num_mesh_nodes, latent] and [num_mesh_edges, latent]. The backward
-# pass needs one per group; with 16 layers at 0.25 deg, ~6 GiB in bfloat16.
+# ... and of a mesh transformer block: the outputs of its two residual branches.
+ATTENTION_OUTPUT = "attention_output"  # attention's output projection, [num_mesh_nodes, width]
+FFW_OUTPUT = "ffw_output"  # the feed-forward branch's output, [num_mesh_nodes, width]
+# What a checkpointed group of processor layers starts from: mesh latents
+# [num_mesh_nodes, latent] (and the GNN's mesh-edge latents [num_mesh_edges, latent]).
+# The backward pass needs one per group; GraphCast's 16 layers at 0.25 deg: ~6 GiB
+# in bfloat16.
 PROCESSOR_CARRY = "processor_carry"
-CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS, PROCESSOR_CARRY)
+CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS, ATTENTION_OUTPUT, FFW_OUTPUT,
+                    PROCESSOR_CARRY)
 
 _policies = jax.checkpoint_policies
 POLICIES: dict[str, Callable] = {
@@ -76,3 +82,38 @@ def checkpointed(module: nnx.Module, fn: Callable, enabled: bool, policy: Callab
 
   checkpointed_pure = jax.checkpoint(pure, policy=policy)
   return lambda *args: checkpointed_pure(state, *args)
+
+
+def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool, every: int,
+                policy: Callable | None):
+  """Applies layers whose parameters are stacked on a leading `[num_layers]` axis, in order.
+
+  With `checkpoint`, the layers run in groups of `every`, each group under one
+  `jax.checkpoint` with `policy`: a scan over the full groups, then the
+  remaining layers as one more group. A group's input is tagged
+  `PROCESSOR_CARRY`: a policy may keep it (in host memory, say). The
+  processors (mesh GNN and mesh transformer) both run this way.
+
+  Args:
+    apply_layer: `(carry, layer_state) -> carry`, one layer.
+    carry: what the layers update (a pytree of arrays).
+    stacked_state: the layers' `nnx.State`, every leaf `[num_layers, ...]`.
+  """
+  def layers(carry, states):
+    return jax.lax.scan(lambda c, s: (apply_layer(c, s), None), carry, states)[0]
+
+  if not checkpoint:
+    return layers(carry, stacked_state)
+  num_layers = jax.tree.leaves(stacked_state)[0].shape[0]
+  group = jax.checkpoint(
+      lambda carry, states: layers(checkpoint_name(carry, PROCESSOR_CARRY), states),
+      policy=policy)
+  per_group = min(every, num_layers)
+  num_groups, remainder = divmod(num_layers, per_group)
+  grouped = jax.tree.map(
+      lambda x: x[:num_groups * per_group].reshape((num_groups, per_group) + x.shape[1:]),
+      stacked_state)
+  carry, _ = jax.lax.scan(lambda c, s: (group(c, s), None), carry, grouped)
+  if remainder:
+    carry = group(carry, jax.tree.map(lambda x: x[num_groups * per_group:], stacked_state))
+  return carry

@@ -12,6 +12,7 @@ from wnscale.data import variables as variables_lib
 from wnscale.graphs import grid as grid_lib
 from wnscale.graphs import icosahedron
 from wnscale.graphs.build import Graphs, build_graphs
+from wnscale.graphs.neighbourhoods import build_neighbourhoods
 from wnscale.model import forecast
 from wnscale.model.graphcast import GraphCast
 from wnscale.model import loss as loss_lib
@@ -23,9 +24,12 @@ def num_state_channels(data_config: ml_collections.ConfigDict) -> int:
 
 def build_model(config: ml_collections.ConfigDict) -> GraphCast:
   """A freshly initialized model (parameters from `config.seed`), built eagerly."""
-  channels = num_state_channels(config.data)
-  return GraphCast(forecast.input_channels(channels, config.data.input_steps), channels,
-                   config.model, rngs=nnx.Rngs(config.seed))
+  d = config.data
+  channels = num_state_channels(d)
+  num_globals = len(d.global_forcings)
+  return GraphCast(forecast.input_channels(channels, d.input_steps, num_globals), channels,
+                   config.model, rngs=nnx.Rngs(config.seed),
+                   global_channels=forecast.global_channels(d.input_steps, num_globals))
 
 
 def init_model(config: ml_collections.ConfigDict):
@@ -44,10 +48,16 @@ def init_model_shapes(config: ml_collections.ConfigDict):
   return nnx.split(nnx.eval_shape(lambda: build_model(config)))
 
 
-def graphs_for_grid(config: ml_collections.ConfigDict, latitude, longitude) -> Graphs:
+def graphs_for_grid(config: ml_collections.ConfigDict, latitude, longitude,
+                    use_cache: bool = True) -> Graphs:
+  """The model's graphs on a grid; with the transformer processor, its neighbour lists too."""
   m = config.model
-  return build_graphs(latitude, longitude, m.mesh_levels, m.radius_fraction,
-                      m.mesh_to_grid_edge_normalization)
+  graphs = build_graphs(latitude, longitude, m.mesh_levels, m.radius_fraction,
+                        m.mesh_to_grid_edge_normalization, use_cache=use_cache)
+  if m.processor == "transformer":
+    graphs = graphs.with_neighbourhoods(*build_neighbourhoods(
+        m.mesh_levels, m.transformer_k_hop, use_cache=use_cache))
+  return graphs
 
 
 def node_positions(config: ml_collections.ConfigDict, latitude, longitude):
@@ -84,10 +94,13 @@ def batch_shapes(config: ml_collections.ConfigDict, num_grid_nodes: int,
   channels = num_state_channels(d)
   dtype = batch_dtype(config)
   shape = lambda *s: jax.ShapeDtypeStruct((batch_size,) + s, dtype)
-  return {
+  shapes = {
       "inputs": shape(d.input_steps, channels, num_grid_nodes),
       "targets": shape(d.target_steps, channels, num_grid_nodes),
       "forcings": shape(d.input_steps + d.target_steps, forecast.NUM_FORCINGS,
                         num_grid_nodes),
       "statics": shape(forecast.NUM_STATICS, num_grid_nodes),
   }
+  if d.global_forcings:
+    shapes["globals"] = shape(d.input_steps + d.target_steps, len(d.global_forcings))
+  return shapes

@@ -21,7 +21,7 @@ class AllGatherExchange:
   def _all_rows(self, nodes):
     return jax.lax.all_gather(nodes, GRAPH, axis=0, tiled=True)
 
-  grid_to_mesh = mesh = mesh_to_grid = _all_rows
+  grid_to_mesh = mesh = mesh_to_grid = mesh_neighbours = _all_rows
 
 
 class HaloExchange:
@@ -55,3 +55,6 @@ class HaloExchange:
 
   def mesh_to_grid(self, mesh_latents):
     return self._table("mesh_to_grid", mesh_latents)
+
+  def mesh_neighbours(self, mesh_latents):
+    return self._table("mesh_neighbours", mesh_latents)

@@ -19,17 +19,28 @@ from wnscale.sharding import partition as partition_lib
 from wnscale.sharding.exchange import AllGatherExchange, HaloExchange
 from wnscale.sharding.mesh import DATA, GRAPH
 
-# Batch arrays (`[B, ..., G]`, see `model.forecast`): batch on `data`, grid nodes on `graph`.
+# Batch arrays (see `model.forecast`): batch on `data`, grid nodes (last axis) on `graph`;
+# the optional `globals` `[B, T, F]` have no grid axis: every graph shard holds them whole.
 BATCH_SPECS = {
     "inputs": P(DATA, None, None, GRAPH),
     "targets": P(DATA, None, None, GRAPH),
     "forcings": P(DATA, None, None, GRAPH),
     "statics": P(DATA, None, GRAPH),
+    "globals": P(DATA, None, None),
 }
 # Constants (see `ShardedLayout.constants`): graph arrays and node weights on `graph`.
 CONSTANT_SPECS = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
                            channel_weights=P())
 _GRID_AXIS = -1
+
+
+def batch_specs(batch: dict) -> dict:
+  """`BATCH_SPECS` of the keys `batch` has (`globals` only when the config has some)."""
+  return {key: BATCH_SPECS[key] for key in batch}
+
+
+def _has_grid_axis(key: str) -> bool:
+  return BATCH_SPECS[key][_GRID_AXIS] == GRAPH
 
 
 class ShardedLayout:
@@ -88,14 +99,16 @@ class ShardedLayout:
     abstract = {}
     for key, shape in shapes.items():
       dims = list(shape.shape)
-      dims[_GRID_AXIS] = slots
+      if _has_grid_axis(key):
+        dims[_GRID_AXIS] = slots
       abstract[key] = jax.ShapeDtypeStruct(tuple(dims), shape.dtype,
                                            sharding=self.sharding(BATCH_SPECS[key]))
     return abstract
 
   def host_batch(self, batch: dict) -> dict:
     """Reorders a host batch's grid axis into the padded, sharded node order."""
-    return {k: self.partitioned.grid.to_slots(v, _GRID_AXIS) for k, v in batch.items()}
+    return {k: self.partitioned.grid.to_slots(v, _GRID_AXIS) if _has_grid_axis(k) else v
+            for k, v in batch.items()}
 
   def batch(self, batch: dict) -> dict:
     """A global host batch as device arrays on the mesh (single process)."""
@@ -115,13 +128,14 @@ class ShardedLayout:
     for key, value in local_batch.items():
       sharding = self.sharding(BATCH_SPECS[key])
       global_shape = (global_batch_size,) + value.shape[1:]
-      blocks = sharding.addressable_devices_indices_map(global_shape).values()
-      start = min(index[-1].start or 0 for index in blocks)
-      stop = max(index[-1].stop or value.shape[-1] for index in blocks)
-      local = value[..., start:stop]
+      if _has_grid_axis(key):  # this process's block of grid slots
+        blocks = sharding.addressable_devices_indices_map(global_shape).values()
+        start = min(index[-1].start or 0 for index in blocks)
+        stop = max(index[-1].stop or value.shape[-1] for index in blocks)
+        value = value[..., start:stop]
       if dtype is not None:
-        local = local.astype(dtype)
-      arrays[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+        value = value.astype(dtype)
+      arrays[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
     return arrays
 
   def exchange(self, halo_indices):

@@ -129,8 +129,11 @@ def _halo(sender_shard, sender_local, receiver_shard, num_shards, per_shard):
     at_k = remote & (offset_of_edge == k)
     if not at_k.any():
       continue
-    # Rows shard t sends to t + k: its distinct local rows that edges on t + k read.
-    pairs = np.unique(np.stack([sender_shard[at_k], sender_local[at_k]], 1), axis=0)
+    # Rows shard t sends to t + k: its distinct local rows that edges on t + k read,
+    # as keys t * per_shard + local (1-D: np.unique of rows is slow for 10^8 edges).
+    edge_keys = sender_shard[at_k] * per_shard + sender_local[at_k]
+    pair_keys = np.unique(edge_keys)
+    pairs = np.stack(np.divmod(pair_keys, per_shard), 1)
     counts = np.bincount(pairs[:, 0], minlength=num_shards)
     rows = counts.max()
     send = np.zeros((num_shards, rows), dtype=np.int32)
@@ -138,8 +141,6 @@ def _halo(sender_shard, sender_local, receiver_shard, num_shards, per_shard):
     position = np.arange(len(pairs)) - first[pairs[:, 0]]
     send[pairs[:, 0], position] = pairs[:, 1]
     # Receiving shard r finds row (t, local) at base + position in its table.
-    pair_keys = pairs[:, 0] * per_shard + pairs[:, 1]  # ascending, as np.unique sorted them
-    edge_keys = sender_shard[at_k] * per_shard + sender_local[at_k]
     table_index[at_k] = base + position[np.searchsorted(pair_keys, edge_keys)]
     offsets.append(k)
     send_indices.append(send)
@@ -161,19 +162,22 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
     sender_shard, sender_local = np.divmod(sender_slot, senders_part.per_shard)
     halo, table_index = _halo(sender_shard, sender_local, receiver_shard, num_shards,
                               senders_part.per_shard)
-  # Sorted by (shard, local receiver): each shard's block stays receiver-sorted.
-  order = np.lexsort((table_index, receiver_local, receiver_shard))
+  # Sorted by (shard, local receiver), i.e. by receiver slot, then by table index: each
+  # shard's block stays receiver-sorted. One int64 key sorts ~3x faster than a lexsort
+  # of three (10^8 attention edges), to the same order.
+  order = np.argsort(receiver_slot * (int(table_index.max(initial=0)) + 1) + table_index,
+                     kind="stable")
   counts = np.bincount(receiver_shard, minlength=num_shards)
+  starts = np.concatenate([[0], np.cumsum(counts)])
   max_edges = max(int(counts.max()), 1)
-  position = np.arange(len(order)) - np.concatenate([[0], np.cumsum(counts)[:-1]])[
-      receiver_shard[order]]
-  shard_of = receiver_shard[order]
   senders = np.zeros((num_shards, max_edges), np.int32)
   receivers = np.full((num_shards, max_edges), receivers_part.per_shard, np.int32)
   features = np.zeros((num_shards, max_edges, edges.features.shape[1]), np.float32)
-  senders[shard_of, position] = table_index[order]
-  receivers[shard_of, position] = receiver_local[order]
-  features[shard_of, position] = edges.features[order]
+  for shard in range(num_shards):  # the shards' blocks are contiguous in `order`
+    block = order[starts[shard]:starts[shard + 1]]
+    senders[shard, :len(block)] = table_index[block]
+    receivers[shard, :len(block)] = receiver_local[block]
+    features[shard, :len(block)] = edges.features[block]
   return EdgeSet(senders, receivers, features), halo
 
 
@@ -194,7 +198,10 @@ def partition_graphs(graphs: Graphs, grid_xyz: np.ndarray, mesh_xyz: np.ndarray,
   edge_sets, halos = {}, {}
   for name, senders_part, receivers_part in [("grid_to_mesh", grid, mesh),
                                              ("mesh", mesh, mesh),
-                                             ("mesh_to_grid", mesh, grid)]:
+                                             ("mesh_to_grid", mesh, grid),
+                                             ("mesh_neighbours", mesh, mesh)]:
+    if getattr(graphs, name) is None:  # no transformer, no neighbour lists
+      continue
     edge_sets[name], halos[name] = _partition_edges(getattr(graphs, name), senders_part,
                                                     receivers_part, exchange)
   stacked = Graphs(stack(grid, graphs.grid_node_features),

@@ -18,26 +18,27 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale.model import forecast
 from wnscale.model import loss as loss_lib
-from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout
+from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout, batch_specs
 from wnscale.sharding.mesh import DATA, GRAPH
 
 
-def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=(),
-                  batch_keys=tuple(BATCH_SPECS)):
+def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
   """`fn(params, local constants, exchange, local batch, *extra)` under shard_map.
 
-  The batch is a dict with `batch_keys` (arrays laid out as `BATCH_SPECS`).
+  The batch is a dict of some of `BATCH_SPECS`' keys, laid out as those say.
   """
   def body(params, constants, halo_indices, batch, *extra):
     local_graphs = jax.tree.map(lambda x: x[0], constants.graphs)  # drop the shard axis
     return fn(params, constants._replace(graphs=local_graphs), layout.exchange(halo_indices),
               batch, *extra)
 
-  return jax.shard_map(body, mesh=layout.mesh,
-                       in_specs=(P(), CONSTANT_SPECS, P(GRAPH),
-                                 {key: BATCH_SPECS[key] for key in batch_keys})
-                       + tuple(extra_in_specs),
-                       out_specs=out_specs)
+  def shard_mapped(params, constants, halo_indices, batch, *extra):
+    return jax.shard_map(body, mesh=layout.mesh,
+                         in_specs=(P(), CONSTANT_SPECS, P(GRAPH), batch_specs(batch))
+                         + tuple(extra_in_specs),
+                         out_specs=out_specs)(params, constants, halo_indices, batch, *extra)
+
+  return shard_mapped
 
 
 def loss_fn(layout: ShardedLayout, graphdef, *, remat_steps: bool = False):
@@ -91,5 +92,4 @@ def forecast_step_fn(layout: ShardedLayout, graphdef):
     history = jnp.concatenate([inputs["inputs"][:, 1:], state[:, None]], axis=1)
     return history, state
 
-  return _shard_mapped(layout, local_step, out_specs=(BATCH_SPECS["inputs"], STATE_SPEC),
-                       batch_keys=STEP_KEYS)
+  return _shard_mapped(layout, local_step, out_specs=(BATCH_SPECS["inputs"], STATE_SPEC))

@@ -15,16 +15,21 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale.model import setup
 from wnscale.sharding import sharded_model
-from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
+from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import optimizer as optimizer_lib
 from wnscale.train.state import TrainState, initial_state
 
 
 def _shardings(layout: ShardedLayout, constants, halo_indices):
+  """`(params, constants, halo_indices, batch)` shardings of a step's arguments.
+
+  The batch's are None, i.e. as given: batches are always laid out by
+  `ShardedLayout` (`global_batch`, `abstract_batch`) in `BATCH_SPECS`, and
+  which keys they have depends on the config (`globals` is optional).
+  """
   replicated = layout.sharding(P())
-  batch = {k: layout.sharding(spec) for k, spec in BATCH_SPECS.items()}
   return (replicated, jax.tree.map(lambda x: x.sharding, constants),
-          jax.tree.map(lambda x: x.sharding, halo_indices), batch)
+          jax.tree.map(lambda x: x.sharding, halo_indices), None)
 
 
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,

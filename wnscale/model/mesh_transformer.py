@@ -1,0 +1,103 @@
+"""WeatherNext 2's processor: a transformer on the mesh, attending within k-hop neighbourhoods.
+
+`transformer_layers` pre-norm blocks, parameters stacked on a leading layer
+axis (like the mesh GNN's), then a final layer norm:
+
+  x = x + attention_output(attention(norm(x)))     # over each node's neighbours
+  x = x + ffw_down(gelu(ffw_up(norm(x))))
+
+Attention is multi-head, over each mesh node's k-hop neighbourhood on the
+finest mesh (itself included), computed from the explicit neighbour edge list
+`graphs.mesh_neighbours` (`wnscale.model.sparse_attention`). Queries,
+keys and values have no bias; the two output projections start at zero, so a
+fresh block is the identity (WeatherNext 2's released initialisation: the
+other matrices are truncated normal with variance 2 / (layers * fan_in)).
+There is no positional encoding: positions reach the mesh latents through the
+encoder (the mesh embedder's node features and the grid-to-mesh edge
+features), as in WeatherNext 2.
+
+Under `shard_map` keys and values are computed on the local rows, then the
+exchange brings the rows of remote neighbours (`exchange.mesh_neighbours`).
+Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from wnscale.graphs.build import Graphs
+from wnscale.model import norm, remat
+from wnscale.model.sparse_attention import neighbour_attention
+
+
+class TransformerBlock(nnx.Module):
+  """One pre-norm block: neighbourhood attention, then a feed-forward layer, each residual."""
+
+  def __init__(self, width: int, heads: int, ffw_size: int, num_layers: int, *, dtype,
+               rngs: nnx.Rngs):
+    self.heads = heads
+    init = nnx.initializers.variance_scaling(2.0 / num_layers, "fan_in", "truncated_normal")
+    zeros = nnx.initializers.zeros_init()
+    linear = lambda n_in, n_out, kernel_init, **kw: nnx.Linear(
+        n_in, n_out, kernel_init=kernel_init, dtype=dtype, rngs=rngs, **kw)
+    self.attention_norm = norm.layer_norm(width)
+    self.query = linear(width, width, init, use_bias=False)
+    self.key_value = linear(width, 2 * width, init, use_bias=False)
+    self.attention_output = linear(width, width, zeros)
+    self.ffw_norm = norm.layer_norm(width)
+    self.ffw_up = linear(width, ffw_size, init)
+    self.ffw_down = linear(ffw_size, width, zeros)
+
+  def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0):
+    """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`."""
+    num_nodes, width = nodes.shape
+    head_shape = (self.heads, width // self.heads)
+    normed = self.attention_norm(nodes)
+    queries = self.query(normed).reshape((num_nodes,) + head_shape) * head_shape[1] ** -0.5
+    # Keys and values of the local rows; the exchange adds the remote neighbours' rows.
+    keys_values = exchange.mesh_neighbours(self.key_value(normed))
+    keys, values = (x.reshape((-1,) + head_shape) for x in
+                    (keys_values[:, :width], keys_values[:, width:]))
+    attended = neighbour_attention(queries, keys, values, neighbours.senders,
+                                   neighbours.receivers, edges_per_block)
+    attended = self.attention_output(attended.reshape(num_nodes, width).astype(nodes.dtype))
+    nodes = nodes + checkpoint_name(attended, remat.ATTENTION_OUTPUT)
+    ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes))))
+    return nodes + checkpoint_name(ffw, remat.FFW_OUTPUT)
+
+
+class MeshTransformer(nnx.Module):
+  """The transformer processor (`model.processor = 'transformer'`)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, dtype, rngs: nnx.Rngs):
+    self.config = config
+    width, layers = config.latent_size, config.transformer_layers
+
+    @nnx.split_rngs(splits=layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked_layers(rngs):
+      return TransformerBlock(width, config.transformer_heads, config.transformer_ffw_size,
+                              layers, dtype=dtype, rngs=rngs)
+
+    self.layers = stacked_layers(rngs)
+    self.final_norm = norm.layer_norm(width)
+    self.policy = remat.resolve_policy(config.remat_policy)
+
+  def __call__(self, graphs: Graphs, mesh, exchange):
+    """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
+    config, neighbours = self.config, graphs.mesh_neighbours
+    if neighbours is None:
+      raise ValueError("The transformer processor needs graphs.mesh_neighbours (the k-hop "
+                       "neighbour lists; setup.graphs_for_grid adds them).")
+    graphdef, stacked_state = nnx.split(self.layers)
+
+    def one_layer(nodes, layer_state):
+      return nnx.merge(graphdef, layer_state)(nodes, neighbours, exchange,
+                                              config.transformer_edges_per_block)
+
+    mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=config.remat_mesh_gnn,
+                             every=config.mesh_remat_every, policy=self.policy)
+    return self.final_norm(mesh)
