@@ -25,12 +25,57 @@ channel weights, cell-area node weights).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 # Folded into the seed so noise streams never coincide with other uses of the seed.
 _NOISE_STREAM_TAG = 0x464E4E  # "FGN"
 ROLLOUT_KEYS = ("inputs", "forcings", "statics", "globals")  # what each member runs on
+
+
+class TrainingMembers(NamedTuple):
+  """How a train step runs an FGN: `members` per example, each with `channels` noise numbers.
+
+  `on_data`: the batch's rows are members laid out along the `data` axis
+  (`members_on_rows`), not examples.
+  """
+
+  seed: int
+  members: int
+  channels: int
+  on_data: bool
+
+
+def training_members(config: ml_collections.ConfigDict) -> TrainingMembers | None:
+  """The FGN settings of a run (None for a deterministic model).
+
+  The CRPS runs `train.ensemble_members` members per example; an FGN trained
+  with the MSE runs one.
+  """
+  if not config.model.noise_channels:
+    return None
+  crps = config.train.loss == "crps"
+  return TrainingMembers(seed=config.seed,
+                         members=config.train.ensemble_members if crps else 1,
+                         channels=config.model.noise_channels,
+                         on_data=crps and config.train.members_on_data)
+
+
+def with_training_noise(batch: dict, spec: TrainingMembers | None, step) -> dict:
+  """The batch with the noise of train step `step` (as is for a deterministic model).
+
+  Rows are examples (noise `[B, M, T, K]`), or with `spec.on_data` members
+  laid out as `members_on_rows` does (noise `[M * B, 1, T, K]`, the same numbers).
+  """
+  if spec is None:
+    return batch
+  rows, steps = batch["targets"].shape[:2]
+  examples = rows // spec.members if spec.on_data else rows
+  noise = training_noise(spec.seed, step, examples, spec.members, steps, spec.channels)
+  return dict(batch, noise=noise_on_rows(noise) if spec.on_data else noise)
 
 
 def noise_key(seed: int) -> jax.Array:

@@ -1,4 +1,7 @@
-"""Evaluation on the held-out time range: per-channel RMSE in physical units."""
+"""Evaluation on the held-out time range: per-channel RMSE in physical units.
+
+An FGN (`model.noise_channels > 0`) is scored by its zero-noise member.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import numpy as np
 
 from wnscale.data import pipeline
 from wnscale.model import setup
-from wnscale.sharding.layout import ShardedLayout
+from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
 from wnscale.train import step as step_lib
 
 
@@ -36,6 +39,14 @@ class Evaluator:
     self.channel_names = list(channel_names)
     self.group, self.num_groups = group, num_groups
     self.eval_step = step_lib.make_eval_step(layout, graphdef, constants, halo_indices)
+    # An FGN is scored by its zero-noise member: the forecast its norms give
+    # with a noise embedding of zero (`[B, T, K]` zeros).
+    self.noise = None
+    if config.model.noise_channels:
+      self.noise = jax.device_put(
+          np.zeros((config.train.batch_size, config.data.target_steps,
+                    config.model.noise_channels), np.float32),
+          layout.sharding(BATCH_SPECS["noise"]))
     # Read in the layout's grid order.
     self.source = None if source is None else source.in_layout(layout.grid_slots)
 
@@ -50,6 +61,8 @@ class Evaluator:
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):
         batch = self.layout.global_batch(local, batch_size, setup.batch_dtype(self.config))
+        if self.noise is not None:
+          batch["noise"] = self.noise
         sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
                                      self.std)
         examples += batch_size
