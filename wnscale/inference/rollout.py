@@ -6,8 +6,13 @@ time is one call of the jitted, sharded model step
 (`sharded_model.forecast_step_fn`), with the history kept on the devices
 (donated, so updated in place) and the new state copied to the host while
 the next step runs. Device memory therefore holds one step's arrays however
-many lead times are forecast. Initial times are batched over the mesh's
-`data` axis, one per data shard.
+many lead times are forecast. Initial times (with an FGN: pairs of initial
+time and ensemble member) are batched over the mesh's `data` axis, one per
+data shard.
+
+An FGN's member `k` from initial time `t` draws its noise for lead `l` from
+`(run seed, t in hours since 1970, k, l)` (`ensemble.member_noise`): a rerun
+gives the same members, and member `k` is the same whatever the ensemble size.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 from wnscale.data import forcings as forcings_lib
 from wnscale.data.source import normalize_statics
 from wnscale.data.store import WeatherStore
-from wnscale.model import forecast
+from wnscale.model import ensemble, forecast
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
 from wnscale.sharding.mesh import DATA
@@ -48,15 +53,19 @@ class StreamingForecaster:
     self.mean = np.asarray(channel_stats["mean"], np.float32)
     self.std = np.asarray(channel_stats["std"], np.float32)
     self.constants, self.halo_indices = layout.constants(constants)
+    self.global_forcings = tuple(config.data.global_forcings)
+    self.noise_channels = config.model.noise_channels
+    self.noise_key = ensemble.noise_key(config.seed)
     statics = layout.partitioned.grid.to_slots(
         normalize_statics(store.read_statics(), static_stats), -1)
     self.statics = self._put("statics", np.broadcast_to(statics,
                                                         (self.batch_size,) + statics.shape))
     step = sharded_model.forecast_step_fn(layout, graphdef)
 
-    def step_fn(params, constants, halo_indices, history, forcings, statics):
+    def step_fn(params, constants, halo_indices, history, forcings, statics, extra):
+      """`extra`: the step's `globals` and `noise`, where the model takes them."""
       return step(params, constants, halo_indices,
-                  {"inputs": history, "forcings": forcings, "statics": statics})
+                  {"inputs": history, "forcings": forcings, "statics": statics, **extra})
 
     self._step = jax.jit(step_fn, donate_argnums=3)
     self._compiled = None
@@ -80,6 +89,19 @@ class StreamingForecaster:
                for t in init_times]
     return self.layout.partitioned.grid.to_slots(np.stack(windows), -1)
 
+  def _extra(self, init_times, members, lead: int) -> dict:
+    """The step's `globals` `[B, input_steps + 1, F]` and `noise` `[B, K]`, where needed."""
+    extra = {}
+    if self.global_forcings:
+      offsets = np.arange(lead + 1 - self.input_steps, lead + 2) * self.time_step
+      extra["globals"] = np.stack([forcings_lib.compute_global_forcings(
+          np.datetime64(t, "ns") + offsets, self.global_forcings) for t in init_times])
+    if self.noise_channels:
+      extra["noise"] = np.asarray(ensemble.forecast_noise(
+          self.noise_key, np.array([init_hours(t) for t in init_times], np.int32),
+          np.asarray(members, np.int32), lead, self.noise_channels))
+    return {key: self._put(key, value) for key, value in extra.items()}
+
   def compile(self) -> dict:
     """Compiles the step; returns its memory figures (bytes, per device)."""
     slots = len(self.layout.grid_slots)
@@ -90,19 +112,23 @@ class StreamingForecaster:
 
     history = abstract("inputs", self.input_steps, len(self.mean))
     forcings = abstract("forcings", self.input_steps + 1, forecast.NUM_FORCINGS)
+    extra = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        self._extra(self.store.times[:self.batch_size], [0] * self.batch_size, 0))
     self._compiled = self._step.lower(self.params, self.constants, self.halo_indices, history,
-                                      forcings, self.statics).compile()
+                                      forcings, self.statics, extra).compile()
     stats = self._compiled.memory_analysis()
     return {"argument_bytes": stats.argument_size_in_bytes,
             "output_bytes": stats.output_size_in_bytes,
             "temp_bytes": stats.temp_size_in_bytes}
 
-  def run(self, init_indices, num_leads: int):
+  def run(self, init_indices, num_leads: int, members=None):
     """Yields `(lead index, states [len(init_indices), C, lat * lon])` for each lead time.
 
     States are float32 in physical units, latitude ascending (the store's
     internal order). `init_indices` index `store.times`, at most `batch_size`
     of them; each needs `input_steps - 1` earlier times in the store.
+    `members`: an FGN's member of each row (same length).
     """
     if self._compiled is None:
       self.compile()
@@ -110,13 +136,16 @@ class StreamingForecaster:
     if not 0 < count <= self.batch_size:
       raise ValueError(f"{count} initial times; a call takes 1..{self.batch_size}")
     indices = list(init_indices) + [init_indices[-1]] * (self.batch_size - count)  # padding
+    members = list(members if members is not None else [0] * count)
+    members += [members[-1]] * (self.batch_size - count)
     init_times = self.store.times[indices]
     history = self._put("inputs", self._history(indices))
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))
       history, state = self._compiled(self.params, self.constants, self.halo_indices, history,
-                                      forcings, self.statics)
+                                      forcings, self.statics,
+                                      self._extra(init_times, members, lead))
       state.copy_to_host_async()
       if pending is not None:  # the previous lead reaches the host while this one runs
         yield pending[0], self._to_host(pending[1], count)
@@ -127,6 +156,11 @@ class StreamingForecaster:
     """`[count, C, lat * lon]` physical units from a device state `[B, C, slots]`."""
     normalized = self.layout.partitioned.grid.from_slots(np.asarray(state)[:count], -1)
     return normalized * self.std[:, None] + self.mean[:, None]
+
+
+def init_hours(time) -> int:
+  """An initial time as whole hours since 1970: the noise stream of its members."""
+  return int(np.datetime64(time, "h").astype(np.int64))
 
 
 def live_device_bytes() -> int:

@@ -25,6 +25,7 @@ channel weights, cell-area node weights).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -102,6 +103,20 @@ def member_noise(key: jax.Array, stream, examples: jax.Array, members: jax.Array
   over_leads = jax.vmap(one, (None, None, 0))
   over_members = jax.vmap(over_leads, (None, 0, None))
   return jax.vmap(over_members, (0, None, None))(examples, members, leads)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def forecast_noise(key: jax.Array, streams: jax.Array, members: jax.Array, lead,
+                   channels: int) -> jax.Array:
+  """`[B, channels]`: row `r` is member `members[r]` of stream `streams[r]` at `lead`.
+
+  A forecast's rows: the stream is the initial time, the example index 0.
+  """
+  def row(stream, member):
+    return member_noise(key, stream, jnp.zeros(1, jnp.int32), member[None],
+                        jnp.asarray(lead)[None], channels)[0, 0, 0]
+
+  return jax.vmap(row)(streams, members)
 
 
 def training_noise(seed: int, step, batch_size: int, members: int, target_steps: int,

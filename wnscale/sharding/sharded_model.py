@@ -103,14 +103,17 @@ def forecast_step_fn(layout: ShardedLayout, graphdef):
   `inputs` holds `STEP_KEYS`: `inputs` `[B, input_steps, C, G]` the latest
   states (the history, oldest first), `forcings` `[B, input_steps + 1, F, G]`
   at those times and the next, `statics` `[B, S, G]`; all normalized and laid
-  out as `BATCH_SPECS`. Returns the history moved on one step (oldest state
+  out as `BATCH_SPECS`; and, where the model takes them, `globals`
+  `[B, input_steps + 1, F_global]` (global forcings at the same times) and an
+  FGN's `noise` `[B, K]` (each row's member). Returns the history moved on one step (oldest state
   dropped, the new one appended; same layout) and the new state `[B, C, G]`
   (`STATE_SPEC`). The same arithmetic as one step of `forecast.rollout`.
   """
   def local_step(params, constants, exchange, inputs):
-    node_major = forecast.to_node_major(inputs)
+    node_major = forecast.to_node_major({key: inputs[key] for key in STEP_KEYS})
     state = forecast.one_step(nnx.merge(graphdef, params), constants, node_major["inputs"],
-                              node_major["forcings"], node_major["statics"], exchange)
+                              node_major["forcings"], node_major["statics"], exchange,
+                              inputs.get("globals"), inputs.get("noise"))
     state = jnp.swapaxes(state, -1, -2)  # [B, G, C] -> [B, C, G]
     history = jnp.concatenate([inputs["inputs"][:, 1:], state[:, None]], axis=1)
     return history, state
