@@ -24,13 +24,17 @@ class Evaluator:
   """Runs the model over `train.eval_batches` batches of the eval range, in order.
 
   `source`: the eval range's source, already open (any grid order); default:
-  opened at the first evaluation.
+  opened at the first evaluation. `rows_per_example`: batch rows per example
+  (an FGN's members laid out on `data`: each example repeated on the rows its
+  members train on, every row scored, so the batch splits as in training).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
                constants, halo_indices, stats: dict, channel_names, group: int,
-               num_groups: int, source=None):
+               num_groups: int, source=None, rows_per_example: int = 1):
     self.config = config
+    self.rows_per_example = rows_per_example
+    self.batch_rows = config.train.batch_size * rows_per_example
     self.layout = layout
     self.constants = constants
     self.halo_indices = halo_indices
@@ -44,7 +48,7 @@ class Evaluator:
     self.noise = None
     if config.model.noise_channels:
       self.noise = jax.device_put(
-          np.zeros((config.train.batch_size, config.data.target_steps,
+          np.zeros((self.batch_rows, config.data.target_steps,
                     config.model.noise_channels), np.float32),
           layout.sharding(BATCH_SPECS["noise"]))
     # Read in the layout's grid order.
@@ -52,7 +56,6 @@ class Evaluator:
 
   def evaluate(self, params) -> dict[str, float]:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
-    batch_size = self.config.train.batch_size
     if self.source is None:
       self.source = pipeline.source_from_config(self.config, "eval", self.layout.grid_slots)
     data = pipeline.from_config(self.config, "eval", process_index=self.group,
@@ -60,12 +63,16 @@ class Evaluator:
     sums, examples = 0.0, 0
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):
-        batch = self.layout.global_batch(local, batch_size, setup.batch_dtype(self.config))
+        if self.rows_per_example > 1:
+          local = {key: np.concatenate([value] * self.rows_per_example)
+                   for key, value in local.items()}
+        batch = self.layout.global_batch(local, self.batch_rows,
+                                         setup.batch_dtype(self.config))
         if self.noise is not None:
           batch["noise"] = self.noise
         sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
                                      self.std)
-        examples += batch_size
+        examples += self.batch_rows
     finally:
       data.close()
     count = examples * self.config.data.target_steps * self.layout.num_grid_nodes

@@ -164,7 +164,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                         loss=config.train.loss, members=members)
   evaluator = evaluation.Evaluator(config, layout, graphdef, device_constants, halo_indices,
                                    stats, source.store.channel_names, group, num_groups,
-                                   source=eval_source)
+                                   source=eval_source, rows_per_example=rows_per_example)
 
   def next_batch():
     local = next(train_data.iterator)
