@@ -26,7 +26,7 @@ def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int
   """
   graphs = setup.graphs_for_grid(config, latitude, longitude)
   rng = np.random.default_rng(seed)
-  residual_scale = rng.uniform(0.2, 1.0, setup.num_state_channels(config.data))
+  residual_scale = rng.uniform(0.2, 1.0, setup.num_output_channels(config.data))
   constants = setup.make_constants(config, graphs, latitude, longitude, residual_scale)
   if abstract:
     return (constants, setup.batch_shapes(config, graphs.num_grid_nodes, batch_size),

@@ -27,8 +27,12 @@ def test_store_has_weatherbench2_layout(store_path):
   assert os.path.exists(os.path.join(store_path, ".zmetadata"))  # v2
   assert dict(dataset.sizes) == {"time": 8, "level": 3, "latitude": 32,
                                  "longitude": 64}
-  assert set(variables.VARIABLES) | set(variables.STATIC_VARIABLES) == set(
-      dataset.data_vars)
+  assert set(variables.VARIABLES) | set(variables.STATIC_VARIABLES) | set(
+      synthetic.STORED_FORCINGS) == set(dataset.data_vars)
+  # ERA5's solar radiation: J m^-2 over an hour, up to ~1361 W m^-2 x 3600 s x 1.034.
+  radiation = dataset["toa_incident_solar_radiation"]
+  assert radiation.dims == ("time", "latitude", "longitude")
+  assert 0 <= float(radiation.min()) and 4e6 < float(radiation.max()) < 5.1e6
   assert dataset["temperature"].dims == ("time", "level", "latitude",
                                          "longitude")
   assert dataset["2m_temperature"].dims == ("time", "latitude", "longitude")
@@ -126,6 +130,23 @@ def test_forcings_shapes_and_ranges():
   np.testing.assert_allclose(out[..., 3]**2 + out[..., 4]**2, 1, atol=1e-6)
 
 
+def test_year_progress_counts_tropical_years_as_graphcast():
+  """Year progress restarts every 365.24219 days from 1970 (a 365.25-day year would be
+  0.39 days off after 50 years: sin ~ 6.7e-3 there instead of 0)."""
+  seconds = np.round(np.array([0, 50, 50.25]) * 365.24219 * 86400)
+  times = np.datetime64("1970-01-01T00:00:00", "s") + seconds.astype("timedelta64[s]")
+  names = ("year_progress_sin", "year_progress_cos", "day_progress_sin")
+  out = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names)
+  np.testing.assert_allclose(out[:, 0, 0], [0, 0, 1], atol=2e-5)
+  np.testing.assert_allclose(out[:, 1, 0], [1, 1, 0], atol=2e-5)
+  assert out.dtype == np.float32 and out.shape == (3, 3, 1)
+  # Forcings given (e.g. read from a store) are taken as they are.
+  given = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names,
+                                    given={"day_progress_sin": np.full((3, 1), 7.0)})
+  np.testing.assert_array_equal(given[:, 2, 0], 7.0)
+  np.testing.assert_array_equal(given[:, :2], out[:, :2])
+
+
 def test_never_deletes_a_directory_that_is_not_a_store(tmp_path):
   (tmp_path / "notes.txt").write_text("keep me")
   with pytest.raises(ValueError, match="exists .*zarr store: False"):
@@ -148,7 +169,8 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
   path = resolve.resolve_store(config)
   assert path.startswith(str(tmp_path / "datasets")) and os.path.exists(path + ".complete")
   size = resolve.synthetic_store_bytes(config.data)
-  assert size == 4 * 32 * 64 * (12 * (6 * 13 + 5) + 2)  # 12 times, 83 channels, 2 statics
+  # 12 times, 83 channels and the solar radiation, 2 statics
+  assert size == 4 * 32 * 64 * (12 * (6 * 13 + 5 + 1) + 2)
   assert f"Writing the synthetic store {path} (up to {size / 2**20:.1f} MiB" in caplog.text
   caplog.clear()
   assert resolve.resolve_store(config) == path
@@ -158,7 +180,7 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
 def test_synthetic_store_that_does_not_fit_is_refused(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   monkeypatch.setattr(resolve.paths, "free_bytes", lambda path: 1000)
-  with pytest.raises(ValueError, match=r"needs up to 7.8 MiB but the disk holds only 0.0 MiB free"):
+  with pytest.raises(ValueError, match=r"needs up to 7.9 MiB but the disk holds only 0.0 MiB free"):
     resolve.resolve_store(_tiny_config())
   assert not os.path.exists(tmp_path / "datasets")
 

@@ -1,11 +1,13 @@
 """The xarray predictor: same numbers as the pure rollout, coordinates put back."""
 
+import ml_collections
 import numpy as np
 import pytest
 import xarray as xr
 from flax import nnx
 
 from wnscale import config as config_lib
+from wnscale.data import resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.model import forecast, predictor, setup
@@ -21,23 +23,36 @@ def store_path(tmp_path_factory):
                                          end="2020-01-03", levels=(500, 700, 850), seed=2)
 
 
-@pytest.fixture(scope="module")
-def model(store_path):
+# What the model reads and predicts: wnscale's defaults, and GraphCast's way (a target-only
+# variable, the solar radiation read from the data, every input normalized).
+CONTRACTS = {
+    "wnscale": {},
+    "graphcast": {"target_only_variables": ("10m_u_component_of_wind",),
+                  "stored_forcings": ("toa_incident_solar_radiation",),
+                  "input_normalization": "all"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONTRACTS))
+def model(store_path, request):
   config = config_lib.default_config()
   config.model.update(latent_size=16, message_passing_steps=2)
-  config.data.update(variables=VARIABLES, pressure_levels=LEVELS, target_steps=2)
+  config.data.update(variables=VARIABLES, pressure_levels=LEVELS, target_steps=2,
+                     **CONTRACTS[request.param])
   config_lib.validate(config)
-  source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2)
+  stats = resolve.resolve_stats(ml_collections.ConfigDict(dict(config.data, path=store_path)))
+  source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
+                                           stats=stats, **resolve.data_layout(config.data))
   latitude, longitude = source.store.latitude, source.store.longitude
-  stats = source.channel_stats
   constants = setup.make_constants(config, setup.graphs_for_grid(config, latitude, longitude),
-                                   latitude, longitude, stats["diff_std"] / stats["std"])
+                                   latitude, longitude, source.residual_scale)
   graphdef, params = setup.init_model(config)
-  return source, graphdef, params, constants
+  run = predictor.Predictor(graphdef, params, constants, config.data, stats)
+  return source, graphdef, params, constants, run
 
 
 def test_predictor_matches_pure_rollout(store_path, model):
-  source, graphdef, params, constants = model
+  source, graphdef, params, constants, run = model
   example = source[3]
   times = source.example_times(3)
   pure = forecast.rollout(nnx.merge(graphdef, params), constants,
@@ -48,19 +63,24 @@ def test_predictor_matches_pure_rollout(store_path, model):
   dataset = xr.open_zarr(store_path)
   inputs = dataset[list(VARIABLES)].sel(time=times[:2])
   statics = dataset[["geopotential_at_surface", "land_sea_mask"]]
-  run = predictor.Predictor(graphdef, params, constants, source.channel_stats,
-                            source.static_stats, VARIABLES, LEVELS)
-  forecast_ds = run(inputs, statics, num_steps=2)
+  forcings = (dataset[list(source.stored_forcings)].sel(time=times)
+              if source.stored_forcings else None)
+  forecast_ds = run(inputs, statics, num_steps=2, forcings=forcings)
 
   np.testing.assert_array_equal(forecast_ds.time.values, times[2:])
   np.testing.assert_array_equal(forecast_ds.latitude.values, dataset.latitude.values)  # 90 -> -90
   np.testing.assert_array_equal(forecast_ds.level.values, LEVELS)
   assert forecast_ds.temperature.dims == ("time", "level", "latitude", "longitude")
   assert forecast_ds["2m_temperature"].dims == ("time", "latitude", "longitude")
-  channels = predictor.dataset_to_channels(forecast_ds.sortby("latitude"), VARIABLES, LEVELS)
+  outputs = source.store.variables  # the state, then any target-only variable
+  assert list(forecast_ds.data_vars) == list(outputs)
+  channels = predictor.dataset_to_channels(forecast_ds.sortby("latitude"), outputs, LEVELS)
   np.testing.assert_allclose(channels, pure, rtol=1e-4, atol=1e-3)
   # Plausible physical values come back (K), not normalized ones.
   assert 150 < float(forecast_ds.temperature.mean()) < 350
+  if source.stored_forcings:  # they cannot be computed
+    with pytest.raises(ValueError, match="reads \\['toa_incident_solar_radiation'\\] from"):
+      run(inputs, statics, num_steps=2)
 
 
 def test_channel_layout_round_trips(store_path):
@@ -79,10 +99,8 @@ def test_channel_layout_round_trips(store_path):
 
 
 def test_missing_input_variable_is_named(store_path, model):
-  source, graphdef, params, constants = model
   dataset = xr.open_zarr(store_path)
-  run = predictor.Predictor(graphdef, params, constants, source.channel_stats,
-                            source.static_stats, VARIABLES, LEVELS)
+  run = model[-1]
   with pytest.raises(ValueError, match="lacks variable 'u_component_of_wind'"):
     run(dataset[["temperature", "2m_temperature"]].isel(time=slice(0, 2)),
         dataset[["geopotential_at_surface", "land_sea_mask"]])

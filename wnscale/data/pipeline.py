@@ -115,7 +115,8 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
   """The example source of `split` ("train" or "eval") of an experiment config.
 
   `config` is the experiment ConfigDict or its `data` part. Keys read:
-  `path, resolution, variables, pressure_levels, input_steps, target_steps,
+  `path, resolution, variables, target_only_variables, pressure_levels, forcings,
+  stored_forcings, input_normalization, input_steps, target_steps,
   time_step_hours, {train,eval}_{start,end}, fill_nan, stats_path`. Both splits
   are normalized with `stats`, default the training range's
   (`resolve.resolve_stats`).
@@ -129,7 +130,8 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
       input_steps=data.input_steps, target_steps=data.target_steps,
       start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
       time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
-      resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats)
+      resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats,
+      **resolve.data_layout(data))
 
 
 def from_config(config,

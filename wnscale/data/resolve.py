@@ -29,7 +29,7 @@ def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   start, end = _synthetic_time_span(data)
   levels = _store_levels(data.pressure_levels)
   # The code digest: a store written by other synthetic code is not reused.
-  code = cache.source_digest("data/synthetic.py", "graphs/grid.py")
+  code = cache.source_digest("data/synthetic.py", "data/forcings.py", "graphs/grid.py")
   name = (f"synthetic-{data.resolution}deg-{len(levels)}levels-{start}-{end}-seed{seed}-"
           f"{code}.zarr")
   return cache.cache_path("datasets", name)
@@ -52,7 +52,8 @@ def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
   latitude, longitude = synthetic.store_coordinates(data.resolution)
   levels = len(_store_levels(data.pressure_levels))
   channels = sum(levels if variable.atmospheric else 1
-                 for variable in variables_lib.VARIABLES.values())
+                 for variable in variables_lib.VARIABLES.values()) + len(
+                     synthetic.STORED_FORCINGS)
   return 4 * latitude.size * longitude.size * (num_times * channels + 2)
 
 
@@ -115,13 +116,28 @@ def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:
   """
   if data.get("stats_path"):
     return normalization.read_stats(data.stats_path)
-  arguments = (data.path, tuple(data.variables), tuple(data.pressure_levels),
-               data.get("train_start"), data.get("train_end"), data.get("time_step_hours", 6))
+  layout = data_layout(data)
+  every_input = layout["input_normalization"] == "all"  # forcings' statistics needed too
+  arguments = (data.path, tuple(data.variables) + layout["target_only_variables"],
+               tuple(data.pressure_levels), data.get("train_start"), data.get("train_end"),
+               data.get("time_step_hours", 6), layout["forcings"] if every_input else (),
+               layout["stored_forcings"] if every_input else ())
   blob = once_by_process_0(
       f"stats {normalization.cached_stats_path(*arguments)}",
       lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
       "compute the normalization statistics")
   return normalization.from_bytes(blob)
+
+
+def data_layout(data: ml_collections.ConfigDict) -> dict:
+  """The keyword arguments of `source.WeatherExampleSource` that say what the model reads
+  and predicts: target-only variables, forcings (computed or stored), input normalization."""
+  return {
+      "target_only_variables": tuple(data.get("target_only_variables", ())),
+      "forcings": tuple(data.get("forcings", variables_lib.FORCING_CHANNELS)),
+      "stored_forcings": tuple(data.get("stored_forcings", ())),
+      "input_normalization": data.get("input_normalization", "state"),
+  }
 
 
 def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S

@@ -58,7 +58,7 @@ class Problem:
     self.layout = ShardedLayout(self.mesh, graphs,
                                 *setup.node_positions(config, latitude, longitude),
                                 config.mesh.exchange)
-    channels = setup.num_state_channels(config.data)
+    channels = setup.num_output_channels(config.data)
     self.constants = self.layout.abstract_constants(setup.make_constants(
         config, graphs, latitude, longitude, np.ones(channels, np.float32)))
     self.batch = self.layout.abstract_batch(

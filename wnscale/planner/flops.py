@@ -32,8 +32,10 @@ def _edge_update(edges: int, senders: int, receivers: int, latent: int) -> float
 def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, float]:
   """Forward FLOPs of one example per stage and part of a stage."""
   d = config.model.latent_size
-  channels = setup.num_state_channels(config.data)
-  inputs = forecast.input_channels(channels, config.data.input_steps) + NODE_FEATURES
+  data = config.data
+  channels = setup.num_output_channels(data)
+  inputs = forecast.input_channels(setup.num_state_channels(data), data.input_steps,
+                                   len(data.forcings)) + NODE_FEATURES
   grid, mesh = counts["grid_nodes"], counts["mesh_nodes"]
   g2m, m2m, m2g = (counts["grid_to_mesh_edges"], counts["mesh_edges"],
                    counts["mesh_to_grid_edges"])
