@@ -8,7 +8,9 @@ import pytest
 from wnscale import config as config_lib
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
-CONFIG_FILES = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.py")))
+# configs/imported.py takes a run directory (test_graphcast_import.py loads it).
+CONFIG_FILES = sorted(path for path in glob.glob(os.path.join(CONFIG_DIR, "*.py"))
+                      if os.path.basename(path) != "imported.py")
 
 
 def test_there_are_configs():
@@ -53,6 +55,13 @@ def test_paper_config_matches_graphcast():
     ("data", "variables", ("temperature", "cloud_cover"), "Unknown variable 'cloud_cover'"),
     ("data", "pressure_levels", (500, 505), r"\[505\] are not ERA5 pressure levels"),
     ("train", "warmup_steps", 500, "warmup_steps"),
+    ("data", "target_only_variables", ("temperature",),
+     r"target_only_variables \['temperature'\] are in data.variables too"),
+    ("data", "forcings", ("cos_day_progress",), r"\['cos_day_progress'\] are not forcings"),
+    ("data", "stored_forcings", ("land_sea_mask",), "not in data.forcings"),
+    ("data", "stored_forcings", ("toa_incident_solar_radiation",),
+     "set data.input_normalization='all'"),
+    ("data", "input_normalization", "some", "data.input_normalization='some'"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):
   config = config_lib.default_config()

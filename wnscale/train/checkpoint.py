@@ -13,6 +13,10 @@ setting the data iterator's state) happens after `restore_latest` returns, so
 its errors propagate and never set a good checkpoint aside. A checkpoint that
 is whole but holds a different train state (another model or optimizer
 configuration) is an error, not damage: nothing is set aside.
+
+A run directory may also hold parameters only (`save_params`: an imported
+model, `wnscale.interop`); `restore_params` reads the parameters of either
+kind (a new run's `train.init_from`, forecasts).
 """
 
 from __future__ import annotations
@@ -117,6 +121,12 @@ class Checkpointer:
         self._warn_damaged(step, error)
         damaged.append(step)
         continue
+      if set(stored) == {"params"}:
+        raise CheckpointMismatchError(
+            f"Checkpoint {paths.join(self.directory, str(step))} holds model parameters only "
+            "(an imported model, not a training run): start a new run from them with "
+            f"--config.train.init_from={self.directory.rsplit('/checkpoints', 1)[0]} and "
+            "another --workdir.")
       differences = _differences(stored, abstract_state)
       if differences:
         raise CheckpointMismatchError(
@@ -145,9 +155,7 @@ class Checkpointer:
     return result
 
   def _warn_damaged(self, step, error):
-    logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
-                    paths.join(self.directory, str(step)), step,
-                    (str(error).splitlines() or [repr(error)])[0][:300])
+    _warn_damaged(self.directory, step, error)
 
   def _set_aside(self, steps):
     """Renames damaged step directories (kept for inspection) so new saves can reuse the step."""
@@ -163,6 +171,105 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _manager(directory: str, create: bool, state_handler) -> ocp.CheckpointManager:
+  """A manager of `directory`'s steps with the items `Checkpointer` writes."""
+  return ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(create=create),
+      item_handlers={"state": state_handler,
+                     "data": grain.checkpoint.CheckpointHandler(),
+                     "metadata": ocp.JsonCheckpointHandler()})
+
+
+def save_params(directory: str, params, metadata: dict, step: int = 0):
+  """Writes a checkpoint of `params` alone (no optimizer, no data state) as step `step`.
+
+  `restore_params` reads it; a training run refuses to resume from it and
+  says to use `train.init_from`. Written whole or not at all (Orbax's
+  temporary directory, renamed when complete).
+  """
+  manager = _manager(paths.normalize(directory), True, ocp.StandardCheckpointHandler())
+  try:
+    manager.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": params}),
+        metadata=ocp.args.JsonSave(metadata)))
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+
+
+def restore_params(directory: str, abstract_params, step: int | None = None):
+  """Restores only the model parameters (`state.params`) of a run's checkpoint.
+
+  Works for a training run's checkpoints (the optimizer state is not read)
+  and for `save_params`' (an imported model). The directory is only read:
+  with `step=None` the newest checkpoint that restores is used, a damaged one
+  skipped with a warning (and left where it is).
+
+  Args:
+    directory: the run's `checkpoints/` directory (local or URL).
+    abstract_params: `jax.ShapeDtypeStruct` tree of the parameters, with the
+      shardings to restore onto.
+    step: the checkpoint to restore; None: the newest.
+
+  Returns:
+    `(params, step)`.
+
+  Raises:
+    ValueError: no checkpoint there, or none at `step` (the message lists them).
+    CheckpointMismatchError: the checkpoint holds parameters of other arrays,
+      shapes or dtypes (another model configuration).
+  """
+  directory = paths.normalize(directory)
+  if not paths.exists(directory):
+    raise ValueError(f"No checkpoint directory {directory}: give a run directory (of "
+                     "launch.train or launch.import_graphcast).")
+  # A PyTree handler: it restores a subtree (the parameters) of the saved state.
+  manager = _manager(directory, False, ocp.PyTreeCheckpointHandler())
+  try:
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
+      raise ValueError(f"No checkpoint in {directory}.")
+    if step is not None and step not in steps:
+      raise ValueError(f"No checkpoint of step {step} in {directory}; it has steps "
+                       f"{sorted(steps)}.")
+    failures = []
+    for candidate in [step] if step is not None else steps:
+      try:
+        stored = manager.item_metadata(candidate).state
+        stored = getattr(stored, "tree", stored)["params"]
+      except Exception as error:  # a missing or unreadable _METADATA
+        _warn_damaged(directory, candidate, error)
+        failures.append(candidate)
+        continue
+      differences = _differences(stored, abstract_params)
+      if differences:
+        raise CheckpointMismatchError(
+            f"Checkpoint {paths.join(directory, str(candidate))} holds parameters of another "
+            f"model than this config builds; {len(differences)} differences: "
+            f"{'; '.join(differences[:5])}. Use the model and data settings it was made with "
+            "(its run directory's config.json).")
+      item = {"params": abstract_params}
+      try:
+        restored = manager.restore(candidate, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                partial_restore=True)))
+        return restored.state["params"], candidate
+      except Exception as error:  # Orbax raises many types for damaged files.
+        _warn_damaged(directory, candidate, error)
+        failures.append(candidate)
+    raise ValueError(f"No checkpoint in {directory} could be restored (tried steps "
+                     f"{failures}).")
+  finally:
+    manager.close()
+
+
+def _warn_damaged(directory, step, error):
+  logging.warning("Skipping checkpoint %s (step %d), it cannot be restored: %s",
+                  paths.join(directory, str(step)), step,
+                  (str(error).splitlines() or [repr(error)])[0][:300])
 
 
 def abstract_like(tree, sharding):

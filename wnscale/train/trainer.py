@@ -104,8 +104,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Model, constants and the sharded layout.
   stats = source.channel_stats
   graphs = setup.graphs_for_grid(config, latitude, longitude)
-  constants = setup.make_constants(config, graphs, latitude, longitude,
-                                   stats["diff_std"] / stats["std"])
+  constants = setup.make_constants(config, graphs, latitude, longitude, source.residual_scale)
   layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
                          config.mesh.exchange)
   device_constants, halo_indices = layout.constants(constants)
@@ -118,9 +117,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eval_source = eval_source.in_layout(layout.grid_slots)
   train_data = _train_pipeline(config, source, group, num_groups, 0)
   graphdef, params = setup.init_model(config)
+  replicated = layout.sharding(jax.sharding.PartitionSpec())
+  if config.train.init_from:
+    params = _initial_params(config.train.init_from, params, replicated)
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
-  replicated = layout.sharding(jax.sharding.PartitionSpec())
   state = jax.device_put(initial_state(params, optimizer), replicated)
 
   # Resume (only unreadable checkpoint files count as damage, see `_resume`).
@@ -240,6 +241,20 @@ def _resume(checkpointer, state, sharding, config, source, group, num_groups, tr
                  metadata.get("process_count", "?"), num_groups, jax.process_count())
   logging.info("Resumed from step %d.", restored.step)
   return restored.state, train_data, data_offset
+
+
+def _initial_params(run_directory: str, params, sharding):
+  """The newest parameters of the run in `run_directory` (`train.init_from`), with `sharding`.
+
+  Raises:
+    CheckpointMismatchError: they have other shapes than this run's model.
+  """
+  directory = paths.join(paths.normalize(run_directory), "checkpoints")
+  params, step = checkpoint_lib.restore_params(
+      directory, checkpoint_lib.abstract_like(params, sharding))
+  logging.info("Parameters initialized from %s (step %d); optimizer state fresh.", directory,
+               step)
+  return params
 
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict):
