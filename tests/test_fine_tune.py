@@ -97,3 +97,14 @@ def test_an_imported_run_is_not_resumed(imported):
                      match="parameters only .*--config.train.init_from="):
     trainer.train_and_evaluate(config_lib.validate(config), run)
   assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
+
+
+def test_init_from_another_model_is_refused(imported, tmp_path):
+  run, config = imported
+  config = copy.deepcopy(config)
+  config.model.latent_size = 16
+  config.mesh.update(data=1, graph=8)
+  differs = r"parameters of another model .*float32\[32\], this run float32\[16\]"
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=differs):
+    trainer.train_and_evaluate(config_lib.validate(config), str(tmp_path / "new"))
+  assert not os.path.exists(tmp_path / "new" / "config.json")

@@ -13,11 +13,12 @@ Layout: dims `time, level, latitude, longitude` with latitude descending
 (90 -> -90), as ERA5 and WeatherBench2's 0.25 and 1 deg stores hold them;
 longitude ascending from 0; levels in hPa; WeatherBench2's names; one time step
 per chunk; statics `geopotential_at_surface` and `land_sea_mask` on
-`latitude, longitude`; `toa_incident_solar_radiation` as ERA5 stores it (J m^-2
-accumulated over the hour: here the instantaneous proxy of `forcings.py` x the
-solar constant x 3600 s), for configs that read it (`data.stored_forcings`). (WeatherBench2's low-resolution regridded stores, e.g.
+`latitude, longitude`. (WeatherBench2's low-resolution regridded stores, e.g.
 64 x 32 and 240 x 121, are longitude-major instead: `time, level, longitude,
-latitude`, latitude ascending.)
+latitude`, latitude ascending.) Also `toa_incident_solar_radiation` as ERA5
+stores it, J m^-2 accumulated over the hour (here the instantaneous proxy of
+`forcings.py` x the solar constant x 3600 s), for configs that read it
+(`data.stored_forcings`).
 """
 
 from __future__ import annotations
@@ -254,10 +255,11 @@ def write_synthetic_store(
 
   Times run from `start` 00:00 to `end` 23:00 at `time_step_hours`. Variables
   default to the whole catalogue (`variables.VARIABLES`) and the solar
-  radiation (`STORED_FORCINGS`); statics are always written. xarray writes the layout and the first time step; the rest goes in
-  through tensorstore in time blocks of ~64 MiB (zarr-python's per-chunk cost
-  would make a 5.625 deg year take ~30 s instead of ~10 s). An existing zarr
-  store at `path` is replaced when `overwrite`.
+  radiation (`STORED_FORCINGS`); statics are always written. xarray writes the
+  layout and the first time step; the rest goes in through tensorstore in time
+  blocks of ~64 MiB (zarr-python's per-chunk cost would make a 5.625 deg year
+  take ~30 s instead of ~10 s). An existing zarr store at `path` is replaced
+  when `overwrite`.
 
   Returns:
     `path`.

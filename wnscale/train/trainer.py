@@ -118,15 +118,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_data = _train_pipeline(config, source, group, num_groups, 0)
   graphdef, params = setup.init_model(config)
   replicated = layout.sharding(jax.sharding.PartitionSpec())
-  if config.train.init_from:
-    params = _initial_params(config.train.init_from, params, replicated)
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
-  state = jax.device_put(initial_state(params, optimizer), replicated)
 
-  # Resume (only unreadable checkpoint files count as damage, see `_resume`).
+  # Resume (only unreadable checkpoint files count as damage, see `_resume`); a new run
+  # starts from `train.init_from`'s parameters if given.
   checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, "checkpoints"),
                                              config.train.max_checkpoints)
+  if config.train.init_from and not checkpointer.manager.all_steps():
+    try:
+      params = _initial_params(config.train.init_from, params, replicated)
+    except BaseException:
+      checkpointer.close()
+      train_data.close()
+      raise
+  state = jax.device_put(initial_state(params, optimizer), replicated)
   try:
     state, train_data, data_offset = _resume(checkpointer, state, replicated, config, source,
                                              group, num_groups, train_data)
