@@ -10,6 +10,7 @@ from wnscale import config as config_lib
 from wnscale.data import resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
+from wnscale.graphs import grid
 from wnscale.model import forecast, predictor, setup
 
 VARIABLES = ("temperature", "u_component_of_wind", "2m_temperature")
@@ -104,3 +105,32 @@ def test_missing_input_variable_is_named(store_path, model):
   with pytest.raises(ValueError, match="lacks variable 'u_component_of_wind'"):
     run(dataset[["temperature", "2m_temperature"]].isel(time=slice(0, 2)),
         dataset[["geopotential_at_surface", "land_sea_mask"]])
+
+
+def test_target_only_channels_are_predicted_outright():
+  """GraphCast's InputsAndResiduals: the state is the last input plus the scaled residual;
+  a target-only channel is the network's output itself (scale 1, nothing added), and only
+  the state is fed back."""
+  config = config_lib.default_config()
+  config.model.update(latent_size=8, message_passing_steps=1)
+  config.data.update(variables=("2m_temperature",), target_only_variables=(
+      "total_precipitation_6hr",), pressure_levels=(), target_steps=2)
+  config_lib.validate(config)
+  latitude, longitude = grid.regular_grid(5.625)
+  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  constants = setup.make_constants(config, graphs, latitude, longitude,
+                                   np.array([0.5, 1.0], np.float32))
+  graphdef, params = setup.init_model(config)
+  model = nnx.merge(graphdef, params)
+  rng = np.random.default_rng(0)
+  batch = {key: rng.standard_normal(shape.shape).astype(np.float32) for key, shape in
+           setup.batch_shapes(config, graphs.num_grid_nodes, 1).items()}
+  assert batch["inputs"].shape[2] == 1 and batch["targets"].shape[2] == 2
+  node_major = forecast.to_node_major(batch)
+  outputs = model(constants.graphs, (forecast._stack_channels(node_major["inputs"]),
+                                     forecast._stack_channels(node_major["forcings"][:, :3]),
+                                     node_major["statics"]))
+  first = np.asarray(forecast.rollout(model, constants, batch))[:, 0]  # [B, C_out, G]
+  np.testing.assert_allclose(first[:, 0], batch["inputs"][:, -1, 0] + 0.5 * outputs[..., 0],
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(first[:, 1], outputs[..., 1], rtol=1e-5, atol=1e-5)

@@ -119,7 +119,7 @@ def loss_channel_weights(variables, levels) -> np.ndarray:
   the lower atmosphere counts more within it.
   """
   levels = np.asarray(levels, dtype=np.float64)
-  level_share = levels / levels.mean() / len(levels)
+  level_share = levels / levels.mean() / len(levels) if len(levels) else levels
   weights = []
   for name in variables:
     variable = lookup(name)

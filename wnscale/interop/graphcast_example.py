@@ -89,14 +89,14 @@ def _check_example(example: xr.Dataset, data: ml_collections.ConfigDict, steps: 
                        "have batch, time, lat, lon (and level)")
   if "datetime" not in example.coords:
     raise ValueError(f"{path} has no 'datetime' coordinate (batch, time)")
-  needed = setup.output_variables(data) + tuple(data.stored_forcings) + \
-      variables_lib.STATIC_VARIABLES
+  needed = (tuple(data.variables) + tuple(data.stored_forcings)
+            + variables_lib.STATIC_VARIABLES)
   missing = [name for name in needed if name not in example]
   if missing:
     raise ValueError(f"{path} lacks {missing}, which the model reads; it has {sorted(example)}")
   levels = [int(level) for level in example["level"].values] if "level" in example.dims else []
   absent = [level for level in data.pressure_levels if level not in levels]
-  if absent and any(variables_lib.is_atmospheric(n) for n in setup.output_variables(data)):
+  if absent and any(variables_lib.is_atmospheric(name) for name in data.variables):
     raise ValueError(f"{path} has levels {levels}; the model needs {list(data.pressure_levels)}")
   step = pd.Timedelta(hours=data.time_step_hours)
   spacing = np.diff(example["time"].values)
@@ -111,7 +111,7 @@ def _check_example(example: xr.Dataset, data: ml_collections.ConfigDict, steps: 
     steps = targets
   if steps < 1:
     raise ValueError(f"Nothing to predict: {path} has no target times after its "
-                     f"{data.input_steps} inputs; pass --steps")
+                     f"{data.input_steps} inputs; ask for a number of steps")
   if data.stored_forcings and steps > targets:
     raise ValueError(f"{steps} lead times asked for, but {path} has {targets} target time(s); "
                      f"the model reads {list(data.stored_forcings)} from the data at each.")
