@@ -9,7 +9,7 @@ enough to compile and run on 2 CPU cores.
   python bench/sharding.py        # graph shards 1..8, both exchanges
   python -m launch.train --config=configs/mid_1p0.py --workdir=/tmp/wnscale_mid
 
-Expect about 6 GiB of temporaries per step without remat, ~10 s per step here.
+Expect about 4.3 GiB of temporaries per step without remat, ~10 s per step here.
 """
 
 from wnscale.config import default_config

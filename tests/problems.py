@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 import jax
 import numpy as np
 
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import setup
+
+# Every config file that loads as it is (configs/imported.py takes a run directory:
+# test_graphcast_import.py loads it).
+CONFIG_FILES = sorted(path for path in glob.glob(os.path.join(os.path.dirname(__file__), "..",
+                                                              "configs", "*.py"))
+                      if os.path.basename(path) != "imported.py")
 
 
 def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
@@ -36,7 +45,7 @@ def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int
   """
   graphs = setup.graphs_for_grid(config, latitude, longitude)
   rng = np.random.default_rng(seed)
-  residual_scale = rng.uniform(0.2, 1.0, setup.num_state_channels(config.data))
+  residual_scale = rng.uniform(0.2, 1.0, setup.num_output_channels(config.data))
   constants = setup.make_constants(config, graphs, latitude, longitude, residual_scale)
   if abstract:
     return (constants, setup.batch_shapes(config, graphs.num_grid_nodes, batch_size),

@@ -8,7 +8,6 @@ CPU machine: one CPU device and none of the test session's JAX or libtpu setting
 so that they also show that libtpu prints nothing on a machine without a TPU.
 """
 
-import glob
 import importlib.util
 import io
 import json
@@ -34,6 +33,8 @@ from wnscale.planner.compile import batch_per_data_shard, best_setting
 from wnscale.train import checkpoint, optimizer as optimizer_lib
 from wnscale.train.metrics import read_metrics
 from wnscale.train.state import initial_state
+
+from problems import CONFIG_FILES
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -294,8 +295,7 @@ def test_a_topology_libtpu_refuses_does_not_blame_a_missing_libtpu():
 
 # --- launch.compile -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))),
-                         ids=os.path.basename)
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
 def test_compile_defaults_split_every_config_over_cpu_8(path):
   """The default --topology=cpu:8 gives every config whole examples on every data shard."""
   config = config_lib.load(path)

@@ -1,6 +1,5 @@
 """Every config file loads and validates; invalid configs fail before anything is built."""
 
-import glob
 import os
 
 import pytest
@@ -9,8 +8,10 @@ from wnscale import config as config_lib
 from wnscale.errors import UserError
 from wnscale.train import optimizer
 
+from problems import CONFIG_FILES
+
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
-CONFIG_FILES = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.py")))
+
 
 
 def test_there_are_configs():
@@ -55,7 +56,7 @@ def test_weathernext2_config_matches_its_release():
           m.transformer_ffw_size, m.transformer_k_hop, m.mesh_levels, m.edge_latent_size) == (
               "transformer", 24, 768, 6, 3072, 32, 6, 32)
   assert len(config.data.pressure_levels) == 13
-  assert config.data.global_forcings == ("sin_year_progress", "cos_year_progress")
+  assert config.data.global_forcings == ("year_progress_sin", "year_progress_cos")
 
 
 @pytest.mark.parametrize("section, key, value, message", [
@@ -71,6 +72,13 @@ def test_weathernext2_config_matches_its_release():
     ("train", "steps", 0, "train.steps=0 must be >= 1"),
     ("train", "learning_rate", 0.0, "train.learning_rate=0.0 must be > 0"),
     ("train", "learning_rate", -1e-3, "train.learning_rate=-0.001 must be > 0"),
+    ("data", "target_only_variables", ("temperature",),
+     r"target_only_variables \['temperature'\] are in data.variables too"),
+    ("data", "forcings", ("cos_day_progress",), r"\['cos_day_progress'\] are not forcings"),
+    ("data", "stored_forcings", ("land_sea_mask",), "not in data.forcings"),
+    ("data", "stored_forcings", ("toa_incident_solar_radiation",),
+     "set data.input_normalization='all'"),
+    ("data", "input_normalization", "some", "data.input_normalization='some'"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):
   config = config_lib.default_config()

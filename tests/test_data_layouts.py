@@ -28,7 +28,7 @@ from wnscale.data import source as source_lib
 from wnscale.data import store as store_lib
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-GRAPHCAST_STATS = os.path.join(FIXTURES, "graphcast_stats")
+GRAPHCAST_STATS = os.path.join(FIXTURES, "graphcast_5p625", "stats")
 VARIABLES = ("temperature", "geopotential", "2m_temperature", "mean_sea_level_pressure")
 STORE_LEVELS = np.array([50, 500, 850, 1000], np.int64)
 LEVELS = (850, 500)  # a subset, out of store order

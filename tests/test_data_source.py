@@ -181,3 +181,50 @@ def test_grid_slots_reorder_and_pad_every_array(source, store_path):
     expected[..., slots < 0] = 0
     assert example[key].shape == value.shape[:-1] + (len(slots),)
     np.testing.assert_array_equal(example[key], expected, err_msg=key)
+
+
+def test_graphcast_data_contract(store_path):
+  """Target-only variables, solar radiation read from the store, every input normalized:
+  GraphCast's `InputsAndResiduals`, with statistics computed from the store (forcings
+  included) as well as read."""
+  kwargs = dict(target_only_variables=("total_precipitation_6hr",),
+                stored_forcings=("toa_incident_solar_radiation",), input_normalization="all")
+  state = VARIABLES[:-1]
+  source = source_lib.WeatherExampleSource(store_path, state, LEVELS, input_steps=2,
+                                           target_steps=2, **kwargs)
+  stats = normalization.load_or_compute_stats(
+      store_path, VARIABLES, LEVELS, forcings=source.forcings,
+      stored_forcings=source.stored_forcings)
+  assert stats["toa_incident_solar_radiation"].sel(statistic="mean") > 1e5  # J m^-2
+  example = source[2]
+  dataset = xr.open_zarr(store_path, chunks=None).sortby("latitude")
+  window = dataset.sel(time=source.example_times(2))
+  num_state = 3 + 3 + 1
+  assert example["inputs"].shape == (2, num_state, 32 * 64)
+  assert example["targets"].shape == (2, num_state + 1, 32 * 64)  # precipitation last
+
+  def normalized(name, values):
+    column = stats[name]
+    return (values - float(column.sel(statistic="mean"))) / float(column.sel(statistic="std"))
+
+  rain = window["total_precipitation_6hr"].values[2:].reshape(2, -1)
+  np.testing.assert_allclose(example["targets"][:, -1], normalized("total_precipitation_6hr",
+                                                                   rain), rtol=1e-5, atol=1e-5)
+  assert source.residual_scale[-1] == 1.0 and source.residual_scale[0] != 1.0
+  # Forcings: the store's radiation, the computed progresses, all normalized.
+  radiation = window["toa_incident_solar_radiation"].values.reshape(4, -1)
+  np.testing.assert_allclose(example["forcings"][:, 0],
+                             normalized("toa_incident_solar_radiation", radiation),
+                             rtol=1e-5, atol=1e-5)
+  progress = forcings.compute_forcings(window["time"].values, dataset["latitude"].values,
+                                       dataset["longitude"].values, source.forcings[1:])
+  for i, name in enumerate(source.forcings[1:]):
+    np.testing.assert_allclose(example["forcings"][:, i + 1], normalized(name, progress[:, i]),
+                               rtol=1e-5, atol=1e-5)
+  mask = dataset["land_sea_mask"].values.reshape(-1)
+  np.testing.assert_allclose(example["statics"][1], normalized("land_sea_mask", mask),
+                             rtol=1e-5, atol=1e-5)
+  # With "state" normalization the mask and the forcings enter as they are.
+  plain = source_lib.WeatherExampleSource(store_path, state, LEVELS)[2]
+  np.testing.assert_array_equal(plain["statics"][1], mask)
+  assert plain["forcings"].shape[1] == 5 and np.abs(plain["forcings"]).max() <= 1.04

@@ -213,9 +213,9 @@ def test_a_nan_in_the_time_range_stops_the_source_as_it_opens(tmp_path):
 def test_fill_nan_uses_the_channel_mean(nan_store):
   source = source_lib.WeatherExampleSource(nan_store, ["temperature"], LEVELS, fill_nan=True)
   store = source.store
-  np.testing.assert_array_equal(store.channel_fill, source.channel_stats["mean"])
+  np.testing.assert_array_equal(store.fill["temperature"], source.channel_stats["mean"])
   state = store.read_state([2])
   # Row 4 from the north of 32 is row 27 from the south.
-  assert state[0, 1, 27 * 64 + 5] == store.channel_fill[1]
-  assert 250 < store.channel_fill[1] < 300
+  assert state[0, 1, 27 * 64 + 5] == store.fill["temperature"][1]
+  assert 250 < store.fill["temperature"][1] < 300
   assert np.isfinite(state).all()

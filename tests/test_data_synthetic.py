@@ -27,8 +27,12 @@ def test_store_has_weatherbench2_layout(store_path):
   assert os.path.exists(os.path.join(store_path, ".zmetadata"))  # v2
   assert dict(dataset.sizes) == {"time": 8, "level": 3, "latitude": 32,
                                  "longitude": 64}
-  assert set(variables.VARIABLES) | set(variables.STATIC_VARIABLES) == set(
-      dataset.data_vars)
+  assert set(variables.VARIABLES) | set(variables.STATIC_VARIABLES) | set(
+      synthetic.STORED_FORCINGS) == set(dataset.data_vars)
+  # ERA5's solar radiation: J m^-2 over an hour, up to ~1361 W m^-2 x 3600 s x 1.034.
+  radiation = dataset["toa_incident_solar_radiation"]
+  assert radiation.dims == ("time", "latitude", "longitude")
+  assert 0 <= float(radiation.min()) and 4e6 < float(radiation.max()) < 5.1e6
   assert dataset["temperature"].dims == ("time", "level", "latitude",
                                          "longitude")
   assert dataset["2m_temperature"].dims == ("time", "latitude", "longitude")
@@ -124,6 +128,23 @@ def test_forcings_shapes_and_ranges():
   np.testing.assert_allclose(out[0, 0, :2, 2], [-1, 0], atol=1e-6)
   np.testing.assert_allclose(out[0, 0, 1, 1], -1, atol=1e-6)
   np.testing.assert_allclose(out[..., 3]**2 + out[..., 4]**2, 1, atol=1e-6)
+
+
+def test_year_progress_counts_tropical_years_as_graphcast():
+  """Year progress restarts every 365.24219 days from 1970 (a 365.25-day year would be
+  0.39 days off after 50 years: sin ~ 6.7e-3 there instead of 0)."""
+  seconds = np.round(np.array([0, 50, 50.25]) * 365.24219 * 86400)
+  times = np.datetime64("1970-01-01T00:00:00", "s") + seconds.astype("timedelta64[s]")
+  names = ("year_progress_sin", "year_progress_cos", "day_progress_sin")
+  out = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names)
+  np.testing.assert_allclose(out[:, 0, 0], [0, 0, 1], atol=2e-5)
+  np.testing.assert_allclose(out[:, 1, 0], [1, 1, 0], atol=2e-5)
+  assert out.dtype == np.float32 and out.shape == (3, 3, 1)
+  # Forcings given (e.g. read from a store) are taken as they are.
+  given = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names,
+                                    given={"day_progress_sin": np.full((3, 1), 7.0)})
+  np.testing.assert_array_equal(given[:, 2, 0], 7.0)
+  np.testing.assert_array_equal(given[:, :2], out[:, :2])
 
 
 def test_never_deletes_a_directory_that_is_not_a_store(tmp_path):

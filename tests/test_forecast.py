@@ -100,7 +100,7 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
     constants = setup.make_constants(config, graphs, latitude, longitude,
                                      stats["diff_std"] / stats["std"])
     forecaster = StreamingForecaster(config, layout, graphdef, params, constants,
-                                     source.store, stats, source.static_stats)
+                                     source.store, source.stats)
     states = dict(forecaster.run([index + 1], LEADS))
     assert sorted(states) == list(range(LEADS))
     results.append(np.stack([states[lead][0] for lead in range(LEADS)]))

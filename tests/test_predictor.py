@@ -1,13 +1,16 @@
 """The xarray predictor: same numbers as the pure rollout, coordinates put back."""
 
+import ml_collections
 import numpy as np
 import pytest
 import xarray as xr
 from flax import nnx
 
 from wnscale import config as config_lib
+from wnscale.data import resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
+from wnscale.graphs import grid
 from wnscale.model import forecast, predictor, setup
 
 VARIABLES = ("temperature", "u_component_of_wind", "2m_temperature")
@@ -21,26 +24,39 @@ def store_path(tmp_path_factory):
                                          end="2020-01-03", levels=(500, 700, 850), seed=2)
 
 
-# Without and with global forcings (the batch's optional `globals`).
-@pytest.fixture(scope="module", params=[(), ("cos_year_progress",)], ids=["", "globals"])
+# What the model reads and predicts: wnscale's defaults, GraphCast's way (a target-only
+# variable, the solar radiation read from the data, every input normalized), and with
+# global forcings.
+CONTRACTS = {
+    "wnscale": {},
+    "graphcast": {"target_only_variables": ("10m_u_component_of_wind",),
+                  "stored_forcings": ("toa_incident_solar_radiation",),
+                  "input_normalization": "all"},
+    # WeatherNext 2's global forcings (the batch's optional `globals`).
+    "globals": {"global_forcings": ("year_progress_cos",)},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONTRACTS))
 def model(store_path, request):
   config = config_lib.default_config()
   config.model.update(latent_size=16, message_passing_steps=2)
   config.data.update(variables=VARIABLES, pressure_levels=LEVELS, target_steps=2,
-                     global_forcings=request.param)
+                     **CONTRACTS[request.param])
   config_lib.validate(config)
+  stats = resolve.resolve_stats(ml_collections.ConfigDict(dict(config.data, path=store_path)))
   source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
-                                           global_forcings=request.param)
+                                           stats=stats, **resolve.data_layout(config.data))
   latitude, longitude = source.store.latitude, source.store.longitude
-  stats = source.channel_stats
   constants = setup.make_constants(config, setup.graphs_for_grid(config, latitude, longitude),
-                                   latitude, longitude, stats["diff_std"] / stats["std"])
+                                   latitude, longitude, source.residual_scale)
   graphdef, params = setup.init_model(config)
-  return source, graphdef, params, constants
+  run = predictor.Predictor(graphdef, params, constants, config.data, stats)
+  return source, graphdef, params, constants, run
 
 
 def test_predictor_matches_pure_rollout(store_path, model):
-  source, graphdef, params, constants = model
+  source, graphdef, params, constants, run = model
   example = source[3]
   times = source.example_times(3)
   pure = forecast.rollout(nnx.merge(graphdef, params), constants,
@@ -51,20 +67,24 @@ def test_predictor_matches_pure_rollout(store_path, model):
   dataset = xr.open_zarr(store_path)
   inputs = dataset[list(VARIABLES)].sel(time=times[:2])
   statics = dataset[["geopotential_at_surface", "land_sea_mask"]]
-  run = predictor.Predictor(graphdef, params, constants, source.channel_stats,
-                            source.static_stats, VARIABLES, LEVELS,
-                            global_forcings=source.global_forcings)
-  forecast_ds = run(inputs, statics, num_steps=2)
+  forcings = (dataset[list(source.stored_forcings)].sel(time=times)
+              if source.stored_forcings else None)
+  forecast_ds = run(inputs, statics, num_steps=2, forcings=forcings)
 
   np.testing.assert_array_equal(forecast_ds.time.values, times[2:])
   np.testing.assert_array_equal(forecast_ds.latitude.values, dataset.latitude.values)  # 90 -> -90
   np.testing.assert_array_equal(forecast_ds.level.values, LEVELS)
   assert forecast_ds.temperature.dims == ("time", "level", "latitude", "longitude")
   assert forecast_ds["2m_temperature"].dims == ("time", "latitude", "longitude")
-  channels = predictor.dataset_to_channels(forecast_ds.sortby("latitude"), VARIABLES, LEVELS)
+  outputs = source.store.variables  # the state, then any target-only variable
+  assert list(forecast_ds.data_vars) == list(outputs)
+  channels = predictor.dataset_to_channels(forecast_ds.sortby("latitude"), outputs, LEVELS)
   np.testing.assert_allclose(channels, pure, rtol=1e-4, atol=1e-3)
   # Plausible physical values come back (K), not normalized ones.
   assert 150 < float(forecast_ds.temperature.mean()) < 350
+  if source.stored_forcings:  # they cannot be computed
+    with pytest.raises(ValueError, match="reads \\['toa_incident_solar_radiation'\\] from"):
+      run(inputs, statics, num_steps=2)
 
 
 def test_channel_layout_round_trips(store_path):
@@ -83,10 +103,37 @@ def test_channel_layout_round_trips(store_path):
 
 
 def test_missing_input_variable_is_named(store_path, model):
-  source, graphdef, params, constants = model
   dataset = xr.open_zarr(store_path)
-  run = predictor.Predictor(graphdef, params, constants, source.channel_stats,
-                            source.static_stats, VARIABLES, LEVELS)
+  run = model[-1]
   with pytest.raises(ValueError, match="lacks variable 'u_component_of_wind'"):
     run(dataset[["temperature", "2m_temperature"]].isel(time=slice(0, 2)),
         dataset[["geopotential_at_surface", "land_sea_mask"]])
+
+
+def test_target_only_channels_are_predicted_outright():
+  """GraphCast's InputsAndResiduals: the state is the last input plus the scaled residual;
+  a target-only channel is the network's output itself (scale 1, nothing added), and only
+  the state is fed back."""
+  config = config_lib.default_config()
+  config.model.update(latent_size=8, message_passing_steps=1)
+  config.data.update(variables=("2m_temperature",), target_only_variables=(
+      "total_precipitation_6hr",), pressure_levels=(), target_steps=2)
+  config_lib.validate(config)
+  latitude, longitude = grid.regular_grid(5.625)
+  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  constants = setup.make_constants(config, graphs, latitude, longitude,
+                                   np.array([0.5, 1.0], np.float32))
+  graphdef, params = setup.init_model(config)
+  model = nnx.merge(graphdef, params)
+  rng = np.random.default_rng(0)
+  batch = {key: rng.standard_normal(shape.shape).astype(np.float32) for key, shape in
+           setup.batch_shapes(config, graphs.num_grid_nodes, 1).items()}
+  assert batch["inputs"].shape[2] == 1 and batch["targets"].shape[2] == 2
+  node_major = forecast.to_node_major(batch)
+  outputs = model(constants.graphs, (forecast._stack_channels(node_major["inputs"]),
+                                     forecast._stack_channels(node_major["forcings"][:, :3]),
+                                     node_major["statics"]))
+  first = np.asarray(forecast.rollout(model, constants, batch))[:, 0]  # [B, C_out, G]
+  np.testing.assert_allclose(first[:, 0], batch["inputs"][:, -1, 0] + 0.5 * outputs[..., 0],
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(first[:, 1], outputs[..., 1], rtol=1e-5, atol=1e-5)

@@ -24,7 +24,7 @@ from wnscale.data import synthetic
 from wnscale.train.metrics import read_metrics
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
-GRAPHCAST_STATS = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_stats")
+GRAPHCAST_STATS = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625", "stats")
 LEVELS = (500, 850)
 
 

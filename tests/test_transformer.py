@@ -27,7 +27,7 @@ from wnscale.sharding.layout import ShardedLayout
 LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
 
 
-GLOBAL_FORCINGS = ("sin_year_progress", "cos_year_progress")
+GLOBAL_FORCINGS = ("year_progress_sin", "year_progress_cos")
 
 
 def small_config(**model):
@@ -250,12 +250,13 @@ def test_edge_latent_size_sets_the_encoder_and_decoder_edge_width():
 
 
 def test_global_forcings_are_year_progress():
-  times = np.array(["1970-01-01T00", "1970-07-02T15"], dtype="datetime64[h]")
-  values = forcings_lib.compute_global_forcings(times, ("cos_year_progress",
-                                                        "sin_year_progress"))
+  # Half a tropical year (365.24219 days / 2) after 1970-01-01.
+  times = np.array(["1970-01-01T00:00:00", "1970-07-02T14:54:22"], dtype="datetime64[s]")
+  values = forcings_lib.compute_global_forcings(times, ("year_progress_cos",
+                                                        "year_progress_sin"))
   assert values.shape == (2, 2) and values.dtype == np.float32
   np.testing.assert_allclose(values[0], [1.0, 0.0], atol=1e-7)
-  np.testing.assert_allclose(values[1], [-1.0, 0.0], atol=1e-6)  # half a Julian year
+  np.testing.assert_allclose(values[1], [-1.0, 0.0], atol=1e-6)
 
 
 def test_global_forcings_reach_grid_and_mesh_embedders(problem, reference):

@@ -13,6 +13,7 @@ import json
 import ml_collections
 
 from wnscale.data import forcings as forcings_lib
+from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.model import remat
@@ -80,8 +81,22 @@ def default_config() -> ml_collections.ConfigDict:
   d.resolution = 5.625  # grid spacing in degrees; must match the store
   d.variables = ("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "specific_humidity", "2m_temperature",
-                 "mean_sea_level_pressure")  # state variables, WeatherBench2 names
+                 "mean_sea_level_pressure")  # state variables (inputs and targets),
+  # WeatherBench2 names
+  d.target_only_variables = ()  # predicted but never inputs (GraphCast_operational's
+  # total_precipitation_6hr): the network predicts them outright, normalized by mean and
+  # std, no residual
   d.pressure_levels = (500, 850)  # hPa, subset of the store's levels
+  d.forcings = variables_lib.FORCING_CHANNELS  # forcing channels, fed at every input time
+  # and the target time: toa_incident_solar_radiation, day_progress_sin/cos,
+  # year_progress_sin/cos (a subset, in any order)
+  d.stored_forcings = ()  # forcings read from the store instead of computed, e.g.
+  # ("toa_incident_solar_radiation",): ERA5's 1-hour integral in J m^-2, as GraphCast was
+  # trained on (computed: an instantaneous proxy, wnscale.data.forcings); needs
+  # input_normalization="all"
+  d.input_normalization = "state"  # "state": the state and the surface geopotential as
+  # (x - mean) / std, the land-sea mask and the forcings as they are (wnscale's own);
+  # "all": every input, forcings and statics included (GraphCast's)
   d.input_steps = 2  # input times (t - 6h, t)
   d.target_steps = 1  # autoregressive lead times in the loss
   d.time_step_hours = 6  # model time step; finer stores are subsampled
@@ -117,6 +132,9 @@ def default_config() -> ml_collections.ConfigDict:
   t.checkpoint_every = 100  # steps between asynchronous checkpoints
   t.max_checkpoints = 3  # checkpoints kept
   t.memory_budget_gib = 0.0  # per-device memory for remat_policy="auto"; 0: the device's memory
+  t.init_from = ""  # a run directory (e.g. from launch.import_graphcast) whose newest
+  # parameters start this run (not its optimizer state; a run resumed from its own
+  # checkpoint ignores it); model and data keys must give the same parameter shapes
   return c
 
 
@@ -180,7 +198,7 @@ def weathernext2_config(resolution: float) -> ml_collections.ConfigDict:
       remat_grid_to_mesh_gnn=True, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
       mesh_remat_every=1, edge_chunks=1)
   c.data.pressure_levels = variables_lib.WB2_LEVELS_13
-  c.data.global_forcings = ("sin_year_progress", "cos_year_progress")
+  c.data.global_forcings = ("year_progress_sin", "year_progress_cos")
   return c
 
 
@@ -254,12 +272,30 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for name in d.global_forcings:
     _require(name in forcings_lib.GLOBAL_FORCINGS,
              f"data.global_forcings: unknown {name!r}, expected names from "
-             f"{tuple(forcings_lib.GLOBAL_FORCINGS)}")
+             f"{forcings_lib.GLOBAL_FORCINGS}")
   _require(len(set(d.global_forcings)) == len(d.global_forcings),
            f"data.global_forcings={d.global_forcings} repeats a name")
-  has_levels = any(variables_lib.lookup(n).atmospheric for n in d.variables)
+  for name in d.target_only_variables:
+    variables_lib.lookup(name)
+  both = sorted(set(d.variables) & set(d.target_only_variables))
+  _require(not both, f"data.target_only_variables {both} are in data.variables too")
+  outputs = tuple(d.variables) + tuple(d.target_only_variables)
+  has_levels = any(variables_lib.lookup(n).atmospheric for n in outputs)
   _require(not has_levels or len(d.pressure_levels) > 0,
            "data.pressure_levels is empty but atmospheric variables are requested")
+  unknown = [name for name in d.forcings if name not in variables_lib.FORCING_CHANNELS]
+  _require(not unknown, f"data.forcings {unknown} are not forcings; known: "
+           f"{variables_lib.FORCING_CHANNELS}")
+  _require(len(set(d.forcings)) == len(d.forcings), f"data.forcings {d.forcings} repeat a name")
+  unknown = [name for name in d.stored_forcings if name not in d.forcings]
+  _require(not unknown, f"data.stored_forcings {unknown} are not in data.forcings "
+           f"{d.forcings}")
+  _require(d.input_normalization in normalization.INPUT_NORMALIZATIONS,
+           f"data.input_normalization={d.input_normalization!r}, expected one of "
+           f"{normalization.INPUT_NORMALIZATIONS}")
+  _require(not d.stored_forcings or d.input_normalization == "all",
+           f"data.stored_forcings {d.stored_forcings} are read in physical units (ERA5's solar "
+           "radiation: J m^-2) and need their statistics: set data.input_normalization='all'")
   _require(d.input_steps >= 1 and d.target_steps >= 1,
            "data.input_steps and data.target_steps must be >= 1")
   _require(d.resolution > 0 and d.time_step_hours > 0,

@@ -1,18 +1,20 @@
-"""Forcings computed from time and position, never read from a store.
+"""Forcings computed from time and position.
 
-Channels, in `variables.FORCING_CHANNELS` order:
+Channels (`variables.FORCING_CHANNELS`; a config uses a subset, `data.forcings`):
   * toa_incident_solar_radiation: INSTANTANEOUS top-of-atmosphere irradiance
     at the given time divided by the solar constant, so in [0, ~1.034]:
     `(1 + 0.033 cos(2 pi doy / 365)) * max(0, cos(zenith))`, with the zenith
     from the solar declination (Cooper's formula) and the hour angle of local
     mean solar time (no equation of time: errors < ~4 deg of hour angle).
-    ERA5's field is the 1-hour integral ending at the time; the instantaneous
-    value is a close, cheaper proxy for training.
-  * sin/cos of day progress: local mean solar time, i.e. UTC time of day
-    shifted by longitude / 15 hours, as a fraction of the day.
-  * sin/cos of year progress: seconds since 1970-01-01 over the mean Julian
-    year (365.25 days). (GraphCast divides by the tropical year, 365.24219
-    days, instead: by 2020 the two differ by ~0.4 days of year progress.)
+    A cheap proxy for training. ERA5's field (and so GraphCast's input) is
+    the 1-hour integral ending at the time, in J m^-2: a config that wants it
+    reads it from the store (`data.stored_forcings`) instead.
+  * day_progress_sin/cos: sin/cos of 2 pi x the local mean solar time as a
+    fraction of the day (UTC time of day shifted by longitude / 360 days).
+  * year_progress_sin/cos: sin/cos of 2 pi x the fraction of the year, years
+    counted from 1970-01-01 in tropical years of 365.24219 days.
+Both progresses are GraphCast's (`graphcast.data_utils`): computed in float64
+from whole seconds since 1970, rounded to float32, then sin/cos in float32.
 
 Global forcings (`GLOBAL_FORCINGS`, chosen by `data.global_forcings`) have no
 position: one value per time, `[num_times, F]`, which the model broadcasts to
@@ -25,60 +27,80 @@ import numpy as np
 
 from wnscale.data import variables as variables_lib
 
-SECONDS_PER_DAY = 86400.0
-SECONDS_PER_YEAR = 365.25 * SECONDS_PER_DAY
+SECONDS_PER_DAY = 86400
+DAYS_PER_YEAR = 365.24219  # the tropical year, as GraphCast counts it
 OBLIQUITY_DEG = 23.44
 
 
-def _seconds_since_1970(times) -> np.ndarray:
-  return (np.asarray(times).astype("datetime64[s]") -
-          np.datetime64("1970-01-01T00:00:00", "s")).astype(np.float64)
-
-
-def _year_angle(seconds: np.ndarray) -> np.ndarray:
-  return 2 * np.pi * np.mod(seconds / SECONDS_PER_YEAR, 1.0)
-
-
-# Name -> its value at each time, from `[num_times]` seconds since 1970.
-GLOBAL_FORCINGS = {
-    "sin_year_progress": lambda seconds: np.sin(_year_angle(seconds)),
-    "cos_year_progress": lambda seconds: np.cos(_year_angle(seconds)),
-}
-
-
-def compute_global_forcings(times, names) -> np.ndarray:
-  """`[num_times, len(names)]` float32 global forcings (`GLOBAL_FORCINGS`) at `times`."""
-  seconds = _seconds_since_1970(times)
-  out = np.empty((len(seconds), len(names)), np.float32)
-  for column, name in enumerate(names):
-    out[:, column] = GLOBAL_FORCINGS[name](seconds)
-  return out
-
-
-def compute_forcings(times, latitude, longitude) -> np.ndarray:
+def compute_forcings(times, latitude, longitude, names=variables_lib.FORCING_CHANNELS,
+                     given: dict | None = None) -> np.ndarray:
   """Forcings on the flattened grid.
 
   Args:
     times: `[num_times]` datetime64.
     latitude: `[num_lat]` degrees (ascending in wnscale).
     longitude: `[num_lon]` degrees.
+    names: the channels, from `variables.FORCING_CHANNELS`, in output order.
+    given: `{name: [num_times, num_lat * num_lon]}` values to use instead of
+      computing them (e.g. read from a store).
 
   Returns:
-    `[num_times, 5, num_lat * num_lon]` float32, channels in
-    `variables.FORCING_CHANNELS` order, grid flattened latitude-major.
+    `[num_times, len(names), num_lat * num_lon]` float32, grid flattened latitude-major.
   """
-  seconds = _seconds_since_1970(times)
+  given = given or {}
+  seconds = np.asarray(times).astype("datetime64[s]").astype(np.int64)
+  num_lat, num_lon = len(latitude), len(longitude)
+  out = np.empty((seconds.size, len(names), num_lat, num_lon), np.float32)
+  for channel, name in enumerate(names):
+    if name in given:
+      out[:, channel] = np.asarray(given[name]).reshape(seconds.size, num_lat, num_lon)
+    elif name == "toa_incident_solar_radiation":
+      out[:, channel] = _solar_radiation(times, seconds, latitude, longitude)
+    elif name.startswith("day_progress_"):
+      phase = day_progress(seconds, longitude) * (2 * np.pi)  # float32, [time, lon]
+      out[:, channel] = _sin_or_cos(name, phase)[:, None, :]
+    elif name.startswith("year_progress_"):
+      phase = year_progress(seconds) * (2 * np.pi)  # float32, [time]
+      out[:, channel] = _sin_or_cos(name, phase)[:, None, None]
+    else:
+      raise ValueError(f"Unknown forcing {name!r}; known: {variables_lib.FORCING_CHANNELS}")
+  return out.reshape(seconds.size, len(names), num_lat * num_lon)
+
+
+# Forcings that have one value per time (no position), usable as global forcings.
+GLOBAL_FORCINGS = ("year_progress_sin", "year_progress_cos")
+
+
+def compute_global_forcings(times, names) -> np.ndarray:
+  """`[num_times, len(names)]` float32 global forcings (`GLOBAL_FORCINGS`) at `times`."""
+  seconds = np.asarray(times).astype("datetime64[s]").astype(np.int64)
+  phase = year_progress(seconds) * (2 * np.pi)
+  return np.stack([_sin_or_cos(name, phase) for name in names], axis=-1).reshape(
+      seconds.size, len(names)).astype(np.float32)
+
+
+def year_progress(seconds: np.ndarray) -> np.ndarray:
+  """`[num_times]` float32 in [0, 1): the fraction of the (tropical) year."""
+  return np.mod(seconds / SECONDS_PER_DAY / np.float64(DAYS_PER_YEAR), 1.0).astype(np.float32)
+
+
+def day_progress(seconds: np.ndarray, longitude) -> np.ndarray:
+  """`[num_times, num_lon]` float32 in [0, 1): the fraction of the local mean solar day."""
+  greenwich = np.mod(seconds, SECONDS_PER_DAY) / SECONDS_PER_DAY
+  offset = np.deg2rad(np.asarray(longitude)) / (2 * np.pi)
+  return np.mod(greenwich[:, None] + offset[None], 1.0).astype(np.float32)
+
+
+def _sin_or_cos(name: str, phase: np.ndarray) -> np.ndarray:
+  return np.sin(phase) if name.endswith("_sin") else np.cos(phase)
+
+
+def _solar_radiation(times, seconds, latitude, longitude) -> np.ndarray:
+  """`[num_times, num_lat, num_lon]` instantaneous TOA irradiance / solar constant."""
   lat = np.deg2rad(np.asarray(latitude, np.float64))
-  lon = np.asarray(longitude, np.float64)
-  num_times, num_lat, num_lon = seconds.size, lat.size, lon.size
-
-  # [time, lon]: fraction of the local solar day.
-  day_progress = np.mod(
-      np.mod(seconds, SECONDS_PER_DAY)[:, None] / SECONDS_PER_DAY +
-      lon[None] / 360.0, 1.0)
-  day_angle = 2 * np.pi * day_progress
-  year_angle = _year_angle(seconds)  # [time]
-
+  day_angle = 2 * np.pi * np.mod(
+      np.mod(seconds, SECONDS_PER_DAY)[:, None] / SECONDS_PER_DAY
+      + np.asarray(longitude, np.float64)[None] / 360.0, 1.0)  # [time, lon]
   day_of_year = _day_of_year(times)
   declination = np.deg2rad(OBLIQUITY_DEG) * np.sin(
       2 * np.pi * (285 + day_of_year) / 365)  # [time]; 1-based day
@@ -88,16 +110,7 @@ def compute_forcings(times, latitude, longitude) -> np.ndarray:
   cos_zenith = (np.sin(lat)[None, :, None] * np.sin(declination)[:, None, None]
                 + np.cos(lat)[None, :, None] * np.cos(declination)[:, None, None]
                 * np.cos(hour_angle)[:, None, :])  # [time, lat, lon]
-  toa = distance[:, None, None] * np.maximum(cos_zenith, 0.0)
-
-  out = np.empty((num_times, len(variables_lib.FORCING_CHANNELS), num_lat, num_lon),
-                 np.float32)
-  out[:, 0] = toa
-  out[:, 1] = np.sin(day_angle)[:, None, :]
-  out[:, 2] = np.cos(day_angle)[:, None, :]
-  out[:, 3] = np.sin(year_angle)[:, None, None]
-  out[:, 4] = np.cos(year_angle)[:, None, None]
-  return out.reshape(num_times, len(variables_lib.FORCING_CHANNELS), num_lat * num_lon)
+  return distance[:, None, None] * np.maximum(cos_zenith, 0.0)
 
 
 def _day_of_year(times) -> np.ndarray:

@@ -2,9 +2,14 @@
 
 Either computed from the training time range of a store, in one streaming pass
 (time blocks, float64 accumulators, NaN ignored), for the configured variables
-and levels and the statics; or read from `data.stats_path`: a file of this
-module's format, or a directory of GraphCast's published files
+and levels, the forcings and the statics; or read from `data.stats_path`: a
+file of this module's format, or a directory of GraphCast's published files
 (`mean_by_level.nc`, `stddev_by_level.nc`, `diffs_stddev_by_level.nc`).
+
+How inputs are normalized (`data.input_normalization`): the state always as
+`(x - mean) / std`; with "all" (GraphCast's way) every forcing and static too;
+with "state" (wnscale's own) only the surface geopotential, the land-sea mask
+and the forcings entering as they are (`InputScales`).
 Computed statistics are cached in `<cache dir>/stats/` under a key of the
 store, variables, levels, time range, time step and this code (never beside
 the store: a published or remote store is read-only).
@@ -21,6 +26,7 @@ if never): a run then finds a NaN in its time range before it compiles anything
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -32,11 +38,14 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
+from wnscale.data import forcings as forcings_lib
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 
 STATISTICS = ("mean", "std", "diff_std")
+# data.input_normalization: which inputs besides the state are normalized (module docstring).
+INPUT_NORMALIZATIONS = ("state", "all")
 # GraphCast's published statistics: one file per statistic, in one directory.
 GRAPHCAST_FILES = {"mean": "mean_by_level.nc", "std": "stddev_by_level.nc",
                    "diff_std": "diffs_stddev_by_level.nc"}
@@ -50,23 +59,28 @@ BLOCK_BYTES = 64 * 2**20
 
 
 def cached_stats_path(path: str, variables, levels, start: str | None, end: str | None,
-                      time_step_hours: int = 6) -> str:
+                      time_step_hours: int = 6, forcings=(), stored_forcings=()) -> str:
   """Where `compute_stats`' result for these arguments is cached: `<cache dir>/stats/...nc`."""
   key = json.dumps([paths.normalize(path), list(variables), [int(v) for v in levels],
-                    start or "", end or "", time_step_hours,
-                    cache.source_digest("data/normalization.py", "data/store.py")])
+                    start or "", end or "", time_step_hours, list(forcings),
+                    list(stored_forcings),
+                    cache.source_digest("data/normalization.py", "data/store.py",
+                                        "data/forcings.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
 
 def load_or_compute_stats(path: str, variables, levels, start: str | None = None,
-                          end: str | None = None, time_step_hours: int = 6) -> xr.Dataset:
+                          end: str | None = None, time_step_hours: int = 6, forcings=(),
+                          stored_forcings=()) -> xr.Dataset:
   """The cached statistics of `compute_stats(...)`, computing and caching them if missing."""
-  target = cached_stats_path(path, variables, levels, start, end, time_step_hours)
+  target = cached_stats_path(path, variables, levels, start, end, time_step_hours, forcings,
+                             stored_forcings)
   if paths.exists(target):
     return from_bytes(paths.read_bytes(target))
   begin = time.perf_counter()
-  stats = compute_stats(path, variables, levels, start, end, time_step_hours)
+  stats = compute_stats(path, variables, levels, start, end, time_step_hours, forcings,
+                        stored_forcings)
   paths.write_bytes(target, to_bytes(stats))  # whole or not at all
   logging.info("Computed the statistics of %s (%s .. %s) in %.1f s (one pass); cached in %s",
                path, start, end, time.perf_counter() - begin, target)
@@ -99,7 +113,7 @@ def read_stats(path: str) -> xr.Dataset:
 
 
 def _from_graphcast(directory: str) -> xr.Dataset:
-  """GraphCast's files -> this module's format (catalogue variables and statics only).
+  """GraphCast's files -> this module's format (catalogue variables, forcings, statics).
 
   Each file holds one data variable per name; atmospheric ones over a `level`
   coordinate (all 37 ERA5 levels, selected later by value), the others
@@ -113,7 +127,8 @@ def _from_graphcast(directory: str) -> xr.Dataset:
     with paths.local_copy(file) as local:
       files[statistic] = xr.load_dataset(local)
   data, levels = {}, None
-  for name in tuple(variables_lib.VARIABLES) + variables_lib.STATIC_VARIABLES:
+  for name in (tuple(variables_lib.VARIABLES) + variables_lib.FORCING_CHANNELS
+               + variables_lib.STATIC_VARIABLES):
     if not all(name in file for file in files.values()):
       continue
     static = name in variables_lib.STATIC_VARIABLES
@@ -131,7 +146,8 @@ def _from_graphcast(directory: str) -> xr.Dataset:
 
 
 def compute_stats(path: str, variables, levels, start: str | None = None,
-                  end: str | None = None, time_step_hours: int = 6) -> xr.Dataset:
+                  end: str | None = None, time_step_hours: int = 6, forcings=(),
+                  stored_forcings=()) -> xr.Dataset:
   """One streaming pass over the store's times in [start, end]; see the module docstring.
 
   Args:
@@ -139,6 +155,9 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     variables, levels: the channels to cover (catalogue names, hPa).
     start, end: inclusive time range (`store.time_range`); None: the store's ends.
     time_step_hours: the model's step, the lag of `diff_std`.
+    forcings: forcings to cover too (mean and std; `diff_std` set to std):
+      those in `stored_forcings` as the store holds them, the others as
+      `forcings.compute_forcings` computes them at the store's times.
   """
   with store_lib.open_metadata(path) as dataset:
     times = dataset["time"].values
@@ -150,7 +169,8 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
                     f" does not divide time_step_hours={time_step_hours}")
   lag = int(lag)
   # Native step: every store time counts, and diffs use `lag` store steps.
-  store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step))
+  store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step),
+                               forcings=stored_forcings)
   first_time, num_times = store_lib.time_range(store.times, start, end)
   if num_times < 1 + lag:
     raise UserError(f"Time range {start} .. {end} of {path} has {num_times} time(s); "
@@ -160,7 +180,9 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
   hours = (store.times - np.datetime64(0, "ns")) / np.timedelta64(1, "h")
   nan_first = np.full(store.num_channels, np.nan)
   nan_last = np.full(store.num_channels, np.nan)
-  block = max(1, BLOCK_BYTES // (4 * store.num_grid_nodes * store.num_channels))
+  forcing_sums = _Moments(len(forcings))
+  block = max(1, BLOCK_BYTES // (4 * store.num_grid_nodes * (store.num_channels
+                                                               + len(forcings))))
   for first in range(first_time, first_time + num_times, block):
     last = min(first + block, first_time + num_times)
     # Read `lag` extra steps so the diffs starting in this block are complete.
@@ -175,12 +197,26 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     num_diffs = min(last - first, state.shape[0] - lag)
     if num_diffs > 0:
       diff_sums.add(state[lag:lag + num_diffs] - state[:num_diffs])
+    if forcings:
+      forcing_sums.add(_forcings(store, np.arange(first, last), forcings))
   statics = store.read_statics(allow_nan=True)[None]
   static_sums = _Moments(statics.shape[1])
   static_sums.add(statics)
   times = store.times[[first_time, first_time + num_times - 1]]
   return _to_dataset(store, sums, diff_sums, static_sums, (nan_first, nan_last),
-                     time_step_hours, times)
+                     time_step_hours, times, forcings, forcing_sums)
+
+
+def _forcings(store, time_indices, names) -> np.ndarray:
+  """`[time, len(names), grid]` forcings at the store's times: read or computed."""
+  stored = [name for name in names if name in store.forcings]
+  values = np.empty((len(time_indices), len(stored), store.num_grid_nodes), np.float32)
+  if stored:
+    store.read_into([(time_indices, values, store_lib.Channels(tuple(stored)))],
+                    allow_nan=True)
+  return forcings_lib.compute_forcings(
+      store.times[time_indices], store.latitude, store.longitude, names,
+      given={name: values[:, i] for i, name in enumerate(stored)})
 
 
 class _Moments:
@@ -234,7 +270,8 @@ def floor_std(std, mean):
                                     STD_FLOOR_RELATIVE * np.abs(mean)))
 
 
-def _to_dataset(store, sums, diff_sums, static_sums, nan_hours, time_step_hours, times):
+def _to_dataset(store, sums, diff_sums, static_sums, nan_hours, time_step_hours, times,
+                forcings, forcing_sums):
   """Per-channel moments and NaN hours -> the per-variable stats dataset."""
   mean, std = sums.mean_std()
   _, diff_std = diff_sums.mean_std()
@@ -256,6 +293,12 @@ def _to_dataset(store, sums, diff_sums, static_sums, nan_hours, time_step_hours,
     # are found when they are read, once, as the run starts.
     data[name] = (("statistic",), np.array(
         [static_mean[i], static_std[i], static_std[i], np.nan, np.nan]))
+  if forcings:
+    forcing_mean, forcing_std = forcing_sums.mean_std()
+    forcing_std = floor_std(forcing_std, forcing_mean)
+    for i, name in enumerate(forcings):  # inputs only: diff_std is unused, set to std
+      data[name] = (("statistic",), np.array(
+          [forcing_mean[i], forcing_std[i], forcing_std[i], np.nan, np.nan]))
   coords = {"statistic": list(STATISTICS + NAN_HOURS)}
   if store.levels:
     coords["level"] = np.asarray(store.levels, np.int64)
@@ -268,7 +311,7 @@ def _to_dataset(store, sums, diff_sums, static_sums, nan_hours, time_step_hours,
 
 
 def channel_stats(stats: xr.Dataset, variables, levels) -> dict[str, np.ndarray]:
-  """Stats in the state channel layout of `variables.py`.
+  """Stats in the channel layout of `variables.py` of `variables` (any catalogue names).
 
   Returns:
     `{"mean": [C], "std": [C], "diff_std": [C]}` float32.
@@ -297,7 +340,7 @@ def _channel_table(stats, statistics, variables, levels) -> np.ndarray:
       raise UserError(f"Statistics have no variable {name!r}; they have "
                       f"{sorted(str(n) for n in stats.data_vars)}")
     values = stats[name]
-    if variables_lib.lookup(name).atmospheric:
+    if variables_lib.is_atmospheric(name):
       stats_levels = [int(level) for level in stats["level"].values]
       absent = [level for level in levels if int(level) not in stats_levels]
       if absent:
@@ -308,8 +351,73 @@ def _channel_table(stats, statistics, variables, levels) -> np.ndarray:
   return np.concatenate(columns, axis=1).astype(np.float64)
 
 
+def residual_scale(output_stats: dict, num_state_channels: int) -> np.ndarray:
+  """`[C_out]` float32 scale of the network's outputs (`model.forecast.one_step`).
+
+  diff_std / std for the state channels (the first `num_state_channels` of
+  `output_stats`, `channel_stats` of the output variables): the network
+  predicts the change in units of its std; 1 for the target-only channels,
+  predicted outright in units of their std.
+  """
+  scale = (output_stats["diff_std"] / output_stats["std"]).astype(np.float32)
+  scale[num_state_channels:] = 1.0
+  return scale
+
+
 def static_stats(stats: xr.Dataset) -> dict[str, np.ndarray]:
   """`{"mean": [2], "std": [2]}` float32 of `variables.STATIC_VARIABLES`."""
   table = np.stack([stats[name].sel(statistic=["mean", "std"]).values for name in
                     variables_lib.STATIC_VARIABLES], axis=1).astype(np.float32)
   return {"mean": table[0], "std": table[1]}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputScales:
+  """How forcings and statics enter the model: `(x - mean) / std` per channel.
+
+  With `input_normalization="state"` the scales of the land-sea mask and of
+  the forcings are mean 0, std 1 (they enter as they are).
+
+  Attributes:
+    forcing_mean, forcing_std: `[F]` float32, the config's forcings in order.
+    static_mean, static_std: `[2]` float32, `variables.STATIC_VARIABLES` in order.
+  """
+
+  forcing_mean: np.ndarray
+  forcing_std: np.ndarray
+  static_mean: np.ndarray
+  static_std: np.ndarray
+
+  def forcings(self, values: np.ndarray) -> np.ndarray:
+    """`[..., F, grid]` forcings, normalized (a new float32 array)."""
+    return ((values - self.forcing_mean[:, None]) / self.forcing_std[:, None]).astype(np.float32)
+
+  def statics(self, values: np.ndarray) -> np.ndarray:
+    """`[..., 2, grid]` statics, normalized (a new float32 array)."""
+    return ((values - self.static_mean[:, None]) / self.static_std[:, None]).astype(np.float32)
+
+
+def input_scales(stats: xr.Dataset, forcings, input_normalization: str) -> InputScales:
+  """The `InputScales` of `forcings` and the statics under `input_normalization`.
+
+  Raises:
+    ValueError: "all" and `stats` lack a forcing or static (naming it).
+  """
+  if input_normalization not in INPUT_NORMALIZATIONS:
+    raise ValueError(f"input_normalization={input_normalization!r}, expected one of "
+                     f"{INPUT_NORMALIZATIONS}")
+  statics = static_stats(stats)
+  if input_normalization == "state":
+    normalized = np.array([name == "geopotential_at_surface"
+                           for name in variables_lib.STATIC_VARIABLES])
+    return InputScales(np.zeros(len(forcings), np.float32), np.ones(len(forcings), np.float32),
+                       np.where(normalized, statics["mean"], 0).astype(np.float32),
+                       np.where(normalized, statics["std"], 1).astype(np.float32))
+  absent = [name for name in forcings if name not in stats]
+  if absent:
+    raise ValueError(
+        f"Statistics have no {absent}; data.input_normalization='all' normalizes every input, "
+        "forcings included: use statistics that hold them (GraphCast's files in "
+        "data.stats_path, or computed ones: leave data.stats_path empty).")
+  table = channel_stats(stats, forcings, ())
+  return InputScales(table["mean"], table["std"], statics["mean"], statics["std"])

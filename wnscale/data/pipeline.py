@@ -116,9 +116,10 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
   """The example source of `split` ("train" or "eval") of an experiment config.
 
   `config` is the experiment ConfigDict or its `data` part. Keys read:
-  `path, resolution, variables, pressure_levels, input_steps, target_steps,
-  time_step_hours, {train,eval}_{start,end}, fill_nan, stats_path, global_forcings`.
-  Both splits are normalized with `stats`, default the training range's
+  `path, resolution, variables, target_only_variables, pressure_levels, forcings,
+  stored_forcings, input_normalization, global_forcings, input_steps, target_steps,
+  time_step_hours, {train,eval}_{start,end}, fill_nan, stats_path`. Both splits
+  are normalized with `stats`, default the training range's
   (`resolve.resolve_stats`).
   """
   _check_split(split)
@@ -131,7 +132,7 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
       start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
       time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
       resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats,
-      global_forcings=tuple(data.get("global_forcings", ())))
+      **resolve.data_layout(data))
 
 
 def from_config(config,

@@ -35,7 +35,7 @@ def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   # The contents and the code in the name: a store of other contents or written by
   # other synthetic code is not reused.
   contents = hashlib.sha256(json.dumps([variables, levels]).encode()).hexdigest()[:8]
-  code = cache.source_digest("data/synthetic.py", "graphs/grid.py")
+  code = cache.source_digest("data/synthetic.py", "data/forcings.py", "graphs/grid.py")
   name = (f"synthetic-{data.resolution}deg-{start}-{end}-seed{seed}-{contents}-{code}.zarr")
   return cache.cache_path("datasets", name)
 
@@ -45,9 +45,12 @@ def _synthetic_time_span(data) -> tuple[str, str]:
 
 
 def _synthetic_contents(data) -> tuple[list[str], list[int]]:
-  """The variables and pressure levels a synthetic store holds: the config's, no more
-  (at 1 deg a year of all 11 variables on 13 levels would be ~30 GB)."""
-  return sorted(data.variables), sorted(int(level) for level in data.pressure_levels)
+  """The variables and pressure levels a synthetic store holds: the config's (inputs,
+  target-only variables and stored forcings), no more (at 1 deg a year of all 11
+  variables on 13 levels would be ~30 GB)."""
+  names = (tuple(data.variables) + tuple(data.get("target_only_variables", ())) +
+           tuple(data.get("stored_forcings", ())))
+  return sorted(names), sorted(int(level) for level in data.pressure_levels)
 
 
 def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
@@ -56,7 +59,7 @@ def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
   num_times = len(synthetic.store_times(start, end, data.time_step_hours))
   latitude, longitude = synthetic.store_coordinates(data.resolution)
   variables, levels = _synthetic_contents(data)
-  channels = sum(len(levels) if variables_lib.lookup(name).atmospheric else 1
+  channels = sum(len(levels) if variables_lib.is_atmospheric(name) else 1
                  for name in variables)
   return 4 * latitude.size * longitude.size * (num_times * channels + 2)
 
@@ -122,13 +125,30 @@ def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:
   """
   if data.get("stats_path"):
     return normalization.read_stats(data.stats_path)
-  arguments = (data.path, tuple(data.variables), tuple(data.pressure_levels),
-               data.get("train_start"), data.get("train_end"), data.get("time_step_hours", 6))
+  layout = data_layout(data)
+  every_input = layout["input_normalization"] == "all"  # forcings' statistics needed too
+  arguments = (data.path, tuple(data.variables) + layout["target_only_variables"],
+               tuple(data.pressure_levels), data.get("train_start"), data.get("train_end"),
+               data.get("time_step_hours", 6), layout["forcings"] if every_input else (),
+               layout["stored_forcings"] if every_input else ())
   blob = once_by_process_0(
       f"stats {normalization.cached_stats_path(*arguments)}",
       lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
       "compute the normalization statistics")
   return normalization.from_bytes(blob)
+
+
+def data_layout(data: ml_collections.ConfigDict) -> dict:
+  """The keyword arguments of `source.WeatherExampleSource` that say what the model reads
+  and predicts: target-only variables, forcings (computed or stored), input normalization,
+  global forcings."""
+  return {
+      "target_only_variables": tuple(data.get("target_only_variables", ())),
+      "forcings": tuple(data.get("forcings", variables_lib.FORCING_CHANNELS)),
+      "stored_forcings": tuple(data.get("stored_forcings", ())),
+      "input_normalization": data.get("input_normalization", "state"),
+      "global_forcings": tuple(data.get("global_forcings", ())),
+  }
 
 
 def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S

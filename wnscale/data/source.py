@@ -5,11 +5,13 @@ model steps starting at the range's `i`-th time; examples that would run past
 the range (or the store) are not produced.
 
 Each example (the batch contract with the model, before batching):
-  * `inputs`:   `[input_steps, channels, grid]` (x - mean) / std
-  * `targets`:  `[target_steps, channels, grid]` (x - mean) / std
-  * `forcings`: `[input_steps + target_steps, 5, grid]` (`forcings.py`)
-  * `statics`:  `[2, grid]` geopotential_at_surface normalized, land_sea_mask
-    as is
+  * `inputs`:   `[input_steps, state channels, grid]` (x - mean) / std
+  * `targets`:  `[target_steps, output channels, grid]` (x - mean) / std: the
+    state channels, then the target-only variables' (`variables.py`)
+  * `forcings`: `[input_steps + target_steps, forcings, grid]` computed
+    (`forcings.py`) or read from the store (`stored_forcings`), normalized as
+    `input_normalization` says (`normalization.InputScales`)
+  * `statics`:  `[2, grid]` geopotential_at_surface, land_sea_mask, likewise
   * `globals`:  `[input_steps + target_steps, F]` global forcings
     (`forcings.GLOBAL_FORCINGS`), only when some are asked for
 all float32, grid flattened latitude-major with latitude ascending.
@@ -32,6 +34,7 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
 from wnscale.errors import UserError
+from wnscale.data import variables as variables_lib
 
 
 class WeatherExampleSource:
@@ -41,10 +44,15 @@ class WeatherExampleSource:
   with a stable `__repr__` for Grain checkpoints.
 
   Attributes:
-    store: the opened `store.WeatherStore`.
-    channel_stats: `{"mean", "std", "diff_std"}` `[channels]` float32; the
-      model scales its residual by `diff_std / std`.
+    store: the opened `store.WeatherStore`; its `variables` are the output
+      variables (`variables` then `target_only_variables`).
+    channel_stats: `{"mean", "std", "diff_std"}` `[output channels]` float32.
+    residual_scale: `[output channels]`: what the model's output is scaled by
+      (`model.forecast.one_step`): diff_std / std for the state, 1 for the
+      target-only channels (predicted outright, in units of their std).
+    stats: the normalization statistics (`normalization.py` format).
     static_stats: `{"mean", "std"}` `[2]` float32.
+    input_scales: `normalization.InputScales` of the forcings and statics.
   """
 
   def __init__(self,
@@ -61,6 +69,10 @@ class WeatherExampleSource:
                resolution: float | None = None,
                grid_slots: np.ndarray | None = None,
                stats: xr.Dataset | None = None,
+               target_only_variables=(),
+               forcings=variables_lib.FORCING_CHANNELS,
+               stored_forcings=(),
+               input_normalization: str = "state",
                global_forcings=()):
     """Opens the store and takes (or computes once) its statistics.
 
@@ -69,7 +81,7 @@ class WeatherExampleSource:
 
     Args:
       path, variables, levels, time_step_hours, resolution: see
-        `store.open_store`.
+        `store.open_store`; `variables` are the state (inputs and targets).
       fill_nan: fill NaN with the channel's mean instead of raising.
       input_steps, target_steps: model steps per example.
       start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
@@ -81,13 +93,20 @@ class WeatherExampleSource:
         examples' grid axis, -1 for padding (zeros): a sharded layout's node
         order (`ShardedLayout.grid_slots`), applied while copying, so the
         training loop does not reorder batches. None: all nodes in order.
+      target_only_variables: predicted but never inputs (e.g. precipitation).
+      forcings: forcing channels, in order (`variables.FORCING_CHANNELS` names).
+      stored_forcings: those of `forcings` read from the store, not computed.
+      input_normalization: `normalization.INPUT_NORMALIZATIONS`.
       global_forcings: names of `forcings.GLOBAL_FORCINGS` to add as `globals`.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "
                       f"({target_steps}) must be at least 1")
-    self.store = store_lib.open_store(path, variables, levels, time_step_hours=time_step_hours,
-                                      resolution=resolution)
+    self.variables = tuple(variables)
+    self.forcings, self.stored_forcings = tuple(forcings), tuple(stored_forcings)
+    outputs = self.variables + tuple(target_only_variables)
+    self.store = store_lib.open_store(path, outputs, levels, time_step_hours=time_step_hours,
+                                      resolution=resolution, forcings=self.stored_forcings)
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.global_forcings = tuple(global_forcings)
@@ -103,14 +122,22 @@ class WeatherExampleSource:
           f"{times[0]} .. {times[-1]}: set data.train_start/train_end and "
           "data.eval_start/eval_end inside it.")
     if stats is None:
-      stats = normalization.load_or_compute_stats(path, variables, levels, start, end,
-                                                  time_step_hours)
-    self.channel_stats = normalization.channel_stats(stats, self.store.variables,
-                                                     self.store.levels)
+      every_input = input_normalization == "all"
+      stats = normalization.load_or_compute_stats(
+          path, outputs, levels, start, end, time_step_hours,
+          self.forcings if every_input else (), self.stored_forcings if every_input else ())
+    self.stats = stats
+    self.channel_stats = normalization.channel_stats(stats, outputs, self.store.levels)
+    self.num_state_channels = len(variables_lib.channel_names(self.variables,
+                                                              self.store.levels))
+    self.residual_scale = normalization.residual_scale(self.channel_stats,
+                                                       self.num_state_channels)
     self.static_stats = normalization.static_stats(stats)
+    self.input_scales = normalization.input_scales(stats, self.forcings, input_normalization)
     if fill_nan:
-      self.store.channel_fill = self.channel_stats["mean"]
-      self.store.static_fill = self.static_stats["mean"]
+      self.store.fill = {name: normalization.channel_stats(stats, [name], self.store.levels)
+                         ["mean"] for name in outputs + variables_lib.STATIC_VARIABLES
+                         + self.stored_forcings}
     else:
       self._check_nan(stats, num_times)
     self._set_grid_slots(grid_slots)
@@ -184,19 +211,21 @@ class WeatherExampleSource:
     """
     indices = [int(index) for index in np.asarray(indices).reshape(-1)]
     num_points = self.store.num_grid_nodes if self.grid_slots is None else len(self.grid_slots)
-    state_shape = (self.store.num_channels, num_points)
-    inputs = np.empty((len(indices), self.input_steps) + state_shape, np.float32)
-    targets = np.empty((len(indices), self.target_steps) + state_shape, np.float32)
+    num_outputs = self.store.num_channels
+    inputs = np.empty((len(indices), self.input_steps, self.num_state_channels, num_points),
+                      np.float32)
+    targets = np.empty((len(indices), self.target_steps, num_outputs, num_points), np.float32)
+    mean, std = self.channel_stats["mean"], self.channel_stats["std"]
+    state = store_lib.Channels(self.variables, mean[:self.num_state_channels],
+                               std[:self.num_state_channels])
+    outputs = store_lib.Channels(self.store.variables, mean, std)
     requests = []
     for row, index in enumerate(indices):
       times = self.time_indices(index)
-      requests += [(times[:self.input_steps], inputs[row]),
-                   (times[self.input_steps:], targets[row])]
-    self.store.read_into(requests, mean=self.channel_stats["mean"],
-                         std=self.channel_stats["std"], grid_index=self.grid_slots)
-    forcings = np.stack([self._to_slots(forcings_lib.compute_forcings(
-        self.example_times(index), self.store.latitude, self.store.longitude))
-                         for index in indices])
+      requests += [(times[:self.input_steps], inputs[row], state),
+                   (times[self.input_steps:], targets[row], outputs)]
+    self.store.read_into(requests, grid_index=self.grid_slots)
+    forcings = np.stack([self._to_slots(self.forcing_values(index)) for index in indices])
     statics = np.broadcast_to(self.statics(), (len(indices),) + self.statics().shape)
     batch = {"inputs": inputs, "targets": targets, "forcings": forcings,
              "statics": statics.copy()}
@@ -205,11 +234,22 @@ class WeatherExampleSource:
           self.example_times(index), self.global_forcings) for index in indices])
     return batch
 
+  def forcing_values(self, index: int) -> np.ndarray:
+    """`[window, forcings, grid]` normalized forcings of example `index`, internal grid order."""
+    times = self.time_indices(index)
+    stored = np.empty((len(times), len(self.stored_forcings), self.store.num_grid_nodes),
+                      np.float32)
+    if self.stored_forcings:
+      self.store.read_into([(times, stored, store_lib.Channels(self.stored_forcings))])
+    values = forcings_lib.compute_forcings(
+        self.store.times[times], self.store.latitude, self.store.longitude, self.forcings,
+        given={name: stored[:, i] for i, name in enumerate(self.stored_forcings)})
+    return self.input_scales.forcings(values)
+
   def statics(self) -> np.ndarray:
-    """`[2, grid]`: normalized surface geopotential, land-sea mask as is."""
+    """`[2, grid]` normalized statics (`input_scales`), in the grid-slot order."""
     if self._statics is None:
-      statics = normalize_statics(self.store.read_statics(), self.static_stats)
-      self._statics = self._to_slots(statics)
+      self._statics = self._to_slots(self.input_scales.statics(self.store.read_statics()))
     return self._statics
 
   def in_layout(self, grid_slots: np.ndarray) -> WeatherExampleSource:
@@ -229,13 +269,6 @@ class WeatherExampleSource:
     out = np.take(array, np.maximum(self.grid_slots, 0), axis=-1)
     out[..., self.grid_slots < 0] = 0.0
     return out
-
-
-def normalize_statics(statics: np.ndarray, static_stats: dict) -> np.ndarray:
-  """`[2, grid]` statics as the model takes them, in place: surface geopotential
-  normalized with `static_stats` (`{"mean", "std"}` `[2]`), land-sea mask as is."""
-  statics[0] = (statics[0] - static_stats["mean"][0]) / static_stats["std"][0]
-  return statics
 
 
 def parse_duration(text) -> pd.Timedelta:

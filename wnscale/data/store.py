@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,27 @@ STATIC_DIMS = ("latitude", "longitude")
 RESOLUTION_TOLERANCE = 1e-3
 
 
+class Channels(NamedTuple):
+  """The variables that fill a buffer's channel axis, in order, and their normalization.
+
+  Attributes:
+    names: variable (or stored forcing) names; an atmospheric one takes one
+      channel per level of the store's `levels`.
+    mean, std: `[channels]`: the buffer gets `(x - mean) / std`; None: `x`.
+  """
+
+  names: tuple[str, ...]
+  mean: np.ndarray | None = None
+  std: np.ndarray | None = None
+
+  def scales(self):
+    """`(mean [channels, 1], 1 / std [channels, 1])` float32, or `(None, None)`."""
+    if self.mean is None:
+      return None, None
+    return (np.asarray(self.mean, np.float32)[:, None],
+            1.0 / np.asarray(self.std, np.float32)[:, None])
+
+
 @dataclasses.dataclass(eq=False)
 class WeatherStore:
   """An opened store: coordinates plus one tensorstore view per variable.
@@ -67,8 +89,10 @@ class WeatherStore:
       `[time, level, lat, lon]`, `[time, lat, lon]` or `[lat, lon]`, latitude
       ascending.
     flip_latitude: the store holds latitude descending (its views flip it).
-    channel_fill, static_fill: `[channels]` / `[2]` values that replace NaN
-      (None: a NaN is an error).
+    forcings: forcings read from the store (`[time, lat, lon]` like a surface
+      variable), not part of `variables`.
+    fill: `{name: [channels]}` values that replace NaN in a variable's
+      channels, statics included (empty: a NaN is an error).
   """
 
   path: str
@@ -83,12 +107,12 @@ class WeatherStore:
   handles: dict
   views: dict
   flip_latitude: bool = False
-  channel_fill: np.ndarray | None = None
-  static_fill: np.ndarray | None = None
+  forcings: tuple[str, ...] = ()
+  fill: dict = dataclasses.field(default_factory=dict)
 
   @property
   def fill_nan(self) -> bool:
-    return self.channel_fill is not None
+    return bool(self.fill)
 
   @property
   def num_grid_nodes(self) -> int:
@@ -104,66 +128,67 @@ class WeatherStore:
 
   def __repr__(self) -> str:
     # Stable (no addresses): Grain compares sources by repr on restore.
-    return (f"WeatherStore(path={self.path!r}, variables={self.variables}, "
+    forcings = f", forcings={self.forcings}" if self.forcings else ""
+    return (f"WeatherStore(path={self.path!r}, variables={self.variables}{forcings}, "
             f"levels={self.levels}, time_step_hours={self.time_step_hours}, "
             f"fill_nan={self.fill_nan})")
 
   def read_state(self, time_indices, allow_nan: bool = False, mean=None,
                  std=None, grid_index: np.ndarray | None = None) -> np.ndarray:
-    """Reads the state at `times[time_indices]`, `[time, channels, grid]` f32.
+    """Reads `variables` at `times[time_indices]`, `[time, channels, grid]` f32.
 
     See `read_into` for the arguments.
     """
     num_points = self.num_grid_nodes if grid_index is None else len(grid_index)
     state = np.empty((len(time_indices), self.num_channels, num_points), np.float32)
-    self.read_into([(time_indices, state)], allow_nan=allow_nan, mean=mean, std=std,
-                   grid_index=grid_index)
+    self.read_into([(time_indices, state, Channels(self.variables, mean, std))],
+                   allow_nan=allow_nan, grid_index=grid_index)
     return state
 
-  def read_into(self, requests, allow_nan: bool = False, mean=None, std=None,
+  def read_into(self, requests, allow_nan: bool = False,
                 grid_index: np.ndarray | None = None):
-    """Reads several states at once, each into a caller's buffer.
+    """Reads several blocks at once, each into a caller's buffer.
 
     Channel-major, as the stores hold it. Every variable of every request is
     requested at once; tensorstore decodes each straight into its block of the
     buffer (reordering dimensions and flipping latitude on the way, in C++
     threads), then a thread per block normalizes it in place to
-    `(x - mean) / std` when `mean`, `std` `[channels]` are given (numpy
+    `(x - mean) / std` when the request's `Channels` give them (numpy
     releases the GIL there). NaN raises a ValueError naming variable and time,
-    unless the store has fill values (then filled with them) or `allow_nan`
-    (then left, for statistics).
+    unless the store has fill values (`fill`: then filled with them) or
+    `allow_nan` (then left, for statistics).
 
     Args:
-      requests: `[(time_indices [T], out [T, channels, points] float32)]`;
-        `out` must be C-contiguous.
+      requests: `[(time_indices [T], out [T, channels, points] float32, Channels)]`:
+        the `Channels`' variables (of `variables` or `forcings`) fill `out`'s
+        channels in order; `out` must be C-contiguous.
       grid_index: `[points]` the internal grid node at each output position,
         -1 for a zero (e.g. a sharded layout's slots): then each variable is
         decoded into a temporary and gathered from it. Default: every node
         in internal order.
     """
-    if mean is not None:
-      mean = np.asarray(mean, np.float32)[:, None]
-      inverse_std = 1.0 / np.asarray(std, np.float32)[:, None]
     if grid_index is not None:
       grid_index = np.asarray(grid_index, np.int64)
       padding = grid_index < 0
       gather = np.maximum(grid_index, 0)
     tasks = []
-    for time_indices, out in requests:
+    for time_indices, out, channels_of_out in requests:
+      names = tuple(channels_of_out.names)
+      mean, inverse_std = channels_of_out.scales()
       time_indices = self._check_times(time_indices)
       store_indices = time_indices * self.time_stride
-      expected = (len(time_indices), self.num_channels,
+      expected = (len(time_indices), len(variables_lib.channel_names(names, self.levels)),
                   self.num_grid_nodes if grid_index is None else len(grid_index))
       if out.shape != expected or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"Buffer {out.dtype}{list(out.shape)} (C-contiguous: "
-                         f"{out.flags.c_contiguous}) cannot take a state of shape {expected}")
+                         f"{out.flags.c_contiguous}) cannot take {names} of shape {expected}")
       if grid_index is None:
         target = ts.array(out.reshape(out.shape[:2] + (self.latitude.size, -1)),
                           copy=False, write=True)
       channel = 0
-      for name in self.variables:
+      for name in names:
         view = self.views[name]
-        atmospheric = variables_lib.lookup(name).atmospheric
+        atmospheric = variables_lib.is_atmospheric(name)
         width = len(self.level_indices) if atmospheric else 1
         view = (view.oindex[store_indices, self.level_indices] if atmospheric
                 else view.oindex[store_indices])
@@ -172,11 +197,11 @@ class WeatherStore:
           future = (target[:, channels] if atmospheric else target[:, channel]).write(view)
         else:
           future = view.read()
-        tasks.append((future, out, channels))
+        tasks.append((future, out, channels, mean, inverse_std))
         channel += width
 
     def finish(task) -> bool:
-      future, out, channels = task
+      future, out, channels, mean, inverse_std = task
       block = out[:, channels]
       if grid_index is None:
         future.result()
@@ -196,13 +221,21 @@ class WeatherStore:
 
     has_nan = list(_copy_threads().map(finish, tasks))
     if any(has_nan) and not allow_nan:
-      fill = self.channel_fill
-      if mean is not None and fill is not None:
-        fill = (fill - mean[:, 0]) * inverse_std[:, 0]
-      for time_indices, out in requests:
+      for time_indices, out, channels_of_out in requests:
         if np.isnan(out).any():
-          self._fill_or_raise(out, fill, self.channel_names,
+          fill = self._fill_values(channels_of_out.names)
+          mean, inverse_std = channels_of_out.scales()
+          if mean is not None and fill is not None:
+            fill = (fill - mean[:, 0]) * inverse_std[:, 0]
+          self._fill_or_raise(out, fill,
+                              variables_lib.channel_names(channels_of_out.names, self.levels),
                               self.times[np.asarray(time_indices, np.int64)])
+
+  def _fill_values(self, names) -> np.ndarray | None:
+    """`[channels]` fill values of `names`' channels, or None if some have none."""
+    if not all(name in self.fill for name in names):
+      return None
+    return np.concatenate([np.atleast_1d(self.fill[name]) for name in names]).astype(np.float32)
 
   def _check_times(self, time_indices) -> np.ndarray:
     time_indices = np.asarray(time_indices, dtype=np.int64)
@@ -220,7 +253,7 @@ class WeatherStore:
     statics = np.stack([future.result() for future in futures]).astype(np.float32)
     statics = statics.reshape(len(futures), -1)
     if not allow_nan and np.isnan(statics).any():
-      self._fill_or_raise(statics[None], self.static_fill,
+      self._fill_or_raise(statics[None], self._fill_values(variables_lib.STATIC_VARIABLES),
                           list(variables_lib.STATIC_VARIABLES), None)
     return statics
 
@@ -246,30 +279,37 @@ def open_store(path: str,
                variables,
                levels,
                time_step_hours: int = 6,
-               resolution: float | None = None) -> WeatherStore:
+               resolution: float | None = None,
+               forcings=()) -> WeatherStore:
   """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
 
   Args:
     path: directory or URL (`gs://bucket/era5.zarr`) of a zarr v2 or v3 store
       in a WB2 layout.
-    variables: state variable names (catalogue names, config order).
+    variables: variable names (catalogue names, config order).
     levels: pressure levels in hPa, config order; each must be in the store.
     time_step_hours: the model's time step; the store's step must divide it.
     resolution: if given, the store's lat/lon spacing must equal it (degrees).
+    forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
+      names, stored like surface variables).
 
-  The store raises on NaN until its `channel_fill` and `static_fill` are set.
+  The store raises on NaN until its `fill` values are set.
 
   Raises:
     ValueError: naming the problem, for any store that does not fit.
   """
   path = paths.normalize(path)
   variables = tuple(variables)
+  forcings = tuple(forcings)
   levels = tuple(int(level) for level in levels)
   for name in variables:
     variables_lib.lookup(name)
-  names = variables + variables_lib.STATIC_VARIABLES
+  unknown = [name for name in forcings if name not in variables_lib.FORCING_CHANNELS]
+  if unknown:
+    raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
+  names = variables + forcings + variables_lib.STATIC_VARIABLES
   with open_metadata(path) as dataset:
-    dims = _check_variables(dataset, variables, levels, path)
+    dims = _check_variables(dataset, variables + forcings, levels, path)
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     latitude, longitude, flip = _grid(dataset, resolution, path)
     store_levels = [int(level) for level in dataset["level"].values
@@ -288,7 +328,8 @@ def open_store(path: str,
   }
   views = {name: _internal_view(handles[name], dims[name], flip) for name in names}
   return WeatherStore(path, variables, levels, time_step_hours, times, latitude, longitude,
-                      stride, level_indices, handles, views, flip)
+                      stride, level_indices, handles, views, flip_latitude=flip,
+                      forcings=forcings)
 
 
 def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], flip_latitude: bool):
@@ -329,15 +370,18 @@ def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, .
   required = variables + variables_lib.STATIC_VARIABLES
   missing = [name for name in required if name not in dataset]
   if missing:
+    forcings = [name for name in missing if name in variables_lib.FORCING_CHANNELS]
+    hint = (f" ({forcings}: forcings the config reads from the store, data.stored_forcings; "
+            "leave them out of it to compute them)" if forcings else "")
     raise UserError(
-        f"Store {path} lacks variable(s) {missing}; it has "
+        f"Store {path} lacks variable(s) {missing}{hint}; it has "
         f"{sorted(str(name) for name in dataset.data_vars)}. Choose data.variables among "
         "those (the static fields are always needed), or use a store that has them.")
   dims = {}
   for name in required:
     if name in variables_lib.STATIC_VARIABLES:
       expected = STATIC_DIMS
-    elif variables_lib.lookup(name).atmospheric:
+    elif variables_lib.is_atmospheric(name):
       expected = ATMOSPHERIC_DIMS
     else:
       expected = SURFACE_DIMS
@@ -345,7 +389,7 @@ def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, .
     if sorted(dims[name]) != sorted(expected):
       raise UserError(f"Variable {name!r} in {path} has dims {dims[name]}; expected "
                       f"{expected} in any order")
-  if any(variables_lib.lookup(name).atmospheric for name in variables):
+  if any(variables_lib.is_atmospheric(name) for name in variables):
     store_levels = [int(level) for level in dataset["level"].values]
     absent = [level for level in levels if level not in store_levels]
     if absent:

@@ -15,7 +15,10 @@ longitude ascending from 0; levels in hPa; WeatherBench2's names; one time step
 per chunk; statics `geopotential_at_surface` and `land_sea_mask` on
 `latitude, longitude`. (WeatherBench2's low-resolution regridded stores, e.g.
 64 x 32 and 240 x 121, are longitude-major instead: `time, level, longitude,
-latitude`, latitude ascending.)
+latitude`, latitude ascending.) Also `toa_incident_solar_radiation` as ERA5
+stores it, J m^-2 accumulated over the hour (here the instantaneous proxy of
+`forcings.py` x the solar constant x 3600 s), for configs that read it
+(`data.stored_forcings`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ import xarray as xr
 import zarr
 
 from wnscale import paths
+from wnscale.data import forcings
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 
+# Forcings written like a surface variable, as ERA5 stores hold them.
+STORED_FORCINGS = ("toa_incident_solar_radiation",)
+SOLAR_CONSTANT = 1361.0  # W m^-2
 GRAVITY = 9.80665  # m s^-2
 EARTH_RADIUS = 6.371e6  # m
 SCALE_HEIGHT = 7.5e3  # m, of pressure: z(p) = H ln(p0 / p)
@@ -222,6 +229,11 @@ class SyntheticWeather:
       lows = -1500 * np.exp(-((np.abs(self.lat) - 60) / 15)**2)
       return (101325 + lows[None, :, None] +
               waves(surface_speed, hours, np.array([1200.0]))[:, 0])
+    if name == "toa_incident_solar_radiation":
+      seconds = np.round(hours * 3600).astype(np.int64).astype("timedelta64[s]")
+      times = np.datetime64("1970-01-01", "s") + seconds
+      proxy = forcings.compute_forcings(times, self.lat, self.lon, (name,))
+      return SOLAR_CONSTANT * 3600 * proxy.reshape(len(hours), self.lat.size, self.lon.size)
     if name == "total_precipitation_6hr":
       wet = np.exp(-(self.lat / 20)**2)[None, :, None]
       signal = waves(surface_speed, hours, np.array([1.5]), 0.5)[:, 0]
@@ -247,11 +259,12 @@ def write_synthetic_store(
   """Writes a synthetic WeatherBench2-layout zarr store at `path` (a directory or a URL).
 
   Times run from `start` 00:00 to `end` 23:00 at `time_step_hours`. Variables
-  default to the whole catalogue (`variables.VARIABLES`); statics are always
-  written. xarray writes the layout and the first time step; the rest goes in
-  through tensorstore in time blocks of ~64 MiB (zarr-python's per-chunk cost
-  would make a 5.625 deg year take ~30 s instead of ~10 s). An existing zarr
-  store at `path` is replaced when `overwrite`.
+  default to the whole catalogue (`variables.VARIABLES`) and the solar
+  radiation (`STORED_FORCINGS`); statics are always written. xarray writes the
+  layout and the first time step; the rest goes in through tensorstore in time
+  blocks of ~64 MiB (zarr-python's per-chunk cost would make a 5.625 deg year
+  take ~30 s instead of ~10 s). An existing zarr store at `path` is replaced
+  when `overwrite`.
 
   Returns:
     `path`.
@@ -261,9 +274,10 @@ def write_synthetic_store(
   if time_step_hours <= 0:
     raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = paths.normalize(path)
-  names = list(variables or variables_lib.VARIABLES)
+  names = list(variables or tuple(variables_lib.VARIABLES) + STORED_FORCINGS)
   for name in names:
-    variables_lib.lookup(name)
+    if name not in STORED_FORCINGS:
+      variables_lib.lookup(name)
   levels = [int(level) for level in levels]
   times = store_times(start, end, time_step_hours)
   if len(times) == 0:
@@ -282,7 +296,7 @@ def write_synthetic_store(
   _write_layout(path, weather, names, times, levels, latitude, longitude,
                 zarr_format)
   bytes_per_time = 4 * latitude.size * longitude.size * sum(
-      len(levels) if variables_lib.lookup(n).atmospheric else 1 for n in names)
+      len(levels) if variables_lib.is_atmospheric(n) else 1 for n in names)
   block = max(1, TIME_BLOCK_BYTES // bytes_per_time)
   driver = "zarr" if zarr_format == 2 else "zarr3"
   # No fsync per chunk: a half-written synthetic store is simply rewritten.

@@ -7,9 +7,16 @@ are flattened into channels, and their GraphCast loss weights.
 Layout contract (data pipeline -> model -> loss):
   * grid nodes are flattened latitude-major, latitude ascending (-90 -> 90),
     longitude ascending [0, 360): node `i * num_lon + j` is (lat[i], lon[j]);
-  * state channels: the configured variables in config order; an atmospheric
-    variable contributes one channel per configured pressure level (in config
-    order), a surface variable one channel.
+  * state channels: the configured variables (`data.variables`, inputs and
+    targets) in config order; an atmospheric variable contributes one channel
+    per configured pressure level (in config order), a surface variable one
+    channel;
+  * output channels: the state channels, then those of the target-only
+    variables (`data.target_only_variables`: predicted, never inputs);
+  * forcing channels: `data.forcings`, in config order, each one channel;
+  * statics: `STATIC_VARIABLES`, in that order.
+Names are WeatherBench2's and GraphCast's (e.g. `day_progress_sin`), so
+statistics files and checkpoints match by name.
 """
 
 from __future__ import annotations
@@ -57,13 +64,15 @@ VARIABLES = {v.name: v for v in ATMOSPHERIC_VARIABLES + SURFACE_VARIABLES}
 
 # Static fields read from the store (time-independent).
 STATIC_VARIABLES = ("geopotential_at_surface", "land_sea_mask")
-# Forcings computed from time and position, never read from the store.
+# Forcings: known ahead for any time, so fed at the input times and the target time.
+# Computed from time and position (`forcings.py`), or read from the store where the
+# config says so (`data.stored_forcings`, e.g. ERA5's solar radiation).
 FORCING_CHANNELS = (
     "toa_incident_solar_radiation",
-    "sin_day_progress",
-    "cos_day_progress",
-    "sin_year_progress",
-    "cos_year_progress",
+    "day_progress_sin",
+    "day_progress_cos",
+    "year_progress_sin",
+    "year_progress_cos",
 )
 
 # WeatherBench2's 13 levels and ERA5's 37, in hPa.
@@ -83,11 +92,21 @@ def lookup(name: str) -> Variable:
   return VARIABLES[name]
 
 
+def is_atmospheric(name: str) -> bool:
+  """Whether `name` (a variable, forcing or static) has a `level` dimension.
+
+  Raises a clear error for a name in none of the catalogues.
+  """
+  if name in FORCING_CHANNELS or name in STATIC_VARIABLES:
+    return False
+  return lookup(name).atmospheric
+
+
 def channel_names(variables, levels) -> list[str]:
-  """Names of the state channels, e.g. `temperature@500`, `2m_temperature`."""
+  """Names of the channels of `variables` (any catalogue names), e.g. `temperature@500`."""
   names = []
   for name in variables:
-    if lookup(name).atmospheric:
+    if is_atmospheric(name):
       names.extend(f"{name}@{level}" for level in levels)
     else:
       names.append(name)
@@ -102,7 +121,7 @@ def loss_channel_weights(variables, levels) -> np.ndarray:
   the lower atmosphere counts more within it.
   """
   levels = np.asarray(levels, dtype=np.float64)
-  level_share = levels / levels.mean() / len(levels)
+  level_share = levels / levels.mean() / len(levels) if len(levels) else levels
   weights = []
   for name in variables:
     variable = lookup(name)

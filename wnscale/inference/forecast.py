@@ -25,6 +25,7 @@ from wnscale import config as config_lib
 from wnscale import paths
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
+from wnscale.data import variables as variables_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import time_range
@@ -134,10 +135,9 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   _check_members(config, members)
   d = config.data
   stats = resolve_stats(d)  # the training run's statistics
-  channel_stats = normalization.channel_stats(stats, d.variables, d.pressure_levels)
-  static_stats = normalization.static_stats(stats)
+  outputs = tuple(d.variables) + tuple(d.target_only_variables)  # what the model predicts
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
-                               d.resolution)
+                               d.resolution, forcings=d.stored_forcings)
   if init_times is None and init_start is None and init_end is None:
     init_start, init_end = d.eval_start, d.eval_end
   indices = select_init_times(store.times, init_times=init_times, start=init_start,
@@ -164,11 +164,11 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   init_datetimes = store.times[indices]
   settings = forecast_store.forecast_settings(
       workdir=workdir, checkpoint_step=step, initial_conditions=path,
-      init_times=init_datetimes, leads=leads, variables=d.variables, levels=d.pressure_levels,
+      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
       members=members)
   latitude_out = latitude[::-1] if store.flip_latitude else latitude
   output = forecast_store.ForecastStore(
-      out, settings, init_times=init_datetimes, leads=leads, variables=d.variables,
+      out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels, latitude=latitude_out, longitude=longitude,
       flip_latitude=store.flip_latitude, members=members)
   remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
@@ -178,10 +178,11 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     logging.info("%s already holds all %d initial times.", output.path, len(indices))
     return summary
 
+  output_stats = normalization.channel_stats(stats, outputs, d.pressure_levels)
+  num_state = len(variables_lib.channel_names(d.variables, d.pressure_levels))
   constants = setup.make_constants(config, graphs, latitude, longitude,
-                                   channel_stats["diff_std"] / channel_stats["std"])
-  forecaster = StreamingForecaster(config, layout, graphdef, params, constants, store,
-                                   channel_stats, static_stats)
+                                   normalization.residual_scale(output_stats, num_state))
+  forecaster = StreamingForecaster(config, layout, graphdef, params, constants, store, stats)
   compile_start = time.perf_counter()
   summary["step_memory"] = forecaster.compile()
   summary["compile_seconds"] = time.perf_counter() - compile_start

@@ -20,10 +20,13 @@ from __future__ import annotations
 import jax
 import ml_collections
 import numpy as np
+import xarray as xr
 
 from wnscale.data import forcings as forcings_lib
-from wnscale.data.source import normalize_statics
-from wnscale.data.store import WeatherStore
+from wnscale.data import normalization
+from wnscale.data import variables as variables_lib
+from wnscale.data.store import Channels, WeatherStore
+from wnscale.errors import UserError
 from wnscale.model import ensemble, forecast
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
@@ -34,30 +37,35 @@ class StreamingForecaster:
   """Forecasts from initial times of `store`, yielding one lead time at a time.
 
   Args:
-    config: the run's config (`data.input_steps`, `data.time_step_hours`).
+    config: the run's config (`data`: variables, target-only variables, levels,
+      forcings computed or stored, input normalization, global forcings, steps).
     layout: the sharded layout of the store's grid.
     graphdef, params: the model; params replicated on the layout's mesh.
     constants: host `forecast.Constants` of the grid.
-    store: the initial conditions (the config's variables and levels).
-    channel_stats: `{"mean", "std"}` `[C]`, static_stats: `{"mean", "std"}` `[2]`:
-      the training run's statistics.
+    store: the initial conditions: the config's state variables and levels, and
+      its stored forcings (`data.stored_forcings`) at every time forecast.
+    stats: the training run's statistics (`normalization.py` format).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
-               params, constants: forecast.Constants, store: WeatherStore,
-               channel_stats: dict, static_stats: dict):
+               params, constants: forecast.Constants, store: WeatherStore, stats: xr.Dataset):
+    d = config.data
     self.layout, self.params, self.store = layout, params, store
-    self.input_steps = config.data.input_steps
-    self.time_step = np.timedelta64(config.data.time_step_hours, "h")
+    self.input_steps = d.input_steps
+    self.time_step = np.timedelta64(d.time_step_hours, "h")
     self.batch_size = layout.mesh.shape[DATA]  # initial times per call: one per data shard
-    self.mean = np.asarray(channel_stats["mean"], np.float32)
-    self.std = np.asarray(channel_stats["std"], np.float32)
+    self.forcings, self.stored_forcings = tuple(d.forcings), tuple(d.stored_forcings)
+    self.global_forcings = tuple(d.global_forcings)
+    self.outputs = tuple(d.variables) + tuple(d.target_only_variables)
+    output_stats = normalization.channel_stats(stats, self.outputs, store.levels)
+    self.mean, self.std = output_stats["mean"], output_stats["std"]
+    self.num_state = len(variables_lib.channel_names(d.variables, store.levels))
+    self.input_scales = normalization.input_scales(stats, self.forcings, d.input_normalization)
     self.constants, self.halo_indices = layout.constants(constants)
-    self.global_forcings = tuple(config.data.global_forcings)
     self.noise_channels = config.model.noise_channels
     self.noise_key = ensemble.noise_key(config.seed)
     statics = layout.partitioned.grid.to_slots(
-        normalize_statics(store.read_statics(), static_stats), -1)
+        self.input_scales.statics(store.read_statics()), -1)
     self.statics = self._put("statics", np.broadcast_to(statics,
                                                         (self.batch_size,) + statics.shape))
     step = sharded_model.forecast_step_fn(layout, graphdef)
@@ -77,25 +85,51 @@ class StreamingForecaster:
   def _history(self, init_indices) -> np.ndarray:
     """`[B, input_steps, C, slots]` normalized states up to each initial time."""
     offsets = np.arange(1 - self.input_steps, 1)
-    return np.stack([self.store.read_state(index + offsets, mean=self.mean, std=self.std,
+    mean, std = self.mean[:self.num_state], self.std[:self.num_state]
+    return np.stack([self.store.read_state(index + offsets, mean=mean, std=std,
                                            grid_index=self.layout.grid_slots)
                      for index in init_indices])
 
-  def _forcings(self, init_times, lead: int) -> np.ndarray:
-    """`[B, input_steps + 1, F, slots]` at the history times of lead `lead` and its target."""
+  def _window_times(self, init_times, lead: int) -> list[np.ndarray]:
+    """Per initial time, `[input_steps + 1]` times: lead `lead`'s history and target."""
     offsets = np.arange(lead + 1 - self.input_steps, lead + 2) * self.time_step
-    windows = [forcings_lib.compute_forcings(np.datetime64(t, "ns") + offsets,
-                                             self.store.latitude, self.store.longitude)
-               for t in init_times]
+    return [np.datetime64(t, "ns") + offsets for t in init_times]
+
+  def _forcings(self, init_times, lead: int) -> np.ndarray:
+    """`[B, input_steps + 1, F, slots]` normalized, at lead `lead`'s history and target."""
+    windows = []
+    for times in self._window_times(init_times, lead):
+      values = forcings_lib.compute_forcings(times, self.store.latitude, self.store.longitude,
+                                             self.forcings, given=self._stored_forcings(times))
+      windows.append(self.input_scales.forcings(values))
     return self.layout.partitioned.grid.to_slots(np.stack(windows), -1)
+
+  def _stored_forcings(self, times) -> dict:
+    """`{name: [time, grid]}` of the forcings the model reads from the store."""
+    if not self.stored_forcings:
+      return {}
+    indices = np.searchsorted(self.store.times, times)
+    inside = indices < len(self.store.times)
+    if not inside.all() or (self.store.times[indices] != times).any():
+      raise UserError(
+          f"The model reads {list(self.stored_forcings)} from the data (data.stored_forcings) "
+          f"and {self.store.path} lacks them at some of {times}: forecast lead times the "
+          "store covers.")
+    values = np.empty((len(times), len(self.stored_forcings), self.store.num_grid_nodes),
+                      np.float32)
+    self.store.read_into([(indices, values, Channels(self.stored_forcings))])
+    return {name: values[:, i] for i, name in enumerate(self.stored_forcings)}
+
+  def _global_forcings(self, init_times, lead: int) -> np.ndarray:
+    """`[B, input_steps + 1, F_global]` at lead `lead`'s history and target."""
+    return np.stack([forcings_lib.compute_global_forcings(times, self.global_forcings)
+                     for times in self._window_times(init_times, lead)])
 
   def _extra(self, init_times, members, lead: int) -> dict:
     """The step's `globals` `[B, input_steps + 1, F]` and `noise` `[B, K]`, where needed."""
     extra = {}
     if self.global_forcings:
-      offsets = np.arange(lead + 1 - self.input_steps, lead + 2) * self.time_step
-      extra["globals"] = np.stack([forcings_lib.compute_global_forcings(
-          np.datetime64(t, "ns") + offsets, self.global_forcings) for t in init_times])
+      extra["globals"] = self._global_forcings(init_times, lead)
     if self.noise_channels:
       extra["noise"] = np.asarray(ensemble.forecast_noise(
           self.noise_key, np.array([init_hours(t) for t in init_times], np.int32),
@@ -110,8 +144,8 @@ class StreamingForecaster:
       return jax.ShapeDtypeStruct((self.batch_size,) + shape + (slots,), np.float32,
                                   sharding=self.layout.sharding(BATCH_SPECS[key]))
 
-    history = abstract("inputs", self.input_steps, len(self.mean))
-    forcings = abstract("forcings", self.input_steps + 1, forecast.NUM_FORCINGS)
+    history = abstract("inputs", self.input_steps, self.num_state)
+    forcings = abstract("forcings", self.input_steps + 1, len(self.forcings))
     extra = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
         self._extra(self.store.times[:self.batch_size], [0] * self.batch_size, 0))
@@ -123,7 +157,9 @@ class StreamingForecaster:
             "temp_bytes": stats.temp_size_in_bytes}
 
   def run(self, init_indices, num_leads: int, members=None):
-    """Yields `(lead index, states [len(init_indices), C, lat * lon])` for each lead time.
+    """Yields `(lead index, outputs [len(init_indices), C_out, lat * lon])` per lead time.
+
+    The outputs are the state, then any target-only variables (`data.target_only_variables`).
 
     States are float32 in physical units, latitude ascending (the store's
     internal order). `init_indices` index `store.times`, at most `batch_size`
@@ -153,7 +189,7 @@ class StreamingForecaster:
     yield pending[0], self._to_host(pending[1], count)
 
   def _to_host(self, state: jax.Array, count: int) -> np.ndarray:
-    """`[count, C, lat * lon]` physical units from a device state `[B, C, slots]`."""
+    """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`."""
     normalized = self.layout.partitioned.grid.from_slots(np.asarray(state)[:count], -1)
     return normalized * self.std[:, None] + self.mean[:, None]
 

@@ -4,22 +4,23 @@ A batch (see `wnscale.data.source`) holds float32 arrays, channel-major with
 the grid flattened last, as the data stores hold them (so the host assembles
 examples with contiguous copies):
   inputs    [B, input_steps, C, G]                 state, normalized (x - mean) / std
-  targets   [B, target_steps, C, G]                state, normalized
+  targets   [B, target_steps, C_out, G]            outputs: state, then target-only
   forcings  [B, input_steps + target_steps, F, G]  solar radiation, day/year progress
   statics   [B, S, G]                              surface geopotential, land-sea mask
   globals   [B, input_steps + target_steps, F]     global forcings (only if configured)
   noise     [B, target_steps, K]                   an FGN's noise per lead time (only then)
-`rollout` returns predictions in the same layout. Inside, the network works
+`rollout` returns predictions in the targets' layout. Inside, the network works
 node-major (`[B, G, C]`: one row of features per grid node, what its gathers
 and MLPs want); `to_node_major` transposes on the device.
 
 One step maps the last `input_steps` states (plus forcings at those times and
-at the target time, and statics) to the next state; global forcings at the same
-times join every grid node's inputs and every mesh node's embedding. The
-network predicts the residual in units of the 6-hour-difference std;
-`residual_scale = diff_std / std` converts it to the state's normalized units.
-Longer rollouts feed predictions back. No xarray, no coordinates: everything
-here runs under jit, remat and shard_map.
+at the target time, and statics) to the next outputs; global forcings at the same
+times join every grid node's inputs and every mesh node's embedding. For the
+state the network predicts the residual in units of the 6-hour-difference std
+(`residual_scale = diff_std / std` converts it to the state's normalized
+units), for target-only channels the normalized value itself (`residual_scale`
+1): GraphCast's `InputsAndResiduals`. Longer rollouts feed the predicted state
+back. No xarray, no coordinates: everything here runs under jit, remat and shard_map.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from wnscale.data import variables as variables_lib
 from wnscale.graphs.build import Graphs
 from wnscale.model.graphcast import GraphCast, LocalExchange
 
-NUM_FORCINGS = len(variables_lib.FORCING_CHANNELS)
 NUM_STATICS = len(variables_lib.STATIC_VARIABLES)
 
 
@@ -43,9 +43,10 @@ class Constants(NamedTuple):
 
   Attributes:
     graphs: the three graphs (index and feature arrays).
-    residual_scale: `[C]` diff_std / std per state channel.
+    residual_scale: `[C_out]` what the network's outputs are scaled by:
+      diff_std / std per state channel, 1 per target-only channel.
     node_weights: `[G]` loss weight of each grid node (cell area, mean 1).
-    channel_weights: `[C]` loss weight of each state channel.
+    channel_weights: `[C_out]` loss weight of each output channel.
   """
 
   graphs: Graphs
@@ -54,9 +55,10 @@ class Constants(NamedTuple):
   channel_weights: jax.Array
 
 
-def input_channels(num_state_channels: int, input_steps: int, num_globals: int = 0) -> int:
+def input_channels(num_state_channels: int, input_steps: int, num_forcings: int,
+                   num_globals: int = 0) -> int:
   """Channels of the network's grid input for one step (`num_globals` global forcings)."""
-  return (input_steps * num_state_channels + (input_steps + 1) * NUM_FORCINGS + NUM_STATICS
+  return (input_steps * num_state_channels + (input_steps + 1) * num_forcings + NUM_STATICS
           + global_channels(input_steps, num_globals))
 
 
@@ -78,7 +80,7 @@ def _stack_channels(x: jax.Array) -> jax.Array:
 
 def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
              exchange=LocalExchange(), global_forcings=None, noise=None):
-  """The next normalized state `[B, G, C]`.
+  """The next normalized outputs `[B, G, C_out]`: the state, then target-only channels.
 
   Args:
     history: `[B, input_steps, G, C]` the latest states, oldest first.
@@ -93,15 +95,20 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
     parts += (jnp.broadcast_to(global_inputs[:, None], statics.shape[:2]
                                + global_inputs.shape[-1:]),)
-  residual = model(constants.graphs, parts, exchange, global_inputs, noise)
-  return history[:, -1] + residual * constants.residual_scale
+  outputs = model(constants.graphs, parts, exchange, global_inputs, noise)
+  outputs = outputs * constants.residual_scale
+  num_state = history.shape[-1]
+  if outputs.shape[-1] == num_state:
+    return history[:, -1] + outputs
+  return jnp.concatenate([history[:, -1] + outputs[..., :num_state], outputs[..., num_state:]],
+                         axis=-1)
 
 
 def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
             exchange=LocalExchange()):
-  """Autoregressive predictions `[B, target_steps, C, G]`, normalized.
+  """Autoregressive predictions `[B, target_steps, C_out, G]`, normalized.
 
-  Each step's prediction joins the history of the next; forcings slide along.
+  Each step's predicted state joins the history of the next; forcings slide along.
   `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
   """
   global_forcings, noise = batch.get("globals"), batch.get("noise")
@@ -124,8 +131,8 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
                       None if global_forcings is None else window(global_forcings),
                       None if noise is None else jnp.asarray(noise)[:, lead])  # float32
     # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
-    history = jnp.concatenate([history[:, 1:], prediction[:, None].astype(history.dtype)],
-                              axis=1)
+    predicted_state = prediction[:, None, :, :history.shape[-1]]
+    history = jnp.concatenate([history[:, 1:], predicted_state.astype(history.dtype)], axis=1)
     return history, prediction
 
   _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))

@@ -14,6 +14,7 @@ import xarray as xr
 from flax import nnx
 
 from wnscale.data import forcings as forcings_lib
+from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.data.variables import STATIC_VARIABLES
 from wnscale.errors import UserError
@@ -31,7 +32,7 @@ def dataset_to_channels(dataset: xr.Dataset, variables, levels) -> np.ndarray:
     if name not in dataset:
       raise UserError(f"Input dataset lacks variable {name!r}; it has {sorted(dataset)}.")
     field = dataset[name]
-    if variables_lib.lookup(name).atmospheric:
+    if variables_lib.is_atmospheric(name):
       field = field.sel(level=list(levels)).transpose(..., "time", "level", "latitude",
                                                        "longitude")
     else:
@@ -51,7 +52,7 @@ def channels_to_dataset(array: np.ndarray, variables, levels, coords: dict) -> x
   fields, channel = {}, 0
   grid_dims = ("batch", "time", "latitude", "longitude")
   for name in variables:
-    if variables_lib.lookup(name).atmospheric:
+    if variables_lib.is_atmospheric(name):
       block = array[:, :, channel:channel + len(levels)]
       fields[name] = (grid_dims[:2] + ("level",) + grid_dims[2:],
                       block.reshape(block.shape[:3] + grid_shape))
@@ -63,27 +64,30 @@ def channels_to_dataset(array: np.ndarray, variables, levels, coords: dict) -> x
 
 
 class Predictor:
-  """Forecasts from xarray inputs with a trained model.
+  """Forecasts from xarray inputs with a trained (or imported) model.
 
   Args:
     graphdef, params: the model (`nnx.split`).
     constants: host `forecast.Constants` for the model's grid.
-    channel_stats: `{"mean", "std"}` `[C]`; static_stats: `{"mean", "std"}` `[2]`.
-    variables, levels: the state layout the model was trained on.
-    global_forcings: the model's global forcings (`data.global_forcings`).
+    data: the run's `config.data`: what the model reads and predicts
+      (variables, target-only variables, levels, forcings computed or stored,
+      input normalization, global forcings, time step).
+    stats: the run's normalization statistics (`normalization.py` format).
   """
 
-  def __init__(self, graphdef, params, constants: forecast.Constants, channel_stats: dict,
-               static_stats: dict, variables, levels, time_step_hours: int = 6,
-               global_forcings=()):
+  def __init__(self, graphdef, params, constants: forecast.Constants, data, stats: xr.Dataset):
     self.params = params
     self.constants = jax.device_put(constants)
-    self.mean = np.asarray(channel_stats["mean"], np.float32)
-    self.std = np.asarray(channel_stats["std"], np.float32)
-    self.static_stats = static_stats
-    self.variables, self.levels = tuple(variables), tuple(levels)
-    self.time_step = pd.Timedelta(hours=time_step_hours)
-    self.global_forcings = tuple(global_forcings)
+    self.variables, self.levels = tuple(data.variables), tuple(data.pressure_levels)
+    self.outputs = self.variables + tuple(data.target_only_variables)
+    self.forcings, self.stored_forcings = tuple(data.forcings), tuple(data.stored_forcings)
+    self.global_forcings = tuple(data.get("global_forcings", ()))
+    stats_of_outputs = normalization.channel_stats(stats, self.outputs, self.levels)
+    self.mean, self.std = stats_of_outputs["mean"], stats_of_outputs["std"]
+    self.num_state = len(variables_lib.channel_names(self.variables, self.levels))
+    self.input_scales = normalization.input_scales(stats, self.forcings,
+                                                   data.input_normalization)
+    self.time_step = pd.Timedelta(hours=data.time_step_hours)
     self._rollout = jax.jit(
         lambda params, constants, batch: forecast.rollout(nnx.merge(graphdef, params),
                                                           constants, batch))
@@ -96,12 +100,16 @@ class Predictor:
       inputs: the state at the input times, `(time, [level,] latitude, longitude)`
         (optionally with a leading `batch` dim), latitude in either order.
       statics: `geopotential_at_surface` and `land_sea_mask` on the same grid.
-      forcings: optional, the `variables.FORCING_CHANNELS` at input and target
-        times; computed from time and position if omitted.
+      num_steps: lead times to forecast, one model step apart.
+      forcings: forcings `(time, latitude, longitude)` at the input and target
+        times; those it lacks are computed from time and position, except the
+        ones the model reads from the data (`data.stored_forcings`), which it
+        must hold.
 
     Returns:
-      The forecast, `(batch?, time, [level,] latitude, longitude)`, with target
-      times and the inputs' latitude order.
+      The forecast of the output variables (state, then target-only),
+      `(batch?, time, [level,] latitude, longitude)`, with target times and
+      the inputs' latitude order.
     """
     batched = "batch" in inputs.dims
     inputs = inputs if batched else inputs.expand_dims("batch")
@@ -110,25 +118,21 @@ class Predictor:
     times = pd.DatetimeIndex(inputs.time.values)
     target_times = pd.DatetimeIndex([times[-1] + self.time_step * k
                                      for k in range(1, num_steps + 1)])
-    state = ((dataset_to_channels(inputs, self.variables, self.levels) - self.mean[:, None])
-             / self.std[:, None])
+    mean, std = self.mean[:self.num_state, None], self.std[:self.num_state, None]
+    state = (dataset_to_channels(inputs, self.variables, self.levels) - mean) / std
     static = np.stack([statics[name].transpose("latitude", "longitude").values.reshape(-1)
                        for name in STATIC_VARIABLES]).astype(np.float32)
-    static[0] = (static[0] - self.static_stats["mean"][0]) / self.static_stats["std"][0]
     all_times = times.append(target_times)
-    if forcings is None:
-      forcing = forcings_lib.compute_forcings(all_times.values, inputs.latitude.values,
-                                              inputs.longitude.values)
-    else:
-      forcing = np.stack([forcings[name].sortby("latitude").sel(time=all_times)
-                          .transpose("time", "latitude", "longitude").values
-                          .reshape(len(all_times), -1)
-                          for name in variables_lib.FORCING_CHANNELS], 1)
+    forcing = forcings_lib.compute_forcings(
+        all_times.values, inputs.latitude.values, inputs.longitude.values, self.forcings,
+        given=self._given_forcings(forcings, all_times))
     batch_size = inputs.sizes["batch"]
     batch = {
-        "inputs": state,
-        "forcings": np.broadcast_to(forcing, (batch_size,) + forcing.shape).astype(np.float32),
-        "statics": np.broadcast_to(static, (batch_size,) + static.shape),
+        "inputs": state.astype(np.float32),
+        "forcings": np.broadcast_to(self.input_scales.forcings(forcing),
+                                    (batch_size,) + forcing.shape),
+        "statics": np.broadcast_to(self.input_scales.statics(static),
+                                   (batch_size,) + static.shape),
     }
     if self.global_forcings:
       values = forcings_lib.compute_global_forcings(all_times.values, self.global_forcings)
@@ -137,7 +141,25 @@ class Predictor:
     coords = {"batch": inputs.batch.values, "time": target_times.values,
               "latitude": inputs.latitude.values, "longitude": inputs.longitude.values}
     result = channels_to_dataset(normalized * self.std[:, None] + self.mean[:, None],
-                                 self.variables, self.levels, coords)
+                                 self.outputs, self.levels, coords)
     if descending:
       result = result.isel(latitude=slice(None, None, -1))
     return result if batched else result.isel(batch=0, drop=True)
+
+  def _given_forcings(self, forcings: xr.Dataset | None, times) -> dict:
+    """`{name: [time, grid]}` of the forcings `forcings` holds, latitude ascending."""
+    given = {}
+    for name in self.forcings:
+      if forcings is not None and name in forcings:
+        field = forcings[name].sortby("latitude")
+        absent = [t for t in times.values if t not in field.time.values]
+        if absent:
+          raise ValueError(f"Forcing {name!r} is given at {field.time.values}; the forecast "
+                           f"needs it at {times.values} (input and target times).")
+        given[name] = (field.sel(time=times.values).transpose("time", "latitude", "longitude")
+                       .values.reshape(len(times), -1))
+    missing = [name for name in self.stored_forcings if name not in given]
+    if missing:
+      raise ValueError(f"The model reads {missing} from the data (data.stored_forcings), "
+                       "not computed: pass them in `forcings` at the input and target times.")
+    return given

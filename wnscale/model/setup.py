@@ -18,17 +18,27 @@ from wnscale.model.graphcast import GraphCast
 from wnscale.model import loss as loss_lib
 
 
+def output_variables(data_config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The variables the model predicts: the state, then the target-only ones."""
+  return tuple(data_config.variables) + tuple(data_config.target_only_variables)
+
+
 def num_state_channels(data_config: ml_collections.ConfigDict) -> int:
   return len(variables_lib.channel_names(data_config.variables, data_config.pressure_levels))
+
+
+def num_output_channels(data_config: ml_collections.ConfigDict) -> int:
+  return len(variables_lib.channel_names(output_variables(data_config),
+                                         data_config.pressure_levels))
 
 
 def build_model(config: ml_collections.ConfigDict) -> GraphCast:
   """A freshly initialized model (parameters from `config.seed`), built eagerly."""
   d = config.data
-  channels = num_state_channels(d)
   num_globals = len(d.global_forcings)
-  return GraphCast(forecast.input_channels(channels, d.input_steps, num_globals), channels,
-                   config.model, rngs=nnx.Rngs(config.seed),
+  inputs = forecast.input_channels(num_state_channels(d), d.input_steps, len(d.forcings),
+                                   num_globals)
+  return GraphCast(inputs, num_output_channels(d), config.model, rngs=nnx.Rngs(config.seed),
                    global_channels=forecast.global_channels(d.input_steps, num_globals))
 
 
@@ -69,13 +79,14 @@ def node_positions(config: ml_collections.ConfigDict, latitude, longitude):
 
 def make_constants(config: ml_collections.ConfigDict, graphs: Graphs, latitude, longitude,
                    residual_scale: np.ndarray) -> forecast.Constants:
-  """Host (numpy) constants; `residual_scale` is `[C]` diff_std / std."""
+  """Host (numpy) constants; `residual_scale` is `[C_out]` (`source.residual_scale`)."""
   d = config.data
   return forecast.Constants(
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
       node_weights=loss_lib.latitude_weights(latitude, len(longitude)),
-      channel_weights=variables_lib.loss_channel_weights(d.variables, d.pressure_levels))
+      channel_weights=variables_lib.loss_channel_weights(output_variables(d),
+                                                         d.pressure_levels))
 
 
 def batch_dtype(config: ml_collections.ConfigDict):
@@ -91,14 +102,12 @@ def batch_shapes(config: ml_collections.ConfigDict, num_grid_nodes: int,
                  batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes of one batch, following the contract in `wnscale.model.forecast`."""
   d = config.data
-  channels = num_state_channels(d)
   dtype = batch_dtype(config)
   shape = lambda *s: jax.ShapeDtypeStruct((batch_size,) + s, dtype)
   shapes = {
-      "inputs": shape(d.input_steps, channels, num_grid_nodes),
-      "targets": shape(d.target_steps, channels, num_grid_nodes),
-      "forcings": shape(d.input_steps + d.target_steps, forecast.NUM_FORCINGS,
-                        num_grid_nodes),
+      "inputs": shape(d.input_steps, num_state_channels(d), num_grid_nodes),
+      "targets": shape(d.target_steps, num_output_channels(d), num_grid_nodes),
+      "forcings": shape(d.input_steps + d.target_steps, len(d.forcings), num_grid_nodes),
       "statics": shape(forecast.NUM_STATICS, num_grid_nodes),
   }
   if d.global_forcings:

@@ -63,7 +63,7 @@ class Problem:
     self.layout = ShardedLayout(self.mesh, graphs,
                                 *setup.node_positions(config, latitude, longitude),
                                 config.mesh.exchange)
-    channels = setup.num_state_channels(config.data)
+    channels = setup.num_output_channels(config.data)
     self.constants = self.layout.abstract_constants(setup.make_constants(
         config, graphs, latitude, longitude, np.ones(channels, np.float32)))
     self.batch = self.layout.abstract_batch(
@@ -164,9 +164,13 @@ def best_setting(reports: list[dict]) -> str:
 
 
 def _stats_from_oom_message(message: str) -> dict:
-  """Figures from XLA's compile-time out-of-memory message (temporaries it needed)."""
-  match = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", message)
+  """Figures from XLA's compile-time out-of-memory message: the temporaries it needed
+  ("HLO temporaries (15.56G)"), or the memory it had used when it gave up ("Used 15.84G
+  of 15.75G hbm", a lower bound of the peak)."""
   scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-  temp = int(float(match.group(1)) * scale[match.group(2)]) if match else 0
-  return {"argument_bytes": 0, "output_bytes": 0, "temp_bytes": temp, "alias_bytes": 0,
-          "peak_bytes": temp, "flops": 0.0}
+  temp = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", message)
+  used = re.search(r"Used ([\d.]+)([KMGT]) of", message)
+  match = temp or used
+  peak = int(float(match.group(1)) * scale[match.group(2)]) if match else 0
+  return {"argument_bytes": 0, "output_bytes": 0, "temp_bytes": peak if temp else 0,
+          "alias_bytes": 0, "peak_bytes": peak, "flops": 0.0}

@@ -51,9 +51,10 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
   d = config.model.latent_size
   e = config.model.edge_latent_size or d
   data = config.data
-  channels = setup.num_state_channels(data)
+  channels = setup.num_output_channels(data)
   num_globals = len(data.global_forcings)
-  inputs = forecast.input_channels(channels, data.input_steps, num_globals) + NODE_FEATURES
+  inputs = forecast.input_channels(setup.num_state_channels(data), data.input_steps,
+                                   len(data.forcings), num_globals) + NODE_FEATURES
   mesh_inputs = NODE_FEATURES + forecast.global_channels(data.input_steps, num_globals)
   grid, mesh = counts["grid_nodes"], counts["mesh_nodes"]
   g2m, m2g = counts["grid_to_mesh_edges"], counts["mesh_to_grid_edges"]

@@ -93,29 +93,30 @@ def error_sums_fn(layout: ShardedLayout, graphdef):
   return _shard_mapped(layout, local_error_sums, out_specs=P(), extra_in_specs=(P(),))
 
 
-STEP_KEYS = ("inputs", "forcings", "statics")
-STATE_SPEC = P(DATA, None, GRAPH)  # one state `[B, C, G]`
+STATE_SPEC = P(DATA, None, GRAPH)  # one step's outputs `[B, C_out, G]`
 
 
 def forecast_step_fn(layout: ShardedLayout, graphdef):
-  """`step(params, constants, halo_indices, inputs) -> (history, state)`: one model step.
+  """`step(params, constants, halo_indices, inputs) -> (history, outputs)`: one model step.
 
-  `inputs` holds `STEP_KEYS`: `inputs` `[B, input_steps, C, G]` the latest
-  states (the history, oldest first), `forcings` `[B, input_steps + 1, F, G]`
-  at those times and the next, `statics` `[B, S, G]`; all normalized and laid
-  out as `BATCH_SPECS`; and, where the model takes them, `globals`
-  `[B, input_steps + 1, F_global]` (global forcings at the same times) and an
-  FGN's `noise` `[B, K]` (each row's member). Returns the history moved on one step (oldest state
-  dropped, the new one appended; same layout) and the new state `[B, C, G]`
-  (`STATE_SPEC`). The same arithmetic as one step of `forecast.rollout`.
+  `inputs` holds `inputs` `[B, input_steps, C, G]` the latest states (the
+  history, oldest first), `forcings` `[B, input_steps + 1, F, G]` at those
+  times and the next, `statics` `[B, S, G]`, and optionally `globals`
+  `[B, input_steps + 1, F_global]` and an FGN's `noise` `[B, K]` (each row's
+  member); all normalized and laid out as `BATCH_SPECS`. Returns the history moved on one step (oldest state dropped,
+  the new one appended; same layout) and the step's outputs `[B, C_out, G]`
+  (`STATE_SPEC`: the state, then target-only channels). The same arithmetic as
+  one step of `forecast.rollout`.
   """
   def local_step(params, constants, exchange, inputs):
-    node_major = forecast.to_node_major({key: inputs[key] for key in STEP_KEYS})
-    state = forecast.one_step(nnx.merge(graphdef, params), constants, node_major["inputs"],
-                              node_major["forcings"], node_major["statics"], exchange,
-                              inputs.get("globals"), inputs.get("noise"))
-    state = jnp.swapaxes(state, -1, -2)  # [B, G, C] -> [B, C, G]
-    history = jnp.concatenate([inputs["inputs"][:, 1:], state[:, None]], axis=1)
-    return history, state
+    node_major = forecast.to_node_major(
+        {key: inputs[key] for key in ("inputs", "forcings", "statics")})
+    outputs = forecast.one_step(nnx.merge(graphdef, params), constants, node_major["inputs"],
+                                node_major["forcings"], node_major["statics"], exchange,
+                                inputs.get("globals"), inputs.get("noise"))
+    outputs = jnp.swapaxes(outputs, -1, -2)  # [B, G, C_out] -> [B, C_out, G]
+    state = outputs[:, None, :inputs["inputs"].shape[2]].astype(inputs["inputs"].dtype)
+    history = jnp.concatenate([inputs["inputs"][:, 1:], state], axis=1)
+    return history, outputs
 
   return _shard_mapped(layout, local_step, out_specs=(BATCH_SPECS["inputs"], STATE_SPEC))

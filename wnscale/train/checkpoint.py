@@ -13,7 +13,10 @@ setting the data iterator's state) happens after `restore_latest` returns, so
 its errors propagate and never set a good checkpoint aside. A checkpoint that
 is whole but holds a different train state (another model or optimizer
 configuration) is an error, not damage: nothing is set aside.
-`restore_params` reads only the parameters, for forecasts (no optimizer).
+
+A run directory may also hold parameters only (`save_params`: an imported
+model, `wnscale.interop`); `restore_params` reads the parameters of either
+kind (a new run's `train.init_from`, forecasts).
 """
 
 from __future__ import annotations
@@ -120,6 +123,12 @@ class Checkpointer:
         self._warn_damaged(step, error)
         damaged.append(step)
         continue
+      if set(stored) == {"params"}:
+        raise CheckpointMismatchError(
+            f"Checkpoint {paths.join(self.directory, str(step))} holds model parameters only "
+            "(an imported model, not a training run): start a new run from them with "
+            f"--config.train.init_from={self.directory.rsplit('/checkpoints', 1)[0]} and "
+            "another --workdir.")
       differences = _differences(stored, abstract_state)
       if differences:
         path = paths.join(self.directory, str(step))
@@ -168,16 +177,42 @@ class Checkpointer:
     self.manager.close()
 
 
+def _manager(directory: str, create: bool, state_handler) -> ocp.CheckpointManager:
+  """A manager of `directory`'s steps with the items `Checkpointer` writes."""
+  return ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(create=create),
+      item_handlers={"state": state_handler,
+                     "data": grain.checkpoint.CheckpointHandler(),
+                     "metadata": ocp.JsonCheckpointHandler()})
+
+
+def save_params(directory: str, params, metadata: dict, step: int = 0):
+  """Writes a checkpoint of `params` alone (no optimizer, no data state) as step `step`.
+
+  `restore_params` reads it; a training run refuses to resume from it and
+  says to use `train.init_from`. Written whole or not at all (Orbax's
+  temporary directory, renamed when complete).
+  """
+  manager = _manager(paths.normalize(directory), True, ocp.StandardCheckpointHandler())
+  try:
+    manager.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": params}),
+        metadata=ocp.args.JsonSave(metadata)))
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+
+
 def restore_params(directory: str, abstract_params, step: int | None = None):
   """Restores only the model parameters (`state.params`) of a run's checkpoint.
 
-  Orbax reads the `params` subtree of the saved train state; no optimizer is
-  built and its state is not read. The directory is only read: with
-  `step=None` the newest checkpoint that restores is used, a damaged one
+  Works for a training run's checkpoints (the optimizer state is not read)
+  and for `save_params`' (an imported model). The directory is only read:
+  with `step=None` the newest checkpoint that restores is used, a damaged one
   skipped with a warning (and left where it is).
 
   Args:
-    directory: the run's `checkpoints/` directory.
+    directory: the run's `checkpoints/` directory (local or URL).
     abstract_params: `jax.ShapeDtypeStruct` tree of the parameters, with the
       shardings to restore onto.
     step: the checkpoint to restore; None: the newest.
@@ -186,26 +221,24 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
     `(params, step)`.
 
   Raises:
-    ValueError: no checkpoint there, or none at `step` (the message lists them).
+    UserError: no checkpoint there, or none at `step` (the message lists them).
     CheckpointMismatchError: the checkpoint holds parameters of other arrays,
       shapes or dtypes (another model configuration).
   """
   directory = paths.normalize(directory)
-  manager = None
-  if paths.exists(directory):
-    manager = ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(create=False),
-        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                       "data": grain.checkpoint.CheckpointHandler(),
-                       "metadata": ocp.JsonCheckpointHandler()})
-  steps = sorted(manager.all_steps(), reverse=True) if manager else []
+  if not paths.exists(directory):
+    raise UserError(f"No checkpoint in {directory}: no such directory; give a run directory "
+                    "(of launch.train or launch.import_graphcast).")
+  # A PyTree handler: it restores a subtree (the parameters) of the saved state.
+  manager = _manager(directory, False, ocp.PyTreeCheckpointHandler())
   try:
+    steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
       raise UserError(f"No checkpoint in {directory}; train first (python -m launch.train "
-                       "--workdir=...) or point --workdir at a run directory.")
+                      "--workdir=...) or point --workdir at a run directory.")
     if step is not None and step not in steps:
       raise UserError(f"No checkpoint of step {step} in {directory}; it has steps "
-                       f"{sorted(steps)}.")
+                      f"{sorted(steps)}.")
     failures = []
     for candidate in [step] if step is not None else steps:
       try:
@@ -219,8 +252,9 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
       if differences:
         raise CheckpointMismatchError(
             f"Checkpoint {paths.join(directory, str(candidate))} holds parameters of another "
-            f"model than the run's config.json describes; {len(differences)} differences: "
-            f"{'; '.join(differences[:5])}.")
+            f"model than this config builds; {len(differences)} differences: "
+            f"{'; '.join(differences[:5])}. Use the model and data settings it was made with "
+            "(its run directory's config.json).")
       item = {"params": abstract_params}
       try:
         restored = manager.restore(candidate, args=ocp.args.Composite(
@@ -232,10 +266,9 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
         _warn_damaged(directory, candidate, error)
         failures.append(candidate)
     raise UserError(f"No checkpoint in {directory} could be restored (tried steps "
-                     f"{failures}).")
+                    f"{failures}).")
   finally:
-    if manager is not None:
-      manager.close()
+    manager.close()
 
 
 def _warn_damaged(directory, step, error):

@@ -119,8 +119,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Model, constants and the sharded layout.
   stats = source.channel_stats
   graphs = setup.graphs_for_grid(config, latitude, longitude)  # logs built or from cache
-  constants = setup.make_constants(config, graphs, latitude, longitude,
-                                   stats["diff_std"] / stats["std"])
+  constants = setup.make_constants(config, graphs, latitude, longitude, source.residual_scale)
   with run_log.phase(f"Partitioned the graphs over {mesh.shape[mesh_lib.GRAPH]} graph shard(s) "
                      f"({mesh.shape[mesh_lib.DATA]} data x {mesh.shape[mesh_lib.GRAPH]} graph "
                      "devices)"):
@@ -138,14 +137,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   with run_log.phase("Initialized the model") as phase:
     graphdef, params = setup.init_model(config)
     phase["text"] = f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters"
+  replicated = layout.sharding(jax.sharding.PartitionSpec())
   optimizer = optimizer_lib.make_optimizer(config.train)
   schedule = optimizer_lib.learning_rate_schedule(config.train)
-  replicated = layout.sharding(jax.sharding.PartitionSpec())
-  state = jax.device_put(initial_state(params, optimizer), replicated)
 
-  # Resume (only unreadable checkpoint files count as damage, see `_resume`).
+  # Resume (only unreadable checkpoint files count as damage, see `_resume`); a new run
+  # starts from `train.init_from`'s parameters if given.
   checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, workdir_lib.CHECKPOINTS),
                                              config.train.max_checkpoints)
+  if config.train.init_from and not checkpointer.manager.all_steps():
+    try:
+      params = _initial_params(config.train.init_from, params, replicated)
+    except BaseException:
+      checkpointer.close()
+      train_data.close()
+      raise
+  state = jax.device_put(initial_state(params, optimizer), replicated)
   try:
     state, train_data, data_offset = _resume(checkpointer, state, replicated, config, source,
                                              group, num_groups, train_data)
@@ -303,6 +310,20 @@ def _check_members(config, mesh, members) -> int:
     raise UserError("train.members_on_data=True runs in one process for now (every process "
                     "would read every example); set train.members_on_data=False.")
   return members.members
+
+
+def _initial_params(run_directory: str, params, sharding):
+  """The newest parameters of the run in `run_directory` (`train.init_from`), with `sharding`.
+
+  Raises:
+    CheckpointMismatchError: they have other shapes than this run's model.
+  """
+  directory = paths.join(paths.normalize(run_directory), "checkpoints")
+  params, step = checkpoint_lib.restore_params(
+      directory, checkpoint_lib.abstract_like(params, sharding))
+  logging.info("Parameters initialized from %s (step %d); optimizer state fresh.", directory,
+               step)
+  return params
 
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict):

@@ -1,0 +1,27 @@
+"""Predicts for a GraphCast example file, writing predictions in GraphCast's format.
+
+  python -m launch.predict_example --workdir=WORKDIR --example=EXAMPLE.nc --out=PREDICTIONS.nc
+  python -m launch.predict_example ... --steps=4   # 4 lead times (the example must cover them)
+
+`WORKDIR` is a run directory (`launch.import_graphcast`'s, or a trained run's).
+"""
+
+from absl import flags
+
+from launch import cli  # before JAX's backend starts: it quiets libtpu
+from wnscale.interop.graphcast_example import predict_example
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
+_EXAMPLE = flags.DEFINE_string("example", None, "GraphCast example file (.nc).")
+_OUT = flags.DEFINE_string("out", None, "Predictions file (.nc) to write.")
+_STEPS = flags.DEFINE_integer("steps", None,
+                              "Lead times to predict (default: the example's targets).")
+
+
+def main(argv):
+  del argv
+  predict_example(_WORKDIR.value, _EXAMPLE.value, _OUT.value, _STEPS.value)
+
+
+if __name__ == "__main__":
+  cli.run(main, required=("workdir", "example", "out"), writes_workdir=False)

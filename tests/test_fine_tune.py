@@ -1,0 +1,110 @@
+"""Fine-tuning an imported GraphCast: a new run starts from its parameters
+(`train.init_from`) with other sharding and remat settings, and trains.
+
+The data: the fixture's example file written as a WeatherBench2-layout store
+(its 3 times: one example, with ERA5-style solar radiation read from the store,
+as the imported model's config says).
+"""
+
+import copy
+import os
+
+import jax
+import numpy as np
+import pytest
+import xarray as xr
+
+from wnscale import config as config_lib
+from wnscale.data import pipeline
+from wnscale.interop.graphcast_import import import_graphcast
+from wnscale.model import loss as loss_lib
+from wnscale.model import setup
+from wnscale.train import checkpoint, trainer
+from wnscale.train.metrics import read_metrics
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")
+
+
+def example_store(example_path: str, path: str) -> str:
+  """GraphCast's example file (batch 0) as a zarr store in WeatherBench2's layout."""
+  example = xr.load_dataset(example_path).isel(batch=0)
+  example = example.assign_coords(time=example["datetime"].values).drop_vars("datetime")
+  example.rename({"lat": "latitude", "lon": "longitude"}).to_zarr(path, zarr_format=2,
+                                                                   consolidated=True)
+  return path
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  root = tmp_path_factory.mktemp("fine_tune")
+  run = str(root / "imported")
+  import_graphcast(os.path.join(FIXTURE, "params.npz"), os.path.join(FIXTURE, "stats"), run)
+  store = example_store(os.path.join(FIXTURE, "example.nc"), str(root / "example.zarr"))
+  config = config_lib.from_json(open(os.path.join(run, "config.json")).read())
+  config.data.update(path=store, train_start="2022-01-01", train_end="2022-01-01")
+  config.train.update(init_from=run, steps=2, warmup_steps=0, batch_size=1, log_every=1,
+                      eval_every=0, checkpoint_every=2)
+  return run, config
+
+
+def newest_params(run, config):
+  """`(params, step)` of the newest checkpoint of `run`, on one device."""
+  _, shapes = setup.init_model_shapes(config)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return checkpoint.restore_params(os.path.join(run, "checkpoints"),
+                                   checkpoint.abstract_like(shapes, device))
+
+
+@pytest.mark.slow
+def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, tmp_path):
+  run, config = imported
+  config = copy.deepcopy(config)
+  # Graph over 8 devices, every stage rematerialized, edges in blocks.
+  config.mesh.update(data=1, graph=8)
+  config.model.update(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, mesh_remat_every=3,
+                      remat_mesh_to_grid_gnn=True, edge_chunks=2)
+  workdir = str(tmp_path / "fine_tuned")
+  trainer.train_and_evaluate(config_lib.validate(config), workdir)
+  losses = {m["step"]: m["loss"] for m in read_metrics(workdir) if "loss" in m}
+
+  # Step 1's loss is that of the imported parameters on the one example, computed here on
+  # one device without remat: the run started from them.
+  params, _ = newest_params(run, config)
+  source = pipeline.source_from_config(config, "train")
+  latitude, longitude = source.store.latitude, source.store.longitude
+  constants = setup.make_constants(config, setup.graphs_for_grid(config, latitude, longitude),
+                                   latitude, longitude, source.residual_scale)
+  graphdef, _ = setup.init_model_shapes(config)
+  expected = loss_lib.forecast_loss(graphdef, params, constants, source.read_batch([0]))
+  np.testing.assert_allclose(losses[1], float(expected), rtol=1e-5)
+  assert losses[2] < losses[1]  # it trains (same example twice)
+
+  # The run's own checkpoint holds a full train state, its parameters moved on.
+  trained, step = newest_params(workdir, config)
+  assert step == 2
+  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                       trained, params)
+  assert 0 < max(jax.tree.leaves(moved)) < 0.1
+
+
+def test_an_imported_run_is_not_resumed(imported):
+  """Training in the imported directory itself: an error saying to use init_from."""
+  run, config = imported
+  config = copy.deepcopy(config)
+  config.train.init_from = ""
+  config.mesh.update(data=1, graph=8)
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match="parameters only .*--config.train.init_from="):
+    trainer.train_and_evaluate(config_lib.validate(config), run)
+  assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
+
+
+def test_init_from_another_model_is_refused(imported, tmp_path):
+  run, config = imported
+  config = copy.deepcopy(config)
+  config.model.latent_size = 16
+  config.mesh.update(data=1, graph=8)
+  differs = r"parameters of another model .*float32\[32\], this run float32\[16\]"
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=differs):
+    trainer.train_and_evaluate(config_lib.validate(config), str(tmp_path / "new"))
+  assert not os.path.exists(tmp_path / "new" / "config.json")

@@ -1,0 +1,104 @@
+"""GraphCast's published checkpoint files, read without GraphCast.
+
+A checkpoint is the `.npz` that `graphcast.checkpoint.dump` writes of a
+`CheckPoint(params, model_config, task_config, description, license)`: the
+tree of dataclasses, dicts and tuples flattened to one array per leaf, the
+keys of the path joined with ":" (dataclass fields and dict keys by name,
+tuple items by their index; a field that is None is left out). So a
+parameter is `params:<haiku module>:<w | b | scale | offset>`, a config field
+`model_config:latent_size` (a 0-d array), a tuple item
+`task_config:input_variables:3` (a 0-d unicode array).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+
+from wnscale import paths
+from wnscale.errors import UserError
+
+SEPARATOR = ":"
+MODEL_CONFIG_FIELDS = ("mesh_size", "latent_size", "gnn_msg_steps", "hidden_layers",
+                       "radius_query_fraction_edge_length")
+TASK_CONFIG_FIELDS = ("input_variables", "target_variables", "forcing_variables",
+                      "pressure_levels", "input_duration")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphCastCheckpoint:
+  """The contents of a checkpoint file.
+
+  Attributes:
+    params: `{haiku module name: {leaf name: array}}`, as Haiku holds them.
+    model_config: `ModelConfig`'s fields (python scalars); an optional field
+      stored as None is absent (`mesh2grid_edge_normalization_factor`).
+    task_config: `TaskConfig`'s fields; tuple fields as tuples.
+    description, license: the file's texts.
+  """
+
+  params: dict
+  model_config: dict
+  task_config: dict
+  description: str
+  license: str
+
+
+def read_checkpoint(path: str) -> GraphCastCheckpoint:
+  """Reads the checkpoint file at `path` (local or URL).
+
+  Raises:
+    ValueError: the file is not an `.npz` of a GraphCast `CheckPoint` (naming
+      what it lacks).
+  """
+  try:
+    with np.load(io.BytesIO(paths.read_bytes(path)), allow_pickle=False) as npz:
+      tree = unflatten({key: npz[key] for key in npz.files})
+  except FileNotFoundError as error:
+    raise UserError(f"Checkpoint file not found: {path}") from error
+  except (OSError, ValueError) as error:
+    raise UserError(f"{path} is not an .npz file of GraphCast's checkpoint format: "
+                     f"{error}") from error
+  missing = [name for name in ("params", "model_config", "task_config") if name not in tree]
+  if missing:
+    raise UserError(f"{path} is not a GraphCast checkpoint: it has no {missing} (it has "
+                     f"{sorted(tree)})")
+  model_config, task_config = (_to_python(tree["model_config"]),
+                               _to_python(tree["task_config"]))
+  for name, config, fields in [("model_config", model_config, MODEL_CONFIG_FIELDS),
+                               ("task_config", task_config, TASK_CONFIG_FIELDS)]:
+    absent = [field for field in fields if field not in config]
+    if absent:
+      raise UserError(f"The {name} of {path} lacks {absent}; it has {sorted(config)}")
+  for field in ("input_variables", "target_variables", "forcing_variables",
+                "pressure_levels"):  # a one-item tuple reads back as a tuple too
+    if not isinstance(task_config[field], tuple):
+      raise UserError(f"task_config:{field} of {path} is not a tuple: {task_config[field]!r}")
+  return GraphCastCheckpoint(tree["params"], model_config, task_config,
+                             str(_to_python(tree.get("description", ""))),
+                             str(_to_python(tree.get("license", ""))))
+
+
+def unflatten(flat: dict) -> dict:
+  """`{"a:b:c": leaf}` -> `{"a": {"b": {"c": leaf}}}` (the inverse of the dump's flattening)."""
+  tree = {}
+  for key, value in flat.items():
+    node = tree
+    *parents, leaf = key.split(SEPARATOR)
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return tree
+
+
+def _to_python(tree):
+  """Dicts whose keys are 0..n-1 become tuples; 0-d arrays python scalars or strings."""
+  if isinstance(tree, dict):
+    if tree and all(key.isdigit() for key in tree) and sorted(map(int, tree)) == list(
+        range(len(tree))):
+      return tuple(_to_python(tree[str(i)]) for i in range(len(tree)))
+    return {key: _to_python(value) for key, value in tree.items()}
+  value = np.asarray(tree)
+  return value.item() if value.ndim == 0 else value

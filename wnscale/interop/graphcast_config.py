@@ -1,0 +1,153 @@
+"""A GraphCast checkpoint's `ModelConfig` and `TaskConfig` as a wnscale config, and the
+channel orders of the two implementations.
+
+How the task maps onto wnscale's data contract (`wnscale.data.variables`):
+  * targets that are also inputs are the state (`data.variables`), in the
+    task's order; targets that are not inputs are `data.target_only_variables`
+    (predicted outright, un-normalized with mean and std);
+  * `forcing_variables` are `data.forcings` (each also an input: GraphCast feeds
+    forcings at the input times and the target time); the solar radiation is
+    read from the data (`data.stored_forcings`), as GraphCast takes ERA5's
+    field from its datasets; the day and year progresses are computed, as
+    GraphCast derives them from the time;
+  * the statics are both of `variables.STATIC_VARIABLES`;
+  * every input is normalized, as GraphCast's `InputsAndResiduals` does
+    (`data.input_normalization="all"`), with the checkpoint's statistics.
+Anything else (an input that is neither state, forcing nor static, an unknown
+variable, more than one hidden layer) is an error naming it.
+
+Channel orders. GraphCast stacks its grid inputs as every input variable
+(statics included) sorted by name, each time-major then by level, then the
+forcings at the target time sorted by name, then 3 structural node features;
+its outputs are the targets sorted by name, each by level. wnscale's are in
+`wnscale.model.forecast` (state history, forcings at every time, statics) and
+`variables.py`. Both are lists of `(name, step, level)` keys here: `step` 0 is
+the last input time, -1 the one before, +1 the target time; None for statics;
+`level` None for a surface variable.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+import pandas as pd
+
+from wnscale import config as config_lib
+from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
+
+# Forcings GraphCast takes from its datasets rather than computing them.
+READ_FROM_DATA = ("toa_incident_solar_radiation",)
+
+
+def wnscale_config(model_config: dict, task_config: dict,
+                   stats_path: str) -> ml_collections.ConfigDict:
+  """The validated wnscale config of a checkpoint's model and task.
+
+  Args:
+    model_config, task_config: `graphcast_checkpoint.GraphCastCheckpoint`'s.
+    stats_path: the run's statistics (a directory of GraphCast's three files).
+
+  Raises:
+    ValueError: a setting wnscale cannot run, named.
+  """
+  if model_config["hidden_layers"] != 1:
+    raise UserError(f"The checkpoint's MLPs have hidden_layers="
+                     f"{model_config['hidden_layers']}; wnscale's have 1 (GraphCast's "
+                     "published models).")
+  inputs, targets = task_config["input_variables"], task_config["target_variables"]
+  forcings = task_config["forcing_variables"]
+  unknown = [name for name in inputs + targets + forcings if not _known(name)]
+  if unknown:
+    raise UserError(f"The checkpoint's task has variables wnscale does not know: "
+                     f"{sorted(set(unknown))}")
+  not_input = [name for name in forcings if name not in inputs]
+  if not_input:
+    raise UserError(f"Forcings {not_input} are not inputs of the checkpoint's task; wnscale "
+                     "feeds forcings at the input times and the target time.")
+  statics = [name for name in variables_lib.STATIC_VARIABLES if name not in inputs]
+  if statics:
+    raise UserError(f"The checkpoint's task lacks the statics {statics}; wnscale's model "
+                     f"takes {variables_lib.STATIC_VARIABLES}.")
+  others = [name for name in inputs if name not in targets and name not in forcings
+            and name not in variables_lib.STATIC_VARIABLES]
+  if others:
+    raise UserError(f"Inputs {others} of the checkpoint's task are neither targets, forcings "
+                     "nor statics; wnscale cannot feed them.")
+  config = config_lib.default_config()
+  m, d = config.model, config.data
+  m.latent_size = int(model_config["latent_size"])
+  m.mesh_levels = int(model_config["mesh_size"])
+  m.message_passing_steps = int(model_config["gnn_msg_steps"])
+  m.radius_fraction = float(model_config["radius_query_fraction_edge_length"])
+  # None (absent): divided by the longest mesh-to-grid edge, which is wnscale's 0.
+  m.mesh_to_grid_edge_normalization = float(
+      model_config.get("mesh2grid_edge_normalization_factor") or 0.0)
+  d.variables = tuple(name for name in targets if name in inputs)
+  d.target_only_variables = tuple(name for name in targets if name not in inputs)
+  d.pressure_levels = tuple(int(level) for level in task_config["pressure_levels"])
+  d.forcings = tuple(forcings)
+  d.stored_forcings = tuple(name for name in forcings if name in READ_FROM_DATA)
+  d.input_normalization = "all"
+  d.input_steps = _input_steps(task_config["input_duration"], d.time_step_hours)
+  if "resolution" in model_config:
+    d.resolution = float(model_config["resolution"])
+  d.stats_path = stats_path
+  return config_lib.validate(config)
+
+
+def _known(name: str) -> bool:
+  return (name in variables_lib.VARIABLES or name in variables_lib.FORCING_CHANNELS
+          or name in variables_lib.STATIC_VARIABLES)
+
+
+def _input_steps(duration: str, time_step_hours: int) -> int:
+  """Input times in GraphCast's `input_duration` (e.g. "12h": t - 6h and t)."""
+  try:
+    hours = pd.Timedelta(duration) / pd.Timedelta(hours=1)
+  except ValueError as error:
+    raise UserError(f"task_config:input_duration={duration!r} is not a duration") from error
+  steps = hours / time_step_hours
+  if steps < 1 or not float(steps).is_integer():
+    raise UserError(f"task_config:input_duration={duration!r} is not a positive multiple of "
+                     f"the {time_step_hours} h time step")
+  return int(steps)
+
+
+def _keys(name: str, steps, levels) -> list[tuple]:
+  if name in variables_lib.STATIC_VARIABLES:
+    return [(name, None, None)]
+  if variables_lib.is_atmospheric(name):
+    return [(name, step, level) for step in steps for level in levels]
+  return [(name, step, None) for step in steps]
+
+
+def reference_input_channels(task_config: dict, time_step_hours: int = 6) -> list[tuple]:
+  """GraphCast's grid input channels (before the structural features), in order."""
+  levels = task_config["pressure_levels"]
+  steps = range(1 - _input_steps(task_config["input_duration"], time_step_hours), 1)
+  keys = [key for name in sorted(task_config["input_variables"])
+          for key in _keys(name, steps, levels)]
+  return keys + [(name, 1, None) for name in sorted(task_config["forcing_variables"])]
+
+
+def reference_output_channels(task_config: dict) -> list[tuple]:
+  levels = task_config["pressure_levels"]
+  return [key for name in sorted(task_config["target_variables"])
+          for key in _keys(name, [1], levels)]
+
+
+def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
+  """wnscale's grid input channels (`model.forecast.one_step`), in order."""
+  d = config.data
+  steps = list(range(1 - d.input_steps, 1))
+  history = [key for step in steps for name in d.variables
+             for key in _keys(name, [step], d.pressure_levels)]
+  forcings = [(name, step, None) for step in steps + [1] for name in d.forcings]
+  statics = [(name, None, None) for name in variables_lib.STATIC_VARIABLES]
+  return history + forcings + statics
+
+
+def wnscale_output_channels(config: ml_collections.ConfigDict) -> list[tuple]:
+  d = config.data
+  return [key for name in tuple(d.variables) + tuple(d.target_only_variables)
+          for key in _keys(name, [1], d.pressure_levels)]

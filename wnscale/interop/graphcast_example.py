@@ -1,0 +1,149 @@
+"""Predictions for GraphCast's example files, in the format GraphCast returns them.
+
+An example file (GraphCast's datasets, e.g. `source-era5_date-2022-01-01_res-1.0_
+levels-13_steps-01.nc`) holds dims `batch, time, lat, lon, level`: `time` is the
+time since the first one (timedelta), the coordinate `datetime (batch, time)`
+the date; latitude in either order; statics on `(lat, lon)`. The first
+`data.input_steps` times are the inputs; the later ones are targets, whose
+values are not used, but the forcings the model reads from the data (the solar
+radiation) are needed at those times.
+
+The predictions come back as GraphCast's predictor returns them: the target
+variables sorted by name, dims `(time, batch, [level,] lat, lon)`, `time` the
+lead times after the last input (6 h, 12 h, ...), coordinates `time`, `lat`,
+`lon`, `level` as the example has them (latitude in the example's order).
+
+The model runs through `model.predictor.Predictor` (the xarray boundary), one
+batch member at a time (their dates may differ).
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wnscale import config as config_lib
+from wnscale import paths
+from wnscale.data import normalization, resolve
+from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
+from wnscale.model import predictor as predictor_lib
+from wnscale.model import setup
+from wnscale.train import checkpoint as checkpoint_lib
+
+
+def load_run(workdir: str):
+  """`(config, graphdef, params)` of a run directory (trained or imported), on one device."""
+  workdir = paths.normalize(workdir)
+  path = paths.join(workdir, "config.json")
+  if not paths.exists(path):
+    raise UserError(f"No config.json in {workdir}: --workdir must be a run directory (of "
+                     "launch.train or launch.import_graphcast).")
+  config = config_lib.from_json(paths.read_text(path))
+  graphdef, shapes = setup.init_model_shapes(config)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  params, _ = checkpoint_lib.restore_params(paths.join(workdir, "checkpoints"),
+                                            checkpoint_lib.abstract_like(shapes, device))
+  return config, graphdef, params
+
+
+def predict_example(workdir: str, example_path: str, out_path: str,
+                    steps: int | None = None) -> xr.Dataset:
+  """Predicts `steps` lead times (default: as many as the example has targets) and writes
+  them to `out_path` (NetCDF, whole or not at all); returns them.
+
+  Raises:
+    ValueError: the example does not fit the run's model (naming what).
+  """
+  config, graphdef, params = load_run(workdir)
+  with paths.local_copy(paths.normalize(example_path)) as local:
+    example = xr.load_dataset(local)
+  d = config.data
+  steps = _check_example(example, d, steps, example_path)
+  stats = resolve.resolve_stats(d)
+  latitude = np.sort(example["lat"].values)
+  longitude = example["lon"].values
+  outputs = setup.output_variables(d)
+  output_stats = normalization.channel_stats(stats, outputs, d.pressure_levels)
+  constants = setup.make_constants(
+      config, setup.graphs_for_grid(config, latitude, longitude), latitude, longitude,
+      normalization.residual_scale(output_stats, setup.num_state_channels(d)))
+  predictor = predictor_lib.Predictor(graphdef, params, constants, d, stats)
+  members = []
+  for member in range(example.sizes["batch"]):
+    inputs, statics, forcings = _member_inputs(example.isel(batch=member), d)
+    members.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
+  predictions = _reference_format(members, example, d)
+  paths.write_bytes(paths.normalize(out_path), predictions.to_netcdf())
+  return predictions
+
+
+def _check_example(example: xr.Dataset, data: ml_collections.ConfigDict, steps: int | None,
+                   path: str) -> int:
+  """The number of lead times to predict; a clear error for an example that does not fit."""
+  for dim in ("batch", "time", "lat", "lon"):
+    if dim not in example.dims:
+      raise UserError(f"{path} has dims {tuple(example.dims)}; GraphCast's example files "
+                       "have batch, time, lat, lon (and level)")
+  if "datetime" not in example.coords:
+    raise UserError(f"{path} has no 'datetime' coordinate (batch, time)")
+  needed = (tuple(data.variables) + tuple(data.stored_forcings)
+            + variables_lib.STATIC_VARIABLES)
+  missing = [name for name in needed if name not in example]
+  if missing:
+    raise UserError(f"{path} lacks {missing}, which the model reads; it has {sorted(example)}")
+  levels = [int(level) for level in example["level"].values] if "level" in example.dims else []
+  absent = [level for level in data.pressure_levels if level not in levels]
+  if absent and any(variables_lib.is_atmospheric(name) for name in data.variables):
+    raise UserError(f"{path} has levels {levels}; the model needs {list(data.pressure_levels)}")
+  step = pd.Timedelta(hours=data.time_step_hours)
+  spacing = np.diff(example["time"].values)
+  if len(spacing) and not np.all(spacing == step.to_timedelta64()):
+    raise UserError(f"{path}'s times are not {data.time_step_hours} h apart: "
+                     f"{example['time'].values}")
+  targets = example.sizes["time"] - data.input_steps
+  if targets < 0:
+    raise UserError(f"{path} has {example.sizes['time']} time(s); the model needs "
+                     f"{data.input_steps} inputs")
+  if steps is None:
+    steps = targets
+  if steps < 1:
+    raise UserError(f"Nothing to predict: {path} has no target times after its "
+                     f"{data.input_steps} inputs; ask for a number of steps")
+  if data.stored_forcings and steps > targets:
+    raise UserError(f"{steps} lead times asked for, but {path} has {targets} target time(s); "
+                     f"the model reads {list(data.stored_forcings)} from the data at each.")
+  return steps
+
+
+def _member_inputs(member: xr.Dataset, data: ml_collections.ConfigDict):
+  """`(inputs, statics, forcings)` of one batch member, in wnscale's naming."""
+  member = member.assign_coords(time=member["datetime"].values).drop_vars("datetime")
+  member = member.rename({"lat": "latitude", "lon": "longitude"})
+  inputs = member[list(data.variables)].isel(time=slice(0, data.input_steps))
+  statics = member[list(variables_lib.STATIC_VARIABLES)]
+  forcings = member[[name for name in data.forcings if name in member]]
+  return inputs, statics, forcings
+
+
+def _reference_format(members: list, example: xr.Dataset,
+                      data: ml_collections.ConfigDict) -> xr.Dataset:
+  """Each member's forecast (latitude in the example's order) -> one Dataset as GraphCast's
+  predictor returns it."""
+  forecast = xr.concat(members, dim="batch")
+  lead_times = np.arange(1, forecast.sizes["time"] + 1) * np.timedelta64(
+      data.time_step_hours, "h")
+  variables = {}
+  for name in sorted(forecast.data_vars):
+    field = forecast[name].rename({"latitude": "lat", "longitude": "lon"})
+    level = ("level",) if "level" in field.dims else ()
+    field = field.transpose("time", "batch", *level, "lat", "lon")
+    variables[name] = (field.dims, field.values)
+  coords = {"time": lead_times.astype("timedelta64[ns]"), "lat": example["lat"].values,
+            "lon": example["lon"].values}
+  if any("level" in forecast[name].dims for name in forecast.data_vars):
+    coords["level"] = example["level"].sel(level=list(data.pressure_levels)).values
+  return xr.Dataset(variables, coords=coords)

@@ -1,0 +1,87 @@
+"""`import_graphcast`: a GraphCast checkpoint file and its statistics -> a wnscale run directory.
+
+The run directory holds what a trained run's does, for a model that was never
+trained here:
+  * `config.json`: the config derived from the checkpoint's model and task
+    (`graphcast_config.wnscale_config`); `data.path` is empty (pass a store to
+    train or forecast);
+  * `stats/`: GraphCast's three statistics files, copied (the run's
+    `data.stats_path`, so the directory stands alone);
+  * `checkpoints/0`: the converted parameters alone, no optimizer state
+    (`train.checkpoint.save_params`), with the checkpoint's description and
+    license in its metadata.
+`launch.predict_example`, forecasts, and a new run's `--config.train.init_from`
+read it. An existing run directory is never written into.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from wnscale import paths
+from wnscale.data import normalization
+from wnscale.errors import UserError
+from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
+from wnscale.train import checkpoint as checkpoint_lib
+
+
+def import_graphcast(checkpoint_path: str, stats_dir: str, out: str) -> ml_collections.ConfigDict:
+  """Writes the run directory `out` for the checkpoint file `checkpoint_path`.
+
+  Args:
+    checkpoint_path: a `.npz` of GraphCast's `CheckPoint` (local or URL).
+    stats_dir: a directory of `mean_by_level.nc`, `stddev_by_level.nc`,
+      `diffs_stddev_by_level.nc` (local or URL).
+    out: the run directory to create (local or URL); must not hold a run.
+
+  Returns:
+    The run's config.
+
+  Raises:
+    ValueError: naming the problem (a file that is not what it should be, a
+      model or task wnscale cannot run, statistics lacking a variable, `out`
+      already holding a run). Nothing is written then.
+  """
+  out = paths.normalize(out)
+  for name in ("config.json", "checkpoints"):
+    if paths.exists(paths.join(out, name)):
+      raise UserError(f"{out} already holds a run ({name}); import into a new directory.")
+  checkpoint = graphcast_checkpoint.read_checkpoint(checkpoint_path)
+  stats_path = paths.join(out, "stats")
+  config = graphcast_config.wnscale_config(checkpoint.model_config, checkpoint.task_config,
+                                           stats_path)
+  _check_stats(stats_dir, config)
+  params = graphcast_params.convert_params(checkpoint.params, checkpoint.task_config, config)
+  params = jax.tree.map(jnp.asarray, params)
+
+  for name in normalization.GRAPHCAST_FILES.values():
+    paths.write_bytes(paths.join(stats_path, name),
+                      paths.read_bytes(paths.join(paths.normalize(stats_dir), name)))
+  checkpoint_lib.save_params(paths.join(out, "checkpoints"), params, {
+      "step": 0, "imported_from": paths.normalize(checkpoint_path),
+      "description": checkpoint.description, "license": checkpoint.license,
+      "statistics_from": paths.normalize(stats_dir)})
+  # Last: a directory with config.json is a whole run.
+  paths.write_text(paths.join(out, "config.json"), config.to_json_best_effort(indent=2))
+  logging.info("Imported %s (%s) into %s: %d parameters.", checkpoint_path,
+               checkpoint.description[:80], out,
+               sum(x.size for x in jax.tree.leaves(params)))
+  return config
+
+
+def _check_stats(stats_dir: str, config: ml_collections.ConfigDict):
+  """A clear error unless `stats_dir` holds GraphCast's statistics of every channel of
+  `config`."""
+  if not paths.exists(paths.join(paths.normalize(stats_dir),
+                                 normalization.GRAPHCAST_FILES["mean"])):
+    raise UserError(f"{stats_dir} does not hold GraphCast's statistics files "
+                     f"{sorted(normalization.GRAPHCAST_FILES.values())}")
+  stats = normalization.read_stats(stats_dir)
+  d = config.data
+  normalization.channel_stats(stats, tuple(d.variables) + tuple(d.target_only_variables),
+                              d.pressure_levels)
+  normalization.input_scales(stats, d.forcings, d.input_normalization)
