@@ -257,7 +257,7 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
   """An FGN run (with global forcings) forecasts --members=N along `number`; members 0, 1
   of 3 equal those of 2 and of a rerun; members differ; --members is required for an FGN."""
   run_store, _ = store_source
-  config = small_config(global_forcings=("sin_year_progress", "cos_year_progress"))
+  config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
   config.model.noise_channels = 4
   config.data.path = run_store
   workdir = str(make_run(tmp_path, config, spread_members(setup.init_model(config)[1])))
