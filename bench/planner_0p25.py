@@ -1,9 +1,13 @@
 """Per-chip memory of GraphCast 0.25 deg on TPU topologies: no remat, the paper's scheme, and
 the planner's choice, at several graph shard counts (AOT compiles with libtpu, on this CPU);
-with `--model=weathernext2`, WeatherNext 2's network: no remat and processor remat.
+with `--model=weathernext2`, WeatherNext 2's network: no remat and processor remat; with
+`--model=graphcast_fgn`, GraphCast as an FGN ensemble (32 noise channels conditioning every
+layer norm, the CRPS of 2 members per example, vmapped on each data shard) under the paper's
+scheme with grid blocks.
 
   python bench/planner_0p25.py [--topologies=v5e:4x4,v4:2x2x2 --graph_shards=8,16,4,1,2]
   python bench/planner_0p25.py --model=weathernext2 --graph_shards=16,8,4
+  python bench/planner_0p25.py --model=graphcast_fgn --topologies=v5e:4x4 --graph_shards=16,8,4
   python bench/planner_0p25.py [--model=...] --table   # what is measured so far
 
 Each (topology, graph shards) runs in its own process (a 0.25 deg TPU compile
@@ -33,7 +37,12 @@ MODELS = {
                                         "best": "planner's choice"}, "planner_0p25.jsonl"),
     "weathernext2": ("weathernext2_0p25.py", {"none": "no remat", "processor": "processor remat"},
                      "planner_0p25_weathernext2.jsonl"),
+    "graphcast_fgn": ("graphcast_0p25.py", {"paper_grid_blocks": "FGN, 2 members: paper + "
+                                            "grid blocks"}, "planner_0p25_fgn.jsonl"),
 }
+# Config overrides of a model beyond its config file.
+OVERRIDES = {"graphcast_fgn": {"model": dict(noise_channels=32),
+                               "train": dict(loss="crps", ensemble_members=2)}}
 
 
 def scheme_overrides(scheme: str) -> dict:
@@ -55,6 +64,8 @@ def measure(model: str, topology: str, graph: int, out: str, done: set):
   config_file, schemes, _ = MODELS[model]
   target = topology_lib.resolve(topology)
   config = config_lib.load(os.path.join(REPO, "configs", config_file))
+  for section, values in OVERRIDES.get(model, {}).items():
+    config[section].update(values)
   config.mesh.update(graph=graph, data=len(target.devices) // graph)
   config.train.batch_size = config.mesh.data  # one example per data shard
   problem = Problem(config, target, lower_train_step)

@@ -5,7 +5,8 @@ a transformer processor: 24 blocks of width 768, 6 heads, feed-forward 3072,
 attention over each mesh node's 32-hop neighbourhood on the finest of 6
 refinements (127,019,682 attention edges); bfloat16; year progress as a
 global input. See `wnscale.config.weathernext2_config` for what differs from
-the released model (no noise-conditioned norms, no CRPS training).
+the released model; its FGN ensembles are off by default: add
+--config.model.noise_channels=32 --config.train.loss=crps (2 members per example).
 
   python -m launch.train --config=configs/weathernext2_1p0.py --workdir=DIR \
       --config.data.path=/path/to/era5_1deg_13levels.zarr

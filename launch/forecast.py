@@ -5,6 +5,8 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
   # chosen initial times, a checkpoint step, another store, the graph over 4 devices
   python -m launch.forecast --workdir=DIR --out=F.zarr --init_times=2020-11-01T00,2020-11-02T12 \
       --step=100 --data.path=/data/era5.zarr --mesh.graph=4 --platform=cpu --num_cpu_devices=4
+  # an FGN run (model.noise_channels > 0): an 8-member ensemble (a `number` dim)
+  python -m launch.forecast --workdir=DIR --out=ENS.zarr --members=8 --lead=5d
 
 Run the same command again after a crash: finished initial times are kept and the
 rest are forecast. The last line printed is a JSON summary (speed, memory).
@@ -33,6 +35,9 @@ _MESH_DATA = flags.DEFINE_integer("mesh.data", None, "Devices along the batch ax
 _MESH_GRAPH = flags.DEFINE_integer("mesh.graph", None, "Devices along the space axis.")
 _MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"],
                                    "How graph shards exchange rows.")
+_MEMBERS = flags.DEFINE_integer(
+    "members", None, "An FGN run's ensemble size: members 0..N-1 along a `number` dim, "
+    "member k's noise fixed by (the run's seed, initial time, k).")
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 _NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
                                         "With --platform=cpu: fake devices.")
@@ -47,7 +52,8 @@ def main(argv):
   summary = run_forecast(_WORKDIR.value, _OUT.value, lead=_LEAD.value,
                          init_times=_INIT_TIMES.value, init_start=_INIT_START.value,
                          init_end=_INIT_END.value, init_every=_INIT_EVERY.value,
-                         step=_STEP.value, data_path=_DATA_PATH.value, mesh_overrides=mesh)
+                         step=_STEP.value, data_path=_DATA_PATH.value, mesh_overrides=mesh,
+                         members=_MEMBERS.value)
   print(json.dumps(summary))
 
 

@@ -8,6 +8,7 @@ import os
 import jax
 import numpy as np
 
+from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import setup
 
@@ -19,10 +20,19 @@ CONFIG_FILES = sorted(path for path in glob.glob(os.path.join(os.path.dirname(__
 
 
 def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
-  """A batch of standard-normal arrays with the model's batch shapes."""
+  """A batch of standard-normal arrays with the model's batch shapes.
+
+  An FGN's batch also holds the noise of its members (as the train step adds
+  it at step 0): `train.ensemble_members` per example for the CRPS, else one.
+  """
   rng = np.random.default_rng(seed)
-  return {k: rng.standard_normal(s.shape).astype(np.float32)
-          for k, s in setup.batch_shapes(config, num_grid_nodes, batch_size).items()}
+  batch = {k: rng.standard_normal(s.shape).astype(np.float32)
+           for k, s in setup.batch_shapes(config, num_grid_nodes, batch_size).items()}
+  if config.model.noise_channels:
+    members = config.train.ensemble_members if config.train.loss == "crps" else 1
+    batch["noise"] = np.asarray(ensemble.training_noise(
+        seed, 0, batch_size, members, config.data.target_steps, config.model.noise_channels))
+  return batch
 
 
 def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int = 0,
@@ -44,11 +54,30 @@ def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int
           setup.init_model(config)[1])
 
 
+def spread_members(params, scale: float = 0.3, seed: int = 0):
+  """`params` with the noise-conditioning kernels drawn at `scale` instead of ~1e-8.
+
+  At initialisation an FGN's members are equal to float rounding, so the
+  CRPS's |x_i - x_j| sit at the kink of |.| and its gradient is the sign of
+  rounding noise; with members this far apart, equal computations agree.
+  """
+  rng = np.random.default_rng(seed)
+
+  def widen(path, x):
+    names = [str(getattr(k, "key", k)) for k in path]
+    if "conditioning" in names and "kernel" in names:
+      return np.asarray(rng.normal(0, scale, np.shape(x)), np.float32)
+    return x
+
+  return jax.tree_util.tree_map_with_path(widen, params)
+
+
 def loss_and_grad_fn(config, constants, batch):
   """`params -> (loss, grads)` of the single-device model with `config`'s remat settings."""
   graphdef, _ = setup.init_model_shapes(config)
   return jax.value_and_grad(lambda params: loss_lib.forecast_loss(
-      graphdef, params, constants, batch, remat_steps=config.train.remat_rollout))
+      graphdef, params, constants, batch, loss=config.train.loss,
+      remat_steps=config.train.remat_rollout))
 
 
 def compile_loss_and_grad(config, constants, batch, params):

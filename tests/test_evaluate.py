@@ -81,7 +81,7 @@ def test_results_layout_files_and_figures(evaluated):
     results = xr.open_dataset(os.path.join(out, f"{name}.nc"))
     assert results["temperature"].dims == ("metric", "lead_time", "level")
     assert results["2m_temperature"].dims == ("metric", "lead_time")
-    assert list(results.metric.values) == ["rmse", "mse", "bias", "acc"]
+    assert list(results.metric.values) == ["rmse", "mse", "bias", "acc", "crps"]
     np.testing.assert_array_equal(results.lead_time.values, LEADS.values)
     assert results.attrs["num_initial_times"] == 3  # the ones the baseline shares
   document = json.load(open(os.path.join(out, "metrics.json")))
@@ -126,6 +126,48 @@ def test_numbers_equal_an_independent_computation(evaluated):
     mean = lambda x: x.weighted(weights).mean(("latitude", "longitude"))  # noqa: E731
     acc = (mean(fa * ta) / np.sqrt(mean(fa ** 2) * mean(ta ** 2))).mean("time")
     np.testing.assert_allclose(ours.sel(metric="acc").values, acc.values, rtol=1e-9)
+
+
+def test_ensemble_scores_equal_an_independent_computation(store):
+  """A 4-member forecast (a `number` dim): CRPS (WeatherBench2's, fair spread) equals the
+  `scores` package's fair ensemble CRPS; RMSE is the ensemble mean's; spread is the square
+  root of the time-mean area-weighted ensemble variance (ddof 1); spread/skill their ratio.
+  Persistence, deterministic, gets its MAE as CRPS."""
+  truth_path, _, directory = store
+  members = [xr.open_zarr(write_forecast(directory / f"member{k}.zarr", truth_path, seed=k))
+             for k in range(4)]
+  ensemble = xr.concat(members, dim=pd.Index(range(4), name="number")).transpose(
+      "time", "number", ...)
+  path = str(directory / "ensemble.zarr")
+  ensemble.chunk().to_zarr(path, zarr_format=2, consolidated=True)
+  result = evaluate(path, truth_path, str(directory / "ensemble_out"))["results"]
+  forecast = xr.open_zarr(path).load()
+  truth = xr.open_zarr(truth_path).sel(level=LEVELS).sortby("latitude").load()
+  valid = xr.DataArray(forecast.time.values[:, None] + LEADS.values[None],
+                       dims=("time", "prediction_timedelta"))
+  weights = area_weights(truth.latitude.values)
+  for name in VARIABLES:
+    f = forecast[name].astype(np.float64)
+    t = truth[name].sel(time=valid).drop_vars("time").astype(np.float64)
+    t = t.assign_coords(time=f.time, prediction_timedelta=f.prediction_timedelta)
+    preserve = [d for d in ("prediction_timedelta", "level") if d in f.dims]
+    ours = result["forecast"][name]
+    crps = scores.probability.crps_for_ensemble(f, t, "number", method="fair",
+                                                preserve_dims=preserve, weights=weights)
+    np.testing.assert_allclose(ours.sel(metric="crps").values, crps.values, rtol=1e-9)
+    rmse = np.sqrt(scores.continuous.mse(f.mean("number"), t, preserve_dims=preserve,
+                                         weights=weights))
+    np.testing.assert_allclose(ours.sel(metric="rmse").values, rmse.values, rtol=1e-9)
+    variance = f.var("number", ddof=1).weighted(weights).mean(("latitude", "longitude"))
+    spread = np.sqrt(variance.mean("time"))
+    np.testing.assert_allclose(ours.sel(metric="spread").values, spread.values, rtol=1e-9)
+    np.testing.assert_allclose(ours.sel(metric="spread_skill").values,
+                               (spread / rmse).values, rtol=1e-9)
+    p = truth[name].sel(time=f.time).astype(np.float64).broadcast_like(t)
+    mae = scores.continuous.mae(p, t, preserve_dims=preserve, weights=weights)
+    np.testing.assert_allclose(result["persistence"][name].sel(metric="crps").values,
+                               mae.values, rtol=1e-9)
+  assert "spread" not in result["persistence"]["metric"].values
 
 
 def test_the_model_beats_its_noisier_baseline_in_the_scorecard_numbers(evaluated):

@@ -14,10 +14,11 @@ import pytest
 import xarray as xr
 from flax import nnx
 
-from problems import random_batch
+from problems import random_batch, spread_members
 from wnscale import config as config_lib
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
+from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.forecast_store import ForecastStore, forecast_settings
@@ -238,6 +239,47 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
   assert "initial time 2020-01-01T00 done (1/2)" in caplog.text
 
 
+def make_run(tmp_path, config, params=None):
+  """A run directory holding `config` and a checkpoint (step 5) of `params` (default: fresh)."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json_best_effort())
+  params = setup.init_model(config)[1] if params is None else params
+  saver = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=1)
+  saver.save(5, initial_state(params, optimizer_lib.make_optimizer(config.train)),
+             iter(grain.MapDataset.range(2).to_iter_dataset()), {"step": 5})
+  saver.close()
+  return workdir
+
+
+def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_path,
+                                                                         store_source):
+  """An FGN run (with global forcings) forecasts --members=N along `number`; members 0, 1
+  of 3 equal those of 2 and of a rerun; members differ; --members is required for an FGN."""
+  run_store, _ = store_source
+  config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
+  config.model.noise_channels = 4
+  config.data.path = run_store
+  workdir = str(make_run(tmp_path, config, spread_members(setup.init_model(config)[1])))
+  inits = ["2020-01-01T12", "2020-01-02T06"]
+  forecast = lambda name, members: xr.open_zarr(forecast_lib.run_forecast(  # noqa: E731
+      workdir, str(tmp_path / name), lead="12h", init_times=inits, members=members,
+      mesh_overrides={"graph": 4})["out"], chunks=None)  # 2 x 4 mesh: 2 rows a call
+  three, two, again = forecast("f3.zarr", 3), forecast("f2.zarr", 2), forecast("f2b.zarr", 2)
+  assert three["temperature"].dims == ("time", "number", "prediction_timedelta", "level",
+                                       "latitude", "longitude")
+  assert three.sizes["number"] == 3 and three.attrs["wnscale_forecast"]["members"] == 3
+  for name in config.data.variables:
+    np.testing.assert_array_equal(three[name].isel(number=[0, 1]).values, two[name].values)
+    np.testing.assert_array_equal(two[name].values, again[name].values)
+    assert np.isfinite(three[name].values).all()
+  spread = np.abs(three["temperature"].isel(number=0) - three["temperature"].isel(number=2))
+  assert float(spread.max()) > 1e-3
+  with pytest.raises(UserError, match="pass --members=N"):
+    forecast_lib.run_forecast(workdir, str(tmp_path / "none.zarr"), lead="12h",
+                              init_times=inits)
+
+
 def test_run_forecast_from_a_run_directory_with_another_store(tmp_path, store_source):
   """Initial conditions from another store, normalized with the run's statistics; a 4 x 2
   mesh (four initial times per call: two are padding); a second call finds all written."""
@@ -247,14 +289,7 @@ def test_run_forecast_from_a_run_directory_with_another_store(tmp_path, store_so
                                           levels=(500, 850), seed=9)
   config = small_config()
   config.data.path = run_store
-  workdir = tmp_path / "run"
-  workdir.mkdir()
-  (workdir / "config.json").write_text(config.to_json_best_effort())
-  _, params = setup.init_model(config)
-  saver = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=1)
-  saver.save(5, initial_state(params, optimizer_lib.make_optimizer(config.train)),
-             iter(grain.MapDataset.range(2).to_iter_dataset()), {"step": 5})
-  saver.close()
+  workdir = make_run(tmp_path, config)
   out = str(tmp_path / "forecast.zarr")
   summary = forecast_lib.run_forecast(str(workdir), out, lead="12h",
                                       init_times=["2020-01-01T12", "2020-01-02T06"],

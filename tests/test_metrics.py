@@ -130,3 +130,31 @@ def test_nan_propagates(random_fields):
   forecast[0, 0, 0, 3, 3] = np.nan
   mse = metrics.mse(forecast, truth)
   assert np.isnan(mse[0, 0, 0]) and np.isfinite(mse[1:]).all()
+
+
+def test_ensemble_crps_and_spread_by_hand():
+  """Members 1, 3, 6 everywhere against truth 2: skill (1 + 1 + 4) / 3 = 2, fair spread
+  (2 + 5 + 3) * 2 / (3 * 2) = 10 / 3, CRPS 2 - 5 / 3 = 1 / 3; variance (ddof 1) 19 / 3."""
+  truth = field(np.full((3, 2), 2.0), LAT3, LON2)
+  members = field(np.stack([np.full((3, 2), v) for v in (1.0, 3.0, 6.0)]), LAT3, LON2,
+                  number=[0, 1, 2])
+  assert float(metrics.crps(members, truth, ensemble_dim="number")) == pytest.approx(1 / 3)
+  assert float(metrics.ensemble_variance(members)) == pytest.approx(19 / 3)
+  # One member: the CRPS is the MAE, as it is for a deterministic forecast.
+  single = members.isel(number=[2])
+  assert float(metrics.crps(single, truth, ensemble_dim="number")) == pytest.approx(4.0)
+  assert float(metrics.crps(members.isel(number=2), truth)) == pytest.approx(4.0)
+
+
+def test_ensemble_crps_matches_the_scores_package(random_fields):
+  """WeatherBench2's CRPS (fair spread) equals `scores`' fair ensemble CRPS, per initial time."""
+  _, truth, _ = random_fields
+  rng = np.random.default_rng(1)
+  members = xr.concat([truth + rng.normal(0.3, 1.5, truth.shape) for _ in range(5)],
+                      dim=pd.Index(range(5), name="number"))
+  weights = metrics.latitude_weights(truth)
+  expected = scores.probability.crps_for_ensemble(
+      members, truth, "number", method="fair", preserve_dims=["time", "lead_time", "level"],
+      weights=weights)
+  np.testing.assert_allclose(metrics.crps(members, truth, ensemble_dim="number"), expected,
+                             rtol=1e-10)

@@ -20,6 +20,8 @@ from wnscale.model import remat
 from wnscale.model.graphcast import DTYPES, PROCESSORS
 from wnscale.sharding.partition import EXCHANGE_MODES
 
+LOSSES = ("mse", "crps")
+
 
 def default_config() -> ml_collections.ConfigDict:
   """The defaults; the comment after each key is its documentation."""
@@ -60,6 +62,9 @@ def default_config() -> ml_collections.ConfigDict:
   # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
   # to the encoder only)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
+  m.noise_channels = 0  # 0: deterministic; > 0: an FGN (WeatherNext 2: 32): each member draws
+  # this many standard-normal numbers per example and step, and every layer norm is
+  # conditioned on their embedding (wnscale.model.norm)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices along the batch axis; -1: the devices left over
@@ -115,6 +120,12 @@ def default_config() -> ml_collections.ConfigDict:
   t.adam_b2 = 0.95
   t.grad_clip_norm = 32.0  # global-norm gradient clipping
   t.remat_rollout = False  # checkpoint each autoregressive rollout step
+  t.loss = "mse"  # "mse": weighted MSE (GraphCast); "crps": fair CRPS over ensemble_members
+  # members per example with the same weights (WeatherNext 2; needs model.noise_channels > 0)
+  t.ensemble_members = 2  # loss="crps": members per example (a `sample` dim of the batch)
+  t.members_on_data = False  # loss="crps": False: each device runs all members of its
+  # examples (vmapped with the batch); True: members laid out along the data mesh axis
+  # (each data shard one member; mesh.data a multiple of ensemble_members; one process)
   t.log_every = 10  # steps between progress lines / metrics.jsonl entries
   t.eval_every = 100  # steps between evaluations (0: never)
   t.eval_batches = 4  # an evaluation reads the first eval_batches batches of the eval range
@@ -175,7 +186,8 @@ def weathernext2_config(resolution: float) -> ml_collections.ConfigDict:
   mesh embedders. Data: 6 atmospheric variables on WeatherBench2's 13 levels
   plus 5 surface variables (WeatherNext 2 also has sea-surface temperature
   and 100 m winds, which wnscale's catalogue lacks); the schedule is GraphCast's.
-  Not here: its noise-conditioned norms and CRPS training (FGN ensembles).
+  Not here by default: its noise-conditioned norms and CRPS training (FGN
+  ensembles: `model.noise_channels=32`, `train.loss='crps'`, 2 members).
   """
   c = graphcast_paper_config(resolution)
   c.model.update(
@@ -302,6 +314,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
   _require(t.memory_budget_gib >= 0, "train.memory_budget_gib must be >= 0")
+  _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")
+  _require(t.loss in LOSSES, f"train.loss={t.loss!r}, expected one of {LOSSES}")
+  if t.loss == "crps":
+    _require(m.noise_channels > 0, "train.loss='crps' needs model.noise_channels > 0 (the "
+             "members of a deterministic model are identical)")
+    _require(t.ensemble_members >= 2,
+             f"train.ensemble_members={t.ensemble_members} must be >= 2 for train.loss='crps'")
   return config
 
 

@@ -51,10 +51,17 @@ def _lead_axis(result: xr.Dataset):
 
 
 def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
-  """RMSE (and ACC, where scored) against lead time, one row per headline channel."""
+  """RMSE (and ACC, where scored) against lead time, one row per headline channel.
+
+  An ensemble forecast adds its CRPS (against the others' MAE: their CRPS)
+  and its spread/skill ratio.
+  """
   model = results["forecast"]
   channels = headline_channels(model)
-  columns = ["rmse"] + (["acc"] if "acc" in model["metric"].values else [])
+  scored = model["metric"].values
+  columns = ["rmse"] + (["acc"] if "acc" in scored else [])
+  if "spread_skill" in scored:
+    columns += ["crps", "spread_skill"]
   figure = Figure(figsize=(4.2 * len(columns), 2.8 * len(channels)), dpi=_DPI,
                   layout="constrained")
   axes = figure.subplots(len(channels), len(columns), squeeze=False)
@@ -68,7 +75,7 @@ def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
         y = results_lib.value(result, metric, variable, level)
         if np.isfinite(y).any():  # the climatology's ACC is undefined (zero anomaly)
           ax.plot(x, y, marker="o", ms=3, label=name, **STYLES.get(name, {}))
-      unit = f" ({units(variable)})" if metric == "rmse" else ""
+      unit = f" ({units(variable)})" if metric in ("rmse", "crps") else ""
       ax.set_title(f"{label}: {metric.upper()}{unit}", fontsize=10)
       ax.set_xlabel(xlabel)
       ax.grid(alpha=0.3)

@@ -18,6 +18,17 @@ The per-initial-time functions reduce latitude and longitude only; every other
 dimension (lead time, level, initial time) is kept. A forecast with an
 ensemble dimension is scored by its ensemble mean (`ensemble_dim`), as
 WeatherBench2 scores ensembles with deterministic metrics. NaN propagates.
+
+Ensembles (WeatherBench2's `CRPS`, `EnsembleVariance`), per initial time, for
+`M` members `X_i` and the truth `Y`:
+  * CRPS = spatial mean of (skill - spread / 2), skill = mean_i |X_i - Y|,
+    spread = E|X - X'| estimated fairly (unbiased) as
+    sum_{i != j} |X_i - X_j| / (M (M - 1)); a one-member ensemble (a
+    deterministic forecast) has spread 0 and its CRPS is its MAE;
+  * ensemble variance = spatial mean of the members' variance (ddof 1); over
+    initial times, spread = sqrt(mean variance), and the spread/skill ratio is
+    spread / RMSE of the ensemble mean (1 for a reliable ensemble, up to the
+    finite-ensemble factor sqrt((M + 1) / M) that WeatherBench2 does not apply).
 """
 
 from __future__ import annotations
@@ -87,6 +98,42 @@ def acc(forecast, truth, climatology, weights=None, ensemble_dim: str | None = N
   with np.errstate(divide="ignore", invalid="ignore"):
     return spatial_mean(forecast_anomaly * truth_anomaly, weights) / np.sqrt(
         spatial_mean(forecast_anomaly ** 2, weights) * spatial_mean(truth_anomaly ** 2, weights))
+
+
+def crps_spread(forecast, ensemble_dim: str):
+  """Pointwise fair estimate of E|X - X'|: sum_{i != j} |X_i - X_j| / (M (M - 1)); 0 if M = 1.
+
+  From the sorted members (no M x M differences): sum_{i,j} |X_i - X_j| =
+  2 sum_k (2k - M - 1) X_(k), with X_(1) <= ... <= X_(M).
+  """
+  members = forecast.sizes[ensemble_dim]
+  if members < 2:
+    return xr.zeros_like(forecast.isel({ensemble_dim: 0}, drop=True))
+
+  def spread(values, axis):
+    ordered = np.sort(values, axis=axis)
+    shape = [1] * values.ndim
+    shape[axis] = members
+    rank_weights = (2 * np.arange(1, members + 1) - members - 1).reshape(shape)
+    return 2 * np.sum(rank_weights * ordered, axis=axis) / (members * (members - 1))
+
+  return forecast.reduce(spread, dim=ensemble_dim, keep_attrs=False)
+
+
+def crps(forecast, truth, weights=None, ensemble_dim: str | None = None):
+  """CRPS per initial time: spatial mean of mean_i |X_i - Y| - E|X - X'| / 2 (see above).
+
+  Without `ensemble_dim` the forecast is one member: its CRPS is its MAE.
+  """
+  if ensemble_dim is None:
+    return spatial_mean(abs(forecast - truth), weights)
+  skill = abs(forecast - truth).mean(ensemble_dim, skipna=False)
+  return spatial_mean(skill - 0.5 * crps_spread(forecast, ensemble_dim), weights)
+
+
+def ensemble_variance(forecast, weights=None, ensemble_dim: str = "number"):
+  """Spatial mean of the members' variance (ddof 1) per initial time."""
+  return spatial_mean(forecast.var(ensemble_dim, ddof=1, skipna=False), weights)
 
 
 def rmse(mse_per_init, init_dim: str = "time"):

@@ -3,8 +3,10 @@
 `summarize` turns per-initial-time metrics into results: one dataset per
 scored forecast, one data variable per forecast variable, dims
 `(metric, lead_time[, level])`, metrics `rmse` (the square root of the mean
-MSE), `mse`, `bias` and, with a climatology, `acc`, each averaged over the
-initial times. `write` saves each as `<name>.nc` and all of them in
+MSE; of the ensemble mean for an ensemble), `mse`, `bias`, `crps` (a
+deterministic forecast's: its MAE) and, with a climatology, `acc`, each
+averaged over the initial times; for an ensemble also `spread` (the square
+root of the mean ensemble variance) and `spread_skill` (spread / rmse). `write` saves each as `<name>.nc` and all of them in
 `metrics.json` (`{name: {metric: {channel: [one value per lead time]}}}`,
 NaN as null).
 """
@@ -22,17 +24,20 @@ import xarray as xr
 from wnscale.evaluation import metrics
 from wnscale.evaluation.datasets import INIT, LEAD, channel_names
 
-METRICS = ("rmse", "mse", "bias", "acc")
+METRICS = ("rmse", "mse", "bias", "acc", "crps", "spread", "spread_skill")
 RESULTS_LEAD = "lead_time"  # WeatherBench2's results dim
 
 
 def summarize(per_init: dict[str, list[xr.Dataset]]) -> xr.Dataset:
   """Results from `{metric: [per initial time: Dataset of (LEAD[, level])]}`, metric in mse,
-  bias, acc."""
+  bias, acc, crps, variance."""
   stacked = {name: xr.concat(values, dim=INIT, coords="minimal", compat="override")
              for name, values in per_init.items()}
   averaged = {name: values.mean(INIT, skipna=False) for name, values in stacked.items()}
   averaged["rmse"] = metrics.rmse(stacked["mse"], INIT)
+  if "variance" in averaged:  # like the RMSE: the square root after the mean over inits
+    averaged["spread"] = np.sqrt(averaged.pop("variance"))
+    averaged["spread_skill"] = averaged["spread"] / averaged["rmse"]
   names = [name for name in METRICS if name in averaged]
   results = xr.concat([averaged[name] for name in names], dim=pd.Index(names, name="metric"),
                       coords="minimal", compat="override")

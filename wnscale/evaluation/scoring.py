@@ -32,10 +32,18 @@ FORECAST, BASELINE, PERSISTENCE, CLIMATOLOGY = "forecast", "baseline", "persiste
 
 def score(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | None,
           weights: xr.DataArray) -> dict[str, xr.Dataset]:
-  """`{"mse", "bias"[, "acc"]}` of one initial time, each a Dataset over (LEAD[, level])."""
+  """`{"mse", "bias", "crps"[, "acc"][, "variance"]}` of one initial time.
+
+  Each a Dataset over (LEAD[, level]); an ensemble (a `number` dim) is scored
+  by its ensemble mean for MSE, bias and ACC, by its members for the CRPS and
+  the ensemble variance; a deterministic forecast's CRPS is its MAE.
+  """
   ensemble_dim = ENSEMBLE if ENSEMBLE in forecast.dims else None
   scores = {"mse": metrics.mse(forecast, truth, weights, ensemble_dim),
-            "bias": metrics.bias(forecast, truth, weights, ensemble_dim)}
+            "bias": metrics.bias(forecast, truth, weights, ensemble_dim),
+            "crps": metrics.crps(forecast, truth, weights, ensemble_dim)}
+  if ensemble_dim is not None and forecast.sizes[ensemble_dim] > 1:
+    scores["variance"] = metrics.ensemble_variance(forecast, weights, ensemble_dim)
   if climatology is not None:
     scores["acc"] = metrics.acc(forecast, truth, climatology, weights, ensemble_dim)
   return scores

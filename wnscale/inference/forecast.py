@@ -86,6 +86,19 @@ def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=Non
   return np.asarray(indices, np.int64)
 
 
+def _check_members(config, members: int | None):
+  """A clear error unless an FGN run gets `--members` and a deterministic one does not."""
+  noise = config.model.noise_channels
+  if noise and not members:
+    raise UserError(f"The run is an FGN ensemble model (model.noise_channels={noise}): "
+                     "pass --members=N (N >= 1) for an N-member forecast.")
+  if members is not None and not noise:
+    raise UserError("--members is for FGN runs (model.noise_channels > 0); this run's "
+                     "model is deterministic: its members would all be the same.")
+  if members is not None and members < 1:
+    raise UserError(f"--members={members} must be >= 1.")
+
+
 def lead_steps(lead: str, time_step_hours: int) -> int:
   """Model steps in `lead` (e.g. "10d", "36h"), which must be a multiple of the step."""
   total, step = parse_duration(lead), pd.Timedelta(hours=time_step_hours)
@@ -99,7 +112,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                  init_start: str | None = None, init_end: str | None = None,
                  init_every: str = "12h", step: int | None = None,
                  data_path: str | None = None, mesh_overrides: dict | None = None,
-                 stream=None) -> dict:
+                 members: int | None = None, stream=None) -> dict:
   """Forecasts every initial time not yet in `out`; returns a summary (speed, memory).
 
   Args:
@@ -111,12 +124,15 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     step: the checkpoint; default: the newest (or, continuing `out`, the one it used).
     data_path: initial conditions from this store instead of the run's.
     mesh_overrides: overrides of the config's `mesh` section (`data`, `graph`, `exchange`).
+    members: an FGN run's ensemble size (required then): members 0..N-1, a `number`
+      dim; member k's noise depends on (run seed, initial time, k, lead) only.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
   if jax.process_count() > 1:
     raise UserError("Forecasts run in one process (on any number of its devices); "
                      f"this is one of {jax.process_count()}.")
   config, path = load_run_config(workdir, mesh_overrides, data_path)
+  _check_members(config, members)
   d = config.data
   stats = resolve_stats(d)  # the training run's statistics
   outputs = tuple(d.variables) + tuple(d.target_only_variables)  # what the model predicts
@@ -148,12 +164,13 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   init_datetimes = store.times[indices]
   settings = forecast_store.forecast_settings(
       workdir=workdir, checkpoint_step=step, initial_conditions=path,
-      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels)
+      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
+      members=members)
   latitude_out = latitude[::-1] if store.flip_latitude else latitude
   output = forecast_store.ForecastStore(
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels, latitude=latitude_out, longitude=longitude,
-      flip_latitude=store.flip_latitude)
+      flip_latitude=store.flip_latitude, members=members)
   remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
   summary = {"out": output.path, "checkpoint_step": step, "initial_times": len(indices),
              "already_written": len(indices) - len(remaining), "lead_times": num_leads}
@@ -173,22 +190,29 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                "%d at a time.", len(remaining), num_leads, summary["already_written"],
                output.path, forecaster.batch_size)
   gc.collect()  # the restore's garbage holds device arrays; the peak below is the rollout's
-  progress = Progress(len(remaining), num_leads, stream)
+  # One row per (initial time, member), initial time major; a deterministic run: member None.
+  rows = [(init_index, member) for init_index in remaining
+          for member in (range(members) if members else [None])]
+  progress = Progress(len(rows), num_leads, stream)
   peak = 0
-  for first in range(0, len(remaining), forecaster.batch_size):
-    batch = remaining[first:first + forecaster.batch_size]
-    for lead_index, states in forecaster.run(indices[batch], num_leads):
-      for init_index, state in zip(batch, states):
-        output.write(init_index, lead_index, state)
+  for first in range(0, len(rows), forecaster.batch_size):
+    batch = rows[first:first + forecaster.batch_size]
+    inits = [init_index for init_index, _ in batch]
+    row_members = [member for _, member in batch] if members else None
+    for lead_index, states in forecaster.run(indices[inits], num_leads, row_members):
+      for (init_index, member), state in zip(batch, states):
+        output.write(init_index, lead_index, state, member)
       peak = max(peak, live_device_bytes())
       progress.leads_done(lead_index, len(batch))
-    for init_index in batch:
-      output.finish_init(init_index)
-      progress.init_done(str(pd.Timestamp(init_datetimes[init_index])))
+    for init_index, member in batch:
+      if member is None or member == members - 1:  # its last row: the initial time is done
+        output.finish_init(init_index)
+      label = str(pd.Timestamp(init_datetimes[init_index]))
+      progress.init_done(label if member is None else f"{label} member {member}")
   progress.close()
   seconds = time.perf_counter() - progress.start
-  summary.update(written=len(remaining), model_steps=len(remaining) * num_leads,
-                 seconds=seconds, steps_per_sec=len(remaining) * num_leads / seconds,
+  summary.update(written=len(remaining), model_steps=len(rows) * num_leads,
+                 seconds=seconds, steps_per_sec=len(rows) * num_leads / seconds,
                  peak_live_device_bytes=peak)
   logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
                len(remaining), num_leads, output.path, summary["steps_per_sec"])

@@ -123,9 +123,10 @@ class ForecastStore:
 
 
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,
-                      init_times, leads, variables, levels) -> dict:
+                      init_times, leads, variables, levels, members=None) -> dict:
   """The JSON settings that identify a forecast (what a resumed run must match)."""
-  return {"workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
+  ensemble = {} if members is None else {"members": int(members)}
+  return {**ensemble, "workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
           "initial_conditions": paths.normalize(initial_conditions),
           "init_times": [str(pd.Timestamp(t)) for t in init_times],
           "lead_hours": [float(pd.Timedelta(lead) / pd.Timedelta(hours=1)) for lead in leads],

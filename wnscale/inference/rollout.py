@@ -6,8 +6,13 @@ time is one call of the jitted, sharded model step
 (`sharded_model.forecast_step_fn`), with the history kept on the devices
 (donated, so updated in place) and the new state copied to the host while
 the next step runs. Device memory therefore holds one step's arrays however
-many lead times are forecast. Initial times are batched over the mesh's
-`data` axis, one per data shard.
+many lead times are forecast. Initial times (with an FGN: pairs of initial
+time and ensemble member) are batched over the mesh's `data` axis, one per
+data shard.
+
+An FGN's member `k` from initial time `t` draws its noise for lead `l` from
+`(run seed, t in hours since 1970, k, l)` (`ensemble.member_noise`): a rerun
+gives the same members, and member `k` is the same whatever the ensemble size.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.data.store import Channels, WeatherStore
 from wnscale.errors import UserError
-from wnscale.model import forecast
+from wnscale.model import ensemble, forecast
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
 from wnscale.sharding.mesh import DATA
@@ -57,17 +62,18 @@ class StreamingForecaster:
     self.num_state = len(variables_lib.channel_names(d.variables, store.levels))
     self.input_scales = normalization.input_scales(stats, self.forcings, d.input_normalization)
     self.constants, self.halo_indices = layout.constants(constants)
+    self.noise_channels = config.model.noise_channels
+    self.noise_key = ensemble.noise_key(config.seed)
     statics = layout.partitioned.grid.to_slots(
         self.input_scales.statics(store.read_statics()), -1)
     self.statics = self._put("statics", np.broadcast_to(statics,
                                                         (self.batch_size,) + statics.shape))
     step = sharded_model.forecast_step_fn(layout, graphdef)
 
-    def step_fn(params, constants, halo_indices, history, forcings, statics, global_forcings):
-      inputs = {"inputs": history, "forcings": forcings, "statics": statics}
-      if global_forcings is not None:
-        inputs["globals"] = global_forcings
-      return step(params, constants, halo_indices, inputs)
+    def step_fn(params, constants, halo_indices, history, forcings, statics, extra):
+      """`extra`: the step's `globals` and `noise`, where the model takes them."""
+      return step(params, constants, halo_indices,
+                  {"inputs": history, "forcings": forcings, "statics": statics, **extra})
 
     self._step = jax.jit(step_fn, donate_argnums=3)
     self._compiled = None
@@ -114,12 +120,21 @@ class StreamingForecaster:
     self.store.read_into([(indices, values, Channels(self.stored_forcings))])
     return {name: values[:, i] for i, name in enumerate(self.stored_forcings)}
 
-  def _global_forcings(self, init_times, lead: int) -> np.ndarray | None:
-    """`[B, input_steps + 1, F_global]` at lead `lead`'s history and target, or None."""
-    if not self.global_forcings:
-      return None
+  def _global_forcings(self, init_times, lead: int) -> np.ndarray:
+    """`[B, input_steps + 1, F_global]` at lead `lead`'s history and target."""
     return np.stack([forcings_lib.compute_global_forcings(times, self.global_forcings)
                      for times in self._window_times(init_times, lead)])
+
+  def _extra(self, init_times, members, lead: int) -> dict:
+    """The step's `globals` `[B, input_steps + 1, F]` and `noise` `[B, K]`, where needed."""
+    extra = {}
+    if self.global_forcings:
+      extra["globals"] = self._global_forcings(init_times, lead)
+    if self.noise_channels:
+      extra["noise"] = np.asarray(ensemble.forecast_noise(
+          self.noise_key, np.array([init_hours(t) for t in init_times], np.int32),
+          np.asarray(members, np.int32), lead, self.noise_channels))
+    return {key: self._put(key, value) for key, value in extra.items()}
 
   def compile(self) -> dict:
     """Compiles the step; returns its memory figures (bytes, per device)."""
@@ -131,19 +146,17 @@ class StreamingForecaster:
 
     history = abstract("inputs", self.input_steps, self.num_state)
     forcings = abstract("forcings", self.input_steps + 1, len(self.forcings))
-    global_forcings = None
-    if self.global_forcings:
-      global_forcings = jax.ShapeDtypeStruct(
-          (self.batch_size, self.input_steps + 1, len(self.global_forcings)), np.float32,
-          sharding=self.layout.sharding(BATCH_SPECS["globals"]))
+    extra = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        self._extra(self.store.times[:self.batch_size], [0] * self.batch_size, 0))
     self._compiled = self._step.lower(self.params, self.constants, self.halo_indices, history,
-                                      forcings, self.statics, global_forcings).compile()
+                                      forcings, self.statics, extra).compile()
     stats = self._compiled.memory_analysis()
     return {"argument_bytes": stats.argument_size_in_bytes,
             "output_bytes": stats.output_size_in_bytes,
             "temp_bytes": stats.temp_size_in_bytes}
 
-  def run(self, init_indices, num_leads: int):
+  def run(self, init_indices, num_leads: int, members=None):
     """Yields `(lead index, outputs [len(init_indices), C_out, lat * lon])` per lead time.
 
     The outputs are the state, then any target-only variables (`data.target_only_variables`).
@@ -151,6 +164,7 @@ class StreamingForecaster:
     States are float32 in physical units, latitude ascending (the store's
     internal order). `init_indices` index `store.times`, at most `batch_size`
     of them; each needs `input_steps - 1` earlier times in the store.
+    `members`: an FGN's member of each row (same length).
     """
     if self._compiled is None:
       self.compile()
@@ -158,16 +172,16 @@ class StreamingForecaster:
     if not 0 < count <= self.batch_size:
       raise ValueError(f"{count} initial times; a call takes 1..{self.batch_size}")
     indices = list(init_indices) + [init_indices[-1]] * (self.batch_size - count)  # padding
+    members = list(members if members is not None else [0] * count)
+    members += [members[-1]] * (self.batch_size - count)
     init_times = self.store.times[indices]
     history = self._put("inputs", self._history(indices))
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))
-      global_forcings = self._global_forcings(init_times, lead)
-      if global_forcings is not None:
-        global_forcings = self._put("globals", global_forcings)
       history, state = self._compiled(self.params, self.constants, self.halo_indices, history,
-                                      forcings, self.statics, global_forcings)
+                                      forcings, self.statics,
+                                      self._extra(init_times, members, lead))
       state.copy_to_host_async()
       if pending is not None:  # the previous lead reaches the host while this one runs
         yield pending[0], self._to_host(pending[1], count)
@@ -178,6 +192,11 @@ class StreamingForecaster:
     """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`."""
     normalized = self.layout.partitioned.grid.from_slots(np.asarray(state)[:count], -1)
     return normalized * self.std[:, None] + self.mean[:, None]
+
+
+def init_hours(time) -> int:
+  """An initial time as whole hours since 1970: the noise stream of its members."""
+  return int(np.datetime64(time, "h").astype(np.int64))
 
 
 def live_device_bytes() -> int:

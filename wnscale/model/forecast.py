@@ -8,6 +8,7 @@ examples with contiguous copies):
   forcings  [B, input_steps + target_steps, F, G]  solar radiation, day/year progress
   statics   [B, S, G]                              surface geopotential, land-sea mask
   globals   [B, input_steps + target_steps, F]     global forcings (only if configured)
+  noise     [B, target_steps, K]                   an FGN's noise per lead time (only then)
 `rollout` returns predictions in the targets' layout. Inside, the network works
 node-major (`[B, G, C]`: one row of features per grid node, what its gathers
 and MLPs want); `to_node_major` transposes on the device.
@@ -78,7 +79,7 @@ def _stack_channels(x: jax.Array) -> jax.Array:
 
 
 def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
-             exchange=LocalExchange(), global_forcings=None):
+             exchange=LocalExchange(), global_forcings=None, noise=None):
   """The next normalized outputs `[B, G, C_out]`: the state, then target-only channels.
 
   Args:
@@ -86,6 +87,7 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     forcings: `[B, input_steps + 1, G, F]` at the history times and the next time.
     statics: `[B, G, S]`.
     global_forcings: `[B, input_steps + 1, F_global]` at the same times, or None.
+    noise: `[B, noise_channels]` an FGN's noise for this step, or None.
   """
   parts = (_stack_channels(history), _stack_channels(forcings), statics)
   global_inputs = None
@@ -93,7 +95,7 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
     parts += (jnp.broadcast_to(global_inputs[:, None], statics.shape[:2]
                                + global_inputs.shape[-1:]),)
-  outputs = model(constants.graphs, parts, exchange, global_inputs)
+  outputs = model(constants.graphs, parts, exchange, global_inputs, noise)
   outputs = outputs * constants.residual_scale
   num_state = history.shape[-1]
   if outputs.shape[-1] == num_state:
@@ -109,16 +111,16 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
   Each step's predicted state joins the history of the next; forcings slide along.
   `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
   """
-  global_forcings = batch.get("globals")
+  global_forcings, noise = batch.get("globals"), batch.get("noise")
   batch = to_node_major({key: batch[key] for key in ("inputs", "forcings", "statics")})
   inputs, forcings = batch["inputs"], batch["forcings"]
   input_steps = inputs.shape[1]
   target_steps = forcings.shape[1] - input_steps
   graphdef, state = nnx.split(model)
 
-  def step(state, history, forcing_window, global_window):
+  def step(state, history, forcing_window, global_window, step_noise):
     return one_step(nnx.merge(graphdef, state), constants, history, forcing_window,
-                    batch["statics"], exchange, global_window)
+                    batch["statics"], exchange, global_window, step_noise)
 
   if remat_steps:
     step = jax.checkpoint(step)
@@ -126,7 +128,8 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
   def scan_step(history, lead):
     window = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, input_steps + 1, axis=1)
     prediction = step(state, history, window(forcings),
-                      None if global_forcings is None else window(global_forcings))  # float32
+                      None if global_forcings is None else window(global_forcings),
+                      None if noise is None else jnp.asarray(noise)[:, lead])  # float32
     # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
     predicted_state = prediction[:, None, :, :history.shape[-1]]
     history = jnp.concatenate([history[:, 1:], predicted_state.astype(history.dtype)], axis=1)

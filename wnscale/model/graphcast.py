@@ -18,6 +18,8 @@ the encoder and decoder edges are processed in `edge_chunks` blocks.
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -25,7 +27,7 @@ from flax import nnx
 
 from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
-from wnscale.model import remat
+from wnscale.model import norm, remat
 from wnscale.model.blocks import map_row_blocks
 from wnscale.model.mesh_gnn import MeshGNN
 from wnscale.model.mesh_transformer import MeshTransformer
@@ -62,9 +64,12 @@ class EncoderDecoderEdges(nnx.Module):
   Edge latents are `edge_size` wide (hidden layer too); messages `latent_size`.
   """
 
-  def __init__(self, latent_size: int, edge_size: int, *, dtype, rngs: nnx.Rngs):
-    self.embedder = MLP(EDGE_FEATURES, edge_size, edge_size, dtype=dtype, rngs=rngs)
-    self.interaction = InteractionNetwork(latent_size, edge_size=edge_size, dtype=dtype,
+  def __init__(self, latent_size: int, edge_size: int, *, conditioning_size: int = 0, dtype,
+               rngs: nnx.Rngs):
+    self.embedder = MLP(EDGE_FEATURES, edge_size, edge_size,
+                        conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
+    self.interaction = InteractionNetwork(latent_size, edge_size=edge_size,
+                                          conditioning_size=conditioning_size, dtype=dtype,
                                           rngs=rngs)
 
   def __call__(self, features, senders, receivers, projected_senders, projected_receivers):
@@ -82,6 +87,12 @@ class GraphCast(nnx.Module):
     config: the `model` config.
     global_channels: global inputs per example (no position: e.g. year
       progress) that the mesh embedder sees too, broadcast to every mesh node.
+
+  With `config.noise_channels > 0` the network is WeatherNext 2's functional
+  generative network (FGN): each call takes a standard-normal noise vector
+  per example (one ensemble member), a bias-free linear layer embeds it
+  (`[noise_channels] -> [noise_channels]`), and every layer norm of encoder,
+  processor and decoder is conditioned on that embedding (`norm.layer_norm`).
   """
 
   def __init__(self, input_channels: int, output_channels: int,
@@ -91,18 +102,25 @@ class GraphCast(nnx.Module):
     latent = config.latent_size
     dtype = DTYPES[config.dtype]
     self.dtype = dtype
-    mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, dtype=dtype, rngs=rngs, **kw)
+    conditioning = config.noise_channels  # 0: the deterministic model, plain norms
+    mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, conditioning_size=conditioning,
+                                        dtype=dtype, rngs=rngs, **kw)
     edge_size = config.edge_latent_size or latent
+    edges = lambda: EncoderDecoderEdges(latent, edge_size, conditioning_size=conditioning,
+                                        dtype=dtype, rngs=rngs)
     # Encoder.
     self.grid_embedder = mlp(input_channels + NODE_FEATURES, latent)
     self.mesh_embedder = mlp(NODE_FEATURES + global_channels, latent)
-    self.grid_to_mesh_edges = EncoderDecoderEdges(latent, edge_size, dtype=dtype, rngs=rngs)
+    self.grid_to_mesh_edges = edges()
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
     self.processor = PROCESSORS[config.processor](config, dtype=dtype, rngs=rngs)
     # Decoder.
-    self.mesh_to_grid_edges = EncoderDecoderEdges(latent, edge_size, dtype=dtype, rngs=rngs)
+    self.mesh_to_grid_edges = edges()
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
+    # Made last, so a deterministic model's other parameters draw the same random numbers.
+    self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
+                            if conditioning else None)
     self.policy = remat.resolve_policy(config.remat_policy)
 
   # The interaction-network processor's parts, by the names GraphCast's own use.
@@ -116,7 +134,7 @@ class GraphCast(nnx.Module):
     return self.processor.layers
 
   def __call__(self, graphs: Graphs, grid_input_parts, exchange=LocalExchange(),
-               global_inputs: jax.Array | None = None):
+               global_inputs: jax.Array | None = None, noise: jax.Array | None = None):
     """`grid inputs [batch, num_grid_nodes, input_channels] -> [batch, num_grid_nodes,
     output_channels]`.
 
@@ -125,19 +143,27 @@ class GraphCast(nnx.Module):
     the whole `[num_grid_nodes, input_channels]` array never exists).
     `graphs` holds the (possibly shard-local) index and feature arrays;
     `global_inputs` `[batch, global_channels]` (if any) reach the mesh embedder
-    (the grid input parts already hold them); outputs are float32 whatever the
-    compute dtype.
+    (the grid input parts already hold them); `noise` `[batch, noise_channels]`
+    (an FGN's, required then) conditions every layer norm; outputs are float32
+    whatever the compute dtype.
     """
-    def one_example(inputs, global_inputs):
-      # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
-      with jax.named_scope("encoder"):
-        grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
-      with jax.named_scope("processor"):
-        mesh = self.processor(graphs, mesh, exchange)
-      with jax.named_scope("decoder"):
-        return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+    if (noise is None) != (self.noise_embedding is None):
+      raise ValueError(f"model.noise_channels={self.config.noise_channels} but noise was "
+                       f"{'not ' if noise is None else ''}given.")
 
-    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs)
+    def one_example(inputs, global_inputs, noise):
+      conditioning = (contextlib.nullcontext() if noise is None
+                      else norm.conditioned_on(self.noise_embedding(noise)))
+      # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
+      with conditioning:
+        with jax.named_scope("encoder"):
+          grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
+        with jax.named_scope("processor"):
+          mesh = self.processor(graphs, mesh, exchange)
+        with jax.named_scope("decoder"):
+          return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+
+    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise)
 
   def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None):
     """Embeds grid and mesh nodes and passes messages grid -> mesh once.

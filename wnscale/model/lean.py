@@ -40,7 +40,9 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float) 
   use them in bfloat16; the statistics and arithmetic are float32.
   """
   # Under shard_map, replicated parameters meet sharded rows outside the custom
-  # gradient, where JAX reduces their gradient over the shards itself.
+  # gradient, where JAX reduces their gradient over the shards itself; so do rows
+  # shared by the examples (graph constants) and a noise-conditioned scale per example.
+  x = vary_like(x, scale, bias)
   return _layer_norm(x, vary_like(scale, x), vary_like(bias, x), epsilon)
 
 

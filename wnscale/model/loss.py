@@ -1,9 +1,10 @@
-"""The GraphCast training loss.
+"""The training losses: GraphCast's MSE, or an FGN ensemble's fair CRPS.
 
 MSE of the predicted states against the targets, measured in units of the std
 of 6-hour differences, weighted per grid node (cell area, mean 1) and per
 channel (variable weight, shared across levels by pressure), summed over
-channels and averaged over grid nodes, examples and lead times.
+channels and averaged over grid nodes, examples and lead times. The CRPS
+(`train.loss='crps'`, `wnscale.model.ensemble`) weighs absolute errors the same way.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import numpy as np
 from flax import nnx
 
 from wnscale.evaluation.metrics import cell_area_weights
-from wnscale.model import forecast
+from wnscale.model import ensemble, forecast
 from wnscale.model.forecast import Constants
+from wnscale.model.graphcast import GraphCast, LocalExchange
 
 
 def latitude_weights(latitude_deg: np.ndarray, num_lon: int) -> np.ndarray:
@@ -39,15 +41,34 @@ def weighted_squared_error(predictions, targets, constants: Constants):
     return per_node * constants.node_weights
 
 
-def loss_fn(predictions: jax.Array, targets: jax.Array, constants: Constants) -> jax.Array:
-  """Scalar loss of `[B, T, C, G]` normalized predictions against targets."""
-  return jnp.mean(weighted_squared_error(predictions, targets, constants))
+def loss_sum(model: GraphCast, constants: Constants, batch, *, loss: str = "mse",
+             remat_steps: bool = False, exchange=LocalExchange(), remote_members=None):
+  """The batch's loss summed over examples, lead times and grid nodes (a scalar).
+
+  Divide by examples x lead times x grid nodes for the mean. A batch with
+  `noise` `[B, M, T, K]` (an FGN's) runs `M` members per example: "mse"
+  averages their MSE, "crps" is the fair CRPS over them. `remote_members`
+  (members laid out on other devices): `prediction [B, T, C, G] -> the other
+  members' predictions of the same examples`, a list.
+  """
+  targets = batch["targets"]
+  members = 1
+  if "noise" in batch:
+    batch, members = ensemble.members_as_batch(batch)
+  predictions = forecast.rollout(model, constants, batch, remat_steps=remat_steps,
+                                 exchange=exchange)
+  predictions = predictions.reshape((members, -1) + predictions.shape[1:])
+  if loss == "mse":
+    return jnp.sum(weighted_squared_error(predictions, targets[None], constants)) / members
+  remote = remote_members(predictions[0]) if remote_members is not None else []
+  return jnp.sum(ensemble.fair_crps_sums(predictions, targets, constants,
+                                         members + len(remote), remote))
 
 
-def forecast_loss(graphdef, params, constants: Constants, batch, *, remat_steps=False,
-                  exchange=None):
-  """Loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`)."""
-  kwargs = {} if exchange is None else {"exchange": exchange}
-  predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
-                                 remat_steps=remat_steps, **kwargs)
-  return loss_fn(predictions, batch["targets"], constants)
+def forecast_loss(graphdef, params, constants: Constants, batch, *, loss: str = "mse",
+                  remat_steps=False):
+  """Mean loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`)."""
+  total = loss_sum(nnx.merge(graphdef, params), constants, batch, loss=loss,
+                   remat_steps=remat_steps)
+  examples, steps, _, nodes = batch["targets"].shape
+  return total / (examples * steps * nodes)

@@ -26,12 +26,14 @@ class MeshGNN(nnx.Module):
     self.config = config
     self.dtype = dtype
     latent = config.latent_size
-    self.edge_embedder = MLP(EDGE_FEATURES, latent, latent, dtype=dtype, rngs=rngs)
+    conditioning = config.noise_channels  # 0: plain layer norms
+    self.edge_embedder = MLP(EDGE_FEATURES, latent, latent, conditioning_size=conditioning,
+                             dtype=dtype, rngs=rngs)
 
     @nnx.split_rngs(splits=config.message_passing_steps)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
-      return InteractionNetwork(latent, dtype=dtype, rngs=rngs)
+      return InteractionNetwork(latent, conditioning_size=conditioning, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
     self.policy = remat.resolve_policy(config.remat_policy)

@@ -36,18 +36,18 @@ from wnscale.model.sparse_attention import neighbour_attention
 class TransformerBlock(nnx.Module):
   """One pre-norm block: neighbourhood attention, then a feed-forward layer, each residual."""
 
-  def __init__(self, width: int, heads: int, ffw_size: int, num_layers: int, *, dtype,
-               rngs: nnx.Rngs):
+  def __init__(self, width: int, heads: int, ffw_size: int, num_layers: int, *,
+               conditioning_size: int = 0, dtype, rngs: nnx.Rngs):
     self.heads = heads
     init = nnx.initializers.variance_scaling(2.0 / num_layers, "fan_in", "truncated_normal")
     zeros = nnx.initializers.zeros_init()
     linear = lambda n_in, n_out, kernel_init, **kw: nnx.Linear(
         n_in, n_out, kernel_init=kernel_init, dtype=dtype, rngs=rngs, **kw)
-    self.attention_norm = norm.layer_norm(width)
+    self.attention_norm = norm.layer_norm(width, conditioning_size, rngs=rngs)
     self.query = linear(width, width, init, use_bias=False)
     self.key_value = linear(width, 2 * width, init, use_bias=False)
     self.attention_output = linear(width, width, zeros)
-    self.ffw_norm = norm.layer_norm(width)
+    self.ffw_norm = norm.layer_norm(width, conditioning_size, rngs=rngs)
     self.ffw_up = linear(width, ffw_size, init)
     self.ffw_down = linear(ffw_size, width, zeros)
 
@@ -80,10 +80,11 @@ class MeshTransformer(nnx.Module):
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
       return TransformerBlock(width, config.transformer_heads, config.transformer_ffw_size,
-                              layers, dtype=dtype, rngs=rngs)
+                              layers, conditioning_size=config.noise_channels, dtype=dtype,
+                              rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.final_norm = norm.layer_norm(width)
+    self.final_norm = norm.layer_norm(width, config.noise_channels, rngs=rngs)
     self.policy = remat.resolve_policy(config.remat_policy)
 
   def __call__(self, graphs: Graphs, mesh, exchange):

@@ -63,15 +63,16 @@ class InteractionNetwork(nnx.Module):
   ones need no edge residual: a one-step encoder or decoder).
   """
 
-  def __init__(self, latent_size: int, *, edge_size: int | None = None, dtype,
-               rngs: nnx.Rngs):
+  def __init__(self, latent_size: int, *, edge_size: int | None = None,
+               conditioning_size: int = 0, dtype, rngs: nnx.Rngs):
     linear = lambda: nnx.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
                                 rngs=rngs)
-    self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size, dtype=dtype,
-                        rngs=rngs)
+    self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size,
+                        conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
     self.sender_projection = linear()  # edge_mlp's first-layer weights for the sender part
     self.receiver_projection = linear()  # ... and for the receiver part
-    self.node_mlp = MLP(2 * latent_size, latent_size, latent_size, dtype=dtype, rngs=rngs)
+    self.node_mlp = MLP(2 * latent_size, latent_size, latent_size,
+                        conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
 
   def project_senders(self, nodes):
     """`[N, D]` sender nodes' contribution to the edge MLP's first layer."""

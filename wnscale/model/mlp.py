@@ -19,14 +19,17 @@ from wnscale.model import lean, norm
 class MLP(nnx.Module):
   """`[..., in_size] -> [..., out_size]`: Linear, swish, Linear, optional LayerNorm.
 
-  Parameters are float32; activations are computed in `dtype`.
+  Parameters are float32; activations are computed in `dtype`. With
+  `conditioning_size > 0` the LayerNorm is noise-conditioned (`norm.layer_norm`).
   """
 
   def __init__(self, in_size: int, hidden_size: int, out_size: int, *,
-               layer_norm: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
+               layer_norm: bool = True, conditioning_size: int = 0, dtype=jnp.float32,
+               rngs: nnx.Rngs):
     self.hidden = nnx.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
     self.out = nnx.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
-    self.norm = norm.layer_norm(out_size) if layer_norm else None
+    self.norm = (norm.layer_norm(out_size, conditioning_size, rngs=rngs) if layer_norm
+                 else None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.finish(self.hidden(x))

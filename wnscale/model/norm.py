@@ -1,17 +1,78 @@
-"""The network's layer norm, made in one place so that every norm can be swapped at once.
+"""The network's layer norms, made in one place: plain, or conditioned on a noise embedding.
 
 Every layer norm of the model (the MLPs' and the mesh transformer's) comes
-from `layer_norm`: today GraphCast's (epsilon 1e-5, two-pass variance, with a
-gradient that keeps only its input; `wnscale.model.lean`). A conditional norm
-(scale and offset computed from a conditioning vector, as in WeatherNext 2's
-noise-conditioned norms) replaces this one function.
+from `layer_norm`: GraphCast's (epsilon 1e-5, two-pass variance, with a
+gradient that keeps only its input; `wnscale.model.lean`) with a learned scale
+and offset, or, with `conditioning_size > 0`, WeatherNext 2's noise-conditioned
+norm: no scale or offset of its own; a linear layer of the conditioning
+vector `c` (the member's noise embedding) gives both,
+
+  y = layer_norm(x) * (1 + (W_s c + b_s)) + (W_o c + b_o)
+
+with `W` initialised near zero (truncated normal, std 1e-8) and `b` at zero,
+so a fresh conditioned norm is the plain norm at its initial scale 1 and
+offset 0, and a fresh FGN computes what the deterministic model computes.
+
+The conditioning vector is an input of the whole network, needed by norms
+deep inside scans and checkpoints; rather than threading it through every
+call, the network sets it for the duration of one example's forward pass with
+`conditioned_on(embedding)` (inside the batch `vmap`, so it is one example's
+`[conditioning_size]` vector, and scale and offset are that example's `[D]`).
+Inside `jax.checkpoint` or `lax.scan` bodies the norms close over it, so its
+gradient flows back to the noise embedding as any closed-over value's does.
 """
 
 from __future__ import annotations
 
+import contextlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
 from wnscale.model import lean
 
+# Conditioning vectors of the forward passes in progress, innermost last.
+_conditioning: list[jax.Array] = []
+CONDITIONING_INIT_STD = 1e-8  # WeatherNext 2's: near zero, not zero, so gradients differ
 
-def layer_norm(size: int) -> lean.LayerNorm:
-  """A layer norm over the last axis of `size` features, with learned scale and bias."""
+
+@contextlib.contextmanager
+def conditioned_on(embedding: jax.Array):
+  """Conditioned norms called inside this block use `embedding` `[conditioning_size]`."""
+  _conditioning.append(embedding)
+  try:
+    yield
+  finally:
+    _conditioning.pop()
+
+
+class ConditionalLayerNorm(nnx.Module):
+  """`lean.layer_norm` with scale `1 + f(c)` and offset `g(c)`, `f`, `g` linear in `c`."""
+
+  def __init__(self, size: int, conditioning_size: int, *, rngs: nnx.Rngs,
+               epsilon: float = lean.LAYER_NORM_EPSILON):
+    self.conditioning = nnx.Linear(
+        conditioning_size, 2 * size,
+        kernel_init=nnx.initializers.truncated_normal(CONDITIONING_INIT_STD), rngs=rngs)
+    self.epsilon = epsilon
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if not _conditioning:
+      raise ValueError("A noise-conditioned layer norm ran outside norm.conditioned_on(...): "
+                       "the model with model.noise_channels > 0 needs noise inputs.")
+    scale_minus_one, offset = jnp.split(
+        self.conditioning(_conditioning[-1].astype(jnp.float32)), 2, axis=-1)
+    return lean.layer_norm(x, 1.0 + scale_minus_one, offset, self.epsilon)
+
+
+def layer_norm(size: int, conditioning_size: int = 0, *,
+               rngs: nnx.Rngs | None = None) -> nnx.Module:
+  """A layer norm over the last axis of `size` features.
+
+  `conditioning_size` 0: learned scale and offset (GraphCast's); else
+  conditioned on a `[conditioning_size]` vector set by `conditioned_on`.
+  """
+  if conditioning_size:
+    return ConditionalLayerNorm(size, conditioning_size, rngs=rngs)
   return lean.LayerNorm(size)

@@ -20,13 +20,15 @@ from wnscale.sharding.exchange import AllGatherExchange, HaloExchange
 from wnscale.sharding.mesh import DATA, GRAPH
 
 # Batch arrays (see `model.forecast`): batch on `data`, grid nodes (last axis) on `graph`;
-# the optional `globals` `[B, T, F]` have no grid axis: every graph shard holds them whole.
+# the optional `globals` `[B, T, F]` have no grid axis: every graph shard holds them whole;
+# nor has an FGN's `noise` (`[B, T, K]` for a rollout, `[B, M, T, K]` with M members).
 BATCH_SPECS = {
     "inputs": P(DATA, None, None, GRAPH),
     "targets": P(DATA, None, None, GRAPH),
     "forcings": P(DATA, None, None, GRAPH),
     "statics": P(DATA, None, GRAPH),
     "globals": P(DATA, None, None),
+    "noise": P(DATA),
 }
 # Constants (see `ShardedLayout.constants`): graph arrays and node weights on `graph`.
 CONSTANT_SPECS = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from wnscale.errors import UserError
 from wnscale.model import forecast
 from wnscale.model import loss as loss_lib
 from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout, batch_specs
@@ -41,15 +42,37 @@ def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
   return shard_mapped
 
 
-def loss_fn(layout: ShardedLayout, graphdef, *, remat_steps: bool = False):
-  """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss."""
+def loss_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse", remat_steps: bool = False,
+            members_on_data: int = 0):
+  """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss.
+
+  `loss`: "mse" or "crps" (`loss_lib.loss_sum`). An FGN's batch holds `noise`:
+  `[B, M, T, K]`, each device running the `M` members of its examples; or,
+  with `members_on_data=M`, the members laid out along `data`: `M * B` rows,
+  member-major (`ensemble.members_on_rows`), noise `[M * B, 1, T, K]`, so the
+  data shards hold one member each (`mesh.data` a multiple of `M`), and each
+  shard gets the same rows' other members from the shards `k, 2k, ...` away
+  (`k = data shards / M`) by `ppermute` for the CRPS's spread term.
+  """
+  data_shards = layout.mesh.shape[DATA]
+  members = max(members_on_data, 1)
+  if data_shards % members:
+    raise UserError(f"train.members_on_data: mesh.data={data_shards} must be a multiple of "
+                    f"train.ensemble_members={members} (each data shard holds one member).")
+  per_member = data_shards // members
+
+  def other_members(prediction):
+    return [jax.lax.ppermute(prediction, DATA, [(s, (s + j * per_member) % data_shards)
+                                               for s in range(data_shards)])
+            for j in range(1, members)]
+
   def local_loss(params, constants, exchange, batch):
-    predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
-                                   remat_steps=remat_steps, exchange=exchange)
-    errors = loss_lib.weighted_squared_error(predictions, batch["targets"], constants)
-    num_examples = errors.shape[0] * layout.mesh.shape[DATA]
-    count = num_examples * errors.shape[1] * layout.num_grid_nodes  # real nodes only
-    return jax.lax.psum(jnp.sum(errors), (DATA, GRAPH)) / count
+    total = loss_lib.loss_sum(nnx.merge(graphdef, params), constants, batch, loss=loss,
+                              remat_steps=remat_steps, exchange=exchange,
+                              remote_members=other_members if members_on_data else None)
+    examples, steps = batch["targets"].shape[:2]
+    count = examples * data_shards // members * steps * layout.num_grid_nodes  # real nodes
+    return jax.lax.psum(total, (DATA, GRAPH)) / count
 
   return _shard_mapped(layout, local_loss, out_specs=P())
 
@@ -79,8 +102,8 @@ def forecast_step_fn(layout: ShardedLayout, graphdef):
   `inputs` holds `inputs` `[B, input_steps, C, G]` the latest states (the
   history, oldest first), `forcings` `[B, input_steps + 1, F, G]` at those
   times and the next, `statics` `[B, S, G]`, and optionally `globals`
-  `[B, input_steps + 1, F_global]`; all normalized and laid out as
-  `BATCH_SPECS`. Returns the history moved on one step (oldest state dropped,
+  `[B, input_steps + 1, F_global]` and an FGN's `noise` `[B, K]` (each row's
+  member); all normalized and laid out as `BATCH_SPECS`. Returns the history moved on one step (oldest state dropped,
   the new one appended; same layout) and the step's outputs `[B, C_out, G]`
   (`STATE_SPEC`: the state, then target-only channels). The same arithmetic as
   one step of `forecast.rollout`.
@@ -90,7 +113,7 @@ def forecast_step_fn(layout: ShardedLayout, graphdef):
         {key: inputs[key] for key in ("inputs", "forcings", "statics")})
     outputs = forecast.one_step(nnx.merge(graphdef, params), constants, node_major["inputs"],
                                 node_major["forcings"], node_major["statics"], exchange,
-                                inputs.get("globals"))
+                                inputs.get("globals"), inputs.get("noise"))
     outputs = jnp.swapaxes(outputs, -1, -2)  # [B, G, C_out] -> [B, C_out, G]
     state = outputs[:, None, :inputs["inputs"].shape[2]].astype(inputs["inputs"].dtype)
     history = jnp.concatenate([inputs["inputs"][:, 1:], state], axis=1)

@@ -1,4 +1,7 @@
-"""Evaluation on the held-out time range: per-channel RMSE in physical units."""
+"""Evaluation on the held-out time range: per-channel RMSE in physical units.
+
+An FGN (`model.noise_channels > 0`) is scored by its zero-noise member.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import numpy as np
 
 from wnscale.data import pipeline
 from wnscale.model import setup
-from wnscale.sharding.layout import ShardedLayout
+from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
 from wnscale.train import step as step_lib
 
 
@@ -21,13 +24,17 @@ class Evaluator:
   """Runs the model over `train.eval_batches` batches of the eval range, in order.
 
   `source`: the eval range's source, already open (any grid order); default:
-  opened at the first evaluation.
+  opened at the first evaluation. `rows_per_example`: batch rows per example
+  (an FGN's members laid out on `data`: each example repeated on the rows its
+  members train on, every row scored, so the batch splits as in training).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
                constants, halo_indices, stats: dict, channel_names, group: int,
-               num_groups: int, source=None):
+               num_groups: int, source=None, rows_per_example: int = 1):
     self.config = config
+    self.rows_per_example = rows_per_example
+    self.batch_rows = config.train.batch_size * rows_per_example
     self.layout = layout
     self.constants = constants
     self.halo_indices = halo_indices
@@ -36,12 +43,19 @@ class Evaluator:
     self.channel_names = list(channel_names)
     self.group, self.num_groups = group, num_groups
     self.eval_step = step_lib.make_eval_step(layout, graphdef, constants, halo_indices)
+    # An FGN is scored by its zero-noise member: the forecast its norms give
+    # with a noise embedding of zero (`[B, T, K]` zeros).
+    self.noise = None
+    if config.model.noise_channels:
+      self.noise = jax.device_put(
+          np.zeros((self.batch_rows, config.data.target_steps,
+                    config.model.noise_channels), np.float32),
+          layout.sharding(BATCH_SPECS["noise"]))
     # Read in the layout's grid order.
     self.source = None if source is None else source.in_layout(layout.grid_slots)
 
   def evaluate(self, params) -> dict[str, float]:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
-    batch_size = self.config.train.batch_size
     if self.source is None:
       self.source = pipeline.source_from_config(self.config, "eval", self.layout.grid_slots)
     data = pipeline.from_config(self.config, "eval", process_index=self.group,
@@ -49,10 +63,16 @@ class Evaluator:
     sums, examples = 0.0, 0
     try:
       for _, local in zip(range(self.config.train.eval_batches), data.iterator):
-        batch = self.layout.global_batch(local, batch_size, setup.batch_dtype(self.config))
+        if self.rows_per_example > 1:
+          local = {key: np.concatenate([value] * self.rows_per_example)
+                   for key, value in local.items()}
+        batch = self.layout.global_batch(local, self.batch_rows,
+                                         setup.batch_dtype(self.config))
+        if self.noise is not None:
+          batch["noise"] = self.noise
         sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
                                      self.std)
-        examples += batch_size
+        examples += self.batch_rows
     finally:
       data.close()
     count = examples * self.config.data.target_steps * self.layout.num_grid_nodes

@@ -13,7 +13,7 @@ import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
-from wnscale.model import setup
+from wnscale.model import ensemble, setup
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import optimizer as optimizer_lib
@@ -33,11 +33,21 @@ def _shardings(layout: ShardedLayout, constants, halo_indices):
 
 
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
-                    halo_indices, *, remat_steps: bool = False):
-  """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings."""
-  loss_fn = sharded_model.loss_fn(layout, graphdef, remat_steps=remat_steps)
+                    halo_indices, *, remat_steps: bool = False, loss: str = "mse",
+                    members: ensemble.TrainingMembers | None = None):
+  """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
+
+  `loss`: "mse" or "crps"; `members`: an FGN's (`ensemble.training_members`):
+  the step draws its members' noise from the seed and `state.step`, so a
+  resumed run draws what the uninterrupted run drew. With `members.on_data`
+  the batch's rows are the members (`ensemble.members_on_rows` order).
+  """
+  on_data = members.members if members is not None and members.on_data else 0
+  loss_fn = sharded_model.loss_fn(layout, graphdef, loss=loss, remat_steps=remat_steps,
+                                  members_on_data=on_data)
 
   def train_step(state: TrainState, constants, halo_indices, batch):
+    batch = ensemble.with_training_noise(batch, members, state.step)
     loss, grads = jax.value_and_grad(loss_fn)(state.params, constants, halo_indices, batch)
     with jax.named_scope("optimizer"):
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -70,7 +80,9 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
                        jax.eval_shape(lambda p: initial_state(p, optimizer), params))
   train_step = make_train_step(layout, graphdef, optimizer,
                                optimizer_lib.learning_rate_schedule(config.train), constants,
-                               halo_indices, remat_steps=config.train.remat_rollout)
+                               halo_indices, remat_steps=config.train.remat_rollout,
+                               loss=config.train.loss,
+                               members=ensemble.training_members(config))
   return train_step.lower(state, constants, halo_indices, batch)
 
 

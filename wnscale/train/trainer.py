@@ -20,6 +20,7 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
 from jax.experimental import multihost_utils
 
 from wnscale import config as config_lib
@@ -27,7 +28,7 @@ from wnscale import paths
 from wnscale.data import pipeline
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.errors import UserError
-from wnscale.model import setup
+from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
@@ -91,7 +92,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir_lib.prepare(workdir)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
-  mesh_lib.check_batch_size(mesh, config.train.batch_size)
+  members = ensemble.training_members(config)
+  rows_per_example = _check_members(config, mesh, members)
+  mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example)
   warmup = optimizer_lib.warmup_steps(config.train)
   if warmup != config.train.warmup_steps:
     logging.warning("train.warmup_steps=%d does not fit in a run of train.steps=%d: warm-up "
@@ -164,13 +167,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   train_step = step_lib.make_train_step(layout, graphdef, optimizer, schedule,
                                         device_constants, halo_indices,
-                                        remat_steps=config.train.remat_rollout)
+                                        remat_steps=config.train.remat_rollout,
+                                        loss=config.train.loss, members=members)
   evaluator = evaluation.Evaluator(config, layout, graphdef, device_constants, halo_indices,
                                    stats, source.store.channel_names, group, num_groups,
-                                   source=eval_source)
+                                   source=eval_source, rows_per_example=rows_per_example)
 
   def next_batch():
-    return layout.global_batch(next(train_data.iterator), config.train.batch_size,
+    local = next(train_data.iterator)
+    if rows_per_example > 1:  # members on the data axis: a row per member, member-major
+      local = {key: np.concatenate([value] * rows_per_example) for key, value in local.items()}
+    return layout.global_batch(local, config.train.batch_size * rows_per_example,
                                setup.batch_dtype(config))
 
   total = config.train.steps
@@ -289,6 +296,20 @@ def _resume(checkpointer, state, sharding, config, source, group, num_groups, tr
   logging.info("Resumed from step %d, checkpoint %s.", restored.step,
                paths.join(checkpointer.directory, str(restored.step)))
   return restored.state, train_data, data_offset
+
+
+def _check_members(config, mesh, members) -> int:
+  """Batch rows per example: the members when they are laid out on `data`, else 1."""
+  if members is None or not members.on_data:
+    return 1
+  data = mesh.shape[mesh_lib.DATA]
+  if data % members.members:
+    raise UserError(f"train.members_on_data=True: mesh.data={data} must be a multiple of "
+                    f"train.ensemble_members={members.members} (one member per data shard).")
+  if jax.process_count() > 1:
+    raise UserError("train.members_on_data=True runs in one process for now (every process "
+                    "would read every example); set train.members_on_data=False.")
+  return members.members
 
 
 def _initial_params(run_directory: str, params, sharding):
