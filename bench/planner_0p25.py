@@ -115,7 +115,11 @@ def table(results: list[dict], schemes: dict) -> str:
       text = "nothing fits"
     else:
       peak = f"{r['peak_bytes'] / GIB:.2f}" + ("" if r["fits"] else " (no)")
-      text = f"{peak} `{r['candidate']}`" if r["scheme"] == "best" else peak
+      text = peak
+      if r["scheme"] == "best":  # the choice, and the work its remat adds to the step
+        added = (f" +{r['recompute_flops'] / r['flops']:.0%} FLOPs"
+                 if r.get("flops") and "recompute_flops" in r else "")
+        text = f"{peak} `{r['candidate']}`{added}"
     cells.setdefault(key, {})[r["scheme"]] = text
     cells[key].setdefault("code", set()).add(r.get("code", "?"))
     cells[key]["devices"] = r.get("num_devices", cells[key].get("devices"))
