@@ -38,7 +38,6 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
-from wnscale.data import forcings as forcings_lib
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -198,7 +197,7 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     if num_diffs > 0:
       diff_sums.add(state[lag:lag + num_diffs] - state[:num_diffs])
     if forcings:
-      forcing_sums.add(_forcings(store, np.arange(first, last), forcings))
+      forcing_sums.add(store.forcings_at(np.arange(first, last), forcings, allow_nan=True))
   statics = store.read_statics(allow_nan=True)[None]
   static_sums = _Moments(statics.shape[1])
   static_sums.add(statics)
@@ -206,17 +205,6 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
   return _to_dataset(store, sums, diff_sums, static_sums, (nan_first, nan_last),
                      time_step_hours, times, forcings, forcing_sums)
 
-
-def _forcings(store, time_indices, names) -> np.ndarray:
-  """`[time, len(names), grid]` forcings at the store's times: read or computed."""
-  stored = [name for name in names if name in store.forcings]
-  values = np.empty((len(time_indices), len(stored), store.num_grid_nodes), np.float32)
-  if stored:
-    store.read_into([(time_indices, values, store_lib.Channels(tuple(stored)))],
-                    allow_nan=True)
-  return forcings_lib.compute_forcings(
-      store.times[time_indices], store.latitude, store.longitude, names,
-      given={name: values[:, i] for i, name in enumerate(stored)})
 
 
 class _Moments:

@@ -236,15 +236,8 @@ class WeatherExampleSource:
 
   def forcing_values(self, index: int) -> np.ndarray:
     """`[window, forcings, grid]` normalized forcings of example `index`, internal grid order."""
-    times = self.time_indices(index)
-    stored = np.empty((len(times), len(self.stored_forcings), self.store.num_grid_nodes),
-                      np.float32)
-    if self.stored_forcings:
-      self.store.read_into([(times, stored, store_lib.Channels(self.stored_forcings))])
-    values = forcings_lib.compute_forcings(
-        self.store.times[times], self.store.latitude, self.store.longitude, self.forcings,
-        given={name: stored[:, i] for i, name in enumerate(self.stored_forcings)})
-    return self.input_scales.forcings(values)
+    return self.input_scales.forcings(self.store.forcings_at(self.time_indices(index),
+                                                              self.forcings))
 
   def statics(self) -> np.ndarray:
     """`[2, grid]` normalized statics (`input_scales`), in the grid-slot order."""

@@ -29,6 +29,7 @@ import tensorstore as ts
 import xarray as xr
 
 from wnscale import paths
+from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 
@@ -243,6 +244,18 @@ class WeatherStore:
       raise ValueError(f"time indices {time_indices} outside the store's "
                        f"{len(self.times)} times")
     return time_indices
+
+  def forcings_at(self, time_indices, names, allow_nan: bool = False) -> np.ndarray:
+    """`[time, len(names), grid]` forcings at `times[time_indices]`, internal grid order:
+    those the store holds (`forcings`) read, the others computed (`forcings.py`)."""
+    time_indices = np.asarray(time_indices, np.int64)
+    stored = tuple(name for name in names if name in self.forcings)
+    values = np.empty((len(time_indices), len(stored), self.num_grid_nodes), np.float32)
+    if stored:
+      self.read_into([(time_indices, values, Channels(stored))], allow_nan=allow_nan)
+    return forcings_lib.compute_forcings(
+        self.times[time_indices], self.latitude, self.longitude, names,
+        given={name: values[:, i] for i, name in enumerate(stored)})
 
   def read_statics(self, allow_nan: bool = False) -> np.ndarray:
     """`[2, grid]` float32: `variables.STATIC_VARIABLES` in that order.

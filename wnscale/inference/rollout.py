@@ -25,7 +25,7 @@ import xarray as xr
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
-from wnscale.data.store import Channels, WeatherStore
+from wnscale.data.store import WeatherStore
 from wnscale.errors import UserError
 from wnscale.model import ensemble, forecast
 from wnscale.sharding import sharded_model
@@ -99,26 +99,19 @@ class StreamingForecaster:
     """`[B, input_steps + 1, F, slots]` normalized, at lead `lead`'s history and target."""
     windows = []
     for times in self._window_times(init_times, lead):
-      values = forcings_lib.compute_forcings(times, self.store.latitude, self.store.longitude,
-                                             self.forcings, given=self._stored_forcings(times))
+      if self.stored_forcings:  # read from the store: the times must be in it
+        indices = np.searchsorted(self.store.times, times)
+        if (indices >= len(self.store.times)).any() or (self.store.times[indices] != times).any():
+          raise UserError(
+              f"The model reads {list(self.stored_forcings)} from the data "
+              f"(data.stored_forcings) and {self.store.path} lacks them at some of {times}: "
+              "forecast lead times the store covers.")
+        values = self.store.forcings_at(indices, self.forcings)
+      else:
+        values = forcings_lib.compute_forcings(times, self.store.latitude,
+                                               self.store.longitude, self.forcings)
       windows.append(self.input_scales.forcings(values))
     return self.layout.partitioned.grid.to_slots(np.stack(windows), -1)
-
-  def _stored_forcings(self, times) -> dict:
-    """`{name: [time, grid]}` of the forcings the model reads from the store."""
-    if not self.stored_forcings:
-      return {}
-    indices = np.searchsorted(self.store.times, times)
-    inside = indices < len(self.store.times)
-    if not inside.all() or (self.store.times[indices] != times).any():
-      raise UserError(
-          f"The model reads {list(self.stored_forcings)} from the data (data.stored_forcings) "
-          f"and {self.store.path} lacks them at some of {times}: forecast lead times the "
-          "store covers.")
-    values = np.empty((len(times), len(self.stored_forcings), self.store.num_grid_nodes),
-                      np.float32)
-    self.store.read_into([(indices, values, Channels(self.stored_forcings))])
-    return {name: values[:, i] for i, name in enumerate(self.stored_forcings)}
 
   def _global_forcings(self, init_times, lead: int) -> np.ndarray:
     """`[B, input_steps + 1, F_global]` at lead `lead`'s history and target."""
