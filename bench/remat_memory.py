@@ -48,6 +48,8 @@ VARIANTS = {
     "all three, save node_latents": dict(ALL, remat_policy="save_only_these_names:node_latents"),
     "all three + grid_blocks=8": dict(ALL, edge_chunks=4, grid_blocks=8),
     "paper + grid_blocks=8": dict(ALL, mesh_remat_every=3, edge_chunks=4, grid_blocks=8),
+    "paper + grid/mesh-edge blocks": dict(ALL, mesh_remat_every=3, edge_chunks=4,
+                                          grid_blocks=8, mesh_edge_chunks=4),
     "all three, offload_carries": dict(ALL, edge_chunks=4, grid_blocks=8,
                                        remat_policy="offload_carries"),
 }

@@ -61,7 +61,8 @@ COLUMNS = (  # printed under the table
     ("batch", "global batch (train.batch_size), whole examples per data shard"),
     ("EPD", "stages under remat: E encoder, P processor, D decoder (- none)"),
     ("K", "processor layers per checkpoint (model.mesh_remat_every)"),
-    ("chnk", "encoder/decoder edge blocks (model.edge_chunks)"),
+    ("blocks", "blocks of encoder/decoder edges, mesh edges, grid nodes (model.edge_chunks, "
+               "mesh_edge_chunks, grid_blocks)"),
     ("policy", "model.remat_policy"),
     ("arg GiB", "per device: parameters, optimizer state, batch and graph arrays"),
     ("tmp GiB", "per device: XLA's temporaries"),
@@ -80,11 +81,15 @@ def _row(report) -> str:
   memory = report["device_memory_bytes"]
   return (f"{report.get('candidate', ''):<22}{report['mesh']['graph']:>6}"
           f"{report['batch_size']:>6}{stages:>5}"
-          f"{remat['mesh_remat_every']:>4}{remat['edge_chunks']:>5}  {remat['remat_policy']:<34}"
+          f"{remat['mesh_remat_every']:>4}{_blocks(remat):>9}  {remat['remat_policy']:<34}"
           f"{report['argument_bytes'] / GIB:>8.2f}{report['temp_bytes'] / GIB:>8.2f}"
           f"{report['peak_bytes'] / GIB:>8.2f}{(memory or 0) / GIB:>8.2f}"
           f"{'yes' if report['fits'] else 'NO':>6}{report['flops']:>11.3g}"
           f"{report['compile_seconds']:>8.1f}")
+
+
+def _blocks(remat) -> str:
+  return f"{remat['edge_chunks']}/{remat['mesh_edge_chunks']}/{remat['grid_blocks']}"
 
 
 def _breakdown(report) -> str:
@@ -152,7 +157,7 @@ def main(argv):
       if not _JSON.value:
         if len(reports) == 1:
           print(f"{target.name}: {num_devices} devices; graphs {problem.counts}")
-          print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'chnk':>5}  "
+          print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'blocks':>9}  "
                 f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}"
                 f"{'FLOPs':>11}{'comp s':>8}")
         print(_row(report), flush=True)

@@ -136,7 +136,7 @@ def assert_same(result, reference):
 
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
-             edge_chunks=3, grid_blocks=5)
+             edge_chunks=3, grid_blocks=5, mesh_edge_chunks=3)
 
 
 def test_crps_with_remat_matches_plain(problem, reference):

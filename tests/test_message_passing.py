@@ -17,7 +17,7 @@ from flax import nnx
 from wnscale import config as config_lib
 from wnscale.graphs import grid
 from wnscale.model import setup
-from wnscale.model.message_passing import sum_by_receiver
+from wnscale.model.message_passing import float32_sum
 from wnscale.model.mlp import MLP
 
 
@@ -94,19 +94,23 @@ def perturbed(model, seed):
   return model
 
 
-@pytest.mark.parametrize("edge_chunks, grid_blocks", [(1, 1), (3, 1), (1, 5), (3, 7)])
-def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks):
-  """Also in blocks of edges and of grid nodes (2048 nodes: 5 and 7 leave a padded block)."""
+@pytest.mark.parametrize("edge_chunks, grid_blocks, mesh_edge_chunks",
+                         [(1, 1, 1), (3, 1, 1), (1, 5, 1), (3, 7, 4)])
+def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, mesh_edge_chunks):
+  """Also in blocks of edges and of grid nodes (2048 nodes: 5 and 7 leave a padded block)
+  and of mesh edges; the inputs arrive channel-major."""
   config = config_lib.default_config()
   config.model.update(latent_size=8, mesh_levels=2, message_passing_steps=3,
-                      edge_chunks=edge_chunks, grid_blocks=grid_blocks)
+                      edge_chunks=edge_chunks, grid_blocks=grid_blocks,
+                      mesh_edge_chunks=mesh_edge_chunks)
   config_lib.validate(config)
   latitude, longitude = grid.regular_grid(5.625, include_poles=False)
   graphs = setup.graphs_for_grid(config, latitude, longitude)
   model = perturbed(setup.build_model(config), seed=4)
   channels = model.grid_embedder.hidden.in_features - 3
   inputs = np.random.default_rng(5).standard_normal((1, graphs.num_grid_nodes, channels))
-  outputs = jax.jit(lambda g, x: model(g, (x,)))(graphs, inputs.astype(np.float32))
+  outputs = jax.jit(lambda g, x: model(g, (x,)))(graphs,
+                                                 inputs.swapaxes(1, 2).astype(np.float32))
   expected = np_graphcast(model, graphs, inputs[0])
   np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
@@ -129,6 +133,6 @@ def test_layer_norm_is_two_pass_with_epsilon_1e5():
 def test_messages_are_summed_in_float32():
   """One message of 1 and 256 of 2^-8 into one receiver: a bfloat16 sum would stay at 1."""
   messages = jnp.concatenate([jnp.ones((1, 2)), jnp.full((256, 2), 2.0**-8)]).astype(jnp.bfloat16)
-  summed = sum_by_receiver(messages, jnp.zeros(257, jnp.int32), 1)
-  assert summed.dtype == jnp.bfloat16
+  summed = float32_sum(messages, jnp.zeros(257, jnp.int32), 1)
+  assert summed.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(summed, np.float32), [[2.0, 2.0]])

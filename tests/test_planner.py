@@ -12,6 +12,7 @@ import pytest
 from wnscale import cache
 from wnscale import config as config_lib
 from wnscale.planner import auto_remat, topology
+from wnscale.planner import buffers as buffers_lib
 from wnscale.planner.compile import Problem
 from wnscale.train.step import lower_train_step
 
@@ -168,3 +169,33 @@ def test_breakdown_lists_the_peak_buffers_by_part():
   assert by_part["inputs"] == (2 * 12 + 1 * 12 + 3 * 5 + 2) * 2048 * 4
   # Within 25 % of XLA's own peak (the HLO-level analysis is not the final schedule).
   assert 0.75 < sum(by_part.values()) / report["peak_bytes"] < 1.25
+
+
+def test_breakdown_counts_device_memory_only(tmp_path):
+  """A value in host memory (`@5`: where offload_carries puts the processor's carries)
+  is not on the device; values sharing one place count once; the peak is where the
+  device-memory buffers add up to the most. Files as XLA's TPU compiler dumps them."""
+  module = "module_0000.jit_train_step"
+  (tmp_path / f"{module}.after_optimizations.txt").write_text(
+      '  %carries = bf16[16,1024]{1,0:S(5)} dynamic-update-slice(%a), '
+      'metadata={op_name="jit(train_step)/processor"}\n'
+      '  %grads = f32[1024]{0} fusion(%b), metadata={op_name="jit(train_step)/transpose('
+      'jvp())/decoder/dot_general"}\n'
+      '  %loop = (f32[256]{0}) while(%c), metadata={op_name="jit(train_step)/encoder/while"}\n'
+      '  %body_param = (f32[256]{0}) parameter(0)\n'
+      '  %early = f32[512]{0} fusion(%d), metadata={op_name="jit(train_step)/encoder/add"}\n')
+  (tmp_path / f"{module}.after_optimizations-buffer-assignment.txt").write_text(
+      "allocation 0: size 32768, color 5, page 0, preallocated-temp:\n"
+      " value: <10 carries @5> (size=32768,offset=0): bf16[16,1024]{1,0:S(5)}\n"
+      "allocation 1: size 4096, page 0, preallocated-temp:\n"
+      " value: <11 grads @0> (size=4096,offset=0): f32[1024]{0}\n"
+      " value: <12 loop{0} @0> (size=1024,offset=4096): f32[256]{0}\n"
+      " value: <13 body_param{0} @0> (size=1024,offset=4096): f32[256]{0}\n"
+      " value: <14 early @0> (size=2048,offset=0): f32[512]{0}\n")
+  (tmp_path / f"{module}.after_optimizations-live-range.txt").write_text(
+      "HloLiveRange (max 9):\n  InstructionSequence:\n    0:carries\n  BufferLiveRange:\n"
+      "    carries{}:0-9\n    early{}:0-2\n    loop{0}:3-8\n    body_param{0}:4-6\n"
+      "    grads{}:5-9\n  Live ranges at 5 (peak):\n    carries{}: 32768 bytes\n")
+  buffers = buffers_lib.read_peak_buffers(str(tmp_path))
+  assert [(b.bytes, b.shape, b.part) for b in buffers] == [
+      (4096, "f32[1024]", "decoder (backward)"), (1024, "f32[256]", "encoder")]

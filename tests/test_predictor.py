@@ -129,10 +129,9 @@ def test_target_only_channels_are_predicted_outright():
   batch = {key: rng.standard_normal(shape.shape).astype(np.float32) for key, shape in
            setup.batch_shapes(config, graphs.num_grid_nodes, 1).items()}
   assert batch["inputs"].shape[2] == 1 and batch["targets"].shape[2] == 2
-  node_major = forecast.to_node_major(batch)
-  outputs = model(constants.graphs, (forecast._stack_channels(node_major["inputs"]),
-                                     forecast._stack_channels(node_major["forcings"][:, :3]),
-                                     node_major["statics"]))
+  outputs = model(constants.graphs, (forecast._stack_steps(batch["inputs"]),
+                                     forecast._stack_steps(batch["forcings"][:, :3]),
+                                     batch["statics"]))
   first = np.asarray(forecast.rollout(model, constants, batch))[:, 0]  # [B, C_out, G]
   np.testing.assert_allclose(first[:, 0], batch["inputs"][:, -1, 0] + 0.5 * outputs[..., 0],
                              rtol=1e-5, atol=1e-5)

@@ -43,6 +43,7 @@ ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_t
 # Chunk counts that divide neither edge set of the problem (checked below), so the
 # last block is padded.
 ODD_CHUNKS = (7, 9)
+MESH_EDGE_CHUNKS = (8, 11)  # likewise for the mesh edges
 VARIANTS = {
     "encoder": dict(remat_grid_to_mesh_gnn=True),
     "processor": dict(remat_mesh_gnn=True),  # one checkpoint per layer
@@ -57,6 +58,9 @@ VARIANTS = {
     "paper_scheme": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3),
     **{f"grid_blocks_{k}": dict(grid_blocks=k) for k in ODD_CHUNKS},
     "all_three_grid_blocks": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3),
+    **{f"mesh_edge_chunks_{k}": dict(mesh_edge_chunks=k) for k in MESH_EDGE_CHUNKS},
+    "paper_scheme_mesh_edge_chunks": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3,
+                                          mesh_edge_chunks=4),
 }
 
 
@@ -65,6 +69,7 @@ def test_odd_chunk_counts_leave_a_padded_block(problem):
   for rows in (graphs.grid_to_mesh.senders, graphs.mesh_to_grid.senders,
                graphs.grid_node_features):
     assert all(len(rows) % k for k in ODD_CHUNKS), len(rows)
+  assert all(len(graphs.mesh.senders) % k for k in MESH_EDGE_CHUNKS), len(graphs.mesh.senders)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -105,13 +110,11 @@ def test_rollout_feeds_predictions_back(rollout_problem):
   graphdef, _ = setup.init_model_shapes(config)
   model = nnx.merge(graphdef, params)
   predictions = jax.jit(lambda b: forecast.rollout(model, constants, b))(batch)
-  node_major = forecast.to_node_major(batch)  # one_step works on [B, T, G, C]
-  history = node_major["inputs"]
+  history = batch["inputs"]
   for lead in range(3):
-    expected = forecast.one_step(model, constants, history,
-                                 node_major["forcings"][:, lead:lead + 3], node_major["statics"])
-    np.testing.assert_allclose(predictions[:, lead], np.asarray(expected).swapaxes(-1, -2),
-                               rtol=1e-5, atol=1e-5)
+    expected = forecast.one_step(model, constants, history, batch["forcings"][:, lead:lead + 3],
+                                 batch["statics"])
+    np.testing.assert_allclose(predictions[:, lead], expected, rtol=1e-5, atol=1e-5)
     history = np.concatenate([history[:, 1:], np.asarray(expected)[:, None]], axis=1)
 
 

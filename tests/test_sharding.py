@@ -60,7 +60,7 @@ def reference(problem):
 
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
-             mesh_remat_every=2, edge_chunks=3, grid_blocks=5)
+             mesh_remat_every=2, edge_chunks=3, grid_blocks=5, mesh_edge_chunks=3)
 CASES = [(1, 1, "all_gather", {})] + [
     (1, g, mode, {}) for g in (2, 4, 8) for mode in partition_lib.EXCHANGE_MODES] + [
     (2, 4, mode, {}) for mode in partition_lib.EXCHANGE_MODES] + [

@@ -58,6 +58,8 @@ def default_config() -> ml_collections.ConfigDict:
   # train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)
   m.mesh_remat_every = 1  # layers per processor checkpoint (GraphCast: 3)
   m.edge_chunks = 1  # encoder/decoder edges in this many blocks, each under its own checkpoint
+  m.mesh_edge_chunks = 1  # interaction-network processor: each step's mesh edges in this many
+  # blocks, each under its own checkpoint (a step's backward keeps one block's edge work)
   m.grid_blocks = 1  # grid-node work (embedder, encoder grid update, the whole decoder) in
   # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
   # to the encoder only)
@@ -243,7 +245,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
-              "grid_blocks", "transformer_layers", "transformer_heads", "transformer_ffw_size"):
+              "mesh_edge_chunks", "grid_blocks", "transformer_layers", "transformer_heads", "transformer_ffw_size"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   for key in ("edge_latent_size", "transformer_k_hop", "transformer_edges_per_block"):
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")

@@ -16,8 +16,8 @@ Each example (the batch contract with the model, before batching):
     (`forcings.GLOBAL_FORCINGS`), only when some are asked for
 all float32, grid flattened latitude-major with latitude ascending.
 Channel-major is the stores' own layout, so tensorstore decodes an example
-straight into it; the model's step transposes to node-major on the device
-(`model.forecast.to_node_major`). `read_batch` reads a whole batch into one
+straight into it; the model's encoder transposes it to node-major block by
+block on the device (`model.blocks.map_row_blocks`). `read_batch` reads a whole batch into one
 buffer per key, which is how the pipeline reads (no per-example arrays to stack).
 """
 

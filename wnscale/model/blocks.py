@@ -6,6 +6,10 @@ and an MLP on it makes several. Run block by block, by a scan whose body is a
 intermediates alive, in the forward pass and in the backward recomputation;
 only its inputs and outputs exist whole. The price is one more forward pass of
 the work inside the blocks.
+
+Channel-major inputs (`[C, N]`, the batch's layout) are cut inside each block
+and transposed there (`node_major_block`): no node-major copy of a whole input
+ever exists, in the forward pass or in the backward recomputation.
 """
 
 from __future__ import annotations
@@ -25,26 +29,48 @@ def split_rows(array: jax.Array, num_blocks: int, fill=0) -> jax.Array:
       (num_blocks, rows) + array.shape[1:])
 
 
+def node_major_block(array: jax.Array, block, rows: int) -> jax.Array:
+  """Rows `block * rows ...` of a channel-major `[C, N]` array, node-major `[rows, C]`.
+
+  Rows past `N` (the last block's padding) hold other rows' values; they line up
+  with `split_rows`' padding, which callers drop. The slice is cut where it fits
+  (`[N - rows, N)` for the last block) and rotated into place, so the array is
+  never padded (that would copy it whole).
+  """
+  start = jnp.minimum(block * rows, array.shape[-1] - rows)
+  columns = jax.lax.dynamic_slice_in_dim(array, start, rows, axis=-1)
+  return jnp.roll(columns, start - block * rows, axis=-1).T
+
+
 def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: tuple,
-                   shared: tuple = ()):
-  """`fn(module, *row blocks of blocked, *shared)` over `num_blocks` blocks of rows.
+                   shared: tuple = (), columns: tuple = ()):
+  """`fn(module, *row blocks of blocked, *row blocks of columns, *shared)` over
+  `num_blocks` blocks of rows.
 
   Args:
     module: holds the parameters `fn` uses (passed through the scan explicitly).
     fn: returns a pytree of `[rows, ...]` arrays for one block of rows.
     blocked: `[N, ...]` arrays cut into blocks along their first axis.
     shared: arrays every block sees whole.
+    columns: channel-major `[C, N]` arrays; `fn` gets each block node-major,
+      `[rows, C]` (cut and transposed inside the block).
 
   Returns:
     `fn`'s outputs for all `N` rows, `[N, ...]`; with one block, `fn` on the
-    arrays as they are (no scan, no checkpoint).
+    arrays as they are (no scan, no checkpoint; `columns` transposed whole).
   """
   if num_blocks == 1:
-    return fn(module, *blocked, *shared)
+    return fn(module, *blocked, *(array.T for array in columns), *shared)
   num_rows = blocked[0].shape[0]
+  rows = -(-num_rows // num_blocks)
   graphdef, state = nnx.split(module)
-  block = jax.checkpoint(lambda state, *args: fn(nnx.merge(graphdef, state), *args),
-                         policy=jax.checkpoint_policies.nothing_saveable)
-  _, outputs = jax.lax.scan(lambda _, rows: (None, block(state, *rows, *shared)), None,
-                            tuple(split_rows(array, num_blocks) for array in blocked))
+
+  def one_block(state, index, row_blocks, columns, shared):
+    return fn(nnx.merge(graphdef, state), *row_blocks,
+              *(node_major_block(array, index, rows) for array in columns), *shared)
+
+  block = jax.checkpoint(one_block, policy=jax.checkpoint_policies.nothing_saveable)
+  _, outputs = jax.lax.scan(
+      lambda _, xs: (None, block(state, xs[0], xs[1], columns, shared)), None,
+      (jnp.arange(num_blocks), tuple(split_rows(array, num_blocks) for array in blocked)))
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_rows], outputs)

@@ -9,9 +9,10 @@ examples with contiguous copies):
   statics   [B, S, G]                              surface geopotential, land-sea mask
   globals   [B, input_steps + target_steps, F]     global forcings (only if configured)
   noise     [B, target_steps, K]                   an FGN's noise per lead time (only then)
-`rollout` returns predictions in the targets' layout. Inside, the network works
-node-major (`[B, G, C]`: one row of features per grid node, what its gathers
-and MLPs want); `to_node_major` transposes on the device.
+`rollout` returns predictions in the targets' layout, and a step's history stays
+channel-major too. The network itself works node-major (`[G, C]`: one row of
+features per grid node, what its gathers and MLPs want): its encoder transposes
+its inputs block by block, its decoder's outputs are transposed back here.
 
 One step maps the last `input_steps` states (plus forcings at those times and
 at the target time, and statics) to the next outputs; global forcings at the same
@@ -67,41 +68,35 @@ def global_channels(input_steps: int, num_globals: int) -> int:
   return (input_steps + 1) * num_globals
 
 
-def to_node_major(batch: dict) -> dict:
-  """The batch with each array's last two axes swapped: `[..., C, G] -> [..., G, C]`."""
-  return {key: jnp.swapaxes(value, -1, -2) for key, value in batch.items()}
-
-
-def _stack_channels(x: jax.Array) -> jax.Array:
-  """`[B, T, G, C] -> [B, G, T * C]`."""
-  batch, steps, nodes, channels = x.shape
-  return jnp.moveaxis(x, 1, 2).reshape(batch, nodes, steps * channels)
+def _stack_steps(x: jax.Array) -> jax.Array:
+  """`[B, T, C, G] -> [B, T * C, G]` (a reshape: no copy)."""
+  return x.reshape((x.shape[0], -1, x.shape[-1]))
 
 
 def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
              exchange=LocalExchange(), global_forcings=None, noise=None):
-  """The next normalized outputs `[B, G, C_out]`: the state, then target-only channels.
+  """The next normalized outputs `[B, C_out, G]`: the state, then target-only channels.
 
   Args:
-    history: `[B, input_steps, G, C]` the latest states, oldest first.
-    forcings: `[B, input_steps + 1, G, F]` at the history times and the next time.
-    statics: `[B, G, S]`.
+    history: `[B, input_steps, C, G]` the latest states, oldest first.
+    forcings: `[B, input_steps + 1, F, G]` at the history times and the next time.
+    statics: `[B, S, G]`.
     global_forcings: `[B, input_steps + 1, F_global]` at the same times, or None.
     noise: `[B, noise_channels]` an FGN's noise for this step, or None.
   """
-  parts = (_stack_channels(history), _stack_channels(forcings), statics)
+  parts = (_stack_steps(history), _stack_steps(forcings), statics)
   global_inputs = None
   if global_forcings is not None:  # [B, T * F_global], also a part on every grid node
     global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
-    parts += (jnp.broadcast_to(global_inputs[:, None], statics.shape[:2]
-                               + global_inputs.shape[-1:]),)
+    parts += (jnp.broadcast_to(global_inputs[:, :, None], global_inputs.shape
+                               + statics.shape[-1:]),)
   outputs = model(constants.graphs, parts, exchange, global_inputs, noise)
-  outputs = outputs * constants.residual_scale
-  num_state = history.shape[-1]
-  if outputs.shape[-1] == num_state:
+  outputs = jnp.swapaxes(outputs * constants.residual_scale, -1, -2)  # [B, C_out, G]
+  num_state = history.shape[2]
+  if outputs.shape[1] == num_state:
     return history[:, -1] + outputs
-  return jnp.concatenate([history[:, -1] + outputs[..., :num_state], outputs[..., num_state:]],
-                         axis=-1)
+  return jnp.concatenate([history[:, -1] + outputs[:, :num_state], outputs[:, num_state:]],
+                         axis=1)
 
 
 def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
@@ -112,7 +107,6 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
   `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
   """
   global_forcings, noise = batch.get("globals"), batch.get("noise")
-  batch = to_node_major({key: batch[key] for key in ("inputs", "forcings", "statics")})
   inputs, forcings = batch["inputs"], batch["forcings"]
   input_steps = inputs.shape[1]
   target_steps = forcings.shape[1] - input_steps
@@ -131,10 +125,9 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
                       None if global_forcings is None else window(global_forcings),
                       None if noise is None else jnp.asarray(noise)[:, lead])  # float32
     # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
-    predicted_state = prediction[:, None, :, :history.shape[-1]]
+    predicted_state = prediction[:, None, :history.shape[2]]
     history = jnp.concatenate([history[:, 1:], predicted_state.astype(history.dtype)], axis=1)
     return history, prediction
 
   _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))
-  # [target_steps, B, G, C] -> [B, target_steps, C, G]
-  return jnp.transpose(predictions, (1, 0, 3, 2))
+  return jnp.swapaxes(predictions, 0, 1)  # [target_steps, B, C, G] -> [B, target_steps, C, G]

@@ -135,12 +135,14 @@ class GraphCast(nnx.Module):
 
   def __call__(self, graphs: Graphs, grid_input_parts, exchange=LocalExchange(),
                global_inputs: jax.Array | None = None, noise: jax.Array | None = None):
-    """`grid inputs [batch, num_grid_nodes, input_channels] -> [batch, num_grid_nodes,
+    """`grid inputs [batch, input_channels, num_grid_nodes] -> [batch, num_grid_nodes,
     output_channels]`.
 
-    `grid_input_parts`: arrays `[batch, num_grid_nodes, channels_i]` whose
-    channels, concatenated, are the grid inputs (concatenated block by block:
-    the whole `[num_grid_nodes, input_channels]` array never exists).
+    `grid_input_parts`: channel-major arrays `[batch, channels_i, num_grid_nodes]`
+    (the batch's layout) whose channels, concatenated, are the grid inputs; the
+    encoder makes them node-major and concatenates them block by block (with
+    `grid_blocks > 1` neither a node-major copy nor the whole
+    `[num_grid_nodes, input_channels]` array ever exists).
     `graphs` holds the (possibly shard-local) index and feature arrays;
     `global_inputs` `[batch, global_channels]` (if any) reach the mesh embedder
     (the grid input parts already hold them); `noise` `[batch, noise_channels]`
@@ -184,8 +186,8 @@ class GraphCast(nnx.Module):
 
     def encoder(model, graphs, grid_input_parts, global_inputs):
       grid, projected_grid = map_row_blocks(
-          model, embed_grid, config.grid_blocks,
-          (graphs.grid_node_features,) + tuple(grid_input_parts))
+          model, embed_grid, config.grid_blocks, (graphs.grid_node_features,),
+          columns=tuple(grid_input_parts))
       mesh_inputs = graphs.mesh_node_features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
         mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(

@@ -4,6 +4,12 @@
 layer axis; the mesh edge latents are embedded once from the static edge
 features and carry over from step to step. Shapes: mesh latents
 `[num_mesh_nodes, latent]`, edge latents `[num_mesh_edges, latent]`.
+
+With `model.mesh_edge_chunks > 1` every step runs its edge MLP over that many
+blocks of mesh edges, each under its own checkpoint (`scan_edge_blocks`): a
+step's backward pass then keeps one block's edge activations, not four or so
+`[num_mesh_edges, latent]` arrays per layer of a checkpointed group. The edge
+latents are kept in blocks `[chunks, edges / chunks, latent]` through all steps.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from flax import nnx
 from wnscale.graphs.build import Graphs
 from wnscale.graphs.features import EDGE_FEATURES
 from wnscale.model import remat
-from wnscale.model.message_passing import InteractionNetwork, sum_by_receiver
+from wnscale.model.blocks import split_rows
+from wnscale.model.message_passing import InteractionNetwork, float32_sum, scan_edge_blocks
 from wnscale.model.mlp import MLP
 from wnscale.model.varying import vary_like
 
@@ -40,20 +47,34 @@ class MeshGNN(nnx.Module):
 
   def __call__(self, graphs: Graphs, mesh, exchange):
     """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps."""
-    config, edges = self.config, graphs.mesh
-    edge_latents = self.edge_embedder(edges.features.astype(self.dtype))
+    config, edges, num_mesh = self.config, graphs.mesh, mesh.shape[0]
+    chunks = config.mesh_edge_chunks
+    # Padding edges (a last block filled up) send from node 0 to no node: dropped.
+    senders = split_rows(edges.senders, chunks)
+    receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
+    edge_latents = split_rows(self.edge_embedder(edges.features.astype(self.dtype)), chunks)
     graphdef, stacked_state = nnx.split(self.layers)
+
+    def edge_block(edge_latents, senders, receivers, layer_state, sender_table,
+                   receiver_table):
+      """One block's summed messages `[num_mesh, latent]` (float32) and updated edges."""
+      messages = nnx.merge(graphdef, layer_state).messages(
+          edge_latents, sender_table, receiver_table, senders, receivers)
+      # The edge residual comes after the node update, which saw only the messages.
+      return float32_sum(messages, receivers, num_mesh), edge_latents + messages
 
     def one_layer(carry, layer_state):
       mesh, edge_latents = carry
       layer = nnx.merge(graphdef, layer_state)
-      messages = layer.messages(
-          edge_latents, exchange.mesh(layer.project_senders(mesh)),
-          layer.project_receivers(mesh), edges.senders, edges.receivers)
-      mesh = layer.update_nodes(mesh, sum_by_receiver(messages, edges.receivers,
-                                                      mesh.shape[0]))
-      # The edge residual comes after the node update, which saw only the messages.
-      return mesh, edge_latents + messages
+      tables = (layer_state, exchange.mesh(layer.project_senders(mesh)),
+                layer.project_receivers(mesh))
+      if chunks == 1:
+        summed, edge_latents = edge_block(edge_latents[0], senders[0], receivers[0], *tables)
+        edge_latents = edge_latents[None]
+      else:
+        summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
+                                                tables, num_mesh, mesh.shape[-1])
+      return layer.update_nodes(mesh, summed.astype(mesh.dtype)), edge_latents
 
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
     return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=config.remat_mesh_gnn,

@@ -42,18 +42,10 @@ from wnscale.model.mlp import MLP
 from wnscale.model.varying import vary_like
 
 
-def _float32_sum(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
+def float32_sum(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
   """`[num_edges, D] -> [num_receivers, D]` float32 sums; receivers out of range are dropped."""
   return jax.ops.segment_sum(messages.astype(jnp.float32), receivers,
                              num_segments=num_receivers, indices_are_sorted=True)
-
-
-def sum_by_receiver(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
-  """`[num_edges, D] -> [num_receivers, D]`, summed in float32, in `messages`' dtype.
-
-  Receivers out of range are dropped (padding edges).
-  """
-  return _float32_sum(messages, receivers, num_receivers).astype(messages.dtype)
 
 
 class InteractionNetwork(nnx.Module):
@@ -104,15 +96,43 @@ class InteractionNetwork(nnx.Module):
     return checkpoint_name(updated, remat.NODE_LATENTS)
 
 
+def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_receivers: int,
+                     width: int):
+  """Runs `block_fn` over blocks of edges, each under a `jax.checkpoint` that saves nothing.
+
+  Only one block's `[edges / num_blocks, D]` intermediates are ever alive, in the
+  forward pass and in the backward recomputation; the price is one more forward
+  pass of the block's work.
+
+  Args:
+    block_fn: `(*one block of blocked, *shared) -> (sums [num_receivers, width] float32,
+      per-edge outputs (a pytree of [edges / num_blocks, ...]))`.
+    blocked: arrays `[num_blocks, edges / num_blocks, ...]` (see `blocks.split_rows`).
+    shared: arrays every block sees whole (e.g. the node tables).
+
+  Returns:
+    `(sums over all blocks [num_receivers, width] float32, per-edge outputs stacked
+    [num_blocks, edges / num_blocks, ...])`. The running sum stays float32 across
+    blocks too.
+  """
+  block = jax.checkpoint(block_fn, policy=jax.checkpoint_policies.nothing_saveable)
+
+  def add_block(total, rows):
+    sums, per_edge = block(*rows, *shared)
+    return total + sums, per_edge
+
+  initial = vary_like(jnp.zeros((num_receivers, width), jnp.float32),
+                      *jax.tree.leaves((blocked, shared)))
+  return jax.lax.scan(add_block, initial, blocked)
+
+
 def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, senders,
                       receivers, sender_table, receiver_table, num_receivers: int,
                       num_chunks: int) -> jax.Array:
   """Computes per-edge messages with `edge_fn` and sums them per receiver, in blocks of edges.
 
-  With `num_chunks > 1` the edges are processed in that many blocks by a scan,
-  each block under its own `jax.checkpoint` that saves nothing: only one block's
-  `[num_edges / num_chunks, D]` latents are ever alive, in the forward pass and
-  in the backward recomputation. Padding edges point at receiver
+  With `num_chunks > 1` the edges are processed in that many blocks, each
+  under its own checkpoint (`scan_edge_blocks`). Padding edges point at receiver
   `num_receivers`, which the segment sum drops.
 
   Args:
@@ -130,26 +150,16 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
   graphdef, state = nnx.split(edge_model)
   dtype = receiver_table.dtype
 
-  def messages(state, features, senders, receivers, sender_table, receiver_table):
+  def messages(features, senders, receivers, state, sender_table, receiver_table):
     per_edge = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
                        sender_table, receiver_table)
-    return _float32_sum(per_edge, receivers, num_receivers)
+    return float32_sum(per_edge, receivers, num_receivers), None
 
   if num_chunks == 1:
-    return messages(state, edge_features, senders, receivers, sender_table,
-                    receiver_table).astype(dtype)
-
-  chunk_messages = jax.checkpoint(messages, policy=jax.checkpoint_policies.nothing_saveable)
-
-  def add_chunk(total, chunk):
-    features, chunk_senders, chunk_receivers = chunk
-    return total + chunk_messages(state, features, chunk_senders, chunk_receivers,
-                                  sender_table, receiver_table), None
-
-  chunks = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
-            split_rows(receivers, num_chunks, fill=num_receivers))
-  # The running total stays float32 across blocks too.
-  initial = jnp.zeros((num_receivers, receiver_table.shape[-1]), jnp.float32)
-  initial = vary_like(initial, sender_table, receiver_table, edge_features)
-  total, _ = jax.lax.scan(add_chunk, initial, chunks)
+    return messages(edge_features, senders, receivers, state, sender_table,
+                    receiver_table)[0].astype(dtype)
+  blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
+             split_rows(receivers, num_chunks, fill=num_receivers))
+  total, _ = scan_edge_blocks(messages, blocked, (state, sender_table, receiver_table),
+                              num_receivers, receiver_table.shape[-1])
   return total.astype(dtype)

@@ -25,7 +25,8 @@ from wnscale.planner.topology import GIB, Target
 
 _ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
 _NONE = dict(remat_grid_to_mesh_gnn=False, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
-             remat_policy="nothing_saveable", mesh_remat_every=1, edge_chunks=1, grid_blocks=1)
+             remat_policy="nothing_saveable", mesh_remat_every=1, edge_chunks=1, mesh_edge_chunks=1,
+             grid_blocks=1)
 CANDIDATES = {
     "none": {},
     "edge_chunks": dict(edge_chunks=4),

@@ -4,14 +4,18 @@
 compile only (`xla_dump_to`, a temporary folder), then reads two of the files
 XLA writes:
 
-* `*-live-range.txt`: the buffers live at the peak of the buffer assignment
-  ("Live ranges at N (peak):"), each with its size;
-* `*-buffer-assignment.txt`: where each buffer lives (allocation and offset):
-  the live-range list names a loop's buffers twice (the loop's own value and
-  its body's parameter, one piece of memory), so buffers at the same place
-  count once;
+* `*-live-range.txt`: each buffer's live range in the schedule (`BufferLiveRange`);
+* `*-buffer-assignment.txt`: each buffer's size, memory space and place (allocation
+  and offset). Only the device's own memory space (0) counts: a remat policy's
+  offloaded values live in host memory (space 5) and TPU on-chip scratch has spaces
+  of its own. One place can carry several names at once (a loop's own value and its
+  body's parameter): it counts once;
 * `*after_optimizations.txt`: the optimized HLO, which gives each buffer's
   shape and the JAX name stack of the operation that made it (`op_name`).
+
+The peak is where the device-memory buffers live at one point of the schedule add
+up to the most. (XLA's own "peak" in the live-range file mixes memory spaces, so a
+step that offloads would show host buffers as if on the device.)
 
 The peak of this HLO-level analysis is close to, not equal to, the peak the
 compiler reports (`memory_analysis()`): TPU compilers move buffers between
@@ -33,6 +37,7 @@ import re
 import tempfile
 
 import jax
+import numpy as np
 
 # Named scopes of the model and train step, in the order a reader meets them.
 PARTS = ("encoder", "processor", "decoder", "loss", "optimizer")
@@ -42,11 +47,12 @@ ARGUMENT_PARTS = (("state.params", "parameters"), ("state.opt_state", "optimizer
                   ("constants", "graphs and constants"), ("halo_indices", "graphs and constants"))
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
-_LIVE_AT_PEAK = re.compile(r"^\s+([\w.\-]+)\{([\d,]*)\}: (\d+) bytes")
+_LIVE_RANGE = re.compile(r"^\s+([\w.\-]+)\{([\d,]*)\}:(\d+)-(\d+)$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _ALLOCATION = re.compile(r"^allocation (\d+):")
-_VALUE = re.compile(
-    r"^ value: <\d+ ([\w.\-]+(?:\{[\d,]*\})?)(?: \(\w+\))? @\d+> \(size=\d+,offset=(\d+)\)")
+_VALUE = re.compile(r"^ value: <\d+ ([\w.\-]+(?:\{[\d,]*\})?)(?: \(\w+\))? @(\d+)> "
+                    r"\(size=(\d+),offset=(\d+)\)")
+DEVICE_MEMORY_SPACE = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +93,7 @@ def compile_with_breakdown(lowered: jax.stages.Lowered):
 
 
 def read_peak_buffers(folder: str) -> list[Buffer]:
-  """The peak buffers of the (largest) module XLA dumped into `folder`."""
+  """The device-memory buffers at the peak of the (largest) module XLA dumped into `folder`."""
   live_ranges = sorted(glob.glob(os.path.join(folder, "*after_optimizations-live-range.txt")),
                        key=os.path.getsize)
   if not live_ranges:
@@ -96,19 +102,56 @@ def read_peak_buffers(folder: str) -> list[Buffer]:
   with open(live_range.replace("-live-range.txt", ".txt")) as f:
     instructions = _parse_instructions(f)
   with open(live_range.replace("-live-range.txt", "-buffer-assignment.txt")) as f:
-    places = _places(f)
+    values = _device_values(f)
   with open(live_range) as f:
-    peak = _peak_entries(f)
+    ranges = _live_ranges(f)
+  # Place in memory -> [(start, end, bytes, name, index)] of the values it holds.
+  places: dict[tuple[int, int], list] = {}
+  for name, index, start, end in ranges:
+    if (value := values.get(_value_name(name, index))) is not None:
+      place, size = value
+      places.setdefault(place, []).append((start, end, size, name, index))
+  peak = _peak_position(places)
   buffers = {}  # place in memory -> Buffer
-  for name, index, size in peak:
-    shape, op_name = _describe(name, index, instructions)
-    buffer = Buffer(size, shape, part_of(op_name), op_name)
-    place = places.get(_value_name(name, index), name + str(index))
-    # One piece of memory named several ways: a step argument's name wins (the
-    # memory is the argument's), then any name that says what made it.
-    if place not in buffers or _rank(buffer) < _rank(buffers[place]):
+  for place, held in places.items():
+    for start, end, size, name, index in held:
+      if not start <= peak <= end:
+        continue
+      shape, op_name = _describe(name, index, instructions)
+      buffer = Buffer(size, shape, part_of(op_name), op_name)
+      # One piece of memory named several ways: a step argument's name wins (the
+      # memory is the argument's), then any name that says what made it.
+      if place in buffers:
+        best = min(buffers[place], buffer, key=_rank)
+        buffer = dataclasses.replace(best, bytes=max(buffer.bytes, buffers[place].bytes))
       buffers[place] = buffer
   return sorted(buffers.values(), key=lambda b: -b.bytes)
+
+
+def _peak_position(places) -> int:
+  """The schedule position where the bytes held by all places add up to the most.
+
+  A place's values whose live ranges overlap are one piece of memory then: their
+  ranges are merged first, so each place counts once at any position.
+  """
+  starts, ends, sizes = [], [], []
+  for held in places.values():
+    merged = []  # [start, end, bytes], disjoint, in order
+    for start, end, size, _, _ in sorted(held):
+      if merged and start <= merged[-1][1]:
+        merged[-1][1] = max(merged[-1][1], end)
+        merged[-1][2] = max(merged[-1][2], size)
+      else:
+        merged.append([start, end, size])
+    for start, end, size in merged:
+      starts.append(start), ends.append(end), sizes.append(size)
+  if not sizes:
+    raise ValueError("XLA's dump lists no device-memory buffers.")
+  starts, ends, sizes = np.array(starts), np.array(ends), np.array(sizes, np.int64)
+  change = np.zeros(ends.max() + 2, np.int64)
+  np.add.at(change, starts, sizes)
+  np.add.at(change, ends + 1, -sizes)
+  return int(np.argmax(np.cumsum(change)))
 
 
 def part_of(op_name: str) -> str:
@@ -138,20 +181,20 @@ def summarize(buffers: list[Buffer]) -> dict[str, int]:
   return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def _peak_entries(lines):
-  """`(instruction, tuple index, bytes)` of each buffer listed at the peak."""
-  entries, in_peak = [], False
+def _live_ranges(lines):
+  """`(instruction, tuple index, start, end)` of each buffer in a live-range dump."""
+  ranges, in_section = [], False
   for line in lines:
-    if line.strip().startswith("Live ranges at") and "(peak)" in line:
-      in_peak = True
+    if line.strip() == "BufferLiveRange:":
+      in_section = True
       continue
-    if in_peak:
-      match = _LIVE_AT_PEAK.match(line)
+    if in_section:
+      match = _LIVE_RANGE.match(line)
       if not match:
         break
       index = tuple(int(i) for i in match.group(2).split(",") if i)
-      entries.append((match.group(1), index, int(match.group(3))))
-  return entries
+      ranges.append((match.group(1), index, int(match.group(3)), int(match.group(4))))
+  return ranges
 
 
 def _value_name(name: str, index: tuple[int, ...]) -> str:
@@ -159,18 +202,19 @@ def _value_name(name: str, index: tuple[int, ...]) -> str:
   return f"{name}{{{','.join(map(str, index))}}}" if index else name
 
 
-def _places(lines) -> dict[str, tuple[int, int]]:
-  """Value name -> (allocation, offset) from a buffer-assignment dump."""
-  places, allocation = {}, None
+def _device_values(lines) -> dict[str, tuple[tuple[int, int], int]]:
+  """Value name -> ((allocation, offset), bytes) of the values in device memory, from a
+  buffer-assignment dump (`value: <id name @memory_space> (size=...,offset=...)`)."""
+  values, allocation = {}, None
   for line in lines:
     match = _ALLOCATION.match(line)
     if match:
       allocation = int(match.group(1))
       continue
     match = _VALUE.match(line)
-    if match and allocation is not None:
-      places[match.group(1)] = (allocation, int(match.group(2)))
-  return places
+    if match and allocation is not None and int(match.group(2)) == DEVICE_MEMORY_SPACE:
+      values[match.group(1)] = ((allocation, int(match.group(4))), int(match.group(3)))
+  return values
 
 
 def _parse_instructions(lines) -> dict[str, tuple[str, list[str], str]]:

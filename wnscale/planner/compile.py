@@ -33,7 +33,8 @@ StepBuilder = Callable[..., jax.stages.Lowered]
 
 BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
 REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
-              "remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks")
+              "remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
+              "grid_blocks")
 
 
 def batch_per_data_shard(batch_size: int, data_shards: int) -> int:

@@ -94,6 +94,9 @@ def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int
   if model.edge_chunks > 1:
     extra += stages["encoder_edges"] + (stages["decoder_edges"] if model.grid_blocks == 1
                                         else 0.0)
+  if model.processor == "interaction_network" and model.mesh_edge_chunks > 1:
+    d = model.latent_size  # the edge MLP (node projections stay outside the blocks)
+    extra += model.message_passing_steps * _mlp(counts["mesh_edges"], d, d, d)
   if model.processor == "transformer" and model.transformer_edges_per_block:  # likewise
     extra += model.transformer_layers * _attention(config, counts)
   examples = config.train.batch_size * config.data.target_steps

@@ -109,12 +109,9 @@ def forecast_step_fn(layout: ShardedLayout, graphdef):
   one step of `forecast.rollout`.
   """
   def local_step(params, constants, exchange, inputs):
-    node_major = forecast.to_node_major(
-        {key: inputs[key] for key in ("inputs", "forcings", "statics")})
-    outputs = forecast.one_step(nnx.merge(graphdef, params), constants, node_major["inputs"],
-                                node_major["forcings"], node_major["statics"], exchange,
+    outputs = forecast.one_step(nnx.merge(graphdef, params), constants, inputs["inputs"],
+                                inputs["forcings"], inputs["statics"], exchange,
                                 inputs.get("globals"), inputs.get("noise"))
-    outputs = jnp.swapaxes(outputs, -1, -2)  # [B, G, C_out] -> [B, C_out, G]
     state = outputs[:, None, :inputs["inputs"].shape[2]].astype(inputs["inputs"].dtype)
     history = jnp.concatenate([inputs["inputs"][:, 1:], state], axis=1)
     return history, outputs
