@@ -24,10 +24,19 @@ RUN_FLAGS = [
 ]
 
 
+def fast_compile_env() -> dict:
+  """Environment variables for a launched process that compiles fast: cheap XLA:CPU passes,
+  and this test session's own compilation cache: a later launch of the same program (a run
+  resumed after a kill, a forecast run again) loads it (the tiny run: its set-up, train
+  and eval step compiles took 9 s instead of 22 s on a loaded machine)."""
+  return {"XLA_FLAGS": FAST_COMPILE_XLA_FLAGS,
+          "JAX_COMPILATION_CACHE_DIR": os.path.join(os.environ["WNSCALE_CACHE_DIR"], "xla")}
+
+
 def process_env() -> dict:
   """The test session's environment for a launched process: CPU, its own device count
   (`--num_cpu_devices`), no libtpu settings, fast compiles."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE_XLA_FLAGS)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **fast_compile_env())
   for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"):
     env.pop(name, None)
   return env
