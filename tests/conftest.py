@@ -5,6 +5,10 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
+import tiny_runs
+
 os.environ["JAX_PLATFORMS"] = "cpu"
 # With libtpu installed (TPU AOT tests): quiet its start-up, allow several processes.
 os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
@@ -19,7 +23,7 @@ os.environ["XLA_FLAGS"] = (
     # one does not.
     + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
     # Tests compile many small programs: cheap LLVM passes cut compile time ~4x.
-    + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    + " " + tiny_runs.FAST_COMPILE_XLA_FLAGS
 )
 # A cache of this test session's own (graphs, synthetic stores, remat plans), never
 # the user's, and never one left by an earlier session: what the tests build, they
@@ -32,3 +36,12 @@ import absl.flags  # noqa: E402
 
 # Grain reads absl flags in its workers; outside absl.app.run they must be parsed.
 absl.flags.FLAGS.mark_as_parsed()
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_run(tmp_path_factory) -> str:
+  """The workdir of one uninterrupted run of `tiny_runs.RUN_FLAGS`: 1 process x 4
+  devices, graph sharded 4 ways, 12 steps. Shared: read it, copy it to write."""
+  workdir = str(tmp_path_factory.mktemp("trained_tiny_run"))
+  tiny_runs.run(workdir)
+  return workdir

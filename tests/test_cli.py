@@ -35,6 +35,7 @@ from wnscale.train.metrics import read_metrics
 from wnscale.train.state import initial_state
 
 from problems import CONFIG_FILES
+from tiny_runs import fast_compile_env
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -326,8 +327,7 @@ def test_the_sweep_ends_with_the_best_setting_and_why():
 
 @pytest.mark.slow
 def test_compile_with_its_defaults_rounds_the_batch_and_explains_its_columns():
-  env = _env(XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes"
-             "=true")
+  env = _env(**fast_compile_env())
   result = run("compile", TINY, env=env, timeout=600)  # cpu:8: 8 data shards for a batch of 2
   assert result.returncode == 0, result.stderr[-3000:]
   assert ("train.batch_size=2 does not split over 8 data shards: compiling 1 example(s) per "
@@ -359,8 +359,7 @@ def _tensorboard_tags(workdir) -> set[str]:
 
 @pytest.mark.slow
 def test_a_short_run_clips_its_warm_up_and_says_what_it_does(tmp_path):
-  env = _env(XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes"
-             "=true")
+  env = _env(**fast_compile_env())
   args = [*SHORT, "--config.train.steps=3", "--config.train.eval_every=3",
           "--config.train.eval_batches=1"]
   result = train(tmp_path, *args, env=env, timeout=600)

@@ -15,15 +15,17 @@ import pytest
 import scores
 import xarray as xr
 
-from test_training import RUN_FLAGS, _env
+from tiny_runs import REPO, process_env
 from wnscale.evaluation import metrics
 
 pytestmark = pytest.mark.slow
 
-REPO = os.path.join(os.path.dirname(__file__), "..")
-# The eval range of RUN_FLAGS is 2020-01-21 .. 2020-01-31 (the store's last day).
-INITS = ["--init_start=2020-01-21", "--init_end=2020-01-29", "--init_every=6h"]  # 36
+# The eval range of tiny_runs.RUN_FLAGS is 2020-01-21 .. 2020-01-31 (the store's last day).
+# 2020-01-21T06, 21T18, ..., 29T18.
+INITS = ["--init_start=2020-01-21T06", "--init_end=2020-01-29", "--init_every=12h"]
+NUM_INITS = 18
 LEAD = "--lead=2d"  # 8 steps: the last valid time is the store's last time
+ONE_DEVICE = "--mesh.graph=1"  # the run trained with the graph over 4 devices
 VARIABLES = ("temperature", "geopotential", "u_component_of_wind", "v_component_of_wind",
              "specific_humidity", "2m_temperature", "mean_sea_level_pressure")
 
@@ -35,7 +37,7 @@ def command(module, *flags, devices=1):
 
 
 def run(module, *flags, devices=1):
-  result = subprocess.run(command(module, *flags, devices=devices), cwd=REPO, env=_env(),
+  result = subprocess.run(command(module, *flags, devices=devices), cwd=REPO, env=process_env(),
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result
@@ -50,13 +52,11 @@ def completed(path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A run of the tiny config, 12 steps on one device, and its store."""
-  workdir = str(tmp_path_factory.mktemp("run"))
-  run("train", *RUN_FLAGS, f"--workdir={workdir}", "--config.mesh.data=1",
-      "--config.mesh.graph=1", devices=1)
-  with open(os.path.join(workdir, "config.json")) as f:
-    return workdir, json.load(f)["data"]["path"]
+def trained(trained_tiny_run):
+  """The shared run of the tiny config (conftest.py: 12 steps, graph over 4 devices) and
+  its store."""
+  with open(os.path.join(trained_tiny_run, "config.json")) as f:
+    return trained_tiny_run, json.load(f)["data"]["path"]
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +64,9 @@ def reference(trained, tmp_path_factory):
   """The uninterrupted single-device forecast."""
   workdir, _ = trained
   out = str(tmp_path_factory.mktemp("forecast") / "reference.zarr")
-  result = run("forecast", f"--workdir={workdir}", f"--out={out}", *INITS, LEAD)
+  result = run("forecast", f"--workdir={workdir}", f"--out={out}", *INITS, LEAD, ONE_DEVICE)
   summary = json.loads(result.stdout.strip().splitlines()[-1])
-  assert summary["written"] == 36 and summary["lead_times"] == 8
+  assert summary["written"] == NUM_INITS and summary["lead_times"] == 8
   assert summary["checkpoint_step"] == 12 and summary["steps_per_sec"] > 0
   return out
 
@@ -78,7 +78,7 @@ def test_forecast_store_layout_and_units(reference, trained):
   assert set(forecast.data_vars) == set(VARIABLES)
   assert forecast["temperature"].dims == ("time", "prediction_timedelta", "level", "latitude",
                                           "longitude")
-  assert forecast.sizes["time"] == 36
+  assert forecast.sizes["time"] == NUM_INITS
   np.testing.assert_array_equal(forecast.prediction_timedelta.values,
                                 pd.timedelta_range("6h", periods=8, freq="6h").values)
   np.testing.assert_array_equal(forecast.latitude.values, truth.latitude.values)  # 90 -> -90
@@ -86,7 +86,7 @@ def test_forecast_store_layout_and_units(reference, trained):
   units = {name: forecast[name].attrs["units"] for name in VARIABLES}
   assert units["temperature"] == "K" and units["mean_sea_level_pressure"] == "Pa"
   assert forecast["2m_temperature"].encoding["chunks"] == (1, 1, 32, 64)
-  assert forecast.attrs["wnscale_completed_inits"] == list(range(36))
+  assert forecast.attrs["wnscale_completed_inits"] == list(range(NUM_INITS))
   # Physical values near the truth at the first lead time.
   first = forecast["temperature"].isel(time=0, prediction_timedelta=0).sel(level=850)
   valid = truth["temperature"].sel(time=forecast.time[0] + forecast.prediction_timedelta[0],
@@ -112,8 +112,8 @@ def test_kill_9_keeps_finished_initial_times_and_the_same_command_continues(
     reference, trained, tmp_path):
   workdir, _ = trained
   out = str(tmp_path / "killed.zarr")
-  flags = (f"--workdir={workdir}", f"--out={out}", *INITS, LEAD)
-  process = subprocess.Popen(command("forecast", *flags), cwd=REPO, env=_env(),
+  flags = (f"--workdir={workdir}", f"--out={out}", *INITS, LEAD, ONE_DEVICE)
+  process = subprocess.Popen(command("forecast", *flags), cwd=REPO, env=process_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 300
   while len(completed(out)) < 2:
@@ -123,11 +123,11 @@ def test_kill_9_keeps_finished_initial_times_and_the_same_command_continues(
   process.send_signal(signal.SIGKILL)
   process.wait()
   kept = completed(out)
-  assert 2 <= len(kept) < 36, "the forecast finished before it was killed"
+  assert 2 <= len(kept) < NUM_INITS, "the forecast finished before it was killed"
   before = xr.open_zarr(out, chunks=None)["geopotential"].isel(time=kept).values
   result = run("forecast", *flags)
   assert f"({len(kept)} done before)" in result.stderr
-  assert json.loads(result.stdout.strip().splitlines()[-1])["written"] == 36 - len(kept)
+  assert json.loads(result.stdout.strip().splitlines()[-1])["written"] == NUM_INITS - len(kept)
   resumed = xr.open_zarr(out, chunks=None).load()
   expected = xr.open_zarr(reference, chunks=None).load()
   np.testing.assert_array_equal(resumed["geopotential"].isel(time=kept).values, before)

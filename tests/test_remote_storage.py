@@ -23,7 +23,8 @@ from wnscale.data import store as store_lib
 from wnscale.data import synthetic
 from wnscale.train.metrics import read_metrics
 
-REPO = os.path.join(os.path.dirname(__file__), "..")
+from tiny_runs import REPO, process_env
+
 GRAPHCAST_STATS = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625", "stats")
 LEVELS = (500, 850)
 
@@ -91,18 +92,10 @@ TRAIN_FLAGS = [
 ]
 
 
-def _env():
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"):
-    env.pop(name, None)
-  return env
-
-
 def _train(bucket, workdir, **kwargs):
   command = [sys.executable, "-m", "launch.train", "--platform=cpu", "--num_cpu_devices=2",
              *TRAIN_FLAGS, f"--config.data.path={bucket}/era5.zarr", f"--workdir={workdir}"]
-  env = dict(_env(), WNSCALE_CACHE_DIR=f"{bucket}/cache")
+  env = dict(process_env(), WNSCALE_CACHE_DIR=f"{bucket}/cache")
   return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -120,7 +113,7 @@ def test_train_from_a_bucket_kill_and_resume_from_the_bucket(bucket):
        "--resolution=5.625", "--start=2020-01-01", "--end=2020-01-10", "--levels=13",
        "--variables=temperature,geopotential,u_component_of_wind,v_component_of_wind,"
        "specific_humidity,2m_temperature,mean_sea_level_pressure"],
-      cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=300)
   assert made.returncode == 0, made.stderr[-3000:]
 
   reference = f"{bucket}/reference"

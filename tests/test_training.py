@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -25,45 +24,11 @@ from wnscale.data import pipeline, resolve
 from wnscale.train import checkpoint, trainer
 from wnscale.train.metrics import read_metrics
 
-REPO = os.path.join(os.path.dirname(__file__), "..")
-STEPS = 12
-RUN_FLAGS = [
-    "--config=configs/tiny.py",
-    f"--config.train.steps={STEPS}", "--config.train.warmup_steps=2",
-    "--config.train.log_every=1", "--config.train.checkpoint_every=4",
-    "--config.train.eval_every=6", "--config.train.eval_batches=2",
-    "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-20",
-    "--config.data.eval_start=2020-01-21", "--config.data.eval_end=2020-01-31",
-]
-
-
-def _env():
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # the processes choose their own device counts
-  for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"):
-    env.pop(name, None)
-  return env
-
-
-def train_command(workdir, devices=4, data=1, graph=4, processes=1, extra=()):
-  flags = RUN_FLAGS + [f"--workdir={workdir}", f"--config.mesh.data={data}",
-                       f"--config.mesh.graph={graph}", *extra]
-  if processes == 1:
-    return [sys.executable, "-m", "launch.train", "--platform=cpu",
-            f"--num_cpu_devices={devices}", *flags]
-  return [sys.executable, "-m", "launch.local_cluster", f"--num_processes={processes}",
-          f"--num_cpu_devices={devices}", "--timeout=600", "--", *flags]
-
-
-def run(workdir, **kwargs):
-  result = subprocess.run(train_command(workdir, **kwargs), cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=900)
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  return result
+from tiny_runs import REPO, STEPS, process_env, run, train_command
 
 
 def start(workdir, **kwargs):
-  return subprocess.Popen(train_command(workdir, **kwargs), cwd=REPO, env=_env(),
+  return subprocess.Popen(train_command(workdir, **kwargs), cwd=REPO, env=process_env(),
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -83,12 +48,10 @@ def wait_for_step(process, workdir, step, timeout=300):
   raise TimeoutError(f"step {step} not reached")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """One uninterrupted run: 1 process x 4 devices, graph sharded 4 ways."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  run(workdir)
-  return workdir
+@pytest.fixture
+def reference(trained_tiny_run):
+  """The uninterrupted run (conftest.py): 1 process x 4 devices, graph sharded 4 ways."""
+  return trained_tiny_run
 
 
 def test_end_to_end_run(reference):
@@ -152,20 +115,6 @@ def test_sigterm_checkpoints_and_resumes_on_fewer_devices(reference, tmp_path):
                              rtol=2e-4)
 
 
-def test_two_processes_match_one(reference, tmp_path):
-  workdir = str(tmp_path)
-  result = run(workdir, devices=4, data=1, graph=4, processes=2)
-  # launch.local_cluster: every line names its process; Gloo's connection chatter is left out.
-  lines = (result.stdout + result.stderr).splitlines()
-  assert lines and all(line.startswith(("[p0] ", "[p1] ")) for line in lines)
-  assert not any("[Gloo]" in line for line in lines)
-  got, want = losses(workdir), losses(reference)
-  assert sorted(got) == sorted(want)
-  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
-                             rtol=2e-4)
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "4", "8"]
-
-
 def test_nonfinite_loss_stops_without_checkpointing_it(tmp_path):
   config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
   config.train.update(steps=6, warmup_steps=0, learning_rate=1e12, log_every=1,
@@ -199,10 +148,13 @@ def _cluster_process(cluster_pid, process_id, timeout=120):
   raise TimeoutError(f"process {process_id} of the cluster did not start")
 
 
-def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(reference, tmp_path):
+def test_two_processes_match_one_and_a_sigterm_to_one_stops_both_at_one_step(
+    reference, tmp_path):
+  """A 2-process run, stopped by a SIGTERM to one process and continued by 2 processes:
+  both stop at one step, and every step's loss is that of the 1-process run."""
   workdir = str(tmp_path)
   cluster = subprocess.Popen(train_command(workdir, devices=4, data=1, graph=4, processes=2),
-                             cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                             cwd=REPO, env=process_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
   wait_for_step(cluster, workdir, 3)
   os.kill(_cluster_process(cluster.pid, 1), signal.SIGTERM)  # not the one that logs
@@ -218,11 +170,19 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(reference, tmp_p
       "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
   assert max(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
              if s.isdigit()) == stopped
-  run(workdir, devices=4, data=1, graph=4, processes=2)
+
+  result = run(workdir, devices=4, data=1, graph=4, processes=2)
+  # launch.local_cluster: every line names its process; Gloo's connection chatter is left out.
+  lines = (result.stdout + result.stderr).splitlines()
+  assert lines and all(line.startswith(("[p0] ", "[p1] ")) for line in lines)
+  assert not any("[Gloo]" in line for line in lines)
   got, want = losses(workdir), losses(reference)
   assert sorted(got) == sorted(want)
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=2e-4)
+  # Checkpoints on schedule and at the stop, the newest 3 kept (train.max_checkpoints).
+  kept = sorted({4, 8, STEPS, stopped})[-3:]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == sorted(map(str, kept))
 
 
 def _config_like_run_flags():
