@@ -245,7 +245,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
-              "mesh_edge_chunks", "grid_blocks", "transformer_layers", "transformer_heads", "transformer_ffw_size"):
+              "mesh_edge_chunks", "grid_blocks", "transformer_layers", "transformer_heads",
+              "transformer_ffw_size"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   for key in ("edge_latent_size", "transformer_k_hop", "transformer_edges_per_block"):
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")

@@ -206,7 +206,6 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
                      time_step_hours, times, forcings, forcing_sums)
 
 
-
 class _Moments:
   """NaN-ignoring running count, sum, and sum of squares per channel.
 

@@ -17,8 +17,9 @@ Each example (the batch contract with the model, before batching):
 all float32, grid flattened latitude-major with latitude ascending.
 Channel-major is the stores' own layout, so tensorstore decodes an example
 straight into it; the model's encoder transposes it to node-major block by
-block on the device (`model.blocks.map_row_blocks`). `read_batch` reads a whole batch into one
-buffer per key, which is how the pipeline reads (no per-example arrays to stack).
+block on the device (`model.blocks.map_row_blocks`). `read_batch` reads a whole
+batch into one buffer per key, which is how the pipeline reads (no per-example
+arrays to stack).
 """
 
 from __future__ import annotations

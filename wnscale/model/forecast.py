@@ -99,6 +99,14 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
                          axis=1)
 
 
+def advance_history(history, prediction):
+  """`[B, input_steps, C, G]` history with the oldest state dropped and the predicted
+  state (`prediction [B, C_out, G]`'s first `C` channels) appended, in the history's
+  dtype (bfloat16 inputs stay bfloat16, as GraphCast feeds them back)."""
+  predicted_state = prediction[:, None, :history.shape[2]].astype(history.dtype)
+  return jnp.concatenate([history[:, 1:], predicted_state], axis=1)
+
+
 def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
             exchange=LocalExchange()):
   """Autoregressive predictions `[B, target_steps, C_out, G]`, normalized.
@@ -124,10 +132,7 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
     prediction = step(state, history, window(forcings),
                       None if global_forcings is None else window(global_forcings),
                       None if noise is None else jnp.asarray(noise)[:, lead])  # float32
-    # Fed back in the inputs' dtype (bfloat16 inputs stay bfloat16), as GraphCast does.
-    predicted_state = prediction[:, None, :history.shape[2]]
-    history = jnp.concatenate([history[:, 1:], predicted_state.astype(history.dtype)], axis=1)
-    return history, prediction
+    return advance_history(history, prediction), prediction
 
   _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))
   return jnp.swapaxes(predictions, 0, 1)  # [target_steps, B, C, G] -> [B, target_steps, C, G]

@@ -68,12 +68,8 @@ class MeshGNN(nnx.Module):
       layer = nnx.merge(graphdef, layer_state)
       tables = (layer_state, exchange.mesh(layer.project_senders(mesh)),
                 layer.project_receivers(mesh))
-      if chunks == 1:
-        summed, edge_latents = edge_block(edge_latents[0], senders[0], receivers[0], *tables)
-        edge_latents = edge_latents[None]
-      else:
-        summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
-                                                tables, num_mesh, mesh.shape[-1])
+      summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
+                                              tables, num_mesh, mesh.shape[-1])
       return layer.update_nodes(mesh, summed.astype(mesh.dtype)), edge_latents
 
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))

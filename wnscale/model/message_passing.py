@@ -102,7 +102,7 @@ def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_rece
 
   Only one block's `[edges / num_blocks, D]` intermediates are ever alive, in the
   forward pass and in the backward recomputation; the price is one more forward
-  pass of the block's work.
+  pass of the block's work. One block runs as it is (no scan, no checkpoint).
 
   Args:
     block_fn: `(*one block of blocked, *shared) -> (sums [num_receivers, width] float32,
@@ -115,6 +115,9 @@ def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_rece
     [num_blocks, edges / num_blocks, ...])`. The running sum stays float32 across
     blocks too.
   """
+  if jax.tree.leaves(blocked)[0].shape[0] == 1:
+    sums, per_edge = block_fn(*(array[0] for array in blocked), *shared)
+    return sums, jax.tree.map(lambda x: x[None], per_edge)
   block = jax.checkpoint(block_fn, policy=jax.checkpoint_policies.nothing_saveable)
 
   def add_block(total, rows):
@@ -131,8 +134,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
                       num_chunks: int) -> jax.Array:
   """Computes per-edge messages with `edge_fn` and sums them per receiver, in blocks of edges.
 
-  With `num_chunks > 1` the edges are processed in that many blocks, each
-  under its own checkpoint (`scan_edge_blocks`). Padding edges point at receiver
+  The edges are processed in `num_chunks` blocks, each under its own checkpoint
+  when there are several (`scan_edge_blocks`). Padding edges point at receiver
   `num_receivers`, which the segment sum drops.
 
   Args:
@@ -148,18 +151,14 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     `[num_receivers, D]` summed messages (summed in float32, in the messages' dtype).
   """
   graphdef, state = nnx.split(edge_model)
-  dtype = receiver_table.dtype
 
   def messages(features, senders, receivers, state, sender_table, receiver_table):
     per_edge = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
                        sender_table, receiver_table)
     return float32_sum(per_edge, receivers, num_receivers), None
 
-  if num_chunks == 1:
-    return messages(edge_features, senders, receivers, state, sender_table,
-                    receiver_table)[0].astype(dtype)
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
   total, _ = scan_edge_blocks(messages, blocked, (state, sender_table, receiver_table),
                               num_receivers, receiver_table.shape[-1])
-  return total.astype(dtype)
+  return total.astype(receiver_table.dtype)

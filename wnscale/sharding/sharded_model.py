@@ -112,8 +112,6 @@ def forecast_step_fn(layout: ShardedLayout, graphdef):
     outputs = forecast.one_step(nnx.merge(graphdef, params), constants, inputs["inputs"],
                                 inputs["forcings"], inputs["statics"], exchange,
                                 inputs.get("globals"), inputs.get("noise"))
-    state = outputs[:, None, :inputs["inputs"].shape[2]].astype(inputs["inputs"].dtype)
-    history = jnp.concatenate([inputs["inputs"][:, 1:], state], axis=1)
-    return history, outputs
+    return forecast.advance_history(inputs["inputs"], outputs), outputs
 
   return _shard_mapped(layout, local_step, out_specs=(BATCH_SPECS["inputs"], STATE_SPEC))
