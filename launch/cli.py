@@ -19,6 +19,7 @@ workdir or the topology), raised while parsing the flags or by the library,
 prints `error: <what and what to do>` as one line on stderr and exits with
 status 2; `--traceback` (or WNSCALE_TRACEBACK=1) prints its traceback as well.
 Any other exception is a bug and keeps its traceback. `--help` exits 0.
+Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more) asks for them.
 """
 
 from __future__ import annotations
@@ -134,7 +135,16 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
     config_lib.validate(flags.FLAGS.config)
   if writes_workdir and "workdir" in flags.FLAGS and flags.FLAGS.workdir:
     workdir_lib.prepare(flags.FLAGS.workdir)
+  if flags.FLAGS.verbosity < 1:
+    logging.getLogger("absl").addFilter(_quiet_orbax)
   return remaining
+
+
+def _quiet_orbax(record: logging.LogRecord) -> bool:
+  """Keeps Orbax's per-save/restore INFO chatter out of a launcher's log (warnings stay;
+  `--verbosity=1` shows it). Orbax logs through absl's logger, so its records are told
+  apart by the file that made them."""
+  return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
 
 
 def _check_config_args(args):

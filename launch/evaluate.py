@@ -6,14 +6,16 @@ r"""Scores a forecast against the truth the WeatherBench2 way, with baselines an
   python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --baseline=OTHER.zarr --out=DIR
 
 Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
-WeatherBench2's results layout, DIR/metrics.json, and PNG figures.
+WeatherBench2's results layout, DIR/metrics.json, and PNG figures (score curves,
+a scorecard with a baseline, maps with --maps), then prints the headline scores.
 """
 
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 
-from wnscale.evaluation.scoring import evaluate
+from wnscale.evaluation import results as results_lib
+from wnscale.evaluation.scoring import HEADLINE_MAPS, evaluate
 
 _FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.")
 _TRUTH = flags.DEFINE_string("truth", None, "Truth zarr store (WeatherBench2 layout).")
@@ -22,8 +24,9 @@ _CLIMATOLOGY = flags.DEFINE_string("climatology", None,
                                    "Climatology store (launch.make_climatology): ACC and the "
                                    "climatology baseline.")
 _BASELINE = flags.DEFINE_string("baseline", None, "Another forecast to compare with.")
-_MAPS = flags.DEFINE_list("maps", None, "Channels to map, e.g. geopotential@500,2m_temperature "
-                          "(default: two headline channels).")
+_MAPS = flags.DEFINE_list("maps", [], "Channels to map (forecast, truth and error), e.g. "
+                          f"geopotential@500,2m_temperature, or {HEADLINE_MAPS} for two headline "
+                          "channels (default: no maps).")
 _MAP_LEADS = flags.DEFINE_list("map_leads", None,
                                "Lead times to map, e.g. 1d,5d (default: first and last).")
 
@@ -33,8 +36,12 @@ def main(argv):
   result = evaluate(_FORECAST.value, _TRUTH.value, _OUT.value,
                     climatology_path=_CLIMATOLOGY.value, baseline_path=_BASELINE.value,
                     map_channels=_MAPS.value, map_leads=_MAP_LEADS.value)
+  print("Wrote:")
   for path in result["files"]:
-    print(path)
+    print(f"  {path}")
+  print(f"Headline scores ({result['results']['forecast'].attrs['num_initial_times']} initial "
+        "times; all scores in metrics.json):")
+  print(results_lib.headline_table(result["results"]))
 
 
 if __name__ == "__main__":

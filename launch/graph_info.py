@@ -1,6 +1,7 @@
-"""Prints the node and edge counts of a config's graphs and the build time.
+"""Prints the node and edge counts of a config's graphs, and the time to build them or,
+when they were in the cache already, to read them (`from_cache`).
 
-  python -m launch.graph_info --config=configs/graphcast_0p25.py [--json]
+  python -m launch.graph_info --config=configs/graphcast_0p25.py [--json] [--no_cache]
 
 The grid is the standard one of data.resolution; override any config key as
 --config.section.key=value (wnscale/config.py lists them).
@@ -14,6 +15,7 @@ import time
 from absl import flags
 
 from launch import cli
+from wnscale import cache, paths
 from wnscale import config as config_lib
 from wnscale.graphs import grid
 from wnscale.model import setup
@@ -28,16 +30,30 @@ def main(argv):
   config = config_lib.validate(_CONFIG.value)
   # The training grid comes from the store; here, the standard grid of the resolution.
   latitude, longitude = grid.regular_grid(config.data.resolution)
+  cached_before = _cached_files()
   start = time.perf_counter()
   graphs = setup.graphs_for_grid(config, latitude, longitude, use_cache=not _NO_CACHE.value)
   seconds = time.perf_counter() - start
-  counts = graphs.counts()
+  # Read from the cache when the build wrote no new file there (and --no_cache was not given).
+  from_cache = not _NO_CACHE.value and _cached_files() == cached_before
+  info = dict(graphs.counts(), from_cache=from_cache,
+              **{"read_seconds" if from_cache else "build_seconds": round(seconds, 3)})
   if _JSON.value:
-    print(json.dumps(dict(counts, build_seconds=round(seconds, 3))))
+    print(json.dumps(info))
   else:
-    for name, value in counts.items():
-      print(f"{name:>20}: {value:,}")
-    print(f"{'build_seconds':>20}: {seconds:.2f}")
+    for name, value in info.items():
+      print(f"{name:>20}: {value:,}" if isinstance(value, int) and not isinstance(value, bool)
+            else f"{name:>20}: {value}")
+
+
+def _cached_files() -> set[str]:
+  """The files of the graph caches (graphs and attention neighbourhoods)."""
+  files = set()
+  for kind in ("graphs", "neighbourhoods"):
+    directory = paths.as_epath(cache.cache_path(kind, ""))
+    if directory.exists():
+      files.update(str(path) for path in directory.iterdir())
+  return files
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The day-of-year x hour climatology: WeatherBench2's method, by hand and against an
 xarray re-statement of it; its lookup by valid time."""
 
+import logging
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -53,7 +55,7 @@ def test_window_weights():
 
 
 @pytest.mark.parametrize("memory_bytes", [2**30, 200_000], ids=["one-block", "row-blocks"])
-def test_matches_weatherbench2_explicit_method(tmp_path, memory_bytes):
+def test_matches_weatherbench2_explicit_method(tmp_path, memory_bytes, caplog):
   # Two whole years, one of them a leap year, 6-hourly, so days 1..366 all exist.
   times = pd.date_range("2019-01-01", "2020-12-31T18", freq="6h")
   rng = np.random.default_rng(0)
@@ -61,8 +63,16 @@ def test_matches_weatherbench2_explicit_method(tmp_path, memory_bytes):
   surface = (280 + 10 * seasonal + rng.normal(size=(len(times), 3, 4))).astype(np.float32)
   upper = rng.normal(size=(len(times), 2, 3, 4)).astype(np.float32)
   store = write_store(tmp_path / "store.zarr", times, surface, upper)
-  out = climatology.compute_climatology(store, str(tmp_path / "clim.zarr"),
-                                        memory_bytes=memory_bytes)
+  with caplog.at_level(logging.INFO):
+    out = climatology.compute_climatology(store, str(tmp_path / "clim.zarr"),
+                                          memory_bytes=memory_bytes)
+  # Progress in words a user reads (not `slice(0, 2, None)`).
+  progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("climatology:")]
+  assert progress and not any("slice(" in message for message in progress), progress
+  if memory_bytes == 2**30:  # one block per variable
+    assert sorted(progress) == [
+        "climatology: 2m_temperature, latitude rows 1-3 of 3 done",
+        "climatology: temperature, levels 1-2 of 2, latitude rows 1-3 of 3 done"], progress
   ours = xr.open_zarr(out, chunks=None)
   reference = wb2_explicit_climatology(xr.open_zarr(store).astype(np.float64).load(), 61)
   assert ours["temperature"].dims == ("hour", "dayofyear", "level", "latitude", "longitude")

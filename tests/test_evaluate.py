@@ -2,6 +2,7 @@
 independent computation (the `scores` package, cell-area weights written out here),
 persistence and climatology baselines, a baseline forecast's scorecard, clear errors."""
 
+import glob
 import json
 import os
 
@@ -13,6 +14,7 @@ import xarray as xr
 
 from wnscale.data import synthetic
 from wnscale.evaluation import climatology as climatology_lib
+from wnscale.evaluation import results as results_lib
 from wnscale.evaluation.scoring import evaluate
 
 VARIABLES = ["geopotential", "temperature", "2m_temperature"]
@@ -139,8 +141,10 @@ def test_ensemble_scores_equal_an_independent_computation(store):
   ensemble = xr.concat(members, dim=pd.Index(range(4), name="number")).transpose(
       "time", "number", ...)
   path = str(directory / "ensemble.zarr")
-  ensemble.chunk().to_zarr(path, zarr_format=2, consolidated=True)
+  ensemble = ensemble.load().drop_encoding()  # one store of its own (no dask needed)
+  ensemble.to_zarr(path, zarr_format=2, consolidated=True)
   result = evaluate(path, truth_path, str(directory / "ensemble_out"))["results"]
+  assert not glob.glob(str(directory / "ensemble_out" / "map_*"))  # maps only when asked
   forecast = xr.open_zarr(path).load()
   truth = xr.open_zarr(truth_path).sel(level=LEVELS).sortby("latitude").load()
   valid = xr.DataArray(forecast.time.values[:, None] + LEADS.values[None],
@@ -204,3 +208,16 @@ def test_clear_errors(store, tmp_path):
     evaluate(forecast_path, truth_path, str(tmp_path / "o4"), climatology_path=truth_path)
   with pytest.raises(ValueError, match="No channel 'nonsense' to map"):
     evaluate(forecast_path, truth_path, str(tmp_path / "o5"), map_channels=["nonsense"])
+
+
+def test_lead_labels_and_the_headline_table(evaluated):
+  assert [results_lib.lead_label(pd.Timedelta(hours=h)) for h in (6, 36, 48, 54, 120)] == [
+      "+6 h", "+36 h", "+2 d", "+54 h", "+5 d"]
+  result, *_ = evaluated
+  header, *rows = results_lib.headline_table(result["results"]).splitlines()
+  assert header.split() == ["channel", "lead", "forecast", "RMSE", "baseline", "RMSE",
+                            "persistence", "RMSE", "climatology", "RMSE", "forecast", "ACC"]
+  z500 = [row.split() for row in rows if row.split()[0] == "z500"]
+  rmse = results_lib.value(result["results"]["forecast"], "rmse", "geopotential", 500)
+  assert [row[1:3] for row in z500] == [["+6", "h"], ["+12", "h"], ["+18", "h"]]
+  assert [float(row[3]) for row in z500] == pytest.approx(rmse, rel=1e-3)

@@ -141,11 +141,20 @@ def test_evaluate_equals_an_independent_computation(reference, trained, tmp_path
   run("make_climatology", f"--store={store}", "--start=2020-01-01", "--end=2020-01-20",
       f"--out={clim}", "--levels=500,850", f"--variables={','.join(VARIABLES)}")
   out = str(tmp_path / "evaluation")
-  run("evaluate", f"--forecast={reference}", f"--truth={store}", f"--climatology={clim}",
-      f"--out={out}")
+  printed = run("evaluate", f"--forecast={reference}", f"--truth={store}",
+                f"--climatology={clim}", f"--out={out}", "--maps=headline").stdout
   for name in ("forecast.nc", "persistence.nc", "climatology.nc", "metrics.json",
                "scores.png", "map_geopotential500_6h.png", "map_temperature850_48h.png"):
     assert os.path.getsize(os.path.join(out, name)) > 0, name
+  # It ends with the headline scores: RMSE of the forecast, persistence and climatology and
+  # the forecast's ACC, at the first, a middle and the last lead time, as written.
+  table = printed.split("Headline scores (18 initial times; all scores in metrics.json):\n")[1]
+  header, *rows = table.strip().splitlines()
+  assert header.split() == ["channel", "lead", "forecast", "RMSE", "persistence", "RMSE",
+                            "climatology", "RMSE", "forecast", "ACC"], header
+  assert [row.split()[:3] for row in rows] == [
+      [label, *lead] for label in ("z500", "t850", "t2m", "msl")
+      for lead in (("+6", "h"), ("+30", "h"), ("+2", "d"))], rows
   results = xr.open_dataset(os.path.join(out, "forecast.nc"))
   assert results["geopotential"].dims == ("metric", "lead_time", "level")
   forecast = xr.open_zarr(reference, chunks=None).load()

@@ -11,9 +11,11 @@ where the reference's choice between two faces is float rounding; see
 tests/test_reference_graphs.py).
 """
 
+import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -203,9 +205,15 @@ def test_example_errors_are_named(imported, tmp_path):
   assert not (tmp_path / "p.nc").exists()
 
 
+_OWN_MODULES = {os.path.basename(path) for path in
+                 glob.glob(os.path.join(REPO, "wnscale", "**", "*.py"), recursive=True)
+                 + glob.glob(os.path.join(REPO, "launch", "*.py"))}
+
+
 @pytest.mark.slow
 def test_launchers(tmp_path):
-  """`launch.import_graphcast` then `launch.predict_example`, as a user runs them."""
+  """`launch.import_graphcast` then `launch.predict_example`, as a user runs them: no Orbax
+  INFO lines in their logs (one save, one restore: dozens of lines without the filter)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = str(tmp_path / "run")
   out = str(tmp_path / "predictions.nc")
@@ -216,6 +224,9 @@ def test_launchers(tmp_path):
     result = subprocess.run([sys.executable, "-m"] + command, cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    sources = set(re.findall(r"^[IWE]\d{4} [\d:.]+ +\d+ (\S+?\.py):\d+\]", result.stderr,
+                             re.M))
+    assert sources and sources <= _OWN_MODULES, sources - _OWN_MODULES
   errors = off_tie_errors(xr.load_dataset(out))
   assert max(errors.values()) < TOLERANCE, errors
   shutil.rmtree(run)

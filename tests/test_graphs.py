@@ -214,14 +214,22 @@ def test_cache_is_keyed_by_parameters(tmp_path, monkeypatch):
   assert len([f for f in os.listdir(tmp_path / "graphs") if f.endswith(".npz")]) == 4
 
 
-def test_graph_info_json():
-  result = subprocess.run(
-      [sys.executable, "-m", "launch.graph_info", "--config=configs/tiny.py", "--json"],
-      cwd=REPO, capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert result.returncode == 0, result.stderr
-  info = json.loads(result.stdout.strip().splitlines()[-1])
-  assert info["grid_nodes"] == 32 * 64
-  assert info["mesh_nodes"] == 162
-  assert set(info) >= {"grid_nodes", "mesh_nodes", "grid_to_mesh_edges", "mesh_edges",
-                       "mesh_to_grid_edges"}
+def test_graph_info_json(tmp_path):
+  """Counts; built into an empty cache, then read from it (and said so)."""
+  infos = []
+  for _ in range(2):
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.graph_info", "--config=configs/tiny.py", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", WNSCALE_CACHE_DIR=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    infos.append(json.loads(result.stdout.strip().splitlines()[-1]))
+  built, read = infos
+  assert built["grid_nodes"] == 32 * 64
+  assert built["mesh_nodes"] == 162
+  assert set(built) >= {"grid_nodes", "mesh_nodes", "grid_to_mesh_edges", "mesh_edges",
+                        "mesh_to_grid_edges"}
+  assert not built["from_cache"] and "build_seconds" in built and "read_seconds" not in built
+  assert read["from_cache"] and "read_seconds" in read and "build_seconds" not in read
+  assert {k: v for k, v in read.items() if k.endswith("edges") or k.endswith("nodes")} == {
+      k: v for k, v in built.items() if k.endswith("edges") or k.endswith("nodes")}

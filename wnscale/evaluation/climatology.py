@@ -216,7 +216,10 @@ def _write_variable(dataset, name, levels, times, indices, hours, weights, memor
       target = result if atmospheric else result[:, :, 0]
       region = (slice(None), slice(None)) + ((level_block,) if atmospheric else ()) + (rows,)
       handle[region].write(target).result()
-      logging.info("climatology: %s levels %s rows %s done", name, level_block, rows)
+      levels_done = (f"levels {level_block.start + 1}-{level_block.stop} of {num_levels}, "
+                     if atmospheric else "")
+      logging.info("climatology: %s, %slatitude rows %d-%d of %d done", name, levels_done,
+                   rows.start + 1, rows.stop, num_lat)
 
 
 def at_valid_times(climatology: xr.Dataset, valid_times, dim: str = "lead_time") -> xr.Dataset:

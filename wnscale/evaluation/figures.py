@@ -20,22 +20,11 @@ from wnscale.data import variables as variables_lib
 from wnscale.evaluation import results as results_lib
 from wnscale.evaluation.datasets import channel_names
 
-# WeatherBench2's headline channels: (label, variable, level).
-HEADLINE = (("z500", "geopotential", 500), ("t850", "temperature", 850),
-            ("t2m", "2m_temperature", None), ("u10", "10m_u_component_of_wind", None),
-            ("msl", "mean_sea_level_pressure", None))
 STYLES = {"forecast": dict(color="tab:blue", lw=2),
           "baseline": dict(color="tab:orange", lw=2),
           "persistence": dict(color="0.35", ls="--"),
           "climatology": dict(color="0.35", ls=":")}
 _DPI = 110
-
-
-def headline_channels(result: xr.Dataset) -> list[tuple[str, str, int | None]]:
-  """`[(label, variable, level)]`: the headline channels `result` has (else its first 4)."""
-  held = {(variable, level) for _, variable, level in channel_names(result)}
-  present = [entry for entry in HEADLINE if entry[1:] in held]
-  return present or channel_names(result)[:4]
 
 
 def units(variable: str) -> str:
@@ -57,7 +46,7 @@ def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
   and its spread/skill ratio.
   """
   model = results["forecast"]
-  channels = headline_channels(model)
+  channels = results_lib.headline_channels(model)
   scored = model["metric"].values
   columns = ["rmse"] + (["acc"] if "acc" in scored else [])
   if "spread_skill" in scored:

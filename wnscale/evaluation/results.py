@@ -8,7 +8,7 @@ deterministic forecast's: its MAE) and, with a climatology, `acc`, each
 averaged over the initial times; for an ensemble also `spread` (the square
 root of the mean ensemble variance) and `spread_skill` (spread / rmse). `write` saves each as `<name>.nc` and all of them in
 `metrics.json` (`{name: {metric: {channel: [one value per lead time]}}}`,
-NaN as null).
+NaN as null). `headline_table` is the few lines a person reads first.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ import xarray as xr
 from wnscale.evaluation import metrics
 from wnscale.evaluation.datasets import INIT, LEAD, channel_names
 
+# WeatherBench2's headline channels: (label, variable, level).
+HEADLINE = (("z500", "geopotential", 500), ("t850", "temperature", 850),
+            ("t2m", "2m_temperature", None), ("u10", "10m_u_component_of_wind", None),
+            ("msl", "mean_sea_level_pressure", None))
 METRICS = ("rmse", "mse", "bias", "acc", "crps", "spread", "spread_skill")
 RESULTS_LEAD = "lead_time"  # WeatherBench2's results dim
 
@@ -45,6 +49,48 @@ def summarize(per_init: dict[str, list[xr.Dataset]]) -> xr.Dataset:
   results = results.transpose("metric", RESULTS_LEAD, ...).drop_attrs()
   results.attrs["num_initial_times"] = len(next(iter(per_init.values())))
   return results
+
+
+def headline_channels(result: xr.Dataset) -> list[tuple[str, str, int | None]]:
+  """`[(label, variable, level)]`: the headline channels `result` has (else its first 4)."""
+  held = {(variable, level) for _, variable, level in channel_names(result)}
+  present = [entry for entry in HEADLINE if entry[1:] in held]
+  return present or channel_names(result)[:4]
+
+
+def lead_label(lead: pd.Timedelta) -> str:
+  """`+6 h`, `+36 h`; whole days from two days on: `+5 d`."""
+  hours = lead / pd.Timedelta(hours=1)
+  if hours >= 48 and hours % 24 == 0:
+    return f"+{hours / 24:g} d"
+  return f"+{hours:g} h"
+
+
+def headline_table(results: dict[str, xr.Dataset], max_leads: int = 3) -> str:
+  """RMSE of every scored forecast (and the forecast's ACC, where scored) on the headline
+  channels, at up to `max_leads` lead times (the first, the last and between), as text."""
+  forecast_name = next(iter(results))
+  first = results[forecast_name]
+  leads = pd.TimedeltaIndex(first[RESULTS_LEAD].values)
+  picked = sorted({round(i * (len(leads) - 1) / max(max_leads - 1, 1))
+                   for i in range(min(max_leads, len(leads)))})
+  columns = [f"{name} RMSE" for name in results]
+  has_acc = "acc" in first["metric"].values
+  if has_acc:
+    columns.append(f"{forecast_name} ACC")
+  rows = []
+  for label, variable, level in headline_channels(first):
+    for index in picked:
+      cells = [f"{value(result, 'rmse', variable, level)[index]:.4g}"
+               if variable in result else "-" for result in results.values()]
+      if has_acc:
+        cells.append(f"{value(first, 'acc', variable, level)[index]:.3f}")
+      rows.append([label, lead_label(leads[index]), *cells])
+  header = ["channel", "lead", *columns]
+  widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+  lines = ["  ".join(str(cell).rjust(width) for cell, width in zip(row, widths))
+           for row in [header, *rows]]
+  return "\n".join(lines)
 
 
 def value(results: xr.Dataset, metric: str, variable: str, level: int | None) -> np.ndarray:

@@ -28,6 +28,7 @@ from wnscale.evaluation.datasets import ENSEMBLE, LEAD
 
 FORECAST, BASELINE, PERSISTENCE, CLIMATOLOGY = "forecast", "baseline", "persistence", \
     "climatology"
+HEADLINE_MAPS = "headline"  # as the map channels: the first two headline channels
 
 
 def score(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | None,
@@ -51,12 +52,12 @@ def score(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | Non
 
 def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
              climatology_path: str | None = None, baseline_path: str | None = None,
-             map_channels=None, map_leads=None) -> dict:
+             map_channels=(), map_leads=None) -> dict:
   """Scores the forecast (and baselines) and writes results and figures to `out_dir`.
 
   Args:
-    map_channels: channels to map (e.g. `geopotential@500`); default: the
-      first two headline channels.
+    map_channels: channels to map (e.g. `geopotential@500`), `HEADLINE_MAPS` for the
+      first two headline channels; none by default.
     map_leads: lead times to map (e.g. "1d"); default: the first and the last.
 
   Returns:
@@ -164,9 +165,9 @@ def _climatology_at(climatology, forecast, valid, path) -> xr.Dataset:
 def _maps(forecast: datasets.Forecast, channels, leads) -> list[tuple[str, pd.Timedelta]]:
   """The `(channel, lead time)` pairs to map, checked before any scoring."""
   held = {channel for channel, _, _ in datasets.channel_names(forecast.dataset)}
-  if channels is None:
+  if list(channels) == [HEADLINE_MAPS]:
     channels = [f"{variable}@{level}" if level else variable for _, variable, level
-                in figures.headline_channels(forecast.dataset)[:2]]
+                in results_lib.headline_channels(forecast.dataset)[:2]]
   for channel in channels:
     if channel not in held:
       raise UserError(f"No channel {channel!r} to map; the forecast has {sorted(held)}.")
@@ -204,6 +205,7 @@ def _figures(results, forecast, truth, out_dir, maps) -> list[str]:
                      forecast.dataset[metrics.LONGITUDE].values,
                      predicted.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
                      observed.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
-                     f"{channel}: initial time {init}, lead {lead}", figures.units(variable),
+                     f"{channel}: initial time {init:%Y-%m-%d %H:%M}, lead "
+                     f"{results_lib.lead_label(lead)}", figures.units(variable),
                      paths[-1])
   return paths

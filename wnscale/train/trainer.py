@@ -96,7 +96,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   rows_per_example = _check_members(config, mesh, members)
   mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example)
   warmup = optimizer_lib.warmup_steps(config.train)
-  if warmup != config.train.warmup_steps:
+  if warmup != config.train.warmup_steps and is_main:  # one warning, not one per process
     logging.warning("train.warmup_steps=%d does not fit in a run of train.steps=%d: warm-up "
                     "clipped to %d steps.", config.train.warmup_steps, config.train.steps,
                     warmup)
