@@ -77,9 +77,9 @@ CONFIG_HELP = (
     "default and meaning.")
 
 
-def define_config():
-  """The `--config` flag (required: pass `"config"` to `run`)."""
-  return config_flags.DEFINE_config_file("config", None, CONFIG_HELP)
+def define_config(what_for: str = ""):
+  """The `--config` flag (required: pass `"config"` to `run`); `what_for` opens its help."""
+  return config_flags.DEFINE_config_file("config", None, f"{what_for} {CONFIG_HELP}".strip())
 
 
 def define_workdir():

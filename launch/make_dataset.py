@@ -1,24 +1,40 @@
 r"""Writes a synthetic WeatherBench2-layout zarr store.
 
+  # the store a config trains on: its resolution, variables, levels and time ranges
+  python -m launch.make_dataset --config=configs/tiny.py --out=/tmp/era5_5p625.zarr
+  # or chosen by hand
   python -m launch.make_dataset --out=/tmp/era_5p625.zarr --resolution=5.625 \
       --start=2020-01-01 --end=2020-12-31 --levels=13
 
-Train on it with --config.data.path=<the --out path> (and a config whose
-data.resolution and time ranges the store covers).
+It says how big the store will be before writing, shows its progress (times
+written, MB, ETA) and ends with its size on disk. Train on it with
+--config.data.path=<the --out path> (and a config whose data.resolution and time
+ranges the store covers).
 """
+
+import os
 
 from absl import flags
 
 from launch import cli
-from wnscale.data import synthetic
+from wnscale import config as config_lib
+from wnscale import paths
+from wnscale.data import resolve, synthetic
 from wnscale.data import variables
+from wnscale.data.write_progress import size_text
+from wnscale.errors import UserError
 
+_CONFIG = cli.define_config(
+    "Write the store this experiment config trains on (its data.resolution, variables, "
+    "pressure levels, time step and train/eval time ranges); the flags below then keep "
+    "their defaults unless given.")
 _OUT = flags.DEFINE_string("out", None, "Path of the zarr store to write.")
 _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
 _START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC).")
 _END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive).")
-_LEVELS = flags.DEFINE_enum("levels", "13", ["13", "37"],
-                            "WeatherBench2's 13 levels or ERA5's 37.")
+_LEVELS = flags.DEFINE_list("levels", ["13"],
+                            "Pressure levels in hPa (e.g. 500,850), or 13 for WeatherBench2's "
+                            "13 levels, 37 for ERA5's 37.")
 _VARIABLES = flags.DEFINE_list("variables", None,
                                "Variables to write; default: all.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic fields.")
@@ -26,25 +42,45 @@ _ZARR_FORMAT = flags.DEFINE_enum("zarr_format", "2", ["2", "3"],
                                  "Zarr format (WB2 publishes v2).")
 _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
                                         "Hours between time steps.")
+_LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
+
+
+def _levels(values: list[str]) -> list[int]:
+  if len(values) == 1 and values[0] in _LEVEL_PRESETS:
+    return list(_LEVEL_PRESETS[values[0]])
+  try:
+    return [int(value) for value in values]
+  except ValueError:
+    raise UserError(f"--levels={','.join(values)}: give pressure levels in hPa (e.g. 500,850), "
+                    "13 or 37.") from None
+
+
+def _store_settings() -> dict:
+  """The store's contents, from `--config` when given, else from the flags."""
+  if _CONFIG.value is None:
+    return dict(resolution=_RESOLUTION.value, start=_START.value, end=_END.value,
+                levels=_levels(_LEVELS.value), variables=_VARIABLES.value,
+                time_step_hours=_TIME_STEP_HOURS.value, seed=_SEED.value)
+  data = config_lib.validate(_CONFIG.value).data
+  start, end, names, levels = resolve.synthetic_store_contents(data)
+  return dict(resolution=data.resolution, start=start, end=end, levels=levels,
+              variables=names, time_step_hours=data.time_step_hours, seed=_CONFIG.value.seed)
+
+
+def _disk_bytes(path: str) -> int | None:
+  if paths.is_url(path):
+    return None
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(path) for name in names)
 
 
 def main(argv):
   del argv
-  levels = (variables.WB2_LEVELS_13 if _LEVELS.value == "13" else
-            variables.ERA5_LEVELS_37)
-  synthetic.write_synthetic_store(
-      _OUT.value,
-      resolution=_RESOLUTION.value,
-      start=_START.value,
-      end=_END.value,
-      levels=levels,
-      variables=_VARIABLES.value,
-      seed=_SEED.value,
-      zarr_format=int(_ZARR_FORMAT.value),
-      time_step_hours=_TIME_STEP_HOURS.value,
-  )
-  print(f"wrote {_OUT.value}")
+  path = synthetic.write_synthetic_store(_OUT.value, zarr_format=int(_ZARR_FORMAT.value),
+                                         **_store_settings())
+  size = _disk_bytes(path)
+  print(f"wrote {path}" + (f" ({size_text(size)} on disk)" if size is not None else ""))
 
 
 if __name__ == "__main__":
-  cli.run(main, required=("out",))
+  cli.run(main, required=("out",), writes_workdir=False)

@@ -365,6 +365,8 @@ def test_a_short_run_clips_its_warm_up_and_says_what_it_does(tmp_path):
   result = train(tmp_path, *args, env=env, timeout=600)
   assert result.returncode == 0, result.stderr[-4000:]
   log = result.stderr
+  store = json.load(open(tmp_path / "config.json"))["data"]["path"]  # the synthetic store
+  assert store.startswith(os.environ["WNSCALE_CACHE_DIR"]) and store.endswith(".zarr")
   warnings = [line for line in log.splitlines() if "warm-up clipped" in line]
   assert len(warnings) == 1 and "train.warmup_steps=20" in warnings[0], warnings
   assert "Built graphs in" in log or "Graphs from the cache" in log
@@ -372,7 +374,9 @@ def test_a_short_run_clips_its_warm_up_and_says_what_it_does(tmp_path):
                 "Initialized the model in", "Starting fresh: no checkpoint in",
                 "Compiled the train step in", "Checkpoint of step 3: writing in the background",
                 "the loop was blocked", "Run ended at step 3 of 3", "Final loss",
-                "Final evaluation (step 3, the first 1 batch(es)", f"Outputs: config {tmp_path}"):
+                "Final evaluation (step 3, the first 1 batch(es)",
+                f"Data: the store {store} (the truth for launch.evaluate",
+                f"Outputs: config {tmp_path}"):
     assert phase in log, phase
   assert_no_libtpu_noise(log)
   assert "Traceback" not in log and "error" not in log.lower()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from wnscale import config as config_lib
 from wnscale.data import forcings, resolve
 from wnscale.data import synthetic
 from wnscale.data import variables
@@ -96,19 +97,47 @@ def test_grid_with_and_without_poles():
     synthetic.store_coordinates(7.0)
 
 
+def _make_dataset(*flags):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run([sys.executable, "-m", "launch.make_dataset", *flags], check=True,
+                        cwd=root, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, PYTHONPATH=root))
+
+
 def test_make_dataset_entry_point_writes_zarr3(tmp_path):
   out = tmp_path / "cli.zarr"
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  subprocess.run(
-      [sys.executable, "-m", "launch.make_dataset", f"--out={out}",
-       "--resolution=5.625", "--start=2020-01-01", "--end=2020-01-01",
-       "--variables=temperature,2m_temperature", "--zarr_format=3"],
-      check=True, cwd=root, capture_output=True,
-      env=dict(os.environ, PYTHONPATH=root))
+  _make_dataset(f"--out={out}", "--resolution=5.625", "--start=2020-01-01",
+                "--end=2020-01-01", "--variables=temperature,2m_temperature",
+                "--zarr_format=3")
   assert os.path.exists(out / "zarr.json")
   dataset = xr.open_zarr(out, chunks=None, consolidated=False)
   assert dict(dataset.sizes)["level"] == 13 and dataset.sizes["time"] == 4
   assert "2m_temperature" in dataset and "geopotential" not in dataset
+
+
+def test_make_dataset_writes_what_a_config_trains_on_and_says_how_big(tmp_path):
+  """`--config`: the config's variables, levels and time span, as the trainer's own synthetic
+  store; the size before writing, progress to the last time, the size on disk at the end."""
+  out = tmp_path / "tiny.zarr"
+  result = _make_dataset("--config=configs/tiny.py", f"--out={out}",
+                         "--config.data.train_start=2020-01-01",
+                         "--config.data.train_end=2020-01-02",
+                         "--config.data.eval_start=2020-01-03",
+                         "--config.data.eval_end=2020-01-03")
+  dataset = xr.open_zarr(out, chunks=None)
+  data = config_lib.default_config().data
+  assert sorted(dataset.data_vars) == sorted(
+      (*data.variables, *data.stored_forcings, "land_sea_mask", "geopotential_at_surface"))
+  assert list(dataset.level.values) == [500, 850] and dataset.sizes["time"] == 12
+  bytes_per_time = 4 * 32 * 64 * (5 * 2 + 2 + len(data.stored_forcings))
+  assert f"Writing {out}: 12 times, {bytes_per_time * 12 / 1e6:.1f} MB uncompressed" in (
+      result.stderr)
+  assert "times 12/12" in result.stderr
+  on_disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+  assert result.stdout.strip() == f"wrote {out} ({on_disk / 1e6:.1f} MB on disk)"
+  _make_dataset(f"--out={tmp_path / 'levels.zarr'}", "--levels=500,850", "--start=2020-01-01",
+                "--end=2020-01-01", "--variables=temperature")
+  assert list(xr.open_zarr(tmp_path / "levels.zarr").level.values) == [500, 850]
 
 
 def test_forcings_shapes_and_ranges():
@@ -155,7 +184,6 @@ def test_never_deletes_a_directory_that_is_not_a_store(tmp_path):
 
 
 def _tiny_config():
-  from wnscale import config as config_lib
   config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"))
   config.data.update(train_start="2020-01-01", train_end="2020-01-02",
                      eval_start="2020-01-03", eval_end="2020-01-03")

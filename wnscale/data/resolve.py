@@ -30,8 +30,7 @@ WAIT_FOR_PROCESS_0_S = 3 * 3600.0
 
 def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   """Where the synthetic store of `data` (resolution, time ranges, variables, levels) lives."""
-  start, end = _synthetic_time_span(data)
-  variables, levels = _synthetic_contents(data)
+  start, end, variables, levels = synthetic_store_contents(data)
   # The contents and the code in the name: a store of other contents or written by
   # other synthetic code is not reused.
   contents = hashlib.sha256(json.dumps([variables, levels]).encode()).hexdigest()[:8]
@@ -40,25 +39,22 @@ def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
   return cache.cache_path("datasets", name)
 
 
-def _synthetic_time_span(data) -> tuple[str, str]:
-  return min(data.train_start, data.eval_start), max(data.train_end, data.eval_end)
-
-
-def _synthetic_contents(data) -> tuple[list[str], list[int]]:
-  """The variables and pressure levels a synthetic store holds: the config's (inputs,
-  target-only variables and stored forcings), no more (at 1 deg a year of all 11
-  variables on 13 levels would be ~30 GB)."""
+def synthetic_store_contents(data) -> tuple[str, str, list[str], list[int]]:
+  """`(start, end, variables, levels)` of the synthetic store of `data`: the days its train
+  and eval ranges span, and the config's variables (inputs, target-only variables and
+  stored forcings) and pressure levels, no more (at 1 deg a year of all 11 variables on 13
+  levels would be ~30 GB)."""
   names = (tuple(data.variables) + tuple(data.get("target_only_variables", ())) +
            tuple(data.get("stored_forcings", ())))
-  return sorted(names), sorted(int(level) for level in data.pressure_levels)
+  return (min(data.train_start, data.eval_start), max(data.train_end, data.eval_end),
+          sorted(names), sorted(int(level) for level in data.pressure_levels))
 
 
 def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
   """Uncompressed bytes of the synthetic store of `data` (an upper bound of its size)."""
-  start, end = _synthetic_time_span(data)
+  start, end, variables, levels = synthetic_store_contents(data)
   num_times = len(synthetic.store_times(start, end, data.time_step_hours))
   latitude, longitude = synthetic.store_coordinates(data.resolution)
-  variables, levels = _synthetic_contents(data)
   channels = sum(len(levels) if variables_lib.is_atmospheric(name) else 1
                  for name in variables)
   return 4 * latitude.size * longitude.size * (num_times * channels + 2)
@@ -85,7 +81,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
         "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
         "--config.data.synthetic=True for a synthetic ERA5-like store.")
   path = synthetic_store_path(data, config.seed)
-  start, end = _synthetic_time_span(data)
+  start, end, variables, levels = synthetic_store_contents(data)
 
   def write_if_missing() -> bytes:
     if paths.exists(path + ".complete"):
@@ -97,10 +93,8 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
           f"The synthetic store {path} needs up to {_size(size)} but the disk holds only "
           f"{_size(free)} free; shorten data.train_*/eval_* ranges, use a "
           "coarser data.resolution, or set WNSCALE_CACHE_DIR to a bigger disk or a bucket.")
-    logging.info("Writing the synthetic store %s (up to %s uncompressed, %s .. %s; kept "
-                 "for later runs).", path, _size(size), start, end)
+    logging.info("Writing the synthetic store %s .. %s (kept for later runs).", start, end)
     begin = time.perf_counter()
-    variables, levels = _synthetic_contents(data)
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end, levels=levels,
         variables=variables, seed=config.seed, time_step_hours=data.time_step_hours)

@@ -32,6 +32,7 @@ import zarr
 from wnscale import paths
 from wnscale.data import forcings
 from wnscale.data import variables as variables_lib
+from wnscale.data.write_progress import WriteProgress
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 
@@ -293,10 +294,10 @@ def write_synthetic_store(
       raise UserError(f"{path} exists (overwrite={overwrite}, zarr store: "
                       f"{is_zarr}); remove it or choose another path")
     paths.as_epath(path).rmtree()
-  _write_layout(path, weather, names, times, levels, latitude, longitude,
-                zarr_format)
   bytes_per_time = 4 * latitude.size * longitude.size * sum(
       len(levels) if variables_lib.is_atmospheric(n) else 1 for n in names)
+  _write_layout(path, weather, names, times, levels, latitude, longitude,
+                zarr_format)
   block = max(1, TIME_BLOCK_BYTES // bytes_per_time)
   driver = "zarr" if zarr_format == 2 else "zarr3"
   # No fsync per chunk: a half-written synthetic store is simply rewritten.
@@ -307,15 +308,19 @@ def write_synthetic_store(
   }
   # Time step 0 was written by xarray with the layout. Block k is written in
   # the background while block k+1 is computed.
-  pending = []
+  progress = WriteProgress(path, len(times), bytes_per_time)
+  pending, written = [], 1
   for first in range(1, len(times), block):
     last = min(first + block, len(times))
     fields = weather.fields(times[first:last], names)
     for write in pending:
       write.result()
-    pending = [handles[name][first:last].write(fields[name]) for name in names]
+    progress.done(written)
+    pending, written = [handles[name][first:last].write(fields[name]) for name in names], last
   for write in pending:
     write.result()
+  progress.done(written)
+  progress.close()
   return path
 
 

@@ -46,8 +46,8 @@ def format_rmse(rmse: dict) -> str:
 
 
 def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train, workdir,
-            checkpoint_steps):
-  """The end of the run in a few lines: steps, times, final figures, outputs.
+            checkpoint_steps, store):
+  """The end of the run in a few lines: steps, times, final figures, the store, outputs.
 
   `last_logged`: `(step, metrics)` of the last progress line (step None: there was none);
   `last_eval`: `(step, {channel: RMSE})` of the last evaluation, or None.
@@ -64,4 +64,5 @@ def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train
                  format_rmse(last_eval[1]))
   elif train.eval_every:
     logging.info("No evaluation in this run (every %d steps).", train.eval_every)
+  logging.info("Data: the store %s (the truth for launch.evaluate --truth=...).", store)
   logging.info("Outputs: %s.", workdir_lib.describe(workdir, checkpoint_steps))

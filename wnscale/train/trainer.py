@@ -254,7 +254,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
                     (last_step, last), last_eval, config.train, workdir,
-                    checkpointer.manager.all_steps())
+                    checkpointer.manager.all_steps(), config.data.path)
   return last
 
 
