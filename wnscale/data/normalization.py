@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import time
@@ -38,6 +37,7 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
+from wnscale.data import netcdf
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -87,12 +87,12 @@ def load_or_compute_stats(path: str, variables, levels, start: str | None = None
 
 
 def to_bytes(stats: xr.Dataset) -> bytes:
-  """The statistics as a NetCDF file's bytes."""
-  return stats.to_netcdf()
+  """The statistics as a netCDF file's bytes."""
+  return netcdf.to_bytes(stats)
 
 
-def from_bytes(data: bytes) -> xr.Dataset:
-  return xr.load_dataset(io.BytesIO(data))
+def from_bytes(data: bytes, name: str = "statistics") -> xr.Dataset:
+  return netcdf.from_bytes(data, name)
 
 
 def read_stats(path: str) -> xr.Dataset:
@@ -103,8 +103,7 @@ def read_stats(path: str) -> xr.Dataset:
   if not paths.exists(path):
     raise UserError(f"Statistics not found: {path} (a .nc file written by wnscale, or a "
                      f"directory holding {sorted(GRAPHCAST_FILES.values())})")
-  with paths.local_copy(path) as local:
-    stats = xr.load_dataset(local)
+  stats = netcdf.load(path)
   if "statistic" not in stats.coords:
     raise UserError(f"{path} is not a wnscale statistics file (no 'statistic' coordinate) "
                      f"nor a directory of GraphCast's {sorted(GRAPHCAST_FILES.values())}")
@@ -123,8 +122,7 @@ def _from_graphcast(directory: str) -> xr.Dataset:
     file = paths.join(directory, name)
     if not paths.exists(file):
       raise UserError(f"{directory} has {GRAPHCAST_FILES['mean']} but no {name}")
-    with paths.local_copy(file) as local:
-      files[statistic] = xr.load_dataset(local)
+    files[statistic] = netcdf.load(file)
   data, levels = {}, None
   for name in (tuple(variables_lib.VARIABLES) + variables_lib.FORCING_CHANNELS
                + variables_lib.STATIC_VARIABLES):

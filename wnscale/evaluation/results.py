@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wnscale import paths
+from wnscale.data import netcdf
 from wnscale.evaluation import metrics
 from wnscale.evaluation.datasets import INIT, LEAD, channel_names
 
@@ -121,9 +123,7 @@ def write(results: dict[str, xr.Dataset], out_dir: str, about: dict) -> list[str
   written = []
   for name, result in results.items():
     path = os.path.join(out_dir, f"{name}.nc")
-    temporary = f"{path}.tmp{os.getpid()}"
-    result.to_netcdf(temporary)
-    os.replace(temporary, path)
+    paths.write_bytes(path, netcdf.to_bytes(result))  # whole or not at all
     written.append(path)
   first = next(iter(results.values()))
   leads = pd.TimedeltaIndex(first[RESULTS_LEAD].values)

@@ -27,7 +27,7 @@ import xarray as xr
 
 from wnscale import config as config_lib
 from wnscale import paths
-from wnscale.data import normalization, resolve
+from wnscale.data import netcdf, normalization, resolve
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.model import predictor as predictor_lib
@@ -59,8 +59,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
     ValueError: the example does not fit the run's model (naming what).
   """
   config, graphdef, params = load_run(workdir)
-  with paths.local_copy(paths.normalize(example_path)) as local:
-    example = xr.load_dataset(local)
+  example = netcdf.load(example_path)
   d = config.data
   steps = _check_example(example, d, steps, example_path)
   stats = resolve.resolve_stats(d)
@@ -77,7 +76,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
     inputs, statics, forcings = _member_inputs(example.isel(batch=member), d)
     members.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
   predictions = _reference_format(members, example, d)
-  paths.write_bytes(paths.normalize(out_path), predictions.to_netcdf())
+  paths.write_bytes(paths.normalize(out_path), netcdf.to_bytes(predictions))
   return predictions
 
 
