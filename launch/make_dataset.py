@@ -1,10 +1,16 @@
-r"""Writes a synthetic WeatherBench2-layout zarr store.
+r"""Writes a WeatherBench2-layout zarr store: ERA5 files from the Climate Data Store
+converted (`--from`), or a synthetic one.
 
-  # the store a config trains on: its resolution, variables, levels and time ranges
+  # ERA5 as the CDS delivers it (GRIB 1/2, netCDF in either CDS layout), merged
+  python -m launch.make_dataset --from='era5_pl_*.grib,era5_sfc_2020.nc' --out=era5.zarr
+  # the synthetic store a config trains on: its resolution, variables, levels, time ranges
   python -m launch.make_dataset --config=configs/tiny.py --out=/tmp/era5_5p625.zarr
   # or chosen by hand
   python -m launch.make_dataset --out=/tmp/era_5p625.zarr --resolution=5.625 \
       --start=2020-01-01 --end=2020-12-31 --levels=13
+
+A conversion killed midway continues where it stopped when the same command runs
+again (`wnscale.data.convert`).
 
 It says how big the store will be before writing, shows its progress (times
 written, MB, ETA) and ends with its size on disk. Train on it with
@@ -19,7 +25,7 @@ from absl import flags
 from launch import cli
 from wnscale import config as config_lib
 from wnscale import paths
-from wnscale.data import resolve, synthetic
+from wnscale.data import convert, resolve, synthetic
 from wnscale.data import variables
 from wnscale.data.write_progress import size_text
 from wnscale.errors import UserError
@@ -29,9 +35,20 @@ _CONFIG = cli.define_config(
     "pressure levels, time step and train/eval time ranges); the flags below then keep "
     "their defaults unless given.")
 _OUT = flags.DEFINE_string("out", None, "Path of the zarr store to write.")
+_FROM = flags.DEFINE_list(
+    "from", None, "ERA5 files to convert, as the Climate Data Store delivers them: GRIB or "
+    "netCDF paths or globs, comma-separated (quote globs). Without it: a synthetic store.")
+_MEMBER = flags.DEFINE_integer("member", None, "With --from: the ensemble member to keep "
+                               "from files that hold several (ERA5's EDA).")
+_BLOCK_MB = flags.DEFINE_integer("block_mb", convert.BLOCK_BYTES // 2**20,
+                                 "With --from: MB of data held in memory at a time.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False,
+                               "With --from: replace an existing store at --out.")
 _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
-_START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC).")
-_END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive).")
+_START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC); with --from: the "
+                             "first time to keep (default: the files' first).")
+_END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive); with --from: the last "
+                           "time to keep (default: the files' last).")
 _LEVELS = flags.DEFINE_list("levels", ["13"],
                             "Pressure levels in hPa (e.g. 500,850), or 13 for WeatherBench2's "
                             "13 levels, 37 for ERA5's 37.")
@@ -76,8 +93,15 @@ def _disk_bytes(path: str) -> int | None:
 
 def main(argv):
   del argv
-  path = synthetic.write_synthetic_store(_OUT.value, zarr_format=int(_ZARR_FORMAT.value),
-                                         **_store_settings())
+  if _FROM.value:
+    given = {name: flags.FLAGS[name].present for name in ("start", "end")}
+    path = convert.convert_era5(_FROM.value, _OUT.value, member=_MEMBER.value,
+                                start=_START.value if given["start"] else None,
+                                end=_END.value if given["end"] else None,
+                                overwrite=_OVERWRITE.value, block_bytes=_BLOCK_MB.value * 2**20)
+  else:
+    path = synthetic.write_synthetic_store(_OUT.value, zarr_format=int(_ZARR_FORMAT.value),
+                                           **_store_settings())
   size = _disk_bytes(path)
   print(f"wrote {path}" + (f" ({size_text(size)} on disk)" if size is not None else ""))
 

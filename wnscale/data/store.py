@@ -48,6 +48,8 @@ def _copy_threads() -> concurrent.futures.ThreadPoolExecutor:
 ATMOSPHERIC_DIMS = ("time", "level", "latitude", "longitude")
 SURFACE_DIMS = ("time", "latitude", "longitude")
 STATIC_DIMS = ("latitude", "longitude")
+# The attribute of a store made by `wnscale.data.convert`: its sources and progress.
+CONVERSION_ATTR = "conversion"
 # Coordinates are compared to a resolution with this tolerance, in degrees.
 RESOLUTION_TOLERANCE = 1e-3
 
@@ -322,6 +324,10 @@ def open_store(path: str,
     raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
   names = variables + forcings + variables_lib.STATIC_VARIABLES
   with open_metadata(path) as dataset:
+    conversion = dataset.attrs.get(CONVERSION_ATTR)
+    if conversion and not conversion.get("complete"):
+      raise UserError(f"{path} is a conversion cut short ({conversion['times_written']} times "
+                      "written); run the make_dataset command that made it again to finish.")
     dims = _check_variables(dataset, variables + forcings, levels, path)
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     latitude, longitude, flip = _grid(dataset, resolution, path)

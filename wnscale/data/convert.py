@@ -1,0 +1,322 @@
+"""ERA5 files, as the Climate Data Store delivers them, into one WeatherBench2-layout store.
+
+  convert_era5(["era5_pl_*.grib", "era5_sfc.nc"], "era5.zarr")
+
+Every file is opened lazily in WeatherBench2's conventions (`era5_files`). The
+files are merged along time and variables: a time two files both hold must have
+the same values in both (else an error naming the time and the files), and the
+store's times must be equally spaced (a missing time is an error naming it).
+Hourly total precipitation becomes `total_precipitation_6hr`, the sum of the six
+hours ending at each time (times without six earlier hours are left out at the
+start); `toa_incident_solar_radiation` stays the hourly integral, as GraphCast was
+trained on it. The land-sea mask and surface geopotential are statics (no time
+dim), whether they come in a file of their own or at every time step.
+
+The store is written block of times by block of times, never holding more than
+`block_bytes` of data, with progress. Its `conversion` attribute records the
+sources and how many times are written; a command killed midway and run again
+continues there, and the store counts as complete (`is_converting` False) only
+once its last block is written. Resuming into a store made from other sources is
+an error; an existing complete store is replaced only when asked (`overwrite`).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+import pandas as pd
+
+from wnscale import paths
+from wnscale.data import era5_files, writer
+from wnscale.data import store as store_lib
+from wnscale.data.store import CONVERSION_ATTR as CONVERSION
+from wnscale.data import variables as variables_lib
+from wnscale.data.write_progress import WriteProgress
+from wnscale.errors import UserError
+
+BLOCK_BYTES = 256 * 2**20
+HOURLY_PRECIPITATION = "total_precipitation"
+PRECIPITATION_6HR = "total_precipitation_6hr"
+STATICS = variables_lib.STATIC_VARIABLES
+
+
+def expand_sources(patterns: list[str]) -> list[str]:
+  """Files named by comma-separated paths or globs, sorted; a pattern matching none is an error."""
+  files = []
+  for pattern in patterns:
+    if paths.is_url(pattern):
+      matched = [str(p) for p in paths.as_epath(os.path.dirname(pattern)).glob(
+          os.path.basename(pattern))] if any(c in pattern for c in "*?[") else [pattern]
+    else:
+      matched = sorted(glob.glob(os.path.expanduser(pattern)))
+    if not matched:
+      raise UserError(f"No file matches {pattern!r}.")
+    files.extend(paths.normalize(path) for path in matched)
+  return sorted(dict.fromkeys(files))
+
+
+def is_converting(path: str) -> bool:
+  """Whether the store at `path` is a conversion cut short (run the same command again)."""
+  attrs = _store_attrs(path)
+  return bool(attrs and CONVERSION in attrs and not attrs[CONVERSION]["complete"])
+
+
+def convert_era5(sources: list[str], out: str, *, member: int | None = None,
+                 start: str | None = None, end: str | None = None, overwrite: bool = False,
+                 block_bytes: int = BLOCK_BYTES) -> str:
+  """Writes the store at `out` from the CDS files `sources` (paths or globs); returns `out`.
+
+  Args:
+    member: the ensemble member of files holding several (ERA5's EDA).
+    start, end: the first and last time to keep (any pandas time string).
+    overwrite: replace an existing store (a conversion of the same sources cut short
+      is continued without it).
+  """
+  files = expand_sources(sources)
+  datasets = [era5_files.open_era5_file(path, member) for path in files]
+  plan = _Plan(files, datasets, start, end)
+  out = paths.normalize(out)
+  fingerprint = _fingerprint(files, member, plan.times)
+  done = _resume_point(out, fingerprint, overwrite)
+  if done is None:
+    writer.create_store(out, plan.coords(), plan.layouts(), attrs={CONVERSION: {
+        "sources": files, "member": member, "fingerprint": fingerprint, "times_written": 0,
+        "complete": False, "notes": plan.notes}})
+    _write_statics(out, plan)
+    done = 0
+  else:
+    logging.info("Continuing the conversion into %s after %d of %d times.", out, done,
+                 len(plan.times))
+  handles = {name: writer.open_variable(out, name) for name in plan.time_variables}
+  per_block = max(1, block_bytes // plan.bytes_per_time)
+  progress = WriteProgress(out, len(plan.times), plan.bytes_per_time)
+  progress.done(done)
+  record = writer.read_attrs(out)[CONVERSION]
+  for first in range(done, len(plan.times), per_block):
+    last = min(first + per_block, len(plan.times))
+    block = plan.times[first:last]
+    writes = [handles[name][first:last].write(plan.read(name, block))
+              for name in plan.time_variables]
+    for write in writes:
+      write.result()
+    record["times_written"] = last
+    writer.update_attrs(out, {CONVERSION: record})  # after the data: a resume redoes no less
+    progress.done(last)
+  progress.close()
+  record["complete"] = True
+  writer.update_attrs(out, {CONVERSION: record})
+  return out
+
+
+class _Plan:
+  """What the store holds: its times, grid, levels and variables, and which file has what."""
+
+  def __init__(self, files, datasets, start, end):
+    self.files, self.datasets = files, datasets
+    # GRIB 1 holds coordinates in millidegrees (87.188 for 87.1875): the grids must agree to
+    # that, and the store takes the most evenly spaced (most precise) file's coordinates.
+    grids = [(d["latitude"].values, d["longitude"].values) for d in datasets]
+    for path, (latitude, longitude) in zip(files[1:], grids[1:]):
+      for dim, ours, theirs in (("latitude", latitude, grids[0][0]),
+                                ("longitude", longitude, grids[0][1])):
+        if ours.shape != theirs.shape or not np.allclose(
+            ours, theirs, rtol=0, atol=store_lib.RESOLUTION_TOLERANCE):
+          raise UserError(f"{path} and {files[0]} have other {dim}s; every file must be on "
+                          "the same grid.")
+    self.latitude, self.longitude = min(grids, key=_unevenness)
+    names = sorted({name for dataset in datasets for name in dataset.data_vars})
+    self.statics = [name for name in names if name in STATICS]
+    self.time_variables = [PRECIPITATION_6HR if name == HOURLY_PRECIPITATION else name
+                           for name in names if name not in STATICS]
+    self.levels = self._levels()
+    self.times = self._times(start, end)
+    self.units = {name: next(d[name].attrs.get("units") for d in datasets if name in d)
+                  for name in names}
+    if HOURLY_PRECIPITATION in self.units:
+      self.units[PRECIPITATION_6HR] = self.units.pop(HOURLY_PRECIPITATION)
+    self.notes = ["merged along time and variables from the sources, in WeatherBench2's "
+                  "names and conventions (levels ascending, longitude 0..360, float32)"]
+    if PRECIPITATION_6HR in self.time_variables:
+      self.notes.append("total_precipitation_6hr: the sum of the hourly total_precipitation "
+                        "of the 6 hours ending at each time")
+    if "toa_incident_solar_radiation" in self.time_variables:
+      self.notes.append("toa_incident_solar_radiation: the hourly integral, as delivered")
+    self.bytes_per_time = 4 * self.latitude.size * self.longitude.size * sum(
+        len(self.levels) if self._has_levels(name) else 1 for name in self.time_variables)
+
+  def _has_levels(self, name) -> bool:
+    source = HOURLY_PRECIPITATION if name == PRECIPITATION_6HR else name
+    return any(source in d and "level" in d[source].dims for d in self.datasets)
+
+  def _levels(self) -> list[int]:
+    levels = {}
+    for path, dataset in zip(self.files, self.datasets):
+      for name, variable in dataset.data_vars.items():
+        if "level" in variable.dims:
+          levels.setdefault(tuple(int(x) for x in variable["level"].values), []).append(
+              f"{name} in {os.path.basename(path)}")
+    if len(levels) > 1:
+      raise UserError("The files hold variables on different pressure levels: " + "; ".join(
+          f"{list(k)}: {', '.join(v[:3])}" for k, v in levels.items()) + ". A store has one "
+          "set of levels; request the same levels for every variable.")
+    return list(next(iter(levels))) if levels else []
+
+  def _source_times(self, name) -> pd.DatetimeIndex:
+    times = [pd.DatetimeIndex(d["time"].values) for d in self.datasets
+             if name in d and "time" in d[name].dims]
+    return times[0].append(times[1:]).unique().sort_values() if times else pd.DatetimeIndex([])
+
+  def _times(self, start, end) -> pd.DatetimeIndex:
+    instant = [name for name in self.time_variables if name != PRECIPITATION_6HR]
+    times = {name: self._source_times(name) for name in instant}
+    union = (pd.DatetimeIndex(np.concatenate([t.values for t in times.values()])).unique()
+             .sort_values() if times else pd.DatetimeIndex([]))
+    if PRECIPITATION_6HR in self.time_variables:
+      hourly = self._source_times(HOURLY_PRECIPITATION)
+      if not instant:
+        union = hourly[hourly.hour % 6 == 0]
+      whole = [t for t in union if all(t - pd.Timedelta(hours=k) in hourly for k in range(6))]
+      leading = union[:union.get_loc(whole[0])] if whole else union
+      if len(leading):
+        logging.warning("The first %d time(s) (%s ..) lack 6 hours of hourly precipitation "
+                        "before them; the store starts at %s.", len(leading), leading[0],
+                        whole[0] if whole else "none")
+        union = union[len(leading):]
+    if start is not None or end is not None:
+      union = union[(union >= pd.Timestamp(start or union.min()))
+                    & (union <= pd.Timestamp(end or union.max()))]
+    if len(union) == 0:
+      raise UserError(f"The files {self.files} hold no time to convert"
+                      + (f" between {start} and {end}" if start or end else "") + ".")
+    if len(union) > 1:
+      step = pd.Series(union).diff().min()
+      expected = pd.date_range(union[0], union[-1], freq=step)
+      missing = expected.difference(union)
+      if len(missing):
+        raise UserError(f"The files have a gap: no data at {missing[0]} (every {step} from "
+                        f"{union[0]} to {union[-1]}; {len(missing)} time(s) missing). Add "
+                        "the file that holds it.")
+    for name in instant:
+      lacking = union.difference(times[name])
+      if len(lacking):
+        raise UserError(f"{name} has no value at {lacking[0]} ({len(lacking)} time(s) of "
+                        "the store); every variable must cover every time.")
+    return union
+
+  def coords(self) -> dict:
+    coords = {"time": self.times.values, "latitude": self.latitude,
+              "longitude": self.longitude}
+    if self.levels:
+      coords["level"] = np.asarray(self.levels, np.int64)
+    return coords
+
+  def layouts(self) -> dict[str, writer.VariableLayout]:
+    layouts = {}
+    for name in self.time_variables:
+      dims = ("time", "level", "latitude", "longitude") if self._has_levels(name) else (
+          "time", "latitude", "longitude")
+      chunks = (1,) + tuple(len(self.coords()[d]) for d in dims[1:])
+      layouts[name] = writer.VariableLayout(dims, chunks, self._attrs(name))
+    for name in self.statics:
+      layouts[name] = writer.VariableLayout(("latitude", "longitude"), (
+          self.latitude.size, self.longitude.size), self._attrs(name))
+    return layouts
+
+  def _attrs(self, name) -> dict:
+    units = self.units.get(name)
+    return {"units": units} if units else {}
+
+  def read(self, name: str, times: pd.DatetimeIndex) -> np.ndarray:
+    """`[len(times)(, level), lat, lon]` float32 values of `name` at `times`."""
+    if name == PRECIPITATION_6HR:
+      hourly = pd.DatetimeIndex(sorted({t - pd.Timedelta(hours=k) for t in times
+                                        for k in range(6)}))
+      values = self._gather(HOURLY_PRECIPITATION, hourly)
+      position = {t: i for i, t in enumerate(hourly)}
+      return np.stack([sum(values[position[t - pd.Timedelta(hours=k)]].astype(np.float64)
+                           for k in range(6)) for t in times]).astype(np.float32)
+    return self._gather(name, times)
+
+  def _gather(self, name, times: pd.DatetimeIndex) -> np.ndarray:
+    """Values at `times` from every file holding them; two files must agree where both do."""
+    values, origin = None, {}
+    for path, dataset in zip(self.files, self.datasets):
+      if name not in dataset:
+        continue
+      held = times.intersection(pd.DatetimeIndex(dataset["time"].values))
+      if len(held) == 0:
+        continue
+      variable = dataset[name].sel(time=held)
+      dims = ("time", "level", "latitude", "longitude") if "level" in variable.dims else (
+          "time", "latitude", "longitude")
+      block = variable.transpose(*dims).values
+      if values is None:
+        values = np.full((len(times),) + block.shape[1:], np.nan, np.float32)
+      for row, time in zip(block, held):
+        index = times.get_loc(time)
+        if time in origin:
+          if not np.array_equal(values[index], row, equal_nan=True):
+            raise UserError(f"{name} at {time} differs between {origin[time]} and {path}; "
+                            "overlapping files must agree (remove one of them).")
+          continue
+        values[index], origin[time] = row, path
+    return values
+
+  def static(self, name: str) -> np.ndarray:
+    """`[lat, lon]`: a static field (the first time, where a file has it at every time)."""
+    for dataset in self.datasets:
+      if name in dataset:
+        variable = dataset[name]
+        if "time" in variable.dims:
+          variable = variable.isel(time=0)
+        return variable.transpose("latitude", "longitude").values.astype(np.float32)
+    raise KeyError(name)
+
+
+def _unevenness(grid) -> float:
+  """How far a grid's coordinates are from equal spacing (0 for exact ones)."""
+  return sum(float(np.ptp(np.diff(values))) if values.size > 2 else 0.0 for values in grid)
+
+
+def _write_statics(out: str, plan: _Plan):
+  for name in plan.statics:
+    writer.open_variable(out, name).write(plan.static(name)).result()
+
+
+def _fingerprint(files, member, times) -> str:
+  """Names what a store is made from: the files (path, size, modification time), the member
+  and the time range; a resumed conversion must have the same."""
+  stats = [(path, paths.as_epath(path).stat().length, paths.as_epath(path).stat().mtime)
+           for path in files]
+  text = json.dumps([stats, member, str(times[0]), str(times[-1]), len(times)])
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _store_attrs(path: str) -> dict | None:
+  if not any(paths.exists(paths.join(path, marker)) for marker in (".zgroup", "zarr.json")):
+    return None
+  return writer.read_attrs(path)
+
+
+def _resume_point(out: str, fingerprint: str, overwrite: bool) -> int | None:
+  """Times already written by a conversion of the same sources, or None to start afresh."""
+  if not paths.exists(out):
+    return None
+  attrs = _store_attrs(out)
+  record = (attrs or {}).get(CONVERSION)
+  if record and not record["complete"] and not overwrite:
+    if record["fingerprint"] != fingerprint:
+      raise UserError(f"{out} is a conversion of other sources cut short ({record['sources']}); "
+                      "continue it with those, or replace it with --overwrite.")
+    return int(record["times_written"])
+  if not overwrite:
+    raise UserError(f"{out} exists; replace it with --overwrite, or give another --out.")
+  if attrs is None:  # never delete what is not a zarr store
+    raise UserError(f"{out} exists and is not a zarr store; remove it or give another --out.")
+  paths.as_epath(out).rmtree()
+  return None

@@ -1,0 +1,139 @@
+"""ERA5 files as the Climate Data Store delivers them, opened in WeatherBench2's conventions.
+
+The CDS delivers GRIB (editions 1 and 2; read with cfgrib/ecCodes) or netCDF in one
+of two layouts:
+  * the current one (netCDF4, since 2024): `valid_time`, `pressure_level`, ECMWF
+    short names (`t`, `z`, `t2m`, `u10`, ...), a scalar `number` and an `expver`
+    coordinate;
+  * the older one: `time`, `level` (or cfgrib's `isobaricInhPa`).
+`open_era5_file` turns any of them into a dataset with dims `time`, `level` (hPa,
+integers, ascending), `latitude` (the source's order), `longitude` (0..360,
+ascending), WeatherBench2's variable names (`NAMES`; a short name the table
+lacks keeps its own name, with a warning), float32 data and the source's `units`.
+Data stays lazy: only what a caller selects is read.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xarray as xr
+
+from wnscale import paths
+from wnscale.data import netcdf
+from wnscale.errors import UserError
+
+# ECMWF short names (GRIB's `shortName` and cfgrib's / the CDS netCDF's variable names)
+# -> WeatherBench2 names. `z` on pressure levels is geopotential; without levels it is
+# the surface geopotential (`SURFACE_GEOPOTENTIAL`).
+NAMES = {
+    "z": "geopotential", "t": "temperature", "u": "u_component_of_wind",
+    "v": "v_component_of_wind", "q": "specific_humidity", "w": "vertical_velocity",
+    "2t": "2m_temperature", "t2m": "2m_temperature",
+    "10u": "10m_u_component_of_wind", "u10": "10m_u_component_of_wind",
+    "10v": "10m_v_component_of_wind", "v10": "10m_v_component_of_wind",
+    "msl": "mean_sea_level_pressure", "tp": "total_precipitation",
+    "tisr": "toa_incident_solar_radiation", "lsm": "land_sea_mask",
+}
+SURFACE_GEOPOTENTIAL = "geopotential_at_surface"
+# Names of the dims and coordinates in the layouts above -> WeatherBench2's.
+_DIMS = {"valid_time": "time", "pressure_level": "level", "isobaricInhPa": "level",
+         "lat": "latitude", "lon": "longitude"}
+# Scalar or bookkeeping coordinates of the CDS's files, never data.
+_DROPPED = ("expver", "step", "surface", "heightAboveGround", "meanSea", "entireAtmosphere",
+            "nominalTop", "depthBelowLandLayer", "forecast_reference_time")
+MEMBER = "number"
+
+
+def open_era5_file(path: str, member: int | None = None) -> xr.Dataset:
+  """One CDS file (GRIB or netCDF, local or a URL) in WeatherBench2's conventions, lazy.
+
+  Args:
+    member: the ensemble member to keep, for a file holding members along `number`
+      (ERA5's EDA); a file without members ignores it.
+
+  Raises:
+    UserError: the file is neither GRIB nor netCDF, it holds members and `member` is
+      None (or not among them), or it has no time.
+  """
+  path = paths.normalize(path)
+  if not paths.exists(path):
+    raise UserError(f"No such file: {path}")
+  with paths.as_epath(path).open("rb") as file:
+    head = file.read(4104)
+  if head[:4] == b"GRIB":
+    dataset = _open_grib(path)
+  else:
+    engine = netcdf.ENGINES[netcdf.format_of(head, path)]  # a UserError if not netCDF
+    with paths.local_copy(path) as local:  # a local file stays lazy; a URL's copy is loaded
+      dataset = xr.open_dataset(local, engine=engine, chunks=None)
+      if paths.is_url(path):
+        dataset = dataset.load()
+  return _normalized(dataset, path, member)
+
+
+def _open_grib(path: str) -> xr.Dataset:
+  """A GRIB file as one dataset, indexed by valid time (cfgrib splits files by level type)."""
+  import cfgrib  # noqa: PLC0415 (only conversions of GRIB need ecCodes)
+  with paths.local_copy(path) as local:  # a local file stays lazy; a URL's copy is loaded
+    parts = cfgrib.open_datasets(local, backend_kwargs={"indexpath": "",
+                                                        "time_dims": ("valid_time",)})
+    if paths.is_url(path):
+      parts = [part.load() for part in parts]
+  if not parts:
+    raise UserError(f"{path} holds no GRIB message cfgrib can read")
+  merged = []
+  for part in parts:
+    # cfgrib names `z` at the surface as at pressure levels: tell them apart here.
+    if "z" in part.data_vars and "isobaricInhPa" not in part.dims:
+      part = part.rename({"z": SURFACE_GEOPOTENTIAL})
+    merged.append(part.drop_vars([c for c in _DROPPED if c in part.coords]))
+  return xr.merge(merged, compat="override", join="outer")
+
+
+def _normalized(dataset: xr.Dataset, path: str, member: int | None) -> xr.Dataset:
+  dataset = dataset.rename({name: new for name, new in _DIMS.items()
+                            if name in dataset.dims or name in dataset.coords})
+  if "time" not in dataset.dims and "time" in dataset.coords and "valid_time" in dataset.coords:
+    dataset = dataset.drop_vars("time")  # a scalar forecast time beside the valid time
+  dataset = _one_member(dataset, path, member)
+  dataset = dataset.drop_vars([c for c in _DROPPED if c in dataset.coords])
+  if "time" not in dataset.dims:
+    if "time" in dataset.coords:  # a single time: a dim of one
+      dataset = dataset.expand_dims("time")
+  renamed = {}
+  for name, variable in dataset.data_vars.items():
+    short = variable.attrs.get("GRIB_shortName", name)
+    if name == SURFACE_GEOPOTENTIAL:
+      continue
+    if short == "z" and "level" not in variable.dims:
+      renamed[name] = SURFACE_GEOPOTENTIAL
+    elif name in NAMES or short in NAMES:
+      renamed[name] = NAMES.get(name, NAMES.get(short))
+    else:
+      logging.warning("%s: variable %r is not in the ERA5 -> WeatherBench2 name table; kept "
+                      "under its own name.", path, name)
+  dataset = dataset.rename(renamed)
+  if "level" in dataset.dims:
+    dataset = dataset.assign_coords(level=dataset["level"].values.astype(np.int64))
+    dataset = dataset.sortby("level")
+  longitude = dataset["longitude"].values % 360
+  dataset = dataset.assign_coords(longitude=longitude).sortby("longitude")
+  dataset = dataset.astype(np.float32)
+  dataset.attrs["source"] = path
+  return dataset
+
+
+def _one_member(dataset: xr.Dataset, path: str, member: int | None) -> xr.Dataset:
+  if MEMBER not in dataset.coords:
+    return dataset
+  if MEMBER not in dataset.dims:  # a scalar `number`: one member, nothing to choose
+    return dataset.drop_vars(MEMBER)
+  members = [int(m) for m in dataset[MEMBER].values]
+  if member is None:
+    raise UserError(f"{path} holds ensemble members {members} along 'number'; choose one "
+                    "with --member=N.")
+  if member not in members:
+    raise UserError(f"{path} has no member {member}; it holds {members}.")
+  return dataset.sel({MEMBER: member}, drop=True)
