@@ -254,7 +254,7 @@ class _Plan:
       variable = dataset[name].sel(time=held)
       dims = ("time", "level", "latitude", "longitude") if "level" in variable.dims else (
           "time", "latitude", "longitude")
-      block = variable.transpose(*dims).values
+      block = variable.transpose(*dims).values.astype(np.float32, copy=False)
       if values is None:
         values = np.full((len(times),) + block.shape[1:], np.nan, np.float32)
       for row, time in zip(block, held):

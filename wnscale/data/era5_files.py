@@ -9,8 +9,8 @@ of two layouts:
 `open_era5_file` turns any of them into a dataset with dims `time`, `level` (hPa,
 integers, ascending), `latitude` (the source's order), `longitude` (0..360,
 ascending), WeatherBench2's variable names (`NAMES`; a short name the table
-lacks keeps its own name, with a warning), float32 data and the source's `units`.
-Data stays lazy: only what a caller selects is read.
+lacks keeps its own name, with a warning) and the source's `units`. Data stays
+lazy, in the source's dtype: only what a caller selects is read.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def open_era5_file(path: str, member: int | None = None) -> xr.Dataset:
   else:
     engine = netcdf.ENGINES[netcdf.format_of(head, path)]  # a UserError if not netCDF
     with paths.local_copy(path) as local:  # a local file stays lazy; a URL's copy is loaded
-      dataset = xr.open_dataset(local, engine=engine, chunks=None)
+      # cache=False: a block's selection reads only that block (xarray's cache would read
+      # and keep a whole variable at its first access).
+      dataset = xr.open_dataset(local, engine=engine, chunks=None, cache=False)
       if paths.is_url(path):
         dataset = dataset.load()
   return _normalized(dataset, path, member)
@@ -77,7 +79,7 @@ def _open_grib(path: str) -> xr.Dataset:
   """A GRIB file as one dataset, indexed by valid time (cfgrib splits files by level type)."""
   import cfgrib  # noqa: PLC0415 (only conversions of GRIB need ecCodes)
   with paths.local_copy(path) as local:  # a local file stays lazy; a URL's copy is loaded
-    parts = cfgrib.open_datasets(local, backend_kwargs={"indexpath": "",
+    parts = cfgrib.open_datasets(local, cache=False, backend_kwargs={"indexpath": "",
                                                         "time_dims": ("valid_time",)})
     if paths.is_url(path):
       parts = [part.load() for part in parts]
@@ -116,12 +118,17 @@ def _normalized(dataset: xr.Dataset, path: str, member: int | None) -> xr.Datase
                       "under its own name.", path, name)
   dataset = dataset.rename(renamed)
   if "level" in dataset.dims:
-    dataset = dataset.assign_coords(level=dataset["level"].values.astype(np.int64))
-    dataset = dataset.sortby("level")
+    # Through a dropped index: assigning float levels' index int values directly makes
+    # xarray compare (read) the data.
+    levels = dataset["level"].values.astype(np.int64)
+    dataset = dataset.drop_indexes("level").assign_coords(level=levels).set_xindex("level")
+    if np.any(np.diff(dataset["level"].values) < 0):
+      dataset = dataset.sortby("level")
   longitude = dataset["longitude"].values % 360
-  dataset = dataset.assign_coords(longitude=longitude).sortby("longitude")
-  dataset = dataset.astype(np.float32)
-  dataset.attrs["source"] = path
+  dataset = dataset.assign_coords(longitude=longitude)
+  if np.any(np.diff(longitude) < 0):
+    dataset = dataset.sortby("longitude")
+  dataset.attrs["source"] = path  # data stay lazy and in the source's dtype: read as float32
   return dataset
 
 
