@@ -4,16 +4,18 @@ r"""Writes a synthetic WeatherBench2-layout zarr store.
       --start=2020-01-01 --end=2020-12-31 --levels=13
 
 Train on it with --config.data.path=<the --out path> (and a config whose
-data.resolution and time ranges the store covers).
+data.resolution and time ranges the store covers). An existing store at --out
+is replaced only with --overwrite (`wnscale.outputs`).
 """
 
 from absl import flags
 
 from launch import cli
+from wnscale import outputs
 from wnscale.data import synthetic
 from wnscale.data import variables
 
-_OUT = flags.DEFINE_string("out", None, "Path of the zarr store to write.")
+_OUT = cli.define_output("out", "Path of the zarr store to write.", outputs.STORE)
 _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
 _START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC).")
 _END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive).")
@@ -42,6 +44,7 @@ def main(argv):
       seed=_SEED.value,
       zarr_format=int(_ZARR_FORMAT.value),
       time_step_hours=_TIME_STEP_HOURS.value,
+      overwrite=cli.overwrite(),
   )
   print(f"wrote {_OUT.value}")
 
