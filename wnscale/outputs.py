@@ -149,19 +149,22 @@ def check_writable(path: str, name: str, *, inside: bool = False, make: bool = F
                     "this user can write to.") from error
 
 
-def _holds_data(path: str, kind: Kind, name: str) -> bool:
-  """Whether `path` holds something (an empty local directory holds nothing)."""
+def holds_data(path: str) -> bool:
+  """Whether something is at `path` (an empty local directory holds nothing)."""
+  path = paths.normalize(path)
   if paths.is_url(path):
     return paths.exists(path) or paths.exists(path + ".complete")
-  if not os.path.lexists(path):
-    return False
-  if kind.is_file:
-    if os.path.isdir(path):
+  return os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path))
+
+
+def _holds_data(path: str, kind: Kind, name: str) -> bool:
+  """`holds_data`; a `UserError` if a file is where a directory goes, or the other way."""
+  if not paths.is_url(path) and os.path.lexists(path):
+    if kind.is_file and os.path.isdir(path):
       raise UserError(f"{name} is a directory; give the path of a file to write.")
-    return True
-  if not os.path.isdir(path):
-    raise UserError(f"{name} is a file, not {kind.noun}; choose another path.")
-  return bool(os.listdir(path))
+    if not kind.is_file and not os.path.isdir(path):
+      raise UserError(f"{name} is a file, not {kind.noun}; choose another path.")
+  return holds_data(path)
 
 
 def _is_kind(path: str, kind: Kind) -> bool:

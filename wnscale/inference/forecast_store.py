@@ -33,7 +33,7 @@ SETTINGS_ATTR = "wnscale_forecast"
 
 def recorded_settings(path: str) -> dict | None:
   """The settings an existing forecast store at `path` was written with (None: no store)."""
-  if not paths.exists(path):
+  if not outputs.holds_data(path):  # nothing there, or an empty directory
     return None
   if not paths.is_complete(path):
     raise UserError(f"{path} is a forecast store whose creation was cut short; remove it "
