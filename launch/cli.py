@@ -12,13 +12,16 @@ its flags, and ends with `cli.run(main, required=...)`:
 Before `main` runs (and before JAX's backend starts) the flags are checked:
 required flags, that the config file exists, that every `--config.<key>`
 override names a key (else the nearest is suggested), the config's values
-(`wnscale.config.validate`) and that the workdir can be written.
+(`wnscale.config.validate`), that the workdir can be written, and that every
+output (`define_output`, e.g. `--out`) can be written without replacing data
+unasked (`wnscale.outputs.check`; `--overwrite` replaces).
 
 A `wnscale.errors.UserError` (a mistake in the config, the flags, the data, the
-workdir or the topology), raised while parsing the flags or by the library,
-prints `error: <what and what to do>` as one line on stderr and exits with
-status 2; `--traceback` (or WNSCALE_TRACEBACK=1) prints its traceback as well.
-Any other exception is a bug and keeps its traceback. `--help` exits 0.
+workdir, the outputs or the topology), raised while parsing the flags or by the
+library, prints `error: <what and what to do>` as one line on stderr and exits
+with status 2; a full disk (`wnscale.outputs.no_space`) prints one line too and
+exits with status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback
+as well. Any other exception is a bug and keeps its traceback. `--help` exits 0.
 Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more) asks for them.
 """
 
@@ -35,6 +38,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from wnscale import config as config_lib
+from wnscale import outputs
 from wnscale.errors import UserError
 from wnscale.train import workdir as workdir_lib
 
@@ -90,6 +94,31 @@ def define_workdir():
       "checkpoints/. Re-running with the same directory resumes.")
 
 
+_OUTPUTS = []  # (flag, outputs.Kind) of each output the launcher defines
+
+
+def define_output(name: str, help_text: str, kind: outputs.Kind):
+  """An output flag (e.g. `--out`), checked before JAX starts (`wnscale.outputs.check`).
+
+  An output that is replaced rather than continued comes with `--overwrite`
+  (read it with `overwrite()`); without it, an existing output is an error.
+  """
+  flag = flags.DEFINE_string(name, None, help_text)
+  _OUTPUTS.append((flag, kind))
+  if not kind.continues and "overwrite" not in flags.FLAGS:
+    flags.DEFINE_bool(
+        "overwrite", False,
+        "Replace an existing output of the same kind (without it, an existing output is an "
+        "error). The new one is written beside it and swapped in when whole: the old one "
+        "stays intact until then, and the disk needs room for both.")
+  return flag
+
+
+def overwrite() -> bool:
+  """`--overwrite` (see `define_output`)."""
+  return "overwrite" in flags.FLAGS and flags.FLAGS.overwrite
+
+
 def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
   """`absl.app.run(main)`, with user errors as one line and exit status 2 (module docstring).
 
@@ -104,15 +133,17 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   try:
     app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir))
-  except Exception as error:  # noqa: BLE001 (re-raised unless it is the user's mistake)
+  except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)
     user_error = _user_error(error)
-    if user_error is None:
+    full_disk = None if user_error else outputs.no_space(error)
+    if user_error is None and full_disk is None:
       raise
     if _traceback_wanted():
       traceback.print_exception(error)
-    sys.stderr.write(f"error: {' '.join(str(user_error).split())}\n")
+    message = user_error or full_disk
+    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
     sys.stderr.flush()
-    sys.exit(2)
+    sys.exit(2 if user_error else 1)
 
 
 def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
@@ -135,6 +166,9 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
     config_lib.validate(flags.FLAGS.config)
   if writes_workdir and "workdir" in flags.FLAGS and flags.FLAGS.workdir:
     workdir_lib.prepare(flags.FLAGS.workdir)
+  for flag, kind in _OUTPUTS:
+    if flag.value:
+      outputs.check(flag.value, kind, overwrite=overwrite(), flag=f"--{flag.name}")
   if flags.FLAGS.verbosity < 1:
     logging.getLogger("absl").addFilter(_quiet_orbax)
   return remaining

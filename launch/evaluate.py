@@ -7,19 +7,21 @@ r"""Scores a forecast against the truth the WeatherBench2 way, with baselines an
 
 Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
 WeatherBench2's results layout, DIR/metrics.json, and PNG figures (score curves,
-a scorecard with a baseline, maps with --maps), then prints the headline scores.
+a scorecard with a baseline, maps with --maps), then prints the headline scores;
+results already in DIR are replaced only with --overwrite (`wnscale.outputs`).
 """
 
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 
+from wnscale import outputs
 from wnscale.evaluation import results as results_lib
 from wnscale.evaluation.scoring import HEADLINE_MAPS, evaluate
 
 _FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.")
 _TRUTH = flags.DEFINE_string("truth", None, "Truth zarr store (WeatherBench2 layout).")
-_OUT = flags.DEFINE_string("out", None, "Output directory.")
+_OUT = cli.define_output("out", "Output directory (results and figures).", outputs.RESULTS)
 _CLIMATOLOGY = flags.DEFINE_string("climatology", None,
                                    "Climatology store (launch.make_climatology): ACC and the "
                                    "climatology baseline.")
@@ -35,7 +37,8 @@ def main(argv):
   del argv
   result = evaluate(_FORECAST.value, _TRUTH.value, _OUT.value,
                     climatology_path=_CLIMATOLOGY.value, baseline_path=_BASELINE.value,
-                    map_channels=_MAPS.value, map_leads=_MAP_LEADS.value)
+                    map_channels=_MAPS.value, map_leads=_MAP_LEADS.value,
+                    overwrite=cli.overwrite())
   print("Wrote:")
   for path in result["files"]:
     print(f"  {path}")

@@ -8,8 +8,8 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
   # an FGN run (model.noise_channels > 0): an 8-member ensemble (a `number` dim)
   python -m launch.forecast --workdir=DIR --out=ENS.zarr --members=8 --lead=5d
 
-Run the same command again after a crash: finished initial times are kept and the
-rest are forecast. The last line printed is a JSON summary (speed, memory).
+Run the same command again after a crash or a full disk: finished initial times are
+kept and the rest are forecast. The last line printed is a JSON summary (speed, memory).
 """
 
 import json
@@ -18,10 +18,12 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
+from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.")
-_OUT = flags.DEFINE_string("out", None, "Forecast zarr store to write.")
+_OUT = cli.define_output("out", "Forecast zarr store to write (or to continue: the same "
+                         "command continues a forecast cut short).", outputs.FORECAST)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
 _INIT_TIMES = flags.DEFINE_list("init_times", None, "Initial times, e.g. 2020-11-01T00,...")
 _INIT_START = flags.DEFINE_string("init_start", None,

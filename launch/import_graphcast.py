@@ -7,22 +7,24 @@
 parameters (`checkpoints/0`); then `python -m launch.predict_example
 --workdir=WORKDIR ...`, or fine-tune with `python -m launch.train
 --config=configs/imported.py:WORKDIR --config.train.init_from=WORKDIR
---config.data.path=STORE --workdir=NEW_RUN`.
+--config.data.path=STORE --workdir=NEW_RUN`. A run already at WORKDIR is
+replaced only with --overwrite (`wnscale.outputs`).
 """
 
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
+from wnscale import outputs
 from wnscale.interop.graphcast_import import import_graphcast
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "GraphCast checkpoint (.npz).")
 _STATS_DIR = flags.DEFINE_string("stats_dir", None, "Directory of GraphCast's statistics.")
-_OUT = flags.DEFINE_string("out", None, "Run directory to create.")
+_OUT = cli.define_output("out", "Run directory to create.", outputs.RUN)
 
 
 def main(argv):
   del argv
-  import_graphcast(_CHECKPOINT.value, _STATS_DIR.value, _OUT.value)
+  import_graphcast(_CHECKPOINT.value, _STATS_DIR.value, _OUT.value, overwrite=cli.overwrite())
 
 
 if __name__ == "__main__":

@@ -4,17 +4,19 @@ r"""Writes a day-of-year x hour-of-day climatology of a store (WeatherBench2's m
       --out=/tmp/clim.zarr
 
 A 61-day window by default (--window); all the store's catalogue variables and
-levels unless --variables / --levels say otherwise.
+levels unless --variables / --levels say otherwise. An existing store at --out
+is replaced only with --overwrite (`wnscale.outputs`).
 """
 
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 
+from wnscale import outputs
 from wnscale.evaluation.climatology import compute_climatology
 
 _STORE = flags.DEFINE_string("store", None, "Zarr store (WeatherBench2 layout).")
-_OUT = flags.DEFINE_string("out", None, "Climatology zarr store to write.")
+_OUT = cli.define_output("out", "Climatology zarr store to write.", outputs.STORE)
 _START = flags.DEFINE_string("start", None, "First day (default: the store's first).")
 _END = flags.DEFINE_string("end", None, "Last day, inclusive (default: the store's last).")
 _WINDOW = flags.DEFINE_integer("window", 61, "Smoothing window in days (odd).")
@@ -28,7 +30,8 @@ def main(argv):
   levels = [int(level) for level in _LEVELS.value] if _LEVELS.value else None
   print(compute_climatology(_STORE.value, _OUT.value, _START.value, _END.value,
                             variables=_VARIABLES.value, levels=levels, window=_WINDOW.value,
-                            memory_bytes=int(_MEMORY_GIB.value * 2**30)))
+                            memory_bytes=int(_MEMORY_GIB.value * 2**30),
+                            overwrite=cli.overwrite()))
 
 
 if __name__ == "__main__":

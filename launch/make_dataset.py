@@ -15,7 +15,8 @@ again (`wnscale.data.convert`).
 It says how big the store will be before writing, shows its progress (times
 written, MB, ETA) and ends with its size on disk. Train on it with
 --config.data.path=<the --out path> (and a config whose data.resolution and time
-ranges the store covers).
+ranges the store covers). An existing store at --out is replaced only with
+--overwrite (`wnscale.outputs`).
 """
 
 import os
@@ -24,7 +25,7 @@ from absl import flags
 
 from launch import cli
 from wnscale import config as config_lib
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import convert, resolve, synthetic
 from wnscale.data import variables
 from wnscale.data.write_progress import size_text
@@ -34,7 +35,7 @@ _CONFIG = cli.define_config(
     "Write the store this experiment config trains on (its data.resolution, variables, "
     "pressure levels, time step and train/eval time ranges); the flags below then keep "
     "their defaults unless given.")
-_OUT = flags.DEFINE_string("out", None, "Path of the zarr store to write.")
+_OUT = cli.define_output("out", "Path of the zarr store to write.", outputs.STORE)
 _FROM = flags.DEFINE_list(
     "from", None, "ERA5 files to convert, as the Climate Data Store delivers them: GRIB or "
     "netCDF paths or globs, comma-separated (quote globs). Without it: a synthetic store.")
@@ -42,8 +43,6 @@ _MEMBER = flags.DEFINE_integer("member", None, "With --from: the ensemble member
                                "from files that hold several (ERA5's EDA).")
 _BLOCK_MB = flags.DEFINE_integer("block_mb", convert.BLOCK_BYTES // 2**20,
                                  "With --from: MB of data held in memory at a time.")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False,
-                               "With --from: replace an existing store at --out.")
 _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
 _START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC); with --from: the "
                              "first time to keep (default: the files' first).")
@@ -98,10 +97,10 @@ def main(argv):
     path = convert.convert_era5(_FROM.value, _OUT.value, member=_MEMBER.value,
                                 start=_START.value if given["start"] else None,
                                 end=_END.value if given["end"] else None,
-                                overwrite=_OVERWRITE.value, block_bytes=_BLOCK_MB.value * 2**20)
+                                overwrite=cli.overwrite(), block_bytes=_BLOCK_MB.value * 2**20)
   else:
     path = synthetic.write_synthetic_store(_OUT.value, zarr_format=int(_ZARR_FORMAT.value),
-                                           **_store_settings())
+                                           overwrite=cli.overwrite(), **_store_settings())
   size = _disk_bytes(path)
   print(f"wrote {path}" + (f" ({size_text(size)} on disk)" if size is not None else ""))
 

@@ -3,24 +3,27 @@
   python -m launch.predict_example --workdir=WORKDIR --example=EXAMPLE.nc --out=PREDICTIONS.nc
   python -m launch.predict_example ... --steps=4   # 4 lead times (the example must cover them)
 
-`WORKDIR` is a run directory (`launch.import_graphcast`'s, or a trained run's).
+`WORKDIR` is a run directory (`launch.import_graphcast`'s, or a trained run's). An
+existing PREDICTIONS.nc is replaced only with --overwrite (`wnscale.outputs`).
 """
 
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
+from wnscale import outputs
 from wnscale.interop.graphcast_example import predict_example
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _EXAMPLE = flags.DEFINE_string("example", None, "GraphCast example file (.nc).")
-_OUT = flags.DEFINE_string("out", None, "Predictions file (.nc) to write.")
+_OUT = cli.define_output("out", "Predictions file (.nc) to write.", outputs.FILE)
 _STEPS = flags.DEFINE_integer("steps", None,
                               "Lead times to predict (default: the example's targets).")
 
 
 def main(argv):
   del argv
-  predict_example(_WORKDIR.value, _EXAMPLE.value, _OUT.value, _STEPS.value)
+  predict_example(_WORKDIR.value, _EXAMPLE.value, _OUT.value, _STEPS.value,
+                  overwrite=cli.overwrite())
 
 
 if __name__ == "__main__":

@@ -185,16 +185,20 @@ def test_a_workdir_that_is_a_file(tmp_path):
   assert not started_jax(result)
 
 
+def without_root() -> tuple[str, ...]:
+  """A command prefix (for `run`) under which permission bits hold even for root."""
+  if os.geteuid() != 0:
+    return ()
+  if not shutil.which("setpriv"):
+    pytest.skip("running as root without setpriv: cannot make a directory read-only")
+  dropped = "-dac_override,-dac_read_search"
+  return ("setpriv", f"--inh-caps={dropped}", f"--bounding-set={dropped}")
+
+
 def test_a_read_only_workdir(tmp_path):
   path = tmp_path / "run"
   path.mkdir(mode=0o555)
-  prefix = ()
-  if os.geteuid() == 0:  # root writes anywhere: run without that privilege
-    if not shutil.which("setpriv"):
-      pytest.skip("running as root without setpriv: cannot make a directory read-only")
-    dropped = "-dac_override,-dac_read_search"
-    prefix = ("setpriv", f"--inh-caps={dropped}", f"--bounding-set={dropped}")
-  assert_user_error(train(path, prefix=prefix), f"Cannot write to --workdir {path}",
+  assert_user_error(train(path, prefix=without_root()), f"Cannot write to --workdir {path}",
                     "Permission denied")
 
 

@@ -209,7 +209,7 @@ def test_bad_checkpoints_are_named(tmp_path, edit, message):
 
 def test_import_refuses_an_existing_run(imported):
   out, _ = imported
-  with pytest.raises(ValueError, match="already holds a run"):
+  with pytest.raises(ValueError, match="exists \\(a run directory\\); pass overwrite=True"):
     import_graphcast(CHECKPOINT, STATS, out)
 
 

@@ -1,12 +1,30 @@
-"""The one exception type for mistakes in what the user gave: config, flags, data, directories.
+"""The exceptions a launcher prints as one line: a mistake in what the user gave, a full disk.
 
-A `UserError` is raised where the mistake is found, with a message that names
-the problem and says what to do. The launchers print that message as one line
-and exit with status 2 (`launch/cli.py`); any other exception is a bug and
-keeps its traceback. It subclasses `ValueError`, so code that catches bad
-input as `ValueError` keeps working.
+A `UserError` (a mistake in the config, flags, data or directories) is raised
+where the mistake is found, with a message that names the problem and says
+what to do. The launchers print that message as one line and exit with status
+2 (`launch/cli.py`); any other exception is a bug and keeps its traceback. It
+subclasses `ValueError`, so code that catches bad input as `ValueError` keeps
+working.
+
+A `NoSpaceLeft` (a full disk or quota while writing an output,
+`wnscale.outputs.writing`) names the path and what was kept; the launchers
+print it as one line too, with exit status 1: nothing was wrong with the input.
 """
+
+import errno
 
 
 class UserError(ValueError):
   """A mistake in the user's input; the message says what it is and how to fix it."""
+
+
+class NoSpaceLeft(OSError):
+  """No space left on the device (or quota) holding an output; the message names the path
+  and what was kept."""
+
+  def __init__(self, message: str):
+    super().__init__(errno.ENOSPC, message)
+
+  def __str__(self) -> str:
+    return self.strerror

@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import urllib.parse
 
 from etils import epath
@@ -83,9 +84,13 @@ def write_bytes(path: str, data: bytes):
   path = normalize(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   temporary = f"{path}.tmp-{os.getpid()}"
-  with open(temporary, "wb") as f:
-    f.write(data)
-  os.replace(temporary, path)
+  try:
+    with open(temporary, "wb") as f:
+      f.write(data)
+    os.replace(temporary, path)
+  finally:  # e.g. a full disk: no half-written temporary left behind
+    if os.path.lexists(temporary):
+      os.remove(temporary)
 
 
 def kvstore_spec(path: str) -> dict:
@@ -135,26 +140,63 @@ def free_bytes(path: str) -> int | None:
 
 
 @contextlib.contextmanager
-def building(path: str):
+def building(path: str, replace: bool = False):
   """Yields where to build a new directory-like output (a zarr store) meant for `path`.
 
-  Locally it is built under a temporary name and renamed to `path` when the
-  block ends without error (removed otherwise): it appears whole or not at all.
-  A bucket has no renames of many objects at once, so there it is built at
-  `path` itself and a `<path>.complete` marker is written last; `is_complete`
-  tells the two apart in either case.
+  Locally it is built under a temporary name beside `path` (parents made) and
+  renamed to `path` when the block ends without error (removed otherwise): it
+  appears whole or not at all. With `replace`, what is at `path` is moved
+  aside just before that rename and removed after it, so it stays intact
+  until its replacement is whole. A bucket has no renames of many objects at
+  once, so there it is built at `path` itself and a `<path>.complete` marker
+  is written last (with `replace`, the old output is removed first, its
+  marker before it); `is_complete` tells the two apart in either case.
   """
   path = normalize(path)
   if is_url(path):
+    if replace:
+      for old in (as_epath(path + ".complete"), as_epath(path)):
+        if old.is_dir():
+          old.rmtree()
+        elif old.exists():
+          old.unlink()
     yield path
     write_text(path + ".complete", "")
     return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
   partial = f"{path}.partial-{os.getpid()}"
   try:
     yield partial
-    os.replace(partial, path)
+    # A directory can be renamed onto an empty one only: a full one is moved aside first.
+    if replace and os.path.isdir(path) and os.listdir(path):
+      replaced = f"{path}.replaced-{os.getpid()}"
+      os.replace(path, replaced)
+      try:
+        os.replace(partial, path)
+      except OSError:
+        os.replace(replaced, path)
+        raise
+      shutil.rmtree(replaced)
+    else:
+      os.replace(partial, path)
   finally:
-    shutil.rmtree(partial, ignore_errors=True)
+    if os.path.lexists(partial):
+      _remove_for_good(partial)
+
+
+def _remove_for_good(path: str, seconds: float = 10.0):
+  """Removes a local file or directory, and again until it stays removed (bounded).
+
+  A failed tensorstore write of many chunks reports its first error while its
+  other chunks are still being written: they can make the directory again.
+  """
+  deadline = time.monotonic() + seconds
+  while os.path.lexists(path) and time.monotonic() < deadline:
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+    time.sleep(0.2)  # writes still in flight land within this
 
 
 def is_complete(path: str) -> bool:

@@ -97,7 +97,8 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     begin = time.perf_counter()
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end, levels=levels,
-        variables=variables, seed=config.seed, time_step_hours=data.time_step_hours)
+        variables=variables, seed=config.seed, time_step_hours=data.time_step_hours,
+        overwrite=True)  # one cut short, without its .complete marker
     paths.write_text(path + ".complete", "")
     logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - begin)
     return b""

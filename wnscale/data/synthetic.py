@@ -29,7 +29,7 @@ import tensorstore as ts
 import xarray as xr
 import zarr
 
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import forcings
 from wnscale.data import variables as variables_lib
 from wnscale.data.write_progress import WriteProgress
@@ -255,7 +255,7 @@ def write_synthetic_store(
     zarr_format: int = 2,
     time_step_hours: int = 6,
     include_poles: bool | None = None,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> str:
   """Writes a synthetic WeatherBench2-layout zarr store at `path` (a directory or a URL).
 
@@ -264,8 +264,10 @@ def write_synthetic_store(
   radiation (`STORED_FORCINGS`); statics are always written. xarray writes the
   layout and the first time step; the rest goes in through tensorstore in time
   blocks of ~64 MiB (zarr-python's per-chunk cost would make a 5.625 deg year
-  take ~30 s instead of ~10 s). An existing zarr store at `path` is replaced
-  when `overwrite`.
+  take ~30 s instead of ~10 s). The store is built under a temporary name and
+  appears whole or not at all (`paths.building`); an existing zarr store at
+  `path` is replaced only when `overwrite` (`outputs.check`), and stays intact
+  until its replacement is whole. A full disk is an `errors.NoSpaceLeft`.
 
   Returns:
     `path`.
@@ -275,6 +277,7 @@ def write_synthetic_store(
   if time_step_hours <= 0:
     raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = paths.normalize(path)
+  outputs.check(path, outputs.STORE, overwrite=overwrite)
   names = list(variables or tuple(variables_lib.VARIABLES) + STORED_FORCINGS)
   for name in names:
     if name not in STORED_FORCINGS:
@@ -286,21 +289,22 @@ def write_synthetic_store(
   latitude, longitude = store_coordinates(resolution, include_poles)
   weather = SyntheticWeather(latitude, longitude, levels, seed)
 
-  if paths.exists(path):
-    is_zarr = any(paths.exists(paths.join(path, marker))
-                  for marker in (".zgroup", "zarr.json"))
-    if not overwrite or not is_zarr:
-      # Never delete a directory that is not a zarr store.
-      raise UserError(f"{path} exists (overwrite={overwrite}, zarr store: "
-                      f"{is_zarr}); remove it or choose another path")
-    paths.as_epath(path).rmtree()
+  with outputs.building(path, overwrite) as where:
+    _write_data(where, weather, names, times, levels, latitude, longitude, zarr_format, path)
+  return path
+
+
+def _write_data(path, weather, names, times, levels, latitude, longitude, zarr_format,
+                shown_path):
+  """Writes the store at `path` (which does not exist): the layout, then time blocks; the
+  progress names `shown_path`, where the store will be."""
   bytes_per_time = 4 * latitude.size * longitude.size * sum(
       len(levels) if variables_lib.is_atmospheric(n) else 1 for n in names)
   _write_layout(path, weather, names, times, levels, latitude, longitude,
                 zarr_format)
   block = max(1, TIME_BLOCK_BYTES // bytes_per_time)
   driver = "zarr" if zarr_format == 2 else "zarr3"
-  # No fsync per chunk: a half-written synthetic store is simply rewritten.
+  # No fsync per chunk: a store cut short is never renamed into place, and is rewritten.
   context = ts.Context({"file_io_sync": False})
   handles = {
       name: ts.open({"driver": driver, "kvstore": paths.kvstore_spec(paths.join(path, name))},
@@ -308,20 +312,23 @@ def write_synthetic_store(
   }
   # Time step 0 was written by xarray with the layout. Block k is written in
   # the background while block k+1 is computed.
-  progress = WriteProgress(path, len(times), bytes_per_time)
+  progress = WriteProgress(shown_path, len(times), bytes_per_time)
   pending, written = [], 1
-  for first in range(1, len(times), block):
-    last = min(first + block, len(times))
-    fields = weather.fields(times[first:last], names)
+  try:
+    for first in range(1, len(times), block):
+      last = min(first + block, len(times))
+      fields = weather.fields(times[first:last], names)
+      for write in pending:
+        write.result()
+      progress.done(written)
+      pending, written = [handles[name][first:last].write(fields[name]) for name in names], last
+  finally:  # every write ends before the store is renamed, or removed after an error
     for write in pending:
-      write.result()
-    progress.done(written)
-    pending, written = [handles[name][first:last].write(fields[name]) for name in names], last
+      write.exception()
   for write in pending:
     write.result()
   progress.done(written)
   progress.close()
-  return path
 
 
 def _write_layout(path, weather, names, times, levels, latitude, longitude,

@@ -14,7 +14,9 @@ is WeatherBench2's "explicit" method. Given no leap year at all it wraps over
 levels and latitude rows when the sums would not fit `memory_bytes`), in
 blocks of times, and writes a WeatherBench2-layout zarr store, dims
 `(hour, dayofyear, [level,] latitude, longitude)`, latitude in the store's
-order, with `units`; under a temporary name, renamed when complete.
+order, with `units`; under a temporary name, renamed when complete
+(`paths.building`: an existing store is replaced only when asked, and stays
+intact until then).
 `at_valid_times` looks the climatology up for forecast valid times.
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
@@ -98,7 +100,7 @@ class _DayHourSums:
 
 def compute_climatology(path: str, out: str, start: str | None = None, end: str | None = None,
                         *, variables=None, levels=None, window: int = 61,
-                        memory_bytes: int = 2 * 2**30) -> str:
+                        memory_bytes: int = 2 * 2**30, overwrite: bool = False) -> str:
   """Writes the climatology of store `path` over [start, end] to the zarr store `out`.
 
   Args:
@@ -106,18 +108,19 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
     levels: pressure levels (hPa) of the atmospheric ones; default: all.
     window: smoothing window in days (odd).
     memory_bytes: bound on the sums held at once (blocks of levels and rows).
+    overwrite: replace an existing climatology store at `out`.
 
   Returns:
     `out`, absolute.
 
   Raises:
     ValueError: naming a missing variable or level, an empty time range, or an
-      existing `out`.
+      existing `out` (without `overwrite`; `outputs.check`).
+    errors.NoSpaceLeft: the disk filled up (nothing is left at `out`).
   """
   weights = window_weights(window)
   out = paths.normalize(out)
-  if paths.exists(out):
-    raise UserError(f"{out} exists; remove it or choose another --out")
+  outputs.check(out, outputs.STORE, overwrite=overwrite)
   dataset = store_lib.open_metadata(path)
   names = _variables(dataset, variables, path)
   level_values = _levels(dataset, names, levels, path)
@@ -129,7 +132,7 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   indices = np.arange(first, first + count)
   hours = np.unique(times.hour[indices])
   layout = _layout(dataset, names, level_values, hours, window, path, times[indices])
-  with paths.building(out) as where:
+  with outputs.building(out, overwrite) as where:
     writer.create_store(where, *layout)
     for name in names:
       _write_variable(dataset, name, level_values, times, indices, hours, weights,

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wnscale import outputs
 from wnscale.data.source import parse_duration
 from wnscale.errors import UserError
 from wnscale.evaluation import climatology as climatology_lib
@@ -52,17 +53,24 @@ def score(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | Non
 
 def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
              climatology_path: str | None = None, baseline_path: str | None = None,
-             map_channels=(), map_leads=None) -> dict:
+             map_channels=(), map_leads=None, overwrite: bool = False) -> dict:
   """Scores the forecast (and baselines) and writes results and figures to `out_dir`.
+
+  `out_dir` is checked first (`outputs.check`: it can be written, and holds no
+  results unless `overwrite`), and written whole or not at all once all is
+  scored (`outputs.building`).
 
   Args:
     map_channels: channels to map (e.g. `geopotential@500`), `HEADLINE_MAPS` for the
       first two headline channels; none by default.
     map_leads: lead times to map (e.g. "1d"); default: the first and the last.
+    overwrite: replace the results already in `out_dir`.
 
   Returns:
     `{"results": {name: xr.Dataset}, "files": [written paths]}`.
   """
+  out_dir = os.path.abspath(out_dir)
+  outputs.check(out_dir, outputs.RESULTS, overwrite=overwrite)
   forecast = datasets.open_forecast(forecast_path)
   truth = datasets.fitted(forecast, datasets.open_truth(truth_path), truth_path, "truth")
   climatology = None
@@ -87,8 +95,10 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
            "climatology": climatology_path and os.path.abspath(climatology_path),
            "baseline": baseline_path and os.path.abspath(baseline_path),
            "initial_times": [str(t) for t in forecast.init_times]}
-  files = results_lib.write(results, out_dir, about)
-  files += _figures(results, forecast, truth, out_dir, maps)
+  with outputs.building(out_dir, overwrite) as where:
+    files = results_lib.write(results, where, about)
+    files += _figures(results, forecast, truth, where, maps)
+  files = [os.path.join(out_dir, os.path.relpath(path, where)) for path in files]
   for path in files:
     logging.info("wrote %s", path)
   return {"results": results, "files": files}

@@ -128,6 +128,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
       dim; member k's noise depends on (run seed, initial time, k, lead) only.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
+  previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
   if jax.process_count() > 1:
     raise UserError("Forecasts run in one process (on any number of its devices); "
                      f"this is one of {jax.process_count()}.")
@@ -146,7 +147,6 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
                              freq=f"{d.time_step_hours}h")
-  previous = forecast_store.recorded_settings(out)
   if step is None and previous is not None:
     step = previous["checkpoint_step"]  # continue with the parameters it was started with
 

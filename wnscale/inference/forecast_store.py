@@ -12,7 +12,9 @@ The store is laid out in full when created (whole or not at all:
 (`SETTINGS_ATTR`) and the initial times finished so far
 (`datasets.COMPLETED_ATTR`, updated atomically after each one), so a killed
 forecast keeps every finished initial time and the same command continues
-with the rest; a store of other settings is never written into.
+with the rest; a store of other settings is never written into. A full disk
+ends the same way, as an `errors.NoSpaceLeft` saying how many initial times
+were kept (`outputs.writing`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
 from wnscale.errors import UserError
@@ -31,7 +33,7 @@ SETTINGS_ATTR = "wnscale_forecast"
 
 def recorded_settings(path: str) -> dict | None:
   """The settings an existing forecast store at `path` was written with (None: no store)."""
-  if not paths.exists(path):
+  if not outputs.holds_data(path):  # nothing there, or an empty directory
     return None
   if not paths.is_complete(path):
     raise UserError(f"{path} is a forecast store whose creation was cut short; remove it "
@@ -93,14 +95,17 @@ class ForecastStore:
       chunks = (1,) * (1 + len(lead_dims)) + (len(self.levels),) * len(level_dims) + self.grid
       layouts[name] = writer.VariableLayout(dims, chunks,
                                             {"units": variables_lib.lookup(name).units})
-    with paths.building(self.path) as where:
+    with outputs.building(self.path) as where:
       writer.create_store(where, coords, layouts, {SETTINGS_ATTR: settings, COMPLETED_ATTR: []})
+
+  def _kept(self) -> str:
+    """What a forecast cut short by a full disk keeps, for its message."""
+    return (f"its {len(self.completed)} finished initial time(s) are kept; free some space and "
+            "run the same command again to forecast the rest")
 
   def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None):
     """Starts writing one state `[channels, lat * lon]` (latitude ascending, physical units)."""
-    for write in self._pending:  # at most one lead time's writes in flight
-      write.result()
-    self._pending = []
+    self._wait()  # at most one lead time's writes in flight
     prefix = (init_index,) + (() if member is None else (member,)) + (lead_index,)
     channel = 0
     for name in self.variables:
@@ -115,11 +120,20 @@ class ForecastStore:
 
   def finish_init(self, init_index: int):
     """Waits for the initial time's writes, then records it as finished."""
-    for write in self._pending:
-      write.result()
-    self._pending = []
-    self.completed = sorted(set(self.completed) | {int(init_index)})
-    writer.update_attrs(self.path, {COMPLETED_ATTR: self.completed})
+    self._wait()
+    completed = sorted(set(self.completed) | {int(init_index)})
+    with outputs.writing(self.path, self._kept):
+      writer.update_attrs(self.path, {COMPLETED_ATTR: completed})
+    self.completed = completed
+
+  def _wait(self):
+    """Waits for the writes in flight (all of them, even after one fails)."""
+    pending, self._pending = self._pending, []
+    for write in pending:
+      write.exception()
+    with outputs.writing(self.path, self._kept):
+      for write in pending:
+        write.result()
 
 
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,

@@ -26,6 +26,7 @@ import pandas as pd
 import xarray as xr
 
 from wnscale import config as config_lib
+from wnscale import outputs as outputs_lib
 from wnscale import paths
 from wnscale.data import netcdf, normalization, resolve
 from wnscale.data import variables as variables_lib
@@ -51,13 +52,18 @@ def load_run(workdir: str):
 
 
 def predict_example(workdir: str, example_path: str, out_path: str,
-                    steps: int | None = None) -> xr.Dataset:
+                    steps: int | None = None, overwrite: bool = False) -> xr.Dataset:
   """Predicts `steps` lead times (default: as many as the example has targets) and writes
   them to `out_path` (NetCDF, whole or not at all); returns them.
 
+  Args:
+    overwrite: replace an existing file at `out_path` (checked first: `outputs.check`).
+
   Raises:
-    ValueError: the example does not fit the run's model (naming what).
+    ValueError: the example does not fit the run's model (naming what), or
+      `out_path` exists (without `overwrite`) or cannot be written.
   """
+  outputs_lib.check(out_path, outputs_lib.FILE, overwrite=overwrite)
   config, graphdef, params = load_run(workdir)
   example = netcdf.load(example_path)
   d = config.data
@@ -76,7 +82,8 @@ def predict_example(workdir: str, example_path: str, out_path: str,
     inputs, statics, forcings = _member_inputs(example.isel(batch=member), d)
     members.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
   predictions = _reference_format(members, example, d)
-  paths.write_bytes(paths.normalize(out_path), netcdf.to_bytes(predictions))
+  with outputs_lib.writing(out_path, "nothing was written"):
+    paths.write_bytes(paths.normalize(out_path), netcdf.to_bytes(predictions))
   return predictions
 
 

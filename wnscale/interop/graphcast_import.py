@@ -11,7 +11,8 @@ trained here:
     (`train.checkpoint.save_params`), with the checkpoint's description and
     license in its metadata.
 `launch.predict_example`, forecasts, and a new run's `--config.train.init_from`
-read it. An existing run directory is never written into.
+read it. The directory is written whole or not at all; an existing run there
+is replaced only when asked (`outputs.building`).
 """
 
 from __future__ import annotations
@@ -22,21 +23,24 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
 from wnscale.train import checkpoint as checkpoint_lib
 
 
-def import_graphcast(checkpoint_path: str, stats_dir: str, out: str) -> ml_collections.ConfigDict:
+def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
+                     overwrite: bool = False) -> ml_collections.ConfigDict:
   """Writes the run directory `out` for the checkpoint file `checkpoint_path`.
 
   Args:
     checkpoint_path: a `.npz` of GraphCast's `CheckPoint` (local or URL).
     stats_dir: a directory of `mean_by_level.nc`, `stddev_by_level.nc`,
       `diffs_stddev_by_level.nc` (local or URL).
-    out: the run directory to create (local or URL); must not hold a run.
+    out: the run directory to create (local or URL); must not exist (an empty
+      directory is fine) unless `overwrite`.
+    overwrite: replace the run at `out` (checked first: `outputs.check`).
 
   Returns:
     The run's config.
@@ -44,12 +48,10 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str) -> ml_colle
   Raises:
     ValueError: naming the problem (a file that is not what it should be, a
       model or task wnscale cannot run, statistics lacking a variable, `out`
-      already holding a run). Nothing is written then.
+      already holding something). Nothing is written then.
   """
   out = paths.normalize(out)
-  for name in ("config.json", "checkpoints"):
-    if paths.exists(paths.join(out, name)):
-      raise UserError(f"{out} already holds a run ({name}); import into a new directory.")
+  outputs.check(out, outputs.RUN, overwrite=overwrite)
   checkpoint = graphcast_checkpoint.read_checkpoint(checkpoint_path)
   stats_path = paths.join(out, "stats")
   config = graphcast_config.wnscale_config(checkpoint.model_config, checkpoint.task_config,
@@ -58,15 +60,16 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str) -> ml_colle
   params = graphcast_params.convert_params(checkpoint.params, checkpoint.task_config, config)
   params = jax.tree.map(jnp.asarray, params)
 
-  for name in normalization.GRAPHCAST_FILES.values():
-    paths.write_bytes(paths.join(stats_path, name),
-                      paths.read_bytes(paths.join(paths.normalize(stats_dir), name)))
-  checkpoint_lib.save_params(paths.join(out, "checkpoints"), params, {
-      "step": 0, "imported_from": paths.normalize(checkpoint_path),
-      "description": checkpoint.description, "license": checkpoint.license,
-      "statistics_from": paths.normalize(stats_dir)})
-  # Last: a directory with config.json is a whole run.
-  paths.write_text(paths.join(out, "config.json"), config.to_json_best_effort(indent=2))
+  with outputs.building(out, overwrite) as where:  # the config names `out`, not `where`
+    for name in normalization.GRAPHCAST_FILES.values():
+      paths.write_bytes(paths.join(where, "stats", name),
+                        paths.read_bytes(paths.join(paths.normalize(stats_dir), name)))
+    checkpoint_lib.save_params(paths.join(where, "checkpoints"), params, {
+        "step": 0, "imported_from": paths.normalize(checkpoint_path),
+        "description": checkpoint.description, "license": checkpoint.license,
+        "statistics_from": paths.normalize(stats_dir)})
+    # Last: a directory with config.json is a whole run.
+    paths.write_text(paths.join(where, "config.json"), config.to_json_best_effort(indent=2))
   logging.info("Imported %s (%s) into %s: %d parameters.", checkpoint_path,
                checkpoint.description[:80], out,
                sum(x.size for x in jax.tree.leaves(params)))

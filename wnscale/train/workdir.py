@@ -10,11 +10,7 @@ The directory may be a URL (`gs://bucket/run`, `wnscale.paths`).
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-from wnscale import paths
-from wnscale.errors import UserError
+from wnscale import outputs, paths
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -23,23 +19,9 @@ CHECKPOINTS = "checkpoints"
 
 
 def prepare(workdir: str):
-  """Makes `workdir` if missing; a `UserError` if it is a file or cannot be written.
-
-  A URL (`gs://...`) needs no making; the bucket's errors come with the first write.
-  """
-  if paths.is_url(workdir):
-    return
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise UserError(f"--workdir {workdir} is a file, not a directory. Give the run a "
-                    "directory of its own (it is made if missing).")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    # Permission bits alone do not tell (ACLs, read-only mounts): write a file.
-    with tempfile.TemporaryFile(dir=workdir, prefix=".wnscale-write-test-"):
-      pass
-  except OSError as error:
-    raise UserError(f"Cannot write to --workdir {workdir} ({error.strerror}). Give a "
-                    "directory this user can write to.") from error
+  """Makes `workdir` (and its parents) if missing; a `UserError` if it is a file or
+  cannot be written (`outputs.check_writable`: local or `gs://`)."""
+  outputs.check_writable(workdir, f"--workdir {paths.normalize(workdir)}", make=True)
 
 
 def describe(workdir: str, checkpoint_steps) -> str:

@@ -1,0 +1,247 @@
+"""Nothing lost in what a command writes, each case through the real launcher command.
+
+  - An existing output is never replaced unasked: `make_dataset`, `make_climatology`,
+    `evaluate`, `import_graphcast` and `predict_example` refuse an existing `--out`
+    (exit 2, one line naming it and `--overwrite`), `--overwrite` replaces only an
+    output of the same kind, and `forecast` refuses a store that is not its own.
+  - An output that cannot be written (a read-only file system, no permission) is said
+    before any work, in one line naming the location and why (exit 2).
+  - A full disk while writing a store or a forecast is one line naming the path and "no
+    space left" (exit 1, no traceback; `--traceback` shows it): a store is left whole or
+    not at all (a replaced one intact), and a forecast keeps its finished initial times
+    and is continued by the same command once there is room.
+
+The data on disk is compared by checksums of every file. Read-only and tiny file
+systems are tmpfs mounts (the tests run as root), unmounted when the test ends.
+"""
+
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import gcs
+from test_cli import assert_user_error, run, without_root
+from tiny_runs import process_env
+from wnscale import outputs, paths
+from wnscale.data import store as store_lib
+from wnscale.data import synthetic
+from wnscale.errors import UserError
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")
+FORECAST = ["--platform=cpu", "--num_cpu_devices=1", "--mesh.graph=1", "--lead=12h"]
+
+
+def checksums(path) -> dict:
+  """`{relative path: sha256}` of every file under the directory `path` (or of the file)."""
+  path = str(path)
+  if os.path.isfile(path):
+    with open(path, "rb") as f:
+      return {"": hashlib.sha256(f.read()).hexdigest()}
+  sums = {}
+  for directory, _, names in os.walk(path):
+    for name in names:
+      file = os.path.join(directory, name)
+      with open(file, "rb") as f:
+        sums[os.path.relpath(file, path)] = hashlib.sha256(f.read()).hexdigest()
+  return sums
+
+
+@contextlib.contextmanager
+def tmpfs(path, size: str, read_only: bool = False):
+  """A tmpfs of `size` (e.g. "1m") mounted at `path` for the block."""
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  os.makedirs(path, exist_ok=True)
+  options = f"size={size}" + (",ro" if read_only else "")
+  subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True,
+                 capture_output=True, timeout=30)
+  try:
+    yield str(path)
+  finally:
+    subprocess.run(["umount", str(path)], check=True, capture_output=True, timeout=30)
+
+
+def grow(path, size: str):
+  """Frees space on the tmpfs at `path`: makes it `size`."""
+  subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True,
+                 capture_output=True, timeout=30)
+
+
+def run_together(*commands, prefixes=None, env=None):
+  """`run(*command)` of every command at once (a launcher's start-up keeps one core busy):
+  their results, in order. `prefixes`: `{index: prefix}` of commands run under one."""
+  prefixes = prefixes or {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+    return list(pool.map(lambda index: run(*commands[index], env=env,
+                                           prefix=prefixes.get(index, ())),
+                         range(len(commands))))
+
+
+def store(path, end="2020-01-02", **kwargs) -> str:
+  return synthetic.write_synthetic_store(str(path), start="2020-01-01", end=end,
+                                         levels=(500, 850), **kwargs)
+
+
+def assert_full_disk(result, path):
+  """Exit 1, no traceback, one `error:` line, last, naming `path` and no space left."""
+  assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-4000:]
+  assert "Traceback" not in result.stderr, result.stderr[-4000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], (
+      result.stderr[-4000:])
+  assert "no space left" in errors[0].lower() and str(path) in errors[0], errors[0]
+  return errors[0]
+
+
+@pytest.fixture(scope="module")
+def trained(trained_tiny_run):
+  """The shared tiny run and its store."""
+  with open(os.path.join(trained_tiny_run, "config.json")) as f:
+    return trained_tiny_run, json.load(f)["data"]["path"]
+
+
+def test_existing_outputs_are_not_replaced_unasked(tmp_path, trained):
+  workdir, _ = trained
+  data = store(tmp_path / "data.zarr")
+  clim = store(tmp_path / "clim.zarr", variables=["2m_temperature"])
+  results = tmp_path / "results"
+  results.mkdir()
+  (results / "metrics.json").write_text("{}")
+  run_dir = tmp_path / "run"
+  shutil.copytree(workdir, run_dir)
+  predictions = tmp_path / "predictions.nc"
+  predictions.write_bytes(b"earlier predictions")
+  everything = checksums(tmp_path)
+
+  cases = [
+      (["make_dataset", f"--out={data}", "--end=2020-01-01", "--variables=2m_temperature"],
+       f"--out {data} exists (a zarr store); pass --overwrite to replace it"),
+      (["make_climatology", f"--store={data}", f"--out={clim}"],
+       f"--out {clim} exists (a zarr store)"),
+      (["evaluate", f"--forecast={data}", f"--truth={data}", f"--out={results}"],
+       f"--out {results} exists (evaluation results)"),
+      (["import_graphcast", f"--checkpoint={FIXTURE}/params.npz",
+        f"--stats_dir={FIXTURE}/stats", f"--out={run_dir}"],
+       f"--out {run_dir} exists (a run directory)"),
+      (["predict_example", f"--workdir={run_dir}", f"--example={FIXTURE}/example.nc",
+        f"--out={predictions}"], f"--out {predictions} exists (a file)"),
+      # A forecast continues its own store, and writes into no other.
+      (["forecast", f"--workdir={workdir}", f"--out={data}", *FORECAST],
+       f"{data} exists and is not a forecast store written by wnscale"),
+  ]
+  results = run_together(*(args for args, _ in cases), env=process_env())
+  for result, (_, message) in zip(results, cases):
+    assert_user_error(result, message)
+  assert checksums(tmp_path) == everything
+
+
+def test_unwritable_outputs_are_said_before_any_work(tmp_path, trained):
+  workdir, truth = trained
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o555)
+  clim = locked / "clim.zarr"
+  with tmpfs(tmp_path / "read_only", "1m", read_only=True) as read_only:
+    forecast, scores = os.path.join(read_only, "f.zarr"), os.path.join(read_only, "scores")
+    results = run_together(
+        ["forecast", f"--workdir={workdir}", f"--out={forecast}", *FORECAST],
+        ["evaluate", f"--forecast={truth}", f"--truth={truth}", f"--out={scores}"],
+        ["make_climatology", f"--store={truth}", f"--out={clim}"],
+        prefixes={2: without_root()}, env=process_env())
+  assert_user_error(results[0], f"Cannot write to --out {forecast} (Read-only file system "
+                    f"in {read_only})")
+  assert "Restored" not in results[0].stderr  # stopped before any work
+  assert_user_error(results[1], f"Cannot write to --out {scores} (Read-only file system")
+  assert_user_error(results[2], f"Cannot write to --out {clim} (Permission denied in {locked})")
+  assert os.listdir(locked) == []
+
+
+def test_a_file_in_the_way_and_missing_parents(tmp_path):
+  (tmp_path / "file").write_text("")
+  with pytest.raises(UserError, match=f"{tmp_path}/file, a parent of --out .* is a file"):
+    outputs.check(str(tmp_path / "file" / "x.zarr"), outputs.STORE, flag="--out")
+  with pytest.raises(UserError, match="is a directory; give the path of a file"):
+    outputs.check(str(tmp_path), outputs.FILE)
+  # Missing parents are made, as for --workdir.
+  deep = tmp_path / "new" / "deeper" / "s.zarr"
+  outputs.check(str(deep), outputs.STORE)
+  store(deep, end="2020-01-01", variables=["2m_temperature"])
+  assert xr.open_zarr(deep).sizes["time"] == 4
+
+
+def test_a_full_disk_while_making_a_store(tmp_path):
+  """The store being replaced stays intact; once there is room, --overwrite replaces it."""
+  with tmpfs(tmp_path / "disk", "2m") as disk:
+    path = store(os.path.join(disk, "s.zarr"), variables=["2m_temperature"])
+    before = checksums(path)
+    make = ["make_dataset", f"--out={path}", "--start=2020-01-01", "--end=2020-01-04",
+            "--levels=13", "--overwrite"]
+    error = assert_full_disk(run(*make), path)
+    assert "the existing one is unchanged" in error
+    assert checksums(path) == before and os.listdir(disk) == ["s.zarr"]
+    grow(disk, "64m")
+    result = run(*make)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert xr.open_zarr(path).sizes["time"] == 16 and os.listdir(disk) == ["s.zarr"]
+
+
+def test_a_full_disk_while_making_a_climatology(tmp_path):
+  truth = store(tmp_path / "truth.zarr", variables=["2m_temperature"])
+  with tmpfs(tmp_path / "disk", "256k") as disk:
+    clim = os.path.join(disk, "clim.zarr")
+    make = ["make_climatology", f"--store={truth}", f"--out={clim}"]
+    plain, shown = run_together(make, [*make, "--traceback"])
+    assert os.listdir(disk) == []
+  assert "nothing was left there" in assert_full_disk(plain, clim)
+  assert shown.returncode == 1 and "Traceback" in shown.stderr
+  assert shown.stderr.strip().splitlines()[-1].startswith("error: No space left")
+
+
+def test_a_full_disk_while_forecasting_keeps_the_finished_initial_times(tmp_path, trained):
+  workdir, _ = trained
+  inits = "--init_times=2020-01-21T06,2020-01-21T18,2020-01-22T06"
+  # The layout (~250 KiB) and about two of the three initial times (~150 KiB each).
+  with tmpfs(tmp_path / "disk", "560k") as disk:
+    out = os.path.join(disk, "f.zarr")
+    os.mkdir(out)  # an empty directory holds nothing: the forecast goes there
+    command = ["forecast", f"--workdir={workdir}", f"--out={out}", inits, *FORECAST]
+    error = assert_full_disk(run(*command, env=process_env(), timeout=300), out)
+    kept = xr.open_zarr(out).attrs["wnscale_completed_inits"]
+    assert 1 <= len(kept) <= 2 and f"its {len(kept)} finished initial time(s) are kept" in error
+    finished = {name: value for name, value in checksums(out).items()  # their chunks
+                if name.startswith("2m_temperature") and name.split(os.sep)[-1].split(".")[0]
+                in {str(i) for i in kept}}
+    assert len(finished) == 2 * len(kept)  # 2 lead times each
+    grow(disk, "64m")
+    result = run(*command, env=process_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["already_written"] == len(kept) and summary["written"] == 3 - len(kept)
+    after = checksums(out)
+    assert all(after[name] == value for name, value in finished.items())  # not redone
+    forecast = xr.open_zarr(out)
+    assert forecast.attrs["wnscale_completed_inits"] == [0, 1, 2]
+    assert not np.isnan(forecast["2m_temperature"].values).any()
+
+
+def test_outputs_in_a_bucket():
+  """The same rules for a gs:// output (a Cloud Storage emulator): a probe object is
+  written and removed, an existing store is replaced only when asked."""
+  with gcs.emulator() as bucket:
+    path = paths.join(bucket, "s.zarr")
+    store(path, end="2020-01-01", variables=["2m_temperature"])
+    with pytest.raises(UserError, match=f"{path} exists \\(a zarr store\\); pass overwrite"):
+      store(path, variables=["2m_temperature"])
+    store(path, variables=["2m_temperature"], overwrite=True)
+    assert store_lib.open_metadata(path).sizes["time"] == 8 and paths.is_complete(path)
+    assert sorted(entry.name for entry in paths.as_epath(bucket).iterdir()) == [
+        "s.zarr", "s.zarr.complete"]  # no probe left
+    with pytest.raises(UserError, match="Cannot write to gs://no-such-bucket/s.zarr \\(no such bucket\\)"):
+      outputs.check("gs://no-such-bucket/s.zarr", outputs.STORE)

@@ -1,0 +1,244 @@
+"""What a command writes: checked before any work, never replacing data unasked, a full disk
+said in one line.
+
+Every output (a path, local or `gs://`: `wnscale.paths`) is of one `Kind`: a
+zarr store, a run directory, evaluation results, a file, or a forecast store.
+`check` runs before any work (the launchers call it while parsing their flags,
+before JAX starts; the library calls it again for its own callers) and stops
+with a `UserError`:
+
+  - when the output exists and `overwrite` is not given (an empty directory
+    holds nothing and does not count). A forecast store is the exception: it
+    is continued, not replaced (`Kind.continues`; `forecast_store` checks that
+    it is the same forecast);
+  - when `overwrite` is given but what is there is not of the kind the command
+    writes: `--overwrite` replaces a store with a store, never someone's other
+    directory;
+  - when the location cannot be written (`check_writable`, shared with
+    `--workdir`): a probe file is written and removed where the output goes,
+    so a read-only file system, a missing permission or a file in the way is
+    said before anything is computed.
+
+Missing parent directories are made when the output is written, as for
+`--workdir` (and as in a bucket, where a path needs no parents).
+
+An output is replaced by writing the new one under a temporary name and
+swapping it in when it is whole (`paths.building`): the old one stays intact
+and readable until then, so a replacement cut short (a full disk, Ctrl-C, a
+mistake found late) loses nothing, at the price of room for both while it is
+written.
+
+A full disk (or quota) while writing (`writing`) becomes `errors.NoSpaceLeft`,
+which names the path and what was kept; the launchers print it as one line,
+exit status 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+import uuid
+
+from wnscale import paths
+from wnscale.errors import NoSpaceLeft, UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """What an output is.
+
+  Attributes:
+    noun: what it is called in messages, e.g. "a zarr store".
+    markers: names inside it that one of this kind holds (any of them); none
+      for a file.
+    continues: an existing one is continued rather than replaced.
+  """
+
+  noun: str
+  markers: tuple[str, ...] = ()
+  continues: bool = False
+
+  @property
+  def is_file(self) -> bool:
+    return not self.markers
+
+
+STORE = Kind("a zarr store", (".zgroup", "zarr.json"))
+RUN = Kind("a run directory", ("config.json", "checkpoints"))
+RESULTS = Kind("evaluation results", ("metrics.json",))
+FILE = Kind("a file")
+FORECAST = Kind("a forecast store", (".zgroup",), continues=True)
+
+_PROBE = ".wnscale-write-test-"
+_SHOWN_NAMES = 4  # names listed of a directory --overwrite will not replace
+
+
+def check(path: str, kind: Kind, *, overwrite: bool = False, flag: str | None = None):
+  """A `UserError` unless `path` can be written as `kind` without losing data.
+
+  Args:
+    path: the output (local or URL).
+    overwrite: an existing output of this kind may be replaced.
+    flag: the launcher's flag (e.g. "--out"), named in messages; None from the
+      library (messages then say `overwrite=True`).
+  """
+  path = paths.normalize(path)
+  name = f"{flag} {path}" if flag else path
+  exists = _holds_data(path, kind, name)
+  if exists and not kind.continues:
+    if not overwrite:
+      how = "pass --overwrite" if flag else "pass overwrite=True"
+      raise UserError(f"{name} exists ({_describe(path, kind)}); {how} to replace it, or "
+                      f"choose another {flag or 'path'}.")
+    if not _is_kind(path, kind):
+      raise UserError(f"{name} exists and is not {kind.noun} ({_describe(path, kind)}); "
+                      f"{'--overwrite' if flag else 'overwrite'} replaces only {kind.noun}: "
+                      f"choose another {flag or 'path'}, or remove it yourself.")
+  # Writes go into a continued store; anything else is built beside its path.
+  check_writable(path, name, inside=exists and kind.continues)
+
+
+def check_writable(path: str, name: str, *, inside: bool = False, make: bool = False):
+  """A `UserError` naming `name` (e.g. "--out /x") and why, unless `path` can be written.
+
+  A probe file is written and removed (permission bits alone do not tell:
+  ACLs, read-only mounts, buckets).
+
+  Args:
+    path: the output (local or URL).
+    inside: the writes go inside `path` (an existing directory), not beside it.
+    make: `path` is a directory to make now if missing (with its parents).
+  """
+  path = paths.normalize(path)
+  if paths.is_url(path):
+    # Inside, or beside `path` (an object there would make `path` exist).
+    probe = (paths.join(path, _PROBE) if inside or make else path + _PROBE) + uuid.uuid4().hex
+    try:
+      paths.write_bytes(probe, b"")
+      paths.as_epath(probe).unlink()
+    except Exception as error:  # noqa: BLE001 (the client's errors have many types)
+      # An object needs no parents: not found means no bucket.
+      reason = ("no such bucket" if isinstance(error, FileNotFoundError) else
+                "permission denied" if isinstance(error, PermissionError) else
+                f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+      raise UserError(f"Cannot write to {name} ({reason}). Give a location this account can "
+                      "write to.") from error
+    return
+  if make or inside:
+    directory = path
+  else:  # built beside `path`, in the nearest directory that exists; the rest is made
+    directory = os.path.dirname(path)
+    while not os.path.lexists(directory):
+      directory = os.path.dirname(directory)
+  if os.path.lexists(directory) and not os.path.isdir(directory):
+    what = name if directory == path else f"{directory}, a parent of {name},"
+    raise UserError(f"{what} is a file, not a directory; give a directory (missing ones are "
+                    "made).")
+  try:
+    if make:
+      os.makedirs(path, exist_ok=True)
+    probe = os.path.join(directory, _PROBE + uuid.uuid4().hex)
+    with open(probe, "wb"):
+      pass
+    os.remove(probe)
+  except OSError as error:
+    where = "" if directory == path else f" in {directory}"
+    raise UserError(f"Cannot write to {name} ({error.strerror}{where}). Give a location "
+                    "this user can write to.") from error
+
+
+def holds_data(path: str) -> bool:
+  """Whether something is at `path` (an empty local directory holds nothing)."""
+  path = paths.normalize(path)
+  if paths.is_url(path):
+    return paths.exists(path) or paths.exists(path + ".complete")
+  return os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path))
+
+
+def _holds_data(path: str, kind: Kind, name: str) -> bool:
+  """`holds_data`; a `UserError` if a file is where a directory goes, or the other way."""
+  if not paths.is_url(path) and os.path.lexists(path):
+    if kind.is_file and os.path.isdir(path):
+      raise UserError(f"{name} is a directory; give the path of a file to write.")
+    if not kind.is_file and not os.path.isdir(path):
+      raise UserError(f"{name} is a file, not {kind.noun}; choose another path.")
+  return holds_data(path)
+
+
+def _is_kind(path: str, kind: Kind) -> bool:
+  if kind.is_file:
+    return True
+  if paths.is_url(path) and paths.exists(path + ".complete"):  # paths.building's marker
+    return True
+  return any(paths.exists(paths.join(path, marker)) for marker in kind.markers)
+
+
+def _describe(path: str, kind: Kind) -> str:
+  """What is at `path`, for a message: its kind, or some of the names it holds."""
+  if _is_kind(path, kind):
+    if not kind.is_file and not paths.is_complete(path):
+      return f"{kind.noun} whose writing was cut short"
+    return kind.noun
+  names = sorted(entry.name for entry in paths.as_epath(path).iterdir())
+  shown = ", ".join(names[:_SHOWN_NAMES]) + (", ..." if len(names) > _SHOWN_NAMES else "")
+  return f"it holds {shown}"
+
+
+@contextlib.contextmanager
+def building(path: str, overwrite: bool = False):
+  """`paths.building(path, replace=overwrite)`, a full disk a `NoSpaceLeft` saying what is left.
+
+  Yields where to build the output (see `paths.building`).
+  """
+  if paths.is_url(path):
+    left = ("what was written there is incomplete (no .complete marker); free some space "
+            "and write it again, overwriting")
+  elif overwrite:
+    left = ("nothing was written and the existing one is unchanged (replacing it needs room "
+            "for both); free some space or remove it, then run again")
+  else:
+    left = "nothing was left there; free some space and run again"
+  with writing(path, left), paths.building(path, replace=overwrite) as where:
+    yield where
+
+
+def no_space(error: BaseException) -> NoSpaceLeft | None:
+  """The full disk (or quota) behind `error`, or None.
+
+  The `NoSpaceLeft` that `error` is or came from; else, when the disk was full
+  (an `OSError` ENOSPC or EDQUOT, or tensorstore's `ValueError` saying "No
+  space left on device"), a `NoSpaceLeft` of that error's message.
+  """
+  seen, cause = set(), error
+  while cause is not None and id(cause) not in seen:
+    seen.add(id(cause))
+    if isinstance(cause, NoSpaceLeft):
+      return cause
+    if ((isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)) or
+        any(text in str(cause) for text in ("No space left on device", "Disk quota exceeded"))):
+      return NoSpaceLeft(f"No space left on device: {cause}")
+    cause = cause.__cause__ or cause.__context__
+  return None
+
+
+@contextlib.contextmanager
+def writing(path: str, kept):
+  """Turns a full disk while the block writes `path` into `NoSpaceLeft` naming it.
+
+  Args:
+    path: the output being written.
+    kept: what is left, e.g. "nothing was written"; a callable is called
+      when the disk is full (e.g. to count what was finished).
+  """
+  try:
+    yield
+  except NoSpaceLeft:
+    raise
+  except Exception as error:  # noqa: BLE001 (re-raised unless the disk is full)
+    if no_space(error) is None:
+      raise
+    said = kept() if callable(kept) else kept
+    raise NoSpaceLeft(f"No space left on device writing {paths.normalize(path)}; {said}"
+                      ) from error
