@@ -168,31 +168,34 @@ def test_a_killed_conversion_continues_and_a_converted_store_trains(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   assert "times 80/80" in done.stderr
   killed = tmp_path / "killed.zarr"
+  partial = tmp_path / "killed.zarr.partial"  # where it is built until whole
   process = subprocess.Popen(make(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
   try:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-      if killed.exists() and convert.is_converting(str(killed)) and zarr.open_group(
-          killed, mode="r").attrs["conversion"]["times_written"] >= 10:
+      if convert.is_converting(str(killed)) and zarr.open_group(
+          partial, mode="r").attrs["conversion"]["times_written"] >= 10:
         break
       time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
   finally:
     process.wait(timeout=30)
-  written = zarr.open_group(killed, mode="r").attrs["conversion"]["times_written"]
+  written = zarr.open_group(partial, mode="r").attrs["conversion"]["times_written"]
   assert 10 <= written < 80 and convert.is_converting(str(killed))
-  with pytest.raises(UserError, match="cut short"):
-    store_lib.open_store(str(killed), ["2m_temperature"], [])
+  assert not killed.exists()  # nothing at --out until the store is whole
+  with pytest.raises(UserError, match="cut short"):  # nor can the partial one be trained on
+    store_lib.open_store(str(partial), ["2m_temperature"], [])
   again = subprocess.run(make(killed), cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
   assert again.returncode == 0, again.stderr[-3000:]
   assert f"Continuing the conversion into {killed} after {written} of 80 times" in again.stderr
   xr.testing.assert_identical(_open(killed), _open(whole))
+  assert not partial.exists() and not convert.is_converting(str(killed))
   other = subprocess.run([sys.executable, "-m", "launch.make_dataset",
                           f"--from={tmp_path}/sfc.nc", f"--out={whole}"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
-  assert other.returncode == 2 and "exists; replace it with --overwrite" in other.stderr
+  assert other.returncode == 2 and "exists (a zarr store); pass --overwrite" in other.stderr
 
   train = subprocess.run(
       [sys.executable, "-m", "launch.train", "--platform=cpu", "--num_cpu_devices=1",

@@ -187,12 +187,16 @@ def _describe(path: str, kind: Kind) -> str:
 
 
 @contextlib.contextmanager
-def building(path: str, overwrite: bool = False):
-  """`paths.building(path, replace=overwrite)`, a full disk a `NoSpaceLeft` saying what is left.
+def building(path: str, overwrite: bool = False, resumable: bool = False):
+  """`paths.building(path, overwrite, resumable)`, a full disk a `NoSpaceLeft` saying what
+  is left.
 
   Yields where to build the output (see `paths.building`).
   """
-  if paths.is_url(path):
+  if resumable and not paths.is_url(path):
+    left = (f"what was written is kept in {paths.partial_path(path)}; free some space and run "
+            "the same command to continue")
+  elif paths.is_url(path):
     left = ("what was written there is incomplete (no .complete marker); free some space "
             "and write it again, overwriting")
   elif overwrite:
@@ -200,7 +204,7 @@ def building(path: str, overwrite: bool = False):
             "for both); free some space or remove it, then run again")
   else:
     left = "nothing was left there; free some space and run again"
-  with writing(path, left), paths.building(path, replace=overwrite) as where:
+  with writing(path, left), paths.building(path, overwrite, resumable) as where:
     yield where
 
 

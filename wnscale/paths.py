@@ -139,8 +139,13 @@ def free_bytes(path: str) -> int | None:
   return shutil.disk_usage(directory).free
 
 
+def partial_path(path: str) -> str:
+  """Where a resumable build of `path` lives until it is whole (`building(resumable=True)`)."""
+  return f"{normalize(path)}.partial"
+
+
 @contextlib.contextmanager
-def building(path: str, replace: bool = False):
+def building(path: str, replace: bool = False, resumable: bool = False):
   """Yields where to build a new directory-like output (a zarr store) meant for `path`.
 
   Locally it is built under a temporary name beside `path` (parents made) and
@@ -151,6 +156,9 @@ def building(path: str, replace: bool = False):
   once, so there it is built at `path` itself and a `<path>.complete` marker
   is written last (with `replace`, the old output is removed first, its
   marker before it); `is_complete` tells the two apart in either case.
+  `resumable`: locally, the build lives at `partial_path(path)` and is kept
+  after an error, for a later run to continue (the caller tells whether what
+  is there may be continued).
   """
   path = normalize(path)
   if is_url(path):
@@ -164,7 +172,7 @@ def building(path: str, replace: bool = False):
     write_text(path + ".complete", "")
     return
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  partial = f"{path}.partial-{os.getpid()}"
+  partial = partial_path(path) if resumable else f"{path}.partial-{os.getpid()}"
   try:
     yield partial
     # A directory can be renamed onto an empty one only: a full one is moved aside first.
@@ -180,7 +188,7 @@ def building(path: str, replace: bool = False):
     else:
       os.replace(partial, path)
   finally:
-    if os.path.lexists(partial):
+    if os.path.lexists(partial) and not resumable:
       _remove_for_good(partial)
 
 

@@ -13,11 +13,11 @@ trained on it. The land-sea mask and surface geopotential are statics (no time
 dim), whether they come in a file of their own or at every time step.
 
 The store is written block of times by block of times, never holding more than
-`block_bytes` of data, with progress. Its `conversion` attribute records the
-sources and how many times are written; a command killed midway and run again
-continues there, and the store counts as complete (`is_converting` False) only
-once its last block is written. Resuming into a store made from other sources is
-an error; an existing complete store is replaced only when asked (`overwrite`).
+`block_bytes` of data, with progress, at `<out>.partial` until it is whole (then
+renamed to `out`). Its `conversion` attribute records the sources and how many
+times are written; a command killed midway and run again continues there.
+Continuing a conversion of other sources is an error; an existing store at `out`
+is replaced only when asked (`overwrite`), and stays intact until then.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import era5_files, writer
 from wnscale.data import store as store_lib
 from wnscale.data.store import CONVERSION_ATTR as CONVERSION
@@ -61,8 +61,10 @@ def expand_sources(patterns: list[str]) -> list[str]:
 
 
 def is_converting(path: str) -> bool:
-  """Whether the store at `path` is a conversion cut short (run the same command again)."""
-  attrs = _store_attrs(path)
+  """Whether a conversion into `path` was cut short (run the same command again)."""
+  path = paths.normalize(path)
+  where = path if paths.is_url(path) else paths.partial_path(path)
+  attrs = _store_attrs(where)
   return bool(attrs and CONVERSION in attrs and not attrs[CONVERSION]["complete"])
 
 
@@ -71,32 +73,44 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
                  block_bytes: int = BLOCK_BYTES) -> str:
   """Writes the store at `out` from the CDS files `sources` (paths or globs); returns `out`.
 
+  Locally the store is built at `<out>.partial` and renamed to `out` when whole (an
+  existing store at `out` is replaced only with `overwrite`, and stays intact until
+  then); a conversion cut short is continued there by the same call. In a bucket it
+  is built in place, its `conversion` attribute marking it incomplete until the end.
+
   Args:
     member: the ensemble member of files holding several (ERA5's EDA).
     start, end: the first and last time to keep (any pandas time string).
-    overwrite: replace an existing store (a conversion of the same sources cut short
-      is continued without it).
+    overwrite: replace an existing store at `out`, and a conversion of other sources
+      cut short.
   """
   files = expand_sources(sources)
   datasets = [era5_files.open_era5_file(path, member) for path in files]
   plan = _Plan(files, datasets, start, end)
   out = paths.normalize(out)
+  outputs.check(out, outputs.STORE, overwrite=overwrite)
   fingerprint = _fingerprint(files, member, plan.times)
-  done = _resume_point(out, fingerprint, overwrite)
-  if done is None:
-    writer.create_store(out, plan.coords(), plan.layouts(), attrs={CONVERSION: {
-        "sources": files, "member": member, "fingerprint": fingerprint, "times_written": 0,
-        "complete": False, "notes": plan.notes}})
-    _write_statics(out, plan)
-    done = 0
-  else:
-    logging.info("Continuing the conversion into %s after %d of %d times.", out, done,
-                 len(plan.times))
-  handles = {name: writer.open_variable(out, name) for name in plan.time_variables}
-  per_block = max(1, block_bytes // plan.bytes_per_time)
+  with outputs.building(out, overwrite, resumable=True) as where:
+    done = _resume_point(where, fingerprint, overwrite)
+    if done is None:
+      writer.create_store(where, plan.coords(), plan.layouts(), attrs={CONVERSION: {
+          "sources": files, "member": member, "fingerprint": fingerprint,
+          "times_written": 0, "complete": False, "notes": plan.notes}})
+      _write_statics(where, plan)
+      done = 0
+    else:
+      logging.info("Continuing the conversion into %s after %d of %d times.", out, done,
+                   len(plan.times))
+    _write_times(where, plan, done, max(1, block_bytes // plan.bytes_per_time), out)
+  return out
+
+
+def _write_times(where: str, plan: _Plan, done: int, per_block: int, out: str):
+  """Writes the times from `done` on, `per_block` at a time, recording each block."""
+  handles = {name: writer.open_variable(where, name) for name in plan.time_variables}
   progress = WriteProgress(out, len(plan.times), plan.bytes_per_time)
   progress.done(done)
-  record = writer.read_attrs(out)[CONVERSION]
+  record = writer.read_attrs(where)[CONVERSION]
   for first in range(done, len(plan.times), per_block):
     last = min(first + per_block, len(plan.times))
     block = plan.times[first:last]
@@ -105,12 +119,11 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
     for write in writes:
       write.result()
     record["times_written"] = last
-    writer.update_attrs(out, {CONVERSION: record})  # after the data: a resume redoes no less
+    writer.update_attrs(where, {CONVERSION: record})  # after the data: a resume redoes no less
     progress.done(last)
   progress.close()
   record["complete"] = True
-  writer.update_attrs(out, {CONVERSION: record})
-  return out
+  writer.update_attrs(where, {CONVERSION: record})
 
 
 class _Plan:
@@ -303,20 +316,19 @@ def _store_attrs(path: str) -> dict | None:
   return writer.read_attrs(path)
 
 
-def _resume_point(out: str, fingerprint: str, overwrite: bool) -> int | None:
-  """Times already written by a conversion of the same sources, or None to start afresh."""
-  if not paths.exists(out):
+def _resume_point(where: str, fingerprint: str, overwrite: bool) -> int | None:
+  """Times already written into `where` by a conversion of the same sources, or None to
+  start afresh (with `overwrite`, a conversion of other sources there is discarded)."""
+  if not paths.exists(where) or (not paths.is_url(where) and not os.listdir(where)):
     return None
-  attrs = _store_attrs(out)
-  record = (attrs or {}).get(CONVERSION)
-  if record and not record["complete"] and not overwrite:
-    if record["fingerprint"] != fingerprint:
-      raise UserError(f"{out} is a conversion of other sources cut short ({record['sources']}); "
-                      "continue it with those, or replace it with --overwrite.")
+  record = (_store_attrs(where) or {}).get(CONVERSION)
+  if record and record["fingerprint"] == fingerprint and not record["complete"]:
     return int(record["times_written"])
+  if record is None and not overwrite:  # never delete what this module did not write
+    raise UserError(f"{where} is in the way and is not a conversion cut short; remove it.")
   if not overwrite:
-    raise UserError(f"{out} exists; replace it with --overwrite, or give another --out.")
-  if attrs is None:  # never delete what is not a zarr store
-    raise UserError(f"{out} exists and is not a zarr store; remove it or give another --out.")
-  paths.as_epath(out).rmtree()
+    raise UserError(f"{where} is a conversion of other sources cut short "
+                    f"({record['sources']}); continue it with those, or start afresh with "
+                    "--overwrite.")
+  paths.as_epath(where).rmtree()
   return None
