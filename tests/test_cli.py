@@ -238,7 +238,7 @@ def test_a_store_missing_a_variable(tmp_path, stores):
 def test_a_store_with_nan_is_found_before_compiling(tmp_path, stores):
   result = train(tmp_path, *on_store(stores["nan"]))
   assert_user_error(result, "NaN in variable 'temperature@850' at time 2020-01-06T06:00",
-                    "--config.data.fill_nan=True")
+                    "data.fill_nan=True")
   assert "Compiled" not in result.stderr
 
 
@@ -249,11 +249,19 @@ def test_a_pressure_level_not_in_the_store(tmp_path, stores):
                     "data.pressure_levels")
 
 
-def test_an_eval_range_outside_the_store(tmp_path, stores):
-  result = train(tmp_path, *on_store(stores["good"]), "--config.data.eval_start=2021-01-01",
-                 "--config.data.eval_end=2021-01-31")
-  assert_user_error(result, "Time range 2021-01-01 .. 2021-01-31", "has 0 time(s)",
-                    "covers 2020-01-01", "data.eval_start/eval_end")
+@pytest.mark.parametrize("override, fragments", [
+    ("--config.data.train_start=2019-12-25",
+     ["Time range 2019-12-25 .. 2020-01-15 starts before the store",
+      "set data.train_start/train_end inside it"]),
+    ("--config.data.eval_end=2020-01-25",
+     ["Time range 2020-01-16 .. 2020-01-25 ends after the store",
+      "set data.eval_start/eval_end inside it"]),
+], ids=["train_start", "eval_end"])
+def test_a_time_range_reaching_outside_the_store_is_not_clipped(tmp_path, stores, override,
+                                                                 fragments):
+  result = train(tmp_path, *on_store(stores["good"]), override)
+  assert_user_error(result, *fragments,
+                    "which covers 2020-01-01 00:00:00 .. 2020-01-20 18:00:00 every 6 h")
   assert "Compiled" not in result.stderr
 
 

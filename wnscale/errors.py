@@ -10,3 +10,15 @@ input as `ValueError` keeps working.
 
 class UserError(ValueError):
   """A mistake in the user's input; the message says what it is and how to fix it."""
+
+
+class ArgumentError(UserError):
+  """A `UserError` about one argument of a library function, e.g. `init_every="24"`.
+
+  The message reads `argument=value: problem`; a launcher with a flag of the
+  argument's name shows `--argument=value: problem` instead (`launch/cli.py`).
+  """
+
+  def __init__(self, argument: str, value, problem: str):
+    super().__init__(f"{argument}={value}: {problem}")
+    self.argument, self.value, self.problem = argument, value, problem

@@ -58,9 +58,8 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   Raises:
     ValueError: the example does not fit the run's model (naming what).
   """
+  example = _read_example(example_path)  # before the model: a wrong file is said at once
   config, graphdef, params = load_run(workdir)
-  with paths.local_copy(paths.normalize(example_path)) as local:
-    example = xr.load_dataset(local)
   d = config.data
   steps = _check_example(example, d, steps, example_path)
   stats = resolve.resolve_stats(d)
@@ -79,6 +78,20 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   predictions = _reference_format(members, example, d)
   paths.write_bytes(paths.normalize(out_path), predictions.to_netcdf())
   return predictions
+
+
+def _read_example(path: str) -> xr.Dataset:
+  """The example file at `path` (local or URL), loaded; a `UserError` if it is missing or
+  not a netCDF file."""
+  path = paths.normalize(path)
+  if not paths.exists(path):
+    raise UserError(f"Example file not found: {path}.")
+  try:
+    with paths.local_copy(path) as local:
+      return xr.load_dataset(local)
+  except Exception as error:  # xarray's backends raise many types for a file they cannot read
+    raise UserError(f"{path} is not a GraphCast example file: xarray cannot read it as "
+                    "netCDF.") from error
 
 
 def _check_example(example: xr.Dataset, data: ml_collections.ConfigDict, steps: int | None,
