@@ -39,7 +39,10 @@ LEADS = 3
 def small_config(**data):
   config = config_lib.default_config()
   config.model.update(latent_size=16, message_passing_steps=2)
-  config.data.update(dict(variables=VARIABLES, pressure_levels=LEVELS), **data)
+  # Inside the stores below (2020-01-01 .. 2020-01-04): a range outside is an error.
+  config.data.update(dict(variables=VARIABLES, pressure_levels=LEVELS,
+                          train_start="2020-01-01", train_end="2020-01-03",
+                          eval_start="2020-01-04", eval_end="2020-01-04"), **data)
   return config_lib.validate(config)
 
 
