@@ -18,7 +18,11 @@ A `wnscale.errors.UserError` (a mistake in the config, the flags, the data, the
 workdir or the topology), raised while parsing the flags or by the library,
 prints `error: <what and what to do>` as one line on stderr and exits with
 status 2; `--traceback` (or WNSCALE_TRACEBACK=1) prints its traceback as well.
-Any other exception is a bug and keeps its traceback. `--help` exits 0.
+So does a mistake inside the config file (it does not compile, `get_config`
+fails or is missing: the line names the file and line). An
+`errors.ArgumentError` about a library argument is shown as the launcher's flag
+of that name (`--init_every=24: ...`). Any other exception is a bug and keeps its
+traceback. `--help` exits 0.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A `UserError` is raised where the mistake is found, with a message that names
 the problem and says what to do. The launchers print that message as one line
 and exit with status 2 (`launch/cli.py`); any other exception is a bug and
 keeps its traceback. It subclasses `ValueError`, so code that catches bad
-input as `ValueError` keeps working.
+input as `ValueError` keeps working. The library names the problem; where the
+mistake is one argument of a library function, an `ArgumentError` names it, and
+a launcher shows its own flag for it.
 """
 
 

@@ -291,9 +291,13 @@ class NanError(UserError):
   """
 
   def __init__(self, channel: str, when: str, path: str):
+    self.arguments = (channel, when, path)
     self.problem = f"NaN in variable {channel!r}{when} of store {path}"
     super().__init__(f"{self.problem}. Set data.fill_nan=True to fill NaN with the "
                      "variable's mean, or repair the store.")
+
+  def __reduce__(self):  # pickled whole out of a Grain worker process
+    return type(self), self.arguments
 
 
 def open_store(path: str,
