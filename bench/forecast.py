@@ -26,7 +26,7 @@ import argparse  # noqa: E402
 import grain  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
-from wnscale.data import normalization, synthetic  # noqa: E402
+from wnscale.data import resolve, synthetic  # noqa: E402
 from wnscale.model import setup  # noqa: E402
 from wnscale.train import checkpoint, optimizer, state as state_lib  # noqa: E402
 
@@ -40,8 +40,10 @@ def make_run(directory: str) -> str:
   store = synthetic.write_synthetic_store(
       os.path.join(directory, "mid.zarr"), resolution=1.0, start="2020-01-01",
       end="2020-01-03", levels=config.data.pressure_levels, variables=config.data.variables)
-  config.data.path = store
-  normalization.load_or_compute_stats(store, config.data.time_step_hours)  # not in the runs
+  # The store's three days: a range reaching outside it would be an error.
+  config.data.update(path=store, train_start="2020-01-01", train_end="2020-01-02",
+                     eval_start="2020-01-03", eval_end="2020-01-03")
+  resolve.resolve_stats(config.data)  # cached now: not in the runs
   workdir = os.path.join(directory, "run")
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:

@@ -21,8 +21,12 @@ workdir, the outputs or the topology), raised while parsing the flags or by the
 library, prints `error: <what and what to do>` as one line on stderr and exits
 with status 2; a full disk (`wnscale.outputs.no_space`) prints one line too and
 exits with status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback
-as well. Any other exception is a bug and keeps its traceback. `--help` exits 0.
-Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more) asks for them.
+as well. So does a mistake inside the config file (it does not compile,
+`get_config` fails or is missing: the line names the file and line). An
+`errors.ArgumentError` about a library argument is shown as the launcher's flag
+of that name (`--init_every=24: ...`). Any other exception is a bug and keeps its
+traceback. `--help` exits 0. Orbax's INFO lines stay out of the log unless
+`--verbosity=1` (or more) asks for them.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from ml_collections import config_flags
 
 from wnscale import config as config_lib
 from wnscale import outputs
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.train import workdir as workdir_lib
 
 
@@ -119,7 +123,8 @@ def overwrite() -> bool:
   return "overwrite" in flags.FLAGS and flags.FLAGS.overwrite
 
 
-def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
+def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
+        unknown_flag_hint: str = ""):
   """`absl.app.run(main)`, with user errors as one line and exit status 2 (module docstring).
 
   Args:
@@ -127,12 +132,14 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
     required: names of flags that must be given (no default).
     writes_workdir: the launcher writes into `--workdir` (made and checked first);
       False for one that only reads a run directory (e.g. `launch.forecast`).
+    unknown_flag_hint: added to the error for a flag this launcher does not know.
   """
   # --help lists the flags of the launcher's own module: these are the launcher's too.
   for flag in flags.FLAGS.get_flags_for_module(sys.modules[__name__]):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   try:
-    app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir))
+    app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir,
+                                                         unknown_flag_hint))
   except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)
     user_error = _user_error(error)
     full_disk = None if user_error else outputs.no_space(error)
@@ -140,13 +147,14 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
       raise
     if _traceback_wanted():
       traceback.print_exception(error)
-    message = user_error or full_disk
-    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+    message = _message(user_error) if user_error else str(full_disk)
+    sys.stderr.write(f"error: {' '.join(message.split())}\n")
     sys.stderr.flush()
     sys.exit(2 if user_error else 1)
 
 
-def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
+def _parse_flags(argv: list[str], required, writes_workdir: bool,
+                 unknown_flag_hint: str = "") -> list[str]:
   """Parses the flags; a mistake in them is a `UserError`, found before JAX starts."""
   # Arguments after "--" are not this program's (launch.local_cluster passes them on).
   own = argv[1:argv.index("--")] if "--" in argv else argv[1:]
@@ -156,12 +164,19 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
     if not any(re.match(rf"--?{name}(=.|$)", arg) for arg in own):
       raise UserError(f"--{name} is required: {flags.FLAGS[name].help} (--help lists "
                       "every flag)")
-  if "config" in flags.FLAGS:
-    _check_config_args(own)
+  config_path = _check_config_args(own) if "config" in flags.FLAGS else None
   try:
     remaining = flags.FLAGS(argv)
-  except flags.Error as error:
-    raise UserError(f"{error} (--help lists every flag)") from error
+  except Exception as error:  # noqa: BLE001 (re-raised unless it is the user's mistake)
+    mistake = _config_file_error(error, config_path) if config_path else None
+    if mistake is not None:
+      cause = None if mistake is _original(error) else error  # not the library's own error
+      raise mistake from cause
+    if isinstance(error, flags.UnrecognizedFlagError) and unknown_flag_hint:
+      raise UserError(f"{error}: {unknown_flag_hint}") from error
+    if isinstance(error, flags.Error):
+      raise UserError(f"{error} (--help lists every flag)") from error
+    raise
   if "config" in flags.FLAGS and flags.FLAGS.config is not None:
     config_lib.validate(flags.FLAGS.config)
   if writes_workdir and "workdir" in flags.FLAGS and flags.FLAGS.workdir:
@@ -181,8 +196,13 @@ def _quiet_orbax(record: logging.LogRecord) -> bool:
   return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
 
 
-def _check_config_args(args):
-  """The config file exists and every `--config.<key>` override names a key."""
+def _check_config_args(args) -> str | None:
+  """The config file exists and every `--config.<key>` override names a key.
+
+  Returns:
+    The config file's path (without a `:argument`), if `--config` is given.
+  """
+  config_path = None
   for index, arg in enumerate(args):
     match = re.match(r"--?config(=(.*))?$", arg)
     if match:
@@ -194,9 +214,50 @@ def _check_config_args(args):
                                                                             "*.py")))
         raise UserError(f"Config file {path!r} not found (relative paths start at "
                         f"{os.getcwd()}); the experiments here: {', '.join(configs)}.")
+      config_path = path
     override = re.match(r"--?(?:no)?config\.([^=]+)", arg)
     if override:
       config_lib.check_key(override.group(1))
+  return config_path
+
+
+def _original(error: BaseException) -> BaseException:
+  """The first exception of `error`'s chain (ml_collections and absl re-raise as others)."""
+  seen = [error]
+  while (error.__cause__ or error.__context__) not in (None, *seen):
+    error = error.__cause__ or error.__context__
+    seen.append(error)
+  return error
+
+
+def _config_file_error(error: BaseException, path: str) -> UserError | None:
+  """A mistake inside the config file `path` (it does not compile, `get_config` fails or
+  is missing) as one line naming the file and line; None for any other error."""
+  original = _original(error)
+  if isinstance(original, UserError):  # found by the library, called from get_config
+    return original
+  if isinstance(original, SyntaxError):
+    if original.filename and os.path.samefile(original.filename, path):
+      return UserError(f"Config file {path}, line {original.lineno}: {original.msg} "
+                       f"({type(original).__name__}).")
+    return None
+  lines = [frame.lineno for frame in traceback.extract_tb(original.__traceback__)
+           if os.path.exists(frame.filename) and os.path.samefile(frame.filename, path)]
+  if lines:
+    return UserError(f"Config file {path}, line {lines[-1]}: {type(original).__name__}: "
+                     f"{original}")
+  if isinstance(original, AttributeError) and "get_config" in str(original):
+    return UserError(f"Config file {path} defines no get_config(); a config file defines "
+                     "get_config() returning the experiment's ConfigDict, e.g. configs/tiny.py.")
+  return None
+
+
+def _message(error: UserError) -> str:
+  """The error's message; one about a library argument that this launcher has a flag of
+  the same name for (`ArgumentError`) names that flag."""
+  if isinstance(error, ArgumentError) and error.argument in flags.FLAGS:
+    return f"--{error.argument}={error.value}: {error.problem}"
+  return str(error)
 
 
 def _user_error(error: BaseException) -> UserError | None:

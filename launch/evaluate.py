@@ -2,6 +2,9 @@ r"""Scores a forecast against the truth the WeatherBench2 way, with baselines an
 
   python -m launch.evaluate --forecast=/tmp/tiny_forecast.zarr --truth=STORE.zarr \
       --climatology=/tmp/clim.zarr --out=/tmp/tiny_eval
+  # only the initial times of November 1-15 (the truth must cover their valid times)
+  python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --out=DIR \
+      --init_start=2020-11-01 --init_end=2020-11-15
   # against another model's forecast (same layout): adds a scorecard
   python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --baseline=OTHER.zarr --out=DIR
 
@@ -31,6 +34,10 @@ _MAPS = flags.DEFINE_list("maps", [], "Channels to map (forecast, truth and erro
                           "channels (default: no maps).")
 _MAP_LEADS = flags.DEFINE_list("map_leads", None,
                                "Lead times to map, e.g. 1d,5d (default: first and last).")
+_INIT_START = flags.DEFINE_string("init_start", None, "First initial time to score (default: "
+                                  "the forecast's first), e.g. 2020-11-01T12.")
+_INIT_END = flags.DEFINE_string("init_end", None, "Last initial time to score (a date: its "
+                                "whole day; default: the forecast's last).")
 
 
 def main(argv):
@@ -38,6 +45,7 @@ def main(argv):
   result = evaluate(_FORECAST.value, _TRUTH.value, _OUT.value,
                     climatology_path=_CLIMATOLOGY.value, baseline_path=_BASELINE.value,
                     map_channels=_MAPS.value, map_leads=_MAP_LEADS.value,
+                    init_start=_INIT_START.value, init_end=_INIT_END.value,
                     overwrite=cli.overwrite())
   print("Wrote:")
   for path in result["files"]:

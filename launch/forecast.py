@@ -18,6 +18,8 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
+from wnscale.data.store import NanError
+from wnscale.errors import UserError
 from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
 
@@ -51,11 +53,17 @@ def main(argv):
   mesh = {key: flag.value for key, flag in [("data", _MESH_DATA), ("graph", _MESH_GRAPH),
                                             ("exchange", _MESH_EXCHANGE)]
           if flag.value is not None}
-  summary = run_forecast(_WORKDIR.value, _OUT.value, lead=_LEAD.value,
-                         init_times=_INIT_TIMES.value, init_start=_INIT_START.value,
-                         init_end=_INIT_END.value, init_every=_INIT_EVERY.value,
-                         step=_STEP.value, data_path=_DATA_PATH.value, mesh_overrides=mesh,
-                         members=_MEMBERS.value)
+  try:
+    summary = run_forecast(_WORKDIR.value, _OUT.value, lead=_LEAD.value,
+                           init_times=_INIT_TIMES.value, init_start=_INIT_START.value,
+                           init_end=_INIT_END.value, init_every=_INIT_EVERY.value,
+                           step=_STEP.value, data_path=_DATA_PATH.value,
+                           mesh_overrides=mesh, members=_MEMBERS.value)
+  except NanError as error:  # the store's advice (data.fill_nan) is the training run's
+    raise UserError(f"{error.problem}. A forecast does not fill NaN: choose initial times "
+                    "whose states are whole (--init_times, --init_start/--init_end), "
+                    "initial conditions from another store (--data.path), or repair the "
+                    "store.") from error
   print(json.dumps(summary))
 
 

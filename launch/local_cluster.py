@@ -48,9 +48,11 @@ def _forward(process_id: int, stream, out, gloo_messages: bool):
 def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: list[str],
                 timeout: float, gloo_messages: bool = False) -> int:
   """Starts the processes, waits for all, returns 0 or the first nonzero exit code."""
-  if num_processes < 1 or num_cpu_devices % num_processes:
-    raise UserError(f"--num_cpu_devices={num_cpu_devices} devices do not split over "
-                    f"--num_processes={num_processes} processes.")
+  if num_processes < 1:
+    raise UserError(f"--num_processes={num_processes} must be at least 1.")
+  if num_cpu_devices % num_processes:
+    raise UserError(f"{num_cpu_devices} fake CPU devices (--num_cpu_devices) do not split "
+                    f"over --num_processes={num_processes} processes; give a multiple of it.")
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   processes, forwarders = [], []
@@ -92,4 +94,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, unknown_flag_hint="the flags of each process (e.g. --config, --workdir) go "
+          "after --: python -m launch.local_cluster --num_processes=2 -- --config=... "
+          "--workdir=...")

@@ -27,7 +27,8 @@ from tensorboardX.proto import event_pb2
 
 from launch import local_cluster
 from wnscale import config as config_lib
-from wnscale.data import synthetic
+from wnscale.data import resolve, synthetic
+from wnscale.errors import UserError
 from wnscale.model import setup
 from wnscale.planner.compile import batch_per_data_shard, best_setting
 from wnscale.train import checkpoint, optimizer as optimizer_lib
@@ -242,7 +243,7 @@ def test_a_store_missing_a_variable(tmp_path, stores):
 def test_a_store_with_nan_is_found_before_compiling(tmp_path, stores):
   result = train(tmp_path, *on_store(stores["nan"]))
   assert_user_error(result, "NaN in variable 'temperature@850' at time 2020-01-06T06:00",
-                    "--config.data.fill_nan=True")
+                    "data.fill_nan=True")
   assert "Compiled" not in result.stderr
 
 
@@ -253,12 +254,18 @@ def test_a_pressure_level_not_in_the_store(tmp_path, stores):
                     "data.pressure_levels")
 
 
-def test_an_eval_range_outside_the_store(tmp_path, stores):
-  result = train(tmp_path, *on_store(stores["good"]), "--config.data.eval_start=2021-01-01",
-                 "--config.data.eval_end=2021-01-31")
-  assert_user_error(result, "Time range 2021-01-01 .. 2021-01-31", "has 0 time(s)",
-                    "covers 2020-01-01", "data.eval_start/eval_end")
+def test_a_time_range_reaching_outside_the_store_is_not_clipped(tmp_path, stores):
+  result = train(tmp_path, *on_store(stores["good"]), "--config.data.eval_end=2020-01-25")
+  assert_user_error(result, "Time range 2020-01-16 .. 2020-01-25 ends after the store",
+                    "which covers 2020-01-01 00:00:00 .. 2020-01-20 18:00:00 every 6 h",
+                    "set data.eval_start/eval_end inside it")
   assert "Compiled" not in result.stderr
+  # The training range is checked first, by its statistics (the same way out).
+  data = config_lib.default_config().data
+  data.update(path=stores["good"], train_start="2019-12-25", train_end="2020-01-15")
+  with pytest.raises(UserError, match="Time range 2019-12-25 .. 2020-01-15 starts before "
+                     "the store .* set data.train_start/train_end inside it"):
+    resolve.resolve_stats(data)
 
 
 def _checkpoint_of_another_model(workdir):

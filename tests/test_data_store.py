@@ -202,7 +202,7 @@ def test_a_nan_in_the_time_range_stops_the_source_as_it_opens(tmp_path):
   hour = (np.datetime64("2020-01-03T06") - np.datetime64(0, "h")) / np.timedelta64(1, "h")
   assert np.isnan(first[[0, 2]]).all() and first[1] == last[1] == hour
   with pytest.raises(UserError, match=r"'temperature@850' at time 2020-01-03T06.*"
-                     r"--config.data.fill_nan=True"):
+                     r"data.fill_nan=True"):
     source_lib.WeatherExampleSource(path, ["temperature"], LEVELS, start="2020-01-02",
                                     end="2020-01-03")
   # Outside the range the NaN is never read: the source opens.

@@ -196,8 +196,15 @@ def test_clear_errors(store, tmp_path):
       time=pd.date_range("2020-01-04T18", periods=len(INITS), freq="6h")).to_zarr(
           late, zarr_format=2)
   with pytest.raises(ValueError, match="no data at 2020-01-06 00:00:00 \\(initial time "
-                                       "2020-01-05 06:00:00 \\+ lead 0 days 18:00:00\\)"):
+                                       "2020-01-05 06:00:00 \\+ lead 0 days 18:00:00\\).*"
+                                       "initial times 2020-01-01 00:00:00 .. 2020-01-05 "
+                                       "00:00:00. Score initial times in that range"):
     evaluate(late, truth_path, str(tmp_path / "o2"))
+  # A range of initial times reaching past the forecast's is not clipped to it.
+  with pytest.raises(ValueError, match="init_end=2020-01-06: is after the last initial time "
+                                       "of the forecast"):
+    evaluate(late, truth_path, str(tmp_path / "o2"), init_start="2020-01-05",
+             init_end="2020-01-06")
   # Another grid.
   coarse = synthetic.write_synthetic_store(str(tmp_path / "coarse.zarr"), resolution=10.0,
                                            start="2020-01-01", end="2020-01-05",

@@ -39,7 +39,10 @@ LEADS = 3
 def small_config(**data):
   config = config_lib.default_config()
   config.model.update(latent_size=16, message_passing_steps=2)
-  config.data.update(dict(variables=VARIABLES, pressure_levels=LEVELS), **data)
+  # Inside the stores below (2020-01-01 .. 2020-01-04): a range outside is an error.
+  config.data.update(dict(variables=VARIABLES, pressure_levels=LEVELS,
+                          train_start="2020-01-01", train_end="2020-01-03",
+                          eval_start="2020-01-04", eval_end="2020-01-04"), **data)
   return config_lib.validate(config)
 
 
@@ -167,11 +170,20 @@ def test_init_times_and_leads(store_source):
     select(init_times=["2020-01-01T00"])
   with pytest.raises(ValueError, match="2020-01-09 00:00:00 is not a time of the store S"):
     select(init_times=["2020-01-09"])
-  with pytest.raises(ValueError, match="multiple of the model's 6 h step"):
+  with pytest.raises(ValueError, match="init_every=9h: must be a positive multiple of the "
+                     "model's 6 h step"):
     select(start="2020-01-02", end="2020-01-03", every="9h")
+  with pytest.raises(ValueError, match="init_every=24: a duration needs a unit, e.g. 24h"):
+    select(start="2020-01-02", end="2020-01-03", every="24")
+  # A range reaching past the store is not clipped to it.
+  with pytest.raises(ValueError, match="init_end=2020-01-05: is after the last time of the "
+                     "store S, which covers 2020-01-01 00:00:00 .. 2020-01-04 18:00:00"):
+    select(start="2020-01-02", end="2020-01-05", every="12h")
+  with pytest.raises(ValueError, match="init_start=2019-12-31T18: is before the first"):
+    select(start="2019-12-31T18", end="2020-01-02", every="12h")
   assert forecast_lib.lead_steps("10d", 6) == 40
   assert forecast_lib.lead_steps("18h", 6) == 3
-  with pytest.raises(ValueError, match="--lead=5h must be a positive multiple"):
+  with pytest.raises(ValueError, match="lead=5h: must be a positive multiple"):
     forecast_lib.lead_steps("5h", 6)
 
 

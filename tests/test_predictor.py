@@ -42,6 +42,7 @@ def model(store_path, request):
   config = config_lib.default_config()
   config.model.update(latent_size=16, message_passing_steps=2)
   config.data.update(variables=VARIABLES, pressure_levels=LEVELS, target_steps=2,
+                     train_start="2020-01-01", train_end="2020-01-03",  # the store's days
                      **CONTRACTS[request.param])
   config_lib.validate(config)
   stats = resolve.resolve_stats(ml_collections.ConfigDict(dict(config.data, path=store_path)))

@@ -238,7 +238,8 @@ def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tm
   config.data.update(path=resolve.synthetic_store_path(config.data, config.seed),
                      synthetic=False, eval_start="2021-06-01", eval_end="2021-06-30")
   assert os.path.exists(config.data.path)
-  with pytest.raises(ValueError, match=r"Time range 2021-06-01 .. 2021-06-30 .* has 0 time"):
+  with pytest.raises(ValueError, match=r"Time range 2021-06-01 .. 2021-06-30 lies outside "
+                     r"the store .* data.eval_start/eval_end"):
     trainer.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "config.json")
 

@@ -103,10 +103,13 @@ def read_stats(path: str) -> xr.Dataset:
   if not paths.exists(path):
     raise UserError(f"Statistics not found: {path} (a .nc file written by wnscale, or a "
                      f"directory holding {sorted(GRAPHCAST_FILES.values())})")
-  stats = netcdf.load(path)
+  what = (f"a wnscale statistics file (.nc) nor a directory of GraphCast's "
+          f"{sorted(GRAPHCAST_FILES.values())}")
+  if paths.as_epath(path).is_dir():
+    raise UserError(f"{path} is not {what}: it is a directory without them.")
+  stats = netcdf.load(path)  # a file that is not netCDF is named there
   if "statistic" not in stats.coords:
-    raise UserError(f"{path} is not a wnscale statistics file (no 'statistic' coordinate) "
-                     f"nor a directory of GraphCast's {sorted(GRAPHCAST_FILES.values())}")
+    raise UserError(f"{path} is not {what}: it has no 'statistic' coordinate.")
   return stats
 
 
@@ -168,7 +171,7 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
   # Native step: every store time counts, and diffs use `lag` store steps.
   store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step),
                                forcings=stored_forcings)
-  first_time, num_times = store_lib.time_range(store.times, start, end)
+  first_time, num_times = store_lib.time_range(store.times, start, end, path)
   if num_times < 1 + lag:
     raise UserError(f"Time range {start} .. {end} of {path} has {num_times} time(s); "
                      f"statistics need at least {1 + lag}")

@@ -126,13 +126,14 @@ def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
   data = config.data if "data" in config else config
   if stats is None:
     stats = resolve.resolve_stats(data)
-  return source_lib.WeatherExampleSource(
-      data.path, tuple(data.variables), tuple(data.pressure_levels),
-      input_steps=data.input_steps, target_steps=data.target_steps,
-      start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
-      time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
-      resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats,
-      **resolve.data_layout(data))
+  with resolve.config_range(split):
+    return source_lib.WeatherExampleSource(
+        data.path, tuple(data.variables), tuple(data.pressure_levels),
+        input_steps=data.input_steps, target_steps=data.target_steps,
+        start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
+        time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
+        resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats,
+        **resolve.data_layout(data))
 
 
 def from_config(config,

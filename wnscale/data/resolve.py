@@ -8,6 +8,7 @@ fail at once with its error instead of waiting.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from jax._src import distributed  # the coordination service client, as Orbax us
 
 from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
+from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 
@@ -69,11 +71,19 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   written last tells a whole store from one cut short.
 
   Raises:
-    ValueError: no path and no synthetic store asked for, or not enough disk.
+    UserError: no store at the path, no path and no synthetic store asked for, or not
+      enough disk.
   """
   data = config.data
   if data.path:
-    return paths.normalize(data.path)
+    path = paths.normalize(data.path)
+    if not paths.exists(path):
+      raise UserError(
+          f"Store not found: {path}. Point data.path at a WeatherBench2-layout zarr store; "
+          f"make a synthetic one with python -m launch.make_dataset --out={path}; or, for "
+          "small configs such as configs/tiny.py, set data.synthetic=True and leave "
+          "data.path empty to have a synthetic store written into the cache.")
+    return path
   if not data.synthetic:
     raise UserError(
         "No training data: config.data.path is empty and config.data.synthetic is False. "
@@ -126,11 +136,22 @@ def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:
                tuple(data.pressure_levels), data.get("train_start"), data.get("train_end"),
                data.get("time_step_hours", 6), layout["forcings"] if every_input else (),
                layout["stored_forcings"] if every_input else ())
-  blob = once_by_process_0(
-      f"stats {normalization.cached_stats_path(*arguments)}",
-      lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
-      "compute the normalization statistics")
+  with config_range("train"):
+    blob = once_by_process_0(
+        f"stats {normalization.cached_stats_path(*arguments)}",
+        lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
+        "compute the normalization statistics")
   return normalization.from_bytes(blob)
+
+
+@contextlib.contextmanager
+def config_range(split: str):
+  """Turns a `store.TimeRangeError` of the `split` ("train" or "eval") range into one that
+  names the config keys to change."""
+  try:
+    yield
+  except store_lib.TimeRangeError as error:
+    raise UserError(f"{error}; set data.{split}_start/{split}_end inside it.") from error
 
 
 def data_layout(data: ml_collections.ConfigDict) -> dict:

@@ -34,7 +34,7 @@ import xarray as xr
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.data import variables as variables_lib
 
 
@@ -112,7 +112,7 @@ class WeatherExampleSource:
     self.target_steps = target_steps
     self.global_forcings = tuple(global_forcings)
     self.start, self.end = start, end
-    self._first_time, num_times = store_lib.time_range(self.store.times, start, end)
+    self._first_time, num_times = store_lib.time_range(self.store.times, start, end, path)
     self._num_examples = num_times - self.window + 1
     if self._num_examples <= 0:
       times = self.store.times
@@ -176,9 +176,9 @@ class WeatherExampleSource:
       bad = np.argwhere(np.isnan(state[:, suspects]).any(axis=2))
       if bad.size:
         step, channel = bad[0]
-        raise UserError(store_lib.nan_message(
-            self.store.channel_names[suspects[channel]],
-            f" at time {self.store.times[times[begin + step]]}", self.store.path))
+        raise store_lib.NanError(self.store.channel_names[suspects[channel]],
+                                 f" at time {self.store.times[times[begin + step]]}",
+                                 self.store.path)
 
   @property
   def window(self) -> int:
@@ -265,12 +265,20 @@ class WeatherExampleSource:
     return out
 
 
-def parse_duration(text) -> pd.Timedelta:
-  """A duration such as "10d", "36h", "90min" or "1 days 06:00:00"."""
+def parse_duration(text, argument: str) -> pd.Timedelta:
+  """A duration such as "10d", "36h", "90min" or "1 days 06:00:00".
+
+  Raises:
+    ArgumentError: of `argument` (the caller's name for `text`), which is no duration.
+  """
+  if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", str(text)):  # pandas would read nanoseconds
+    number = str(text).strip()
+    raise ArgumentError(argument, text, f"a duration needs a unit, e.g. {number}h (hours) or "
+                        f"{number}d (days).")
   match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dh])\s*", str(text))
   if match:  # pandas is retiring the lower-case "d"
     return pd.Timedelta(**{"days" if match[2] == "d" else "hours": float(match[1])})
   try:
     return pd.Timedelta(text)
   except ValueError as error:
-    raise UserError(f"Cannot read {text!r} as a duration (e.g. 10d, 36h).") from error
+    raise ArgumentError(argument, text, "not a duration (e.g. 10d, 36h).") from error

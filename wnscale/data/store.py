@@ -280,14 +280,26 @@ class WeatherStore:
       return
     bad_time, bad_channel, _ = np.argwhere(np.isnan(array))[0]
     when = "" if times is None else f" at time {times[bad_time]}"
-    raise UserError(nan_message(names[bad_channel], when, self.path))
+    raise NanError(names[bad_channel], when, self.path)
 
 
-def nan_message(channel: str, when: str, path: str) -> str:
-  """The error for a NaN in `channel` (`when`: " at time ..." or "") of the store at `path`."""
-  return (f"NaN in variable {channel!r}{when} of store {path}. Pass "
-          "--config.data.fill_nan=True to fill NaN with the variable's mean, or repair the "
-          "store.")
+class NanError(UserError):
+  """A NaN in a store without fill values; `problem` says where, the message what to do.
+
+  Args:
+    channel: the channel, e.g. "temperature@850".
+    when: " at time ..." or "" (a static field).
+    path: the store.
+  """
+
+  def __init__(self, channel: str, when: str, path: str):
+    self.arguments = (channel, when, path)
+    self.problem = f"NaN in variable {channel!r}{when} of store {path}"
+    super().__init__(f"{self.problem}. Set data.fill_nan=True to fill NaN with the "
+                     "variable's mean, or repair the store.")
+
+  def __reduce__(self):  # pickled whole out of a Grain worker process
+    return type(self), self.arguments
 
 
 def open_store(path: str,
@@ -366,11 +378,7 @@ def open_metadata(path: str) -> xr.Dataset:
   """The store as a lazy xarray Dataset (metadata and coordinates only)."""
   path = paths.normalize(path)
   if not paths.exists(path):
-    raise UserError(
-        f"Store not found: {path}. Point data.path at a WeatherBench2-layout zarr store; make "
-        f"a synthetic one with python -m launch.make_dataset --out={path}; or, for small "
-        "configs such as configs/tiny.py, set data.synthetic=True and leave data.path empty "
-        "to have a synthetic store written into the cache.")
+    raise UserError(f"Store not found: {path} (no such file or directory).")
   # v2 stores carry .zmetadata (WB2 does); v3 has no consolidated standard.
   consolidated = _tensorstore_driver(path) == "zarr" and paths.exists(
       paths.join(path, ".zmetadata"))
@@ -417,27 +425,71 @@ def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, .
   return dims
 
 
-def time_range(times: np.ndarray, start, end) -> tuple[int, int]:
+class TimeRangeError(UserError):
+  """A time range that reaches outside its store's times (`time_range`).
+
+  Attributes:
+    side: "start" or "end", the end of the range that lies outside.
+    value: the range's `start` or `end` as given.
+    late: whether that value is after the store's last time (else before its first).
+    coverage: e.g. "covers 2020-01-01 00:00:00 .. 2020-01-31 18:00:00 every 6 h".
+  """
+
+  def __init__(self, message: str, side: str, value, late: bool, coverage: str):
+    super().__init__(message)
+    self.side, self.value, self.late, self.coverage = side, value, late, coverage
+
+  def where(self, times: str = "time") -> str:
+    """E.g. "is after the last time" (`times`: what the store's times are to the caller)."""
+    return f"is after the last {times}" if self.late else f"is before the first {times}"
+
+
+def time_range(times: np.ndarray, start, end, path: str) -> tuple[int, int]:
   """(index of the first time >= start, number of times in [start, end]).
 
   `start`, `end`: inclusive ("2020-01-01", "2020-06-30T18"); a date without a
   time covers that whole day; empty or None: the store's first / last time.
+  `path`: the store of `times`, for the errors.
+
+  Raises:
+    TimeRangeError: the range reaches outside the store (it is never clipped to
+      it): a time (at the store's step) before its first time or after its last,
+      or a date (`start`, `end` without a time) before its first day or after its last.
   """
+  day = np.timedelta64(1, "D")
+  step = times[1] - times[0] if len(times) > 1 else np.timedelta64(1, "ns")
   begin = np.datetime64(pd.Timestamp(start)) if start else times[0]
+  # A date covers its day, which the store may hold in part (e.g. up to 12:00).
+  early = (begin + day <= times[0]) if _is_date(start) else (begin <= times[0] - step)
   if end:
-    stop = pd.Timestamp(end)
-    # A bare date means the whole day.
-    if len(str(end).strip()) <= 10:
-      stop += pd.Timedelta(days=1) - pd.Timedelta(seconds=1)
-    stop = np.datetime64(stop)
+    stop = np.datetime64(pd.Timestamp(end))
+    late = stop > times[-1] if _is_date(end) else stop >= times[-1] + step
+    if _is_date(end):
+      stop += day - np.timedelta64(1, "s")
   else:
-    stop = times[-1]
+    stop, late = times[-1], False
   if stop < begin:
     raise UserError(f"Time range end {end} is before its start {start}")
+  if early or late:
+    hours = step / np.timedelta64(1, "h")
+    coverage = (f"covers {pd.Timestamp(times[0])} .. {pd.Timestamp(times[-1])} every "
+                f"{hours:g} h")
+    outside = begin > times[-1] or stop < times[0]
+    how = "lies outside" if outside else ("starts before" if early else "ends after")
+    side = "start" if early or begin > times[-1] else "end"
+    raise TimeRangeError(f"Time range {start or '(the first time)'} .. "
+                         f"{end or '(the last time)'} {how} the store {path}, which "
+                         f"{coverage}", side, start if side == "start" else end,
+                         not early, coverage)
   inside = np.flatnonzero((times >= begin) & (times <= stop))
   if inside.size == 0:
     return 0, 0
   return int(inside[0]), int(inside.size)
+
+
+def _is_date(text) -> bool:
+  """`text` is a date without a time ("2020-01-31"), which stands for its whole day."""
+  return bool(text) and len(str(text).strip()) <= 10
 
 
 def _subsampled_times(dataset, time_step_hours, path):

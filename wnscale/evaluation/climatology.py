@@ -125,7 +125,7 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   names = _variables(dataset, variables, path)
   level_values = _levels(dataset, names, levels, path)
   times = pd.DatetimeIndex(dataset["time"].values)
-  first, count = time_range(times.values, start, end)
+  first, count = time_range(times.values, start, end, path)
   if count == 0:
     raise UserError(f"Store {path} has no times in {start} .. {end}; it covers "
                      f"{times[0]} .. {times[-1]}")

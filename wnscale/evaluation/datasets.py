@@ -23,7 +23,7 @@ import xarray as xr
 
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation.metrics import LATITUDE, LONGITUDE
 
 INIT = "time"  # the forecast layout's initial-time dim
@@ -92,6 +92,22 @@ def open_forecast(path: str) -> Forecast:
   return Forecast(path, ascending_latitude(dataset[list(variables)]), variables)
 
 
+def initial_times_in(forecast: Forecast, start: str | None, end: str | None) -> Forecast:
+  """`forecast` at its initial times in [start, end] (`store.time_range`; a range
+  reaching past its initial times is an `ArgumentError` of `init_start` / `init_end`)."""
+  times = forecast.init_times.values
+  try:
+    first, count = store_lib.time_range(times, start, end, forecast.path)
+  except store_lib.TimeRangeError as error:
+    raise ArgumentError(f"init_{error.side}", error.value,
+                        f"{error.where('initial time')} of the forecast {forecast.path}, "
+                        f"which {error.coverage}.") from error
+  if count == 0:
+    raise UserError(f"The forecast {forecast.path} has no initial time in {start} .. {end}; "
+                    f"it has {[str(t) for t in forecast.init_times]}.")
+  return forecast.select(times[first:first + count], forecast.leads)
+
+
 def open_truth(path: str) -> xr.Dataset:
   """A WeatherBench2-layout store, lazy, latitude ascending."""
   return ascending_latitude(store_lib.open_metadata(path))
@@ -158,8 +174,9 @@ def check_valid_times(forecast: Forecast, truth: xr.Dataset, truth_path: str):
       if init + lead not in held:
         raise UserError(
             f"The truth {truth_path} has no data at {init + lead} (initial time {init} + "
-            f"lead {lead}); it covers {held[0]} .. {held[-1]}. Score initial times whose "
-            "valid times it covers, or use a store that covers them.")
+            f"lead {lead}); it covers {held[0]} .. {held[-1]}, all valid times of the initial "
+            f"times {held[0]} .. {held[-1] - forecast.leads[-1]}. Score initial times in "
+            "that range, or use a truth store that covers them.")
 
 
 def at_times(dataset: xr.Dataset, variables, levels, times, dim: str = LEAD) -> xr.Dataset:

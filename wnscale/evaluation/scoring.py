@@ -53,7 +53,8 @@ def score(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | Non
 
 def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
              climatology_path: str | None = None, baseline_path: str | None = None,
-             map_channels=(), map_leads=None, overwrite: bool = False) -> dict:
+             map_channels=(), map_leads=None, init_start: str | None = None,
+             init_end: str | None = None, overwrite: bool = False) -> dict:
   """Scores the forecast (and baselines) and writes results and figures to `out_dir`.
 
   `out_dir` is checked first (`outputs.check`: it can be written, and holds no
@@ -61,6 +62,9 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   scored (`outputs.building`).
 
   Args:
+    init_start, init_end: score only the initial times in this inclusive range
+      (`store.time_range`: an end without a time covers its day); None: from the
+      forecast's first / to its last.
     map_channels: channels to map (e.g. `geopotential@500`), `HEADLINE_MAPS` for the
       first two headline channels; none by default.
     map_leads: lead times to map (e.g. "1d"); default: the first and the last.
@@ -72,6 +76,8 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   out_dir = os.path.abspath(out_dir)
   outputs.check(out_dir, outputs.RESULTS, overwrite=overwrite)
   forecast = datasets.open_forecast(forecast_path)
+  if init_start or init_end:
+    forecast = datasets.initial_times_in(forecast, init_start, init_end)
   truth = datasets.fitted(forecast, datasets.open_truth(truth_path), truth_path, "truth")
   climatology = None
   if climatology_path:
@@ -182,7 +188,7 @@ def _maps(forecast: datasets.Forecast, channels, leads) -> list[tuple[str, pd.Ti
     if channel not in held:
       raise UserError(f"No channel {channel!r} to map; the forecast has {sorted(held)}.")
   chosen = [forecast.leads[0], forecast.leads[-1]] if leads is None else [
-      parse_duration(lead) for lead in leads]
+      parse_duration(lead, "map_leads") for lead in leads]
   for lead in chosen:
     if lead not in forecast.leads:
       raise UserError(f"No lead time {lead} to map; the forecast has "

@@ -167,6 +167,7 @@ def build_graphs(latitude, longitude, mesh_levels: int, radius_fraction: float =
   """
   latitude = np.asarray(latitude, dtype=np.float64)
   longitude = np.asarray(longitude, dtype=np.float64)
+  grid.check_global(latitude, longitude)
   path = cache.cache_path("graphs", _cache_key(
       latitude, longitude, mesh_levels, radius_fraction,
       float(mesh_to_grid_normalization)) + ".npz")

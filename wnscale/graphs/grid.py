@@ -39,6 +39,29 @@ def regular_grid(resolution: float, include_poles: bool | None = None):
   return latitude, longitude
 
 
+def check_global(latitude: np.ndarray, longitude: np.ndarray):
+  """Raises a `UserError` unless the grid covers the globe, as the model's graphs need.
+
+  Covering: the longitudes go all the way round at their spacing, and the
+  latitudes reach within one spacing of each pole (rows on the poles or half a
+  spacing off them). A regional grid would leave mesh nodes with no grid nodes.
+  """
+  latitude, longitude = np.sort(np.asarray(latitude)), np.sort(np.asarray(longitude))
+  lat_step = np.diff(latitude).mean() if latitude.size > 1 else 180.0
+  lon_step = np.diff(longitude).mean() if longitude.size > 1 else 360.0
+  tolerance = 1e-3  # degrees
+  round_the_globe = abs(longitude.size * lon_step - 360.0) <= tolerance * longitude.size
+  pole_to_pole = (latitude[0] <= -90.0 + lat_step + tolerance
+                  and latitude[-1] >= 90.0 - lat_step - tolerance)
+  if not (round_the_globe and pole_to_pole):
+    raise UserError(
+        f"The grid does not cover the globe: latitude {latitude[0]:g} .. {latitude[-1]:g}, "
+        f"longitude {longitude[0]:g} .. {longitude[-1]:g} ({latitude.size} x "
+        f"{longitude.size} points, every {lat_step:g} x {lon_step:g} deg); the model's "
+        "graphs need a global latitude/longitude grid. Use a global store (a regional one "
+        "cannot be used).")
+
+
 def grid_lat_lon(latitude: np.ndarray, longitude: np.ndarray):
   """Per-node latitude and longitude of the flattened grid, `[num_lat * num_lon]`.
 

@@ -28,8 +28,8 @@ from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
-from wnscale.data.store import time_range
-from wnscale.errors import UserError
+from wnscale.data.store import TimeRangeError, time_range
+from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
 from wnscale.inference.progress import Progress
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
@@ -69,12 +69,17 @@ def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=Non
                        f"{path} at the model's {time_step_hours} h step; {span}.")
     indices = np.searchsorted(times, wanted)
   else:
-    interval = parse_duration(every)
+    interval = parse_duration(every, "init_every")
     step = pd.Timedelta(hours=time_step_hours)
     if interval <= pd.Timedelta(0) or interval % step:
-      raise UserError(f"--init_every={every} must be a positive multiple of the model's "
-                       f"{time_step_hours} h step.")
-    first, count = time_range(times, start, end)
+      raise ArgumentError("init_every", every, "must be a positive multiple of the model's "
+                          f"{time_step_hours} h step.")
+    try:
+      first, count = time_range(times, start, end, path)
+    except TimeRangeError as error:
+      raise ArgumentError(f"init_{error.side}", error.value,
+                          f"{error.where()} of the store {path}, which {error.coverage}."
+                          ) from error
     indices = np.arange(first, first + count, interval // step)
     if len(indices) == 0:
       raise UserError(f"No initial times in {start} .. {end} in the store {path}; {span}.")
@@ -101,10 +106,10 @@ def _check_members(config, members: int | None):
 
 def lead_steps(lead: str, time_step_hours: int) -> int:
   """Model steps in `lead` (e.g. "10d", "36h"), which must be a multiple of the step."""
-  total, step = parse_duration(lead), pd.Timedelta(hours=time_step_hours)
+  total, step = parse_duration(lead, "lead"), pd.Timedelta(hours=time_step_hours)
   if total <= pd.Timedelta(0) or total % step:
-    raise UserError(f"--lead={lead} must be a positive multiple of the model's "
-                     f"{time_step_hours} h step.")
+    raise ArgumentError("lead", lead, "must be a positive multiple of the model's "
+                        f"{time_step_hours} h step.")
   return int(total // step)
 
 
@@ -129,6 +134,10 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
   previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
+  if previous is not None and previous["workdir"] != paths.normalize(workdir):
+    raise UserError(f"{paths.normalize(out)} holds a forecast of another run, "
+                    f"{previous['workdir']}; choose another --out, or remove it to start "
+                    "again.")
   if jax.process_count() > 1:
     raise UserError("Forecasts run in one process (on any number of its devices); "
                      f"this is one of {jax.process_count()}.")
@@ -139,11 +148,17 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   outputs = tuple(d.variables) + tuple(d.target_only_variables)  # what the model predicts
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                                d.resolution, forcings=d.stored_forcings)
-  if init_times is None and init_start is None and init_end is None:
-    init_start, init_end = d.eval_start, d.eval_end
-  indices = select_init_times(store.times, init_times=init_times, start=init_start,
-                              end=init_end, every=init_every, time_step_hours=d.time_step_hours,
-                              input_steps=d.input_steps, path=path)
+  chosen = init_times is not None or init_start is not None or init_end is not None
+  try:
+    indices = select_init_times(
+        store.times, init_times=init_times, start=init_start if chosen else d.eval_start,
+        end=init_end if chosen else d.eval_end, every=init_every,
+        time_step_hours=d.time_step_hours, input_steps=d.input_steps, path=path)
+  except ArgumentError as error:
+    if chosen or error.argument not in ("init_start", "init_end"):
+      raise
+    raise UserError(f"{error.__cause__} (the run's eval range, the default initial times); "
+                    "choose initial times inside it.") from error
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
                              freq=f"{d.time_step_hours}h")

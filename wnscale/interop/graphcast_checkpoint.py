@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -54,13 +56,17 @@ def read_checkpoint(path: str) -> GraphCastCheckpoint:
       what it lacks).
   """
   try:
-    with np.load(io.BytesIO(paths.read_bytes(path)), allow_pickle=False) as npz:
-      tree = unflatten({key: npz[key] for key in npz.files})
+    data = paths.read_bytes(path)
   except FileNotFoundError as error:
     raise UserError(f"Checkpoint file not found: {path}") from error
-  except (OSError, ValueError) as error:
-    raise UserError(f"{path} is not an .npz file of GraphCast's checkpoint format: "
-                     f"{error}") from error
+  if not zipfile.is_zipfile(io.BytesIO(data)):  # else np.load tries it as a pickle
+    raise UserError(f"{path} is not an .npz file (GraphCast's checkpoint format): it is no "
+                    f"zip archive, or one cut short ({len(data)} bytes).")
+  try:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      tree = unflatten({key: npz[key] for key in npz.files})
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+    raise UserError(f"{path} is a damaged .npz file (cut short?): {error}") from error
   missing = [name for name in ("params", "model_config", "task_config") if name not in tree]
   if missing:
     raise UserError(f"{path} is not a GraphCast checkpoint: it has no {missing} (it has "

@@ -64,8 +64,8 @@ def predict_example(workdir: str, example_path: str, out_path: str,
       `out_path` exists (without `overwrite`) or cannot be written.
   """
   outputs_lib.check(out_path, outputs_lib.FILE, overwrite=overwrite)
+  example = netcdf.load(example_path)  # before the model: a wrong file is said at once
   config, graphdef, params = load_run(workdir)
-  example = netcdf.load(example_path)
   d = config.data
   steps = _check_example(example, d, steps, example_path)
   stats = resolve.resolve_stats(d)

@@ -90,6 +90,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_lib.validate(config)
   workdir = paths.normalize(workdir)
   workdir_lib.prepare(workdir)
+  _check_init_from(config.train.init_from, workdir)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
   members = ensemble.training_members(config)
@@ -310,6 +311,20 @@ def _check_members(config, mesh, members) -> int:
     raise UserError("train.members_on_data=True runs in one process for now (every process "
                     "would read every example); set train.members_on_data=False.")
   return members.members
+
+
+def _check_init_from(init_from: str, workdir: str):
+  """A new run's `train.init_from` holds checkpoints: said before anything is built."""
+  if not init_from:
+    return
+  own = paths.as_epath(paths.join(workdir, workdir_lib.CHECKPOINTS))
+  if own.exists() and any(entry.name.isdigit() for entry in own.iterdir()):
+    return  # a resumed run starts from its own checkpoints
+  checkpoints = paths.join(paths.normalize(init_from), workdir_lib.CHECKPOINTS)
+  if not paths.exists(checkpoints):
+    raise UserError(f"train.init_from={init_from}: no run there ({checkpoints} does not "
+                    "exist); give the directory of a run of launch.train or "
+                    "launch.import_graphcast.")
 
 
 def _initial_params(run_directory: str, params, sharding):
