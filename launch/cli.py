@@ -19,6 +19,13 @@ workdir or the topology), raised while parsing the flags or by the library,
 prints `error: <what and what to do>` as one line on stderr and exits with
 status 2; `--traceback` (or WNSCALE_TRACEBACK=1) prints its traceback as well.
 Any other exception is a bug and keeps its traceback. `--help` exits 0.
+A full disk (`wnscale.errors.NoSpaceError`) is one `error:` line too, exit
+status 1. A Ctrl-C that the launcher's own loop does not catch (e.g. during
+its set-up) ends it with `Interrupted (Ctrl-C).`, exit status 130.
+
+A launcher that runs in a workdir (`lock_workdir`) takes the workdir's lock
+(`wnscale.train.workdir.lock`) as soon as its flags are read, before JAX
+starts and before anything is written there, and holds it until it exits.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from wnscale import config as config_lib
-from wnscale.errors import UserError
+from wnscale.errors import NoSpaceError, UserError
 from wnscale.train import workdir as workdir_lib
 
 
@@ -89,7 +96,8 @@ def define_workdir():
       "checkpoints/. Re-running with the same directory resumes.")
 
 
-def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
+def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
+        lock_workdir=None):
   """`absl.app.run(main)`, with user errors as one line and exit status 2 (module docstring).
 
   Args:
@@ -97,24 +105,41 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True):
     required: names of flags that must be given (no default).
     writes_workdir: the launcher writes into `--workdir` (made and checked first);
       False for one that only reads a run directory (e.g. `launch.forecast`).
+    lock_workdir: `() -> bool`, called once the flags are parsed: whether this
+      process holds `--workdir`'s lock while it runs (e.g. process 0 of several);
+      None: no lock.
   """
   # --help lists the flags of the launcher's own module: these are the launcher's too.
   for flag in flags.FLAGS.get_flags_for_module(sys.modules[__name__]):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  held = []  # the workdir whose lock this process took
   try:
-    app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir))
-  except Exception as error:  # noqa: BLE001 (re-raised unless it is the user's mistake)
-    user_error = _user_error(error)
-    if user_error is None:
+    app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir,
+                                                         lock_workdir, held))
+  except KeyboardInterrupt as error:
+    _exit_with_line(error, "Interrupted (Ctrl-C).", 130)
+  except Exception as error:  # noqa: BLE001 (re-raised unless it is a known kind)
+    known = _known_error(error)
+    if known is None:
       raise
-    if _traceback_wanted():
-      traceback.print_exception(error)
-    sys.stderr.write(f"error: {' '.join(str(user_error).split())}\n")
-    sys.stderr.flush()
-    sys.exit(2)
+    _exit_with_line(error, f"error: {' '.join(str(known).split())}",
+                    2 if isinstance(known, UserError) else 1)
+  finally:
+    for workdir in held:
+      workdir_lib.unlock(workdir)
 
 
-def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
+def _exit_with_line(error: BaseException, line: str, status: int):
+  """Prints `line` (after the traceback, if asked for) and exits with `status`."""
+  if _traceback_wanted():
+    traceback.print_exception(error)
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
+  sys.exit(status)
+
+
+def _parse_flags(argv: list[str], required, writes_workdir: bool, lock_workdir,
+                 held: list) -> list[str]:
   """Parses the flags; a mistake in them is a `UserError`, found before JAX starts."""
   # Arguments after "--" are not this program's (launch.local_cluster passes them on).
   own = argv[1:argv.index("--")] if "--" in argv else argv[1:]
@@ -134,6 +159,9 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool) -> list[str]:
     config_lib.validate(flags.FLAGS.config)
   if writes_workdir and "workdir" in flags.FLAGS and flags.FLAGS.workdir:
     workdir_lib.prepare(flags.FLAGS.workdir)
+    if lock_workdir is not None and lock_workdir():
+      workdir_lib.lock(flags.FLAGS.workdir)
+      held.append(flags.FLAGS.workdir)
   return remaining
 
 
@@ -155,10 +183,11 @@ def _check_config_args(args):
       config_lib.check_key(override.group(1))
 
 
-def _user_error(error: BaseException) -> UserError | None:
-  """`error`, or the exception it was raised from, when that is a `UserError`."""
+def _known_error(error: BaseException) -> UserError | NoSpaceError | None:
+  """`error`, or the exception it was raised from, when that is a `UserError` or a
+  `NoSpaceError`."""
   while error is not None:
-    if isinstance(error, UserError):
+    if isinstance(error, (UserError, NoSpaceError)):
       return error
     error = error.__cause__
   return None
