@@ -19,14 +19,21 @@ unasked (`wnscale.outputs.check`; `--overwrite` replaces).
 A `wnscale.errors.UserError` (a mistake in the config, the flags, the data, the
 workdir, the outputs or the topology), raised while parsing the flags or by the
 library, prints `error: <what and what to do>` as one line on stderr and exits
-with status 2; a full disk (`wnscale.outputs.no_space`) prints one line too and
-exits with status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback
-as well. So does a mistake inside the config file (it does not compile,
-`get_config` fails or is missing: the line names the file and line). An
+with status 2; a full disk (`wnscale.errors.NoSpaceLeft`, or any error that
+`errors.no_space` finds a full disk behind) prints one line too and exits with
+status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback as well.
+So does a mistake inside the config file (it does not compile, `get_config`
+fails or is missing: the line names the file and line). An
 `errors.ArgumentError` about a library argument is shown as the launcher's flag
 of that name (`--init_every=24: ...`). Any other exception is a bug and keeps its
-traceback. `--help` exits 0. Orbax's INFO lines stay out of the log unless
-`--verbosity=1` (or more) asks for them.
+traceback. `--help` exits 0. A Ctrl-C that the launcher's own loop does not
+catch (e.g. during its set-up) ends it with `Interrupted (Ctrl-C).`, exit status
+130. Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more)
+asks for them.
+
+A launcher that runs in a workdir (`lock_workdir`) takes the workdir's lock
+(`wnscale.train.workdir.lock`) as soon as its flags are read, before JAX
+starts and before anything is written there, and holds it until it exits.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import traceback
 
 from absl import app, flags
@@ -43,7 +51,7 @@ from ml_collections import config_flags
 
 from wnscale import config as config_lib
 from wnscale import outputs
-from wnscale.errors import ArgumentError, UserError
+from wnscale.errors import ArgumentError, UserError, no_space
 from wnscale.train import workdir as workdir_lib
 
 
@@ -124,7 +132,7 @@ def overwrite() -> bool:
 
 
 def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
-        unknown_flag_hint: str = ""):
+        unknown_flag_hint: str = "", lock_workdir=None):
   """`absl.app.run(main)`, with user errors as one line and exit status 2 (module docstring).
 
   Args:
@@ -133,28 +141,42 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
     writes_workdir: the launcher writes into `--workdir` (made and checked first);
       False for one that only reads a run directory (e.g. `launch.forecast`).
     unknown_flag_hint: added to the error for a flag this launcher does not know.
+    lock_workdir: `() -> bool`, called once the flags are parsed: whether this
+      process holds `--workdir`'s lock while it runs (e.g. process 0 of several);
+      None: no lock.
   """
   # --help lists the flags of the launcher's own module: these are the launcher's too.
   for flag in flags.FLAGS.get_flags_for_module(sys.modules[__name__]):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  held = []  # the workdir whose lock this process took
   try:
     app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir,
-                                                         unknown_flag_hint))
+                                                         unknown_flag_hint, lock_workdir, held))
+  except KeyboardInterrupt as error:
+    _exit_with_line(error, "Interrupted (Ctrl-C).", 130)
   except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)
     user_error = _user_error(error)
-    full_disk = None if user_error else outputs.no_space(error)
+    full_disk = None if user_error else no_space(error)
     if user_error is None and full_disk is None:
       raise
-    if _traceback_wanted():
-      traceback.print_exception(error)
     message = _message(user_error) if user_error else str(full_disk)
-    sys.stderr.write(f"error: {' '.join(message.split())}\n")
-    sys.stderr.flush()
-    sys.exit(2 if user_error else 1)
+    _exit_with_line(error, f"error: {' '.join(message.split())}", 2 if user_error else 1)
+  finally:
+    for workdir in held:
+      workdir_lib.unlock(workdir)
 
 
-def _parse_flags(argv: list[str], required, writes_workdir: bool,
-                 unknown_flag_hint: str = "") -> list[str]:
+def _exit_with_line(error: BaseException, line: str, status: int):
+  """Prints `line` (after the traceback, if asked for) and exits with `status`."""
+  if _traceback_wanted():
+    traceback.print_exception(error)
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
+  sys.exit(status)
+
+
+def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_hint: str,
+                 lock_workdir, held: list) -> list[str]:
   """Parses the flags; a mistake in them is a `UserError`, found before JAX starts."""
   # Arguments after "--" are not this program's (launch.local_cluster passes them on).
   own = argv[1:argv.index("--")] if "--" in argv else argv[1:]
@@ -181,19 +203,47 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool,
     config_lib.validate(flags.FLAGS.config)
   if writes_workdir and "workdir" in flags.FLAGS and flags.FLAGS.workdir:
     workdir_lib.prepare(flags.FLAGS.workdir)
+    if lock_workdir is not None and lock_workdir():
+      workdir_lib.lock(flags.FLAGS.workdir)
+      held.append(flags.FLAGS.workdir)
   for flag, kind in _OUTPUTS:
     if flag.value:
       outputs.check(flag.value, kind, overwrite=overwrite(), flag=f"--{flag.name}")
-  if flags.FLAGS.verbosity < 1:
-    logging.getLogger("absl").addFilter(_quiet_orbax)
+  _quiet_libraries(verbose=flags.FLAGS.verbosity >= 1)
   return remaining
 
 
-def _quiet_orbax(record: logging.LogRecord) -> bool:
+def _quiet_libraries(verbose: bool):
   """Keeps Orbax's per-save/restore INFO chatter out of a launcher's log (warnings stay;
-  `--verbosity=1` shows it). Orbax logs through absl's logger, so its records are told
-  apart by the file that made them."""
-  return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
+  `--verbosity=1` shows it), and a full disk's background noise always: Orbax's and
+  asyncio's logs of the write that found it full, tensorstore's "Event loop is closed"
+  tracebacks, writer threads' tracebacks. The full disk itself is raised where the
+  command waits for its writes, and said in one line. Orbax logs through absl's logger,
+  so its records are told apart by the file that made them."""
+  def keep(record: logging.LogRecord) -> bool:
+    if "/orbax/" not in record.pathname and record.name != "asyncio":
+      return True
+    if (record.exc_info and no_space(record.exc_info[1]) is not None) or (
+        "No space left on device" in record.getMessage()):
+      return False
+    return verbose or record.levelno >= logging.WARNING or record.name == "asyncio"
+
+  for logger in ("absl", "asyncio"):
+    logging.getLogger(logger).addFilter(keep)
+  previous_unraisable, previous_thread = sys.unraisablehook, threading.excepthook
+
+  def unraisable(report):
+    # One failed write of an Orbax save closes its event loop while tensorstore still
+    # completes the others: each then finds the loop closed (dozens for one full disk).
+    if not (isinstance(report.exc_value, RuntimeError)
+            and str(report.exc_value) == "Event loop is closed"):
+      previous_unraisable(report)
+
+  def thread(args):
+    if no_space(args.exc_value) is None:
+      previous_thread(args)
+
+  sys.unraisablehook, threading.excepthook = unraisable, thread
 
 
 def _check_config_args(args) -> str | None:

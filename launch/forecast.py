@@ -9,7 +9,9 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
   python -m launch.forecast --workdir=DIR --out=ENS.zarr --members=8 --lead=5d
 
 Run the same command again after a crash or a full disk: finished initial times are
-kept and the rest are forecast. The last line printed is a JSON summary (speed, memory).
+kept and the rest are forecast. Ctrl-C (or SIGTERM) stops after the lead time being
+computed and says how many initial times the store holds (exit status 0; a second
+Ctrl-C stops at once). The last line printed is a JSON summary (speed, memory).
 """
 
 import json

@@ -7,10 +7,17 @@ coordinator port, `--platform=cpu` and each process's share of
 `--num_cpu_devices` fake devices; prefixes each line of output with the
 process id (`[p0] ...`, stdout to stdout, stderr to stderr), leaving out Gloo's
 connection messages unless `--gloo_messages`; if one process fails, stops the
-others; exits with the first failure's code (2: a mistake in the input).
+others; exits with the first failure's code (2: a mistake in the input; 128 + N
+for a process ended by signal N, as a shell reports it).
+
+Ctrl-C, SIGTERM and SIGHUP reach the processes as from a terminal: each is passed
+on to every process (they run in a process group of their own, so a terminal's
+Ctrl-C reaches them once, through here). The training processes then save the
+step they agree on and exit 0, and so does this; a second Ctrl-C stops them at once.
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,20 +63,23 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   processes, forwarders = [], []
-  for process_id in range(num_processes):
-    command = [sys.executable, "-m", module, *args, f"--coordinator_address=localhost:{port}",
-               f"--num_processes={num_processes}", f"--process_id={process_id}",
-               "--platform=cpu", f"--num_cpu_devices={num_cpu_devices // num_processes}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env)
-    for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
-      forwarders.append(threading.Thread(target=_forward, daemon=True,
-                                         args=(process_id, stream, out, gloo_messages)))
-      forwarders[-1].start()
-    processes.append(process)
-  deadline = time.monotonic() + timeout
+  previous = _pass_on_signals(processes)  # also while they start
   code = 0
   try:
+    for process_id in range(num_processes):
+      command = [sys.executable, "-m", module, *args, f"--coordinator_address=localhost:{port}",
+                 f"--num_processes={num_processes}", f"--process_id={process_id}",
+                 "--platform=cpu", f"--num_cpu_devices={num_cpu_devices // num_processes}"]
+      # A session of its own: a terminal's signals reach it only through `_pass_on_signals`.
+      process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env,
+                                 start_new_session=True)
+      for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+        forwarders.append(threading.Thread(target=_forward, daemon=True,
+                                           args=(process_id, stream, out, gloo_messages)))
+        forwarders[-1].start()
+      processes.append(process)
+    deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in processes):
       failed = [p.returncode for p in processes if p.returncode not in (None, 0)]
       if failed or time.monotonic() > deadline:
@@ -79,13 +89,28 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
     else:
       code = next((p.returncode for p in processes if p.returncode), 0)
   finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
     for p in processes:  # only the processes started here
       if p.poll() is None:
         p.kill()
       p.wait()
     for forwarder in forwarders:  # the last lines of output
       forwarder.join(timeout=10)
-  return code
+  return 128 - code if code < 0 else code  # -N: ended by signal N
+
+
+def _pass_on_signals(processes) -> dict:
+  """Passes SIGINT, SIGTERM and SIGHUP on to every running process; returns the handlers
+  they replace."""
+  def pass_on(signum, frame):
+    del frame
+    for process in processes:
+      if process.poll() is None:
+        process.send_signal(signum)
+
+  return {signum: signal.signal(signum, pass_on)
+          for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
 def main(argv):

@@ -7,7 +7,10 @@
 
 Any config key can be overridden as --config.section.key=value; wnscale/config.py
 lists them all. A mistake in the input ends the run with a one-line error and exit
-status 2 (--traceback to see where it was found).
+status 2 (--traceback to see where it was found). Ctrl-C or SIGTERM saves the step
+reached and exits 0 (a second Ctrl-C stops at once). The workdir is locked for the
+life of the run (by process 0), from before JAX starts: a second run on it stops
+with exit status 2 naming the first.
 """
 
 import os
@@ -54,5 +57,12 @@ def main(argv):
     jax.distributed.shutdown()
 
 
+def _locks_early() -> bool:
+  """Whether this process takes the workdir's lock before JAX starts: it is process 0 (or
+  the only one). On a multi-host Cloud TPU the index is known only later: the trainer
+  takes it there, on process 0."""
+  return _PROCESS_ID.value in (None, 0) and not _on_cloud_tpu()
+
+
 if __name__ == "__main__":
-  cli.run(main, required=("config", "workdir"))
+  cli.run(main, required=("config", "workdir"), lock_workdir=_locks_early)

@@ -9,7 +9,6 @@ cases take the same way out of a launcher, the second is checked on the library 
 launcher makes (a launch costs seconds).
 """
 
-import os
 import shutil
 
 import numpy as np

@@ -150,6 +150,10 @@ def test_train_from_a_bucket_kill_and_resume_from_the_bucket(bucket):
   _, stderr = process.communicate(timeout=600)
   assert process.returncode == 0, stderr[-3000:]
   assert re.search(r"Resumed from step [2-7], checkpoint", stderr), stderr[-3000:]
+  # The killed run's workdir lock: its process is gone, so it is taken over (and given back).
+  assert (f"Taking over the lock {workdir}/lock.json" in stderr
+          and "that process is no longer running" in stderr), stderr[-3000:]
   assert _losses(workdir) == want  # exact, step for step
   _fresh_listings()
+  assert not paths.exists(f"{workdir}/lock.json")
   assert len(list(paths.as_epath(f"{workdir}/configs").iterdir())) == 2  # one per start

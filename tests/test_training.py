@@ -1,7 +1,8 @@
-"""Training end to end, in real processes: loss falls, kill -9 / SIGTERM / corrupt
-checkpoints resume exactly, multi-process and resharded runs match one process, a
-SIGTERM to one process of two stops both at one step, and a failing restore or
-another model loses nothing in the workdir.
+"""Training end to end, in real processes: loss falls, an abrupt end (a second Ctrl-C
+mid-save, as kill -9) and corrupt checkpoints resume exactly, multi-process runs match
+one process, a Ctrl-C to one process of two stops both at one step, and a failing
+restore or another model loses nothing in the workdir. (Ctrl-C and a resharded resume:
+test_interrupts.py.)
 
 (That remat and one graph shard give the same training is covered at the level
 of the loss and gradients, in test_remat.py and test_sharding.py.)"""
@@ -11,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -24,28 +24,8 @@ from wnscale.data import pipeline, resolve
 from wnscale.train import checkpoint, trainer
 from wnscale.train.metrics import read_metrics
 
-from tiny_runs import REPO, STEPS, process_env, run, train_command
-
-
-def start(workdir, **kwargs):
-  return subprocess.Popen(train_command(workdir, **kwargs), cwd=REPO, env=process_env(),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def losses(workdir):
-  return {m["step"]: m["loss"] for m in read_metrics(workdir) if "loss" in m}
-
-
-def wait_for_step(process, workdir, step, timeout=300):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    assert process.poll() is None, process.stderr.read()[-3000:]
-    path = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(path) and max(losses(workdir), default=0) >= step:
-      return
-    time.sleep(0.2)
-  process.kill()
-  raise TimeoutError(f"step {step} not reached")
+from tiny_runs import (REPO, STEPS, Started, losses, run, snapshot, train_command,
+                       wait_for_step)
 
 
 @pytest.fixture
@@ -73,15 +53,28 @@ def test_end_to_end_run(reference):
   assert sorted(os.listdir(os.path.join(reference, "checkpoints"))) == ["12", "4", "8"]
 
 
-def test_kill_resume_and_corrupt_fallback_match_uninterrupted(reference, tmp_path):
+def test_a_second_ctrl_c_mid_save_resume_and_corrupt_fallback_match_uninterrupted(
+    reference, tmp_path):
+  """Ctrl-C, then Ctrl-C again while the step reached is evaluated and saved: the run ends
+  at once, as kill -9 would (the kernel's default action of SIGINT), with no traceback."""
   workdir = str(tmp_path)
-  process = start(workdir)
-  wait_for_step(process, workdir, 5)  # the eval compile at step 6 leaves a window
-  process.send_signal(signal.SIGKILL)
-  process.wait()
+  started = Started(train_command(workdir))
+  try:
+    wait_for_step(started, workdir, 5)  # the eval compile at step 6 leaves a window
+    started.ctrl_c()
+    started.wait_for(r"Ctrl-C received: checkpointing the step reached")
+    started.ctrl_c()
+    assert started.finish(timeout=120) == -signal.SIGINT, started.stderr[-3000:]  # shell: 130
+  finally:
+    started.kill()
+  assert "Traceback" not in started.stderr, started.stderr[-3000:]
   assert max(losses(workdir)) < STEPS
-  run(workdir)
+  result = run(workdir)
+  assert f"Taking over the lock {workdir}/lock.json" in result.stderr  # the ended run's
+  assert "that process is no longer running" in result.stderr
   assert losses(workdir) == losses(reference)  # exact, step for step
+  assert not [name for name in os.listdir(os.path.join(workdir, "checkpoints"))
+              if "orbax-checkpoint-tmp" in name]  # a cut save's leftovers: removed
 
   # Damage the newest checkpoint: the run falls back to step 8 and redoes 9..12.
   newest = os.path.join(workdir, "checkpoints", "12")
@@ -94,25 +87,6 @@ def test_kill_resume_and_corrupt_fallback_match_uninterrupted(reference, tmp_pat
   assert f"Skipping checkpoint {newest}" in result.stderr
   assert "Resumed from step 8" in result.stderr
   assert losses(workdir) == losses(reference)
-
-
-def test_sigterm_checkpoints_and_resumes_on_fewer_devices(reference, tmp_path):
-  workdir = str(tmp_path)
-  process = start(workdir, devices=8, data=2, graph=4)
-  wait_for_step(process, workdir, 5)
-  process.send_signal(signal.SIGTERM)
-  _, stderr = process.communicate(timeout=120)
-  assert process.returncode == 0, stderr[-3000:]
-  stopped = max(losses(workdir))
-  assert str(stopped) in os.listdir(os.path.join(workdir, "checkpoints"))
-  assert f"Stopped at step {stopped}" in stderr
-  # Saved on 8 devices (2 x 4); resumed on 4 (1 x 4).
-  result = run(workdir, devices=4, data=1, graph=4)
-  assert f"Resumed from step {stopped}" in result.stderr
-  got, want = losses(workdir), losses(reference)
-  assert sorted(got) == sorted(want)
-  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
-                             rtol=2e-4)
 
 
 def test_nonfinite_loss_stops_without_checkpointing_it(tmp_path):
@@ -148,19 +122,22 @@ def _cluster_process(cluster_pid, process_id, timeout=120):
   raise TimeoutError(f"process {process_id} of the cluster did not start")
 
 
-def test_two_processes_match_one_and_a_sigterm_to_one_stops_both_at_one_step(
+def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
     reference, tmp_path):
-  """A 2-process run, stopped by a SIGTERM to one process and continued by 2 processes:
-  both stop at one step, and every step's loss is that of the 1-process run."""
+  """A 2-process run, stopped by a SIGINT to one process only and continued by 2
+  processes: both stop at one step (the SIGINT reaches JAX's preemption service as a
+  SIGTERM would, e.g. a preemption notice to one host), and every step's loss is that
+  of the 1-process run."""
   workdir = str(tmp_path)
-  cluster = subprocess.Popen(train_command(workdir, devices=4, data=1, graph=4, processes=2),
-                             cwd=REPO, env=process_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-  wait_for_step(cluster, workdir, 3)
-  os.kill(_cluster_process(cluster.pid, 1), signal.SIGTERM)  # not the one that logs
-  output, _ = cluster.communicate(timeout=300)
-  assert cluster.returncode == 0, output[-3000:]
-  stops = set(re.findall(r"\[p(\d)\] .*Stopped at step (\d+) after SIGTERM", output))
+  cluster = Started(train_command(workdir, devices=4, data=1, graph=4, processes=2))
+  try:
+    wait_for_step(cluster, workdir, 3)
+    os.kill(_cluster_process(cluster.process.pid, 1), signal.SIGINT)  # not the one that logs
+    assert cluster.finish(timeout=300) == 0, cluster.stderr[-3000:]
+  finally:
+    cluster.kill()
+  output = cluster.stderr
+  stops = set(re.findall(r"\[p(\d)\] .*Stopped at step (\d+) after SIG(?:INT|TERM)", output))
   assert {process for process, _ in stops} == {"0", "1"}, output[-3000:]
   assert len({step for _, step in stops}) == 1  # both at the same step
   stopped = int(stops.pop()[1])
@@ -196,21 +173,10 @@ def _config_like_run_flags():
   return config
 
 
-def _snapshot(workdir):
-  """Every file under `workdir` with its bytes."""
-  files = {}
-  for root, _, names in os.walk(workdir):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        files[os.path.relpath(path, workdir)] = f.read()
-  return files
-
-
 def test_a_failing_data_restore_keeps_the_checkpoint(reference, tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference, workdir)
-  before = _snapshot(workdir)
+  before = snapshot(workdir)
 
   def broken_restore(self, state):
     raise RuntimeError("injected failure while restoring the data iterator")
@@ -218,18 +184,18 @@ def test_a_failing_data_restore_keeps_the_checkpoint(reference, tmp_path, monkey
   monkeypatch.setattr(pipeline.DataPipeline, "restore", broken_restore)
   with pytest.raises(RuntimeError, match="injected failure"):
     trainer.train_and_evaluate(_config_like_run_flags(), workdir)
-  assert _snapshot(workdir) == before  # no checkpoint set aside, nothing rewritten
+  assert snapshot(workdir) == before  # no checkpoint set aside, nothing rewritten
 
 
 def test_another_model_leaves_the_workdir_untouched(reference, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference, workdir)
-  before = _snapshot(workdir)
+  before = snapshot(workdir)
   config = _config_like_run_flags()
   config.model.latent_size = 16
   with pytest.raises(checkpoint.CheckpointMismatchError, match="another model or optimizer configuration"):
     trainer.train_and_evaluate(config, workdir)
-  assert _snapshot(workdir) == before  # config.json, configs/, checkpoints, metrics
+  assert snapshot(workdir) == before  # config.json, configs/, checkpoints, metrics
 
 
 def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tmp_path):

@@ -1,12 +1,17 @@
 """The tiny config's training run in real processes: the flags the process tests share,
-the processes' environment and the launch command.
+the processes' environment, the launch command, and watching a launched process.
 
 No JAX here: conftest.py imports this module before JAX's flags are set.
 """
 
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 # Cheap XLA:CPU passes: the tiny train step compiles in 6 s instead of 9 s; runs that a
@@ -59,3 +64,90 @@ def run(workdir, **kwargs) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result
+
+
+def losses(workdir) -> dict:
+  """`{step: loss}` of a run's `metrics.jsonl`."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    entries = [json.loads(line) for line in f if line.strip()]
+  return {m["step"]: m["loss"] for m in entries if "loss" in m}
+
+
+def snapshot(workdir) -> dict:
+  """Every file under `workdir` with its bytes."""
+  files = {}
+  for root, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, workdir)] = f.read()
+  return files
+
+
+class Started:
+  """A launched process in a session of its own (as a terminal's foreground job), its
+  stderr collected line by line by a thread."""
+
+  def __init__(self, command, env=None):
+    self.process = subprocess.Popen(command, cwd=REPO, env=env or process_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+    self.lines, self.stdout = [], []
+    self._threads = [threading.Thread(target=self._read, args=(stream, out), daemon=True)
+                     for stream, out in ((self.process.stderr, self.lines),
+                                         (self.process.stdout, self.stdout))]
+    for thread in self._threads:
+      thread.start()
+
+  def _read(self, stream, out):
+    for line in iter(stream.readline, ""):
+      out.append(line)
+
+  @property
+  def stderr(self) -> str:
+    return "".join(self.lines)
+
+  def wait_for(self, pattern: str, timeout=300.0) -> re.Match:
+    """The first stderr line matching `pattern`, once it is printed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      for line in list(self.lines):
+        match = re.search(pattern, line)
+        if match:
+          return match
+      assert self.process.poll() is None, self.stderr[-3000:]
+      time.sleep(0.02)
+    self.kill()
+    raise TimeoutError(f"no line matching {pattern!r}: {self.stderr[-3000:]}")
+
+  def ctrl_c(self):
+    """What a terminal does on Ctrl-C: SIGINT to the whole foreground process group."""
+    os.killpg(self.process.pid, signal.SIGINT)
+
+  def finish(self, timeout=300.0) -> int:
+    try:
+      code = self.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.kill()
+      raise
+    for thread in self._threads:
+      thread.join(timeout=10)
+    return code
+
+  def kill(self):
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait(timeout=60)
+
+
+def wait_for_step(started: Started, workdir, step, timeout=300.0):
+  """Waits until the run launched as `started` has logged `step` in `metrics.jsonl`."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert started.process.poll() is None, started.stderr[-3000:]
+    if os.path.exists(os.path.join(workdir, "metrics.jsonl")) and max(
+        losses(workdir), default=0) >= step:
+      return
+    time.sleep(0.1)
+  started.kill()
+  raise TimeoutError(f"step {step} not reached")

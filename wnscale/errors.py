@@ -9,9 +9,10 @@ working. The library names the problem; where the mistake is one argument of a
 library function, an `ArgumentError` names it, and a launcher shows its own flag
 for it.
 
-A `NoSpaceLeft` (a full disk or quota while writing an output,
-`wnscale.outputs.writing`) names the path and what was kept; the launchers
-print it as one line too, with exit status 1: nothing was wrong with the input.
+A full disk is neither the user's mistake nor a bug: a `NoSpaceLeft` (a full
+disk or quota while writing an output, `wnscale.outputs.writing`; `no_space`
+finds one behind any error) names the path and what was kept; the launchers
+print it as one line too, with exit status 1.
 """
 
 import errno
@@ -40,3 +41,23 @@ class NoSpaceLeft(OSError):
 
   def __str__(self) -> str:
     return self.strerror
+
+
+def no_space(error: BaseException) -> NoSpaceLeft | None:
+  """The full disk (or quota) behind `error`, or None.
+
+  The `NoSpaceLeft` that `error` is or came from; else, when the disk was full
+  (an `OSError` ENOSPC or EDQUOT, or a message saying "No space left on device"
+  or "Disk quota exceeded": tensorstore, through Orbax, passes it on as text), a
+  `NoSpaceLeft` of that error's message.
+  """
+  seen, cause = set(), error
+  while cause is not None and id(cause) not in seen:
+    seen.add(id(cause))
+    if isinstance(cause, NoSpaceLeft):
+      return cause
+    if ((isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)) or
+        any(text in str(cause) for text in ("No space left on device", "Disk quota exceeded"))):
+      return NoSpaceLeft(f"No space left on device: {cause}")
+    cause = cause.__cause__ or cause.__context__
+  return None

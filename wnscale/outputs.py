@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import uuid
 
 from wnscale import paths
-from wnscale.errors import NoSpaceLeft, UserError
+from wnscale.errors import NoSpaceLeft, UserError, no_space
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,25 +205,6 @@ def building(path: str, overwrite: bool = False, resumable: bool = False):
     left = "nothing was left there; free some space and run again"
   with writing(path, left), paths.building(path, overwrite, resumable) as where:
     yield where
-
-
-def no_space(error: BaseException) -> NoSpaceLeft | None:
-  """The full disk (or quota) behind `error`, or None.
-
-  The `NoSpaceLeft` that `error` is or came from; else, when the disk was full
-  (an `OSError` ENOSPC or EDQUOT, or tensorstore's `ValueError` saying "No
-  space left on device"), a `NoSpaceLeft` of that error's message.
-  """
-  seen, cause = set(), error
-  while cause is not None and id(cause) not in seen:
-    seen.add(id(cause))
-    if isinstance(cause, NoSpaceLeft):
-      return cause
-    if ((isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)) or
-        any(text in str(cause) for text in ("No space left on device", "Disk quota exceeded"))):
-      return NoSpaceLeft(f"No space left on device: {cause}")
-    cause = cause.__cause__ or cause.__context__
-  return None
 
 
 @contextlib.contextmanager

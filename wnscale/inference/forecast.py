@@ -7,7 +7,9 @@ normalization uses the training store's statistics. The rollout runs sharded
 over the `(data, graph)` mesh exactly like training, streaming each lead time
 to the host (`rollout.StreamingForecaster`), and each initial time is recorded
 as finished once all its lead times are written (`forecast_store`): the same
-command continues a killed forecast where it stopped.
+command continues a killed forecast where it stopped. Ctrl-C or SIGTERM stops it
+after the lead time being computed, says how many initial times the store holds,
+and returns (a second Ctrl-C stops at once; `wnscale.interrupts`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pandas as pd
 from jax.sharding import PartitionSpec as P
 
 from wnscale import config as config_lib
-from wnscale import paths
+from wnscale import interrupts, paths
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
@@ -198,19 +200,46 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   constants = setup.make_constants(config, graphs, latitude, longitude,
                                    normalization.residual_scale(output_stats, num_state))
   forecaster = StreamingForecaster(config, layout, graphdef, params, constants, store, stats)
-  compile_start = time.perf_counter()
-  summary["step_memory"] = forecaster.compile()
-  summary["compile_seconds"] = time.perf_counter() - compile_start
-  logging.info("Forecasting %d initial times x %d lead times (%d done before) into %s, "
-               "%d at a time.", len(remaining), num_leads, summary["already_written"],
-               output.path, forecaster.batch_size)
-  gc.collect()  # the restore's garbage holds device arrays; the peak below is the rollout's
-  # One row per (initial time, member), initial time major; a deterministic run: member None.
-  rows = [(init_index, member) for init_index in remaining
-          for member in (range(members) if members else [None])]
-  progress = Progress(len(rows), num_leads, stream)
+  with interrupts.StopRequest("stopping after the lead time being computed; finished "
+                              "initial times are kept") as stop:
+    compile_start = time.perf_counter()
+    summary["step_memory"] = forecaster.compile()
+    summary["compile_seconds"] = time.perf_counter() - compile_start
+    logging.info("Forecasting %d initial times x %d lead times (%d done before) into %s, "
+                 "%d at a time.", len(remaining), num_leads, summary["already_written"],
+                 output.path, forecaster.batch_size)
+    gc.collect()  # the restore's garbage holds device arrays; the peak below is the rollout's
+    # One row per (initial time, member), initial time major; a deterministic run: member None.
+    rows = [(init_index, member) for init_index in remaining
+            for member in (range(members) if members else [None])]
+    progress = Progress(len(rows), num_leads, stream)
+    peak = _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster,
+                          output, progress, stop)
+    progress.close()
+  if stop.requested:
+    summary.update(interrupted=stop.requested, written=len(output.completed) -
+                   summary["already_written"])
+    logging.warning("Interrupted (%s): %d of %d initial times are in %s; run the same command "
+                    "to finish.", stop.requested, len(output.completed), len(indices),
+                    output.path)
+    return summary
+  seconds = time.perf_counter() - progress.start
+  summary.update(written=len(remaining), model_steps=len(rows) * num_leads,
+                 seconds=seconds, steps_per_sec=len(rows) * num_leads / seconds,
+                 peak_live_device_bytes=peak)
+  logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
+               len(remaining), num_leads, output.path, summary["steps_per_sec"])
+  return summary
+
+
+def _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster, output,
+                   progress, stop) -> int:
+  """Forecasts `rows` (initial time, member) into `output` until done or `stop.requested`;
+  returns the peak of live device bytes."""
   peak = 0
   for first in range(0, len(rows), forecaster.batch_size):
+    if stop.requested:
+      return peak
     batch = rows[first:first + forecaster.batch_size]
     inits = [init_index for init_index, _ in batch]
     row_members = [member for _, member in batch] if members else None
@@ -219,16 +248,11 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
         output.write(init_index, lead_index, state, member)
       peak = max(peak, live_device_bytes())
       progress.leads_done(lead_index, len(batch))
+      if stop.requested:  # this batch's initial times stay unfinished
+        return peak
     for init_index, member in batch:
       if member is None or member == members - 1:  # its last row: the initial time is done
         output.finish_init(init_index)
       label = str(pd.Timestamp(init_datetimes[init_index]))
       progress.init_done(label if member is None else f"{label} member {member}")
-  progress.close()
-  seconds = time.perf_counter() - progress.start
-  summary.update(written=len(remaining), model_steps=len(rows) * num_leads,
-                 seconds=seconds, steps_per_sec=len(rows) * num_leads / seconds,
-                 peak_live_device_bytes=peak)
-  logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
-               len(remaining), num_leads, output.path, summary["steps_per_sec"])
-  return summary
+  return peak

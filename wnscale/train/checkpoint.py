@@ -173,8 +173,11 @@ class Checkpointer:
     self.manager.reload()
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for the saves started (raising a failed one's error), then closes the manager."""
+    try:
+      self.manager.wait_until_finished()
+    finally:
+      self.manager.close()
 
 
 def _manager(directory: str, create: bool, state_handler) -> ocp.CheckpointManager:

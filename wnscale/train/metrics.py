@@ -10,6 +10,7 @@ memory and speaks to Cloud Storage through its own client.)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,7 +33,9 @@ class MetricsWriter:
   """Appends metrics of process 0; on resume, drops entries past the restored step.
 
   Dropping them keeps `metrics.jsonl` one line per step even when a run died
-  after logging steps that its last checkpoint does not include.
+  after logging steps that its last checkpoint does not include. Nothing else
+  is ever removed: when no line is past the step, the file is appended to as
+  it is; otherwise it is replaced, whole, by its lines up to the step.
   """
 
   def __init__(self, workdir: str, resume_step: int, enabled: bool = True):
@@ -45,9 +48,12 @@ class MetricsWriter:
     self.path = os.path.join(self.local_dir, workdir_lib.METRICS)
     stored = paths.join(workdir, workdir_lib.METRICS)
     if paths.exists(stored):
-      kept = [line for line in paths.read_text(stored).splitlines(keepends=True)
-              if _step_of(line) <= resume_step]
-      paths.write_text(self.path, "".join(kept))
+      lines = paths.read_text(stored).splitlines(keepends=True)
+      kept = [line for line in lines if _step_of(line) <= resume_step]
+      if kept and not kept[-1].endswith("\n"):  # a last line without its end: it is whole
+        kept[-1] += "\n"
+      if kept != lines or self.remote:  # a remote workdir is staged locally
+        paths.write_text(self.path, "".join(kept))
     self.file = open(self.path, "a")
     self.tensorboard = SummaryWriter(os.path.join(self.local_dir, workdir_lib.TENSORBOARD))
     self._synced = time.monotonic()
@@ -60,12 +66,14 @@ class MetricsWriter:
     if bad:
       raise ValueError(f"Metric names {bad} are not TensorBoard tags (letters, digits, _ . / -)")
     values = {k: (float(v) if not isinstance(v, str) else v) for k, v in values.items()}
-    self.file.write(json.dumps({"step": step, **values}) + "\n")
-    self.file.flush()
-    for name, value in values.items():
-      if isinstance(value, float) and math.isfinite(value):
-        self.tensorboard.add_scalar(name, value, step)
-    self.tensorboard.flush()
+    with _naming(self.path):
+      self.file.write(json.dumps({"step": step, **values}) + "\n")
+      self.file.flush()
+    with _naming(os.path.join(self.local_dir, workdir_lib.TENSORBOARD)):
+      for name, value in values.items():
+        if isinstance(value, float) and math.isfinite(value):
+          self.tensorboard.add_scalar(name, value, step)
+      self.tensorboard.flush()
     if time.monotonic() - self._synced > SYNC_EVERY_S:
       self.sync()
 
@@ -90,6 +98,17 @@ class MetricsWriter:
       if self.remote:
         self.sync()
         shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+  """An `OSError` in the block names `path` (e.g. which file found the disk full)."""
+  try:
+    yield
+  except OSError as error:
+    if error.filename:
+      raise
+    raise OSError(error.errno, error.strerror, path) from error
 
 
 def _step_of(line: str) -> float:

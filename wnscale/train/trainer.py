@@ -5,16 +5,25 @@ Data (Grain, per-process share) -> sharded train step (shard_map over the
 Re-running with the same workdir resumes from the newest good checkpoint:
 model, optimizer and data iterator, so the losses continue exactly. The
 workdir, the store and the statistics may be URLs (`gs://...`).
-SIGTERM saves a checkpoint and returns cleanly; with several processes, all of
-them save the same step (JAX's preemption sync point), whichever got the signal.
+SIGTERM or Ctrl-C (SIGINT) saves a checkpoint and returns cleanly; with several
+processes, all of them save the same step (JAX's preemption sync point),
+whichever got the signal; a second Ctrl-C stops at once (`wnscale.interrupts`).
+Process 0 holds the workdir's lock for the whole run (`workdir.lock`). A
+resumed run must read the data its checkpoints were trained on
+(`check_same_data`). A full disk ends the run with a `NoSpaceLeft` naming the
+path; the checkpoints written before stay, and the next start removes what
+the failed save left (Orbax's temporary directories).
 What the run logs as it goes: `wnscale.train.run_log`.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import logging
+import os
+import re
 import signal
 import time
 
@@ -24,10 +33,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from wnscale import config as config_lib
-from wnscale import paths
+from wnscale import interrupts, paths
 from wnscale.data import pipeline
+from wnscale.data import store as store_lib
 from wnscale.data.resolve import resolve_stats, resolve_store
-from wnscale.errors import UserError
+from wnscale.errors import NoSpaceLeft, UserError, no_space
 from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
@@ -46,34 +56,37 @@ class NonFiniteLossError(RuntimeError):
 
 
 class _Preemption:
-  """Tells the loop when to checkpoint and stop because of a SIGTERM.
+  """Tells the loop when to checkpoint and stop because of a SIGTERM or a Ctrl-C (SIGINT).
 
-  One process: its own SIGTERM handler. Several: JAX's preemption service
-  (`jax.distributed`) catches SIGTERM in any process and agrees on one step
-  at which every process stops, so all save the same step and none waits for
-  a peer that has left.
+  One process: its own handler of both (`interrupts.StopRequest`). Several:
+  JAX's preemption service (`jax.distributed`) catches SIGTERM in any process
+  and agrees on one step at which every process stops, so all save the same
+  step and none waits for a peer that has left; a SIGINT (a terminal sends it
+  to every process of a job, `launch.local_cluster` passes it on to each) is
+  passed on to that service as a SIGTERM to the process itself.
   """
 
   def __init__(self):
-    self._requested = False
-    self._previous = None
-    if jax.process_count() == 1:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._single = jax.process_count() == 1
+    self.stop = interrupts.StopRequest(
+        "checkpointing the step reached, then stopping",
+        signals=(signal.SIGINT, signal.SIGTERM) if self._single else (signal.SIGINT,),
+        on_signal=None if self._single else lambda _: os.kill(os.getpid(), signal.SIGTERM))
+    self.stop.__enter__()
 
-  def _handle(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM received: checkpointing the current step, then stopping.")
-    self._requested = True
+  @property
+  def signal_name(self) -> str:
+    """The signal this process caught ("SIGTERM" when a peer's stopped it)."""
+    return self.stop.requested or "SIGTERM"
 
   def reached(self, step: int) -> bool:
     """Whether to checkpoint `step` and stop; every process calls it at every step."""
-    if jax.process_count() == 1:
-      return self._requested
+    if self._single:
+      return self.stop.requested is not None
     return multihost_utils.reached_preemption_sync_point(step)
 
   def restore(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    self.stop.__exit__(None, None, None)
 
 
 def _check_finite(state):
@@ -85,12 +98,72 @@ def _check_finite(state):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains `config` in `workdir` (a directory or a URL); returns the last logged metrics."""
+  """Trains `config` in `workdir` (a directory or a URL); returns the last logged metrics.
+
+  Raises:
+    UserError: a mistake in the config or the data; another run holds the workdir;
+      the data differ from those the workdir's checkpoints were trained on.
+    NoSpaceLeft: the disk holding the workdir is full.
+  """
   run_start = time.perf_counter()
   config_lib.validate(config)
   workdir = paths.normalize(workdir)
   workdir_lib.prepare(workdir)
   _check_init_from(config.train.init_from, workdir)
+  with workdir_lib.locked(workdir, enabled=jax.process_index() == 0):
+    try:
+      return _train(config, workdir, run_start)
+    except Exception as error:
+      if isinstance(error, NoSpaceLeft) or no_space(error) is None:
+        raise
+      gc.collect()  # the failed save's coroutines, now (quietly), not at interpreter exit
+      raise _no_space_error(error, workdir) from error
+
+
+def _close_all(*closers):
+  """Calls every closer, even after one fails; then raises the first failure, if any."""
+  failure = None
+  for close in closers:
+    try:
+      close()
+    except Exception as error:  # noqa: BLE001 (raised below, after the others closed)
+      failure = failure or error
+  if failure is not None:
+    raise failure
+
+
+def _no_space_error(error: BaseException, workdir: str) -> NoSpaceLeft:
+  """One line for a full disk: the path being written, and what is safe."""
+  path = None
+  while error is not None and path is None:
+    if isinstance(error, OSError) and error.filename:
+      path = error.filename
+    else:  # tensorstore's message, through Orbax: ... Failed writing: "<path>": ...
+      found = re.findall(r'"((?:/|[a-z0-9]+://)[^"]+)"', str(error))
+      path = found[-1] if found else None
+    error = error.__cause__ or error.__context__
+  if path and ".orbax-checkpoint-tmp" in path:  # a file deep inside: name the checkpoint
+    path = path[:path.index(".orbax-checkpoint-tmp")] + ".orbax-checkpoint-tmp"
+  steps = _saved_steps(workdir)
+  safe = (f"the checkpoint{'s' * (len(steps) > 1)} of step{'s' * (len(steps) > 1)} "
+          f"{', '.join(map(str, steps))} {'are' if len(steps) > 1 else 'is'} intact; free "
+          f"space and run the same command to resume from step {steps[-1]}" if steps else
+          "no checkpoint was saved yet; free space and run the same command")
+  return NoSpaceLeft(f"No space left on device writing {path or 'under ' + workdir}: the "
+                     f"run stopped; {safe}.")
+
+
+def _saved_steps(workdir: str) -> list[int]:
+  """The steps of the finished checkpoints in `workdir` (Orbax's temporary ones are not)."""
+  directory = paths.as_epath(paths.join(workdir, workdir_lib.CHECKPOINTS))
+  if not directory.exists():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _train(config, workdir: str, run_start: float) -> dict:
+  """`train_and_evaluate` once the workdir is locked."""
+  check_same_data(workdir, config)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
   members = ensemble.training_members(config)
@@ -243,14 +316,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                        paths.join(checkpointer.directory, str(done)), blocked)
       if preempted:
         checkpointer.wait()
-        logging.warning("Stopped at step %d after SIGTERM; checkpoint saved.", done)
+        logging.warning("Stopped at step %d after %s; checkpoint saved to %s. Run the same "
+                        "command to continue.", done, preemption.signal_name,
+                        paths.join(checkpointer.directory, str(done)))
         break
     loop_end = time.perf_counter()
   finally:
     preemption.restore()
-    checkpointer.close()
-    writer.close()
-    train_data.close()
+    _close_all(checkpointer.close, writer.close, train_data.close)
   times["training"] = loop_end - loop_start - times["evaluation"] - times["checkpoint"]
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
@@ -297,6 +370,57 @@ def _resume(checkpointer, state, sharding, config, source, group, num_groups, tr
   logging.info("Resumed from step %d, checkpoint %s.", restored.step,
                paths.join(checkpointer.directory, str(restored.step)))
   return restored.state, train_data, data_offset
+
+
+# Data settings that change neither which examples a run reads, nor in what order, nor
+# their normalization: a resumed run may change them.
+HARMLESS_DATA_KEYS = ("worker_count",)
+
+
+def check_same_data(workdir: str, config: ml_collections.ConfigDict):
+  """A resumed run reads the data its checkpoints were trained on, else a `UserError`.
+
+  Compares `config.data` with the `data` of the workdir's `config.json` when
+  the workdir has checkpoints to resume from. Keys in `HARMLESS_DATA_KEYS` may
+  differ. `data.path` may name another copy of the same store (the same
+  variables, levels, times and grid, opened both); with no `data.path` (a
+  synthetic store) the other keys say which store it is.
+  """
+  path = paths.join(workdir, workdir_lib.CONFIG)
+  if not _saved_steps(workdir) or not paths.exists(path):
+    return
+  before = json.loads(paths.read_text(path)).get("data", {})
+  now = json.loads(config.data.to_json_best_effort())
+  differ = [key for key in sorted(before.keys() | now.keys())
+            if key not in HARMLESS_DATA_KEYS + ("path",) and before.get(key) != now.get(key)]
+  if (now["path"] and before.get("path")
+      and paths.normalize(now["path"]) != paths.normalize(before["path"])
+      and not _same_store(before["path"], now["path"], config.data)):
+    differ.insert(0, "path")
+  if differ:
+    shown = "; ".join(f"data.{key}: {before.get(key, 'absent')!r} in config.json, now "
+                      f"{now.get(key, 'absent')!r}" for key in differ[:5])
+    more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+    raise UserError(
+        f"The workdir {workdir} holds a run trained on other data ({shown}{more}): resuming "
+        f"would mix the two. Resume with the data settings of {path}, or give this run "
+        "another --workdir (--config.train.init_from=" + workdir + " starts it from this "
+        f"run's parameters). Only data.{', data.'.join(HARMLESS_DATA_KEYS)} may change, and "
+        "data.path to a copy of the same store.")
+
+
+def _same_store(before: str, now: str, data) -> bool:
+  """Whether the stores at `before` and `now` hold the same variables, levels, times, grid."""
+  def describe(path):
+    store = store_lib.open_store(path, data.variables, data.pressure_levels,
+                                 data.time_step_hours, data.resolution,
+                                 forcings=data.stored_forcings)
+    return (store.channel_names, store.times.tolist(), store.latitude.tolist(),
+            store.longitude.tolist())
+  try:
+    return describe(before) == describe(now)
+  except Exception:  # noqa: BLE001 (one of them missing or unreadable: not shown the same)
+    return False
 
 
 def _check_members(config, mesh, members) -> int:

@@ -1,0 +1,303 @@
+"""Accidents that must lose nothing, provoked as a user would: Ctrl-C (a terminal sends
+SIGINT to the foreground process group) of a run, of launch.local_cluster and of a
+forecast, a second run in a live run's workdir, a full disk at a checkpoint (a tiny
+tmpfs), a resumed run on other data. Each asserts the exit status, one line and no
+traceback, and what is on disk afterwards; a resumed run's losses equal the
+uninterrupted run's (`trained_tiny_run`).
+
+A second Ctrl-C during the save, and Ctrl-C to one process of two, are in
+test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tiny_runs import (REPO, STEPS, Started, losses, process_env, run, snapshot,
+                       train_command, wait_for_step)
+from wnscale import config as config_lib
+from wnscale import interrupts
+from wnscale.errors import UserError
+from wnscale.train import trainer
+from wnscale.train import workdir as workdir_lib
+from wnscale.train.metrics import MetricsWriter, read_metrics
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# A tmpfs that holds the tiny run's first checkpoint (1.15 MB in 4 KiB pages, with
+# config.json, metrics and TensorBoard events ~0.05 MB) but not a second (1.19 MB).
+FULL_DISK_SIZE = "1700k"
+
+
+def checkpoint_names(workdir):
+  return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+def assert_one_error_line(stderr: str, *fragments) -> str:
+  """No traceback, and the last line of stderr is the only `error:` line, holding
+  `fragments`."""
+  assert "Traceback" not in stderr, stderr[-4000:]
+  errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and stderr.strip().splitlines()[-1] == errors[0], stderr[-4000:]
+  for fragment in fragments:
+    assert fragment in errors[0], errors[0]
+  return errors[0]
+
+
+# --- Ctrl-C and a second run in the same workdir -----------------------------------------
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_step_and_a_second_run_in_the_workdir_is_refused(
+    trained_tiny_run, tmp_path):
+  """Ctrl-C saves the step reached and exits 0; meanwhile a second launch.train on the
+  live run's workdir stops before JAX starts, naming the holder. Saved on 8 devices
+  (2 x 4), resumed on 4 (1 x 4): the losses are the uninterrupted run's."""
+  workdir = str(tmp_path / "run")
+  first = Started(train_command(workdir, devices=8, data=2, graph=4))
+  try:
+    wait_for_step(first, workdir, 3)
+    with open(os.path.join(workdir, "lock.json")) as f:
+      holder = json.load(f)
+    assert (holder["host"], holder["pid"]) == (socket.gethostname(), first.process.pid)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      metrics_before = f.read()
+
+    second = subprocess.run(train_command(workdir), cwd=REPO, env=process_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert_one_error_line(second.stderr, f"workdir {workdir} is in use by host "
+                          f"{socket.gethostname()}, pid {first.process.pid}, since "
+                          f"{holder['since']}", "another --workdir")
+    assert "JAX process" not in second.stderr  # refused before JAX started
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      assert f.read().startswith(metrics_before)  # appended to by the first run only
+
+    first.ctrl_c()
+    assert first.finish(timeout=120) == 0, first.stderr[-3000:]
+  finally:
+    first.kill()
+  assert "Traceback" not in first.stderr, first.stderr[-3000:]
+  stopped = int(re.search(r"Stopped at step (\d+) after SIGINT; checkpoint saved to "
+                          f"{re.escape(workdir)}/checkpoints/", first.stderr).group(1))
+  assert stopped < STEPS and str(stopped) in checkpoint_names(workdir)
+  assert max(losses(workdir)) == stopped
+  assert not os.path.exists(os.path.join(workdir, "lock.json"))  # given back
+
+  result = run(workdir, devices=4, data=1, graph=4)
+  assert f"Resumed from step {stopped}" in result.stderr
+  got, want = losses(workdir), losses(trained_tiny_run)
+  assert sorted(got) == sorted(want)
+  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
+                             rtol=2e-4)
+
+
+def test_ctrl_c_of_local_cluster_reaches_each_process_once():
+  """The terminal's Ctrl-C reaches launch.local_cluster only (its processes run in
+  sessions of their own), which passes it on to each process once. Here process 0 stops
+  cleanly and process 1 is ended by the signal: local_cluster exits 130, as a shell
+  reports a process ended by SIGINT. (Training processes that save and exit 0, so that
+  local_cluster does: test_training.py.)"""
+  env = dict(process_env(), PYTHONPATH=os.pathsep.join(
+      [TESTS, os.environ.get("PYTHONPATH", "")]))
+  cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+                     "--num_cpu_devices=2", "--timeout=120", "--module=signal_child"], env=env)
+  try:
+    for process in (0, 1):
+      cluster.wait_for(rf"\[p{process}\] ready", timeout=120)
+    cluster.ctrl_c()
+    assert cluster.finish(timeout=120) == 130, cluster.stderr[-3000:]
+  finally:
+    cluster.kill()
+  assert [line for line in cluster.lines if "SIGINT" in line] == ["[p0] SIGINT 1\n"]
+  assert "Traceback" not in cluster.stderr
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+  """A directory on a tmpfs of `FULL_DISK_SIZE` (tests run as root to mount it)."""
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FULL_DISK_SIZE}", "tmpfs", str(mount)],
+                 check=True, timeout=30)
+  try:
+    yield str(mount)
+  finally:
+    subprocess.run(["umount", "-l", str(mount)], check=True, timeout=30)
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_resumed_run_loses_nothing(
+    trained_tiny_run, tiny_disk, tmp_path):
+  workdir = os.path.join(tiny_disk, "run")
+  result = subprocess.run(train_command(workdir), cwd=REPO, env=process_env(),
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 1, result.stderr[-3000:]
+  line = assert_one_error_line(result.stderr, "the checkpoint of step 4 is intact",
+                               "run the same command to resume from step 4")
+  # The file that found the disk full: the checkpoint of step 8, or (when that save has
+  # filled the disk first) metrics.jsonl or the TensorBoard events of a later step.
+  assert re.match(rf"error: No space left on device writing {re.escape(workdir)}/"
+                  r"(checkpoints/8\.orbax-checkpoint-tmp|metrics\.jsonl|tensorboard): ",
+                  line), line
+  assert len(result.stderr.splitlines()) < 40  # the progress log and that line
+  assert checkpoint_names(workdir) == ["4", "8.orbax-checkpoint-tmp"]
+  assert not os.path.exists(os.path.join(workdir, "lock.json"))
+
+  copy = str(tmp_path / "copy")  # the same workdir, on a disk with space
+  shutil.copytree(workdir, copy)
+  resumed = run(copy)
+  assert f"Resumed from step 4, checkpoint {copy}/checkpoints/4" in resumed.stderr
+  assert losses(copy) == losses(trained_tiny_run)  # exact, step for step
+  assert checkpoint_names(copy) == ["12", "4", "8"]  # the leftover removed at the start
+
+
+# --- A resumed run on other data ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_resumed_run_on_other_data_stops_and_leaves_the_workdir_as_it_was(
+    trained_tiny_run, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trained_tiny_run, workdir)
+  before = snapshot(workdir)
+  other = subprocess.run(train_command(workdir, extra=["--config.data.train_end=2020-01-15"]),
+                         cwd=REPO, env=process_env(), capture_output=True, text=True,
+                         timeout=300)
+  assert other.returncode == 2, other.stderr[-3000:]
+  assert_one_error_line(other.stderr, f"The workdir {workdir} holds a run trained on other data",
+                        "data.train_end: '2020-01-20' in config.json, now '2020-01-15'",
+                        "another --workdir", "data.worker_count may change")
+  assert "Compiled" not in other.stderr
+  assert snapshot(workdir) == before  # nothing written, nothing removed
+
+
+@pytest.mark.slow  # the trained run
+def test_a_copy_of_the_store_and_harmless_keys_are_the_same_data(trained_tiny_run, tmp_path):
+  with open(os.path.join(trained_tiny_run, "config.json")) as f:
+    config = config_lib.from_json(f.read())
+  config.data.worker_count = 2
+  copy = str(tmp_path / "copy.zarr")
+  shutil.copytree(config.data.path, copy)
+  config.data.path = copy
+  trainer.check_same_data(trained_tiny_run, config)  # no error: the same data
+  shutil.rmtree(os.path.join(copy, "2m_temperature"))
+  with pytest.raises(UserError, match=r"trained on other data \(data.path: "):
+    trainer.check_same_data(trained_tiny_run, config)
+
+
+# --- Ctrl-C of a forecast -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_forecast_says_what_is_kept(trained_tiny_run, tmp_path):
+  out = str(tmp_path / "forecast.zarr")
+  forecast = Started([sys.executable, "-m", "launch.forecast", "--platform=cpu",
+                      "--num_cpu_devices=1", f"--workdir={trained_tiny_run}", f"--out={out}",
+                      "--init_start=2020-01-21T06", "--init_end=2020-01-29",
+                      "--init_every=12h", "--lead=2d", "--mesh.graph=1"])
+  try:
+    forecast.wait_for(r"initial time .* done \(2/18\)")
+    forecast.ctrl_c()
+    assert forecast.finish(timeout=120) == 0, forecast.stderr[-3000:]
+  finally:
+    forecast.kill()
+  assert "Traceback" not in forecast.stderr
+  with open(os.path.join(out, ".zattrs")) as f:
+    kept = json.load(f)["wnscale_completed_inits"]
+  assert 2 <= len(kept) < 18
+  assert (f"Interrupted (SIGINT): {len(kept)} of 18 initial times are in {out}; run the same "
+          "command to finish.") in forecast.stderr
+  summary = json.loads(forecast.stdout[-1])
+  assert summary["interrupted"] == "SIGINT" and summary["written"] == len(kept)
+
+
+# --- In this process: the pieces -------------------------------------------------------------
+
+def test_stop_request_records_the_first_signal_and_a_second_ctrl_c_is_left_to_the_system():
+  before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+  with interrupts.StopRequest("stopping") as stop:
+    assert stop.requested is None
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)  # the handler runs between bytecodes of this thread
+    assert stop.requested == "SIGTERM"
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL  # Ctrl-C now ends at once
+  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def _write_lock(workdir, **record):
+  with open(os.path.join(workdir, "lock.json"), "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": "2026-01-01 00:00:00 "
+               "UTC", "heartbeat": time.time(), "token": "theirs", **record}, f)
+
+
+def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path, caplog):
+  workdir = str(tmp_path)
+  lock = os.path.join(workdir, "lock.json")
+  _write_lock(workdir, host="elsewhere", pid=123)
+  with pytest.raises(UserError, match=r"workdir .* is in use by host elsewhere, pid 123, "
+                                      r"since 2026-01-01 00:00:00 UTC"):
+    workdir_lib.lock(workdir)
+  assert json.load(open(lock))["token"] == "theirs"  # left alone
+
+  dead = subprocess.Popen(["true"])
+  dead.wait(timeout=30)
+  for record, why in (({"host": "elsewhere", "heartbeat": time.time() - workdir_lib.STALE_S - 1},
+                       "its last heartbeat was"),
+                      ({"pid": dead.pid}, "that process is no longer running")):
+    _write_lock(workdir, **record)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      workdir_lib.lock(workdir)
+    assert f"Taking over the lock {lock}" in caplog.text and why in caplog.text
+    held = json.load(open(lock))
+    assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
+    workdir_lib.lock(workdir)  # again in this process: counted, not refused
+    workdir_lib.unlock(workdir)
+    assert os.path.exists(lock)
+    workdir_lib.unlock(workdir)
+    assert not os.path.exists(lock)
+
+
+def test_metrics_are_appended_and_only_lines_past_the_restored_step_dropped(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  lines = "".join(json.dumps({"step": step, "loss": 1.0 / step}) + "\n" for step in range(1, 9))
+  path.write_text(lines)
+  inode = os.stat(path).st_ino
+  writer = MetricsWriter(str(tmp_path), resume_step=8)
+  writer.write(9, {"loss": 0.1})
+  writer.close()
+  assert os.stat(path).st_ino == inode  # the same file, appended to
+  assert path.read_text().startswith(lines)
+  writer = MetricsWriter(str(tmp_path), resume_step=5)
+  writer.close()
+  assert [m["step"] for m in read_metrics(str(tmp_path))] == [1, 2, 3, 4, 5]
+
+
+NO_SPACE = ("NoSpaceLeft('No space left on device writing /d/x')", 1,
+            "error: No space left on device writing /d/x")
+
+
+@pytest.mark.parametrize("raised, status, line, traceback", [
+    (*NO_SPACE, True),  # without --traceback: the full-disk run below
+    ("KeyboardInterrupt()", 130, "Interrupted (Ctrl-C).", False),
+])
+def test_a_full_disk_and_a_ctrl_c_outside_a_loop_are_one_line(raised, status, line, traceback):
+  code = ("import sys; from launch import cli; from wnscale.errors import NoSpaceLeft\n"
+          "def main(argv):\n"
+          f"  raise {raised}\n"
+          "cli.run(main)")
+  result = subprocess.run([sys.executable, "-c", code] + (["--traceback"] if traceback else []),
+                          cwd=REPO, env=process_env(), capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == status, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == line
+  assert ("Traceback" in result.stderr) == traceback

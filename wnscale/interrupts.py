@@ -1,0 +1,69 @@
+"""Stopping on Ctrl-C (SIGINT) or SIGTERM without losing work.
+
+A long loop (training, a forecast) runs inside `StopRequest`: the first signal
+only records itself (`requested`) and logs what will happen; the loop checks
+`requested` where stopping loses nothing (after a step it then saves, after a
+lead time) and ends cleanly. After that first signal SIGINT has its default
+action again, so a second Ctrl-C ends the process at once (a shell shows exit
+status 130) with whatever was saved before it.
+
+  with interrupts.StopRequest("stopping after this lead time") as stop:
+    for ...:
+      ...
+      if stop.requested:
+        break
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Callable
+
+
+class StopRequest:
+  """Catches `signals` for the life of the `with` block; see the module docstring.
+
+  Args:
+    what_happens: said in the log line on the first signal, e.g. "checkpointing
+      the step reached, then stopping".
+    signals: the signals to catch.
+    on_signal: called with the signal number on the first one (e.g. to pass it
+      on in another form); None: nothing.
+
+  Attributes:
+    requested: the name of the first signal caught (e.g. "SIGINT"), or None.
+  """
+
+  def __init__(self, what_happens: str, signals=(signal.SIGINT, signal.SIGTERM),
+               on_signal: Callable[[int], None] | None = None):
+    self.what_happens = what_happens
+    self.signals = tuple(signals)
+    self.on_signal = on_signal
+    self.requested = None
+    self._previous = {}
+
+  def __enter__(self) -> StopRequest:
+    if threading.current_thread() is threading.main_thread():  # handlers live there only
+      self._previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)  # reset by a signal
+      for signum in self.signals:
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.requested is not None:  # e.g. a SIGTERM after a Ctrl-C: already stopping
+      return
+    self.requested = signal.Signals(signum).name
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next Ctrl-C ends the process at once
+    how = "Ctrl-C" if signum == signal.SIGINT else self.requested
+    logging.warning("%s received: %s (Ctrl-C again stops at once, keeping what is saved).",
+                    how, self.what_happens)
+    if self.on_signal is not None:
+      self.on_signal(signum)
+
+  def __exit__(self, *exc_info):
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
