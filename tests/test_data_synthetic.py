@@ -200,7 +200,8 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
   # 12 times of the config's 12 channels (5 variables on 2 levels, 2 surface ones) and
   # 2 statics: the store holds what the config reads, no more.
   assert size == 4 * 32 * 64 * (12 * 12 + 2)
-  assert f"Writing the synthetic store {path} (up to {size / 2**20:.1f} MiB" in caplog.text
+  assert f"Writing the synthetic store {path} (2020-01-01 .. 2020-01-03" in caplog.text
+  assert f"Writing {path}: 12 times, {(size - 4 * 32 * 64 * 2) / 1e6:.1f} MB" in caplog.text
   caplog.clear()
   assert resolve.resolve_store(config) == path
   assert "Writing" not in caplog.text

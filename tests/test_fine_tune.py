@@ -16,6 +16,7 @@ import xarray as xr
 
 from wnscale import config as config_lib
 from wnscale.data import pipeline
+from wnscale.errors import UserError
 from wnscale.interop.graphcast_import import import_graphcast
 from wnscale.model import loss as loss_lib
 from wnscale.model import setup
@@ -88,13 +89,13 @@ def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, tmp_path)
 
 
 def test_an_imported_run_is_not_resumed(imported):
-  """Training in the imported directory itself: an error saying to use init_from."""
+  """Training in the imported directory itself: an error saying to use init_from (the
+  workdir's data settings differ: said before the store is read)."""
   run, config = imported
   config = copy.deepcopy(config)
   config.train.init_from = ""
   config.mesh.update(data=1, graph=8)
-  with pytest.raises(checkpoint.CheckpointMismatchError,
-                     match="parameters only .*--config.train.init_from="):
+  with pytest.raises(UserError, match="other data .*--config.train.init_from="):
     trainer.train_and_evaluate(config_lib.validate(config), run)
   assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
 

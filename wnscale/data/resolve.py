@@ -103,7 +103,8 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
           f"The synthetic store {path} needs up to {_size(size)} but the disk holds only "
           f"{_size(free)} free; shorten data.train_*/eval_* ranges, use a "
           "coarser data.resolution, or set WNSCALE_CACHE_DIR to a bigger disk or a bucket.")
-    logging.info("Writing the synthetic store %s .. %s (kept for later runs).", start, end)
+    logging.info("Writing the synthetic store %s (%s .. %s; kept for later runs).", path, start,
+                 end)
     begin = time.perf_counter()
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end, levels=levels,
