@@ -208,3 +208,14 @@ def test_a_killed_conversion_continues_and_a_converted_store_trains(tmp_path):
       cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600)
   assert train.returncode == 0, train.stderr[-3000:]
   assert "Run ended at step 2 of 2" in train.stderr
+
+
+def test_a_conversion_killed_between_its_last_block_and_its_rename_is_finished(tmp_path):
+  source = tmp_path / "t2m.nc"
+  cds_files.current_netcdf(["2t"], TIMES).to_netcdf(source, engine="h5netcdf")
+  out = tmp_path / "a.zarr"
+  expected = _open(convert.convert_era5([str(source)], str(out))).load()
+  os.rename(out, tmp_path / "a.zarr.partial")  # complete, but never renamed into place
+  assert not convert.is_converting(str(out))  # nothing is left to write...
+  xr.testing.assert_identical(_open(convert.convert_era5([str(source)], str(out))), expected)
+  assert not (tmp_path / "a.zarr.partial").exists()  # ...and the same command renames it

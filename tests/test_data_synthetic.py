@@ -210,7 +210,7 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
 def test_synthetic_store_that_does_not_fit_is_refused(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   monkeypatch.setattr(resolve.paths, "free_bytes", lambda path: 1000)
-  with pytest.raises(ValueError, match=r"needs up to 1.1 MiB but the disk holds only 0.0 MiB free"):
+  with pytest.raises(ValueError, match=r"needs up to 1.2 MB but the disk holds only 0.0 MB free"):
     resolve.resolve_store(_tiny_config())
   assert not os.path.exists(tmp_path / "datasets")
 

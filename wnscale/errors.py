@@ -32,6 +32,8 @@ class ArgumentError(UserError):
   def __init__(self, argument: str, value, problem: str):
     super().__init__(f"{argument}={value}: {problem}")
     self.argument, self.value, self.problem = argument, value, problem
+
+
 class NoSpaceLeft(OSError):
   """No space left on the device (or quota) holding an output; the message names the path
   and what was kept."""

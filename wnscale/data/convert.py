@@ -76,7 +76,8 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
   Locally the store is built at `<out>.partial` and renamed to `out` when whole (an
   existing store at `out` is replaced only with `overwrite`, and stays intact until
   then); a conversion cut short is continued there by the same call. In a bucket it
-  is built in place, its `conversion` attribute marking it incomplete until the end.
+  is built in place, its `conversion` attribute marking it incomplete until the end;
+  one cut short there is started again with `overwrite` (not continued).
 
   Args:
     member: the ensemble member of files holding several (ERA5's EDA).
@@ -84,11 +85,11 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
     overwrite: replace an existing store at `out`, and a conversion of other sources
       cut short.
   """
+  out = paths.normalize(out)
+  outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
   files = expand_sources(sources)
   datasets = [era5_files.open_era5_file(path, member) for path in files]
   plan = _Plan(files, datasets, start, end)
-  out = paths.normalize(out)
-  outputs.check(out, outputs.STORE, overwrite=overwrite)
   fingerprint = _fingerprint(files, member, plan.times)
   with outputs.building(out, overwrite, resumable=True) as where:
     done = _resume_point(where, fingerprint, overwrite)
@@ -319,10 +320,10 @@ def _store_attrs(path: str) -> dict | None:
 def _resume_point(where: str, fingerprint: str, overwrite: bool) -> int | None:
   """Times already written into `where` by a conversion of the same sources, or None to
   start afresh (with `overwrite`, a conversion of other sources there is discarded)."""
-  if not paths.exists(where) or (not paths.is_url(where) and not os.listdir(where)):
+  if not outputs.holds_data(where):
     return None
   record = (_store_attrs(where) or {}).get(CONVERSION)
-  if record and record["fingerprint"] == fingerprint and not record["complete"]:
+  if record and record["fingerprint"] == fingerprint:  # complete: killed before its rename
     return int(record["times_written"])
   if record is None and not overwrite:  # never delete what this module did not write
     raise UserError(f"{where} is in the way and is not a conversion cut short; remove it.")

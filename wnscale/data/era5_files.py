@@ -54,8 +54,8 @@ def open_era5_file(path: str, member: int | None = None) -> xr.Dataset:
       (ERA5's EDA); a file without members ignores it.
 
   Raises:
-    UserError: the file is neither GRIB nor netCDF, it holds members and `member` is
-      None (or not among them), or it has no time.
+    UserError: the file is neither GRIB nor netCDF, or it holds members and `member`
+      is None (or not among them).
   """
   path = paths.normalize(path)
   if not paths.exists(path):

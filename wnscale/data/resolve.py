@@ -23,6 +23,7 @@ from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.write_progress import size_text
 from wnscale.errors import UserError
 
 # How long a process waits for process 0 to write a synthetic store or compute
@@ -100,8 +101,8 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     free = paths.free_bytes(path)
     if free is not None and size > free:
       raise UserError(
-          f"The synthetic store {path} needs up to {_size(size)} but the disk holds only "
-          f"{_size(free)} free; shorten data.train_*/eval_* ranges, use a "
+          f"The synthetic store {path} needs up to {size_text(size)} but the disk holds "
+          f"only {size_text(free)} free; shorten data.train_*/eval_* ranges, use a "
           "coarser data.resolution, or set WNSCALE_CACHE_DIR to a bigger disk or a bucket.")
     logging.info("Writing the synthetic store %s (%s .. %s; kept for later runs).", path, start,
                  end)
@@ -117,10 +118,6 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   once_by_process_0(f"synthetic {path}", write_if_missing, "write the synthetic store")
   write_if_missing()  # no-op unless this host's cache is not process 0's
   return path
-
-
-def _size(num_bytes: int) -> str:
-  return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:
