@@ -61,7 +61,7 @@ def open_era5_file(path: str, member: int | None = None) -> xr.Dataset:
   if not paths.exists(path):
     raise UserError(f"No such file: {path}")
   with paths.as_epath(path).open("rb") as file:
-    head = file.read(4104)
+    head = file.read(netcdf.HEAD_BYTES)
   if head[:4] == b"GRIB":
     dataset = _open_grib(path)
   else:

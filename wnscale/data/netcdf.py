@@ -24,10 +24,11 @@ NETCDF3, NETCDF4 = "netCDF3", "netCDF4"
 ENGINES = {NETCDF3: "scipy", NETCDF4: "h5netcdf"}
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _HDF5_USER_BLOCKS = (0, 512, 1024, 2048, 4096)  # where HDF5 looks for its signature
+HEAD_BYTES = _HDF5_USER_BLOCKS[-1] + len(_HDF5_SIGNATURE)  # what `format_of` needs to read
 
 
 def format_of(head: bytes, name: str) -> str:
-  """`NETCDF3` or `NETCDF4` from a file's first 4,104 bytes (or all of a shorter file).
+  """`NETCDF3` or `NETCDF4` from a file's first `HEAD_BYTES` (or all of a shorter file).
 
   Raises:
     UserError: neither format (naming `name` and what the file starts with).
@@ -54,13 +55,13 @@ def load(path: str) -> xr.Dataset:
                                                     if paths.exists(path) else ""))
   with paths.local_copy(path) as local:
     with open(local, "rb") as file:
-      engine = ENGINES[format_of(file.read(_HDF5_USER_BLOCKS[-1] + 8), path)]
+      engine = ENGINES[format_of(file.read(HEAD_BYTES), path)]
     return xr.load_dataset(local, engine=engine)
 
 
 def from_bytes(data: bytes, name: str) -> xr.Dataset:
   """The dataset of a netCDF3 or netCDF4 file's bytes; `name` names it in errors."""
-  engine = ENGINES[format_of(data[:_HDF5_USER_BLOCKS[-1] + 8], name)]
+  engine = ENGINES[format_of(data[:HEAD_BYTES], name)]
   return xr.load_dataset(io.BytesIO(data), engine=engine)
 
 
