@@ -66,10 +66,11 @@ VARIANTS = {
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):
   graphs = problem[0].graphs
-  for rows in (graphs.grid_to_mesh.senders, graphs.mesh_to_grid.senders,
-               graphs.grid_node_features):
+  for rows in (graphs.edges["grid_to_mesh"].senders, graphs.edges["mesh_to_grid"].senders,
+               graphs.nodes["grid"].features):
     assert all(len(rows) % k for k in ODD_CHUNKS), len(rows)
-  assert all(len(graphs.mesh.senders) % k for k in MESH_EDGE_CHUNKS), len(graphs.mesh.senders)
+  mesh_edges = graphs.num_edges("mesh")
+  assert all(mesh_edges % k for k in MESH_EDGE_CHUNKS), mesh_edges
 
 
 @pytest.mark.parametrize("name", VARIANTS)

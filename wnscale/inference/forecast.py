@@ -170,7 +170,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   mesh = mesh_lib.make_mesh(config.mesh)
   latitude, longitude = store.latitude, store.longitude
   graphs = setup.graphs_for_grid(config, latitude, longitude)
-  layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
+  layout = ShardedLayout(mesh, graphs, setup.node_positions(config, latitude, longitude),
                          config.mesh.exchange)
   graphdef, abstract = setup.init_model_shapes(config)
   params, step = checkpoint_lib.restore_params(
