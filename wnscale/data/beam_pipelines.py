@@ -9,7 +9,8 @@ Flink or Spark.
 `--temp_location`, `--setup_file`, ...; an unknown one is an error, with the nearest
 known one) and returns them. `for_each` returns `(function, items) -> None`, which
 calls `function(item)` for every item on the runner's workers, in any order, and
-returns when every call has (the first error of one is raised here). `function`
+returns when every call has (the first error of one is raised here; it waits for a
+pipeline on a cluster too, so `--no_wait_until_finish` is refused). `function`
 and the items are pickled to the workers: a module-level function, or a
 `functools.partial` of one, whose arguments pickle.
 
@@ -55,7 +56,8 @@ def options(runner: str, args: Sequence[str]):
       `args` names the runner again.
   """
   _beam()
-  from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
+  from apache_beam.options.pipeline_options import (  # noqa: PLC0415
+      PipelineOptions, StandardOptions)
   from apache_beam.options.pipeline_options_validator import (  # noqa: PLC0415
       PipelineOptionsValidator)
   from apache_beam.runners.runner import create_runner  # noqa: PLC0415
@@ -93,6 +95,9 @@ def options(runner: str, args: Sequence[str]):
     raise UserError(f"{unknown[0]} is not one of Beam's pipeline options"
                     + (f"; did you mean {nearest[0]}?" if nearest else "")
                     + " (Beam's options go after --; this command's own flags before it).")
+  if pipeline_options.view_as(StandardOptions).no_wait_until_finish:
+    raise UserError("--no_wait_until_finish: the command marks its output complete when the "
+                    "pipeline has finished, so it waits for it; leave the option out.")
   errors = PipelineOptionsValidator(pipeline_options, runner_object).validate()
   if errors:
     raise UserError(f"--runner={runner} with Beam's options {args}: "
@@ -105,6 +110,7 @@ def for_each(pipeline_options, label: str) -> Callable[[Callable, Iterable], Non
   named `label`, on the runner of `pipeline_options` (see the module docstring)."""
   beam = _beam()
   from apache_beam.options.pipeline_options import StandardOptions  # noqa: PLC0415
+  from apache_beam.runners.runner import PipelineState  # noqa: PLC0415
 
   def run(function: Callable, items: Iterable):
     items = list(items)
@@ -112,9 +118,13 @@ def for_each(pipeline_options, label: str) -> Callable[[Callable, Iterable], Non
     logging.info("%s: %d work items, as a Beam pipeline on %s.", label, len(items), runner)
     # Beam logs a failed call's traceback, then raises its error here: once is enough.
     logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
-    with beam.Pipeline(options=pipeline_options) as pipeline:
-      _ = (pipeline | f"{label}: items" >> beam.Create(items)
-           | f"{label}: spread" >> beam.Reshuffle()  # over the workers, not fused to one
-           | label >> beam.Map(function))
+    pipeline = beam.Pipeline(options=pipeline_options)
+    _ = (pipeline | f"{label}: items" >> beam.Create(items)
+         | f"{label}: spread" >> beam.Reshuffle()  # over the workers, not fused to one
+         | label >> beam.Map(function))
+    state = pipeline.run().wait_until_finish()  # a failed call's error is raised here
+    if state != PipelineState.DONE:  # e.g. cancelled
+      raise UserError(f"The Beam pipeline {label!r} on {runner} ended {state}; what it "
+                      "writes is left marked incomplete. Run the command again.")
 
   return run

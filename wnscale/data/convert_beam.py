@@ -61,7 +61,7 @@ def _write_times(for_each, member, where, plan, done, per_block, out):
   convert.finish(where, plan)
 
 
-def _write_block(where: str, reader, member: int | None, item: tuple[int, int, list[str]]):
+def _write_block(where: str, reader, member: int | None, item):
   """Writes the times `first:last` of `item = (first, last, files)`, read from `files`."""
   first, last, files = item
   plan = copy.copy(reader)
