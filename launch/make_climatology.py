@@ -13,7 +13,7 @@ options after `--` (`launch.runner`):
 
   python -m launch.make_climatology --store=gs://B/era5.zarr --out=gs://B/clim.zarr \
       --runner=DataflowRunner -- --project=P --region=R --temp_location=gs://B/tmp \
-      --setup_file=./setup.py
+      --setup_file=./pyproject.toml
 """
 
 from absl import flags
@@ -22,6 +22,8 @@ from launch import cli, runner  # before JAX's backend starts: it quiets libtpu
 
 from wnscale import outputs
 from wnscale.evaluation.climatology import compute_climatology
+
+flags.adopt_module_key_flags(runner)  # --help lists --runner
 
 _STORE = flags.DEFINE_string("store", None, "Zarr store (WeatherBench2 layout).")
 _OUT = cli.define_output("out", "Climatology zarr store to write.", outputs.STORE)

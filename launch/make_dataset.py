@@ -18,7 +18,7 @@ Beam's own options after `--` (`launch.runner`):
 
   python -m launch.make_dataset --from='gs://B/era5/*.nc' --out=gs://B/era5.zarr \
       --runner=DataflowRunner -- --project=P --region=R --temp_location=gs://B/tmp \
-      --setup_file=./setup.py
+      --setup_file=./pyproject.toml
 
 It says how big the store will be before writing, shows its progress (times
 written, MB, ETA) and ends with its size on disk. Train on it with
@@ -38,6 +38,8 @@ from wnscale.data import convert, convert_beam, resolve, synthetic
 from wnscale.data import variables
 from wnscale.data.write_progress import size_text
 from wnscale.errors import UserError
+
+flags.adopt_module_key_flags(runner)  # --help lists --runner
 
 _CONFIG = cli.define_config(
     "Write the store this experiment config trains on (its data.resolution, variables, "

@@ -2,7 +2,7 @@
 options after `--`.
 
   python -m launch.make_climatology --store=... --out=... --runner=DataflowRunner -- \
-      --project=P --region=R --temp_location=gs://B/tmp --setup_file=./setup.py
+      --project=P --region=R --temp_location=gs://B/tmp --setup_file=./pyproject.toml
 
 Without `--runner` the work runs in the launcher's process. `--runner=DirectRunner`
 runs the pipeline here; DataflowRunner, FlinkRunner, SparkRunner (or a runner's full
