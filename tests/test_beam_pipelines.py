@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import pathlib
 
+import apache_beam  # noqa: F401  (the test extra installs it: without it, fail, not skip)
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,7 +23,6 @@ from test_cli import assert_user_error, run
 from wnscale.data import convert
 from wnscale.evaluation import climatology
 
-pytest.importorskip("apache_beam", reason="pip install -e '.[test]' installs it (beam extra)")
 
 TIMES = pd.date_range("2020-01-01", periods=4, freq="6h")
 # What the DirectRunner runs when it cannot fetch the Prism runner from GitHub (as here);
