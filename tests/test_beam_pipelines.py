@@ -14,7 +14,6 @@ import pathlib
 import apache_beam  # noqa: F401  (the test extra installs it: without it, fail, not skip)
 import numpy as np
 import pandas as pd
-import pytest
 import xarray as xr
 import zarr
 
