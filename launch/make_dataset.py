@@ -69,6 +69,24 @@ _ZARR_FORMAT = flags.DEFINE_enum("zarr_format", "2", ["2", "3"],
 _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
                                         "Hours between time steps.")
 _LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
+# Flags that say what a synthetic store holds (a conversion keeps what its files hold), and
+# flags of a conversion alone: given to the other kind of store, they would do nothing.
+_SYNTHETIC_ONLY = ("config", "resolution", "levels", "variables", "seed", "zarr_format",
+                   "time_step_hours")
+_CONVERSION_ONLY = ("member", "block_mb")
+
+
+def _check_flags_apply():
+  """A flag that does nothing for this kind of store is an error, not silently ignored."""
+  converting = bool(_FROM.value)
+  unused = [f"--{name}" for name in (_SYNTHETIC_ONLY if converting else _CONVERSION_ONLY)
+            if flags.FLAGS[name].present]
+  if unused:
+    raise UserError(
+        f"{', '.join(unused)}: " + (
+            "a conversion (--from) keeps the grid, variables, levels and times of its "
+            "files (choose times with --start/--end); drop these flags." if converting else
+            "these flags are for converting files (--from); a synthetic store has none."))
 
 
 def _levels(values: list[str]) -> list[int]:
@@ -101,6 +119,7 @@ def _disk_bytes(path: str) -> int | None:
 
 
 def main(argv):
+  _check_flags_apply()
   for_each = runner.for_each(argv, "write times")
   if for_each is not None and not _FROM.value:
     raise UserError(f"--runner={runner.RUNNER.value}: a Beam pipeline converts files "
