@@ -36,7 +36,7 @@ from wnscale.data import era5_files, writer
 from wnscale.data import store as store_lib
 from wnscale.data.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import WriteProgress
+from wnscale.progress import WriteProgress
 from wnscale.errors import UserError
 
 BLOCK_BYTES = 256 * 2**20
