@@ -36,8 +36,8 @@ from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale.data import convert, convert_beam, resolve, synthetic
 from wnscale.data import variables
-from wnscale.progress import size_text
 from wnscale.errors import UserError
+from wnscale.progress import size_text
 
 flags.adopt_module_key_flags(runner)  # --help lists --runner
 

@@ -36,8 +36,8 @@ from wnscale.data import era5_files, writer
 from wnscale.data import store as store_lib
 from wnscale.data.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
-from wnscale.progress import WriteProgress
 from wnscale.errors import UserError
+from wnscale.progress import WriteProgress
 
 BLOCK_BYTES = 256 * 2**20
 HOURLY_PRECIPITATION = "total_precipitation"

@@ -23,8 +23,8 @@ from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
-from wnscale.progress import size_text
 from wnscale.errors import UserError
+from wnscale.progress import size_text
 
 # How long a process waits for process 0 to write a synthetic store or compute
 # statistics (a 0.25 deg training range can take a while) before giving up.
