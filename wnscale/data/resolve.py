@@ -68,8 +68,8 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
 
   Process 0 writes the synthetic store (if missing) into the cache directory,
   after checking that it fits on the disk; a process on another host whose
-  cache does not hold it then writes its own copy. A `<store>.complete` marker
-  written last tells a whole store from one cut short.
+  cache does not hold it then writes its own copy. The store appears whole or not at
+  all (`paths.building`: renamed into place locally, a `.complete` marker in a bucket).
 
   Raises:
     UserError: no store at the path, no path and no synthetic store asked for, or not
@@ -95,7 +95,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   start, end, variables, levels = synthetic_store_contents(data)
 
   def write_if_missing() -> bytes:
-    if paths.exists(path + ".complete"):
+    if paths.is_complete(path):  # written whole or not at all (`paths.building`)
       return b""
     size = synthetic_store_bytes(data)
     free = paths.free_bytes(path)
@@ -110,8 +110,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end, levels=levels,
         variables=variables, seed=config.seed, time_step_hours=data.time_step_hours,
-        overwrite=True)  # one cut short, without its .complete marker
-    paths.write_text(path + ".complete", "")
+        overwrite=True)  # in a bucket: one cut short, without its .complete marker
     logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - begin)
     return b""
 
