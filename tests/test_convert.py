@@ -18,9 +18,11 @@ import xarray as xr
 import zarr
 
 import cds_files
+import gcs
 from cds_files import LATITUDE, LONGITUDE
 from test_cli import assert_user_error, run
 from tiny_runs import process_env
+from wnscale import paths
 from wnscale.data import convert, store as store_lib
 from wnscale.errors import UserError
 
@@ -141,6 +143,40 @@ def test_overlaps_must_agree_and_gaps_are_named(tmp_path):
   (tmp_path / "notes.txt").write_text("not data")
   with pytest.raises(UserError, match="notes.txt is not a netCDF file"):
     convert.convert_era5([str(tmp_path / "notes.txt")], str(tmp_path / "none.zarr"))
+
+
+def test_a_conversion_into_a_bucket_cut_short_continues_in_place(tmp_path, monkeypatch,
+                                                                   caplog):
+  """In a bucket (a Cloud Storage emulator) the store is built in place: one cut short after
+  its first block is refused by readers, and the same call continues it (no --overwrite)."""
+  source = tmp_path / "sfc.nc"
+  cds_files.current_netcdf(["2t", "msl"], TIMES).to_netcdf(source, engine="h5netcdf")
+  one_time = 2 * 4 * LATITUDE.size * LONGITUDE.size  # two variables, float32
+  write_block, calls = convert.write_block, []
+
+  def cut_short(*args):
+    calls.append(args)
+    if len(calls) == 2:
+      raise KeyboardInterrupt  # as a Ctrl-C between two blocks
+    write_block(*args)
+
+  with gcs.emulator() as bucket:
+    out = paths.join(bucket, "era5.zarr")
+    monkeypatch.setattr(convert, "write_block", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+      convert.convert_era5([str(source)], out, block_bytes=one_time)
+    monkeypatch.undo()
+    assert convert.is_converting(out) and not paths.is_complete(out)
+    with pytest.raises(UserError, match="is a conversion cut short \\(1 times written\\); "
+                                        "run the make_dataset command that made it again"):
+      store_lib.open_store(out, ["2m_temperature"], [])
+    caplog.set_level("INFO")
+    convert.convert_era5([str(source)], out, block_bytes=one_time)
+    assert "after 1 of 4 times" in caplog.text and paths.is_complete(out)
+    got = xr.open_zarr(out, chunks=None).load()
+  want = xr.open_dataset(source, engine="h5netcdf")
+  np.testing.assert_array_equal(got["2m_temperature"].values, want["t2m"].values)
+  np.testing.assert_array_equal(got["mean_sea_level_pressure"].values, want["msl"].values)
 
 
 def test_flags_of_the_other_kind_of_store_are_refused(tmp_path):

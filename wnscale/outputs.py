@@ -192,9 +192,10 @@ def building(path: str, overwrite: bool = False, resumable: bool = False):
 
   Yields where to build the output (see `paths.building`).
   """
-  if resumable and not paths.is_url(path):
-    left = (f"what was written is kept in {paths.partial_path(path)}; free some space and run "
-            "the same command to continue")
+  if resumable:
+    kept_in = path if paths.is_url(path) else paths.partial_path(path)
+    left = (f"what was written is kept in {kept_in}; free some space and run the same "
+            "command to continue")
   elif paths.is_url(path):
     left = ("what was written there is incomplete (no .complete marker); free some space "
             "and write it again, overwriting")

@@ -14,8 +14,9 @@ dim), whether they come in a file of their own or at every time step.
 
 The store is written block of times by block of times, never holding more than
 `block_bytes` of data, with progress, at `<out>.partial` until it is whole (then
-renamed to `out`). Its `conversion` attribute records the sources and how many
-times are written; a command killed midway and run again continues there.
+renamed to `out`; in a bucket, in place, marked complete at the end). Its
+`conversion` attribute records the sources and how many times are written; a
+command killed midway and run again continues there.
 Continuing a conversion of other sources is an error; an existing store at `out`
 is replaced only when asked (`overwrite`), and stays intact until then.
 """
@@ -77,7 +78,7 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
   existing store at `out` is replaced only with `overwrite`, and stays intact until
   then); a conversion cut short is continued there by the same call. In a bucket it
   is built in place, its `conversion` attribute marking it incomplete until the end;
-  one cut short there is started again with `overwrite` (not continued).
+  one cut short there is continued in place by the same call.
 
   Args:
     member: the ensemble member of files holding several (ERA5's EDA).
@@ -90,12 +91,16 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
       `convert_beam` runs the blocks as a Beam pipeline.
   """
   out = paths.normalize(out)
-  outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
+  # A bucket's conversion cut short is continued in place (`_resume_point` checks that
+  # it is of the same sources), never replaced by `outputs.building`.
+  continuing = paths.is_url(out) and is_converting(out)
+  if not continuing:
+    outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
   files = expand_sources(sources)
   datasets = [era5_files.open_era5_file(path, member) for path in files]
   plan = _Plan(files, datasets, start, end)
   fingerprint = _fingerprint(files, member, plan.times)
-  with outputs.building(out, overwrite, resumable=True) as where:
+  with outputs.building(out, overwrite and not continuing, resumable=True) as where:
     done = _resume_point(where, fingerprint, overwrite)
     if done is None:
       writer.create_store(where, plan.coords(), plan.layouts(), attrs={CONVERSION: {
