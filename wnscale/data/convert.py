@@ -31,9 +31,10 @@ import os
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from wnscale import outputs, paths
-from wnscale.data import era5_files, writer
+from wnscale.data import era5_files, hdf5_reads, writer
 from wnscale.data import store as store_lib
 from wnscale.data.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
@@ -284,15 +285,21 @@ class _Plan:
     for path, dataset in zip(self.files, self.datasets):
       if name not in dataset:
         continue
-      held = times.intersection(pd.DatetimeIndex(dataset["time"].values))
+      held = times.intersection(dataset.indexes["time"])
       if len(held) == 0:
         continue
-      variable = dataset[name].sel(time=held)
-      dims = ("time", "level", "latitude", "longitude") if "level" in variable.dims else (
+      dims = ("time", "level", "latitude", "longitude") if "level" in dataset[name].dims else (
           "time", "latitude", "longitude")
-      block = variable.transpose(*dims).values.astype(np.float32, copy=False)
       if values is None:
-        values = np.full((len(times),) + block.shape[1:], np.nan, np.float32)
+        values = np.empty((len(times),) + tuple(dataset.sizes[d] for d in dims[1:]),
+                          np.float32)
+      rows = times.get_indexer(held)
+      if _consecutive(rows) and not origin.keys() & set(held):  # straight into place
+        _read(dataset, name, dims, held, values[rows[0]:rows[-1] + 1])
+        origin.update(dict.fromkeys(held, path))
+        continue
+      block = np.empty((len(held),) + values.shape[1:], np.float32)
+      _read(dataset, name, dims, held, block)
       for row, time in zip(block, held):
         index = times.get_loc(time)
         if time in origin:
@@ -301,6 +308,8 @@ class _Plan:
                             "overlapping files must agree (remove one of them).")
           continue
         values[index], origin[time] = row, path
+    if values is not None:
+      values[[i for i, time in enumerate(times) if time not in origin]] = np.nan
     return values
 
   def static(self, name: str) -> np.ndarray:
@@ -312,6 +321,23 @@ class _Plan:
           variable = variable.isel(time=0)
         return variable.transpose("latitude", "longitude").values.astype(np.float32)
     raise KeyError(name)
+
+
+def _read(dataset: xr.Dataset, name: str, dims: tuple[str, ...], times: pd.DatetimeIndex,
+          out: np.ndarray):
+  """Reads `name` at `times` (all in `dataset`) in `dims` order into `out` (float32):
+  straight from HDF5 where the times are consecutive in a variable marked for it."""
+  positions = dataset.indexes["time"].get_indexer(times)
+  selection = slice(positions[0], positions[-1] + 1) if _consecutive(positions) else positions
+  variable = dataset[name].variable
+  if isinstance(selection, slice) and variable.dims == dims and hdf5_reads.is_marked(variable):
+    hdf5_reads.read_times(variable, selection, out)
+  else:
+    out[...] = dataset[name].isel(time=selection).transpose(*dims).values
+
+
+def _consecutive(positions: np.ndarray) -> bool:
+  return bool(np.all(np.diff(positions) == 1))
 
 
 def _unevenness(grid) -> float:
