@@ -23,7 +23,7 @@ from cds_files import LATITUDE, LONGITUDE
 from test_cli import assert_user_error, run
 from tiny_runs import process_env
 from wnscale import paths
-from wnscale.data import convert, store as store_lib
+from wnscale.data import convert, era5_files, hdf5_reads, store as store_lib
 from wnscale.errors import UserError
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -191,6 +191,29 @@ def test_flags_of_the_other_kind_of_store_are_refused(tmp_path):
   assert_user_error(run("make_dataset", f"--out={out}", "--member=3"),
                     "--member: these flags are for converting files (--from)")
   assert sorted(os.listdir(tmp_path)) == ["a.nc"]
+def test_netcdf4_variables_stored_as_is_are_read_straight_from_hdf5(tmp_path):
+  """Only a float32 variable indexed and stored as in its netCDF4 file is marked for direct
+  reads: sorted levels, a selected member, float64 or packed values go through xarray."""
+  as_is, descending = tmp_path / "as_is.nc", tmp_path / "descending.nc"
+  cds_files.current_netcdf(["t", "2t"], TIMES, levels=(500.0, 850.0)).to_netcdf(
+      as_is, engine="h5netcdf")
+  cds_files.current_netcdf(["t"], TIMES, levels=(850.0, 500.0)).to_netcdf(
+      descending, engine="h5netcdf")
+  cds_files.current_netcdf(["2t"], TIMES, members=2).to_netcdf(tmp_path / "eda.nc",
+                                                               engine="h5netcdf")
+  other = cds_files.current_netcdf(["2t", "msl"], TIMES)
+  other["t2m"] = other["t2m"].astype(np.float64)
+  other.to_netcdf(tmp_path / "other.nc", engine="h5netcdf",
+                  encoding={"msl": {"dtype": "int16", "scale_factor": 0.5,
+                                          "_FillValue": -32767}})
+  opened = era5_files.open_era5_file(str(as_is))
+  assert all(hdf5_reads.is_marked(opened[n].variable) for n in ("temperature", "2m_temperature"))
+  assert not hdf5_reads.is_marked(
+      era5_files.open_era5_file(str(descending))["temperature"].variable)
+  assert not hdf5_reads.is_marked(
+      era5_files.open_era5_file(str(tmp_path / "eda.nc"), member=1)["2m_temperature"].variable)
+  other = era5_files.open_era5_file(str(tmp_path / "other.nc"))
+  assert not any(hdf5_reads.is_marked(other[n].variable) for n in other.data_vars)
 
 
 @pytest.mark.slow
