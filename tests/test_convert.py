@@ -192,13 +192,18 @@ def test_flags_of_the_other_kind_of_store_are_refused(tmp_path):
                     "--member: these flags are for converting files (--from)")
   assert sorted(os.listdir(tmp_path)) == ["a.nc"]
 def test_netcdf4_variables_stored_as_is_are_read_straight_from_hdf5(tmp_path):
-  """Only a float32 variable indexed and stored as in its netCDF4 file is marked for direct
-  reads: sorted levels, a selected member, float64 or packed values go through xarray."""
+  """Only a float32 variable indexed and stored as in its netCDF4 file (or in reverse along
+  its levels, descending as the CDS writes them) is marked for direct reads: levels in
+  another order, a selected member, float64 or packed values go through xarray. A
+  conversion reads the same values either way."""
   as_is, descending = tmp_path / "as_is.nc", tmp_path / "descending.nc"
+  shuffled = tmp_path / "shuffled.nc"
   cds_files.current_netcdf(["t", "2t"], TIMES, levels=(500.0, 850.0)).to_netcdf(
       as_is, engine="h5netcdf")
-  cds_files.current_netcdf(["t"], TIMES, levels=(850.0, 500.0)).to_netcdf(
+  cds_files.current_netcdf(["t"], TIMES, levels=(850.0, 500.0, 200.0)).to_netcdf(
       descending, engine="h5netcdf")
+  cds_files.current_netcdf(["t"], TIMES, levels=(500.0, 850.0, 200.0)).to_netcdf(
+      shuffled, engine="h5netcdf")
   cds_files.current_netcdf(["2t"], TIMES, members=2).to_netcdf(tmp_path / "eda.nc",
                                                                engine="h5netcdf")
   other = cds_files.current_netcdf(["2t", "msl"], TIMES)
@@ -208,8 +213,15 @@ def test_netcdf4_variables_stored_as_is_are_read_straight_from_hdf5(tmp_path):
                                           "_FillValue": -32767}})
   opened = era5_files.open_era5_file(str(as_is))
   assert all(hdf5_reads.is_marked(opened[n].variable) for n in ("temperature", "2m_temperature"))
+  assert hdf5_reads.is_marked(era5_files.open_era5_file(str(descending))["temperature"].variable)
   assert not hdf5_reads.is_marked(
-      era5_files.open_era5_file(str(descending))["temperature"].variable)
+      era5_files.open_era5_file(str(shuffled))["temperature"].variable)
+  for path in (descending, shuffled):  # read straight and reversed, or through xarray
+    store = _open(convert.convert_era5([str(path)], str(tmp_path / f"{path.stem}.zarr"),
+                                       block_bytes=1))
+    source = xr.open_dataset(path, engine="h5netcdf")["t"].sortby("pressure_level")
+    np.testing.assert_array_equal(store["temperature"].values, source.values)
+    np.testing.assert_array_equal(store.level.values, [200, 500, 850])
   assert not hdf5_reads.is_marked(
       era5_files.open_era5_file(str(tmp_path / "eda.nc"), member=1)["2m_temperature"].variable)
   other = era5_files.open_era5_file(str(tmp_path / "other.nc"))

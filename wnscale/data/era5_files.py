@@ -108,8 +108,9 @@ def _normalized(dataset: xr.Dataset, path: str, member: int | None,
   if "time" not in dataset.dims and "time" in dataset.coords and "valid_time" in dataset.coords:
     dataset = dataset.drop_vars("time")  # a scalar forecast time beside the valid time
   # Whether every variable is still indexed as in the file (no member selected, no time
-  # dim added, no dim sorted).
+  # dim added, no dim sorted other than reversed).
   as_stored = MEMBER not in dataset.dims and "time" in dataset.dims
+  reversed_dims = ()  # dims indexed in the file's order reversed (still read straight)
   dataset = _one_member(dataset, path, member)
   dataset = dataset.drop_vars([c for c in _DROPPED if c in dataset.coords])
   if "time" not in dataset.dims:
@@ -133,14 +134,17 @@ def _normalized(dataset: xr.Dataset, path: str, member: int | None,
     # xarray compare (read) the data.
     levels = dataset["level"].values.astype(np.int64)
     dataset = dataset.drop_indexes("level").assign_coords(level=levels).set_xindex("level")
-    if np.any(np.diff(dataset["level"].values) < 0):
+    steps = np.diff(dataset["level"].values)
+    if np.all(steps < 0) and steps.size:  # descending, as the CDS writes them: a reversal
+      dataset, reversed_dims = dataset.sortby("level"), ("level",)
+    elif np.any(steps < 0):
       dataset, as_stored = dataset.sortby("level"), False
   longitude = dataset["longitude"].values % 360
   dataset = dataset.assign_coords(longitude=longitude)
   if np.any(np.diff(longitude) < 0):
     dataset, as_stored = dataset.sortby("longitude"), False
   if hdf5 and as_stored:
-    hdf5_reads.mark(dataset, path, {new: old for old, new in renamed.items()})
+    hdf5_reads.mark(dataset, path, {new: old for old, new in renamed.items()}, reversed_dims)
   dataset.attrs["source"] = path  # data stay lazy and in the source's dtype: read as float32
   return dataset
 

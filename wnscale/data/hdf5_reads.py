@@ -5,7 +5,9 @@ composition on every call, which cost more than the read itself; a block of cons
 times of a variable kept as stored is one hyperslab, which h5py reads straight into the
 caller's array (`read_times`). "As stored" means float32 in the file (unpacked: no
 `scale_factor` or `add_offset`; no fill value other than NaN, so xarray masks nothing)
-and indexed as in the file along every dim (no dim sorted, selected or added).
+and indexed as in the file along every dim (no dim selected or added; sorted only where
+sorting reverses it, as the CDS's descending pressure levels: the block is read, then
+reversed along those dims).
 `era5_files` knows when the latter holds and marks such variables (`mark`).
 """
 
@@ -21,16 +23,18 @@ _PACKING = ("scale_factor", "add_offset")
 _FILL_VALUES = ("_FillValue", "missing_value")
 
 
-def mark(dataset: xr.Dataset, path: str, stored_names: dict[str, str]):
-  """Marks the variables of `dataset` (indexed as in the netCDF4 file at local `path`) that
-  are stored as float32 as they are; `stored_names` maps a variable to its name in the
-  file where they differ."""
+def mark(dataset: xr.Dataset, path: str, stored_names: dict[str, str],
+         reversed_dims: tuple[str, ...] = ()):
+  """Marks the variables of `dataset` (indexed as in the netCDF4 file at local `path`, or
+  in its reverse along `reversed_dims`) that are stored as float32 as they are;
+  `stored_names` maps a variable to its name in the file where they differ."""
   for name, variable in dataset.data_vars.items():
     encoding = variable.encoding
     if (variable.dtype == np.float32 and np.dtype(encoding.get("dtype")) == np.float32
         and not any(key in encoding for key in _PACKING)
         and all(np.all(np.isnan(encoding[key])) for key in _FILL_VALUES if key in encoding)):
-      dataset.variables[name].encoding[SOURCE] = (path, stored_names.get(name, name))
+      flipped = tuple(variable.dims.index(dim) for dim in reversed_dims if dim in variable.dims)
+      dataset.variables[name].encoding[SOURCE] = (path, stored_names.get(name, name), flipped)
 
 
 def is_marked(variable: xr.Variable) -> bool:
@@ -40,6 +44,11 @@ def is_marked(variable: xr.Variable) -> bool:
 def read_times(variable: xr.Variable, times: slice, out: np.ndarray):
   """Reads the marked `variable` at the time positions `times` (a slice of its first dim)
   into `out` (C-contiguous float32, of the selection's shape)."""
-  path, name = variable.encoding[SOURCE]
+  path, name, flipped = variable.encoding[SOURCE]
   with h5py.File(path, "r") as file:
-    file[name].read_direct(out, np.s_[times])
+    if not flipped:
+      file[name].read_direct(out, np.s_[times])
+      return
+    block = file[name][times]  # one more block in memory, for the reversal
+  out[...] = block[tuple(slice(None, None, -1) if axis in flipped else slice(None)
+                         for axis in range(block.ndim))]
