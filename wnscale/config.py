@@ -12,6 +12,7 @@ import json
 
 import ml_collections
 
+from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
@@ -285,8 +286,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     variables_lib.lookup(name)
   both = sorted(set(d.variables) & set(d.target_only_variables))
   _require(not both, f"data.target_only_variables {both} are in data.variables too")
-  outputs = tuple(d.variables) + tuple(d.target_only_variables)
-  has_levels = any(variables_lib.lookup(n).atmospheric for n in outputs)
+  has_levels = any(variables_lib.lookup(n).atmospheric
+                   for n in specs_lib.from_config(config).data.outputs)
   _require(not has_levels or len(d.pressure_levels) > 0,
            "data.pressure_levels is empty but atmospheric variables are requested")
   unknown = [name for name in d.forcings if name not in variables_lib.FORCING_CHANNELS]

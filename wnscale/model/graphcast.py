@@ -6,11 +6,12 @@ attention within k-hop neighbourhoods of the finest mesh
 (`mesh_transformer.MeshTransformer`); encoder and decoder are the same for both.
 
 Shapes (per example; the batch is vmapped):
-  grid inputs   [num_grid_nodes, input_channels]
+  grid inputs   channel-major parts [channels_i, num_grid_nodes] (the batch's layout),
+                made node-major by the encoder block by block
   grid latents  [num_grid_nodes, latent]     mesh latents [num_mesh_nodes, latent]
   edge latents  [num_edges, edge_latent]     outputs      [num_grid_nodes, output_channels]
 
-Rematerialization follows the `model` config (see `wnscale.model.remat`):
+Rematerialization follows the `ModelSpec` (see `wnscale.model.remat`):
 each stage may run under `jax.checkpoint` with the named policy; the processor
 is a scan over groups of `mesh_remat_every` layers, one checkpoint per group;
 the encoder and decoder edges are processed in `edge_chunks` blocks.
@@ -18,11 +19,8 @@ the encoder and decoder edges are processed in `edge_chunks` blocks.
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from wnscale.graphs.build import EdgeSet, Graphs
@@ -33,6 +31,7 @@ from wnscale.model.mesh_gnn import MeshGNN
 from wnscale.model.mesh_transformer import MeshTransformer
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
+from wnscale.specs import ModelSpec
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 PROCESSORS = {"interaction_network": MeshGNN, "transformer": MeshTransformer}
@@ -84,11 +83,11 @@ class GraphCast(nnx.Module):
   Args:
     input_channels: grid input channels per node (global inputs included).
     output_channels: predicted channels per grid node.
-    config: the `model` config.
+    spec: the model's settings (`wnscale.specs.ModelSpec`), kept in the graphdef.
     global_channels: global inputs per example (no position: e.g. year
       progress) that the mesh embedder sees too, broadcast to every mesh node.
 
-  With `config.noise_channels > 0` the network is WeatherNext 2's functional
+  With `spec.noise_channels > 0` the network is WeatherNext 2's functional
   generative network (FGN): each call takes a standard-normal noise vector
   per example (one ensemble member), a bias-free linear layer embeds it
   (`[noise_channels] -> [noise_channels]`), and every layer norm of encoder,
@@ -96,16 +95,15 @@ class GraphCast(nnx.Module):
   """
 
   def __init__(self, input_channels: int, output_channels: int,
-               config: ml_collections.ConfigDict, *, global_channels: int = 0,
-               rngs: nnx.Rngs):
-    self.config = config
-    latent = config.latent_size
-    dtype = DTYPES[config.dtype]
+               spec: ModelSpec, *, global_channels: int = 0, rngs: nnx.Rngs):
+    self.spec = spec
+    latent = spec.latent_size
+    dtype = DTYPES[spec.dtype]
     self.dtype = dtype
-    conditioning = config.noise_channels  # 0: the deterministic model, plain norms
+    conditioning = spec.noise_channels  # 0: the deterministic model, plain norms
     mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, conditioning_size=conditioning,
                                         dtype=dtype, rngs=rngs, **kw)
-    edge_size = config.edge_latent_size or latent
+    edge_size = spec.edge_size
     edges = lambda: EncoderDecoderEdges(latent, edge_size, conditioning_size=conditioning,
                                         dtype=dtype, rngs=rngs)
     # Encoder.
@@ -114,14 +112,14 @@ class GraphCast(nnx.Module):
     self.grid_to_mesh_edges = edges()
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
-    self.processor = PROCESSORS[config.processor](config, dtype=dtype, rngs=rngs)
+    self.processor = PROCESSORS[spec.processor](spec, dtype=dtype, rngs=rngs)
     # Decoder.
     self.mesh_to_grid_edges = edges()
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
     # Made last, so a deterministic model's other parameters draw the same random numbers.
     self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
                             if conditioning else None)
-    self.policy = remat.resolve_policy(config.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat_policy)
 
   # The interaction-network processor's parts, by the names GraphCast's own use.
   @property
@@ -150,7 +148,7 @@ class GraphCast(nnx.Module):
     whatever the compute dtype.
     """
     if (noise is None) != (self.noise_embedding is None):
-      raise ValueError(f"model.noise_channels={self.config.noise_channels} but noise was "
+      raise ValueError(f"model.noise_channels={self.spec.noise_channels} but noise was "
                        f"{'not ' if noise is None else ''}given.")
 
     def one_example(inputs, global_inputs, noise):
@@ -173,7 +171,7 @@ class GraphCast(nnx.Module):
     The grid-node work (the embedder, the sender projection, the grid MLP) runs
     in `grid_blocks` blocks of grid nodes, each under its own checkpoint.
     """
-    config = self.config
+    spec = self.spec
 
     def embed_grid(model, node_features, *parts):
       """Grid latents `[rows, D]` and their sender projection for the edges."""
@@ -186,7 +184,7 @@ class GraphCast(nnx.Module):
 
     def encoder(model, graphs, grid_input_parts, global_inputs):
       grid, projected_grid = map_row_blocks(
-          model, embed_grid, config.grid_blocks, (graphs.grid_node_features,),
+          model, embed_grid, spec.grid_blocks, (graphs.grid_node_features,),
           columns=tuple(grid_input_parts))
       mesh_inputs = graphs.mesh_node_features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
@@ -198,12 +196,12 @@ class GraphCast(nnx.Module):
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
           edges.senders, edges.receivers, exchange.grid_to_mesh(projected_grid),
-          interaction.project_receivers(mesh), mesh.shape[0], config.edge_chunks)
+          interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks)
       mesh = interaction.update_nodes(mesh, messages)
-      grid = map_row_blocks(model, update_grid, config.grid_blocks, (grid,))
+      grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,))
       return grid, mesh
 
-    return remat.checkpointed(self, encoder, config.remat_grid_to_mesh_gnn,
+    return remat.checkpointed(self, encoder, spec.remat_grid_to_mesh_gnn,
                               self.policy)(graphs, tuple(grid_input_parts), global_inputs)
 
   def decode(self, edges: EdgeSet, grid, mesh, exchange):
@@ -215,7 +213,7 @@ class GraphCast(nnx.Module):
     the corners of the node's mesh triangle), so a block of rows owns a block
     of edges and `edge_chunks` is not needed there.
     """
-    config = self.config
+    spec = self.spec
 
     def decode_rows(model, grid, features, senders, receivers, sender_table, chunks):
       """Output `[rows, C]` of grid rows whose edges point at them (`receivers` < rows)."""
@@ -229,19 +227,19 @@ class GraphCast(nnx.Module):
     def decoder(model, grid, mesh):
       sender_table = exchange.mesh_to_grid(
           model.mesh_to_grid_edges.interaction.project_senders(mesh))
-      if config.grid_blocks == 1:
+      if spec.grid_blocks == 1:
         return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
-                           sender_table, config.edge_chunks)
-      blocked, rows = _receiver_blocks(edges, grid, config.grid_blocks)
+                           sender_table, spec.edge_chunks)
+      blocked, rows = _receiver_blocks(edges, grid, spec.grid_blocks)
 
       def decode_block(model, grid, features, senders, receivers, block, sender_table):
         return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
                            sender_table, 1)
 
-      return map_row_blocks(model, decode_block, config.grid_blocks, blocked,
+      return map_row_blocks(model, decode_block, spec.grid_blocks, blocked,
                             (sender_table,))[:grid.shape[0]]
 
-    return remat.checkpointed(self, decoder, config.remat_mesh_to_grid_gnn,
+    return remat.checkpointed(self, decoder, spec.remat_mesh_to_grid_gnn,
                               self.policy)(grid, mesh)
 
 

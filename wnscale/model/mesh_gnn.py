@@ -14,7 +14,6 @@ latents are kept in blocks `[chunks, edges / chunks, latent]` through all steps.
 
 from __future__ import annotations
 
-import ml_collections
 from flax import nnx
 
 from wnscale.graphs.build import Graphs
@@ -24,31 +23,32 @@ from wnscale.model.blocks import split_rows
 from wnscale.model.message_passing import InteractionNetwork, float32_sum, scan_edge_blocks
 from wnscale.model.mlp import MLP
 from wnscale.model.varying import vary_like
+from wnscale.specs import ModelSpec
 
 
 class MeshGNN(nnx.Module):
   """The interaction-network processor (`model.processor = 'interaction_network'`)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, dtype, rngs: nnx.Rngs):
-    self.config = config
+  def __init__(self, spec: ModelSpec, *, dtype, rngs: nnx.Rngs):
+    self.spec = spec
     self.dtype = dtype
-    latent = config.latent_size
-    conditioning = config.noise_channels  # 0: plain layer norms
+    latent = spec.latent_size
+    conditioning = spec.noise_channels  # 0: plain layer norms
     self.edge_embedder = MLP(EDGE_FEATURES, latent, latent, conditioning_size=conditioning,
                              dtype=dtype, rngs=rngs)
 
-    @nnx.split_rngs(splits=config.message_passing_steps)
+    @nnx.split_rngs(splits=spec.message_passing_steps)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
       return InteractionNetwork(latent, conditioning_size=conditioning, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.policy = remat.resolve_policy(config.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat_policy)
 
   def __call__(self, graphs: Graphs, mesh, exchange):
     """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps."""
-    config, edges, num_mesh = self.config, graphs.mesh, mesh.shape[0]
-    chunks = config.mesh_edge_chunks
+    spec, edges, num_mesh = self.spec, graphs.mesh, mesh.shape[0]
+    chunks = spec.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     senders = split_rows(edges.senders, chunks)
     receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
@@ -73,5 +73,5 @@ class MeshGNN(nnx.Module):
       return layer.update_nodes(mesh, summed.astype(mesh.dtype)), edge_latents
 
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
-    return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=config.remat_mesh_gnn,
-                             every=config.mesh_remat_every, policy=self.policy)[0]
+    return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=spec.remat_mesh_gnn,
+                             every=spec.mesh_remat_every, policy=self.policy)[0]

@@ -24,13 +24,13 @@ Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
 from __future__ import annotations
 
 import jax
-import ml_collections
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.graphs.build import Graphs
 from wnscale.model import norm, remat
 from wnscale.model.sparse_attention import neighbour_attention
+from wnscale.specs import ModelSpec
 
 
 class TransformerBlock(nnx.Module):
@@ -72,24 +72,24 @@ class TransformerBlock(nnx.Module):
 class MeshTransformer(nnx.Module):
   """The transformer processor (`model.processor = 'transformer'`)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, dtype, rngs: nnx.Rngs):
-    self.config = config
-    width, layers = config.latent_size, config.transformer_layers
+  def __init__(self, spec: ModelSpec, *, dtype, rngs: nnx.Rngs):
+    self.spec = spec
+    width, layers = spec.latent_size, spec.transformer_layers
 
     @nnx.split_rngs(splits=layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
-      return TransformerBlock(width, config.transformer_heads, config.transformer_ffw_size,
-                              layers, conditioning_size=config.noise_channels, dtype=dtype,
+      return TransformerBlock(width, spec.transformer_heads, spec.transformer_ffw_size,
+                              layers, conditioning_size=spec.noise_channels, dtype=dtype,
                               rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.final_norm = norm.layer_norm(width, config.noise_channels, rngs=rngs)
-    self.policy = remat.resolve_policy(config.remat_policy)
+    self.final_norm = norm.layer_norm(width, spec.noise_channels, rngs=rngs)
+    self.policy = remat.resolve_policy(spec.remat_policy)
 
   def __call__(self, graphs: Graphs, mesh, exchange):
     """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
-    config, neighbours = self.config, graphs.mesh_neighbours
+    spec, neighbours = self.spec, graphs.mesh_neighbours
     if neighbours is None:
       raise ValueError("The transformer processor needs graphs.mesh_neighbours (the k-hop "
                        "neighbour lists; setup.graphs_for_grid adds them).")
@@ -97,8 +97,8 @@ class MeshTransformer(nnx.Module):
 
     def one_layer(nodes, layer_state):
       return nnx.merge(graphdef, layer_state)(nodes, neighbours, exchange,
-                                              config.transformer_edges_per_block)
+                                              spec.transformer_edges_per_block)
 
-    mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=config.remat_mesh_gnn,
-                             every=config.mesh_remat_every, policy=self.policy)
+    mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=spec.remat_mesh_gnn,
+                             every=spec.mesh_remat_every, policy=self.policy)
     return self.final_norm(mesh)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
-from wnscale.model import forecast, setup
+from wnscale import specs as specs_lib
 
 # Fraction of a checkpointed region's forward FLOPs that the backward pass
 # recomputes under each policy (matmuls dominate; saved dots are not redone).
@@ -50,12 +50,10 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
   """Forward FLOPs of one example per stage and part of a stage."""
   d = config.model.latent_size
   e = config.model.edge_latent_size or d
-  data = config.data
-  channels = setup.num_output_channels(data)
-  num_globals = len(data.global_forcings)
-  inputs = forecast.input_channels(setup.num_state_channels(data), data.input_steps,
-                                   len(data.forcings), num_globals) + NODE_FEATURES
-  mesh_inputs = NODE_FEATURES + forecast.global_channels(data.input_steps, num_globals)
+  data = specs_lib.from_config(config).data
+  channels = len(data.output_channels)
+  inputs = data.input_channels + NODE_FEATURES
+  mesh_inputs = NODE_FEATURES + data.global_channels
   grid, mesh = counts["grid_nodes"], counts["mesh_nodes"]
   g2m, m2g = counts["grid_to_mesh_edges"], counts["mesh_to_grid_edges"]
   return {
