@@ -25,7 +25,7 @@ from flax import nnx
 
 from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
-from wnscale.model import norm, remat
+from wnscale.model import remat
 from wnscale.model.blocks import map_row_blocks
 from wnscale.model.mesh_gnn import MeshGNN
 from wnscale.model.mesh_transformer import MeshTransformer
@@ -71,10 +71,11 @@ class EncoderDecoderEdges(nnx.Module):
                                           conditioning_size=conditioning_size, dtype=dtype,
                                           rngs=rngs)
 
-  def __call__(self, features, senders, receivers, projected_senders, projected_receivers):
+  def __call__(self, features, senders, receivers, projected_senders, projected_receivers,
+               conditioning=None):
     """`[E, D]` messages (the updated edge latents are never needed: one step only)."""
-    return self.interaction.messages(self.embedder(features), projected_senders,
-                                     projected_receivers, senders, receivers)
+    return self.interaction.messages(self.embedder(features, conditioning), projected_senders,
+                                     projected_receivers, senders, receivers, conditioning)
 
 
 class GraphCast(nnx.Module):
@@ -91,7 +92,8 @@ class GraphCast(nnx.Module):
   generative network (FGN): each call takes a standard-normal noise vector
   per example (one ensemble member), a bias-free linear layer embeds it
   (`[noise_channels] -> [noise_channels]`), and every layer norm of encoder,
-  processor and decoder is conditioned on that embedding (`norm.layer_norm`).
+  processor and decoder is conditioned on that embedding (`norm.layer_norm`),
+  passed to each stage as its `conditioning` argument.
   """
 
   def __init__(self, input_channels: int, output_channels: int,
@@ -152,59 +154,60 @@ class GraphCast(nnx.Module):
                        f"{'not ' if noise is None else ''}given.")
 
     def one_example(inputs, global_inputs, noise):
-      conditioning = (contextlib.nullcontext() if noise is None
-                      else norm.conditioned_on(self.noise_embedding(noise)))
+      conditioning = None if noise is None else self.noise_embedding(noise)
       # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
-      with conditioning:
-        with jax.named_scope("encoder"):
-          grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
-        with jax.named_scope("processor"):
-          mesh = self.processor(graphs, mesh, exchange)
-        with jax.named_scope("decoder"):
-          return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+      with jax.named_scope("encoder"):
+        grid, mesh = self.encode(graphs, inputs, exchange, global_inputs, conditioning)
+      with jax.named_scope("processor"):
+        mesh = self.processor(graphs, mesh, exchange, conditioning)
+      with jax.named_scope("decoder"):
+        return self.decode(graphs.mesh_to_grid, grid, mesh, exchange, conditioning)
 
     return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise)
 
-  def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None):
+  def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None,
+             conditioning=None):
     """Embeds grid and mesh nodes and passes messages grid -> mesh once.
 
     The grid-node work (the embedder, the sender projection, the grid MLP) runs
     in `grid_blocks` blocks of grid nodes, each under its own checkpoint.
+    `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
     """
     spec = self.spec
 
-    def embed_grid(model, node_features, *parts):
+    def embed_grid(model, node_features, *parts_and_conditioning):
       """Grid latents `[rows, D]` and their sender projection for the edges."""
+      *parts, conditioning = parts_and_conditioning
       grid = model.grid_embedder(jnp.concatenate(
-          [part.astype(self.dtype) for part in parts + (node_features,)], -1))
+          [part.astype(self.dtype) for part in parts + [node_features]], -1), conditioning)
       return grid, model.grid_to_mesh_edges.interaction.project_senders(grid)
 
-    def update_grid(model, grid):
-      return grid + model.grid_to_mesh_grid_mlp(grid)
+    def update_grid(model, grid, conditioning):
+      return grid + model.grid_to_mesh_grid_mlp(grid, conditioning)
 
-    def encoder(model, graphs, grid_input_parts, global_inputs):
+    def encoder(model, graphs, grid_input_parts, global_inputs, conditioning):
       grid, projected_grid = map_row_blocks(
-          model, embed_grid, spec.grid_blocks, (graphs.grid_node_features,),
+          model, embed_grid, spec.grid_blocks, (graphs.grid_node_features,), (conditioning,),
           columns=tuple(grid_input_parts))
       mesh_inputs = graphs.mesh_node_features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
         mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(
             global_inputs.astype(self.dtype), mesh_inputs.shape[:1] + global_inputs.shape)], -1)
-      mesh = model.mesh_embedder(mesh_inputs)
+      mesh = model.mesh_embedder(mesh_inputs, conditioning)
       edges, interaction = graphs.grid_to_mesh, model.grid_to_mesh_edges.interaction
       # Projected before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
           edges.senders, edges.receivers, exchange.grid_to_mesh(projected_grid),
-          interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks)
-      mesh = interaction.update_nodes(mesh, messages)
-      grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,))
+          interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks, conditioning)
+      mesh = interaction.update_nodes(mesh, messages, conditioning)
+      grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,), (conditioning,))
       return grid, mesh
 
-    return remat.checkpointed(self, encoder, spec.remat_grid_to_mesh_gnn,
-                              self.policy)(graphs, tuple(grid_input_parts), global_inputs)
+    return remat.checkpointed(self, encoder, spec.remat_grid_to_mesh_gnn, self.policy)(
+        graphs, tuple(grid_input_parts), global_inputs, conditioning)
 
-  def decode(self, edges: EdgeSet, grid, mesh, exchange):
+  def decode(self, edges: EdgeSet, grid, mesh, exchange, conditioning=None):
     """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`.
 
     With `grid_blocks > 1` the whole decoder runs per block of grid nodes, each
@@ -215,32 +218,35 @@ class GraphCast(nnx.Module):
     """
     spec = self.spec
 
-    def decode_rows(model, grid, features, senders, receivers, sender_table, chunks):
+    def decode_rows(model, grid, features, senders, receivers, sender_table, chunks,
+                    conditioning):
       """Output `[rows, C]` of grid rows whose edges point at them (`receivers` < rows)."""
       interaction = model.mesh_to_grid_edges.interaction
       messages = sum_edge_messages(
           model.mesh_to_grid_edges, EncoderDecoderEdges.__call__, features, senders,
-          receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks)
-      grid = interaction.update_nodes(grid, messages)
+          receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks,
+          conditioning)
+      grid = interaction.update_nodes(grid, messages, conditioning)
       return model.output_mlp(grid).astype(jnp.float32)
 
-    def decoder(model, grid, mesh):
+    def decoder(model, grid, mesh, conditioning):
       sender_table = exchange.mesh_to_grid(
           model.mesh_to_grid_edges.interaction.project_senders(mesh))
       if spec.grid_blocks == 1:
         return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
-                           sender_table, spec.edge_chunks)
+                           sender_table, spec.edge_chunks, conditioning)
       blocked, rows = _receiver_blocks(edges, grid, spec.grid_blocks)
 
-      def decode_block(model, grid, features, senders, receivers, block, sender_table):
+      def decode_block(model, grid, features, senders, receivers, block, sender_table,
+                       conditioning):
         return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
-                           sender_table, 1)
+                           sender_table, 1, conditioning)
 
       return map_row_blocks(model, decode_block, spec.grid_blocks, blocked,
-                            (sender_table,))[:grid.shape[0]]
+                            (sender_table, conditioning))[:grid.shape[0]]
 
     return remat.checkpointed(self, decoder, spec.remat_mesh_to_grid_gnn,
-                              self.policy)(grid, mesh)
+                              self.policy)(grid, mesh, conditioning)
 
 
 def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):

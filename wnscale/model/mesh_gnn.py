@@ -45,21 +45,25 @@ class MeshGNN(nnx.Module):
     self.layers = stacked_layers(rngs)
     self.policy = remat.resolve_policy(spec.remat_policy)
 
-  def __call__(self, graphs: Graphs, mesh, exchange):
-    """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps."""
+  def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
+    """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps.
+
+    `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
+    """
     spec, edges, num_mesh = self.spec, graphs.mesh, mesh.shape[0]
     chunks = spec.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     senders = split_rows(edges.senders, chunks)
     receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
-    edge_latents = split_rows(self.edge_embedder(edges.features.astype(self.dtype)), chunks)
+    edge_latents = split_rows(
+        self.edge_embedder(edges.features.astype(self.dtype), conditioning), chunks)
     graphdef, stacked_state = nnx.split(self.layers)
 
     def edge_block(edge_latents, senders, receivers, layer_state, sender_table,
-                   receiver_table):
+                   receiver_table, conditioning):
       """One block's summed messages `[num_mesh, latent]` (float32) and updated edges."""
       messages = nnx.merge(graphdef, layer_state).messages(
-          edge_latents, sender_table, receiver_table, senders, receivers)
+          edge_latents, sender_table, receiver_table, senders, receivers, conditioning)
       # The edge residual comes after the node update, which saw only the messages.
       return float32_sum(messages, receivers, num_mesh), edge_latents + messages
 
@@ -67,10 +71,10 @@ class MeshGNN(nnx.Module):
       mesh, edge_latents = carry
       layer = nnx.merge(graphdef, layer_state)
       tables = (layer_state, exchange.mesh(layer.project_senders(mesh)),
-                layer.project_receivers(mesh))
+                layer.project_receivers(mesh), conditioning)
       summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
                                               tables, num_mesh, mesh.shape[-1])
-      return layer.update_nodes(mesh, summed.astype(mesh.dtype)), edge_latents
+      return layer.update_nodes(mesh, summed.astype(mesh.dtype), conditioning), edge_latents
 
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
     return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=spec.remat_mesh_gnn,

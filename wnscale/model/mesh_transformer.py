@@ -51,11 +51,13 @@ class TransformerBlock(nnx.Module):
     self.ffw_up = linear(width, ffw_size, init)
     self.ffw_down = linear(ffw_size, width, zeros)
 
-  def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0):
-    """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`."""
+  def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0,
+               conditioning=None):
+    """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`;
+    `conditioning` an FGN's `[noise_channels]` noise embedding, else None."""
     num_nodes, width = nodes.shape
     head_shape = (self.heads, width // self.heads)
-    normed = self.attention_norm(nodes)
+    normed = self.attention_norm(nodes, conditioning)
     queries = self.query(normed).reshape((num_nodes,) + head_shape) * head_shape[1] ** -0.5
     # Keys and values of the local rows; the exchange adds the remote neighbours' rows.
     keys_values = exchange.mesh_neighbours(self.key_value(normed))
@@ -65,7 +67,7 @@ class TransformerBlock(nnx.Module):
                                    neighbours.receivers, edges_per_block)
     attended = self.attention_output(attended.reshape(num_nodes, width).astype(nodes.dtype))
     nodes = nodes + checkpoint_name(attended, remat.ATTENTION_OUTPUT)
-    ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes))))
+    ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes, conditioning))))
     return nodes + checkpoint_name(ffw, remat.FFW_OUTPUT)
 
 
@@ -87,7 +89,7 @@ class MeshTransformer(nnx.Module):
     self.final_norm = norm.layer_norm(width, spec.noise_channels, rngs=rngs)
     self.policy = remat.resolve_policy(spec.remat_policy)
 
-  def __call__(self, graphs: Graphs, mesh, exchange):
+  def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
     spec, neighbours = self.spec, graphs.mesh_neighbours
     if neighbours is None:
@@ -97,8 +99,8 @@ class MeshTransformer(nnx.Module):
 
     def one_layer(nodes, layer_state):
       return nnx.merge(graphdef, layer_state)(nodes, neighbours, exchange,
-                                              spec.transformer_edges_per_block)
+                                              spec.transformer_edges_per_block, conditioning)
 
     mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=spec.remat_mesh_gnn,
                              every=spec.mesh_remat_every, policy=self.policy)
-    return self.final_norm(mesh)
+    return self.final_norm(mesh, conditioning)
