@@ -51,7 +51,8 @@ def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=
   config.mesh.update(data=data, graph=graph, exchange=exchange)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
-  return ShardedLayout(mesh, graphs, *setup.node_positions(specs_lib.from_config(config).model, latitude, longitude),
+  return ShardedLayout(mesh, graphs, *setup.node_positions(specs_lib.from_config(config).model,
+                                                           latitude, longitude),
                        exchange), graphs
 
 
@@ -101,10 +102,10 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   results = []
   for graph in (1, 4):
     layout, graphs = make_layout(config, latitude, longitude, graph)
-    constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude, longitude,
-                                     stats["diff_std"] / stats["std"])
-    forecaster = StreamingForecaster(specs_lib.from_config(config), layout, graphdef, params, constants,
-                                     source.store, source.stats)
+    constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude,
+                                     longitude, stats["diff_std"] / stats["std"])
+    forecaster = StreamingForecaster(specs_lib.from_config(config), layout, graphdef, params,
+                                     constants, source.store, source.stats)
     states = dict(forecaster.run([index + 1], LEADS))
     assert sorted(states) == list(range(LEADS))
     results.append(np.stack([states[lead][0] for lead in range(LEADS)]))
@@ -198,7 +199,8 @@ def test_params_only_restore_and_clear_errors(tmp_path):
     saver.save(step, state, iterator, {"step": step})
   saver.close()
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = checkpoint.abstract_like(setup.init_model_shapes(specs_lib.from_config(config))[1], sharding)
+  abstract = checkpoint.abstract_like(
+      setup.init_model_shapes(specs_lib.from_config(config))[1], sharding)
   restored, step = checkpoint.restore_params(str(tmp_path), abstract)
   assert step == 6
   jax.tree.map(np.testing.assert_array_equal, restored, params)
@@ -209,7 +211,8 @@ def test_params_only_restore_and_clear_errors(tmp_path):
     checkpoint.restore_params(str(tmp_path / "nothing"), abstract)
   other = small_config()
   other.model.latent_size = 24
-  wider = checkpoint.abstract_like(setup.init_model_shapes(specs_lib.from_config(other))[1], sharding)
+  wider = checkpoint.abstract_like(
+      setup.init_model_shapes(specs_lib.from_config(other))[1], sharding)
   with pytest.raises(checkpoint.CheckpointMismatchError, match="parameters of another model"):
     checkpoint.restore_params(str(tmp_path), wider)
 
@@ -273,7 +276,8 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
   config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
   config.model.noise_channels = 4
   config.data.path = run_store
-  workdir = str(make_run(tmp_path, config, spread_members(setup.init_model(specs_lib.from_config(config))[1])))
+  workdir = str(make_run(tmp_path, config, spread_members(
+      setup.init_model(specs_lib.from_config(config))[1])))
   inits = ["2020-01-01T12", "2020-01-02T06"]
   forecast = lambda name, members: xr.open_zarr(forecast_lib.run_forecast(  # noqa: E731
       workdir, str(tmp_path / name), lead="12h", init_times=inits, members=members,

@@ -31,7 +31,8 @@ def problem():
   config = small_config()
   constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
                                                seed=3)
-  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model, LATITUDE, LONGITUDE)
+  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
+                                                        LATITUDE, LONGITUDE)
 
 
 def reference_loss_and_grads(config, constants, batch, params):

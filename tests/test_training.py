@@ -202,7 +202,8 @@ def test_another_model_leaves_the_workdir_untouched(reference, tmp_path):
 def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tmp_path):
   config = _config_like_run_flags()
   # The reference run's synthetic store (2020-01), named as a store of real data.
-  config.data.update(path=resolve.synthetic_store_path(specs_lib.from_config(config).data, config.seed),
+  config.data.update(path=resolve.synthetic_store_path(specs_lib.from_config(config).data,
+                                                       config.seed),
                      synthetic=False, eval_start="2021-06-01", eval_end="2021-06-30")
   assert os.path.exists(config.data.path)
   with pytest.raises(ValueError, match=r"Time range 2021-06-01 .. 2021-06-30 lies outside "

@@ -118,13 +118,15 @@ def test_neighbourhood_sizes_grow_as_hexagonal_rings():
 
 
 def test_graphs_of_the_transformer_carry_the_neighbour_lists():
-  graphs = setup.graphs_for_grid(specs_lib.from_config(small_config(transformer_k_hop=1)).model, LATITUDE, LONGITUDE)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(small_config(transformer_k_hop=1)).model,
+                                 LATITUDE, LONGITUDE)
   counts = graphs.counts()
   # 162 nodes: 12 with 5 neighbours, 150 with 6, each itself too.
   assert counts["mesh_neighbour_edges"] == 12 * 6 + 150 * 7
   assert graphs.mesh_neighbours.features.shape == (counts["mesh_neighbour_edges"], 0)
   gnn = config_lib.default_config()
-  assert "mesh_neighbour_edges" not in setup.graphs_for_grid(specs_lib.from_config(gnn).model, LATITUDE, LONGITUDE).counts()
+  gnn_graphs = setup.graphs_for_grid(specs_lib.from_config(gnn).model, LATITUDE, LONGITUDE)
+  assert "mesh_neighbour_edges" not in gnn_graphs.counts()
 
 
 # --- attention -------------------------------------------------------------------------

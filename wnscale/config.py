@@ -22,7 +22,11 @@ LOSSES = ("mse", "crps")
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The defaults; the comment after each key is its documentation."""
+  """The defaults; the comment after each key is its documentation.
+
+  Each section's keys are the fields of its spec in `wnscale.specs` (what the
+  code below the launchers reads): a new key is a new field there too.
+  """
   c = ml_collections.ConfigDict()
   c.seed = 0  # seeds parameter init, data shuffling and the synthetic store
 

@@ -20,8 +20,9 @@ times join every grid node's inputs and every mesh node's embedding. For the
 state the network predicts the residual in units of the std of differences over
 one model step, `data.time_step_hours` (`residual_scale = diff_std / std` converts
 it to the state's normalized units), for target-only channels the normalized value
-itself (`residual_scale` 1): GraphCast's `InputsAndResiduals`. Longer rollouts feed the predicted state
-back. No xarray, no coordinates: everything here runs under jit, remat and shard_map.
+itself (`residual_scale` 1): GraphCast's `InputsAndResiduals`. Longer rollouts feed
+the predicted state back. No xarray, no coordinates: everything here runs under
+jit, remat and shard_map.
 """
 
 from __future__ import annotations

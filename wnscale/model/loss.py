@@ -1,9 +1,9 @@
 """The training losses: GraphCast's MSE, or an FGN ensemble's fair CRPS.
 
 MSE of the predicted states against the targets, measured in units of the std
-of differences over one model step (`data.time_step_hours`), weighted per grid node (cell area, mean 1) and per
-channel (variable weight, shared across levels by pressure), summed over
-channels and averaged over grid nodes, examples and lead times. The CRPS
+of differences over one model step (`data.time_step_hours`), weighted per grid
+node (cell area, mean 1) and per channel (variable weight, shared across levels
+by pressure), summed over channels and averaged over grid nodes, examples and lead times. The CRPS
 (`train.loss='crps'`, `wnscale.model.ensemble`) weighs absolute errors the same way.
 """
 
