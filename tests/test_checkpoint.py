@@ -111,7 +111,7 @@ def test_a_run_written_before_the_specs_restores_and_computes_the_same_loss(run)
     config = config_lib.from_json(file.read())
   latitude, longitude = grid.regular_grid(5.625, include_poles=False)
   constants, _, _ = synthetic_problem(config, latitude, longitude, batch_size=1, abstract=True)
-  batch = random_batch(config, constants.graphs.num_grid_nodes, 1)
+  batch = random_batch(config, constants.graphs.num_nodes("grid"), 1)
   specs = specs_lib.from_config(config)
   graphdef, abstract = setup.init_model_shapes(specs)
   assert nnx.merge(graphdef, abstract).spec == specs.model

@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 from flax import nnx
 
-from problems import random_batch, spread_members
+from problems import device_batch, random_batch, spread_members
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import source as source_lib
@@ -51,8 +51,7 @@ def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=
   config.mesh.update(data=data, graph=graph, exchange=exchange)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
-  return ShardedLayout(mesh, graphs, *setup.node_positions(specs_lib.from_config(config).model,
-                                                           latitude, longitude),
+  return ShardedLayout(mesh, graphs, setup.node_positions(specs_lib.from_config(config).model, latitude, longitude),
                        exchange), graphs
 
 
@@ -65,18 +64,18 @@ def test_sharded_step_repeats_the_training_rollout(graph, exchange):
   constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude, longitude,
                                    np.linspace(0.3, 1.0, len(VARIABLES) * 2 - 1))
   graphdef, params = setup.init_model(specs_lib.from_config(config))
-  batch = random_batch(config, graphs.num_grid_nodes, batch_size=2, seed=1)
+  batch = random_batch(config, graphs.num_nodes("grid"), batch_size=2, seed=1)
   expected = np.asarray(forecast.rollout(nnx.merge(graphdef, params), constants, batch))
   step = jax.jit(sharded_model.forecast_step_fn(layout, graphdef), donate_argnums=3)
   device_constants, halo_indices = layout.constants(constants)
-  laid_out = layout.batch(batch)
+  laid_out = device_batch(layout, batch)
   history = laid_out["inputs"]
   for lead in range(LEADS):
     window = laid_out["forcings"][:, lead:lead + config.data.input_steps + 1]
     history, state = step(params, device_constants, halo_indices,
                           {"inputs": history, "forcings": window,
                            "statics": laid_out["statics"]})
-    got = layout.partitioned.grid.from_slots(np.asarray(state), -1)
+    got = layout.grid.from_slots(np.asarray(state), -1)
     np.testing.assert_allclose(got, expected[:, lead], rtol=1e-5, atol=1e-5)
 
 

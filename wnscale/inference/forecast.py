@@ -171,7 +171,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   mesh = mesh_lib.make_mesh(config.mesh)
   latitude, longitude = store.latitude, store.longitude
   graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
-  layout = ShardedLayout(mesh, graphs, *setup.node_positions(specs.model, latitude, longitude),
+  layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
                          config.mesh.exchange)
   graphdef, abstract = setup.init_model_shapes(specs)
   params, step = checkpoint_lib.restore_params(

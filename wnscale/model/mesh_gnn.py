@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from flax import nnx
 
-from wnscale.graphs.build import Graphs
 from wnscale.graphs.features import EDGE_FEATURES
+from wnscale.graphs.graph import Graphs
 from wnscale.model import remat
 from wnscale.model.blocks import split_rows
 from wnscale.model.message_passing import InteractionNetwork, float32_sum, scan_edge_blocks
@@ -50,7 +50,7 @@ class MeshGNN(nnx.Module):
 
     `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
     """
-    spec, edges, num_mesh = self.spec, graphs.mesh, mesh.shape[0]
+    spec, edges, num_mesh = self.spec, graphs.edges["mesh"], mesh.shape[0]
     chunks = spec.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     senders = split_rows(edges.senders, chunks)
@@ -70,7 +70,7 @@ class MeshGNN(nnx.Module):
     def one_layer(carry, layer_state):
       mesh, edge_latents = carry
       layer = nnx.merge(graphdef, layer_state)
-      tables = (layer_state, exchange.mesh(layer.project_senders(mesh)),
+      tables = (layer_state, exchange("mesh", layer.project_senders(mesh)),
                 layer.project_receivers(mesh), conditioning)
       summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
                                               tables, num_mesh, mesh.shape[-1])

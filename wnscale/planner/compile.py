@@ -61,16 +61,18 @@ class Problem:
     latitude, longitude = grid_lib.regular_grid(config.data.resolution)
     graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
     self.counts = graphs.counts()
+    # Shapes only: what the FLOP model reads, without holding the arrays.
+    self.graph_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graphs)
     self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
     mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
     self.layout = ShardedLayout(self.mesh, graphs,
-                                *setup.node_positions(specs.model, latitude, longitude),
+                                setup.node_positions(specs.model, latitude, longitude),
                                 config.mesh.exchange)
     channels = len(specs.data.output_channels)
     self.constants = self.layout.abstract_constants(setup.make_constants(
         specs.data, graphs, latitude, longitude, np.ones(channels, np.float32)))
     self.batch = self.layout.abstract_batch(
-        setup.batch_shapes(specs, graphs.num_grid_nodes, config.train.batch_size))
+        setup.batch_shapes(specs, graphs.num_nodes("grid"), config.train.batch_size))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:
@@ -106,7 +108,7 @@ class Problem:
       peak_buffers = getattr(error, "peak_buffers", None)
       stats = _stats_from_oom_message(out_of_memory)
     seconds = time.perf_counter() - start
-    analytic = flops_lib.step_flops(config, self.counts, len(self.target.devices))
+    analytic = flops_lib.step_flops(config, self.graph_shapes, len(self.target.devices))
     memory = self.target.device_memory_bytes
     report = {
         "topology": self.target.name,

@@ -200,7 +200,7 @@ def _train(config, workdir: str, run_start: float) -> dict:
   with run_log.phase(f"Partitioned the graphs over {mesh.shape[mesh_lib.GRAPH]} graph shard(s) "
                      f"({mesh.shape[mesh_lib.DATA]} data x {mesh.shape[mesh_lib.GRAPH]} graph "
                      "devices)"):
-    layout = ShardedLayout(mesh, graphs, *setup.node_positions(specs.model, latitude, longitude),
+    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
                            config.mesh.exchange)
     device_constants, halo_indices = layout.constants(constants)
   # Data: this process's share (processes holding the same batch rows read the same
