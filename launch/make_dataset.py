@@ -37,8 +37,8 @@ from wnscale import outputs, paths
 from wnscale import specs as specs_lib
 from wnscale.data import convert, convert_beam, resolve, synthetic
 from wnscale.data import variables
-from wnscale.data.write_progress import size_text
 from wnscale.errors import UserError
+from wnscale.progress import size_text
 
 flags.adopt_module_key_flags(runner)  # --help lists --runner
 

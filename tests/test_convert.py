@@ -18,10 +18,12 @@ import xarray as xr
 import zarr
 
 import cds_files
+import gcs
 from cds_files import LATITUDE, LONGITUDE
 from test_cli import assert_user_error, run
 from tiny_runs import process_env
-from wnscale.data import convert, store as store_lib
+from wnscale import paths
+from wnscale.data import convert, era5_files, hdf5_reads, store as store_lib
 from wnscale.errors import UserError
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -143,6 +145,40 @@ def test_overlaps_must_agree_and_gaps_are_named(tmp_path):
     convert.convert_era5([str(tmp_path / "notes.txt")], str(tmp_path / "none.zarr"))
 
 
+def test_a_conversion_into_a_bucket_cut_short_continues_in_place(tmp_path, monkeypatch,
+                                                                   caplog):
+  """In a bucket (a Cloud Storage emulator) the store is built in place: one cut short after
+  its first block is refused by readers, and the same call continues it (no --overwrite)."""
+  source = tmp_path / "sfc.nc"
+  cds_files.current_netcdf(["2t", "msl"], TIMES).to_netcdf(source, engine="h5netcdf")
+  one_time = 2 * 4 * LATITUDE.size * LONGITUDE.size  # two variables, float32
+  write_block, calls = convert.write_block, []
+
+  def cut_short(*args):
+    calls.append(args)
+    if len(calls) == 2:
+      raise KeyboardInterrupt  # as a Ctrl-C between two blocks
+    write_block(*args)
+
+  with gcs.emulator() as bucket:
+    out = paths.join(bucket, "era5.zarr")
+    monkeypatch.setattr(convert, "write_block", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+      convert.convert_era5([str(source)], out, block_bytes=one_time)
+    monkeypatch.undo()
+    assert convert.is_converting(out) and not paths.is_complete(out)
+    with pytest.raises(UserError, match="is a conversion cut short \\(1 times written\\); "
+                                        "run the make_dataset command that made it again"):
+      store_lib.open_store(out, ["2m_temperature"], [])
+    caplog.set_level("INFO")
+    convert.convert_era5([str(source)], out, block_bytes=one_time)
+    assert "after 1 of 4 times" in caplog.text and paths.is_complete(out)
+    got = xr.open_zarr(out, chunks=None).load()
+  want = xr.open_dataset(source, engine="h5netcdf")
+  np.testing.assert_array_equal(got["2m_temperature"].values, want["t2m"].values)
+  np.testing.assert_array_equal(got["mean_sea_level_pressure"].values, want["msl"].values)
+
+
 def test_flags_of_the_other_kind_of_store_are_refused(tmp_path):
   """make_dataset's synthetic-store flags with --from, and conversion flags without it, do
   nothing: each is one line, exit 2, and nothing is written."""
@@ -155,6 +191,29 @@ def test_flags_of_the_other_kind_of_store_are_refused(tmp_path):
   assert_user_error(run("make_dataset", f"--out={out}", "--member=3"),
                     "--member: these flags are for converting files (--from)")
   assert sorted(os.listdir(tmp_path)) == ["a.nc"]
+def test_netcdf4_variables_stored_as_is_are_read_straight_from_hdf5(tmp_path):
+  """Only a float32 variable indexed and stored as in its netCDF4 file is marked for direct
+  reads: sorted levels, a selected member, float64 or packed values go through xarray."""
+  as_is, descending = tmp_path / "as_is.nc", tmp_path / "descending.nc"
+  cds_files.current_netcdf(["t", "2t"], TIMES, levels=(500.0, 850.0)).to_netcdf(
+      as_is, engine="h5netcdf")
+  cds_files.current_netcdf(["t"], TIMES, levels=(850.0, 500.0)).to_netcdf(
+      descending, engine="h5netcdf")
+  cds_files.current_netcdf(["2t"], TIMES, members=2).to_netcdf(tmp_path / "eda.nc",
+                                                               engine="h5netcdf")
+  other = cds_files.current_netcdf(["2t", "msl"], TIMES)
+  other["t2m"] = other["t2m"].astype(np.float64)
+  other.to_netcdf(tmp_path / "other.nc", engine="h5netcdf",
+                  encoding={"msl": {"dtype": "int16", "scale_factor": 0.5,
+                                          "_FillValue": -32767}})
+  opened = era5_files.open_era5_file(str(as_is))
+  assert all(hdf5_reads.is_marked(opened[n].variable) for n in ("temperature", "2m_temperature"))
+  assert not hdf5_reads.is_marked(
+      era5_files.open_era5_file(str(descending))["temperature"].variable)
+  assert not hdf5_reads.is_marked(
+      era5_files.open_era5_file(str(tmp_path / "eda.nc"), member=1)["2m_temperature"].variable)
+  other = era5_files.open_era5_file(str(tmp_path / "other.nc"))
+  assert not any(hdf5_reads.is_marked(other[n].variable) for n in other.data_vars)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 import xarray as xr
 
 from wnscale import config as config_lib
+from wnscale import paths
 from wnscale import specs as specs_lib
 from wnscale.data import forcings, resolve
 from wnscale.data import synthetic
@@ -196,7 +197,8 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
   config = _tiny_config()
   caplog.set_level("INFO")
   path = resolve.resolve_store(specs_lib.from_config(config).data, config.seed)
-  assert path.startswith(str(tmp_path / "datasets")) and os.path.exists(path + ".complete")
+  assert path.startswith(str(tmp_path / "datasets")) and paths.is_complete(path)
+  assert os.listdir(tmp_path / "datasets") == [os.path.basename(path)]  # nothing beside it
   size = resolve.synthetic_store_bytes(specs_lib.from_config(config).data)
   # 12 times of the config's 12 channels (5 variables on 2 levels, 2 surface ones) and
   # 2 statics: the store holds what the config reads, no more.

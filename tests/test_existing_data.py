@@ -126,6 +126,8 @@ def test_existing_outputs_are_not_replaced_unasked(tmp_path, trained):
        f"--out {data} exists (a zarr store); pass --overwrite to replace it"),
       (["make_climatology", f"--store={data}", f"--out={clim}"],
        f"--out {clim} exists (a zarr store)"),
+      (["make_climatology", f"--store={data}", f"--out={data}", "--overwrite"],
+       f"The output {data} is also what this command reads; write the output to another"),
       (["evaluate", f"--forecast={data}", f"--truth={data}", f"--out={results}"],
        f"--out {results} exists (evaluation results)"),
       (["import_graphcast", f"--checkpoint={FIXTURE}/params.npz",

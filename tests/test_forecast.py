@@ -23,7 +23,7 @@ from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.forecast_store import ForecastStore, forecast_settings
-from wnscale.inference.progress import Progress
+from wnscale.progress import ForecastProgress
 from wnscale.inference.rollout import StreamingForecaster
 from wnscale.model import forecast, setup
 from wnscale.sharding import mesh as mesh_lib
@@ -238,7 +238,7 @@ class _Terminal(io.StringIO):
 
 def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
   terminal = _Terminal()
-  progress = Progress(2, 4, terminal)
+  progress = ForecastProgress(2, 4, terminal)
   for lead in range(4):
     progress.leads_done(lead, 1)
   progress.init_done("2020-01-01T00")
@@ -247,7 +247,7 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
   assert "\r[" in text and "initial times 1/2 | lead 4/4" in text and "ETA" in text
   plain = io.StringIO()
   caplog.set_level("INFO")
-  progress = Progress(2, 4, plain)
+  progress = ForecastProgress(2, 4, plain)
   progress.leads_done(3, 1)
   progress.init_done("2020-01-01T00")
   assert plain.getvalue() == ""

@@ -74,7 +74,8 @@ _PROBE = ".wnscale-write-test-"
 _SHOWN_NAMES = 4  # names listed of a directory --overwrite will not replace
 
 
-def check(path: str, kind: Kind, *, overwrite: bool = False, flag: str | None = None):
+def check(path: str, kind: Kind, *, overwrite: bool = False, flag: str | None = None,
+          reads: tuple[str, ...] = ()):
   """A `UserError` unless `path` can be written as `kind` without losing data.
 
   Args:
@@ -82,9 +83,18 @@ def check(path: str, kind: Kind, *, overwrite: bool = False, flag: str | None = 
     overwrite: an existing output of this kind may be replaced.
     flag: the launcher's flag (e.g. "--out"), named in messages; None from the
       library (messages then say `overwrite=True`).
+    reads: what the command reads: the output may be none of them, nor hold or lie
+      inside one (`--overwrite` would replace the input it is computed from).
   """
   path = paths.normalize(path)
   name = f"{flag} {path}" if flag else path
+  for source in map(paths.normalize, reads):
+    relation = ("is also" if path == source else f"is inside {source}," if
+                path.startswith(source + "/") else f"holds {source}," if
+                source.startswith(path + "/") else None)
+    if relation:
+      raise UserError(f"The output {name} {relation} what this command reads; write the "
+                      "output to another path.")
   exists = _holds_data(path, kind, name)
   if exists and not kind.continues:
     if not overwrite:
@@ -192,9 +202,10 @@ def building(path: str, overwrite: bool = False, resumable: bool = False):
 
   Yields where to build the output (see `paths.building`).
   """
-  if resumable and not paths.is_url(path):
-    left = (f"what was written is kept in {paths.partial_path(path)}; free some space and run "
-            "the same command to continue")
+  if resumable:
+    kept_in = path if paths.is_url(path) else paths.partial_path(path)
+    left = (f"what was written is kept in {kept_in}; free some space and run the same "
+            "command to continue")
   elif paths.is_url(path):
     left = ("what was written there is incomplete (no .complete marker); free some space "
             "and write it again, overwriting")

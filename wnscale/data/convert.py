@@ -14,8 +14,9 @@ dim), whether they come in a file of their own or at every time step.
 
 The store is written block of times by block of times, never holding more than
 `block_bytes` of data, with progress, at `<out>.partial` until it is whole (then
-renamed to `out`). Its `conversion` attribute records the sources and how many
-times are written; a command killed midway and run again continues there.
+renamed to `out`; in a bucket, in place, marked complete at the end). Its
+`conversion` attribute records the sources and how many times are written; a
+command killed midway and run again continues there.
 Continuing a conversion of other sources is an error; an existing store at `out`
 is replaced only when asked (`overwrite`), and stays intact until then.
 """
@@ -30,14 +31,15 @@ import os
 
 import numpy as np
 import pandas as pd
+import xarray as xr
 
 from wnscale import outputs, paths
-from wnscale.data import era5_files, writer
+from wnscale.data import era5_files, hdf5_reads, writer
 from wnscale.data import store as store_lib
 from wnscale.data.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import WriteProgress
 from wnscale.errors import UserError
+from wnscale.progress import WriteProgress
 
 BLOCK_BYTES = 256 * 2**20
 HOURLY_PRECIPITATION = "total_precipitation"
@@ -77,7 +79,7 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
   existing store at `out` is replaced only with `overwrite`, and stays intact until
   then); a conversion cut short is continued there by the same call. In a bucket it
   is built in place, its `conversion` attribute marking it incomplete until the end;
-  one cut short there is started again with `overwrite` (not continued).
+  one cut short there is continued in place by the same call.
 
   Args:
     member: the ensemble member of files holding several (ERA5's EDA).
@@ -90,12 +92,16 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
       `convert_beam` runs the blocks as a Beam pipeline.
   """
   out = paths.normalize(out)
-  outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
+  # A bucket's conversion cut short is continued in place (`_resume_point` checks that
+  # it is of the same sources), never replaced by `outputs.building`.
+  continuing = paths.is_url(out) and is_converting(out)
+  if not continuing:
+    outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
   files = expand_sources(sources)
   datasets = [era5_files.open_era5_file(path, member) for path in files]
   plan = _Plan(files, datasets, start, end)
   fingerprint = _fingerprint(files, member, plan.times)
-  with outputs.building(out, overwrite, resumable=True) as where:
+  with outputs.building(out, overwrite and not continuing, resumable=True) as where:
     done = _resume_point(where, fingerprint, overwrite)
     if done is None:
       writer.create_store(where, plan.coords(), plan.layouts(), attrs={CONVERSION: {
@@ -279,15 +285,21 @@ class _Plan:
     for path, dataset in zip(self.files, self.datasets):
       if name not in dataset:
         continue
-      held = times.intersection(pd.DatetimeIndex(dataset["time"].values))
+      held = times.intersection(dataset.indexes["time"])
       if len(held) == 0:
         continue
-      variable = dataset[name].sel(time=held)
-      dims = ("time", "level", "latitude", "longitude") if "level" in variable.dims else (
+      dims = ("time", "level", "latitude", "longitude") if "level" in dataset[name].dims else (
           "time", "latitude", "longitude")
-      block = variable.transpose(*dims).values.astype(np.float32, copy=False)
       if values is None:
-        values = np.full((len(times),) + block.shape[1:], np.nan, np.float32)
+        values = np.empty((len(times),) + tuple(dataset.sizes[d] for d in dims[1:]),
+                          np.float32)
+      rows = times.get_indexer(held)
+      if _consecutive(rows) and not origin.keys() & set(held):  # straight into place
+        _read(dataset, name, dims, held, values[rows[0]:rows[-1] + 1])
+        origin.update(dict.fromkeys(held, path))
+        continue
+      block = np.empty((len(held),) + values.shape[1:], np.float32)
+      _read(dataset, name, dims, held, block)
       for row, time in zip(block, held):
         index = times.get_loc(time)
         if time in origin:
@@ -296,6 +308,8 @@ class _Plan:
                             "overlapping files must agree (remove one of them).")
           continue
         values[index], origin[time] = row, path
+    if values is not None:
+      values[[i for i, time in enumerate(times) if time not in origin]] = np.nan
     return values
 
   def static(self, name: str) -> np.ndarray:
@@ -307,6 +321,23 @@ class _Plan:
           variable = variable.isel(time=0)
         return variable.transpose("latitude", "longitude").values.astype(np.float32)
     raise KeyError(name)
+
+
+def _read(dataset: xr.Dataset, name: str, dims: tuple[str, ...], times: pd.DatetimeIndex,
+          out: np.ndarray):
+  """Reads `name` at `times` (all in `dataset`) in `dims` order into `out` (float32):
+  straight from HDF5 where the times are consecutive in a variable marked for it."""
+  positions = dataset.indexes["time"].get_indexer(times)
+  selection = slice(positions[0], positions[-1] + 1) if _consecutive(positions) else positions
+  variable = dataset[name].variable
+  if isinstance(selection, slice) and variable.dims == dims and hdf5_reads.is_marked(variable):
+    hdf5_reads.read_times(variable, selection, out)
+  else:
+    out[...] = dataset[name].isel(time=selection).transpose(*dims).values
+
+
+def _consecutive(positions: np.ndarray) -> bool:
+  return bool(np.all(np.diff(positions) == 1))
 
 
 def _unevenness(grid) -> float:

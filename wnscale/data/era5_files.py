@@ -10,7 +10,9 @@ of two layouts:
 integers, ascending), `latitude` (the source's order), `longitude` (0..360,
 ascending), WeatherBench2's variable names (`NAMES`; a short name the table
 lacks keeps its own name, with a warning) and the source's `units`. Data stays
-lazy, in the source's dtype: only what a caller selects is read.
+lazy, in the source's dtype: only what a caller selects is read. Variables of a local
+netCDF4 file that are indexed and stored as in the file are marked for reading straight
+from HDF5 (`hdf5_reads`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 from wnscale import paths
-from wnscale.data import netcdf
+from wnscale.data import hdf5_reads, netcdf
 from wnscale.errors import UserError
 
 # ECMWF short names (GRIB's `shortName` and cfgrib's / the CDS netCDF's variable names)
@@ -62,17 +64,20 @@ def open_era5_file(path: str, member: int | None = None) -> xr.Dataset:
     raise UserError(f"No such file: {path}")
   with paths.as_epath(path).open("rb") as file:
     head = file.read(netcdf.HEAD_BYTES)
+  hdf5 = False
   if head[:4] == b"GRIB":
     dataset = _open_grib(path)
   else:
-    engine = netcdf.ENGINES[netcdf.format_of(head, path)]  # a UserError if not netCDF
+    netcdf_format = netcdf.format_of(head, path)  # a UserError if not netCDF
+    engine = netcdf.ENGINES[netcdf_format]
+    hdf5 = netcdf_format == netcdf.NETCDF4 and not paths.is_url(path)
     with paths.local_copy(path) as local:  # a local file stays lazy; a URL's copy is loaded
       # cache=False: a block's selection reads only that block (xarray's cache would read
       # and keep a whole variable at its first access).
       dataset = xr.open_dataset(local, engine=engine, chunks=None, cache=False)
       if paths.is_url(path):
         dataset = dataset.load()
-  return _normalized(dataset, path, member)
+  return _normalized(dataset, path, member, hdf5)
 
 
 def _open_grib(path: str) -> xr.Dataset:
@@ -94,11 +99,17 @@ def _open_grib(path: str) -> xr.Dataset:
   return xr.merge(merged, compat="override", join="outer")
 
 
-def _normalized(dataset: xr.Dataset, path: str, member: int | None) -> xr.Dataset:
+def _normalized(dataset: xr.Dataset, path: str, member: int | None,
+                hdf5: bool) -> xr.Dataset:
+  """`dataset` in WeatherBench2's conventions; `hdf5`: it is a local netCDF4 file's, whose
+  variables still indexed as stored at the end are marked for direct reads."""
   dataset = dataset.rename({name: new for name, new in _DIMS.items()
                             if name in dataset.dims or name in dataset.coords})
   if "time" not in dataset.dims and "time" in dataset.coords and "valid_time" in dataset.coords:
     dataset = dataset.drop_vars("time")  # a scalar forecast time beside the valid time
+  # Whether every variable is still indexed as in the file (no member selected, no time
+  # dim added, no dim sorted).
+  as_stored = MEMBER not in dataset.dims and "time" in dataset.dims
   dataset = _one_member(dataset, path, member)
   dataset = dataset.drop_vars([c for c in _DROPPED if c in dataset.coords])
   if "time" not in dataset.dims:
@@ -123,11 +134,13 @@ def _normalized(dataset: xr.Dataset, path: str, member: int | None) -> xr.Datase
     levels = dataset["level"].values.astype(np.int64)
     dataset = dataset.drop_indexes("level").assign_coords(level=levels).set_xindex("level")
     if np.any(np.diff(dataset["level"].values) < 0):
-      dataset = dataset.sortby("level")
+      dataset, as_stored = dataset.sortby("level"), False
   longitude = dataset["longitude"].values % 360
   dataset = dataset.assign_coords(longitude=longitude)
   if np.any(np.diff(longitude) < 0):
-    dataset = dataset.sortby("longitude")
+    dataset, as_stored = dataset.sortby("longitude"), False
+  if hdf5 and as_stored:
+    hdf5_reads.mark(dataset, path, {new: old for old, new in renamed.items()})
   dataset.attrs["source"] = path  # data stay lazy and in the source's dtype: read as float32
   return dataset
 

@@ -23,8 +23,8 @@ from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import size_text
 from wnscale.errors import UserError
+from wnscale.progress import size_text
 
 # How long a process waits for process 0 to write a synthetic store or compute
 # statistics (a 0.25 deg training range can take a while) before giving up.
@@ -67,8 +67,8 @@ def resolve_store(data, seed: int) -> str:
 
   Process 0 writes the synthetic store (if missing) into the cache directory,
   after checking that it fits on the disk; a process on another host whose
-  cache does not hold it then writes its own copy. A `<store>.complete` marker
-  written last tells a whole store from one cut short.
+  cache does not hold it then writes its own copy. The store appears whole or not at
+  all (`paths.building`: renamed into place locally, a `.complete` marker in a bucket).
 
   Raises:
     UserError: no store at the path, no path and no synthetic store asked for, or not
@@ -93,7 +93,7 @@ def resolve_store(data, seed: int) -> str:
   start, end, variables, levels = synthetic_store_contents(data)
 
   def write_if_missing() -> bytes:
-    if paths.exists(path + ".complete"):
+    if paths.is_complete(path):  # written whole or not at all (`paths.building`)
       return b""
     size = synthetic_store_bytes(data)
     free = paths.free_bytes(path)
@@ -108,8 +108,7 @@ def resolve_store(data, seed: int) -> str:
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end, levels=levels,
         variables=variables, seed=seed, time_step_hours=data.time_step_hours,
-        overwrite=True)  # one cut short, without its .complete marker
-    paths.write_text(path + ".complete", "")
+        overwrite=True)  # in a bucket: one cut short, without its .complete marker
     logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - begin)
     return b""
 

@@ -339,8 +339,7 @@ def open_store(path: str,
     conversion = dataset.attrs.get(CONVERSION_ATTR)
     if conversion and not conversion.get("complete"):
       raise UserError(f"{path} is a conversion cut short ({conversion['times_written']} times "
-                      "written); run the make_dataset command that made it again (with "
-                      "--overwrite in a bucket, where it starts again).")
+                      "written); run the make_dataset command that made it again to continue it.")
     dims = _check_variables(dataset, variables + forcings, levels, path)
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     latitude, longitude, flip = _grid(dataset, resolution, path)

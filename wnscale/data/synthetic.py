@@ -30,11 +30,11 @@ import xarray as xr
 import zarr
 
 from wnscale import outputs, paths
-from wnscale.data import forcings
+from wnscale.data import forcings, writer
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import WriteProgress
 from wnscale.errors import UserError
 from wnscale.graphs import grid
+from wnscale.progress import WriteProgress
 
 # Forcings written like a surface variable, as ERA5 stores hold them.
 STORED_FORCINGS = ("toa_incident_solar_radiation",)
@@ -318,15 +318,13 @@ def _write_data(path, weather, names, times, levels, latitude, longitude, zarr_f
     for first in range(1, len(times), block):
       last = min(first + block, len(times))
       fields = weather.fields(times[first:last], names)
-      for write in pending:
-        write.result()
+      writer.wait_all(pending)
       progress.done(written)
       pending, written = [handles[name][first:last].write(fields[name]) for name in names], last
-  finally:  # every write ends before the store is renamed, or removed after an error
-    for write in pending:
-      write.exception()
-  for write in pending:
-    write.result()
+  except BaseException:  # every write ends before the store is removed
+    writer.wait_all(pending, raise_error=False)
+    raise
+  writer.wait_all(pending)
   progress.done(written)
   progress.close()
 

@@ -67,6 +67,20 @@ def open_variable(path: str, name: str):
                  write=True).result()
 
 
+def wait_all(writes, raise_error: bool = True):
+  """Waits for every tensorstore write in `writes`, then raises the first one's error.
+
+  All of them end before anything is raised: a store is renamed into place or
+  removed only once no write can still land in it. `raise_error=False`: wait only
+  (while another error is already on its way).
+  """
+  for write in writes:
+    write.exception()
+  if raise_error:
+    for write in writes:
+      write.result()
+
+
 def read_attrs(path: str) -> dict:
   """The store's own attributes, read from the group (not the consolidated copy)."""
   return dict(zarr.open_group(path, mode="r", zarr_format=2, use_consolidated=False).attrs)

@@ -129,11 +129,8 @@ class ForecastStore:
   def _wait(self):
     """Waits for the writes in flight (all of them, even after one fails)."""
     pending, self._pending = self._pending, []
-    for write in pending:
-      write.exception()
     with outputs.writing(self.path, self._kept):
-      for write in pending:
-        write.result()
+      writer.wait_all(pending)
 
 
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,

@@ -1,0 +1,45 @@
+"""Blocks of consecutive times of a netCDF4 variable, read straight from its HDF5 dataset.
+
+Through xarray and h5netcdf, a block's read goes through dimension look-ups and indexer
+composition on every call, which cost more than the read itself; a block of consecutive
+times of a variable kept as stored is one hyperslab, which h5py reads straight into the
+caller's array (`read_times`). "As stored" means float32 in the file (unpacked: no
+`scale_factor` or `add_offset`; no fill value other than NaN, so xarray masks nothing)
+and indexed as in the file along every dim (no dim sorted, selected or added).
+`era5_files` knows when the latter holds and marks such variables (`mark`).
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import xarray as xr
+
+# A marked variable's encoding holds (file path, HDF5 dataset name) under this key.
+SOURCE = "hdf5_dataset"
+_PACKING = ("scale_factor", "add_offset")
+_FILL_VALUES = ("_FillValue", "missing_value")
+
+
+def mark(dataset: xr.Dataset, path: str, stored_names: dict[str, str]):
+  """Marks the variables of `dataset` (indexed as in the netCDF4 file at local `path`) that
+  are stored as float32 as they are; `stored_names` maps a variable to its name in the
+  file where they differ."""
+  for name, variable in dataset.data_vars.items():
+    encoding = variable.encoding
+    if (variable.dtype == np.float32 and np.dtype(encoding.get("dtype")) == np.float32
+        and not any(key in encoding for key in _PACKING)
+        and all(np.all(np.isnan(encoding[key])) for key in _FILL_VALUES if key in encoding)):
+      dataset.variables[name].encoding[SOURCE] = (path, stored_names.get(name, name))
+
+
+def is_marked(variable: xr.Variable) -> bool:
+  return SOURCE in variable.encoding
+
+
+def read_times(variable: xr.Variable, times: slice, out: np.ndarray):
+  """Reads the marked `variable` at the time positions `times` (a slice of its first dim)
+  into `out` (C-contiguous float32, of the selection's shape)."""
+  path, name = variable.encoding[SOURCE]
+  with h5py.File(path, "r") as file:
+    file[name].read_direct(out, np.s_[times])
