@@ -27,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
+from wnscale import specs as specs_lib
 from wnscale.model import setup  # noqa: E402
 from wnscale.train import checkpoint, optimizer, state as state_lib  # noqa: E402
 
@@ -39,7 +40,7 @@ def main():
   args = parser.parse_args()
   config = config_lib.graphcast_paper_config(resolution=1.0)
   config.model.update(latent_size=args.latent, message_passing_steps=args.steps)
-  _, params = setup.init_model(config)
+  _, params = setup.init_model(specs_lib.from_config(config))
   tx = optimizer.make_optimizer(config.train)
   state = state_lib.initial_state(params, tx)
   jax.block_until_ready(state)

@@ -26,6 +26,7 @@ import argparse  # noqa: E402
 import grain  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
+from wnscale import specs as specs_lib
 from wnscale.data import resolve, synthetic  # noqa: E402
 from wnscale.model import setup  # noqa: E402
 from wnscale.train import checkpoint, optimizer, state as state_lib  # noqa: E402
@@ -43,12 +44,12 @@ def make_run(directory: str) -> str:
   # The store's three days: a range reaching outside it would be an error.
   config.data.update(path=store, train_start="2020-01-01", train_end="2020-01-02",
                      eval_start="2020-01-03", eval_end="2020-01-03")
-  resolve.resolve_stats(config.data)  # cached now: not in the runs
+  resolve.resolve_stats(specs_lib.from_config(config).data)  # cached now: not in the runs
   workdir = os.path.join(directory, "run")
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  _, params = setup.init_model(config)
+  _, params = setup.init_model(specs_lib.from_config(config))
   state = state_lib.initial_state(params, optimizer.make_optimizer(config.train))
   saver = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1)
   saver.save(0, state, iter(grain.MapDataset.range(1).to_iter_dataset()), {"step": 0})

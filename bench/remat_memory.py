@@ -31,6 +31,7 @@ import ml_collections  # noqa: E402
 
 import mid_problem  # noqa: E402
 from mid_problem import problems  # noqa: E402
+from wnscale import specs as specs_lib
 from wnscale.model import setup  # noqa: E402
 from wnscale.planner import xla_stats  # noqa: E402
 
@@ -76,7 +77,7 @@ def main():
   constants, batch, params = jax.device_put(
       problems.synthetic_problem(config, latitude, longitude, batch_size=1))
   graphs = constants.graphs
-  channels = setup.num_state_channels(config.data)
+  channels = len(specs_lib.from_config(config).data.state_channels)
   print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "
         f"{args.steps} {args.processor} layers, {channels} channels, float32, batch 1, "
         f"jax {jax.__version__}, {jax.devices()[0].platform}")

@@ -28,6 +28,7 @@ import jax  # noqa: E402
 
 import mid_problem  # noqa: E402
 from mid_problem import problems  # noqa: E402
+from wnscale import specs as specs_lib
 from wnscale.model import setup  # noqa: E402
 from wnscale.planner import xla_stats  # noqa: E402
 from wnscale.sharding import mesh as mesh_lib  # noqa: E402
@@ -44,8 +45,8 @@ def exchanged_rows(layout, steps: int) -> int:
 def main():
   args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=2)
   constants, batch, params = problems.synthetic_problem(config, latitude, longitude, batch_size=1)
-  positions = setup.node_positions(config, latitude, longitude)
-  graphdef, _ = setup.init_model_shapes(config)
+  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   print(f"grid {len(latitude)}x{len(longitude)}, {constants.graphs.counts()}, latent "
         f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")
   header = (f"{'G':>3}{'exchange':>12}{'temp MiB/dev':>14}{'x G vs 1':>10}"

@@ -17,6 +17,7 @@ from absl import flags
 from launch import cli
 from wnscale import cache, paths
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.model import setup
 
@@ -32,7 +33,8 @@ def main(argv):
   latitude, longitude = grid.regular_grid(config.data.resolution)
   cached_before = _cached_files()
   start = time.perf_counter()
-  graphs = setup.graphs_for_grid(config, latitude, longitude, use_cache=not _NO_CACHE.value)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude,
+                                 use_cache=not _NO_CACHE.value)
   seconds = time.perf_counter() - start
   # Read from the cache when the build wrote no new file there (and --no_cache was not given).
   from_cache = not _NO_CACHE.value and _cached_files() == cached_before

@@ -34,6 +34,7 @@ from absl import flags
 from launch import cli, runner
 from wnscale import config as config_lib
 from wnscale import outputs, paths
+from wnscale import specs as specs_lib
 from wnscale.data import convert, convert_beam, resolve, synthetic
 from wnscale.data import variables
 from wnscale.errors import UserError
@@ -105,7 +106,7 @@ def _store_settings() -> dict:
     return dict(resolution=_RESOLUTION.value, start=_START.value, end=_END.value,
                 levels=_levels(_LEVELS.value), variables=_VARIABLES.value,
                 time_step_hours=_TIME_STEP_HOURS.value, seed=_SEED.value)
-  data = config_lib.validate(_CONFIG.value).data
+  data = specs_lib.from_config(config_lib.validate(_CONFIG.value)).data
   start, end, names, levels = resolve.synthetic_store_contents(data)
   return dict(resolution=data.resolution, start=start, end=end, levels=levels,
               variables=names, time_step_hours=data.time_step_hours, seed=_CONFIG.value.seed)

@@ -7,7 +7,10 @@ import os
 
 import jax
 import numpy as np
+from flax import nnx
 
+from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import setup
@@ -19,6 +22,13 @@ CONFIG_FILES = sorted(path for path in glob.glob(os.path.join(os.path.dirname(__
                       if os.path.basename(path) != "imported.py")
 
 
+def data_spec(**data) -> specs_lib.DataSpec:
+  """The `DataSpec` of the default config with `data` keys overridden."""
+  config = config_lib.default_config()
+  config.data.update(data)
+  return specs_lib.from_config(config).data
+
+
 def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
   """A batch of standard-normal arrays with the model's batch shapes.
 
@@ -27,7 +37,8 @@ def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
   """
   rng = np.random.default_rng(seed)
   batch = {k: rng.standard_normal(s.shape).astype(np.float32)
-           for k, s in setup.batch_shapes(config, num_grid_nodes, batch_size).items()}
+           for k, s in setup.batch_shapes(specs_lib.from_config(config), num_grid_nodes,
+                                          batch_size).items()}
   if config.model.noise_channels:
     members = config.train.ensemble_members if config.train.loss == "crps" else 1
     batch["noise"] = np.asarray(ensemble.training_noise(
@@ -43,15 +54,16 @@ def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int
   with `abstract`, batch and params are `jax.ShapeDtypeStruct`s and nothing is
   initialized.
   """
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
+  specs = specs_lib.from_config(config)
+  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
   rng = np.random.default_rng(seed)
-  residual_scale = rng.uniform(0.2, 1.0, setup.num_output_channels(config.data))
-  constants = setup.make_constants(config, graphs, latitude, longitude, residual_scale)
+  residual_scale = rng.uniform(0.2, 1.0, len(specs.data.output_channels))
+  constants = setup.make_constants(specs.data, graphs, latitude, longitude, residual_scale)
   if abstract:
-    return (constants, setup.batch_shapes(config, graphs.num_nodes("grid"), batch_size),
-            setup.init_model_shapes(config)[1])
+    return (constants, setup.batch_shapes(specs, graphs.num_nodes("grid"), batch_size),
+            setup.init_model_shapes(specs)[1])
   return (constants, random_batch(config, graphs.num_nodes("grid"), batch_size, seed),
-          setup.init_model(config)[1])
+          setup.init_model(specs)[1])
 
 
 def device_batch(layout, batch: dict) -> dict:
@@ -77,10 +89,18 @@ def spread_members(params, scale: float = 0.3, seed: int = 0):
   return jax.tree_util.tree_map_with_path(widen, params)
 
 
+def mean_loss(graphdef, params, constants, batch, *, loss: str = "mse", remat_steps=False):
+  """Mean loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`)."""
+  total = loss_lib.loss_sum(nnx.merge(graphdef, params), constants, batch, loss=loss,
+                            remat_steps=remat_steps)
+  examples, steps, _, nodes = batch["targets"].shape
+  return total / (examples * steps * nodes)
+
+
 def loss_and_grad_fn(config, constants, batch):
   """`params -> (loss, grads)` of the single-device model with `config`'s remat settings."""
-  graphdef, _ = setup.init_model_shapes(config)
-  return jax.value_and_grad(lambda params: loss_lib.forecast_loss(
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
+  return jax.value_and_grad(lambda params: mean_loss(
       graphdef, params, constants, batch, loss=config.train.loss,
       remat_steps=config.train.remat_rollout))
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from wnscale.train import checkpoint
 
@@ -87,3 +88,35 @@ def test_a_different_train_state_is_an_error_not_damage(tmp_path, other, named):
   assert named in str(error.value)
   assert str(tmp_path / "1") in str(error.value)
   assert sorted(os.listdir(tmp_path)) == ["1"]  # nothing moved aside
+
+
+
+# The mean losses these runs gave at 422f098 (tests/fixtures/runs_422f098/README.md).
+LOSSES_AT_422F098 = {"deterministic": 70.7808837890625, "fgn": 70.72689819335938}
+
+
+@pytest.mark.parametrize("run", sorted(LOSSES_AT_422F098))
+def test_a_run_written_before_the_specs_restores_and_computes_the_same_loss(run):
+  """A run directory written at 422f098 restores into today's model, every array where it
+  was, and gives the loss it gave then. The model's graphdef holds its frozen `ModelSpec`
+  (hashable, as `jax.jit` wants of a static argument)."""
+  from problems import mean_loss, random_batch, synthetic_problem  # noqa: PLC0415
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
+  from wnscale.graphs import grid  # noqa: PLC0415
+  from wnscale.model import setup  # noqa: PLC0415
+
+  directory = os.path.join(os.path.dirname(__file__), "fixtures", "runs_422f098", run)
+  with open(os.path.join(directory, "config.json")) as file:
+    config = config_lib.from_json(file.read())
+  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
+  constants, _, _ = synthetic_problem(config, latitude, longitude, batch_size=1, abstract=True)
+  batch = random_batch(config, constants.graphs.num_nodes("grid"), 1)
+  specs = specs_lib.from_config(config)
+  graphdef, abstract = setup.init_model_shapes(specs)
+  assert nnx.merge(graphdef, abstract).spec == specs.model
+  hash(graphdef)
+  params, step = checkpoint.restore_params(os.path.join(directory, "checkpoints"), abstract)
+  assert step == 2
+  loss = jax.jit(lambda p: mean_loss(graphdef, p, constants, batch))(params)
+  assert float(loss) == pytest.approx(LOSSES_AT_422F098[run], rel=1e-6)

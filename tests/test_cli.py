@@ -27,12 +27,13 @@ from tensorboardX.proto import event_pb2
 
 from launch import local_cluster
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import resolve, synthetic
 from wnscale.errors import UserError
 from wnscale.model import setup
 from wnscale.planner.compile import batch_per_data_shard, best_setting
 from wnscale.train import checkpoint, optimizer as optimizer_lib
-from wnscale.train.metrics import read_metrics
+from tiny_runs import read_metrics
 from wnscale.train.state import initial_state
 
 from problems import CONFIG_FILES
@@ -261,18 +262,18 @@ def test_a_time_range_reaching_outside_the_store_is_not_clipped(tmp_path, stores
                     "set data.eval_start/eval_end inside it")
   assert "Compiled" not in result.stderr
   # The training range is checked first, by its statistics (the same way out).
-  data = config_lib.default_config().data
-  data.update(path=stores["good"], train_start="2019-12-25", train_end="2020-01-15")
+  training = config_lib.default_config()
+  training.data.update(path=stores["good"], train_start="2019-12-25", train_end="2020-01-15")
   with pytest.raises(UserError, match="Time range 2019-12-25 .. 2020-01-15 starts before "
                      "the store .* set data.train_start/train_end inside it"):
-    resolve.resolve_stats(data)
+    resolve.resolve_stats(specs_lib.from_config(training).data)
 
 
 def _checkpoint_of_another_model(workdir):
   """A whole checkpoint of the tiny model at latent 16 (the runs below build latent 32)."""
   config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
   config.model.latent_size = 16
-  _, shapes = setup.init_model_shapes(config)
+  _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
   params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   state = initial_state(params, optimizer_lib.make_optimizer(config.train))
   saver = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3)

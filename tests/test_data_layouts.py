@@ -17,11 +17,11 @@ And `wb2_240x121`: WB2's 1.5 deg store, longitude-major with both pole rows.
 
 import os
 
-import ml_collections
 import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from problems import data_spec
 
 from wnscale.data import normalization, pipeline
 from wnscale.data import source as source_lib
@@ -148,8 +148,8 @@ def test_every_layout_gives_the_same_batches(stores):
     data = _data_config(path)
     source = source_lib.WeatherExampleSource(path, VARIABLES, LEVELS, stats=stats)
     for grid_slots in (None, slots):
-      train = pipeline.from_config(data, "train", batch_size=3, seed=5, process_index=0,
-                                   process_count=1, source=source.in_layout(grid_slots))
+      train = pipeline.make_pipeline(data, "train", batch_size=3, seed=5, process_index=0,
+                                     process_count=1, source=source.in_layout(grid_slots))
       batches[name, grid_slots is None] = [next(train.iterator) for _ in range(4)]
     own = normalization.load_or_compute_stats(path, VARIABLES, LEVELS)
     for variable in VARIABLES:  # summed in the same order: equal to rounding
@@ -163,11 +163,9 @@ def test_every_layout_gives_the_same_batches(stores):
   assert expected[0]["inputs"].shape == (3, 2, 2 + 2 + 1 + 1, 32 * 64)
 
 
-def _data_config(path):
-  return ml_collections.ConfigDict({
-      "path": path, "resolution": 5.625, "variables": VARIABLES, "pressure_levels": LEVELS,
-      "input_steps": 2, "target_steps": 1, "time_step_hours": 6, "train_start": "",
-      "train_end": "", "worker_count": 0, "fill_nan": False})
+def _data_config(path, **overrides):
+  return data_spec(path=path, variables=VARIABLES, pressure_levels=LEVELS, train_start="",
+                   train_end="", **overrides)
 
 
 def test_wb2_240x121_store_with_pole_rows(tmp_path):
@@ -205,11 +203,10 @@ def test_graphcast_published_statistics(tmp_path):
 
 def test_stats_path_feeds_the_source(stores):
   """`data.stats_path` replaces computed statistics (train and eval alike)."""
-  data = _data_config(stores["wb2_64x32"])
-  data.stats_path = GRAPHCAST_STATS
-  data.eval_start, data.eval_end = "2020-01-03", ""
+  data = _data_config(stores["wb2_64x32"], stats_path=GRAPHCAST_STATS,
+                      eval_start="2020-01-03", eval_end="")
   for split in ("train", "eval"):
-    source = pipeline.source_from_config(data, split)
+    source = pipeline.make_source(data, split)
     mean = xr.load_dataset(os.path.join(GRAPHCAST_STATS, "mean_by_level.nc"))
     assert source.channel_stats["mean"][0] == np.float32(mean["temperature"].sel(level=850))
 

@@ -2,10 +2,11 @@
 
 import grain
 import jax
-import ml_collections
 import numpy as np
 import pytest
+from problems import data_spec
 
+from wnscale import specs as specs_lib
 from wnscale.data import pipeline
 from wnscale.data import synthetic
 
@@ -21,22 +22,15 @@ def store_path(tmp_path_factory):
                                          variables=VARIABLES)
 
 
-def _config(store_path, worker_count=0):
-  """An experiment config whose train split is the whole store."""
-  return ml_collections.ConfigDict({
-      "seed": 3,
-      "data": {
-          "path": store_path, "resolution": 5.625, "variables": VARIABLES,
-          "pressure_levels": LEVELS, "input_steps": 2, "target_steps": 1,
-          "time_step_hours": 6, "train_start": "", "train_end": "",
-          "worker_count": worker_count, "fill_nan": False,
-      },
-  })
+def _data(store_path, worker_count=0):
+  """The data spec whose train split is the whole store."""
+  return data_spec(path=store_path, variables=VARIABLES, pressure_levels=LEVELS,
+                   train_start="", train_end="", worker_count=worker_count)
 
 
 def _pipeline(store_path, worker_count=0, source=None):
-  return pipeline.from_config(_config(store_path, worker_count), "train", batch_size=2,
-                              process_index=0, process_count=1, source=source)
+  return pipeline.make_pipeline(_data(store_path, worker_count), "train", batch_size=2, seed=3,
+                                process_index=0, process_count=1, source=source)
 
 
 def _take(iterator, count):
@@ -111,8 +105,8 @@ def test_every_epoch_is_a_new_permutation():
 
 def test_batch_size_errors(store_path):
   with pytest.raises(ValueError, match="not divisible by the 2 processes"):
-    pipeline.from_config(_config(store_path), "train", batch_size=3, process_index=0,
-                         process_count=2)
+    pipeline.make_pipeline(_data(store_path), "train", batch_size=3, seed=3, process_index=0,
+                           process_count=2)
   share = pipeline.make_dataset(list(range(7)), num_epochs=1,
                                 process_index=1, process_count=2)
   assert len(share) == 3
@@ -129,11 +123,12 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
 
   config = config_lib.load("configs/tiny.py")
   config.mesh.update(data=1, graph=4)
+  model = specs_lib.from_config(config).model
   natural = _pipeline(store_path)
   latitude, longitude = natural.source.store.latitude, natural.source.store.longitude
   layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:4]),
-                         setup.graphs_for_grid(config, latitude, longitude),
-                         setup.node_positions(config, latitude, longitude), "halo")
+                         setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude),
+                         setup.node_positions(specs_lib.from_config(config).model, latitude, longitude), "halo")
   assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering
   slotted = _pipeline(store_path, source=natural.source.in_layout(layout.grid_slots))
   expected, batch = layout.host_batch(next(natural.iterator)), next(slotted.iterator)
@@ -145,27 +140,19 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
 
 
 def test_from_config_train_and_eval(store_path):
-  config = ml_collections.ConfigDict({
-      "seed": 0,
-      "train": {"batch_size": 2},
-      "data": {
-          "path": store_path, "resolution": 5.625, "variables": VARIABLES,
-          "pressure_levels": LEVELS, "input_steps": 2, "target_steps": 1,
-          "time_step_hours": 6, "train_start": "2020-01-01",
-          "train_end": "2020-01-02", "eval_start": "2020-01-03",
-          "eval_end": "2020-01-03", "worker_count": 0, "fill_nan": False,
-      },
-  })
-  train = pipeline.from_config(config, "train", process_index=0,
-                               process_count=1)
+  data = data_spec(path=store_path, variables=VARIABLES, pressure_levels=LEVELS,
+                   train_start="2020-01-01", train_end="2020-01-02", eval_start="2020-01-03",
+                   eval_end="2020-01-03")
+  train = pipeline.make_pipeline(data, "train", batch_size=2, seed=0, process_index=0,
+                                 process_count=1)
   assert len(train.source) == 8 - 3 + 1
   assert next(train.iterator)["inputs"].shape == (2, 2, 3, 32 * 64)
-  evaluation = pipeline.from_config(config, "eval", process_index=0,
-                                    process_count=1)
+  evaluation = pipeline.make_pipeline(data, "eval", batch_size=2, seed=0, process_index=0,
+                                      process_count=1)
   assert len(evaluation.source) == 2
   batches = list(evaluation.iterator)
   assert len(batches) == 1  # one pass, in order
   np.testing.assert_array_equal(batches[0]["inputs"][0],
                                 evaluation.source[0]["inputs"])
   with pytest.raises(ValueError, match="split must be 'train' or 'eval'"):
-    pipeline.from_config(config, "test")
+    pipeline.make_pipeline(data, "test", batch_size=2, seed=0)

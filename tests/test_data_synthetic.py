@@ -10,6 +10,7 @@ import xarray as xr
 
 from wnscale import config as config_lib
 from wnscale import paths
+from wnscale import specs as specs_lib
 from wnscale.data import forcings, resolve
 from wnscale.data import synthetic
 from wnscale.data import variables
@@ -195,17 +196,17 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   config = _tiny_config()
   caplog.set_level("INFO")
-  path = resolve.resolve_store(config)
+  path = resolve.resolve_store(specs_lib.from_config(config).data, config.seed)
   assert path.startswith(str(tmp_path / "datasets")) and paths.is_complete(path)
   assert os.listdir(tmp_path / "datasets") == [os.path.basename(path)]  # nothing beside it
-  size = resolve.synthetic_store_bytes(config.data)
+  size = resolve.synthetic_store_bytes(specs_lib.from_config(config).data)
   # 12 times of the config's 12 channels (5 variables on 2 levels, 2 surface ones) and
   # 2 statics: the store holds what the config reads, no more.
   assert size == 4 * 32 * 64 * (12 * 12 + 2)
   assert f"Writing the synthetic store {path} (2020-01-01 .. 2020-01-03" in caplog.text
   assert f"Writing {path}: 12 times, {(size - 4 * 32 * 64 * 2) / 1e6:.1f} MB" in caplog.text
   caplog.clear()
-  assert resolve.resolve_store(config) == path
+  assert resolve.resolve_store(specs_lib.from_config(config).data, config.seed) == path
   assert "Writing" not in caplog.text
 
 
@@ -213,7 +214,8 @@ def test_synthetic_store_that_does_not_fit_is_refused(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   monkeypatch.setattr(resolve.paths, "free_bytes", lambda path: 1000)
   with pytest.raises(ValueError, match=r"needs up to 1.2 MB but the disk holds only 0.0 MB free"):
-    resolve.resolve_store(_tiny_config())
+    config = _tiny_config()
+    resolve.resolve_store(specs_lib.from_config(config).data, config.seed)
   assert not os.path.exists(tmp_path / "datasets")
 
 
@@ -221,4 +223,4 @@ def test_no_path_without_synthetic_names_the_flag():
   config = _tiny_config()
   config.data.synthetic = False
   with pytest.raises(ValueError, match=r"--config.data.path=PATH_OR_URL"):
-    resolve.resolve_store(config)
+    resolve.resolve_store(specs_lib.from_config(config).data, config.seed)

@@ -12,6 +12,7 @@ from flax import nnx
 
 from problems import device_batch, loss_and_grad_fn, spread_members, synthetic_problem
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.model import ensemble, forecast, setup
 from wnscale.sharding import mesh as mesh_lib
@@ -47,8 +48,8 @@ def test_fresh_fgn_is_the_deterministic_model(processor):
   plain_config = small_config(processor, loss="mse", noise_channels=0)
   constants, batch, plain_params = synthetic_problem(plain_config, LATITUDE, LONGITUDE,
                                                      batch_size=2, seed=2)
-  fgn_graphdef, fgn_params = setup.init_model(fgn_config)
-  plain_graphdef, _ = setup.init_model_shapes(plain_config)
+  fgn_graphdef, fgn_params = setup.init_model(specs_lib.from_config(fgn_config))
+  plain_graphdef, _ = setup.init_model_shapes(specs_lib.from_config(plain_config))
   # The FGN with the deterministic model's parameters wherever both have one.
   plain = _leaves(plain_params)
   fgn_leaves = _leaves(fgn_params)
@@ -120,7 +121,7 @@ def problem():
   constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
                                                seed=3)
   return (constants, batch, spread_members(params),
-          setup.node_positions(config, LATITUDE, LONGITUDE))
+          setup.node_positions(specs_lib.from_config(config).model, LATITUDE, LONGITUDE))
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,7 @@ def test_sharded_crps_matches_single_device(problem, reference, data, graph, exc
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
   layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
-  graphdef, _ = setup.init_model_shapes(config)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   members = config.train.ensemble_members
   if on_data:  # 2 members x 2 examples = 4 rows: data=2, one member per shard; data=4: one row
     batch = ensemble.members_on_rows(batch)
@@ -178,7 +179,7 @@ def test_train_step_draws_noise_from_the_step_alone(problem):
   constants, batch, params, positions = problem
   del batch["noise"]  # the step draws it
   config = small_config()
-  graphdef, _ = setup.init_model_shapes(config)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   optimizer = optimizer_lib.make_optimizer(config.train)
 
   def steps(on_data, state_steps):
@@ -190,7 +191,7 @@ def test_train_step_draws_noise_from_the_step_alone(problem):
     step = step_lib.make_train_step(
         layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
         device_constants, halo_indices, loss="crps",
-        members=ensemble.training_members(config))
+        members=ensemble.training_members(specs_lib.from_config(config)))
     rows = ensemble.tile_members(batch, 2) if on_data else batch
     losses = []
     for state_step in state_steps:

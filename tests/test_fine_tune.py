@@ -15,13 +15,14 @@ import pytest
 import xarray as xr
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import pipeline
 from wnscale.errors import UserError
 from wnscale.interop.graphcast_import import import_graphcast
-from wnscale.model import loss as loss_lib
 from wnscale.model import setup
 from wnscale.train import checkpoint, trainer
-from wnscale.train.metrics import read_metrics
+from problems import mean_loss
+from tiny_runs import read_metrics
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")
 
@@ -50,7 +51,7 @@ def imported(tmp_path_factory):
 
 def newest_params(run, config):
   """`(params, step)` of the newest checkpoint of `run`, on one device."""
-  _, shapes = setup.init_model_shapes(config)
+  _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return checkpoint.restore_params(os.path.join(run, "checkpoints"),
                                    checkpoint.abstract_like(shapes, device))
@@ -71,12 +72,13 @@ def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, tmp_path)
   # Step 1's loss is that of the imported parameters on the one example, computed here on
   # one device without remat: the run started from them.
   params, _ = newest_params(run, config)
-  source = pipeline.source_from_config(config, "train")
+  specs = specs_lib.from_config(config)
+  source = pipeline.make_source(specs.data, "train")
   latitude, longitude = source.store.latitude, source.store.longitude
-  constants = setup.make_constants(config, setup.graphs_for_grid(config, latitude, longitude),
-                                   latitude, longitude, source.residual_scale)
-  graphdef, _ = setup.init_model_shapes(config)
-  expected = loss_lib.forecast_loss(graphdef, params, constants, source.read_batch([0]))
+  constants = setup.make_constants(specs.data, setup.graphs_for_grid(
+      specs.model, latitude, longitude), latitude, longitude, source.residual_scale)
+  graphdef, _ = setup.init_model_shapes(specs)
+  expected = mean_loss(graphdef, params, constants, source.read_batch([0]))
   np.testing.assert_allclose(losses[1], float(expected), rtol=1e-5)
   assert losses[2] < losses[1]  # it trains (same example twice)
 

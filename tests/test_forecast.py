@@ -16,6 +16,7 @@ from flax import nnx
 
 from problems import device_batch, random_batch, spread_members
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.errors import UserError
@@ -49,8 +50,8 @@ def small_config(**data):
 def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=1):
   config.mesh.update(data=data, graph=graph, exchange=exchange)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  return ShardedLayout(mesh, graphs, setup.node_positions(config, latitude, longitude),
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
+  return ShardedLayout(mesh, graphs, setup.node_positions(specs_lib.from_config(config).model, latitude, longitude),
                        exchange), graphs
 
 
@@ -60,9 +61,9 @@ def test_sharded_step_repeats_the_training_rollout(graph, exchange):
   config = small_config(target_steps=LEADS)
   latitude, longitude = grid.regular_grid(10.0, include_poles=True)
   layout, graphs = make_layout(config, latitude, longitude, graph, exchange, data=2)
-  constants = setup.make_constants(config, graphs, latitude, longitude,
+  constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude, longitude,
                                    np.linspace(0.3, 1.0, len(VARIABLES) * 2 - 1))
-  graphdef, params = setup.init_model(config)
+  graphdef, params = setup.init_model(specs_lib.from_config(config))
   batch = random_batch(config, graphs.num_nodes("grid"), batch_size=2, seed=1)
   expected = np.asarray(forecast.rollout(nnx.merge(graphdef, params), constants, batch))
   step = jax.jit(sharded_model.forecast_step_fn(layout, graphdef), donate_argnums=3)
@@ -92,7 +93,7 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   example (same normalization, forcings and statics), on one device and on four."""
   _, source = store_source
   config = small_config(target_steps=LEADS)
-  graphdef, params = setup.init_model(config)
+  graphdef, params = setup.init_model(specs_lib.from_config(config))
   stats = source.channel_stats
   index = 5  # the example whose inputs end at store time index + 1
   example = {k: v[None] for k, v in source[index].items()}
@@ -100,10 +101,10 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   results = []
   for graph in (1, 4):
     layout, graphs = make_layout(config, latitude, longitude, graph)
-    constants = setup.make_constants(config, graphs, latitude, longitude,
-                                     stats["diff_std"] / stats["std"])
-    forecaster = StreamingForecaster(config, layout, graphdef, params, constants,
-                                     source.store, source.stats)
+    constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude,
+                                     longitude, stats["diff_std"] / stats["std"])
+    forecaster = StreamingForecaster(specs_lib.from_config(config), layout, graphdef, params,
+                                     constants, source.store, source.stats)
     states = dict(forecaster.run([index + 1], LEADS))
     assert sorted(states) == list(range(LEADS))
     results.append(np.stack([states[lead][0] for lead in range(LEADS)]))
@@ -189,7 +190,7 @@ def test_init_times_and_leads(store_source):
 
 def test_params_only_restore_and_clear_errors(tmp_path):
   config = small_config()
-  graphdef, params = setup.init_model(config)
+  graphdef, params = setup.init_model(specs_lib.from_config(config))
   state = initial_state(params, optimizer_lib.make_optimizer(config.train))
   saver = checkpoint.Checkpointer(str(tmp_path), max_to_keep=3)
   iterator = iter(grain.MapDataset.range(4).to_iter_dataset())
@@ -197,7 +198,8 @@ def test_params_only_restore_and_clear_errors(tmp_path):
     saver.save(step, state, iterator, {"step": step})
   saver.close()
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = checkpoint.abstract_like(setup.init_model_shapes(config)[1], sharding)
+  abstract = checkpoint.abstract_like(
+      setup.init_model_shapes(specs_lib.from_config(config))[1], sharding)
   restored, step = checkpoint.restore_params(str(tmp_path), abstract)
   assert step == 6
   jax.tree.map(np.testing.assert_array_equal, restored, params)
@@ -208,7 +210,8 @@ def test_params_only_restore_and_clear_errors(tmp_path):
     checkpoint.restore_params(str(tmp_path / "nothing"), abstract)
   other = small_config()
   other.model.latent_size = 24
-  wider = checkpoint.abstract_like(setup.init_model_shapes(other)[1], sharding)
+  wider = checkpoint.abstract_like(
+      setup.init_model_shapes(specs_lib.from_config(other))[1], sharding)
   with pytest.raises(checkpoint.CheckpointMismatchError, match="parameters of another model"):
     checkpoint.restore_params(str(tmp_path), wider)
 
@@ -256,7 +259,7 @@ def make_run(tmp_path, config, params=None):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json_best_effort())
-  params = setup.init_model(config)[1] if params is None else params
+  params = setup.init_model(specs_lib.from_config(config))[1] if params is None else params
   saver = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=1)
   saver.save(5, initial_state(params, optimizer_lib.make_optimizer(config.train)),
              iter(grain.MapDataset.range(2).to_iter_dataset()), {"step": 5})
@@ -272,7 +275,8 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
   config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
   config.model.noise_channels = 4
   config.data.path = run_store
-  workdir = str(make_run(tmp_path, config, spread_members(setup.init_model(config)[1])))
+  workdir = str(make_run(tmp_path, config, spread_members(
+      setup.init_model(specs_lib.from_config(config))[1])))
   inits = ["2020-01-01T12", "2020-01-02T06"]
   forecast = lambda name, members: xr.open_zarr(forecast_lib.run_forecast(  # noqa: E731
       workdir, str(tmp_path / name), lead="12h", init_times=inits, members=members,

@@ -30,7 +30,8 @@ from wnscale import interrupts
 from wnscale.errors import UserError
 from wnscale.train import trainer
 from wnscale.train import workdir as workdir_lib
-from wnscale.train.metrics import MetricsWriter, read_metrics
+from tiny_runs import read_metrics
+from wnscale.train.metrics import MetricsWriter
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # A tmpfs that holds the tiny run's first checkpoint (1.15 MB in 4 KiB pages, with

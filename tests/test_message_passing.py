@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.model import setup
 from wnscale.model.message_passing import float32_sum
@@ -74,7 +75,7 @@ def np_graphcast(model, graphs, grid_inputs):
   # Processor: the edge latents carry over from step to step.
   edges = np_mlp(model.mesh_edge_embedder, mesh_edges.features)
   graphdef, stacked = nnx.split(model.mesh_layers)
-  for step in range(model.config.message_passing_steps):
+  for step in range(model.spec.message_passing_steps):
     layer = nnx.merge(graphdef, jax.tree.map(lambda x: x[step], stacked))
     mesh_nodes, edges = np_interaction_step(layer, edges, mesh_nodes, mesh_nodes,
                                             mesh_edges.senders, mesh_edges.receivers)
@@ -106,8 +107,8 @@ def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, me
                       mesh_edge_chunks=mesh_edge_chunks)
   config_lib.validate(config)
   latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  model = perturbed(setup.build_model(config), seed=4)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
+  model = perturbed(setup.build_model(specs_lib.from_config(config)), seed=4)
   channels = model.grid_embedder.hidden.in_features - 3
   inputs = np.random.default_rng(5).standard_normal((1, graphs.num_nodes("grid"), channels))
   outputs = jax.jit(lambda g, x: model(g, (x,)))(graphs,

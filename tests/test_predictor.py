@@ -1,12 +1,12 @@
 """The xarray predictor: same numbers as the pure rollout, coordinates put back."""
 
-import ml_collections
 import numpy as np
 import pytest
 import xarray as xr
 from flax import nnx
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
@@ -45,14 +45,16 @@ def model(store_path, request):
                      train_start="2020-01-01", train_end="2020-01-03",  # the store's days
                      **CONTRACTS[request.param])
   config_lib.validate(config)
-  stats = resolve.resolve_stats(ml_collections.ConfigDict(dict(config.data, path=store_path)))
+  config.data.path = store_path
+  specs = specs_lib.from_config(config)
+  stats = resolve.resolve_stats(specs.data)
   source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
-                                           stats=stats, **resolve.data_layout(config.data))
+                                           stats=stats, **resolve.data_layout(specs.data))
   latitude, longitude = source.store.latitude, source.store.longitude
-  constants = setup.make_constants(config, setup.graphs_for_grid(config, latitude, longitude),
-                                   latitude, longitude, source.residual_scale)
-  graphdef, params = setup.init_model(config)
-  run = predictor.Predictor(graphdef, params, constants, config.data, stats)
+  constants = setup.make_constants(specs.data, setup.graphs_for_grid(
+      specs.model, latitude, longitude), latitude, longitude, source.residual_scale)
+  graphdef, params = setup.init_model(specs)
+  run = predictor.Predictor(graphdef, params, constants, specs.data, stats)
   return source, graphdef, params, constants, run
 
 
@@ -121,14 +123,14 @@ def test_target_only_channels_are_predicted_outright():
       "total_precipitation_6hr",), pressure_levels=(), target_steps=2)
   config_lib.validate(config)
   latitude, longitude = grid.regular_grid(5.625)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  constants = setup.make_constants(config, graphs, latitude, longitude,
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
+  constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude, longitude,
                                    np.array([0.5, 1.0], np.float32))
-  graphdef, params = setup.init_model(config)
+  graphdef, params = setup.init_model(specs_lib.from_config(config))
   model = nnx.merge(graphdef, params)
   rng = np.random.default_rng(0)
   batch = {key: rng.standard_normal(shape.shape).astype(np.float32) for key, shape in
-           setup.batch_shapes(config, graphs.num_nodes("grid"), 1).items()}
+           setup.batch_shapes(specs_lib.from_config(config), graphs.num_nodes("grid"), 1).items()}
   assert batch["inputs"].shape[2] == 1 and batch["targets"].shape[2] == 2
   outputs = model(constants.graphs, (forecast._stack_steps(batch["inputs"]),
                                      forecast._stack_steps(batch["forcings"][:, :3]),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.graphs import build, features, grid, icosahedron
 from wnscale.model import setup
 
@@ -32,7 +33,8 @@ def graphs():
   config.model.update(mesh_levels=2, radius_fraction=0.6,
                       mesh_to_grid_edge_normalization=MESH_TO_GRID_NORMALIZATION)
   latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  return setup.graphs_for_grid(config_lib.validate(config), latitude, longitude)
+  return setup.graphs_for_grid(specs_lib.from_config(config_lib.validate(config)).model,
+                               latitude, longitude)
 
 
 MESH_ANGLE_ATOL = 2e-5  # degrees: a few float32 ulps at 45-360 deg

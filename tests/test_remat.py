@@ -10,6 +10,7 @@ from flax import nnx
 
 from problems import loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.model import forecast, setup
 
@@ -108,7 +109,7 @@ def rollout_problem():
 
 def test_rollout_feeds_predictions_back(rollout_problem):
   config, (constants, batch, params) = rollout_problem
-  graphdef, _ = setup.init_model_shapes(config)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   model = nnx.merge(graphdef, params)
   predictions = jax.jit(lambda b: forecast.rollout(model, constants, b))(batch)
   # One compile for the three leads (run op by op, each step would compile its every op).

@@ -21,7 +21,7 @@ from wnscale import paths
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
-from wnscale.train.metrics import read_metrics
+from tiny_runs import read_metrics
 
 from tiny_runs import REPO, process_env
 

@@ -7,6 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from problems import compile_loss_and_grad, device_batch, loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.graphs import build, grid
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.model import setup
@@ -32,7 +33,8 @@ def problem():
   config = small_config()
   constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
                                                seed=3)
-  return constants, batch, params, setup.node_positions(config, LATITUDE, LONGITUDE)
+  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
+                                                        LATITUDE, LONGITUDE)
 
 
 def reference_loss_and_grads(config, constants, batch, params):
@@ -44,7 +46,7 @@ def sharded_loss_and_grads(config, constants, batch, params, positions, data, gr
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
   layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
-  graphdef, _ = setup.init_model_shapes(config)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
   return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
@@ -193,8 +195,8 @@ def test_partition_is_balanced_and_round_trips(problem):
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():
   config = small_config(mesh_levels=4)
   latitude, longitude = grid.regular_grid(2.0, include_poles=True)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  positions = setup.node_positions(config, latitude, longitude)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
+  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
   part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
   # all_gather brings every shard the whole sender array (minus its own rows).
   assert part.plans["mesh"].rows_received() < 0.5 * graphs.num_nodes("mesh") * 7 / 8
@@ -224,11 +226,11 @@ def test_four_graph_shards_use_much_less_memory_per_device():
   single = compiled_stats(compile_loss_and_grad(config, constants, batch, params))
   config.mesh.data, config.mesh.graph = 1, 4
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
-  positions = setup.node_positions(config, latitude, longitude)
+  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
   layout = ShardedLayout(mesh, graphs, positions, "halo")
   device_constants, halo_indices = layout.abstract_constants(constants)
   batch = layout.abstract_batch(batch)
-  graphdef, _ = setup.init_model_shapes(config)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   compiled = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef))).lower(
       params, device_constants, halo_indices, batch).compile()
   sharded = compiled_stats(compiled)

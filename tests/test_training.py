@@ -20,9 +20,10 @@ import pytest
 pytestmark = pytest.mark.slow  # real training runs, in real processes
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import pipeline, resolve
 from wnscale.train import checkpoint, trainer
-from wnscale.train.metrics import read_metrics
+from tiny_runs import read_metrics
 
 from tiny_runs import (REPO, STEPS, Started, losses, run, snapshot, train_command,
                        wait_for_step)
@@ -201,7 +202,8 @@ def test_another_model_leaves_the_workdir_untouched(reference, tmp_path):
 def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tmp_path):
   config = _config_like_run_flags()
   # The reference run's synthetic store (2020-01), named as a store of real data.
-  config.data.update(path=resolve.synthetic_store_path(config.data, config.seed),
+  config.data.update(path=resolve.synthetic_store_path(specs_lib.from_config(config).data,
+                                                       config.seed),
                      synthetic=False, eval_start="2021-06-01", eval_end="2021-06-30")
   assert os.path.exists(config.data.path)
   with pytest.raises(ValueError, match=r"Time range 2021-06-01 .. 2021-06-30 lies outside "

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from problems import device_batch, loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.graphs import grid, icosahedron, neighbourhoods
 from wnscale.model import remat, setup
@@ -55,7 +56,7 @@ def problem():
   constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
                                                seed=3)
   return (constants, batch, perturbed(params, 4),
-          setup.node_positions(config, LATITUDE, LONGITUDE))
+          setup.node_positions(specs_lib.from_config(config).model, LATITUDE, LONGITUDE))
 
 
 def single_device(config, problem):
@@ -69,7 +70,7 @@ def sharded(config, problem, graph, exchange):
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:graph])
   layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
-  graphdef, _ = setup.init_model_shapes(config)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
   return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
@@ -117,13 +118,15 @@ def test_neighbourhood_sizes_grow_as_hexagonal_rings():
 
 
 def test_graphs_of_the_transformer_carry_the_neighbour_lists():
-  graphs = setup.graphs_for_grid(small_config(transformer_k_hop=1), LATITUDE, LONGITUDE)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(small_config(transformer_k_hop=1)).model,
+                                 LATITUDE, LONGITUDE)
   counts = graphs.counts()
   # 162 nodes: 12 with 5 neighbours, 150 with 6, each itself too.
   assert counts["mesh_neighbour_edges"] == 12 * 6 + 150 * 7
   assert graphs.edges["mesh_neighbours"].features.shape == (counts["mesh_neighbour_edges"], 0)
   gnn = config_lib.default_config()
-  assert "mesh_neighbour_edges" not in setup.graphs_for_grid(gnn, LATITUDE, LONGITUDE).counts()
+  gnn_graphs = setup.graphs_for_grid(specs_lib.from_config(gnn).model, LATITUDE, LONGITUDE)
+  assert "mesh_neighbour_edges" not in gnn_graphs.counts()
 
 
 # --- attention -------------------------------------------------------------------------
@@ -231,8 +234,8 @@ def test_sharded_matches_single_device(problem, reference, graph, exchange, rema
 def test_halo_of_k_hop_neighbourhoods_is_smaller_than_all_gather():
   config = small_config(mesh_levels=4, transformer_k_hop=4)
   latitude, longitude = grid.regular_grid(2.0, include_poles=True)
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  positions = setup.node_positions(config, latitude, longitude)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
+  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
   part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
   # all_gather brings every shard the other 7/8 of the mesh.
   assert part.plans["mesh_neighbours"].rows_received() < 0.5 * graphs.num_nodes("mesh") * 7 / 8
@@ -241,7 +244,7 @@ def test_halo_of_k_hop_neighbourhoods_is_smaller_than_all_gather():
 # --- the WeatherNext 2 shape: narrow edge latents, global inputs -------------------------
 
 def test_edge_latent_size_sets_the_encoder_and_decoder_edge_width():
-  params = setup.init_model_shapes(small_config(edge_latent_size=4))[1]
+  params = setup.init_model_shapes(specs_lib.from_config(small_config(edge_latent_size=4)))[1]
   for edges in (params["grid_to_mesh_edges"], params["mesh_to_grid_edges"]):
     assert edges["embedder"]["out"]["kernel"].shape == (4, 4)
     mlp = edges["interaction"]["edge_mlp"]
@@ -262,10 +265,10 @@ def test_global_forcings_are_year_progress():
 def test_global_forcings_reach_grid_and_mesh_embedders(problem, reference):
   batch = problem[1]
   assert batch["globals"].shape == (2, 3, 2)
-  with_globals = setup.init_model_shapes(small_config())[1]
+  with_globals = setup.init_model_shapes(specs_lib.from_config(small_config()))[1]
   without = small_config()
   without.data.global_forcings = ()
-  without = setup.init_model_shapes(without)[1]
+  without = setup.init_model_shapes(specs_lib.from_config(without))[1]
   # (input_steps + 1) times x 2 forcings, on every grid and every mesh node.
   kernel = lambda p, name: p[name]["hidden"]["kernel"].shape[0]
   assert kernel(with_globals, "grid_embedder") == kernel(without, "grid_embedder") + 6

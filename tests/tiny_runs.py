@@ -29,6 +29,13 @@ RUN_FLAGS = [
 ]
 
 
+def read_metrics(workdir: str) -> list[dict]:
+  """The entries of `workdir/metrics.jsonl` (a directory or a URL), in order."""
+  from wnscale import paths  # noqa: PLC0415 (not before conftest has set JAX's flags)
+  text = paths.read_text(paths.join(workdir, "metrics.jsonl"))
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def fast_compile_env() -> dict:
   """Environment variables for a launched process that compiles fast: cheap XLA:CPU passes,
   and this test session's own compilation cache: a later launch of the same program (a run

@@ -12,6 +12,7 @@ import json
 
 import ml_collections
 
+from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
@@ -21,7 +22,11 @@ LOSSES = ("mse", "crps")
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The defaults; the comment after each key is its documentation."""
+  """The defaults; the comment after each key is its documentation.
+
+  Each section's keys are the fields of its spec in `wnscale.specs` (what the
+  code below the launchers reads): a new key is a new field there too.
+  """
   c = ml_collections.ConfigDict()
   c.seed = 0  # seeds parameter init, data shuffling and the synthetic store
 
@@ -256,7 +261,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
-  problem = PROCESSORS[m.processor].check(m)
+  problem = PROCESSORS[m.processor].check(specs_lib.from_config(config).model)
   _require(problem is None, problem)
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
@@ -285,8 +290,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     variables_lib.lookup(name)
   both = sorted(set(d.variables) & set(d.target_only_variables))
   _require(not both, f"data.target_only_variables {both} are in data.variables too")
-  outputs = tuple(d.variables) + tuple(d.target_only_variables)
-  has_levels = any(variables_lib.lookup(n).atmospheric for n in outputs)
+  has_levels = any(variables_lib.lookup(n).atmospheric
+                   for n in specs_lib.from_config(config).data.outputs)
   _require(not has_levels or len(d.pressure_levels) > 0,
            "data.pressure_levels is empty but atmospheric variables are requested")
   unknown = [name for name in d.forcings if name not in variables_lib.FORCING_CHANNELS]

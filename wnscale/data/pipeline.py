@@ -106,78 +106,57 @@ def make_iterator(source,
   return iter(iter_dataset)
 
 
-def _check_split(split: str):
-  if split not in ("train", "eval"):
-    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+def make_source(data, split: str, grid_slots: np.ndarray | None = None,
+                stats=None) -> source_lib.WeatherExampleSource:
+  """The example source of `split` ("train" or "eval") of `data`, a `wnscale.specs.DataSpec`.
 
-
-def source_from_config(config, split: str, grid_slots: np.ndarray | None = None,
-                       stats=None) -> source_lib.WeatherExampleSource:
-  """The example source of `split` ("train" or "eval") of an experiment config.
-
-  `config` is the experiment ConfigDict or its `data` part. Keys read:
-  `path, resolution, variables, target_only_variables, pressure_levels, forcings,
-  stored_forcings, input_normalization, global_forcings, input_steps, target_steps,
-  time_step_hours, {train,eval}_{start,end}, fill_nan, stats_path`. Both splits
-  are normalized with `stats`, default the training range's
+  Both splits are normalized with `stats`, default the training range's
   (`resolve.resolve_stats`).
   """
-  _check_split(split)
-  data = config.data if "data" in config else config
+  start, end = data.split_range(split)
   if stats is None:
     stats = resolve.resolve_stats(data)
   with resolve.config_range(split):
     return source_lib.WeatherExampleSource(
-        data.path, tuple(data.variables), tuple(data.pressure_levels),
-        input_steps=data.input_steps, target_steps=data.target_steps,
-        start=data.get(f"{split}_start"), end=data.get(f"{split}_end"),
-        time_step_hours=data.get("time_step_hours", 6), fill_nan=data.get("fill_nan", False),
-        resolution=data.get("resolution"), grid_slots=grid_slots, stats=stats,
+        data.path, data.variables, data.pressure_levels, input_steps=data.input_steps,
+        target_steps=data.target_steps, start=start, end=end,
+        time_step_hours=data.time_step_hours, fill_nan=data.fill_nan,
+        resolution=data.resolution, grid_slots=grid_slots, stats=stats,
         **resolve.data_layout(data))
 
 
-def from_config(config,
-                split: str,
-                *,
-                batch_size: int | None = None,
-                seed: int | None = None,
-                process_index: int | None = None,
-                process_count: int | None = None,
-                skip_examples: int = 0,
-                source: source_lib.WeatherExampleSource | None = None) -> DataPipeline:
-  """The pipeline of `split` of an experiment config.
+def make_pipeline(data,
+                  split: str,
+                  *,
+                  batch_size: int,
+                  seed: int,
+                  process_index: int | None = None,
+                  process_count: int | None = None,
+                  skip_examples: int = 0,
+                  source: source_lib.WeatherExampleSource | None = None) -> DataPipeline:
+  """The pipeline of `split` of `data`, a `wnscale.specs.DataSpec`.
 
   Args:
-    config: the experiment ConfigDict (uses `config.data`, and
-      `config.train.batch_size` / `config.seed` unless given here) or its
-      `data` part (see `source_from_config`; also reads `data.worker_count`).
-    split: "train" (shuffled, endless) or "eval" (in order, one pass).
+    split: "train" (shuffled with `seed`, endless) or "eval" (in order, one pass).
     batch_size: GLOBAL batch size; each process yields
-      `batch_size // process_count` examples per batch.
+      `batch_size // process_count` examples per batch (read by
+      `data.worker_count` worker processes).
     process_index, process_count: this process's share of the example stream;
       default `jax.process_index()` and `jax.process_count()`.
     skip_examples: examples of this process's share to skip (resuming by step).
     source: this split's source, already open (e.g. `source.in_layout(...)`);
-      default: `source_from_config(config, split)`.
+      default: `make_source(data, split)`.
   """
-  _check_split(split)
-  if batch_size is None:
-    if "train" not in config:
-      raise ValueError("batch_size not given and config has no train.batch_size")
-    batch_size = config.train.batch_size
-  if seed is None:
-    seed = config.get("seed", 0)
-  data = config.data if "data" in config else config
+  data.split_range(split)  # a clear error for an unknown split
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
   if batch_size % process_count:
     raise UserError(f"Global batch size {batch_size} is not divisible by the "
                     f"{process_count} processes")
   training = split == "train"
-  source = source or source_from_config(config, split)
+  source = source or make_source(data, split)
   dataset = make_dataset(source, seed=seed, shuffle=training,
                          num_epochs=None if training else 1, process_index=process_index,
                          process_count=process_count)[skip_examples:]
-  iterator = make_iterator(source, dataset, batch_size // process_count,
-                           data.get("worker_count", 0))
+  iterator = make_iterator(source, dataset, batch_size // process_count, data.worker_count)
   return DataPipeline(source, dataset, iterator)

@@ -3,7 +3,8 @@ for it) and its normalization statistics, each made once by process 0.
 
 The other processes wait for process 0 through the coordination service's
 key-value store, with a bound (`WAIT_FOR_PROCESS_0_S`); if process 0 fails, they
-fail at once with its error instead of waiting.
+fail at once with its error instead of waiting. A `data` argument is the run's
+`wnscale.specs.DataSpec`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 import time
 
 import jax
-import ml_collections
 import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
@@ -31,7 +31,7 @@ from wnscale.progress import size_text
 WAIT_FOR_PROCESS_0_S = 3 * 3600.0
 
 
-def synthetic_store_path(data: ml_collections.ConfigDict, seed: int) -> str:
+def synthetic_store_path(data, seed: int) -> str:
   """Where the synthetic store of `data` (resolution, time ranges, variables, levels) lives."""
   start, end, variables, levels = synthetic_store_contents(data)
   # The contents and the code in the name: a store of other contents or written by
@@ -47,13 +47,12 @@ def synthetic_store_contents(data) -> tuple[str, str, list[str], list[int]]:
   and eval ranges span, and the config's variables (inputs, target-only variables and
   stored forcings) and pressure levels, no more (at 1 deg a year of all 11 variables on 13
   levels would be ~30 GB)."""
-  names = (tuple(data.variables) + tuple(data.get("target_only_variables", ())) +
-           tuple(data.get("stored_forcings", ())))
+  names = data.outputs + data.stored_forcings
   return (min(data.train_start, data.eval_start), max(data.train_end, data.eval_end),
           sorted(names), sorted(int(level) for level in data.pressure_levels))
 
 
-def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
+def synthetic_store_bytes(data) -> int:
   """Uncompressed bytes of the synthetic store of `data` (an upper bound of its size)."""
   start, end, variables, levels = synthetic_store_contents(data)
   num_times = len(synthetic.store_times(start, end, data.time_step_hours))
@@ -63,8 +62,8 @@ def synthetic_store_bytes(data: ml_collections.ConfigDict) -> int:
   return 4 * latitude.size * longitude.size * (num_times * channels + 2)
 
 
-def resolve_store(config: ml_collections.ConfigDict) -> str:
-  """`config.data.path`, or the synthetic store if `config.data.synthetic`.
+def resolve_store(data, seed: int) -> str:
+  """`data.path`, or the synthetic store of `seed` if `data.synthetic`.
 
   Process 0 writes the synthetic store (if missing) into the cache directory,
   after checking that it fits on the disk; a process on another host whose
@@ -75,7 +74,6 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     UserError: no store at the path, no path and no synthetic store asked for, or not
       enough disk.
   """
-  data = config.data
   if data.path:
     path = paths.normalize(data.path)
     if not paths.exists(path):
@@ -91,7 +89,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
         "Pass a WeatherBench2-layout zarr store with --config.data.path=PATH_OR_URL "
         "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
         "--config.data.synthetic=True for a synthetic ERA5-like store.")
-  path = synthetic_store_path(data, config.seed)
+  path = synthetic_store_path(data, seed)
   start, end, variables, levels = synthetic_store_contents(data)
 
   def write_if_missing() -> bytes:
@@ -109,7 +107,7 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
     begin = time.perf_counter()
     synthetic.write_synthetic_store(
         path, resolution=data.resolution, start=start, end=end, levels=levels,
-        variables=variables, seed=config.seed, time_step_hours=data.time_step_hours,
+        variables=variables, seed=seed, time_step_hours=data.time_step_hours,
         overwrite=True)  # in a bucket: one cut short, without its .complete marker
     logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - begin)
     return b""
@@ -119,20 +117,18 @@ def resolve_store(config: ml_collections.ConfigDict) -> str:
   return path
 
 
-def resolve_stats(data: ml_collections.ConfigDict) -> xr.Dataset:
+def resolve_stats(data) -> xr.Dataset:
   """The run's normalization statistics: `data.stats_path`'s, or the training range's.
 
   Computed ones (`normalization.load_or_compute_stats`) come from process 0,
   so every process normalizes with the same numbers even where hosts' caches differ.
   """
-  if data.get("stats_path"):
+  if data.stats_path:
     return normalization.read_stats(data.stats_path)
-  layout = data_layout(data)
-  every_input = layout["input_normalization"] == "all"  # forcings' statistics needed too
-  arguments = (data.path, tuple(data.variables) + layout["target_only_variables"],
-               tuple(data.pressure_levels), data.get("train_start"), data.get("train_end"),
-               data.get("time_step_hours", 6), layout["forcings"] if every_input else (),
-               layout["stored_forcings"] if every_input else ())
+  every_input = data.input_normalization == "all"  # forcings' statistics needed too
+  arguments = (data.path, data.outputs, data.pressure_levels, data.train_start, data.train_end,
+               data.time_step_hours, data.forcings if every_input else (),
+               data.stored_forcings if every_input else ())
   with config_range("train"):
     blob = once_by_process_0(
         f"stats {normalization.cached_stats_path(*arguments)}",
@@ -151,17 +147,14 @@ def config_range(split: str):
     raise UserError(f"{error}; set data.{split}_start/{split}_end inside it.") from error
 
 
-def data_layout(data: ml_collections.ConfigDict) -> dict:
+def data_layout(data) -> dict:
   """The keyword arguments of `source.WeatherExampleSource` that say what the model reads
   and predicts: target-only variables, forcings (computed or stored), input normalization,
   global forcings."""
-  return {
-      "target_only_variables": tuple(data.get("target_only_variables", ())),
-      "forcings": tuple(data.get("forcings", variables_lib.FORCING_CHANNELS)),
-      "stored_forcings": tuple(data.get("stored_forcings", ())),
-      "input_normalization": data.get("input_normalization", "state"),
-      "global_forcings": tuple(data.get("global_forcings", ())),
-  }
+  return {"target_only_variables": data.target_only_variables, "forcings": data.forcings,
+          "stored_forcings": data.stored_forcings,
+          "input_normalization": data.input_normalization,
+          "global_forcings": data.global_forcings}
 
 
 def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S

@@ -25,9 +25,9 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
+from wnscale import specs as specs_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
-from wnscale.data import variables as variables_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
@@ -145,9 +145,10 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                      f"this is one of {jax.process_count()}.")
   config, path = load_run_config(workdir, mesh_overrides, data_path)
   _check_members(config, members)
-  d = config.data
+  specs = specs_lib.from_config(config)
+  d = specs.data
   stats = resolve_stats(d)  # the training run's statistics
-  outputs = tuple(d.variables) + tuple(d.target_only_variables)  # what the model predicts
+  outputs = d.outputs
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                                d.resolution, forcings=d.stored_forcings)
   chosen = init_times is not None or init_start is not None or init_end is not None
@@ -169,10 +170,10 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
 
   mesh = mesh_lib.make_mesh(config.mesh)
   latitude, longitude = store.latitude, store.longitude
-  graphs = setup.graphs_for_grid(config, latitude, longitude)
-  layout = ShardedLayout(mesh, graphs, setup.node_positions(config, latitude, longitude),
+  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
+  layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
                          config.mesh.exchange)
-  graphdef, abstract = setup.init_model_shapes(config)
+  graphdef, abstract = setup.init_model_shapes(specs)
   params, step = checkpoint_lib.restore_params(
       paths.join(workdir, "checkpoints"),
       checkpoint_lib.abstract_like(abstract, layout.sharding(P())), step)
@@ -196,10 +197,9 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     return summary
 
   output_stats = normalization.channel_stats(stats, outputs, d.pressure_levels)
-  num_state = len(variables_lib.channel_names(d.variables, d.pressure_levels))
-  constants = setup.make_constants(config, graphs, latitude, longitude,
-                                   normalization.residual_scale(output_stats, num_state))
-  forecaster = StreamingForecaster(config, layout, graphdef, params, constants, store, stats)
+  constants = setup.make_constants(d, graphs, latitude, longitude, normalization.residual_scale(
+      output_stats, len(d.state_channels)))
+  forecaster = StreamingForecaster(specs, layout, graphdef, params, constants, store, stats)
   with interrupts.StopRequest("stopping after the lead time being computed; finished "
                               "initial times are kept") as stop:
     compile_start = time.perf_counter()

@@ -18,7 +18,6 @@ gives the same members, and member `k` is the same whatever the ensemble size.
 from __future__ import annotations
 
 import jax
-import ml_collections
 import numpy as np
 import xarray as xr
 
@@ -31,14 +30,16 @@ from wnscale.model import ensemble, forecast
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
 from wnscale.sharding.mesh import DATA
+from wnscale.specs import Specs
 
 
 class StreamingForecaster:
   """Forecasts from initial times of `store`, yielding one lead time at a time.
 
   Args:
-    config: the run's config (`data`: variables, target-only variables, levels,
-      forcings computed or stored, input normalization, global forcings, steps).
+    specs: the run's specs (`data`: variables, target-only variables, levels,
+      forcings computed or stored, input normalization, global forcings, steps;
+      the seed and `model.noise_channels` of an FGN).
     layout: the sharded layout of the store's grid.
     graphdef, params: the model; params replicated on the layout's mesh.
     constants: host `forecast.Constants` of the grid.
@@ -47,23 +48,23 @@ class StreamingForecaster:
     stats: the training run's statistics (`normalization.py` format).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
-               params, constants: forecast.Constants, store: WeatherStore, stats: xr.Dataset):
-    d = config.data
+  def __init__(self, specs: Specs, layout: ShardedLayout, graphdef, params,
+               constants: forecast.Constants, store: WeatherStore, stats: xr.Dataset):
+    d = specs.data
     self.layout, self.params, self.store = layout, params, store
     self.input_steps = d.input_steps
     self.time_step = np.timedelta64(d.time_step_hours, "h")
     self.batch_size = layout.mesh.shape[DATA]  # initial times per call: one per data shard
     self.forcings, self.stored_forcings = tuple(d.forcings), tuple(d.stored_forcings)
     self.global_forcings = tuple(d.global_forcings)
-    self.outputs = tuple(d.variables) + tuple(d.target_only_variables)
+    self.outputs = d.outputs
     output_stats = normalization.channel_stats(stats, self.outputs, store.levels)
     self.mean, self.std = output_stats["mean"], output_stats["std"]
     self.num_state = len(variables_lib.channel_names(d.variables, store.levels))
     self.input_scales = normalization.input_scales(stats, self.forcings, d.input_normalization)
     self.constants, self.halo_indices = layout.constants(constants)
-    self.noise_channels = config.model.noise_channels
-    self.noise_key = ensemble.noise_key(config.seed)
+    self.noise_channels = specs.model.noise_channels
+    self.noise_key = ensemble.noise_key(specs.seed)
     statics = layout.grid.to_slots(
         self.input_scales.statics(store.read_statics()), -1)
     self.statics = self._put("statics", np.broadcast_to(statics,

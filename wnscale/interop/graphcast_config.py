@@ -32,6 +32,7 @@ import ml_collections
 import pandas as pd
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 
@@ -148,6 +149,5 @@ def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
 
 
 def wnscale_output_channels(config: ml_collections.ConfigDict) -> list[tuple]:
-  d = config.data
-  return [key for name in tuple(d.variables) + tuple(d.target_only_variables)
-          for key in _keys(name, [1], d.pressure_levels)]
+  d = specs_lib.from_config(config).data
+  return [key for name in d.outputs for key in _keys(name, [1], d.pressure_levels)]

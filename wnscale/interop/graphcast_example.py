@@ -20,7 +20,6 @@ batch member at a time (their dates may differ).
 from __future__ import annotations
 
 import jax
-import ml_collections
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -28,6 +27,7 @@ import xarray as xr
 from wnscale import config as config_lib
 from wnscale import outputs as outputs_lib
 from wnscale import paths
+from wnscale import specs as specs_lib
 from wnscale.data import netcdf, normalization, resolve
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -44,7 +44,7 @@ def load_run(workdir: str):
     raise UserError(f"No config.json in {workdir}: --workdir must be a run directory (of "
                      "launch.train or launch.import_graphcast).")
   config = config_lib.from_json(paths.read_text(path))
-  graphdef, shapes = setup.init_model_shapes(config)
+  graphdef, shapes = setup.init_model_shapes(specs_lib.from_config(config))
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   params, _ = checkpoint_lib.restore_params(paths.join(workdir, "checkpoints"),
                                             checkpoint_lib.abstract_like(shapes, device))
@@ -66,16 +66,16 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   outputs_lib.check(out_path, outputs_lib.FILE, overwrite=overwrite)
   example = netcdf.load(example_path)  # before the model: a wrong file is said at once
   config, graphdef, params = load_run(workdir)
-  d = config.data
+  specs = specs_lib.from_config(config)
+  d = specs.data
   steps = _check_example(example, d, steps, example_path)
   stats = resolve.resolve_stats(d)
   latitude = np.sort(example["lat"].values)
   longitude = example["lon"].values
-  outputs = setup.output_variables(d)
-  output_stats = normalization.channel_stats(stats, outputs, d.pressure_levels)
+  output_stats = normalization.channel_stats(stats, d.outputs, d.pressure_levels)
   constants = setup.make_constants(
-      config, setup.graphs_for_grid(config, latitude, longitude), latitude, longitude,
-      normalization.residual_scale(output_stats, setup.num_state_channels(d)))
+      d, setup.graphs_for_grid(specs.model, latitude, longitude), latitude, longitude,
+      normalization.residual_scale(output_stats, len(d.state_channels)))
   predictor = predictor_lib.Predictor(graphdef, params, constants, d, stats)
   members = []
   for member in range(example.sizes["batch"]):
@@ -87,7 +87,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   return predictions
 
 
-def _check_example(example: xr.Dataset, data: ml_collections.ConfigDict, steps: int | None,
+def _check_example(example: xr.Dataset, data: specs_lib.DataSpec, steps: int | None,
                    path: str) -> int:
   """The number of lead times to predict; a clear error for an example that does not fit."""
   for dim in ("batch", "time", "lat", "lon"):
@@ -125,7 +125,7 @@ def _check_example(example: xr.Dataset, data: ml_collections.ConfigDict, steps: 
   return steps
 
 
-def _member_inputs(member: xr.Dataset, data: ml_collections.ConfigDict):
+def _member_inputs(member: xr.Dataset, data: specs_lib.DataSpec):
   """`(inputs, statics, forcings)` of one batch member, in wnscale's naming."""
   member = member.assign_coords(time=member["datetime"].values).drop_vars("datetime")
   member = member.rename({"lat": "latitude", "lon": "longitude"})
@@ -136,7 +136,7 @@ def _member_inputs(member: xr.Dataset, data: ml_collections.ConfigDict):
 
 
 def _reference_format(members: list, example: xr.Dataset,
-                      data: ml_collections.ConfigDict) -> xr.Dataset:
+                      data: specs_lib.DataSpec) -> xr.Dataset:
   """Each member's forecast (latitude in the example's order) -> one Dataset as GraphCast's
   predictor returns it."""
   forecast = xr.concat(members, dim="batch")

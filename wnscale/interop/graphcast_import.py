@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from wnscale import outputs, paths
+from wnscale import specs as specs_lib
 from wnscale.data import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
@@ -84,7 +85,6 @@ def _check_stats(stats_dir: str, config: ml_collections.ConfigDict):
     raise UserError(f"{stats_dir} does not hold GraphCast's statistics files "
                      f"{sorted(normalization.GRAPHCAST_FILES.values())}")
   stats = normalization.read_stats(stats_dir)
-  d = config.data
-  normalization.channel_stats(stats, tuple(d.variables) + tuple(d.target_only_variables),
-                              d.pressure_levels)
+  d = specs_lib.from_config(config).data
+  normalization.channel_stats(stats, d.outputs, d.pressure_levels)
   normalization.input_scales(stats, d.forcings, d.input_normalization)

@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.graphs.features import NODE_FEATURES
 from wnscale.interop import graphcast_config
@@ -132,7 +133,7 @@ def convert_params(params: dict, task_config: dict, config: ml_collections.Confi
     raise UserError(f"The checkpoint has parameters wnscale's model does not use: {unread[:5]}"
                      f"{' ...' if len(unread) > 5 else ''} (e.g. more message-passing steps "
                      f"than model_config:gnn_msg_steps={steps})")
-  _, shapes = setup.init_model_shapes(config)
+  _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
   _check_shapes(tree, nnx.to_pure_dict(shapes), prefix="")
   nnx.replace_by_pure_dict(shapes, tree)
   return shapes

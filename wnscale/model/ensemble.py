@@ -19,8 +19,8 @@ channel (unbiased for the CRPS of the distribution the members sample):
 
   CRPS = 1/M sum_i |x_i - y|  -  1/(2 M (M - 1)) sum_{i != j} |x_i - x_j|
 
-weighted like the MSE loss (errors in units of the 6-hour-difference std,
-channel weights, cell-area node weights).
+weighted like the MSE loss (errors in units of the std of one model step's
+difference, channel weights, cell-area node weights).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
+
+from wnscale.specs import Specs
 
 # Folded into the seed so noise streams never coincide with other uses of the seed.
 _NOISE_STREAM_TAG = 0x464E4E  # "FGN"
@@ -50,19 +51,19 @@ class TrainingMembers(NamedTuple):
   on_data: bool
 
 
-def training_members(config: ml_collections.ConfigDict) -> TrainingMembers | None:
+def training_members(specs: Specs) -> TrainingMembers | None:
   """The FGN settings of a run (None for a deterministic model).
 
   The CRPS runs `train.ensemble_members` members per example; an FGN trained
   with the MSE runs one.
   """
-  if not config.model.noise_channels:
+  if not specs.model.noise_channels:
     return None
-  crps = config.train.loss == "crps"
-  return TrainingMembers(seed=config.seed,
-                         members=config.train.ensemble_members if crps else 1,
-                         channels=config.model.noise_channels,
-                         on_data=crps and config.train.members_on_data)
+  crps = specs.train.loss == "crps"
+  return TrainingMembers(seed=specs.seed,
+                         members=specs.train.ensemble_members if crps else 1,
+                         channels=specs.model.noise_channels,
+                         on_data=crps and specs.train.members_on_data)
 
 
 def with_training_noise(batch: dict, spec: TrainingMembers | None, step) -> dict:
@@ -166,7 +167,7 @@ def members_on_rows(batch: dict) -> dict:
 def weighted_absolute_error(a: jax.Array, b: jax.Array, constants) -> jax.Array:
   """`[..., T, G]` weighted |a - b| summed over channels; `a`, `b` `[..., T, C, G]` normalized.
 
-  In units of the 6-hour-difference std per channel (`residual_scale`), with
+  In units of the std of one model step's difference per channel (`residual_scale`), with
   the MSE loss's channel and node weights.
   """
   error = jnp.abs(a - b) / constants.residual_scale[:, None]

@@ -17,11 +17,12 @@ its inputs block by block, its decoder's outputs are transposed back here.
 One step maps the last `input_steps` states (plus forcings at those times and
 at the target time, and statics) to the next outputs; global forcings at the same
 times join every grid node's inputs and every mesh node's embedding. For the
-state the network predicts the residual in units of the 6-hour-difference std
-(`residual_scale = diff_std / std` converts it to the state's normalized
-units), for target-only channels the normalized value itself (`residual_scale`
-1): GraphCast's `InputsAndResiduals`. Longer rollouts feed the predicted state
-back. No xarray, no coordinates: everything here runs under jit, remat and shard_map.
+state the network predicts the residual in units of the std of differences over
+one model step, `data.time_step_hours` (`residual_scale = diff_std / std` converts
+it to the state's normalized units), for target-only channels the normalized value
+itself (`residual_scale` 1): GraphCast's `InputsAndResiduals`. Longer rollouts feed
+the predicted state back. No xarray, no coordinates: everything here runs under
+jit, remat and shard_map.
 """
 
 from __future__ import annotations
@@ -54,18 +55,6 @@ class Constants(NamedTuple):
   residual_scale: jax.Array
   node_weights: jax.Array
   channel_weights: jax.Array
-
-
-def input_channels(num_state_channels: int, input_steps: int, num_forcings: int,
-                   num_globals: int = 0) -> int:
-  """Channels of the network's grid input for one step (`num_globals` global forcings)."""
-  return (input_steps * num_state_channels + (input_steps + 1) * num_forcings + NUM_STATICS
-          + global_channels(input_steps, num_globals))
-
-
-def global_channels(input_steps: int, num_globals: int) -> int:
-  """Global input channels of one step: each global forcing at the input and target times."""
-  return (input_steps + 1) * num_globals
 
 
 def _stack_steps(x: jax.Array) -> jax.Array:

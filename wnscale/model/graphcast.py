@@ -7,11 +7,12 @@ finest mesh (`mesh_transformer.MeshTransformer`); encoder and decoder are the
 same for both.
 
 Shapes (per example; the batch is vmapped):
-  grid inputs   [num_grid_nodes, input_channels]
+  grid inputs   channel-major parts [channels_i, num_grid_nodes] (the batch's layout),
+                made node-major by the encoder block by block
   grid latents  [num_grid_nodes, latent]     mesh latents [num_mesh_nodes, latent]
   edge latents  [num_edges, edge_latent]     outputs      [num_grid_nodes, output_channels]
 
-Rematerialization follows the `model` config (see `wnscale.model.remat`):
+Rematerialization follows the `ModelSpec` (see `wnscale.model.remat`):
 each stage may run under `jax.checkpoint` with the named policy; the processor
 is a scan over groups of `mesh_remat_every` layers, one checkpoint per group;
 the encoder and decoder edges are processed in `edge_chunks` blocks.
@@ -19,20 +20,18 @@ the encoder and decoder edges are processed in `edge_chunks` blocks.
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.model import norm, remat
+from wnscale.model import remat
 from wnscale.model.blocks import map_row_blocks
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
 from wnscale.model.processors import PROCESSORS
+from wnscale.specs import ModelSpec
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -61,10 +60,11 @@ class EncoderDecoderEdges(nnx.Module):
                                           conditioning_size=conditioning_size, dtype=dtype,
                                           rngs=rngs)
 
-  def __call__(self, features, senders, receivers, projected_senders, projected_receivers):
+  def __call__(self, features, senders, receivers, projected_senders, projected_receivers,
+               conditioning=None):
     """`[E, D]` messages (the updated edge latents are never needed: one step only)."""
-    return self.interaction.messages(self.embedder(features), projected_senders,
-                                     projected_receivers, senders, receivers)
+    return self.interaction.messages(self.embedder(features, conditioning), projected_senders,
+                                     projected_receivers, senders, receivers, conditioning)
 
 
 class GraphCast(nnx.Module):
@@ -73,28 +73,28 @@ class GraphCast(nnx.Module):
   Args:
     input_channels: grid input channels per node (global inputs included).
     output_channels: predicted channels per grid node.
-    config: the `model` config.
+    spec: the model's settings (`wnscale.specs.ModelSpec`), kept in the graphdef.
     global_channels: global inputs per example (no position: e.g. year
       progress) that the mesh embedder sees too, broadcast to every mesh node.
 
-  With `config.noise_channels > 0` the network is WeatherNext 2's functional
+  With `spec.noise_channels > 0` the network is WeatherNext 2's functional
   generative network (FGN): each call takes a standard-normal noise vector
   per example (one ensemble member), a bias-free linear layer embeds it
   (`[noise_channels] -> [noise_channels]`), and every layer norm of encoder,
-  processor and decoder is conditioned on that embedding (`norm.layer_norm`).
+  processor and decoder is conditioned on that embedding (`norm.layer_norm`),
+  passed to each stage as its `conditioning` argument.
   """
 
   def __init__(self, input_channels: int, output_channels: int,
-               config: ml_collections.ConfigDict, *, global_channels: int = 0,
-               rngs: nnx.Rngs):
-    self.config = config
-    latent = config.latent_size
-    dtype = DTYPES[config.dtype]
+               spec: ModelSpec, *, global_channels: int = 0, rngs: nnx.Rngs):
+    self.spec = spec
+    latent = spec.latent_size
+    dtype = DTYPES[spec.dtype]
     self.dtype = dtype
-    conditioning = config.noise_channels  # 0: the deterministic model, plain norms
+    conditioning = spec.noise_channels  # 0: the deterministic model, plain norms
     mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, conditioning_size=conditioning,
                                         dtype=dtype, rngs=rngs, **kw)
-    edge_size = config.edge_latent_size or latent
+    edge_size = spec.edge_size
     edges = lambda: EncoderDecoderEdges(latent, edge_size, conditioning_size=conditioning,
                                         dtype=dtype, rngs=rngs)
     # Encoder.
@@ -103,14 +103,14 @@ class GraphCast(nnx.Module):
     self.grid_to_mesh_edges = edges()
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
-    self.processor = PROCESSORS[config.processor].module(config, dtype=dtype, rngs=rngs)
+    self.processor = PROCESSORS[spec.processor].module(spec, dtype=dtype, rngs=rngs)
     # Decoder.
     self.mesh_to_grid_edges = edges()
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
     # Made last, so a deterministic model's other parameters draw the same random numbers.
     self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
                             if conditioning else None)
-    self.policy = remat.resolve_policy(config.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat_policy)
 
   # The interaction-network processor's parts, by the names GraphCast's own use.
   @property
@@ -139,63 +139,65 @@ class GraphCast(nnx.Module):
     whatever the compute dtype.
     """
     if (noise is None) != (self.noise_embedding is None):
-      raise ValueError(f"model.noise_channels={self.config.noise_channels} but noise was "
+      raise ValueError(f"model.noise_channels={self.spec.noise_channels} but noise was "
                        f"{'not ' if noise is None else ''}given.")
 
     def one_example(inputs, global_inputs, noise):
-      conditioning = (contextlib.nullcontext() if noise is None
-                      else norm.conditioned_on(self.noise_embedding(noise)))
+      conditioning = None if noise is None else self.noise_embedding(noise)
       # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
-      with conditioning:
-        with jax.named_scope("encoder"):
-          grid, mesh = self.encode(graphs, inputs, exchange, global_inputs)
-        with jax.named_scope("processor"):
-          mesh = self.processor(graphs, mesh, exchange)
-        with jax.named_scope("decoder"):
-          return self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange)
+      with jax.named_scope("encoder"):
+        grid, mesh = self.encode(graphs, inputs, exchange, global_inputs, conditioning)
+      with jax.named_scope("processor"):
+        mesh = self.processor(graphs, mesh, exchange, conditioning)
+      with jax.named_scope("decoder"):
+        return self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange, conditioning)
 
     return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise)
 
-  def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None):
+  def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None,
+             conditioning=None):
     """Embeds grid and mesh nodes and passes messages grid -> mesh once.
 
     The grid-node work (the embedder, the sender projection, the grid MLP) runs
     in `grid_blocks` blocks of grid nodes, each under its own checkpoint.
+    `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
     """
-    config = self.config
+    spec = self.spec
 
-    def embed_grid(model, node_features, *parts):
+    def embed_grid(model, node_features, *parts_and_conditioning):
       """Grid latents `[rows, D]` and their sender projection for the edges."""
+      *parts, conditioning = parts_and_conditioning
       grid = model.grid_embedder(jnp.concatenate(
-          [part.astype(self.dtype) for part in parts + (node_features,)], -1))
+          [part.astype(self.dtype) for part in parts + [node_features]], -1), conditioning)
       return grid, model.grid_to_mesh_edges.interaction.project_senders(grid)
 
-    def update_grid(model, grid):
-      return grid + model.grid_to_mesh_grid_mlp(grid)
+    def update_grid(model, grid, conditioning):
+      return grid + model.grid_to_mesh_grid_mlp(grid, conditioning)
 
-    def encoder(model, graphs, grid_input_parts, global_inputs):
+    def encoder(model, graphs, grid_input_parts, global_inputs, conditioning):
       grid, projected_grid = map_row_blocks(
-          model, embed_grid, config.grid_blocks, (graphs.nodes["grid"].features,),
+          model, embed_grid, spec.grid_blocks, (graphs.nodes["grid"].features,),
+          (conditioning,),
           columns=tuple(grid_input_parts))
       mesh_inputs = graphs.nodes["mesh"].features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
         mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(
             global_inputs.astype(self.dtype), mesh_inputs.shape[:1] + global_inputs.shape)], -1)
-      mesh = model.mesh_embedder(mesh_inputs)
+      mesh = model.mesh_embedder(mesh_inputs, conditioning)
       edges, interaction = graphs.edges["grid_to_mesh"], model.grid_to_mesh_edges.interaction
       # Projected before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
           edges.senders, edges.receivers, exchange("grid_to_mesh", projected_grid),
-          interaction.project_receivers(mesh), mesh.shape[0], config.edge_chunks)
-      mesh = interaction.update_nodes(mesh, messages)
-      grid = map_row_blocks(model, update_grid, config.grid_blocks, (grid,))
+          interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks, conditioning)
+      mesh = interaction.update_nodes(mesh, messages, conditioning)
+      grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,), (conditioning,))
       return grid, mesh
 
-    return remat.checkpointed(self, encoder, config.remat_grid_to_mesh_gnn,
-                              self.policy)(graphs, tuple(grid_input_parts), global_inputs)
+    return remat.checkpointed(self, encoder, spec.remat_grid_to_mesh_gnn, self.policy)(
+        graphs, tuple(grid_input_parts), global_inputs, conditioning)
 
-  def decode(self, edges: EdgeSet, grid, mesh, exchange):
+  def decode(self, edges: EdgeSet, grid, mesh, exchange, conditioning=None):
     """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`.
 
     With `grid_blocks > 1` the whole decoder runs per block of grid nodes, each
@@ -204,34 +206,37 @@ class GraphCast(nnx.Module):
     the corners of the node's mesh triangle), so a block of rows owns a block
     of edges and `edge_chunks` is not needed there.
     """
-    config = self.config
+    spec = self.spec
 
-    def decode_rows(model, grid, features, senders, receivers, sender_table, chunks):
+    def decode_rows(model, grid, features, senders, receivers, sender_table, chunks,
+                    conditioning):
       """Output `[rows, C]` of grid rows whose edges point at them (`receivers` < rows)."""
       interaction = model.mesh_to_grid_edges.interaction
       messages = sum_edge_messages(
           model.mesh_to_grid_edges, EncoderDecoderEdges.__call__, features, senders,
-          receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks)
-      grid = interaction.update_nodes(grid, messages)
+          receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks,
+          conditioning)
+      grid = interaction.update_nodes(grid, messages, conditioning)
       return model.output_mlp(grid).astype(jnp.float32)
 
-    def decoder(model, grid, mesh):
+    def decoder(model, grid, mesh, conditioning):
       sender_table = exchange(
           "mesh_to_grid", model.mesh_to_grid_edges.interaction.project_senders(mesh))
-      if config.grid_blocks == 1:
+      if spec.grid_blocks == 1:
         return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
-                           sender_table, config.edge_chunks)
-      blocked, rows = _receiver_blocks(edges, grid, config.grid_blocks)
+                           sender_table, spec.edge_chunks, conditioning)
+      blocked, rows = _receiver_blocks(edges, grid, spec.grid_blocks)
 
-      def decode_block(model, grid, features, senders, receivers, block, sender_table):
+      def decode_block(model, grid, features, senders, receivers, block, sender_table,
+                       conditioning):
         return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
-                           sender_table, 1)
+                           sender_table, 1, conditioning)
 
-      return map_row_blocks(model, decode_block, config.grid_blocks, blocked,
-                            (sender_table,))[:grid.shape[0]]
+      return map_row_blocks(model, decode_block, spec.grid_blocks, blocked,
+                            (sender_table, conditioning))[:grid.shape[0]]
 
-    return remat.checkpointed(self, decoder, config.remat_mesh_to_grid_gnn,
-                              self.policy)(grid, mesh)
+    return remat.checkpointed(self, decoder, spec.remat_mesh_to_grid_gnn,
+                              self.policy)(grid, mesh, conditioning)
 
 
 def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):

@@ -1,9 +1,9 @@
 """The training losses: GraphCast's MSE, or an FGN ensemble's fair CRPS.
 
 MSE of the predicted states against the targets, measured in units of the std
-of 6-hour differences, weighted per grid node (cell area, mean 1) and per
-channel (variable weight, shared across levels by pressure), summed over
-channels and averaged over grid nodes, examples and lead times. The CRPS
+of differences over one model step (`data.time_step_hours`), weighted per grid
+node (cell area, mean 1) and per channel (variable weight, shared across levels
+by pressure), summed over channels and averaged over grid nodes, examples and lead times. The CRPS
 (`train.loss='crps'`, `wnscale.model.ensemble`) weighs absolute errors the same way.
 """
 
@@ -64,11 +64,3 @@ def loss_sum(model: GraphCast, constants: Constants, batch, *, loss: str = "mse"
   return jnp.sum(ensemble.fair_crps_sums(predictions, targets, constants,
                                          members + len(remote), remote))
 
-
-def forecast_loss(graphdef, params, constants: Constants, batch, *, loss: str = "mse",
-                  remat_steps=False):
-  """Mean loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`)."""
-  total = loss_sum(nnx.merge(graphdef, params), constants, batch, loss=loss,
-                   remat_steps=remat_steps)
-  examples, steps, _, nodes = batch["targets"].shape
-  return total / (examples * steps * nodes)

@@ -14,7 +14,6 @@ latents are kept in blocks `[chunks, edges / chunks, latent]` through all steps.
 
 from __future__ import annotations
 
-import ml_collections
 from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES
@@ -24,42 +23,47 @@ from wnscale.model.blocks import split_rows
 from wnscale.model.message_passing import InteractionNetwork, float32_sum, scan_edge_blocks
 from wnscale.model.mlp import MLP
 from wnscale.model.varying import vary_like
+from wnscale.specs import ModelSpec
 
 
 class MeshGNN(nnx.Module):
   """The interaction-network processor (`model.processor = 'interaction_network'`)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, dtype, rngs: nnx.Rngs):
-    self.config = config
+  def __init__(self, spec: ModelSpec, *, dtype, rngs: nnx.Rngs):
+    self.spec = spec
     self.dtype = dtype
-    latent = config.latent_size
-    conditioning = config.noise_channels  # 0: plain layer norms
+    latent = spec.latent_size
+    conditioning = spec.noise_channels  # 0: plain layer norms
     self.edge_embedder = MLP(EDGE_FEATURES, latent, latent, conditioning_size=conditioning,
                              dtype=dtype, rngs=rngs)
 
-    @nnx.split_rngs(splits=config.message_passing_steps)
+    @nnx.split_rngs(splits=spec.message_passing_steps)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
       return InteractionNetwork(latent, conditioning_size=conditioning, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.policy = remat.resolve_policy(config.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat_policy)
 
-  def __call__(self, graphs: Graphs, mesh, exchange):
-    """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps."""
-    config, edges, num_mesh = self.config, graphs.edges["mesh"], mesh.shape[0]
-    chunks = config.mesh_edge_chunks
+  def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
+    """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps.
+
+    `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
+    """
+    spec, edges, num_mesh = self.spec, graphs.edges["mesh"], mesh.shape[0]
+    chunks = spec.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     senders = split_rows(edges.senders, chunks)
     receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
-    edge_latents = split_rows(self.edge_embedder(edges.features.astype(self.dtype)), chunks)
+    edge_latents = split_rows(
+        self.edge_embedder(edges.features.astype(self.dtype), conditioning), chunks)
     graphdef, stacked_state = nnx.split(self.layers)
 
     def edge_block(edge_latents, senders, receivers, layer_state, sender_table,
-                   receiver_table):
+                   receiver_table, conditioning):
       """One block's summed messages `[num_mesh, latent]` (float32) and updated edges."""
       messages = nnx.merge(graphdef, layer_state).messages(
-          edge_latents, sender_table, receiver_table, senders, receivers)
+          edge_latents, sender_table, receiver_table, senders, receivers, conditioning)
       # The edge residual comes after the node update, which saw only the messages.
       return float32_sum(messages, receivers, num_mesh), edge_latents + messages
 
@@ -67,11 +71,11 @@ class MeshGNN(nnx.Module):
       mesh, edge_latents = carry
       layer = nnx.merge(graphdef, layer_state)
       tables = (layer_state, exchange("mesh", layer.project_senders(mesh)),
-                layer.project_receivers(mesh))
+                layer.project_receivers(mesh), conditioning)
       summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
                                               tables, num_mesh, mesh.shape[-1])
-      return layer.update_nodes(mesh, summed.astype(mesh.dtype)), edge_latents
+      return layer.update_nodes(mesh, summed.astype(mesh.dtype), conditioning), edge_latents
 
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
-    return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=config.remat_mesh_gnn,
-                             every=config.mesh_remat_every, policy=self.policy)[0]
+    return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=spec.remat_mesh_gnn,
+                             every=spec.mesh_remat_every, policy=self.policy)[0]

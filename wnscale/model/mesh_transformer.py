@@ -24,13 +24,13 @@ Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
 from __future__ import annotations
 
 import jax
-import ml_collections
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.graphs.graph import Graphs
 from wnscale.model import norm, remat
 from wnscale.model.sparse_attention import neighbour_attention
+from wnscale.specs import ModelSpec
 
 
 class TransformerBlock(nnx.Module):
@@ -51,11 +51,13 @@ class TransformerBlock(nnx.Module):
     self.ffw_up = linear(width, ffw_size, init)
     self.ffw_down = linear(ffw_size, width, zeros)
 
-  def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0):
-    """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`."""
+  def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0,
+               conditioning=None):
+    """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`;
+    `conditioning` an FGN's `[noise_channels]` noise embedding, else None."""
     num_nodes, width = nodes.shape
     head_shape = (self.heads, width // self.heads)
-    normed = self.attention_norm(nodes)
+    normed = self.attention_norm(nodes, conditioning)
     queries = self.query(normed).reshape((num_nodes,) + head_shape) * head_shape[1] ** -0.5
     # Keys and values of the local rows; the exchange adds the remote neighbours' rows.
     keys_values = exchange("mesh_neighbours", self.key_value(normed))
@@ -65,31 +67,31 @@ class TransformerBlock(nnx.Module):
                                    neighbours.receivers, edges_per_block)
     attended = self.attention_output(attended.reshape(num_nodes, width).astype(nodes.dtype))
     nodes = nodes + checkpoint_name(attended, remat.ATTENTION_OUTPUT)
-    ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes))))
+    ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes, conditioning))))
     return nodes + checkpoint_name(ffw, remat.FFW_OUTPUT)
 
 
 class MeshTransformer(nnx.Module):
   """The transformer processor (`model.processor = 'transformer'`)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, dtype, rngs: nnx.Rngs):
-    self.config = config
-    width, layers = config.latent_size, config.transformer_layers
+  def __init__(self, spec: ModelSpec, *, dtype, rngs: nnx.Rngs):
+    self.spec = spec
+    width, layers = spec.latent_size, spec.transformer_layers
 
     @nnx.split_rngs(splits=layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
-      return TransformerBlock(width, config.transformer_heads, config.transformer_ffw_size,
-                              layers, conditioning_size=config.noise_channels, dtype=dtype,
+      return TransformerBlock(width, spec.transformer_heads, spec.transformer_ffw_size,
+                              layers, conditioning_size=spec.noise_channels, dtype=dtype,
                               rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.final_norm = norm.layer_norm(width, config.noise_channels, rngs=rngs)
-    self.policy = remat.resolve_policy(config.remat_policy)
+    self.final_norm = norm.layer_norm(width, spec.noise_channels, rngs=rngs)
+    self.policy = remat.resolve_policy(spec.remat_policy)
 
-  def __call__(self, graphs: Graphs, mesh, exchange):
+  def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
-    config, neighbours = self.config, graphs.edges.get("mesh_neighbours")
+    spec, neighbours = self.spec, graphs.edges.get("mesh_neighbours")
     if neighbours is None:
       raise ValueError("The transformer processor needs the edge set mesh_neighbours (the "
                        "k-hop neighbour lists; setup.graphs_for_grid adds them).")
@@ -97,8 +99,8 @@ class MeshTransformer(nnx.Module):
 
     def one_layer(nodes, layer_state):
       return nnx.merge(graphdef, layer_state)(nodes, neighbours, exchange,
-                                              config.transformer_edges_per_block)
+                                              spec.transformer_edges_per_block, conditioning)
 
-    mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=config.remat_mesh_gnn,
-                             every=config.mesh_remat_every, policy=self.policy)
-    return self.final_norm(mesh)
+    mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=spec.remat_mesh_gnn,
+                             every=spec.mesh_remat_every, policy=self.policy)
+    return self.final_norm(mesh, conditioning)

@@ -74,7 +74,8 @@ class InteractionNetwork(nnx.Module):
     """`[N, D]` receiver nodes' contribution to the edge MLP's first layer."""
     return self.receiver_projection(nodes)
 
-  def messages(self, edges, projected_senders, projected_receivers, senders, receivers):
+  def messages(self, edges, projected_senders, projected_receivers, senders, receivers,
+               conditioning=None):
     """`[E, D]` messages: the edge MLP on each edge's latent, sender and receiver.
 
     The new edge latents are `edges + messages`; the nodes sum the messages.
@@ -84,15 +85,17 @@ class InteractionNetwork(nnx.Module):
       projected_senders, projected_receivers: `project_senders(sender table)` and
         `project_receivers(receiver table)`, `[num_senders, D]` / `[num_receivers, D]`.
       senders, receivers: `[E]` row indices into them.
+      conditioning: an FGN's `[conditioning_size]` norm conditioning, else None.
     """
     hidden = (self.edge_mlp.hidden(edges) + projected_senders[senders]
               + projected_receivers[receivers])
-    return checkpoint_name(self.edge_mlp.finish(hidden), remat.EDGE_LATENTS)
+    return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat.EDGE_LATENTS)
 
-  def update_nodes(self, nodes, summed_messages):
+  def update_nodes(self, nodes, summed_messages, conditioning=None):
     """`[N, D]` receiver latents after the residual node MLP on their summed messages."""
     summed_messages = checkpoint_name(summed_messages, remat.MESSAGES)
-    updated = nodes + self.node_mlp(jnp.concatenate([nodes, summed_messages], -1))
+    updated = nodes + self.node_mlp(jnp.concatenate([nodes, summed_messages], -1),
+                                    conditioning)
     return checkpoint_name(updated, remat.NODE_LATENTS)
 
 
@@ -138,7 +141,7 @@ def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_rece
 
 def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, senders,
                       receivers, sender_table, receiver_table, num_receivers: int,
-                      num_chunks: int) -> jax.Array:
+                      num_chunks: int, conditioning=None) -> jax.Array:
   """Computes per-edge messages with `edge_fn` and sums them per receiver, in blocks of edges.
 
   The edges are processed in `num_chunks` blocks, each under its own checkpoint
@@ -148,24 +151,27 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
   Args:
     edge_model: module holding the parameters `edge_fn` uses.
     edge_fn: `(edge_model, features [e, F], senders [e], receivers [e], sender_table,
-      receiver_table) -> messages [e, D]`.
+      receiver_table, conditioning) -> messages [e, D]`.
     edge_features: `[E, F]` static edge features.
     senders, receivers: `[E]` indices into the sender / receiver tables.
     sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` (for
       an interaction network: the projected node tables).
+    conditioning: passed on to `edge_fn` (an FGN's norm conditioning, or None).
 
   Returns:
     `[num_receivers, D]` summed messages (summed in float32, in the messages' dtype).
   """
   graphdef, state = nnx.split(edge_model)
 
-  def messages(features, senders, receivers, state, sender_table, receiver_table):
+  def messages(features, senders, receivers, state, sender_table, receiver_table,
+               conditioning):
     per_edge = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
-                       sender_table, receiver_table)
+                       sender_table, receiver_table, conditioning)
     return float32_sum(per_edge, receivers, num_receivers), None
 
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
-  total, _ = scan_edge_blocks(messages, blocked, (state, sender_table, receiver_table),
+  total, _ = scan_edge_blocks(messages, blocked,
+                              (state, sender_table, receiver_table, conditioning),
                               num_receivers, receiver_table.shape[-1])
   return total.astype(receiver_table.dtype)

@@ -31,17 +31,18 @@ class MLP(nnx.Module):
     self.norm = (norm.layer_norm(out_size, conditioning_size, rngs=rngs) if layer_norm
                  else None)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    return self.finish(self.hidden(x))
+  def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
+    """`conditioning`: the `[conditioning_size]` vector of a conditioned norm, else None."""
+    return self.finish(self.hidden(x), conditioning)
 
-  def finish(self, hidden: jax.Array) -> jax.Array:
+  def finish(self, hidden: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
     """The rest of the MLP after the first Linear: swish, Linear, LayerNorm.
 
     Lets a caller build the first layer's pre-activation from parts (see
     `InteractionNetwork`).
     """
     y = self.out(lean.swish(hidden))
-    return self.norm(y) if self.norm is not None else y
+    return self.norm(y, conditioning) if self.norm is not None else y
 
 
 def mlp_flops(rows: int, in_size: int, hidden_size: int, out_size: int) -> float:

@@ -13,18 +13,14 @@ with `W` initialised near zero (truncated normal, std 1e-8) and `b` at zero,
 so a fresh conditioned norm is the plain norm at its initial scale 1 and
 offset 0, and a fresh FGN computes what the deterministic model computes.
 
-The conditioning vector is an input of the whole network, needed by norms
-deep inside scans and checkpoints; rather than threading it through every
-call, the network sets it for the duration of one example's forward pass with
-`conditioned_on(embedding)` (inside the batch `vmap`, so it is one example's
-`[conditioning_size]` vector, and scale and offset are that example's `[D]`).
-Inside `jax.checkpoint` or `lax.scan` bodies the norms close over it, so its
-gradient flows back to the noise embedding as any closed-over value's does.
+The conditioning vector is an input of the whole network: every norm is called
+as `norm(x, conditioning)`, and the modules between the network and its norms
+pass it on as an argument (inside the batch `vmap`, so it is one example's
+`[conditioning_size]` vector, and scale and offset are that example's `[D]`);
+`None` for a deterministic model, whose plain norms ignore it.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -32,19 +28,14 @@ from flax import nnx
 
 from wnscale.model import lean
 
-# Conditioning vectors of the forward passes in progress, innermost last.
-_conditioning: list[jax.Array] = []
 CONDITIONING_INIT_STD = 1e-8  # WeatherNext 2's: near zero, not zero, so gradients differ
 
 
-@contextlib.contextmanager
-def conditioned_on(embedding: jax.Array):
-  """Conditioned norms called inside this block use `embedding` `[conditioning_size]`."""
-  _conditioning.append(embedding)
-  try:
-    yield
-  finally:
-    _conditioning.pop()
+class LayerNorm(lean.LayerNorm):
+  """GraphCast's layer norm, called like a conditioned one; the conditioning is unused."""
+
+  def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
+    return super().__call__(x)
 
 
 class ConditionalLayerNorm(nnx.Module):
@@ -57,12 +48,13 @@ class ConditionalLayerNorm(nnx.Module):
         kernel_init=nnx.initializers.truncated_normal(CONDITIONING_INIT_STD), rngs=rngs)
     self.epsilon = epsilon
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    if not _conditioning:
-      raise ValueError("A noise-conditioned layer norm ran outside norm.conditioned_on(...): "
-                       "the model with model.noise_channels > 0 needs noise inputs.")
+  def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
+    """`x` `[..., size]` normalized with the scale and offset of `conditioning`."""
+    if conditioning is None:
+      raise ValueError("A noise-conditioned layer norm ran without its conditioning: the "
+                       "model with model.noise_channels > 0 needs noise inputs.")
     scale_minus_one, offset = jnp.split(
-        self.conditioning(_conditioning[-1].astype(jnp.float32)), 2, axis=-1)
+        self.conditioning(conditioning.astype(jnp.float32)), 2, axis=-1)
     return lean.layer_norm(x, 1.0 + scale_minus_one, offset, self.epsilon)
 
 
@@ -71,8 +63,8 @@ def layer_norm(size: int, conditioning_size: int = 0, *,
   """A layer norm over the last axis of `size` features.
 
   `conditioning_size` 0: learned scale and offset (GraphCast's); else
-  conditioned on a `[conditioning_size]` vector set by `conditioned_on`.
+  conditioned on the `[conditioning_size]` vector each call is given.
   """
   if conditioning_size:
     return ConditionalLayerNorm(size, conditioning_size, rngs=rngs)
-  return lean.LayerNorm(size)
+  return LayerNorm(size)

@@ -19,6 +19,7 @@ from wnscale.data import variables as variables_lib
 from wnscale.data.variables import STATIC_VARIABLES
 from wnscale.errors import UserError
 from wnscale.model import forecast
+from wnscale.specs import DataSpec
 
 
 def dataset_to_channels(dataset: xr.Dataset, variables, levels) -> np.ndarray:
@@ -69,22 +70,23 @@ class Predictor:
   Args:
     graphdef, params: the model (`nnx.split`).
     constants: host `forecast.Constants` for the model's grid.
-    data: the run's `config.data`: what the model reads and predicts
+    data: the run's `DataSpec`: what the model reads and predicts
       (variables, target-only variables, levels, forcings computed or stored,
       input normalization, global forcings, time step).
     stats: the run's normalization statistics (`normalization.py` format).
   """
 
-  def __init__(self, graphdef, params, constants: forecast.Constants, data, stats: xr.Dataset):
+  def __init__(self, graphdef, params, constants: forecast.Constants, data: DataSpec,
+               stats: xr.Dataset):
     self.params = params
     self.constants = jax.device_put(constants)
-    self.variables, self.levels = tuple(data.variables), tuple(data.pressure_levels)
-    self.outputs = self.variables + tuple(data.target_only_variables)
-    self.forcings, self.stored_forcings = tuple(data.forcings), tuple(data.stored_forcings)
-    self.global_forcings = tuple(data.get("global_forcings", ()))
+    self.variables, self.levels = data.variables, data.pressure_levels
+    self.outputs = data.outputs
+    self.forcings, self.stored_forcings = data.forcings, data.stored_forcings
+    self.global_forcings = data.global_forcings
     stats_of_outputs = normalization.channel_stats(stats, self.outputs, self.levels)
     self.mean, self.std = stats_of_outputs["mean"], stats_of_outputs["std"]
-    self.num_state = len(variables_lib.channel_names(self.variables, self.levels))
+    self.num_state = len(data.state_channels)
     self.input_scales = normalization.input_scales(stats, self.forcings,
                                                    data.input_normalization)
     self.time_step = pd.Timedelta(hours=data.time_step_hours)

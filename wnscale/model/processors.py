@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import ml_collections
 
 from wnscale.graphs.edge_sets import EdgeSetSpec, KHopNeighbours
 from wnscale.graphs.features import EDGE_FEATURES
@@ -19,6 +18,7 @@ from wnscale.model.mesh_gnn import MeshGNN
 from wnscale.model.mesh_transformer import MeshTransformer
 from wnscale.model.message_passing import interaction_flops
 from wnscale.model.mlp import mlp_flops
+from wnscale.specs import ModelSpec
 
 
 class ProcessorCost(NamedTuple):
@@ -42,21 +42,21 @@ class Processor(NamedTuple):
   """A registry entry.
 
   Attributes:
-    module: `(model config, *, dtype, rngs) -> nnx.Module`, called as
+    module: `(model spec, *, dtype, rngs) -> nnx.Module`, called as
       `(graphs, mesh latents [num_mesh_nodes, latent], exchange) -> mesh latents`.
-    edge_sets: `model config -> {name: EdgeSetSpec}`, the edge sets it needs
+    edge_sets: `model spec -> {name: EdgeSetSpec}`, the edge sets it needs
       beyond GraphCast's `grid_to_mesh`, `mesh` and `mesh_to_grid`.
-    cost: `(model config, graphs) -> ProcessorCost` (graphs: global counts).
-    check: `model config -> None`, or what is wrong with it for this processor.
+    cost: `(model spec, graphs) -> ProcessorCost` (graphs: global counts).
+    check: `model spec -> None`, or what is wrong with it for this processor.
   """
 
   module: type
-  edge_sets: Callable[[ml_collections.ConfigDict], dict[str, EdgeSetSpec]]
-  cost: Callable[[ml_collections.ConfigDict, Graphs], ProcessorCost]
-  check: Callable[[ml_collections.ConfigDict], str | None]
+  edge_sets: Callable[[ModelSpec], dict[str, EdgeSetSpec]]
+  cost: Callable[[ModelSpec, Graphs], ProcessorCost]
+  check: Callable[[ModelSpec], str | None]
 
 
-def _gnn_cost(m: ml_collections.ConfigDict, graphs: Graphs) -> ProcessorCost:
+def _gnn_cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
   d, mesh, edges = m.latent_size, graphs.num_nodes("mesh"), graphs.num_edges("mesh")
   forward = mlp_flops(edges, EDGE_FEATURES, d, d) + m.message_passing_steps * (
       interaction_flops(edges, mesh, mesh, d, d) + mlp_flops(mesh, 2 * d, d, d))
@@ -67,12 +67,12 @@ def _gnn_cost(m: ml_collections.ConfigDict, graphs: Graphs) -> ProcessorCost:
   return ProcessorCost(forward, blocks, m.message_passing_steps, mesh + edges)
 
 
-def _attention_flops(m: ml_collections.ConfigDict, graphs: Graphs) -> float:
+def _attention_flops(m: ModelSpec, graphs: Graphs) -> float:
   """One block's attention over the neighbour edges: q.k and weights x values."""
   return 4.0 * graphs.num_edges("mesh_neighbours") * m.latent_size
 
 
-def _transformer_cost(m: ml_collections.ConfigDict, graphs: Graphs) -> ProcessorCost:
+def _transformer_cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
   d, mesh = m.latent_size, graphs.num_nodes("mesh")
   # Projections q, k, v, output; feed-forward; attention.
   block = 2.0 * mesh * (4 * d * d + 2 * d * m.transformer_ffw_size)
@@ -82,7 +82,7 @@ def _transformer_cost(m: ml_collections.ConfigDict, graphs: Graphs) -> Processor
                        m.transformer_layers, mesh)
 
 
-def _transformer_check(m: ml_collections.ConfigDict) -> str | None:
+def _transformer_check(m: ModelSpec) -> str | None:
   if m.latent_size % m.transformer_heads:
     return (f"model.transformer_heads={m.transformer_heads} must divide "
             f"model.latent_size={m.latent_size}")

@@ -1,10 +1,9 @@
-"""Builds a model, its constants and (for AOT compiles) batch shapes from a config."""
+"""Builds a model, its constants and (for AOT compiles) batch shapes from the specs."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -16,95 +15,66 @@ from wnscale.model import forecast
 from wnscale.model.graphcast import GraphCast
 from wnscale.model import loss as loss_lib
 from wnscale.model.processors import PROCESSORS
+from wnscale.specs import DataSpec, ModelSpec, Specs
 
 
-def output_variables(data_config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """The variables the model predicts: the state, then the target-only ones."""
-  return tuple(data_config.variables) + tuple(data_config.target_only_variables)
+def build_model(specs: Specs) -> GraphCast:
+  """A freshly initialized model (parameters from `specs.seed`), built eagerly."""
+  d = specs.data
+  return GraphCast(d.input_channels, len(d.output_channels), specs.model,
+                   rngs=nnx.Rngs(specs.seed), global_channels=d.global_channels)
 
 
-def num_state_channels(data_config: ml_collections.ConfigDict) -> int:
-  return len(variables_lib.channel_names(data_config.variables, data_config.pressure_levels))
+def init_model(specs: Specs):
+  """`(graphdef, params)` of `build_model(specs)`, initialized in one compiled call.
 
-
-def num_output_channels(data_config: ml_collections.ConfigDict) -> int:
-  return len(variables_lib.channel_names(output_variables(data_config),
-                                         data_config.pressure_levels))
-
-
-def build_model(config: ml_collections.ConfigDict) -> GraphCast:
-  """A freshly initialized model (parameters from `config.seed`), built eagerly."""
-  d = config.data
-  num_globals = len(d.global_forcings)
-  inputs = forecast.input_channels(num_state_channels(d), d.input_steps, len(d.forcings),
-                                   num_globals)
-  return GraphCast(inputs, num_output_channels(d), config.model, rngs=nnx.Rngs(config.seed),
-                   global_channels=forecast.global_channels(d.input_steps, num_globals))
-
-
-def init_model(config: ml_collections.ConfigDict):
-  """`(graphdef, params)` of `build_model(config)`, initialized in one compiled call.
-
-  The graphdef carries the config (remat settings included); params are a
+  The graphdef carries the `ModelSpec` (remat settings included); params are a
   pytree (`nnx.State`) of float32 arrays.
   """
-  graphdef, _ = init_model_shapes(config)
-  params = jax.jit(lambda: nnx.split(build_model(config))[1])()
+  graphdef, _ = init_model_shapes(specs)
+  params = jax.jit(lambda: nnx.split(build_model(specs))[1])()
   return graphdef, params
 
 
-def init_model_shapes(config: ml_collections.ConfigDict):
+def init_model_shapes(specs: Specs):
   """`(graphdef, params as jax.ShapeDtypeStruct)`: nothing is computed or allocated."""
-  return nnx.split(nnx.eval_shape(lambda: build_model(config)))
+  return nnx.split(nnx.eval_shape(lambda: build_model(specs)))
 
 
-def graphs_for_grid(config: ml_collections.ConfigDict, latitude, longitude,
-                    use_cache: bool = True) -> Graphs:
+def graphs_for_grid(m: ModelSpec, latitude, longitude, use_cache: bool = True) -> Graphs:
   """The model's graphs on a grid: GraphCast's edge sets and those its processor adds."""
-  m = config.model
   edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
                    **PROCESSORS[m.processor].edge_sets(m))
   return build.build_graphs(latitude, longitude, m.mesh_levels, edge_sets, use_cache=use_cache)
 
 
-def node_positions(config: ml_collections.ConfigDict, latitude, longitude):
+def node_positions(m: ModelSpec, latitude, longitude):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
-  return build.node_positions(latitude, longitude, config.model.mesh_levels)
+  return build.node_positions(latitude, longitude, m.mesh_levels)
 
 
-def make_constants(config: ml_collections.ConfigDict, graphs: Graphs, latitude, longitude,
+def make_constants(d: DataSpec, graphs: Graphs, latitude, longitude,
                    residual_scale: np.ndarray) -> forecast.Constants:
   """Host (numpy) constants; `residual_scale` is `[C_out]` (`source.residual_scale`)."""
-  d = config.data
   return forecast.Constants(
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
       node_weights=loss_lib.latitude_weights(latitude, len(longitude)),
-      channel_weights=variables_lib.loss_channel_weights(output_variables(d),
-                                                         d.pressure_levels))
+      channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels))
 
 
-def batch_dtype(config: ml_collections.ConfigDict):
+def batch_dtype(m: ModelSpec):
   """The dtype batches are carried in on the device: bfloat16 where the activations are.
 
   At 0.25 deg a float32 example is ~2.7 GiB of inputs and targets; the network
   casts them to its activation dtype anyway, and the loss accumulates in float32.
   """
-  return jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+  return jnp.bfloat16 if m.dtype == "bfloat16" else jnp.float32
 
 
-def batch_shapes(config: ml_collections.ConfigDict, num_grid_nodes: int,
+def batch_shapes(specs: Specs, num_grid_nodes: int,
                  batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """Shapes of one batch, following the contract in `wnscale.model.forecast`."""
-  d = config.data
-  dtype = batch_dtype(config)
-  shape = lambda *s: jax.ShapeDtypeStruct((batch_size,) + s, dtype)
-  shapes = {
-      "inputs": shape(d.input_steps, num_state_channels(d), num_grid_nodes),
-      "targets": shape(d.target_steps, num_output_channels(d), num_grid_nodes),
-      "forcings": shape(d.input_steps + d.target_steps, len(d.forcings), num_grid_nodes),
-      "statics": shape(forecast.NUM_STATICS, num_grid_nodes),
-  }
-  if d.global_forcings:
-    shapes["globals"] = shape(d.input_steps + d.target_steps, len(d.global_forcings))
-  return shapes
+  """Shapes of one batch (`DataSpec.batch_shapes`) in the batch dtype of the model."""
+  dtype = batch_dtype(specs.model)
+  return {key: jax.ShapeDtypeStruct(shape, dtype)
+          for key, shape in specs.data.batch_shapes(num_grid_nodes, batch_size).items()}

@@ -19,6 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from wnscale import specs as specs_lib
 from wnscale.graphs import grid as grid_lib
 from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib
@@ -56,21 +57,22 @@ class Problem:
     self.config = config
     self.target = target
     self.step_builder = step_builder
+    specs = specs_lib.from_config(config)
     latitude, longitude = grid_lib.regular_grid(config.data.resolution)
-    graphs = setup.graphs_for_grid(config, latitude, longitude)
+    graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
     self.counts = graphs.counts()
     # Shapes only: what the FLOP model reads, without holding the arrays.
     self.graph_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graphs)
     self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
     mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
     self.layout = ShardedLayout(self.mesh, graphs,
-                                setup.node_positions(config, latitude, longitude),
+                                setup.node_positions(specs.model, latitude, longitude),
                                 config.mesh.exchange)
-    channels = setup.num_output_channels(config.data)
+    channels = len(specs.data.output_channels)
     self.constants = self.layout.abstract_constants(setup.make_constants(
-        config, graphs, latitude, longitude, np.ones(channels, np.float32)))
+        specs.data, graphs, latitude, longitude, np.ones(channels, np.float32)))
     self.batch = self.layout.abstract_batch(
-        setup.batch_shapes(config, graphs.num_nodes("grid"), config.train.batch_size))
+        setup.batch_shapes(specs, graphs.num_nodes("grid"), config.train.batch_size))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ml_collections
 
+from wnscale import specs as specs_lib
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import Graphs
-from wnscale.model import forecast, setup
 from wnscale.model.message_passing import interaction_flops
 from wnscale.model.mlp import mlp_flops
 from wnscale.model.processors import PROCESSORS
@@ -35,12 +35,11 @@ def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str
   """
   d = config.model.latent_size
   e = config.model.edge_latent_size or d
-  data = config.data
-  channels = setup.num_output_channels(data)
-  num_globals = len(data.global_forcings)
-  inputs = forecast.input_channels(setup.num_state_channels(data), data.input_steps,
-                                   len(data.forcings), num_globals) + NODE_FEATURES
-  mesh_inputs = NODE_FEATURES + forecast.global_channels(data.input_steps, num_globals)
+  specs = specs_lib.from_config(config)
+  data = specs.data
+  channels = len(data.output_channels)
+  inputs = data.input_channels + NODE_FEATURES
+  mesh_inputs = NODE_FEATURES + data.global_channels
   grid, mesh = graphs.num_nodes("grid"), graphs.num_nodes("mesh")
   edge_stages = {}
   for stage, name in EDGE_STAGES.items():
@@ -51,7 +50,7 @@ def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str
       "encoder_edges": edge_stages["encoder_edges"],
       "encoder_grid": mlp_flops(grid, inputs, d, d) + mlp_flops(grid, d, d, d),
       "encoder_mesh": mlp_flops(mesh, mesh_inputs, d, d) + mlp_flops(mesh, 2 * d, d, d),
-      "processor": PROCESSORS[config.model.processor].cost(config.model, graphs).forward,
+      "processor": PROCESSORS[specs.model.processor].cost(specs.model, graphs).forward,
       "decoder_edges": edge_stages["decoder_edges"],
       "decoder_nodes": mlp_flops(grid, 2 * d, d, d) + mlp_flops(grid, d, d, channels),
   }
@@ -65,7 +64,7 @@ def step_flops(config: ml_collections.ConfigDict, graphs: Graphs, num_devices: i
     add, "offloaded_bytes": bytes the offload policy moves between device and
     host memory (out and back)}`.
   """
-  model = config.model
+  model = specs_lib.from_config(config).model
   stages = forward_flops(config, graphs)
   processor = PROCESSORS[model.processor].cost(model, graphs)
   fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)

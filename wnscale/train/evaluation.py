@@ -6,12 +6,12 @@ An FGN (`model.noise_channels > 0`) is scored by its zero-noise member.
 from __future__ import annotations
 
 import jax
-import ml_collections
 import numpy as np
 
 from wnscale.data import pipeline
 from wnscale.model import setup
 from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
+from wnscale.specs import Specs
 from wnscale.train import step as step_lib
 
 
@@ -29,12 +29,12 @@ class Evaluator:
   members train on, every row scored, so the batch splits as in training).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, layout: ShardedLayout, graphdef,
-               constants, halo_indices, stats: dict, channel_names, group: int,
-               num_groups: int, source=None, rows_per_example: int = 1):
-    self.config = config
+  def __init__(self, specs: Specs, layout: ShardedLayout, graphdef, constants, halo_indices,
+               stats: dict, channel_names, group: int, num_groups: int, source=None,
+               rows_per_example: int = 1):
+    self.specs = specs
     self.rows_per_example = rows_per_example
-    self.batch_rows = config.train.batch_size * rows_per_example
+    self.batch_rows = specs.train.batch_size * rows_per_example
     self.layout = layout
     self.constants = constants
     self.halo_indices = halo_indices
@@ -46,10 +46,10 @@ class Evaluator:
     # An FGN is scored by its zero-noise member: the forecast its norms give
     # with a noise embedding of zero (`[B, T, K]` zeros).
     self.noise = None
-    if config.model.noise_channels:
+    if specs.model.noise_channels:
       self.noise = jax.device_put(
-          np.zeros((self.batch_rows, config.data.target_steps,
-                    config.model.noise_channels), np.float32),
+          np.zeros((self.batch_rows, specs.data.target_steps,
+                    specs.model.noise_channels), np.float32),
           layout.sharding(BATCH_SPECS["noise"]))
     # Read in the layout's grid order.
     self.source = None if source is None else source.in_layout(layout.grid_slots)
@@ -57,17 +57,18 @@ class Evaluator:
   def evaluate(self, params) -> dict[str, float]:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
     if self.source is None:
-      self.source = pipeline.source_from_config(self.config, "eval", self.layout.grid_slots)
-    data = pipeline.from_config(self.config, "eval", process_index=self.group,
-                                process_count=self.num_groups, source=self.source)
+      self.source = pipeline.make_source(self.specs.data, "eval", self.layout.grid_slots)
+    data = pipeline.make_pipeline(self.specs.data, "eval", batch_size=self.specs.train.batch_size,
+                                  seed=self.specs.seed, process_index=self.group,
+                                  process_count=self.num_groups, source=self.source)
     sums, examples = 0.0, 0
     try:
-      for _, local in zip(range(self.config.train.eval_batches), data.iterator):
+      for _, local in zip(range(self.specs.train.eval_batches), data.iterator):
         if self.rows_per_example > 1:
           local = {key: np.concatenate([value] * self.rows_per_example)
                    for key, value in local.items()}
         batch = self.layout.global_batch(local, self.batch_rows,
-                                         setup.batch_dtype(self.config))
+                                         setup.batch_dtype(self.specs.model))
         if self.noise is not None:
           batch["noise"] = self.noise
         sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
@@ -75,6 +76,6 @@ class Evaluator:
         examples += self.batch_rows
     finally:
       data.close()
-    count = examples * self.config.data.target_steps * self.layout.num_grid_nodes
+    count = examples * self.specs.data.target_steps * self.layout.num_grid_nodes
     rmse = np.sqrt(np.asarray(sums) / count)
     return dict(zip(self.channel_names, rmse.tolist()))

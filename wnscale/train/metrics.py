@@ -118,8 +118,3 @@ def _step_of(line: str) -> float:
   except (json.JSONDecodeError, KeyError, TypeError):
     return math.inf
 
-
-def read_metrics(workdir: str) -> list[dict]:
-  """The entries of `workdir/metrics.jsonl` (a directory or a URL), in order."""
-  text = paths.read_text(paths.join(workdir, workdir_lib.METRICS))
-  return [json.loads(line) for line in text.splitlines() if line.strip()]

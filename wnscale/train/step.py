@@ -13,6 +13,7 @@ import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
+from wnscale import specs as specs_lib
 from wnscale.model import ensemble, setup
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
@@ -73,7 +74,8 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
   Nothing is allocated: the state is `jax.ShapeDtypeStruct`s. This is the
   step builder the memory planner compiles (`wnscale.planner.compile.Problem`).
   """
-  graphdef, params = setup.init_model_shapes(config)
+  specs = specs_lib.from_config(config)
+  graphdef, params = setup.init_model_shapes(specs)
   optimizer = optimizer_lib.make_optimizer(config.train)
   replicated = layout.sharding(P())
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
@@ -82,7 +84,7 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
                                optimizer_lib.learning_rate_schedule(config.train), constants,
                                halo_indices, remat_steps=config.train.remat_rollout,
                                loss=config.train.loss,
-                               members=ensemble.training_members(config))
+                               members=ensemble.training_members(specs))
   return train_step.lower(state, constants, halo_indices, batch)
 
 

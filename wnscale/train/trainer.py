@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
+from wnscale import specs as specs_lib
 from wnscale.data import pipeline
 from wnscale.data import store as store_lib
 from wnscale.data.resolve import resolve_stats, resolve_store
@@ -166,7 +167,7 @@ def _train(config, workdir: str, run_start: float) -> dict:
   check_same_data(workdir, config)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
-  members = ensemble.training_members(config)
+  members = ensemble.training_members(specs_lib.from_config(config))
   rows_per_example = _check_members(config, mesh, members)
   mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example)
   warmup = optimizer_lib.warmup_steps(config.train)
@@ -179,25 +180,27 @@ def _train(config, workdir: str, run_start: float) -> dict:
   # The eval range is opened now: a range the store lacks is an error before compiling.
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   with run_log.phase("Store and statistics ready") as phase:
-    config.data.path = resolve_store(config)
-    statistics = resolve_stats(config.data)
-    source = pipeline.source_from_config(config, "train", stats=statistics)
-    eval_source = (pipeline.source_from_config(config, "eval", stats=statistics)
+    config.data.path = resolve_store(specs_lib.from_config(config).data, config.seed)
+    data = specs_lib.from_config(config).data
+    statistics = resolve_stats(data)
+    source = pipeline.make_source(data, "train", stats=statistics)
+    eval_source = (pipeline.make_source(data, "eval", stats=statistics)
                    if config.train.eval_every else None)
     phase["text"] = run_log.describe_data(source, eval_source)
   latitude, longitude = source.store.latitude, source.store.longitude
 
   if config.model.remat_policy == "auto":
     config.model.update(_auto_remat(config)["overrides"])
+  specs = specs_lib.from_config(config)  # what the model and the steps are built from
 
   # Model, constants and the sharded layout.
   stats = source.channel_stats
-  graphs = setup.graphs_for_grid(config, latitude, longitude)  # logs built or from cache
-  constants = setup.make_constants(config, graphs, latitude, longitude, source.residual_scale)
+  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)  # logs built or from cache
+  constants = setup.make_constants(specs.data, graphs, latitude, longitude, source.residual_scale)
   with run_log.phase(f"Partitioned the graphs over {mesh.shape[mesh_lib.GRAPH]} graph shard(s) "
                      f"({mesh.shape[mesh_lib.DATA]} data x {mesh.shape[mesh_lib.GRAPH]} graph "
                      "devices)"):
-    layout = ShardedLayout(mesh, graphs, setup.node_positions(config, latitude, longitude),
+    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
                            config.mesh.exchange)
     device_constants, halo_indices = layout.constants(constants)
   # Data: this process's share (processes holding the same batch rows read the same
@@ -207,9 +210,9 @@ def _train(config, workdir: str, run_start: float) -> dict:
   if eval_source is not None:
     _check_eval_range(config, eval_source, num_groups)
     eval_source = eval_source.in_layout(layout.grid_slots)
-  train_data = _train_pipeline(config, source, group, num_groups, 0)
+  train_data = _train_pipeline(specs, source, group, num_groups, 0)
   with run_log.phase("Initialized the model") as phase:
-    graphdef, params = setup.init_model(config)
+    graphdef, params = setup.init_model(specs)
     phase["text"] = f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters"
   replicated = layout.sharding(jax.sharding.PartitionSpec())
   optimizer = optimizer_lib.make_optimizer(config.train)
@@ -228,7 +231,7 @@ def _train(config, workdir: str, run_start: float) -> dict:
       raise
   state = jax.device_put(initial_state(params, optimizer), replicated)
   try:
-    state, train_data, data_offset = _resume(checkpointer, state, replicated, config, source,
+    state, train_data, data_offset = _resume(checkpointer, state, replicated, specs, source,
                                              group, num_groups, train_data)
   except BaseException:
     checkpointer.close()
@@ -243,7 +246,7 @@ def _train(config, workdir: str, run_start: float) -> dict:
                                         device_constants, halo_indices,
                                         remat_steps=config.train.remat_rollout,
                                         loss=config.train.loss, members=members)
-  evaluator = evaluation.Evaluator(config, layout, graphdef, device_constants, halo_indices,
+  evaluator = evaluation.Evaluator(specs, layout, graphdef, device_constants, halo_indices,
                                    stats, source.store.channel_names, group, num_groups,
                                    source=eval_source, rows_per_example=rows_per_example)
 
@@ -252,7 +255,7 @@ def _train(config, workdir: str, run_start: float) -> dict:
     if rows_per_example > 1:  # members on the data axis: a row per member, member-major
       local = {key: np.concatenate([value] * rows_per_example) for key, value in local.items()}
     return layout.global_batch(local, config.train.batch_size * rows_per_example,
-                               setup.batch_dtype(config))
+                               setup.batch_dtype(specs.model))
 
   total = config.train.steps
   last, last_step, last_eval = {}, None, None
@@ -332,7 +335,7 @@ def _train(config, workdir: str, run_start: float) -> dict:
   return last
 
 
-def _resume(checkpointer, state, sharding, config, source, group, num_groups, train_data):
+def _resume(checkpointer, state, sharding, specs, source, group, num_groups, train_data):
   """`(state, train_data, data_offset)` from the newest good checkpoint, or as given.
 
   The data iterator's state is applied after the checkpoint's files are read
@@ -355,15 +358,15 @@ def _resume(checkpointer, state, sharding, config, source, group, num_groups, tr
   metadata = restored.metadata
   if restored.data_state is not None:
     data_offset = metadata["data_offset"]
-    train_data = _train_pipeline(config, source, group, num_groups, data_offset)
+    train_data = _train_pipeline(specs, source, group, num_groups, data_offset)
     try:
       train_data.restore(restored.data_state)
     except BaseException:
       train_data.close()
       raise
   else:  # positioned by step instead
-    data_offset = restored.step * (config.train.batch_size // num_groups)
-    train_data = _train_pipeline(config, source, group, num_groups, data_offset)
+    data_offset = restored.step * (specs.train.batch_size // num_groups)
+    train_data = _train_pipeline(specs, source, group, num_groups, data_offset)
     logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
                  "positioned by step.", metadata["data_groups"],
                  metadata.get("process_count", "?"), num_groups, jax.process_count())
@@ -498,7 +501,8 @@ def _auto_remat(config) -> dict:
   return choice
 
 
-def _train_pipeline(config, source, group, num_groups, offset):
+def _train_pipeline(specs, source, group, num_groups, offset):
   """The training pipeline whose stream starts `offset` examples into this process's share."""
-  return pipeline.from_config(config, "train", process_index=group, process_count=num_groups,
-                              skip_examples=offset, source=source)
+  return pipeline.make_pipeline(specs.data, "train", batch_size=specs.train.batch_size,
+                                seed=specs.seed, process_index=group,
+                                process_count=num_groups, skip_examples=offset, source=source)

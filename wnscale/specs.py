@@ -1,0 +1,185 @@
+"""Typed, frozen specs of an experiment, made once from its validated config.
+
+The config (`wnscale.config`: ml_collections files, `--config.a.b=v`
+overrides, a run's `config.json`) is the user's interface; `validate` is the
+one place of its defaults and checks. `from_config` turns a validated config
+into `Specs`: one frozen dataclass per section, fields named as the config's
+keys, tuples for sequences. Below the launchers, code reads specs: the model
+keeps its `ModelSpec` in its graphdef (hashable, unlike a `ConfigDict`), and
+`DataSpec` owns the facts derived from the data keys (outputs, channels,
+batch shapes), computed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from wnscale.data import variables as variables_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The `model` section (its keys are documented in `wnscale.config.default_config`)."""
+
+  latent_size: int
+  mesh_levels: int
+  radius_fraction: float
+  mesh_to_grid_edge_normalization: float
+  edge_latent_size: int
+  processor: str
+  message_passing_steps: int
+  transformer_layers: int
+  transformer_heads: int
+  transformer_ffw_size: int
+  transformer_k_hop: int
+  transformer_edges_per_block: int
+  remat_grid_to_mesh_gnn: bool
+  remat_mesh_gnn: bool
+  remat_mesh_to_grid_gnn: bool
+  remat_policy: str
+  mesh_remat_every: int
+  edge_chunks: int
+  mesh_edge_chunks: int
+  grid_blocks: int
+  dtype: str
+  noise_channels: int
+
+  @property
+  def edge_size(self) -> int:
+    """Width of the encoder's and decoder's edge latents (`edge_latent_size`, 0: latent)."""
+    return self.edge_latent_size or self.latent_size
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+  """The `mesh` section: devices along the batch and space axes, the exchange mode."""
+
+  data: int
+  graph: int
+  exchange: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """The `data` section, and what follows from it about the arrays the model reads.
+
+  Channel counts and batch shapes follow the contract in `wnscale.model.forecast`.
+  """
+
+  path: str
+  synthetic: bool
+  stats_path: str
+  resolution: float
+  variables: tuple[str, ...]
+  target_only_variables: tuple[str, ...]
+  pressure_levels: tuple[int, ...]
+  forcings: tuple[str, ...]
+  stored_forcings: tuple[str, ...]
+  input_normalization: str
+  input_steps: int
+  target_steps: int
+  time_step_hours: int
+  global_forcings: tuple[str, ...]
+  train_start: str
+  train_end: str
+  eval_start: str
+  eval_end: str
+  worker_count: int
+  fill_nan: bool
+
+  @property
+  def outputs(self) -> tuple[str, ...]:
+    """The variables the model predicts: the state, then the target-only ones."""
+    return self.variables + self.target_only_variables
+
+  @property
+  def state_channels(self) -> tuple[str, ...]:
+    """Channel names of the state (inputs), `variables` on `pressure_levels`."""
+    return tuple(variables_lib.channel_names(self.variables, self.pressure_levels))
+
+  @property
+  def output_channels(self) -> tuple[str, ...]:
+    """Channel names of the outputs: the state's, then the target-only variables'."""
+    return tuple(variables_lib.channel_names(self.outputs, self.pressure_levels))
+
+  @property
+  def global_channels(self) -> int:
+    """Global input channels of one step: each global forcing at the input and target times."""
+    return (self.input_steps + 1) * len(self.global_forcings)
+
+  @property
+  def input_channels(self) -> int:
+    """Channels of the network's grid input for one step (global inputs included)."""
+    return (self.input_steps * len(self.state_channels)
+            + (self.input_steps + 1) * len(self.forcings)
+            + len(variables_lib.STATIC_VARIABLES) + self.global_channels)
+
+  def batch_shapes(self, num_grid_nodes: int, batch_size: int) -> dict[str, tuple[int, ...]]:
+    """The array shapes of one batch of `batch_size` examples (`globals` only if configured)."""
+    steps = self.input_steps + self.target_steps
+    shapes = {
+        "inputs": (batch_size, self.input_steps, len(self.state_channels), num_grid_nodes),
+        "targets": (batch_size, self.target_steps, len(self.output_channels), num_grid_nodes),
+        "forcings": (batch_size, steps, len(self.forcings), num_grid_nodes),
+        "statics": (batch_size, len(variables_lib.STATIC_VARIABLES), num_grid_nodes),
+    }
+    if self.global_forcings:
+      shapes["globals"] = (batch_size, steps, len(self.global_forcings))
+    return shapes
+
+  def split_range(self, split: str) -> tuple[str, str]:
+    """`(start, end)` of the "train" or "eval" time range."""
+    if split not in ("train", "eval"):
+      raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    return getattr(self, f"{split}_start"), getattr(self, f"{split}_end")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """The `train` section: optimizer, schedule, loss, logging and checkpoints."""
+
+  steps: int
+  batch_size: int
+  learning_rate: float
+  end_learning_rate: float
+  warmup_steps: int
+  weight_decay: float
+  adam_b1: float
+  adam_b2: float
+  grad_clip_norm: float
+  remat_rollout: bool
+  loss: str
+  ensemble_members: int
+  members_on_data: bool
+  log_every: int
+  eval_every: int
+  eval_batches: int
+  checkpoint_every: int
+  max_checkpoints: int
+  memory_budget_gib: float
+  init_from: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Specs:
+  """A whole experiment: its seed and one spec per config section."""
+
+  seed: int
+  model: ModelSpec
+  mesh: MeshSpec
+  data: DataSpec
+  train: TrainSpec
+
+
+def _section(cls, section):
+  """`cls` of a config section; sequences become tuples. A key `cls` lacks is a TypeError."""
+  values = {key: tuple(value) if isinstance(value, (list, tuple)) else value
+            for key, value in section.items()}
+  return cls(**values)
+
+
+def from_config(config) -> Specs:
+  """The specs of a validated config (`wnscale.config.validate`'s `ConfigDict`)."""
+  return Specs(seed=config.seed, model=_section(ModelSpec, config.model),
+               mesh=_section(MeshSpec, config.mesh), data=_section(DataSpec, config.data),
+               train=_section(TrainSpec, config.train))
