@@ -17,8 +17,8 @@ from typing import Callable
 
 import jax
 import ml_collections
-import numpy as np
 
+from wnscale.assembly import Grid, assemble
 from wnscale.graphs import grid as grid_lib
 from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib
@@ -26,7 +26,6 @@ from wnscale.planner import flops as flops_lib
 from wnscale.planner import xla_stats
 from wnscale.planner.topology import GIB, Target
 from wnscale.sharding import mesh as mesh_lib
-from wnscale.sharding.layout import ShardedLayout
 
 # `(config, layout, constants, halo_indices, batch) -> jax.stages.Lowered`.
 StepBuilder = Callable[..., jax.stages.Lowered]
@@ -56,19 +55,16 @@ class Problem:
     self.config = config
     self.target = target
     self.step_builder = step_builder
-    latitude, longitude = grid_lib.regular_grid(config.data.resolution)
-    graphs = setup.graphs_for_grid(config, latitude, longitude)
-    self.counts = graphs.counts()
     self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
     mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
-    self.layout = ShardedLayout(self.mesh, graphs,
-                                *setup.node_positions(config, latitude, longitude),
-                                config.mesh.exchange)
-    channels = setup.num_output_channels(config.data)
-    self.constants = self.layout.abstract_constants(setup.make_constants(
-        config, graphs, latitude, longitude, np.ones(channels, np.float32)))
-    self.batch = self.layout.abstract_batch(
-        setup.batch_shapes(config, graphs.num_grid_nodes, config.train.batch_size))
+    # No statistics: the residual scale is 1, which changes no shape.
+    assembly = assemble(config, Grid(*grid_lib.regular_grid(config.data.resolution)), None,
+                        self.mesh)
+    self.counts = assembly.graphs.counts()
+    self.layout = assembly.layout
+    self.constants = self.layout.abstract_constants(assembly.constants)
+    self.batch = self.layout.abstract_batch(setup.batch_shapes(
+        config, assembly.graphs.num_grid_nodes, config.train.batch_size))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:
