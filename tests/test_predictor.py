@@ -52,7 +52,7 @@ def model(store_path, request):
   source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
                                            stats=stats, **resolve.data_layout(config.data))
   assembly = assemble(config, source.store, stats, mesh_lib.single_device_mesh(),
-                      initialize=True)
+                      params="init")
   np.testing.assert_array_equal(assembly.constants.residual_scale, source.residual_scale)
   run = predictor.Predictor(config, assembly, assembly.params)
   return source, assembly.graphdef, assembly.params, assembly.constants, run

@@ -80,10 +80,10 @@ class Assembly:
     graphs: the model's graphs on the grid.
     constants: host (numpy) `forecast.Constants` of the grid.
     layout: the graphs partitioned over the mesh's `graph` axis.
-    graphdef: the model's `nnx` graph definition.
-    params: the parameters: initialized (`assemble(..., initialize=True)`), or
+    graphdef: the model's `nnx` graph definition (None: assembled without a model).
+    params: the parameters: initialized (`assemble(..., params="init")`), or
       `jax.ShapeDtypeStruct`s replicated on the mesh (to restore onto, or to
-      compile for).
+      compile for); None without a model.
     normalization: the statistics' `Normalization`; None when assembled
       without statistics (the residual scale is then 1).
   """
@@ -112,7 +112,7 @@ def _silent(_: str) -> ContextManager[dict]:
 
 
 def assemble(config: ml_collections.ConfigDict, grid, stats: xr.Dataset | None, mesh: Mesh, *,
-             initialize: bool = False,
+             params: str | None = "shapes",
              phase: Callable[[str], ContextManager[dict]] = _silent) -> Assembly:
   """The graphs, constants, layout and model of the validated `config` on `grid` and `mesh`.
 
@@ -122,8 +122,9 @@ def assemble(config: ml_collections.ConfigDict, grid, stats: xr.Dataset | None, 
     stats: the run's normalization statistics (`normalization.py` format);
       None: a residual scale of 1 (enough for shapes and compiles).
     mesh: the `(data, graph)` mesh.
-    initialize: initialize the parameters (from `config.seed`); else they
-      are abstract (`Assembly.params`).
+    params: "init": the parameters initialized (from `config.seed`); "shapes":
+      abstract (`Assembly.params`); None: no model (graphdef and parameters
+      None: e.g. the planner's, whose remat settings are chosen per compile).
     phase: `phase(what)`, a context manager around each step worth a log
       line (e.g. `train.run_log.phase`), whose yielded dict takes a `"text"`.
   """
@@ -138,12 +139,15 @@ def assemble(config: ml_collections.ConfigDict, grid, stats: xr.Dataset | None, 
              f"data x {shards} graph devices)"):
     layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
                            config.mesh.exchange)
-  if initialize:
+  graphdef = model_params = None
+  if params == "init":
     with phase("Initialized the model") as details:
-      graphdef, params = setup.init_model(config)
-      details["text"] = f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters"
-  else:
+      graphdef, model_params = setup.init_model(config)
+      details["text"] = f"{sum(x.size for x in jax.tree.leaves(model_params)):,} parameters"
+  elif params == "shapes":
     graphdef, shapes = setup.init_model_shapes(config)
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                         sharding=layout.sharding(P())), shapes)
-  return Assembly(graphs, constants, layout, graphdef, params, norm)
+    model_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=layout.sharding(P())), shapes)
+  elif params is not None:
+    raise ValueError(f"params={params!r}: 'init', 'shapes' or None")
+  return Assembly(graphs, constants, layout, graphdef, model_params, norm)

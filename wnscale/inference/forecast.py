@@ -14,18 +14,19 @@ and returns (a second Ctrl-C stops at once; `wnscale.interrupts`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
 
 import jax
+import ml_collections
 import numpy as np
 import pandas as pd
-from jax.sharding import PartitionSpec as P
 
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
-from wnscale.assembly import assemble
+from wnscale.assembly import Assembly, assemble
 from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
@@ -131,51 +132,18 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
       dim; member k's noise depends on (run seed, initial time, k, lead) only.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
-  run = RunDirectory(workdir, argument="workdir")
-  previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
-  if previous is not None and previous["workdir"] != run.path:
-    raise UserError(f"{paths.normalize(out)} holds a forecast of another run, "
-                    f"{previous['workdir']}; choose another --out, or remove it to start "
-                    "again.")
-  if jax.process_count() > 1:
-    raise UserError("Forecasts run in one process (on any number of its devices); "
-                     f"this is one of {jax.process_count()}.")
-  config, path = load_run_config(run, mesh_overrides, data_path)
-  _check_members(config, members)
-  d = config.data
-  store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
-                               d.resolution, forcings=d.stored_forcings)
-  indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
-  num_leads = lead_steps(lead, d.time_step_hours)
-  leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
-                             freq=f"{d.time_step_hours}h")
-  if step is None and previous is not None:
-    step = previous["checkpoint_step"]  # continue with the parameters it was started with
-
-  # The training run's statistics normalize (`resolve_stats`).
-  assembly = assemble(config, store, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
-  params, step = run.restore_params(assembly.params, step)
-  logging.info("Restored the parameters of step %d from %s.", step, run.path)
-
-  init_datetimes = store.times[indices]
-  outputs = setup.output_variables(d)
-  settings = forecast_store.forecast_settings(
-      workdir=run.path, checkpoint_step=step, initial_conditions=path,
-      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
-      members=members)
-  output = forecast_store.ForecastStore(
-      out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
-      levels=d.pressure_levels,
-      latitude=store.latitude[::-1] if store.flip_latitude else store.latitude,
-      longitude=store.longitude, flip_latitude=store.flip_latitude, members=members)
+  ready = _set_up(RunDirectory(workdir, argument="workdir"), out, lead, init_times,
+                  init_start, init_end, init_every, step, data_path, mesh_overrides, members)
+  indices, init_datetimes = ready.indices, ready.init_datetimes
+  num_leads, output = ready.num_leads, ready.output
   remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
-  summary = {"out": output.path, "checkpoint_step": step, "initial_times": len(indices),
+  summary = {"out": output.path, "checkpoint_step": ready.step, "initial_times": len(indices),
              "already_written": len(indices) - len(remaining), "lead_times": num_leads}
   if not remaining:
     logging.info("%s already holds all %d initial times.", output.path, len(indices))
     return summary
 
-  forecaster = StreamingForecaster(config, assembly, params, store)
+  forecaster = StreamingForecaster(ready.config, ready.assembly, ready.params, ready.store)
   with interrupts.StopRequest("stopping after the lead time being computed; finished "
                               "initial times are kept") as stop:
     compile_start = time.perf_counter()
@@ -206,6 +174,66 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
                len(remaining), num_leads, output.path, summary["steps_per_sec"])
   return summary
+
+
+@dataclasses.dataclass
+class _Forecast:
+  """A forecast set up (`_set_up`): the model and its parameters, the initial times, the
+  output store."""
+
+  config: ml_collections.ConfigDict
+  store: store_lib.WeatherStore  # the initial conditions
+  indices: np.ndarray  # of the initial times in `store.times`
+  init_datetimes: np.ndarray
+  num_leads: int
+  assembly: Assembly
+  params: object
+  step: int  # of the checkpoint
+  output: forecast_store.ForecastStore
+
+
+def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init_end,
+            init_every: str, step: int | None, data_path: str | None,
+            mesh_overrides: dict | None, members: int | None) -> _Forecast:
+  """Everything `run_forecast` checks and builds before its loop (see its arguments)."""
+  previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
+  if previous is not None and previous["workdir"] != run.path:
+    raise UserError(f"{paths.normalize(out)} holds a forecast of another run, "
+                    f"{previous['workdir']}; choose another --out, or remove it to start "
+                    "again.")
+  if jax.process_count() > 1:
+    raise UserError("Forecasts run in one process (on any number of its devices); "
+                    f"this is one of {jax.process_count()}.")
+  config, path = load_run_config(run, mesh_overrides, data_path)
+  _check_members(config, members)
+  d = config.data
+  store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
+                               d.resolution, forcings=d.stored_forcings)
+  indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
+  num_leads = lead_steps(lead, d.time_step_hours)
+  leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
+                             freq=f"{d.time_step_hours}h")
+  if step is None and previous is not None:
+    step = previous["checkpoint_step"]  # continue with the parameters it was started with
+
+  # Normalized with the training run's statistics.
+  assembly = assemble(config, store, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
+  params, step = run.restore_params(assembly.params, step)
+  logging.info("Restored the parameters of step %d from %s.", step, run.path)
+
+  init_datetimes = store.times[indices]
+  outputs = setup.output_variables(d)
+  settings = forecast_store.forecast_settings(
+      workdir=run.path, checkpoint_step=step, initial_conditions=path,
+      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
+      members=members)
+  output = forecast_store.ForecastStore(
+      out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
+      levels=d.pressure_levels,
+      latitude=store.latitude[::-1] if store.flip_latitude else store.latitude,
+      longitude=store.longitude, flip_latitude=store.flip_latitude, members=members)
+  return _Forecast(config, store, indices, init_datetimes, num_leads, assembly, params, step,
+                   output)
 
 
 def _init_indices(store, data, path: str, init_times, init_start, init_end,

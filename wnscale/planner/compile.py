@@ -57,9 +57,10 @@ class Problem:
     self.step_builder = step_builder
     self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
     mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
-    # No statistics: the residual scale is 1, which changes no shape.
+    # No statistics: the residual scale is 1, which changes no shape; no model: the step
+    # builder makes it with each compile's remat settings.
     assembly = assemble(config, Grid(*grid_lib.regular_grid(config.data.resolution)), None,
-                        self.mesh)
+                        self.mesh, params=None)
     self.counts = assembly.graphs.counts()
     self.layout = assembly.layout
     self.constants = self.layout.abstract_constants(assembly.constants)

@@ -203,7 +203,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   if config.model.remat_policy == "auto":
     config.model.update(_auto_remat(config)["overrides"])
 
-  assembly = assemble(config, source.store, source.stats, mesh, initialize=True,
+  assembly = assemble(config, source.store, source.stats, mesh, params="init",
                       phase=run_log.phase)
   layout = assembly.layout
   device_constants, halo_indices = layout.constants(assembly.constants)
@@ -374,8 +374,8 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
   """A resumed run reads the data its checkpoints were trained on, else a `UserError`.
 
   Compares `config.data` with the `data` of the config of the run directory
-  `run` (a `RunDirectory` or its path) when it has checkpoints to resume from. Keys in `HARMLESS_DATA_KEYS` may
-  differ. `data.path` may name another copy of the same store (the same
+  `run` (a `RunDirectory` or its path) when it has checkpoints to resume from.
+  Keys in `HARMLESS_DATA_KEYS` may differ. `data.path` may name another copy of the same store (the same
   variables, levels, times and grid, opened both); with no `data.path` (a
   synthetic store) the other keys say which store it is.
   """
