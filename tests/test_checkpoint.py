@@ -100,7 +100,8 @@ def test_run_directory_keeps_its_config_history_and_names_what_is_missing(tmp_pa
   with pytest.raises(UserError, match=f"^{run.path}: not a run directory: it holds no "
                                       "config.json"):
     run.read_config()
-  with pytest.raises(ArgumentError, match=f"^workdir={run.path}: not a run directory"):
+  with pytest.raises(ArgumentError, match=f"^workdir={run.path}: not a run directory: it holds "
+                                          "no checkpoints/"):
     RunDirectory(run.path, argument="workdir").restore_params({})
   config = config_lib.default_config()
   config.train.steps = 7

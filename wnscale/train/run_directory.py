@@ -112,6 +112,6 @@ class RunDirectory:
       CheckpointMismatchError: they are parameters of another model.
     """
     if not paths.exists(self.checkpoints):
-      raise self._not_a_run(f"no {CHECKPOINTS}/ there: not a run directory (launch.train and "
-                            "launch.import_graphcast make one)")
+      raise self._not_a_run(f"not a run directory: it holds no {CHECKPOINTS}/ (launch.train "
+                            "and launch.import_graphcast make one)")
     return checkpoint_lib.restore_params(self.checkpoints, abstract_params, step)
