@@ -80,7 +80,7 @@ def main():
   print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "
         f"{args.steps} {args.processor} layers, {channels} channels, float32, batch 1, "
         f"jax {jax.__version__}, {jax.devices()[0].platform}")
-  variants = TRANSFORMER_VARIANTS if args.processor == "transformer" else VARIANTS
+  variants = {"interaction_network": VARIANTS, "transformer": TRANSFORMER_VARIANTS}[args.processor]
   names = [n for n in variants if not args.only or n in args.only.split(",")]
   header = f"{'remat':<32}{'temp MiB':>10}{'vs none':>9}{'step s':>9}{'vs none':>9}{'compile s':>11}"
   print(header)

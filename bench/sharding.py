@@ -37,13 +37,8 @@ from wnscale.sharding.layout import ShardedLayout  # noqa: E402
 
 def exchanged_rows(layout, steps: int) -> int:
   """Rows one device receives per forward pass, from the partition's index lists."""
-  part = layout.partitioned
   calls = {"grid_to_mesh": 1, "mesh": steps, "mesh_to_grid": 1}
-  if part.exchange == "all_gather":
-    per_shard = {"grid_to_mesh": part.grid.per_shard, "mesh": part.mesh.per_shard,
-                 "mesh_to_grid": part.mesh.per_shard}
-    return sum(n * (layout.num_shards - 1) * per_shard[name] for name, n in calls.items())
-  return sum(n * part.halos[name].rows_received() for name, n in calls.items())
+  return sum(n * layout.partitioned.plans[name].rows_received() for name, n in calls.items())
 
 
 def main():
@@ -59,14 +54,12 @@ def main():
   print("-" * len(header))
   base_temp, gathered = None, {}
   for shards in (1, 2, 4, 8):
-    for exchange in ("all_gather", "halo"):
-      if shards == 1 and exchange == "halo":
-        continue
+    for exchange in ("all_gather",) if shards == 1 else ("all_gather", "halo"):
       config.mesh.data, config.mesh.graph = 1, shards
       mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:shards])
-      layout = ShardedLayout(mesh, constants.graphs, *positions, exchange)
+      layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
       device_constants, halo_indices = layout.constants(constants)
-      device_batch = layout.batch(batch)
+      device_batch = layout.global_batch(layout.host_batch(batch), 1)
       step = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef))).lower(
           params, device_constants, halo_indices, device_batch).compile()
       temp = xla_stats.compiled_stats(step)["temp_bytes"]

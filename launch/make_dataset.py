@@ -12,6 +12,14 @@ converted (`--from`), or a synthetic one.
 A conversion killed midway continues where it stopped when the same command runs
 again (`wnscale.data.convert`).
 
+With --runner, the blocks of times are written by an Apache Beam pipeline
+(`wnscale.data.convert_beam`; the same store), here or on Dataflow, Flink or Spark,
+Beam's own options after `--` (`launch.runner`):
+
+  python -m launch.make_dataset --from='gs://B/era5/*.nc' --out=gs://B/era5.zarr \
+      --runner=DataflowRunner -- --project=P --region=R --temp_location=gs://B/tmp \
+      --setup_file=./pyproject.toml
+
 It says how big the store will be before writing, shows its progress (times
 written, MB, ETA) and ends with its size on disk. Train on it with
 --config.data.path=<the --out path> (and a config whose data.resolution and time
@@ -23,13 +31,15 @@ import os
 
 from absl import flags
 
-from launch import cli
+from launch import cli, runner
 from wnscale import config as config_lib
 from wnscale import outputs, paths
-from wnscale.data import convert, resolve, synthetic
+from wnscale.data import convert, convert_beam, resolve, synthetic
 from wnscale.data import variables
-from wnscale.data.write_progress import size_text
+from wnscale.progress import size_text
 from wnscale.errors import UserError
+
+flags.adopt_module_key_flags(runner)  # --help lists --runner
 
 _CONFIG = cli.define_config(
     "Write the store this experiment config trains on (its data.resolution, variables, "
@@ -59,6 +69,24 @@ _ZARR_FORMAT = flags.DEFINE_enum("zarr_format", "2", ["2", "3"],
 _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
                                         "Hours between time steps.")
 _LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
+# Flags that say what a synthetic store holds (a conversion keeps what its files hold), and
+# flags of a conversion alone: given to the other kind of store, they would do nothing.
+_SYNTHETIC_ONLY = ("config", "resolution", "levels", "variables", "seed", "zarr_format",
+                   "time_step_hours")
+_CONVERSION_ONLY = ("member", "block_mb")
+
+
+def _check_flags_apply():
+  """A flag that does nothing for this kind of store is an error, not silently ignored."""
+  converting = bool(_FROM.value)
+  unused = [f"--{name}" for name in (_SYNTHETIC_ONLY if converting else _CONVERSION_ONLY)
+            if flags.FLAGS[name].present]
+  if unused:
+    raise UserError(
+        f"{', '.join(unused)}: " + (
+            "a conversion (--from) keeps the grid, variables, levels and times of its "
+            "files (choose times with --start/--end); drop these flags." if converting else
+            "these flags are for converting files (--from); a synthetic store has none."))
 
 
 def _levels(values: list[str]) -> list[int]:
@@ -91,13 +119,18 @@ def _disk_bytes(path: str) -> int | None:
 
 
 def main(argv):
-  del argv
+  _check_flags_apply()
+  for_each = runner.for_each(argv, "write times")
+  if for_each is not None and not _FROM.value:
+    raise UserError(f"--runner={runner.RUNNER.value}: a Beam pipeline converts files "
+                    "(--from); a synthetic store is written here, without --runner.")
   if _FROM.value:
     given = {name: flags.FLAGS[name].present for name in ("start", "end")}
-    path = convert.convert_era5(_FROM.value, _OUT.value, member=_MEMBER.value,
-                                start=_START.value if given["start"] else None,
-                                end=_END.value if given["end"] else None,
-                                overwrite=cli.overwrite(), block_bytes=_BLOCK_MB.value * 2**20)
+    settings = dict(member=_MEMBER.value, start=_START.value if given["start"] else None,
+                    end=_END.value if given["end"] else None, overwrite=cli.overwrite(),
+                    block_bytes=_BLOCK_MB.value * 2**20)
+    path = (convert.convert_era5(_FROM.value, _OUT.value, **settings) if for_each is None
+            else convert_beam.convert_era5(for_each, _FROM.value, _OUT.value, **settings))
   else:
     path = synthetic.write_synthetic_store(_OUT.value, zarr_format=int(_ZARR_FORMAT.value),
                                            overwrite=cli.overwrite(), **_store_settings())
@@ -106,4 +139,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, required=("out",), writes_workdir=False)
+  cli.run(main, required=("out",), writes_workdir=False,
+          unknown_flag_hint=runner.UNKNOWN_FLAG_HINT)

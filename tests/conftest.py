@@ -37,6 +37,30 @@ import absl.flags  # noqa: E402
 # Grain reads absl flags in its workers; outside absl.app.run they must be parsed.
 absl.flags.FLAGS.mark_as_parsed()
 
+SHARED_RUN_GROUP = "trained_tiny_run"
+# The longest files (minutes each on 2 cores) start first, so that none starts last on a
+# worker while the others have finished; the order only changes how soon the suite ends.
+LONGEST_FIRST = ("test_remat.py", "test_sharding.py", "test_transformer.py",
+                 "test_planner.py", "test_remote_storage.py", "test_ensemble.py")
+
+
+def pytest_collection_modifyitems(items):
+  """Groups tests for pytest-xdist (`--dist loadgroup`): one group per file, so a module's
+  fixtures are made once, and one group of every file that reads `trained_tiny_run`, so
+  it is trained once. The shared group and the longest files go first."""
+  shared = {item.path for item in items if SHARED_RUN_GROUP in item.fixturenames}
+  for item in items:
+    item.add_marker(pytest.mark.xdist_group(
+        SHARED_RUN_GROUP if item.path in shared else item.path.name))
+
+  def rank(item):
+    if item.path in shared:
+      return -1
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+  items.sort(key=rank)  # stable: tests keep their order within a file
+
 
 @pytest.fixture(scope="session")
 def trained_tiny_run(tmp_path_factory) -> str:

@@ -48,10 +48,15 @@ def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int
   residual_scale = rng.uniform(0.2, 1.0, setup.num_output_channels(config.data))
   constants = setup.make_constants(config, graphs, latitude, longitude, residual_scale)
   if abstract:
-    return (constants, setup.batch_shapes(config, graphs.num_grid_nodes, batch_size),
+    return (constants, setup.batch_shapes(config, graphs.num_nodes("grid"), batch_size),
             setup.init_model_shapes(config)[1])
-  return (constants, random_batch(config, graphs.num_grid_nodes, batch_size, seed),
+  return (constants, random_batch(config, graphs.num_nodes("grid"), batch_size, seed),
           setup.init_model(config)[1])
+
+
+def device_batch(layout, batch: dict) -> dict:
+  """A whole host batch as global arrays on `layout`'s mesh (one process holds it all)."""
+  return layout.global_batch(layout.host_batch(batch), len(next(iter(batch.values()))))
 
 
 def spread_members(params, scale: float = 0.3, seed: int = 0):

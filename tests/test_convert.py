@@ -19,6 +19,7 @@ import zarr
 
 import cds_files
 from cds_files import LATITUDE, LONGITUDE
+from test_cli import assert_user_error, run
 from tiny_runs import process_env
 from wnscale.data import convert, store as store_lib
 from wnscale.errors import UserError
@@ -140,6 +141,20 @@ def test_overlaps_must_agree_and_gaps_are_named(tmp_path):
   (tmp_path / "notes.txt").write_text("not data")
   with pytest.raises(UserError, match="notes.txt is not a netCDF file"):
     convert.convert_era5([str(tmp_path / "notes.txt")], str(tmp_path / "none.zarr"))
+
+
+def test_flags_of_the_other_kind_of_store_are_refused(tmp_path):
+  """make_dataset's synthetic-store flags with --from, and conversion flags without it, do
+  nothing: each is one line, exit 2, and nothing is written."""
+  source = tmp_path / "a.nc"
+  cds_files.current_netcdf(["2t"], TIMES).to_netcdf(source, engine="h5netcdf")
+  out = tmp_path / "out.zarr"
+  assert_user_error(run("make_dataset", f"--from={source}", f"--out={out}",
+                        "--resolution=1.0", "--levels=500,850"),
+                    "--resolution, --levels: a conversion (--from) keeps the grid")
+  assert_user_error(run("make_dataset", f"--out={out}", "--member=3"),
+                    "--member: these flags are for converting files (--from)")
+  assert sorted(os.listdir(tmp_path)) == ["a.nc"]
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
   latitude, longitude = natural.source.store.latitude, natural.source.store.longitude
   layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:4]),
                          setup.graphs_for_grid(config, latitude, longitude),
-                         *setup.node_positions(config, latitude, longitude), "halo")
+                         setup.node_positions(config, latitude, longitude), "halo")
   assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering
   slotted = _pipeline(store_path, source=natural.source.in_layout(layout.grid_slots))
   expected, batch = layout.host_batch(next(natural.iterator)), next(slotted.iterator)

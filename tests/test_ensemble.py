@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from problems import loss_and_grad_fn, spread_members, synthetic_problem
+from problems import device_batch, loss_and_grad_fn, spread_members, synthetic_problem
 from wnscale import config as config_lib
 from wnscale.graphs import grid
 from wnscale.model import ensemble, forecast, setup
@@ -159,7 +159,7 @@ def test_sharded_crps_matches_single_device(problem, reference, data, graph, exc
   config = small_config(**(REMAT if remat else {}))
   config.mesh.data, config.mesh.graph = data, graph
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  layout = ShardedLayout(mesh, constants.graphs, *positions, exchange)
+  layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(config)
   members = config.train.ensemble_members
@@ -167,7 +167,8 @@ def test_sharded_crps_matches_single_device(problem, reference, data, graph, exc
     batch = ensemble.members_on_rows(batch)
   fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
       layout, graphdef, loss="crps", members_on_data=members if on_data else 0)))
-  assert_same(fn(params, device_constants, halo_indices, layout.batch(batch)), reference)
+  assert_same(fn(params, device_constants, halo_indices, device_batch(layout, batch)),
+              reference)
 
 
 def test_train_step_draws_noise_from_the_step_alone(problem):
@@ -184,7 +185,7 @@ def test_train_step_draws_noise_from_the_step_alone(problem):
     config.train.members_on_data = on_data
     config.mesh.data, config.mesh.graph = (2, 1) if on_data else (1, 1)
     mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:config.mesh.data])
-    layout = ShardedLayout(mesh, constants.graphs, *positions, "all_gather")
+    layout = ShardedLayout(mesh, constants.graphs, positions, "all_gather")
     device_constants, halo_indices = layout.constants(constants)
     step = step_lib.make_train_step(
         layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
@@ -197,8 +198,8 @@ def test_train_step_draws_noise_from_the_step_alone(problem):
       # Host copies: the step donates the state, and params must outlive it.
       state = jax.device_put(jax.tree.map(np.array, state),
                              layout.sharding(jax.sharding.PartitionSpec()))
-      losses.append(float(step(state, device_constants, halo_indices, layout.batch(rows))[1]
-                          ["loss"]))
+      losses.append(float(step(state, device_constants, halo_indices,
+                               device_batch(layout, rows))[1]["loss"]))
     return losses
 
   vmapped = steps(False, [0, 1, 1])

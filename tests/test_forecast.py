@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 from flax import nnx
 
-from problems import random_batch, spread_members
+from problems import device_batch, random_batch, spread_members
 from wnscale import config as config_lib
 from wnscale.assembly import assemble
 from wnscale.data import source as source_lib
@@ -23,7 +23,7 @@ from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.forecast_store import ForecastStore, forecast_settings
-from wnscale.inference.progress import Progress
+from wnscale.progress import ForecastProgress
 from wnscale.inference.rollout import StreamingForecaster
 from wnscale.model import forecast, setup
 from wnscale.sharding import mesh as mesh_lib
@@ -52,7 +52,7 @@ def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=
   config.mesh.update(data=data, graph=graph, exchange=exchange)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
   graphs = setup.graphs_for_grid(config, latitude, longitude)
-  return ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
+  return ShardedLayout(mesh, graphs, setup.node_positions(config, latitude, longitude),
                        exchange), graphs
 
 
@@ -65,18 +65,18 @@ def test_sharded_step_repeats_the_training_rollout(graph, exchange):
   constants = setup.make_constants(config, graphs, latitude, longitude,
                                    np.linspace(0.3, 1.0, len(VARIABLES) * 2 - 1))
   graphdef, params = setup.init_model(config)
-  batch = random_batch(config, graphs.num_grid_nodes, batch_size=2, seed=1)
+  batch = random_batch(config, graphs.num_nodes("grid"), batch_size=2, seed=1)
   expected = np.asarray(forecast.rollout(nnx.merge(graphdef, params), constants, batch))
   step = jax.jit(sharded_model.forecast_step_fn(layout, graphdef), donate_argnums=3)
   device_constants, halo_indices = layout.constants(constants)
-  laid_out = layout.batch(batch)
+  laid_out = device_batch(layout, batch)
   history = laid_out["inputs"]
   for lead in range(LEADS):
     window = laid_out["forcings"][:, lead:lead + config.data.input_steps + 1]
     history, state = step(params, device_constants, halo_indices,
                           {"inputs": history, "forcings": window,
                            "statics": laid_out["statics"]})
-    got = layout.partitioned.grid.from_slots(np.asarray(state), -1)
+    got = layout.grid.from_slots(np.asarray(state), -1)
     np.testing.assert_allclose(got, expected[:, lead], rtol=1e-5, atol=1e-5)
 
 
@@ -240,7 +240,7 @@ class _Terminal(io.StringIO):
 
 def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
   terminal = _Terminal()
-  progress = Progress(2, 4, terminal)
+  progress = ForecastProgress(2, 4, terminal)
   for lead in range(4):
     progress.leads_done(lead, 1)
   progress.init_done("2020-01-01T00")
@@ -249,7 +249,7 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise(caplog):
   assert "\r[" in text and "initial times 1/2 | lead 4/4" in text and "ETA" in text
   plain = io.StringIO()
   caplog.set_level("INFO")
-  progress = Progress(2, 4, plain)
+  progress = ForecastProgress(2, 4, plain)
   progress.leads_done(3, 1)
   progress.init_done("2020-01-01T00")
   assert plain.getvalue() == ""

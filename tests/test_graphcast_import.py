@@ -173,7 +173,7 @@ def test_mesh_to_grid_normalization_none(tmp_path):
   assert config.model.mesh_to_grid_edge_normalization == 0.0
   example = xr.load_dataset(EXAMPLE)
   latitude, longitude = example["lat"].values, example["lon"].values
-  edges = setup.graphs_for_grid(config, latitude, longitude).mesh_to_grid
+  edges = setup.graphs_for_grid(config, latitude, longitude).edges["mesh_to_grid"]
   assert edges.features[:, 0].max() == 1.0
   # Against the fixture's edges (the factor's), rescaled: same features outside the ties.
   with np.load(os.path.join(FIXTURE, "graphs.npz")) as graphs:

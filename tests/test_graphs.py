@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from wnscale.graphs import build, connectivity, features, grid, icosahedron
+from wnscale.graphs.edge_sets import graphcast_edge_sets
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 
@@ -85,16 +86,17 @@ GRIDS = {
 def test_graph_properties(name):
   latitude, longitude, levels = GRIDS[name]
   graphs = build.build_graphs(latitude, longitude, levels)
-  num_grid, num_mesh = graphs.num_grid_nodes, graphs.num_mesh_nodes
+  num_grid, num_mesh = graphs.num_nodes("grid"), graphs.num_nodes("mesh")
   assert num_grid == len(latitude) * len(longitude)
   # Every grid node has exactly 3 mesh-to-grid edges, from distinct mesh nodes.
-  m2g = graphs.mesh_to_grid
+  m2g = graphs.edges["mesh_to_grid"]
   assert np.all(np.bincount(m2g.receivers, minlength=num_grid) == 3)
   assert np.all(np.diff(np.sort(m2g.senders.reshape(-1, 3), axis=1), axis=1) > 0)
   # Every mesh node gets at least one grid-to-mesh edge.
-  assert np.all(np.bincount(graphs.grid_to_mesh.receivers, minlength=num_mesh) >= 1)
+  assert np.all(np.bincount(graphs.edges["grid_to_mesh"].receivers, minlength=num_mesh) >= 1)
   for edges, num_senders, num_receivers in [
-      (graphs.grid_to_mesh, num_grid, num_mesh), (graphs.mesh, num_mesh, num_mesh),
+      (graphs.edges["grid_to_mesh"], num_grid, num_mesh),
+      (graphs.edges["mesh"], num_mesh, num_mesh),
       (m2g, num_mesh, num_grid)]:
     assert edges.senders.max() < num_senders and edges.receivers.max() < num_receivers
     assert np.all(np.diff(edges.receivers) >= 0)  # sorted by receiver
@@ -104,7 +106,7 @@ def test_graph_properties(name):
     assert np.all(np.abs(features) <= 1.0 + 1e-6)
     np.testing.assert_allclose(np.linalg.norm(features[:, 1:], axis=1), features[:, 0],
                                atol=1e-6)
-  for node_features in (graphs.grid_node_features, graphs.mesh_node_features):
+  for node_features in (graphs.nodes["grid"].features, graphs.nodes["mesh"].features):
     np.testing.assert_allclose(node_features[:, 1]**2 + node_features[:, 2]**2, 1, atol=1e-6)
 
 
@@ -208,8 +210,8 @@ def test_cache_is_keyed_by_parameters(tmp_path, monkeypatch):
   again = build.build_graphs(latitude, longitude, 2)
   for a, b in zip(build._flatten(first).values(), build._flatten(again).values()):
     np.testing.assert_array_equal(a, b)
-  build.build_graphs(latitude, longitude, 2, radius_fraction=0.7)
-  build.build_graphs(latitude, longitude, 2, mesh_to_grid_normalization=0.6)
+  build.build_graphs(latitude, longitude, 2, graphcast_edge_sets(radius_fraction=0.7))
+  build.build_graphs(latitude, longitude, 2, graphcast_edge_sets(mesh_to_grid_normalization=0.6))
   build.build_graphs(latitude, longitude, 1)
   assert len([f for f in os.listdir(tmp_path / "graphs") if f.endswith(".npz")]) == 4
 

@@ -66,6 +66,7 @@ def test_ctrl_c_saves_the_step_and_a_second_run_in_the_workdir_is_refused(
   first = Started(train_command(workdir, devices=8, data=2, graph=4))
   try:
     wait_for_step(first, workdir, 3)
+    first.pause()  # alive, holding the lock, and short of its last step until resumed
     with open(os.path.join(workdir, "lock.json")) as f:
       holder = json.load(f)
     assert (holder["host"], holder["pid"]) == (socket.gethostname(), first.process.pid)
@@ -82,10 +83,11 @@ def test_ctrl_c_saves_the_step_and_a_second_run_in_the_workdir_is_refused(
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       assert f.read().startswith(metrics_before)  # appended to by the first run only
 
-    first.ctrl_c()
+    first.ctrl_c()  # pending until the run is resumed: it stops at the step it paused at
+    first.resume()
     assert first.finish(timeout=120) == 0, first.stderr[-3000:]
   finally:
-    first.kill()
+    first.kill()  # SIGKILL ends a paused process too
   assert "Traceback" not in first.stderr, first.stderr[-3000:]
   stopped = int(re.search(r"Stopped at step (\d+) after SIGINT; checkpoint saved to "
                           f"{re.escape(workdir)}/checkpoints/", first.stderr).group(1))

@@ -61,10 +61,11 @@ def np_interaction_step(net, edges, sender_nodes, receiver_nodes, senders, recei
 
 def np_graphcast(model, graphs, grid_inputs):
   """`[num_grid_nodes, C_in] -> [num_grid_nodes, C_out]`, one example, in float64."""
-  g2m, mesh_edges, m2g = graphs.grid_to_mesh, graphs.mesh, graphs.mesh_to_grid
+  g2m, mesh_edges, m2g = (graphs.edges[name] for name in ("grid_to_mesh", "mesh",
+                                                          "mesh_to_grid"))
   grid_nodes = np_mlp(model.grid_embedder,
-                      np.concatenate([grid_inputs, graphs.grid_node_features], -1))
-  mesh_nodes = np_mlp(model.mesh_embedder, graphs.mesh_node_features)
+                      np.concatenate([grid_inputs, graphs.nodes["grid"].features], -1))
+  mesh_nodes = np_mlp(model.mesh_embedder, graphs.nodes["mesh"].features)
   # Encoder: one step grid -> mesh; the grid nodes get their own residual MLP.
   edges = np_mlp(model.grid_to_mesh_edges.embedder, g2m.features)
   mesh_nodes, _ = np_interaction_step(model.grid_to_mesh_edges.interaction, edges, grid_nodes,
@@ -108,7 +109,7 @@ def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, me
   graphs = setup.graphs_for_grid(config, latitude, longitude)
   model = perturbed(setup.build_model(config), seed=4)
   channels = model.grid_embedder.hidden.in_features - 3
-  inputs = np.random.default_rng(5).standard_normal((1, graphs.num_grid_nodes, channels))
+  inputs = np.random.default_rng(5).standard_normal((1, graphs.num_nodes("grid"), channels))
   outputs = jax.jit(lambda g, x: model(g, (x,)))(graphs,
                                                  inputs.swapaxes(1, 2).astype(np.float32))
   expected = np_graphcast(model, graphs, inputs[0])

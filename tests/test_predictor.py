@@ -130,7 +130,7 @@ def test_target_only_channels_are_predicted_outright():
   model = nnx.merge(graphdef, params)
   rng = np.random.default_rng(0)
   batch = {key: rng.standard_normal(shape.shape).astype(np.float32) for key, shape in
-           setup.batch_shapes(config, graphs.num_grid_nodes, 1).items()}
+           setup.batch_shapes(config, graphs.num_nodes("grid"), 1).items()}
   assert batch["inputs"].shape[2] == 1 and batch["targets"].shape[2] == 2
   outputs = model(constants.graphs, (forecast._stack_steps(batch["inputs"]),
                                      forecast._stack_steps(batch["forcings"][:, :3]),

@@ -63,15 +63,15 @@ def test_grid_and_mesh_nodes(reference):
 
 
 def test_node_features(graphs, reference):
-  np.testing.assert_allclose(graphs.grid_node_features, reference["grid_node_features"],
+  np.testing.assert_allclose(graphs.nodes["grid"].features, reference["grid_node_features"],
                              rtol=0, atol=1e-6)
-  np.testing.assert_allclose(graphs.mesh_node_features, reference["mesh_node_features"],
+  np.testing.assert_allclose(graphs.nodes["mesh"].features, reference["mesh_node_features"],
                              rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name, key", [("grid_to_mesh", "grid2mesh"), ("mesh", "mesh")])
 def test_edge_sets_and_features(graphs, reference, name, key):
-  edges = getattr(graphs, name)
+  edges = graphs.edges[name]
   rows = edge_rows(edges.senders, edges.receivers)
   expected = edge_rows(reference[f"{key}_senders"], reference[f"{key}_receivers"])
   assert rows.keys() == expected.keys()
@@ -85,8 +85,8 @@ def test_edge_sets_and_features(graphs, reference, name, key):
 def test_mesh_to_grid_outside_ties(graphs, reference):
   """Same 3 mesh nodes per grid node, in the same (face) order, except at the ties:
   grid nodes on a mesh edge, where the reference's pick depends on float rounding."""
-  m2g = graphs.mesh_to_grid
-  num_grid = graphs.num_grid_nodes
+  m2g = graphs.edges["mesh_to_grid"]
+  num_grid = graphs.num_nodes("grid")
   np.testing.assert_array_equal(m2g.receivers, np.repeat(np.arange(num_grid), 3))
   np.testing.assert_array_equal(reference["mesh2grid_receivers"], m2g.receivers)
   ours = m2g.senders.reshape(num_grid, 3)
@@ -120,7 +120,8 @@ def test_normalization_factors(reference):
   np.testing.assert_allclose(reference["mesh2grid_edge_normalization"],
                              MESH_TO_GRID_NORMALIZATION, rtol=1e-15)
   # The None path: divided by the longest edge, whatever the reference's factor was.
-  m2g = build.build_graphs(latitude, longitude, mesh_levels=2, use_cache=False).mesh_to_grid
+  graphs = build.build_graphs(latitude, longitude, mesh_levels=2, use_cache=False)
+  m2g = graphs.edges["mesh_to_grid"]
   raw = features.edge_features(*mesh_lat_lon, *grid_lat_lon, m2g.senders, m2g.receivers,
                                normalization=1.0)
   assert m2g.features[:, 0].max() == 1.0

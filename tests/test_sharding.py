@@ -3,15 +3,17 @@
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from problems import compile_loss_and_grad, loss_and_grad_fn, synthetic_problem
+from problems import compile_loss_and_grad, device_batch, loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
-from wnscale.graphs import grid
-from wnscale.graphs.build import EdgeSet
+from wnscale.graphs import build, grid
+from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.model import setup
 from wnscale.planner.xla_stats import compiled_stats
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import partition as partition_lib
+from wnscale.sharding.exchange import MODES
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 
@@ -40,11 +42,11 @@ def reference_loss_and_grads(config, constants, batch, params):
 def sharded_loss_and_grads(config, constants, batch, params, positions, data, graph, exchange):
   config.mesh.data, config.mesh.graph = data, graph
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  layout = ShardedLayout(mesh, constants.graphs, *positions, exchange)
+  layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(config)
   fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
-  return fn(params, device_constants, halo_indices, layout.batch(batch))
+  return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
 
 def assert_same(result, reference):
@@ -61,10 +63,12 @@ def reference(problem):
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
              mesh_remat_every=2, edge_chunks=3, grid_blocks=5, mesh_edge_chunks=3)
-CASES = [(1, 1, "all_gather", {})] + [
-    (1, g, mode, {}) for g in (2, 4, 8) for mode in partition_lib.EXCHANGE_MODES] + [
-    (2, 4, mode, {}) for mode in partition_lib.EXCHANGE_MODES] + [
-    (1, 4, mode, REMAT) for mode in partition_lib.EXCHANGE_MODES]
+# all_gather's sender table does not depend on the shard count: 4 shards cover it; the
+# halo's offsets do, so it runs at 2, 4 and 8.
+CASES = [(1, 1, "all_gather", {}), (1, 2, "halo", {}), (1, 8, "halo", {})] + [
+    (1, 4, mode, {}) for mode in tuple(MODES)] + [
+    (2, 4, mode, {}) for mode in tuple(MODES)] + [
+    (1, 4, mode, REMAT) for mode in tuple(MODES)]
 
 
 @pytest.mark.parametrize("data, graph, exchange, remat", CASES,
@@ -81,37 +85,40 @@ def test_shards_without_edges_of_a_kind(problem):
   constants, batch, params, positions = problem
   graphs = constants.graphs
   node_lat, _ = grid.grid_lat_lon(LATITUDE, LONGITUDE)
-  keep = node_lat[graphs.mesh_to_grid.receivers] > 0
-  graphs = graphs._replace(mesh_to_grid=EdgeSet(*(a[keep] for a in graphs.mesh_to_grid)))
+  m2g = graphs.edges["mesh_to_grid"]
+  keep = node_lat[m2g.receivers] > 0
+  graphs = graphs.with_edge_sets({"mesh_to_grid": m2g.replace(
+      senders=m2g.senders[keep], receivers=m2g.receivers[keep], features=m2g.features[keep])})
   constants = constants._replace(graphs=graphs)
   reference = reference_loss_and_grads(small_config(), constants, batch, params)
-  for exchange in partition_lib.EXCHANGE_MODES:
+  for exchange in tuple(MODES):
     result = sharded_loss_and_grads(small_config(), constants, batch, params, positions,
                                     1, 8, exchange)
     assert_same(result, reference)
-  part = partition_lib.partition_graphs(graphs, *positions, 8, "halo")
-  edges_per_shard = (part.graphs.mesh_to_grid.receivers < part.grid.per_shard).sum(axis=1)
+  part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
+  edges_per_shard = (part.graphs.edges["mesh_to_grid"].receivers
+                     < part.nodes["grid"].per_shard).sum(axis=1)
   assert (edges_per_shard == 0).any()
 
 
-@pytest.mark.parametrize("exchange", partition_lib.EXCHANGE_MODES)
+@pytest.mark.parametrize("exchange", tuple(MODES))
 @pytest.mark.parametrize("num_shards", [3, 8])
 def test_sender_tables_hold_the_right_rows(problem, exchange, num_shards):
   """Simulates both exchanges in numpy: every edge reads its true sender and receiver."""
   constants, _, _, positions = problem
   graphs = constants.graphs
-  part = partition_lib.partition_graphs(graphs, *positions, num_shards, exchange)
-  for name, senders_part, receivers_part in [("grid_to_mesh", part.grid, part.mesh),
-                                             ("mesh", part.mesh, part.mesh),
-                                             ("mesh_to_grid", part.mesh, part.grid)]:
+  part = partition_lib.partition_graphs(graphs, positions, num_shards, exchange)
+  assert list(part.graphs.edges) == ["grid_to_mesh", "mesh", "mesh_to_grid"]
+  for name, stacked in part.graphs.edges.items():
+    senders_part = part.nodes[stacked.sender_set]
+    receivers_part = part.nodes[stacked.receiver_set]
     node_ids = senders_part.node_of_slot.reshape(num_shards, -1)  # [S, per_shard]
-    stacked = getattr(part.graphs, name)
     found = []
     for shard in range(num_shards):
       if exchange == "all_gather":
         table = senders_part.node_of_slot
       else:
-        halo = part.halos[name]
+        halo = part.plans[name]
         blocks = [node_ids[shard]] + [
             node_ids[(shard - k) % num_shards][indices[(shard - k) % num_shards]]
             for k, indices in zip(halo.offsets, halo.send_indices)]
@@ -123,16 +130,60 @@ def test_sender_tables_hold_the_right_rows(problem, exchange, num_shards):
       assert np.all(senders >= 0)
       assert np.all(np.diff(stacked.receivers[shard]) >= 0)  # receiver-sorted per shard
       found.append(np.stack([senders, receivers], 1))
-    edges = getattr(graphs, name)
+    edges = graphs.edges[name]
     expected = np.stack([edges.senders, edges.receivers], 1)
     found = np.concatenate(found)
     assert len(found) == len(expected)
     np.testing.assert_array_equal(np.unique(found, axis=0), np.unique(expected, axis=0))
 
 
+def test_a_new_edge_set_is_one_entry_of_data():
+  """The README's example: a second, wider grid-to-mesh edge set, built, sharded, exchanged.
+
+  Under `shard_map` over 4 graph shards, each shard's sender table (the exchange
+  of its own grid rows) read at its edges' senders gives, in both modes, the
+  rows an unsharded gather gives for the same (receiver, sender) edges.
+  """
+  edge_sets = dict(graphcast_edge_sets(),
+                   grid_to_mesh_wide=EdgeSetSpec("grid", "mesh", WithinRadius(1.0)))
+  graphs = build.build_graphs(LATITUDE, LONGITUDE, mesh_levels=2, edge_sets=edge_sets)
+  wide = graphs.edges["grid_to_mesh_wide"]
+  assert graphs.counts()["grid_to_mesh_wide_edges"] > 2 * graphs.num_edges("grid_to_mesh")
+  rows = np.random.default_rng(0).standard_normal((graphs.num_nodes("grid"), 5), np.float32)
+  expected = np.concatenate([wide.receivers[:, None], rows[wide.senders]], 1)
+  config = small_config()
+  config.mesh.data, config.mesh.graph = 1, 4
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
+  positions = build.node_positions(LATITUDE, LONGITUDE, mesh_levels=2)
+  for mode in MODES:
+    layout = ShardedLayout(mesh, graphs, positions, mode)
+    stacked, halo_indices = jax.device_put(
+        (layout.partitioned.graphs, layout.halo_indices()),
+        layout.sharding(P(mesh_lib.GRAPH)))
+
+    def gather(graphs, halo_indices, rows):
+      edges = graphs.edges["grid_to_mesh_wide"]
+      table = layout.exchange(halo_indices)("grid_to_mesh_wide", rows)
+      return table[edges.senders[0]][None]
+
+    gathered = np.asarray(jax.jit(jax.shard_map(
+        gather, mesh=mesh, in_specs=P(mesh_lib.GRAPH), out_specs=P(mesh_lib.GRAPH)))(
+            stacked, halo_indices, layout.grid.to_slots(rows, 0)))
+    receivers_part = layout.partitioned.nodes["mesh"]
+    local = layout.partitioned.graphs.edges["grid_to_mesh_wide"].receivers
+    real = local < receivers_part.per_shard
+    shard_of_edge = np.broadcast_to(np.arange(4)[:, None], local.shape)
+    receivers = receivers_part.node_of_slot[shard_of_edge[real] * receivers_part.per_shard
+                                            + local[real]]
+    found = np.concatenate([receivers[:, None], gathered[real]], 1)
+    np.testing.assert_array_equal(np.unique(found, axis=0), np.unique(expected, axis=0),
+                                  err_msg=mode)
+    assert len(found) == len(expected)
+
+
 def test_partition_is_balanced_and_round_trips(problem):
   positions = problem[3]
-  part = partition_lib.partition_nodes(positions[0], 8)
+  part = partition_lib.partition_nodes(positions["grid"], 8)
   sizes = (part.node_of_slot.reshape(8, -1) >= 0).sum(axis=1)
   assert sizes.max() - sizes.min() <= 1 and sizes.sum() == 684
   values = np.random.default_rng(0).normal(size=(2, 684, 3))
@@ -144,10 +195,10 @@ def test_halo_moves_less_than_all_gather_on_a_finer_graph():
   latitude, longitude = grid.regular_grid(2.0, include_poles=True)
   graphs = setup.graphs_for_grid(config, latitude, longitude)
   positions = setup.node_positions(config, latitude, longitude)
-  part = partition_lib.partition_graphs(graphs, *positions, 8, "halo")
+  part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
   # all_gather brings every shard the whole sender array (minus its own rows).
-  assert part.halos["mesh"].rows_received() < 0.5 * graphs.num_mesh_nodes * 7 / 8
-  assert part.halos["grid_to_mesh"].rows_received() < 0.25 * graphs.num_grid_nodes * 7 / 8
+  assert part.plans["mesh"].rows_received() < 0.5 * graphs.num_nodes("mesh") * 7 / 8
+  assert part.plans["grid_to_mesh"].rows_received() < 0.25 * graphs.num_nodes("grid") * 7 / 8
 
 
 def test_mesh_shape_errors():
@@ -174,7 +225,7 @@ def test_four_graph_shards_use_much_less_memory_per_device():
   config.mesh.data, config.mesh.graph = 1, 4
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
   positions = setup.node_positions(config, latitude, longitude)
-  layout = ShardedLayout(mesh, graphs, *positions, "halo")
+  layout = ShardedLayout(mesh, graphs, positions, "halo")
   device_constants, halo_indices = layout.abstract_constants(constants)
   batch = layout.abstract_batch(batch)
   graphdef, _ = setup.init_model_shapes(config)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from problems import loss_and_grad_fn, synthetic_problem
+from problems import device_batch, loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.graphs import grid, icosahedron, neighbourhoods
@@ -67,11 +67,11 @@ def sharded(config, problem, graph, exchange):
   constants, batch, params, positions = problem
   config.mesh.data, config.mesh.graph = 1, graph
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:graph])
-  layout = ShardedLayout(mesh, constants.graphs, *positions, exchange)
+  layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(config)
   fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
-  return fn(params, device_constants, halo_indices, layout.batch(batch))
+  return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_graphs_of_the_transformer_carry_the_neighbour_lists():
   counts = graphs.counts()
   # 162 nodes: 12 with 5 neighbours, 150 with 6, each itself too.
   assert counts["mesh_neighbour_edges"] == 12 * 6 + 150 * 7
-  assert graphs.mesh_neighbours.features.shape == (counts["mesh_neighbour_edges"], 0)
+  assert graphs.edges["mesh_neighbours"].features.shape == (counts["mesh_neighbour_edges"], 0)
   gnn = config_lib.default_config()
   assert "mesh_neighbour_edges" not in setup.graphs_for_grid(gnn, LATITUDE, LONGITUDE).counts()
 
@@ -233,9 +233,9 @@ def test_halo_of_k_hop_neighbourhoods_is_smaller_than_all_gather():
   latitude, longitude = grid.regular_grid(2.0, include_poles=True)
   graphs = setup.graphs_for_grid(config, latitude, longitude)
   positions = setup.node_positions(config, latitude, longitude)
-  part = partition_lib.partition_graphs(graphs, *positions, 8, "halo")
+  part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
   # all_gather brings every shard the other 7/8 of the mesh.
-  assert part.halos["mesh_neighbours"].rows_received() < 0.5 * graphs.num_mesh_nodes * 7 / 8
+  assert part.plans["mesh_neighbours"].rows_received() < 0.5 * graphs.num_nodes("mesh") * 7 / 8
 
 
 # --- the WeatherNext 2 shape: narrow edge latents, global inputs -------------------------

@@ -124,6 +124,15 @@ class Started:
     """What a terminal does on Ctrl-C: SIGINT to the whole foreground process group."""
     os.killpg(self.process.pid, signal.SIGINT)
 
+  def pause(self):
+    """Ctrl-Z: SIGSTOP to the process group. A paused run stays alive (it keeps its
+    workdir lock) but takes no step, so a test's window cannot close on a loaded machine."""
+    os.killpg(self.process.pid, signal.SIGSTOP)
+
+  def resume(self):
+    """`fg`: SIGCONT; signals sent while paused are delivered now."""
+    os.killpg(self.process.pid, signal.SIGCONT)
+
   def finish(self, timeout=300.0) -> int:
     try:
       code = self.process.wait(timeout=timeout)

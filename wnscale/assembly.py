@@ -137,7 +137,7 @@ def assemble(config: ml_collections.ConfigDict, grid, stats: xr.Dataset | None, 
   shards = mesh.shape[mesh_lib.GRAPH]
   with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
              f"data x {shards} graph devices)"):
-    layout = ShardedLayout(mesh, graphs, *setup.node_positions(config, latitude, longitude),
+    layout = ShardedLayout(mesh, graphs, setup.node_positions(config, latitude, longitude),
                            config.mesh.exchange)
   graphdef = model_params = None
   if params == "init":

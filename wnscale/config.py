@@ -240,8 +240,9 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   # module: a launcher that validates no config (evaluate, make_dataset, ...) then starts
   # without importing JAX and Flax (~2 s of CPU per launch).
   from wnscale.model import remat  # noqa: PLC0415
-  from wnscale.model.graphcast import DTYPES, PROCESSORS  # noqa: PLC0415
-  from wnscale.sharding.partition import EXCHANGE_MODES  # noqa: PLC0415
+  from wnscale.model.graphcast import DTYPES  # noqa: PLC0415
+  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
+  from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
   if m.remat_policy != "auto":
@@ -255,15 +256,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
-  _require(m.processor != "transformer" or m.latent_size % m.transformer_heads == 0,
-           f"model.transformer_heads={m.transformer_heads} must divide "
-           f"model.latent_size={m.latent_size}")
+  problem = PROCESSORS[m.processor].check(m)
+  _require(problem is None, problem)
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
   _require(m.mesh_to_grid_edge_normalization >= 0,
            "model.mesh_to_grid_edge_normalization must be >= 0 (0: the longest edge)")
   _require(config.mesh.exchange in EXCHANGE_MODES,
-           f"mesh.exchange={config.mesh.exchange!r}, expected one of {EXCHANGE_MODES}")
+           f"mesh.exchange={config.mesh.exchange!r}, expected one of {tuple(EXCHANGE_MODES)}")
   for axis in ("data", "graph"):
     size = config.mesh[axis]
     _require(size == -1 or size >= 1, f"mesh.{axis}={size} must be >= 1 or -1")

@@ -36,7 +36,7 @@ from wnscale.data import era5_files, writer
 from wnscale.data import store as store_lib
 from wnscale.data.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import WriteProgress
+from wnscale.progress import WriteProgress
 from wnscale.errors import UserError
 
 BLOCK_BYTES = 256 * 2**20
@@ -70,7 +70,7 @@ def is_converting(path: str) -> bool:
 
 def convert_era5(sources: list[str], out: str, *, member: int | None = None,
                  start: str | None = None, end: str | None = None, overwrite: bool = False,
-                 block_bytes: int = BLOCK_BYTES) -> str:
+                 block_bytes: int = BLOCK_BYTES, write_times=None) -> str:
   """Writes the store at `out` from the CDS files `sources` (paths or globs); returns `out`.
 
   Locally the store is built at `<out>.partial` and renamed to `out` when whole (an
@@ -84,6 +84,10 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
     start, end: the first and last time to keep (any pandas time string).
     overwrite: replace an existing store at `out`, and a conversion of other sources
       cut short.
+    write_times: `(where, plan, done, per_block, out)`, writes the times from `done` on
+      into the store laid out at `where`, `per_block` at a time (`write_block`), and marks
+      it complete (`finish`); default: here, block after block, with progress.
+      `convert_beam` runs the blocks as a Beam pipeline.
   """
   out = paths.normalize(out)
   outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
@@ -102,7 +106,8 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
     else:
       logging.info("Continuing the conversion into %s after %d of %d times.", out, done,
                    len(plan.times))
-    _write_times(where, plan, done, max(1, block_bytes // plan.bytes_per_time), out)
+    (write_times or _write_times)(where, plan, done,
+                                  max(1, block_bytes // plan.bytes_per_time), out)
   return out
 
 
@@ -114,16 +119,28 @@ def _write_times(where: str, plan: _Plan, done: int, per_block: int, out: str):
   record = writer.read_attrs(where)[CONVERSION]
   for first in range(done, len(plan.times), per_block):
     last = min(first + per_block, len(plan.times))
-    block = plan.times[first:last]
-    writes = [handles[name][first:last].write(plan.read(name, block))
-              for name in plan.time_variables]
-    for write in writes:
-      write.result()
+    write_block(plan, handles, first, last)
     record["times_written"] = last
     writer.update_attrs(where, {CONVERSION: record})  # after the data: a resume redoes no less
     progress.done(last)
   progress.close()
-  record["complete"] = True
+  finish(where, plan)
+
+
+def write_block(plan: _Plan, handles: dict, first: int, last: int):
+  """Reads the store's times `first:last` of every time variable from the plan's files and
+  writes them through `handles` (`{name: writer.open_variable(...)}`)."""
+  block = plan.times[first:last]
+  writes = [handles[name][first:last].write(plan.read(name, block))
+            for name in plan.time_variables]
+  for write in writes:
+    write.result()
+
+
+def finish(where: str, plan: _Plan):
+  """Marks the store at `where` complete: every time of `plan` is written."""
+  record = writer.read_attrs(where)[CONVERSION]
+  record.update(times_written=len(plan.times), complete=True)
   writer.update_attrs(where, {CONVERSION: record})
 
 

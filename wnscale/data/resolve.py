@@ -23,7 +23,7 @@ from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import size_text
+from wnscale.progress import size_text
 from wnscale.errors import UserError
 
 # How long a process waits for process 0 to write a synthetic store or compute

@@ -32,7 +32,7 @@ import zarr
 from wnscale import outputs, paths
 from wnscale.data import forcings
 from wnscale.data import variables as variables_lib
-from wnscale.data.write_progress import WriteProgress
+from wnscale.progress import WriteProgress
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 

@@ -22,6 +22,7 @@ intact until then).
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -100,7 +101,8 @@ class _DayHourSums:
 
 def compute_climatology(path: str, out: str, start: str | None = None, end: str | None = None,
                         *, variables=None, levels=None, window: int = 61,
-                        memory_bytes: int = 2 * 2**30, overwrite: bool = False) -> str:
+                        memory_bytes: int = 2 * 2**30, overwrite: bool = False,
+                        for_each=None) -> str:
   """Writes the climatology of store `path` over [start, end] to the zarr store `out`.
 
   Args:
@@ -109,6 +111,9 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
     window: smoothing window in days (odd).
     memory_bytes: bound on the sums held at once (blocks of levels and rows).
     overwrite: replace an existing climatology store at `out`.
+    for_each: `(function, items) -> None`, calls `function(item)` for every block of a
+      variable's levels and latitude rows (`beam_pipelines.for_each` runs them as a Beam
+      pipeline); default: here, one after the other.
 
   Returns:
     `out`, absolute.
@@ -134,10 +139,16 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   layout = _layout(dataset, names, level_values, hours, window, path, times[indices])
   with outputs.building(out, overwrite) as where:
     writer.create_store(where, *layout)
-    for name in names:
-      _write_variable(dataset, name, level_values, times, indices, hours, weights,
-                      memory_bytes, where)
+    blocks = [(name, *block) for name in names
+              for block in _blocks(dataset, name, level_values, len(hours), memory_bytes)]
+    (for_each or _in_turn)(functools.partial(_write_block, paths.normalize(path), level_values,
+                                             indices, hours, weights, where), blocks)
   return out
+
+
+def _in_turn(function, items):
+  for item in items:
+    function(item)
 
 
 def _variables(dataset, variables, path):
@@ -186,43 +197,58 @@ def _layout(dataset, names, levels, hours, window, path, times):
   return coords, variables, attrs
 
 
-def _write_variable(dataset, name, levels, times, indices, hours, weights, memory_bytes, out):
-  """Sums, smooths and writes one variable, block by block."""
+def _field(dataset, name, levels):
+  """`name` of the store `[time, level, lat, lon]`, at `levels` (a surface one: 1 level)."""
   field = dataset[name]
-  atmospheric = variables_lib.lookup(name).atmospheric
-  if atmospheric:
+  if variables_lib.lookup(name).atmospheric:
     store_levels = [int(level) for level in dataset["level"].values]
     field = field.isel(level=[store_levels.index(level) for level in levels])
-    field = field.transpose("time", "level", *store_lib.STATIC_DIMS)
-  else:
-    field = field.transpose("time", *store_lib.STATIC_DIMS).expand_dims("level", axis=1)
-  num_levels, num_lat, num_lon = field.shape[1:]
-  handle = writer.open_variable(out, name)
-  per_value = len(hours) * DAYS * _BYTES_PER_VALUE
+    return field.transpose("time", "level", *store_lib.STATIC_DIMS)
+  return field.transpose("time", *store_lib.STATIC_DIMS).expand_dims("level", axis=1)
+
+
+def _blocks(dataset, name, levels, num_hours, memory_bytes) -> list[tuple[slice, slice]]:
+  """`(levels, latitude rows)` blocks of `name` whose sums fit `memory_bytes`."""
+  num_levels, num_lat, num_lon = _field(dataset, name, levels).shape[1:]
+  per_value = num_hours * DAYS * _BYTES_PER_VALUE
   whole_levels = memory_bytes // (per_value * num_lat * num_lon)
   levels_per_block = max(1, whole_levels)
   rows_per_block = num_lat if whole_levels else max(1, memory_bytes // (per_value * num_lon))
-  hour_index = np.searchsorted(hours, times.hour[indices])  # hours: sorted, all present
-  years, days = np.asarray(times.year[indices]), np.asarray(times.day_of_year[indices])
-  for level_start in range(0, num_levels, levels_per_block):
-    level_block = slice(level_start, min(level_start + levels_per_block, num_levels))
-    for row_start in range(0, num_lat, rows_per_block):
-      rows = slice(row_start, min(row_start + rows_per_block, num_lat))
-      block = field.isel(level=level_block, latitude=rows)
-      sums = _DayHourSums(len(hours), block.shape[1:])
-      step = max(1, _READ_BYTES // (4 * int(np.prod(block.shape[1:]))))
-      for first in range(0, len(indices), step):
-        values = block.isel(time=indices[first:first + step]).values.astype(np.float64)
-        for i, value in enumerate(values, start=first):
-          sums.add(hour_index[i], years[i], days[i], value)
-      result = sums.smoothed(weights)  # [hours, days, levels, rows, lon]
-      target = result if atmospheric else result[:, :, 0]
-      region = (slice(None), slice(None)) + ((level_block,) if atmospheric else ()) + (rows,)
-      handle[region].write(target).result()
-      levels_done = (f"levels {level_block.start + 1}-{level_block.stop} of {num_levels}, "
-                     if atmospheric else "")
-      logging.info("climatology: %s, %slatitude rows %d-%d of %d done", name, levels_done,
-                   rows.start + 1, rows.stop, num_lat)
+  return [(slice(level_start, min(level_start + levels_per_block, num_levels)),
+           slice(row_start, min(row_start + rows_per_block, num_lat)))
+          for level_start in range(0, num_levels, levels_per_block)
+          for row_start in range(0, num_lat, rows_per_block)]
+
+
+def _write_block(path, levels, indices, hours, weights, out, block):
+  """Sums, smooths and writes `block = (name, levels, latitude rows)` over the store's
+  times at `indices`.
+
+  The store at `path` is opened here (its metadata), so that a block can be written
+  by another process (a Beam worker).
+  """
+  name, level_block, rows = block
+  field = _field(store_lib.open_metadata(path), name, levels)
+  atmospheric = variables_lib.lookup(name).atmospheric
+  num_levels, num_lat = field.shape[1:3]
+  block_field = field.isel(level=level_block, latitude=rows)
+  times = pd.DatetimeIndex(field["time"].values)[indices]
+  hour_index = np.searchsorted(hours, times.hour)  # hours: sorted, all present
+  years, days = np.asarray(times.year), np.asarray(times.day_of_year)
+  sums = _DayHourSums(len(hours), block_field.shape[1:])
+  step = max(1, _READ_BYTES // (4 * int(np.prod(block_field.shape[1:]))))
+  for first in range(0, len(indices), step):
+    values = block_field.isel(time=indices[first:first + step]).values.astype(np.float64)
+    for i, value in enumerate(values, start=first):
+      sums.add(hour_index[i], years[i], days[i], value)
+  result = sums.smoothed(weights)  # [hours, days, levels, rows, lon]
+  target = result if atmospheric else result[:, :, 0]
+  region = (slice(None), slice(None)) + ((level_block,) if atmospheric else ()) + (rows,)
+  writer.open_variable(out, name)[region].write(target).result()
+  levels_done = (f"levels {level_block.start + 1}-{level_block.stop} of {num_levels}, "
+                 if atmospheric else "")
+  logging.info("climatology: %s, %slatitude rows %d-%d of %d done", name, levels_done,
+               rows.start + 1, rows.stop, num_lat)
 
 
 def at_valid_times(climatology: xr.Dataset, valid_times, dim: str = "lead_time") -> xr.Dataset:

@@ -35,27 +35,11 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from wnscale.errors import UserError
+
+from wnscale.graphs.grid import cell_area_weights
 
 LATITUDE, LONGITUDE = "latitude", "longitude"
 SPATIAL_DIMS = (LATITUDE, LONGITUDE)
-
-
-def cell_area_weights(latitude) -> np.ndarray:
-  """`[num_lat]` float64 weights of latitude rows (degrees, any order), mean 1.
-
-  Each row's cell runs half-way to its neighbours, and to +-90 deg at the ends.
-  """
-  latitude = np.asarray(latitude, np.float64)
-  order = np.argsort(latitude)
-  ascending = np.deg2rad(latitude[order])
-  if np.any(np.diff(ascending) <= 0):
-    raise UserError(f"Latitudes must be distinct; got {latitude.tolist()}")
-  bounds = np.concatenate([[-np.pi / 2], (ascending[:-1] + ascending[1:]) / 2, [np.pi / 2]])
-  area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
-  weights = np.empty_like(area)
-  weights[order] = area / area.mean()
-  return weights
 
 
 def latitude_weights(data: xr.DataArray | xr.Dataset) -> xr.DataArray:

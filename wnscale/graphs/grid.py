@@ -95,3 +95,20 @@ def xyz_to_lat_lon(xyz: np.ndarray):
   lon = np.mod(np.rad2deg(np.arctan2(y, x)), 360)
   lat = 90 - np.rad2deg(np.arccos(np.clip(z, -1, 1)))
   return lat, lon
+
+
+def cell_area_weights(latitude) -> np.ndarray:
+  """`[num_lat]` float64 weights of latitude rows (degrees, any order), mean 1.
+
+  Each row's cell runs half-way to its neighbours, and to +-90 deg at the ends.
+  """
+  latitude = np.asarray(latitude, np.float64)
+  order = np.argsort(latitude)
+  ascending = np.deg2rad(latitude[order])
+  if np.any(np.diff(ascending) <= 0):
+    raise UserError(f"Latitudes must be distinct; got {latitude.tolist()}")
+  bounds = np.concatenate([[-np.pi / 2], (ascending[:-1] + ascending[1:]) / 2, [np.pi / 2]])
+  area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
+  weights = np.empty_like(area)
+  weights[order] = area / area.mean()
+  return weights

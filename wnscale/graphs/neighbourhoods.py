@@ -82,7 +82,7 @@ def build_neighbourhoods(mesh_levels: int, k: int, use_cache: bool = True):
   """`(senders, receivers)` of the `k`-hop neighbourhoods of the finest of `mesh_levels` meshes.
 
   Indices are mesh node indices (the finest mesh's vertices, as in
-  `wnscale.graphs.build.Graphs`). Cached under `<cache dir>/neighbourhoods/`,
+  `wnscale.graphs.graph.Graphs`). Cached under `<cache dir>/neighbourhoods/`,
   keyed by the arguments and the graph code; the file holds the senders and
   each receiver's count (receivers are sorted, so the counts give them back).
   """

@@ -33,7 +33,7 @@ from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
-from wnscale.inference.progress import Progress
+from wnscale.progress import ForecastProgress
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
 from wnscale.model import setup
 from wnscale.sharding import mesh as mesh_lib
@@ -156,7 +156,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     # One row per (initial time, member), initial time major; a deterministic run: member None.
     rows = [(init_index, member) for init_index in remaining
             for member in (range(members) if members else [None])]
-    progress = Progress(len(rows), num_leads, stream)
+    progress = ForecastProgress(len(rows), num_leads, stream)
     peak = _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster,
                           output, progress, stop)
     progress.close()

@@ -87,7 +87,7 @@ class Predictor:
     self.input_steps = d.input_steps
     self.time_step = pd.Timedelta(hours=d.time_step_hours)
     self.normalization = assembly.normalization
-    self.grid = assembly.layout.partitioned.grid
+    self.grid = assembly.layout.grid
     self.step = ShardedStep(assembly, params)
 
   def __call__(self, inputs: xr.Dataset, statics: xr.Dataset, num_steps: int = 1,

@@ -104,7 +104,7 @@ class StreamingForecaster:
     self.noise_channels = config.model.noise_channels
     self.noise_key = ensemble.noise_key(config.seed)
     self.step = ShardedStep(assembly, params)
-    statics = self.layout.partitioned.grid.to_slots(
+    statics = self.layout.grid.to_slots(
         norm.input_scales.statics(store.read_statics()), -1)
     self.statics = self._put("statics", np.broadcast_to(statics,
                                                         (self.batch_size,) + statics.shape))
@@ -142,7 +142,7 @@ class StreamingForecaster:
         values = forcings_lib.compute_forcings(times, self.store.latitude,
                                                self.store.longitude, self.forcings)
       windows.append(self.normalization.input_scales.forcings(values))
-    return self.layout.partitioned.grid.to_slots(np.stack(windows), -1)
+    return self.layout.grid.to_slots(np.stack(windows), -1)
 
   def _global_forcings(self, init_times, lead: int) -> np.ndarray:
     """`[B, input_steps + 1, F_global]` at lead `lead`'s history and target."""
@@ -211,7 +211,7 @@ class StreamingForecaster:
 
   def _to_host(self, state: jax.Array, count: int) -> np.ndarray:
     """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`."""
-    normalized = self.layout.partitioned.grid.from_slots(np.asarray(state)[:count], -1)
+    normalized = self.layout.grid.from_slots(np.asarray(state)[:count], -1)
     return normalized * self.normalization.std[:, None] + self.normalization.mean[:, None]
 
 

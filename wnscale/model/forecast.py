@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wnscale.data import variables as variables_lib
-from wnscale.graphs.build import Graphs
-from wnscale.model.graphcast import GraphCast, LocalExchange
+from wnscale.graphs.graph import Graphs
+from wnscale.model.graphcast import GraphCast, local_exchange
 
 NUM_STATICS = len(variables_lib.STATIC_VARIABLES)
 
@@ -74,7 +74,7 @@ def _stack_steps(x: jax.Array) -> jax.Array:
 
 
 def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
-             exchange=LocalExchange(), global_forcings=None, noise=None):
+             exchange=local_exchange, global_forcings=None, noise=None):
   """The next normalized outputs `[B, C_out, G]`: the state, then target-only channels.
 
   Args:
@@ -108,7 +108,7 @@ def advance_history(history, prediction):
 
 
 def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
-            exchange=LocalExchange()):
+            exchange=local_exchange):
   """Autoregressive predictions `[B, target_steps, C_out, G]`, normalized.
 
   Each step's predicted state joins the history of the next; forcings slide along.

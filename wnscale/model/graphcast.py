@@ -1,9 +1,10 @@
 """The GraphCast network: encoder (grid -> mesh), processor (mesh), decoder (mesh -> grid).
 
-The processor is chosen by `model.processor`: GraphCast's interaction networks
-on the multi-mesh (`mesh_gnn.MeshGNN`) or WeatherNext 2's transformer with
-attention within k-hop neighbourhoods of the finest mesh
-(`mesh_transformer.MeshTransformer`); encoder and decoder are the same for both.
+The processor is the `processors.PROCESSORS` entry `model.processor` names:
+GraphCast's interaction networks on the multi-mesh (`mesh_gnn.MeshGNN`) or
+WeatherNext 2's transformer with attention within k-hop neighbourhoods of the
+finest mesh (`mesh_transformer.MeshTransformer`); encoder and decoder are the
+same for both.
 
 Shapes (per example; the batch is vmapped):
   grid inputs   [num_grid_nodes, input_channels]
@@ -25,37 +26,25 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from wnscale.graphs.build import EdgeSet, Graphs
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
+from wnscale.graphs.graph import EdgeSet, Graphs
 from wnscale.model import norm, remat
 from wnscale.model.blocks import map_row_blocks
-from wnscale.model.mesh_gnn import MeshGNN
-from wnscale.model.mesh_transformer import MeshTransformer
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
+from wnscale.model.processors import PROCESSORS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-PROCESSORS = {"interaction_network": MeshGNN, "transformer": MeshTransformer}
 
 
-class LocalExchange:
-  """Sender tables on one device: each edge set's senders index the node array itself.
+def local_exchange(edge_set: str, rows):
+  """The sender table of `edge_set` on one device: its senders index `rows` itself.
 
-  Under `shard_map`, an exchange extends the local node array with the remote
-  rows the local edges need (see `wnscale.sharding`); the model code is the same.
+  Under `shard_map`, an exchange (`wnscale.sharding.exchange`) extends the
+  local rows with the remote rows the local edges need; the model code is the same.
   """
-
-  def grid_to_mesh(self, grid_latents):
-    return grid_latents
-
-  def mesh(self, mesh_latents):
-    return mesh_latents
-
-  def mesh_to_grid(self, mesh_latents):
-    return mesh_latents
-
-  def mesh_neighbours(self, mesh_latents):
-    return mesh_latents
+  del edge_set
+  return rows
 
 
 class EncoderDecoderEdges(nnx.Module):
@@ -114,7 +103,7 @@ class GraphCast(nnx.Module):
     self.grid_to_mesh_edges = edges()
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
-    self.processor = PROCESSORS[config.processor](config, dtype=dtype, rngs=rngs)
+    self.processor = PROCESSORS[config.processor].module(config, dtype=dtype, rngs=rngs)
     # Decoder.
     self.mesh_to_grid_edges = edges()
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
@@ -133,7 +122,7 @@ class GraphCast(nnx.Module):
     """The `[message_passing_steps]`-stacked interaction networks."""
     return self.processor.layers
 
-  def __call__(self, graphs: Graphs, grid_input_parts, exchange=LocalExchange(),
+  def __call__(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
                global_inputs: jax.Array | None = None, noise: jax.Array | None = None):
     """`grid inputs [batch, input_channels, num_grid_nodes] -> [batch, num_grid_nodes,
     output_channels]`.
@@ -163,7 +152,7 @@ class GraphCast(nnx.Module):
         with jax.named_scope("processor"):
           mesh = self.processor(graphs, mesh, exchange)
         with jax.named_scope("decoder"):
-          return self.decode(graphs.mesh_to_grid, grid, mesh, exchange)
+          return self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange)
 
     return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise)
 
@@ -186,18 +175,18 @@ class GraphCast(nnx.Module):
 
     def encoder(model, graphs, grid_input_parts, global_inputs):
       grid, projected_grid = map_row_blocks(
-          model, embed_grid, config.grid_blocks, (graphs.grid_node_features,),
+          model, embed_grid, config.grid_blocks, (graphs.nodes["grid"].features,),
           columns=tuple(grid_input_parts))
-      mesh_inputs = graphs.mesh_node_features.astype(self.dtype)
+      mesh_inputs = graphs.nodes["mesh"].features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
         mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(
             global_inputs.astype(self.dtype), mesh_inputs.shape[:1] + global_inputs.shape)], -1)
       mesh = model.mesh_embedder(mesh_inputs)
-      edges, interaction = graphs.grid_to_mesh, model.grid_to_mesh_edges.interaction
+      edges, interaction = graphs.edges["grid_to_mesh"], model.grid_to_mesh_edges.interaction
       # Projected before the exchange: only local rows are multiplied.
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
-          edges.senders, edges.receivers, exchange.grid_to_mesh(projected_grid),
+          edges.senders, edges.receivers, exchange("grid_to_mesh", projected_grid),
           interaction.project_receivers(mesh), mesh.shape[0], config.edge_chunks)
       mesh = interaction.update_nodes(mesh, messages)
       grid = map_row_blocks(model, update_grid, config.grid_blocks, (grid,))
@@ -227,8 +216,8 @@ class GraphCast(nnx.Module):
       return model.output_mlp(grid).astype(jnp.float32)
 
     def decoder(model, grid, mesh):
-      sender_table = exchange.mesh_to_grid(
-          model.mesh_to_grid_edges.interaction.project_senders(mesh))
+      sender_table = exchange(
+          "mesh_to_grid", model.mesh_to_grid_edges.interaction.project_senders(mesh))
       if config.grid_blocks == 1:
         return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
                            sender_table, config.edge_chunks)

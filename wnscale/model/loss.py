@@ -14,16 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wnscale.evaluation.metrics import cell_area_weights
+from wnscale.graphs.grid import cell_area_weights
 from wnscale.model import ensemble, forecast
 from wnscale.model.forecast import Constants
-from wnscale.model.graphcast import GraphCast, LocalExchange
+from wnscale.model.graphcast import GraphCast, local_exchange
 
 
 def latitude_weights(latitude_deg: np.ndarray, num_lon: int) -> np.ndarray:
   """Per-node weights `[num_lat * num_lon]` proportional to cell area, mean 1.
 
-  WeatherBench2's weights (`evaluation.metrics.cell_area_weights`), so the loss
+  WeatherBench2's weights (`graphs.grid.cell_area_weights`), so the loss
   and every reported RMSE weigh the grid alike; pole rows get their small but
   nonzero cap area instead of cos(90 deg) = 0.
   """
@@ -42,7 +42,7 @@ def weighted_squared_error(predictions, targets, constants: Constants):
 
 
 def loss_sum(model: GraphCast, constants: Constants, batch, *, loss: str = "mse",
-             remat_steps: bool = False, exchange=LocalExchange(), remote_members=None):
+             remat_steps: bool = False, exchange=local_exchange, remote_members=None):
   """The batch's loss summed over examples, lead times and grid nodes (a scalar).
 
   Divide by examples x lead times x grid nodes for the mean. A batch with

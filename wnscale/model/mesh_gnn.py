@@ -17,8 +17,8 @@ from __future__ import annotations
 import ml_collections
 from flax import nnx
 
-from wnscale.graphs.build import Graphs
 from wnscale.graphs.features import EDGE_FEATURES
+from wnscale.graphs.graph import Graphs
 from wnscale.model import remat
 from wnscale.model.blocks import split_rows
 from wnscale.model.message_passing import InteractionNetwork, float32_sum, scan_edge_blocks
@@ -47,7 +47,7 @@ class MeshGNN(nnx.Module):
 
   def __call__(self, graphs: Graphs, mesh, exchange):
     """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps."""
-    config, edges, num_mesh = self.config, graphs.mesh, mesh.shape[0]
+    config, edges, num_mesh = self.config, graphs.edges["mesh"], mesh.shape[0]
     chunks = config.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     senders = split_rows(edges.senders, chunks)
@@ -66,7 +66,7 @@ class MeshGNN(nnx.Module):
     def one_layer(carry, layer_state):
       mesh, edge_latents = carry
       layer = nnx.merge(graphdef, layer_state)
-      tables = (layer_state, exchange.mesh(layer.project_senders(mesh)),
+      tables = (layer_state, exchange("mesh", layer.project_senders(mesh)),
                 layer.project_receivers(mesh))
       summed, edge_latents = scan_edge_blocks(edge_block, (edge_latents, senders, receivers),
                                               tables, num_mesh, mesh.shape[-1])

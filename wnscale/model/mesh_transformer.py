@@ -8,7 +8,7 @@ axis (like the mesh GNN's), then a final layer norm:
 
 Attention is multi-head, over each mesh node's k-hop neighbourhood on the
 finest mesh (itself included), computed from the explicit neighbour edge list
-`graphs.mesh_neighbours` (`wnscale.model.sparse_attention`). Queries,
+`graphs.edges["mesh_neighbours"]` (`wnscale.model.sparse_attention`). Queries,
 keys and values have no bias; the two output projections start at zero, so a
 fresh block is the identity (WeatherNext 2's released initialisation: the
 other matrices are truncated normal with variance 2 / (layers * fan_in)).
@@ -17,7 +17,7 @@ encoder (the mesh embedder's node features and the grid-to-mesh edge
 features), as in WeatherNext 2.
 
 Under `shard_map` keys and values are computed on the local rows, then the
-exchange brings the rows of remote neighbours (`exchange.mesh_neighbours`).
+exchange brings the rows of remote neighbours (`exchange("mesh_neighbours", rows)`).
 Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
 """
 
@@ -28,7 +28,7 @@ import ml_collections
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from wnscale.graphs.build import Graphs
+from wnscale.graphs.graph import Graphs
 from wnscale.model import norm, remat
 from wnscale.model.sparse_attention import neighbour_attention
 
@@ -58,7 +58,7 @@ class TransformerBlock(nnx.Module):
     normed = self.attention_norm(nodes)
     queries = self.query(normed).reshape((num_nodes,) + head_shape) * head_shape[1] ** -0.5
     # Keys and values of the local rows; the exchange adds the remote neighbours' rows.
-    keys_values = exchange.mesh_neighbours(self.key_value(normed))
+    keys_values = exchange("mesh_neighbours", self.key_value(normed))
     keys, values = (x.reshape((-1,) + head_shape) for x in
                     (keys_values[:, :width], keys_values[:, width:]))
     attended = neighbour_attention(queries, keys, values, neighbours.senders,
@@ -89,10 +89,10 @@ class MeshTransformer(nnx.Module):
 
   def __call__(self, graphs: Graphs, mesh, exchange):
     """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
-    config, neighbours = self.config, graphs.mesh_neighbours
+    config, neighbours = self.config, graphs.edges.get("mesh_neighbours")
     if neighbours is None:
-      raise ValueError("The transformer processor needs graphs.mesh_neighbours (the k-hop "
-                       "neighbour lists; setup.graphs_for_grid adds them).")
+      raise ValueError("The transformer processor needs the edge set mesh_neighbours (the "
+                       "k-hop neighbour lists; setup.graphs_for_grid adds them).")
     graphdef, stacked_state = nnx.split(self.layers)
 
     def one_layer(nodes, layer_state):

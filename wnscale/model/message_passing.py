@@ -38,7 +38,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.model import remat
 from wnscale.model.blocks import split_rows
-from wnscale.model.mlp import MLP
+from wnscale.model.mlp import MLP, mlp_flops
 from wnscale.model.varying import vary_like
 
 
@@ -94,6 +94,13 @@ class InteractionNetwork(nnx.Module):
     summed_messages = checkpoint_name(summed_messages, remat.MESSAGES)
     updated = nodes + self.node_mlp(jnp.concatenate([nodes, summed_messages], -1))
     return checkpoint_name(updated, remat.NODE_LATENTS)
+
+
+def interaction_flops(edges: int, senders: int, receivers: int, latent_size: int,
+                      edge_size: int) -> float:
+  """Matmul FLOPs of one `InteractionNetwork`'s messages: the edge MLP, node-level projections."""
+  return (mlp_flops(edges, edge_size, latent_size, latent_size)
+          + 2.0 * (senders + receivers) * latent_size * latent_size)
 
 
 def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_receivers: int,

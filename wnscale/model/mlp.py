@@ -42,3 +42,8 @@ class MLP(nnx.Module):
     """
     y = self.out(lean.swish(hidden))
     return self.norm(y) if self.norm is not None else y
+
+
+def mlp_flops(rows: int, in_size: int, hidden_size: int, out_size: int) -> float:
+  """Matmul FLOPs of an `MLP` over `rows` rows (the planner's analytic count)."""
+  return 2.0 * rows * (in_size * hidden_size + hidden_size * out_size)

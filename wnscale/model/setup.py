@@ -9,13 +9,13 @@ import numpy as np
 from flax import nnx
 
 from wnscale.data import variables as variables_lib
-from wnscale.graphs import grid as grid_lib
-from wnscale.graphs import icosahedron
-from wnscale.graphs.build import Graphs, build_graphs
-from wnscale.graphs.neighbourhoods import build_neighbourhoods
+from wnscale.graphs import build
+from wnscale.graphs.edge_sets import graphcast_edge_sets
+from wnscale.graphs.graph import Graphs
 from wnscale.model import forecast
 from wnscale.model.graphcast import GraphCast
 from wnscale.model import loss as loss_lib
+from wnscale.model.processors import PROCESSORS
 
 
 def output_variables(data_config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -60,21 +60,16 @@ def init_model_shapes(config: ml_collections.ConfigDict):
 
 def graphs_for_grid(config: ml_collections.ConfigDict, latitude, longitude,
                     use_cache: bool = True) -> Graphs:
-  """The model's graphs on a grid; with the transformer processor, its neighbour lists too."""
+  """The model's graphs on a grid: GraphCast's edge sets and those its processor adds."""
   m = config.model
-  graphs = build_graphs(latitude, longitude, m.mesh_levels, m.radius_fraction,
-                        m.mesh_to_grid_edge_normalization, use_cache=use_cache)
-  if m.processor == "transformer":
-    graphs = graphs.with_neighbourhoods(*build_neighbourhoods(
-        m.mesh_levels, m.transformer_k_hop, use_cache=use_cache))
-  return graphs
+  edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
+                   **PROCESSORS[m.processor].edge_sets(m))
+  return build.build_graphs(latitude, longitude, m.mesh_levels, edge_sets, use_cache=use_cache)
 
 
 def node_positions(config: ml_collections.ConfigDict, latitude, longitude):
-  """`(grid_xyz [num_grid_nodes, 3], mesh_xyz [num_mesh_nodes, 3])` unit vectors."""
-  grid_xyz = grid_lib.lat_lon_to_xyz(*grid_lib.grid_lat_lon(latitude, longitude))
-  mesh_xyz = icosahedron.mesh_hierarchy(config.model.mesh_levels)[-1].vertices
-  return grid_xyz, mesh_xyz
+  """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
+  return build.node_positions(latitude, longitude, config.model.mesh_levels)
 
 
 def make_constants(config: ml_collections.ConfigDict, graphs: Graphs, latitude, longitude,

@@ -55,14 +55,16 @@ def candidate_overrides(name: str) -> dict:
   return dict(_NONE, **CANDIDATES[name])
 
 
-def ranked_candidates(config, counts, num_devices, names=None) -> list[tuple[str, float, float]]:
+def ranked_candidates(config, graphs, num_devices, names=None) -> list[tuple[str, float, float]]:
   """`(name, added FLOPs, offloaded bytes)` per device and step, cheapest first: by added
-  FLOPs, then by bytes moved to host memory and back (ties keep the table's order)."""
+  FLOPs, then by bytes moved to host memory and back (ties keep the table's order).
+
+  `graphs`: the graphs or their shapes (`flops.step_flops`)."""
   ranked = []
   for name in names or CANDIDATES:
     trial = ml_collections.ConfigDict(config)
     trial.model.update(candidate_overrides(name))
-    cost = flops_lib.step_flops(trial, counts, num_devices)
+    cost = flops_lib.step_flops(trial, graphs, num_devices)
     ranked.append((name, cost["recompute"], cost["offloaded_bytes"]))
   return sorted(ranked, key=lambda item: item[1:])
 
@@ -109,7 +111,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
     logging.info("Remat plan from cache %s: %s", path, choice["reason"])
     return choice
   problem = problem or Problem(config, target, step_builder)
-  ranked = ranked_candidates(config, problem.counts, len(target.devices), names)
+  ranked = ranked_candidates(config, problem.graph_shapes, len(target.devices), names)
   peaks = {}  # candidate name -> compiled peak bytes, in the order compiled
 
   def fits(name):

@@ -62,10 +62,13 @@ class Problem:
     assembly = assemble(config, Grid(*grid_lib.regular_grid(config.data.resolution)), None,
                         self.mesh, params=None)
     self.counts = assembly.graphs.counts()
+    # Shapes only: what the FLOP model reads, without holding the arrays.
+    self.graph_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                     assembly.graphs)
     self.layout = assembly.layout
     self.constants = self.layout.abstract_constants(assembly.constants)
     self.batch = self.layout.abstract_batch(setup.batch_shapes(
-        config, assembly.graphs.num_grid_nodes, config.train.batch_size))
+        config, assembly.graphs.num_nodes("grid"), config.train.batch_size))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:
@@ -101,7 +104,7 @@ class Problem:
       peak_buffers = getattr(error, "peak_buffers", None)
       stats = _stats_from_oom_message(out_of_memory)
     seconds = time.perf_counter() - start
-    analytic = flops_lib.step_flops(config, self.counts, len(self.target.devices))
+    analytic = flops_lib.step_flops(config, self.graph_shapes, len(self.target.devices))
     memory = self.target.device_memory_bytes
     report = {
         "topology": self.target.name,

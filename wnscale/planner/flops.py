@@ -10,7 +10,11 @@ from __future__ import annotations
 import ml_collections
 
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
+from wnscale.graphs.graph import Graphs
 from wnscale.model import forecast, setup
+from wnscale.model.message_passing import interaction_flops
+from wnscale.model.mlp import mlp_flops
+from wnscale.model.processors import PROCESSORS
 
 # Fraction of a checkpointed region's forward FLOPs that the backward pass
 # recomputes under each policy (matmuls dominate; saved dots are not redone).
@@ -20,34 +24,15 @@ RECOMPUTE_FRACTION = {
 }
 
 
-def _mlp(rows: int, n_in: int, latent: int, n_out: int) -> float:
-  return 2.0 * rows * (n_in * latent + latent * n_out)
+# The encoder's and decoder's edge sets, by the stage their edge work counts in.
+EDGE_STAGES = {"encoder_edges": "grid_to_mesh", "decoder_edges": "mesh_to_grid"}
 
 
-def _edge_update(edges: int, senders: int, receivers: int, latent: int,
-                 edge_size: int) -> float:
-  """Edge MLP with node-level sender/receiver projections (see message_passing.py)."""
-  return _mlp(edges, edge_size, latent, latent) + 2.0 * (senders + receivers) * latent * latent
+def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str, float]:
+  """Forward FLOPs of one example per stage and part of a stage.
 
-
-def _attention(config: ml_collections.ConfigDict, counts: dict) -> float:
-  """One transformer block's attention over the neighbour edges: q.k and weights x values."""
-  return 4.0 * counts["mesh_neighbour_edges"] * config.model.latent_size
-
-
-def _processor(config: ml_collections.ConfigDict, counts: dict) -> float:
-  m, mesh = config.model, counts["mesh_nodes"]
-  d = m.latent_size
-  if m.processor == "transformer":  # projections q, k, v, output; feed-forward; attention
-    block = 2.0 * mesh * (4 * d * d + 2 * d * m.transformer_ffw_size)
-    return m.transformer_layers * (block + _attention(config, counts))
-  m2m = counts["mesh_edges"]
-  return _mlp(m2m, EDGE_FEATURES, d, d) + m.message_passing_steps * (
-      _edge_update(m2m, mesh, mesh, d, d) + _mlp(mesh, 2 * d, d, d))
-
-
-def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, float]:
-  """Forward FLOPs of one example per stage and part of a stage."""
+  `graphs`: the global graphs, or their shapes (only sizes are read).
+  """
   d = config.model.latent_size
   e = config.model.edge_latent_size or d
   data = config.data
@@ -56,20 +41,24 @@ def forward_flops(config: ml_collections.ConfigDict, counts: dict) -> dict[str, 
   inputs = forecast.input_channels(setup.num_state_channels(data), data.input_steps,
                                    len(data.forcings), num_globals) + NODE_FEATURES
   mesh_inputs = NODE_FEATURES + forecast.global_channels(data.input_steps, num_globals)
-  grid, mesh = counts["grid_nodes"], counts["mesh_nodes"]
-  g2m, m2g = counts["grid_to_mesh_edges"], counts["mesh_to_grid_edges"]
+  grid, mesh = graphs.num_nodes("grid"), graphs.num_nodes("mesh")
+  edge_stages = {}
+  for stage, name in EDGE_STAGES.items():
+    edges, count = graphs.edges[name], graphs.num_edges(name)
+    edge_stages[stage] = mlp_flops(count, EDGE_FEATURES, e, e) + interaction_flops(
+        count, graphs.num_nodes(edges.sender_set), graphs.num_nodes(edges.receiver_set), d, e)
   return {
-      "encoder_edges": _mlp(g2m, EDGE_FEATURES, e, e) + _edge_update(g2m, grid, mesh, d, e),
-      "encoder_grid": _mlp(grid, inputs, d, d) + _mlp(grid, d, d, d),
-      "encoder_mesh": _mlp(mesh, mesh_inputs, d, d) + _mlp(mesh, 2 * d, d, d),
-      "processor": _processor(config, counts),
-      "decoder_edges": _mlp(m2g, EDGE_FEATURES, e, e) + _edge_update(m2g, mesh, grid, d, e),
-      "decoder_nodes": _mlp(grid, 2 * d, d, d) + _mlp(grid, d, d, channels),
+      "encoder_edges": edge_stages["encoder_edges"],
+      "encoder_grid": mlp_flops(grid, inputs, d, d) + mlp_flops(grid, d, d, d),
+      "encoder_mesh": mlp_flops(mesh, mesh_inputs, d, d) + mlp_flops(mesh, 2 * d, d, d),
+      "processor": PROCESSORS[config.model.processor].cost(config.model, graphs).forward,
+      "decoder_edges": edge_stages["decoder_edges"],
+      "decoder_nodes": mlp_flops(grid, 2 * d, d, d) + mlp_flops(grid, d, d, channels),
   }
 
 
-def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int) -> dict:
-  """Per-device cost of one training step.
+def step_flops(config: ml_collections.ConfigDict, graphs: Graphs, num_devices: int) -> dict:
+  """Per-device cost of one training step (`graphs`: as `forward_flops` takes them).
 
   Returns:
     `{"model": forward + backward FLOPs, "recompute": FLOPs the remat settings
@@ -77,7 +66,8 @@ def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int
     host memory (out and back)}`.
   """
   model = config.model
-  stages = forward_flops(config, counts)
+  stages = forward_flops(config, graphs)
+  processor = PROCESSORS[model.processor].cost(model, graphs)
   fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
   encoder = stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
   decoder = stages["decoder_edges"] + stages["decoder_nodes"]
@@ -94,22 +84,14 @@ def step_flops(config: ml_collections.ConfigDict, counts: dict, num_devices: int
   if model.edge_chunks > 1:
     extra += stages["encoder_edges"] + (stages["decoder_edges"] if model.grid_blocks == 1
                                         else 0.0)
-  if model.processor == "interaction_network" and model.mesh_edge_chunks > 1:
-    d = model.latent_size  # the edge MLP (node projections stay outside the blocks)
-    extra += model.message_passing_steps * _mlp(counts["mesh_edges"], d, d, d)
-  if model.processor == "transformer" and model.transformer_edges_per_block:  # likewise
-    extra += model.transformer_layers * _attention(config, counts)
+  extra += processor.block_recompute
   examples = config.train.batch_size * config.data.target_steps
   scale = examples / num_devices
   offloaded = 0.0
   if model.remat_mesh_gnn and model.remat_policy == "offload_carries":
-    transformer = model.processor == "transformer"
-    layers = model.transformer_layers if transformer else model.message_passing_steps
-    groups = -(-layers // model.mesh_remat_every)
+    groups = -(-processor.layers // model.mesh_remat_every)
     width = 2 if model.dtype == "bfloat16" else 4
-    # The GNN carries its mesh-edge latents too; the transformer only the mesh latents.
-    rows = counts["mesh_nodes"] + (0 if transformer else counts["mesh_edges"])
-    carry = rows * model.latent_size * width
+    carry = processor.carry_rows * model.latent_size * width
     offloaded = 2 * groups * carry  # out in the forward pass, back in the backward
   return {"model": 3.0 * sum(stages.values()) * scale, "recompute": extra * scale,
           "offloaded_bytes": offloaded * scale}

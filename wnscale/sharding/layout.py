@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale.model.forecast import Constants
 from wnscale.sharding import partition as partition_lib
-from wnscale.sharding.exchange import AllGatherExchange, HaloExchange
+from wnscale.sharding.exchange import MODES
 from wnscale.sharding.mesh import DATA, GRAPH
 
 # Batch arrays (see `model.forecast`): batch on `data`, grid nodes (last axis) on `graph`;
@@ -48,12 +48,18 @@ def _has_grid_axis(key: str) -> bool:
 class ShardedLayout:
   """The graphs partitioned over a mesh's `graph` axis, and how arrays are laid out on it."""
 
-  def __init__(self, mesh: Mesh, graphs, grid_xyz, mesh_xyz, exchange: str):
+  def __init__(self, mesh: Mesh, graphs, positions: dict, exchange: str):
+    """`positions`: per node set, `[num_nodes, 3]` (`build.node_positions`)."""
     self.mesh = mesh
     self.num_shards = mesh.shape[GRAPH]
-    self.partitioned = partition_lib.partition_graphs(graphs, grid_xyz, mesh_xyz,
-                                                      self.num_shards, exchange)
-    self.num_grid_nodes = graphs.num_grid_nodes
+    self.partitioned = partition_lib.partition_graphs(graphs, positions, self.num_shards,
+                                                      exchange)
+    self.num_grid_nodes = graphs.num_nodes("grid")
+
+  @property
+  def grid(self) -> partition_lib.NodePartition:
+    """Where the grid nodes lie, the batches' grid axis."""
+    return self.partitioned.nodes["grid"]
 
   @property
   def grid_slots(self) -> np.ndarray:
@@ -62,25 +68,30 @@ class ShardedLayout:
     A source in this order (`WeatherExampleSource.in_layout`) yields batches
     ready for `global_batch`.
     """
-    return self.partitioned.grid.node_of_slot
+    return self.grid.node_of_slot
 
   def sharding(self, spec: P) -> NamedSharding:
     return NamedSharding(self.mesh, spec)
 
+  def halo_indices(self) -> dict:
+    """Host arrays the exchange needs: per edge set whose plan has any, a tuple of
+    `[num_shards, rows]` arrays (none in all_gather mode); placed on `graph`."""
+    return {name: plan.device_arrays() for name, plan in self.partitioned.plans.items()
+            if plan.device_arrays()}
+
   def _laid_out_constants(self, constants: Constants):
     """`(host arrays, shardings)`: graph arrays and node weights on `graph`, the rest replicated.
 
-    Both are `(Constants, halo_indices)`; `halo_indices` is a dict (empty in
-    all_gather mode) of per-edge-set tuples of `[num_shards, rows]` arrays.
+    Both are `(Constants, halo_indices)` (`halo_indices()`).
     """
     part = self.partitioned
     host = Constants(graphs=part.graphs, residual_scale=constants.residual_scale,
-                     node_weights=part.grid.to_slots(constants.node_weights, 0),
+                     node_weights=self.grid.to_slots(constants.node_weights, 0),
                      channel_weights=constants.channel_weights)
     # Every leaf of a field gets the field's spec (the graphs: all on `graph`).
     shardings = Constants(*(jax.tree.map(lambda _, spec=spec: self.sharding(spec), field)
                             for field, spec in zip(host, CONSTANT_SPECS)))
-    halo_indices = {name: halo.send_indices for name, halo in (part.halos or {}).items()}
+    halo_indices = self.halo_indices()
     on_graph = self.sharding(P(GRAPH))
     return (host, halo_indices), (shardings, jax.tree.map(lambda _: on_graph, halo_indices))
 
@@ -97,7 +108,7 @@ class ShardedLayout:
 
   def abstract_batch(self, shapes: dict) -> dict:
     """Sharded `jax.ShapeDtypeStruct`s of a global batch with `shapes` (grid axis: all nodes)."""
-    slots = self.num_shards * self.partitioned.grid.per_shard
+    slots = self.num_shards * self.grid.per_shard
     abstract = {}
     for key, shape in shapes.items():
       dims = list(shape.shape)
@@ -109,13 +120,8 @@ class ShardedLayout:
 
   def host_batch(self, batch: dict) -> dict:
     """Reorders a host batch's grid axis into the padded, sharded node order."""
-    return {k: self.partitioned.grid.to_slots(v, _GRID_AXIS) if _has_grid_axis(k) else v
+    return {k: self.grid.to_slots(v, _GRID_AXIS) if _has_grid_axis(k) else v
             for k, v in batch.items()}
-
-  def batch(self, batch: dict) -> dict:
-    """A global host batch as device arrays on the mesh (single process)."""
-    return {k: jax.device_put(v, self.sharding(BATCH_SPECS[k]))
-            for k, v in self.host_batch(batch).items()}
 
   def global_batch(self, local_batch: dict, global_batch_size: int, dtype=None) -> dict:
     """Global device arrays from this process's share of a batch (any process count).
@@ -142,8 +148,5 @@ class ShardedLayout:
 
   def exchange(self, halo_indices):
     """The exchange of a shard, given its `halo_indices` (inside `shard_map`)."""
-    if self.partitioned.exchange == "all_gather":
-      return AllGatherExchange()
-    offsets = {name: halo.offsets for name, halo in self.partitioned.halos.items()}
     local = {name: tuple(i[0] for i in indices) for name, indices in halo_indices.items()}
-    return HaloExchange(offsets, local, self.num_shards)
+    return MODES[self.partitioned.exchange](self.partitioned.plans, local, self.num_shards)

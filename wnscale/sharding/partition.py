@@ -1,17 +1,16 @@
 """Host-side partitioning of the graphs over the `graph` mesh axis (numpy, once).
 
-* Nodes (grid and mesh separately) are ordered along a space-filling curve (a
+* Nodes (each node set separately) are ordered along a space-filling curve (a
   Morton code of their 3-D position) and cut into contiguous, equally sized
   blocks, one per shard, each padded to the same length (padding rows are
   inert: no edge reads or writes them and their loss weight is zero).
 * Each edge lives on the shard that owns its receiver, with a shard-local
   receiver index; padding edges point one past the last receiver, which the
   segment sum drops.
-* Sender indices point into the shard's *sender table*, which depends on the
-  exchange mode:
-    all_gather: the all-gathered sender array, `[num_shards * per_shard, D]`;
-    halo: the shard's own rows followed by the rows received from other shards,
-      one block per shard offset k (received from shard `s - k` by `ppermute`).
+* Sender indices point into the shard's *sender table*, which the exchange
+  mode plans (`wnscale.sharding.exchange.MODES`).
+
+Every node set and every edge set of the graphs is partitioned alike.
 
 Every stacked array has a leading `[num_shards]` axis, sharded over `graph`.
 """
@@ -22,9 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from wnscale.graphs.build import EdgeSet, Graphs
-
-EXCHANGE_MODES = ("all_gather", "halo")
+from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
+from wnscale.sharding.exchange import MODES
 
 
 class NodePartition(NamedTuple):
@@ -58,37 +56,20 @@ class NodePartition(NamedTuple):
     return np.take(np.asarray(array), self.slot_of_node, axis=axis)
 
 
-class Halo(NamedTuple):
-  """Rows each shard sends, per shard offset `k` (shard s sends to shard s + k).
-
-  Attributes:
-    offsets: the offsets with any traffic, ascending.
-    send_indices: per offset, `[num_shards, rows]` local row indices to send
-      (padded with 0; the receiver never reads padded rows).
-  """
-
-  offsets: tuple[int, ...]
-  send_indices: tuple[np.ndarray, ...]
-
-  def rows_received(self) -> int:
-    """Rows each shard receives per exchange (padding included)."""
-    return sum(i.shape[1] for i in self.send_indices)
-
-
 class PartitionedGraphs(NamedTuple):
   """The graphs laid out over `num_shards` graph shards.
 
   Attributes:
     graphs: `Graphs` whose arrays have a leading `[num_shards]` axis and shard-local indices.
-    grid, mesh: node partitions.
-    halos: per edge set name, the `Halo` for its senders (halo mode), else None.
-    exchange: "all_gather" or "halo".
+    nodes: per node set name, its `NodePartition`.
+    plans: per edge set name, the exchange mode's plan for its senders
+      (`exchange.Gathered` or `exchange.Halo`).
+    exchange: the mode's name, a key of `exchange.MODES`.
   """
 
   graphs: Graphs
-  grid: NodePartition
-  mesh: NodePartition
-  halos: dict | None
+  nodes: dict[str, NodePartition]
+  plans: dict
   exchange: str
 
 
@@ -119,49 +100,16 @@ def partition_nodes(xyz: np.ndarray, num_shards: int) -> NodePartition:
   return NodePartition(slot_of_node, node_of_slot, per_shard)
 
 
-def _halo(sender_shard, sender_local, receiver_shard, num_shards, per_shard):
-  """Plans the halo of one edge set; returns (Halo, table index of each edge's sender)."""
-  table_index = np.where(sender_shard == receiver_shard, sender_local, -1)
-  remote = sender_shard != receiver_shard
-  offsets, send_indices, base = [], [], per_shard
-  offset_of_edge = (receiver_shard - sender_shard) % num_shards
-  for k in range(1, num_shards):
-    at_k = remote & (offset_of_edge == k)
-    if not at_k.any():
-      continue
-    # Rows shard t sends to t + k: its distinct local rows that edges on t + k read,
-    # as keys t * per_shard + local (1-D: np.unique of rows is slow for 10^8 edges).
-    edge_keys = sender_shard[at_k] * per_shard + sender_local[at_k]
-    pair_keys = np.unique(edge_keys)
-    pairs = np.stack(np.divmod(pair_keys, per_shard), 1)
-    counts = np.bincount(pairs[:, 0], minlength=num_shards)
-    rows = counts.max()
-    send = np.zeros((num_shards, rows), dtype=np.int32)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    position = np.arange(len(pairs)) - first[pairs[:, 0]]
-    send[pairs[:, 0], position] = pairs[:, 1]
-    # Receiving shard r finds row (t, local) at base + position in its table.
-    table_index[at_k] = base + position[np.searchsorted(pair_keys, edge_keys)]
-    offsets.append(k)
-    send_indices.append(send)
-    base += rows
-  return Halo(tuple(offsets), tuple(send_indices)), table_index
-
-
 def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
                      receivers_part: NodePartition, exchange: str):
-  """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], Halo | None)."""
+  """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], the mode's plan)."""
   num_shards, per_shard = receivers_part.num_shards, receivers_part.per_shard
   receiver_slot = receivers_part.slot_of_node[edges.receivers]
   receiver_shard, receiver_local = np.divmod(receiver_slot, per_shard)
-  sender_slot = senders_part.slot_of_node[edges.senders]
-  halo = None
-  if exchange == "all_gather":
-    table_index = sender_slot
-  else:
-    sender_shard, sender_local = np.divmod(sender_slot, senders_part.per_shard)
-    halo, table_index = _halo(sender_shard, sender_local, receiver_shard, num_shards,
-                              senders_part.per_shard)
+  sender_shard, sender_local = np.divmod(senders_part.slot_of_node[edges.senders],
+                                         senders_part.per_shard)
+  table_index, plan = MODES[exchange].plan(sender_shard, sender_local, receiver_shard,
+                                           num_shards, senders_part.per_shard)
   # Sorted by (shard, local receiver), i.e. by receiver slot, then by table index: each
   # shard's block stays receiver-sorted. One int64 key sorts ~3x faster than a lexsort
   # of three (10^8 attention edges), to the same order.
@@ -178,33 +126,25 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
     senders[shard, :len(block)] = table_index[block]
     receivers[shard, :len(block)] = receiver_local[block]
     features[shard, :len(block)] = edges.features[block]
-  return EdgeSet(senders, receivers, features), halo
+  return edges.replace(senders=senders, receivers=receivers, features=features), plan
 
 
-def partition_graphs(graphs: Graphs, grid_xyz: np.ndarray, mesh_xyz: np.ndarray,
-                     num_shards: int, exchange: str) -> PartitionedGraphs:
+def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shards: int,
+                     exchange: str) -> PartitionedGraphs:
   """Lays `graphs` out over `num_shards` graph shards for the `exchange` mode.
 
   Args:
-    graphs: the global graphs (`wnscale.graphs.build_graphs`).
-    grid_xyz, mesh_xyz: `[num_*_nodes, 3]` node positions, for spatial locality.
+    graphs: the global graphs (`wnscale.graphs.build.build_graphs`).
+    positions: per node set, `[num_nodes, 3]` node positions, for spatial locality.
+    exchange: a key of `exchange.MODES`.
   """
-  if exchange not in EXCHANGE_MODES:
-    raise ValueError(f"Unknown exchange mode {exchange!r}; expected one of {EXCHANGE_MODES}.")
-  grid = partition_nodes(grid_xyz, num_shards)
-  mesh = partition_nodes(mesh_xyz, num_shards)
-  stack = lambda part, features: part.to_slots(features, 0).reshape(
-      num_shards, part.per_shard, -1)
-  edge_sets, halos = {}, {}
-  for name, senders_part, receivers_part in [("grid_to_mesh", grid, mesh),
-                                             ("mesh", mesh, mesh),
-                                             ("mesh_to_grid", mesh, grid),
-                                             ("mesh_neighbours", mesh, mesh)]:
-    if getattr(graphs, name) is None:  # no transformer, no neighbour lists
-      continue
-    edge_sets[name], halos[name] = _partition_edges(getattr(graphs, name), senders_part,
-                                                    receivers_part, exchange)
-  stacked = Graphs(stack(grid, graphs.grid_node_features),
-                   stack(mesh, graphs.mesh_node_features), **edge_sets)
-  return PartitionedGraphs(stacked, grid, mesh, halos if exchange == "halo" else None,
-                           exchange)
+  if exchange not in MODES:
+    raise ValueError(f"Unknown exchange mode {exchange!r}; expected one of {tuple(MODES)}.")
+  parts = {name: partition_nodes(positions[name], num_shards) for name in graphs.nodes}
+  nodes = {name: NodeSet(parts[name].to_slots(node_set.features, 0).reshape(
+      num_shards, parts[name].per_shard, -1)) for name, node_set in graphs.nodes.items()}
+  edges, plans = {}, {}
+  for name, edge_set in graphs.edges.items():
+    edges[name], plans[name] = _partition_edges(edge_set, parts[edge_set.sender_set],
+                                                parts[edge_set.receiver_set], exchange)
+  return PartitionedGraphs(Graphs(nodes, edges), parts, plans, exchange)

@@ -1,0 +1,124 @@
+"""Edge sets as data: which node sets an edge set joins, and how its edges are found.
+
+An `EdgeSetSpec` is one entry of a `{name: EdgeSetSpec}` dict that
+`build.build_graphs` builds; a new edge set is one more entry, e.g. a second,
+wider grid-to-mesh edge set:
+
+  edge_sets = dict(graphcast_edge_sets(),
+                   grid_to_mesh_wide=EdgeSetSpec("grid", "mesh", WithinRadius(1.0)))
+
+The connectivities are frozen dataclasses: their repr is part of the graph
+cache's key, so a changed parameter builds anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from wnscale.graphs import connectivity, icosahedron
+from wnscale.graphs.neighbourhoods import build_neighbourhoods
+
+
+class Geometry(NamedTuple):
+  """What connectivities are computed from.
+
+  Attributes:
+    xyz: per node set, `[num_nodes, 3]` float32 unit vectors.
+    meshes: the icosahedral hierarchy, finest last; the `mesh` node set is
+      the finest mesh's vertices.
+  """
+
+  xyz: dict[str, np.ndarray]
+  meshes: list[icosahedron.TriangularMesh]
+
+
+@dataclasses.dataclass(frozen=True)
+class WithinRadius:
+  """Every (sender, mesh node) pair closer than `fraction` x the finest mesh's longest edge.
+
+  GraphCast's grid-to-mesh edges (fraction 0.6); the receivers are the mesh.
+  """
+
+  fraction: float
+  cached_apart = False
+
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    finest = geometry.meshes[-1]
+    # float32 radius, as the reference's: its bits decide ties at the radius.
+    radius = connectivity.max_edge_length(finest) * np.float32(self.fraction)
+    return connectivity.grid_to_mesh_edges(geometry.xyz[senders], finest, radius)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiMesh:
+  """The edges of every refinement level merged (mesh -> mesh), GraphCast's multi-mesh."""
+
+  cached_apart = False
+
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    return icosahedron.multi_mesh_edges(geometry.meshes)
+
+
+@dataclasses.dataclass(frozen=True)
+class InMeshTriangle:
+  """Each receiver to the 3 vertices of its finest-mesh triangle (the senders: the mesh)."""
+
+  cached_apart = False
+
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    return connectivity.mesh_to_grid_edges(geometry.xyz[receivers], geometry.meshes[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class KHopNeighbours:
+  """Each mesh node's `k`-hop neighbourhood on the finest mesh, itself included.
+
+  Cached on their own (`neighbourhoods.build_neighbourhoods`): at 32 hops they
+  are 10^8 edges, shared by every grid.
+  """
+
+  k: int
+  cached_apart = True
+
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    return build_neighbourhoods(len(geometry.meshes) - 1, self.k, use_cache=use_cache)
+
+
+class EdgeSetSpec(NamedTuple):
+  """One edge set: its sender and receiver node sets and its connectivity.
+
+  Attributes:
+    senders, receivers: node set names (`grid`, `mesh`).
+    connect: `(Geometry, senders, receivers, use_cache) -> (sender indices,
+      receiver indices)` sorted by receiver; `cached_apart`: it caches itself.
+    features: with GraphCast's 4 edge features (length and displacement in
+      the receiver's frame), else none (`[num_edges, 0]`).
+    normalization: what the features are divided by; 0: the longest edge.
+  """
+
+  senders: str
+  receivers: str
+  connect: WithinRadius | MultiMesh | InMeshTriangle | KHopNeighbours
+  features: bool = True
+  normalization: float = 0.0
+
+
+def graphcast_edge_sets(radius_fraction: float = 0.6,
+                        mesh_to_grid_normalization: float = 0.0) -> dict[str, EdgeSetSpec]:
+  """GraphCast's encoder, multi-mesh and decoder edge sets.
+
+  Args:
+    radius_fraction: grid-to-mesh radius as a fraction of the finest mesh's
+      longest edge.
+    mesh_to_grid_normalization: what mesh-to-grid edge features are divided by;
+      0: the longest mesh-to-grid edge (the other edge sets always use theirs).
+  """
+  return {
+      "grid_to_mesh": EdgeSetSpec("grid", "mesh", WithinRadius(float(radius_fraction))),
+      "mesh": EdgeSetSpec("mesh", "mesh", MultiMesh()),
+      "mesh_to_grid": EdgeSetSpec("mesh", "grid", InMeshTriangle(),
+                                  normalization=float(mesh_to_grid_normalization)),
+  }

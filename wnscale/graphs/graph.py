@@ -1,0 +1,89 @@
+"""The model's graph: node sets and edge sets by name (as GraphCast's `TypedGraph`).
+
+`Graphs` holds node sets (`grid`, `mesh`, ...) and edge sets (`grid_to_mesh`,
+`mesh`, `mesh_to_grid`, ...); each edge set names its sender and receiver node
+sets. It is a pytree of plain arrays (the names are static metadata), taken
+by the model as an argument, never closed over: the index arrays are not
+baked into the HLO. The same object describes the global graph (host numpy)
+and a partitioned one (`wnscale.sharding.partition`: every array with a
+leading shard axis and shard-local indices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+
+class NodeSet(NamedTuple):
+  """Nodes of one kind.
+
+  Attributes:
+    features: `[num_nodes, F]` float32 static node features.
+  """
+
+  features: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeSet:
+  """Directed edges from one node set to another, sorted by receiver.
+
+  Attributes:
+    senders: `[num_edges]` int32 indices into the sender set's nodes.
+    receivers: `[num_edges]` int32 indices into the receiver set's nodes.
+    features: `[num_edges, F]` float32 static edge features (`F` may be 0).
+    sender_set, receiver_set: names of the node sets (static, not leaves).
+  """
+
+  senders: np.ndarray
+  receivers: np.ndarray
+  features: np.ndarray
+  sender_set: str
+  receiver_set: str
+
+  def replace(self, **arrays) -> EdgeSet:
+    return dataclasses.replace(self, **arrays)
+
+
+jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features"],
+                                 meta_fields=["sender_set", "receiver_set"])
+
+
+class Graphs(NamedTuple):
+  """Node sets and edge sets by name; insertion order is the order of `counts`.
+
+  Attributes:
+    nodes: `{name: NodeSet}`; today `grid` (latitude-major grid nodes) and
+      `mesh` (the finest mesh's vertices).
+    edges: `{name: EdgeSet}`; GraphCast's `grid_to_mesh`, `mesh` (the
+      multi-mesh) and `mesh_to_grid`, and those a processor adds
+      (the transformer's `mesh_neighbours`, `wnscale.model.processors`).
+  """
+
+  nodes: dict[str, NodeSet]
+  edges: dict[str, EdgeSet]
+
+  def num_nodes(self, node_set: str) -> int:
+    return self.nodes[node_set].features.shape[-2]
+
+  def num_edges(self, edge_set: str) -> int:
+    return self.edges[edge_set].senders.shape[-1]
+
+  def counts(self) -> dict[str, int]:
+    """Node and edge counts, the keys of `launch.graph_info --json`.
+
+    `<node set>_nodes`, then `<edge set>_edges` with a plural name made
+    singular (`mesh_neighbours` -> `mesh_neighbour_edges`).
+    """
+    counts = {f"{name}_nodes": self.num_nodes(name) for name in self.nodes}
+    counts.update({f"{name.removesuffix('s')}_edges": self.num_edges(name)
+                   for name in self.edges})
+    return counts
+
+  def with_edge_sets(self, edge_sets: dict[str, EdgeSet]) -> Graphs:
+    """These graphs with `edge_sets` added (or replacing those of the same names)."""
+    return self._replace(edges={**self.edges, **edge_sets})

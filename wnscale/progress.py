@@ -1,0 +1,122 @@
+"""Progress of a long piece of work: a one-line bar on a terminal, log lines otherwise.
+
+On a terminal the bar is redrawn in place (at most every `REDRAW_SECONDS`); off
+one (a log file, a CI job) the work logs lines of its own choosing, so a long
+job is never silent and never floods the log. Two kinds of work report it:
+a store being written (`WriteProgress`: times, bytes, the time left) and a
+forecast (`ForecastProgress`: initial times, lead times, model steps per second).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import sys
+import time
+
+BAR_WIDTH = 24
+REDRAW_SECONDS = 0.1
+LOG_FRACTIONS = 10  # log lines per store write, off a terminal
+
+
+def size_text(num_bytes: float) -> str:
+  """`753.2 MB`, `1.24 GB`: decimal units, as disks and buckets are sold."""
+  if num_bytes >= 1e9:
+    return f"{num_bytes / 1e9:.2f} GB"
+  return f"{num_bytes / 1e6:.1f} MB"
+
+
+class _Bar:
+  """What both kinds share: the stream, the clock, the bar and the time left."""
+
+  def __init__(self, stream=None):
+    self.stream = sys.stderr if stream is None else stream
+    self.on_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+    self.start = time.perf_counter()
+    self._drawn = 0.0
+
+  @property
+  def seconds(self) -> float:
+    return max(time.perf_counter() - self.start, 1e-9)
+
+  def eta(self, done: float, total: float) -> str:
+    """The time left at the rate since the start, `?` before anything is done."""
+    rate = done / self.seconds
+    return str(datetime.timedelta(seconds=round((total - done) / rate))) if rate > 0 else "?"
+
+  def draw(self, done: float, total: float, text: str, now: bool = False):
+    """Redraws the bar (on a terminal; not more often than `REDRAW_SECONDS` unless `now`)."""
+    if not self.on_terminal or (not now and time.perf_counter() - self._drawn < REDRAW_SECONDS):
+      return
+    filled = round(BAR_WIDTH * done / max(total, 1))
+    self.stream.write(f"\r[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {text}  ")
+    self.stream.flush()
+    self._drawn = time.perf_counter()
+
+  def close(self):
+    if self.on_terminal:
+      self.stream.write("\n")
+      self.stream.flush()
+
+
+class WriteProgress(_Bar):
+  """Reports the writing of `num_times` time steps of `bytes_per_time` bytes each to `path`."""
+
+  def __init__(self, path: str, num_times: int, bytes_per_time: int, stream=None):
+    super().__init__(stream)
+    self.path, self.num_times, self.bytes_per_time = path, num_times, bytes_per_time
+    self.times_done = 0
+    self._logged = 0  # tenths of the work logged so far
+    logging.info("Writing %s: %d times, %s uncompressed.", path, num_times,
+                 size_text(num_times * bytes_per_time))
+
+  def _line(self) -> str:
+    written = self.times_done * self.bytes_per_time
+    return (f"times {self.times_done}/{self.num_times} | {size_text(written)} of "
+            f"{size_text(self.num_times * self.bytes_per_time)} | "
+            f"{size_text(written / self.seconds)}/s | "
+            f"ETA {self.eta(self.times_done, self.num_times)}")
+
+  def done(self, times_done: int):
+    """`times_done` time steps (counted from the first) are written."""
+    self.times_done = times_done
+    if self.on_terminal:
+      self.draw(times_done, self.num_times, self._line(), now=times_done == self.num_times)
+      return
+    tenths = LOG_FRACTIONS * times_done // max(self.num_times, 1)
+    if tenths > self._logged:
+      self._logged = tenths
+      logging.info("%s: %s", self.path, self._line())
+
+
+class ForecastProgress(_Bar):
+  """Reports `num_inits` initial times of `num_leads` lead times each, in model steps (one
+  lead time of one initial time)."""
+
+  def __init__(self, num_inits: int, num_leads: int, stream=None):
+    super().__init__(stream)
+    self.num_inits, self.num_leads = num_inits, num_leads
+    self.inits_done = self.steps_done = self.lead = 0
+
+  @property
+  def steps_per_sec(self) -> float:
+    return self.steps_done / self.seconds
+
+  def _line(self) -> str:
+    return (f"initial times {self.inits_done}/{self.num_inits} | lead {self.lead}/"
+            f"{self.num_leads} | {self.steps_per_sec:.2f} steps/s | "
+            f"ETA {self.eta(self.steps_done, self.num_inits * self.num_leads)}")
+
+  def leads_done(self, lead: int, steps: int):
+    """Lead time `lead` (0-based) is done for `steps` initial times."""
+    self.lead, self.steps_done = lead + 1, self.steps_done + steps
+    self.draw(self.steps_done, self.num_inits * self.num_leads, self._line())
+
+  def init_done(self, label: str):
+    self.inits_done += 1
+    if self.on_terminal:
+      self.draw(self.steps_done, self.num_inits * self.num_leads, self._line(), now=True)
+    else:
+      logging.info("initial time %s done (%d/%d) | %.2f model steps/s | ETA %s", label,
+                   self.inits_done, self.num_inits, self.steps_per_sec,
+                   self.eta(self.steps_done, self.num_inits * self.num_leads))
