@@ -9,13 +9,12 @@ and the flags after it override them (remat, sharding and training keys are
 free to differ; model and data keys must keep the parameters' shapes).
 """
 
-from wnscale import config as config_lib
-from wnscale import paths
+from wnscale.train.run_directory import CONFIG, RunDirectory
 
 
 def get_config(run_directory: str):
-  path = paths.join(paths.normalize(run_directory), "config.json")
-  if not paths.exists(path):
-    raise ValueError(f"No config.json in {run_directory}: --config=configs/imported.py:DIR "
+  run = RunDirectory(run_directory)
+  if not run.has_config():
+    raise ValueError(f"No {CONFIG} in {run_directory}: --config=configs/imported.py:DIR "
                      "takes a run directory.")
-  return config_lib.from_json(paths.read_text(path))
+  return run.read_config()

@@ -25,7 +25,8 @@ status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback as well.
 So does a mistake inside the config file (it does not compile, `get_config`
 fails or is missing: the line names the file and line). An
 `errors.ArgumentError` about a library argument is shown as the launcher's flag
-of that name (`--init_every=24: ...`). Any other exception is a bug and keeps its
+of that name (`--init_every=24: ...`), or of that config key
+(`--config.train.init_from=...`). Any other exception is a bug and keeps its
 traceback. `--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up) ends it with `Interrupted (Ctrl-C).`, exit status
 130. Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more)
@@ -303,11 +304,24 @@ def _config_file_error(error: BaseException, path: str) -> UserError | None:
 
 
 def _message(error: UserError) -> str:
-  """The error's message; one about a library argument that this launcher has a flag of
-  the same name for (`ArgumentError`) names that flag."""
-  if isinstance(error, ArgumentError) and error.argument in flags.FLAGS:
-    return f"--{error.argument}={error.value}: {error.problem}"
-  return str(error)
+  """The error's message; one about a library argument (`ArgumentError`) that this
+  launcher has a flag for names that flag: a flag of the same name, or `--config.<key>`
+  for a config key."""
+  flag = _flag_of(error.argument) if isinstance(error, ArgumentError) else None
+  if flag is None:
+    return str(error)
+  if error.value is None:
+    return f"{flag} {error.problem}"
+  return f"{flag}={error.value}: {error.problem}"
+
+
+def _flag_of(argument: str) -> str | None:
+  """This launcher's flag that sets `argument` (a flag's name, or a config key), if any."""
+  if argument in flags.FLAGS:
+    return f"--{argument}"
+  if "config" in flags.FLAGS and argument in config_lib.key_paths(config_lib.default_config()):
+    return f"--config.{argument}"
+  return None
 
 
 def _user_error(error: BaseException) -> UserError | None:

@@ -14,12 +14,12 @@ replaced only with --overwrite (`wnscale.outputs`).
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
-from wnscale import outputs
 from wnscale.interop.graphcast_import import import_graphcast
+from wnscale.train import run_directory
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "GraphCast checkpoint (.npz).")
 _STATS_DIR = flags.DEFINE_string("stats_dir", None, "Directory of GraphCast's statistics.")
-_OUT = cli.define_output("out", "Run directory to create.", outputs.RUN)
+_OUT = cli.define_output("out", "Run directory to create.", run_directory.KIND)
 
 
 def main(argv):

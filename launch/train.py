@@ -51,8 +51,15 @@ def main(argv):
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.devices()[0].platform)
   # Imported here: a mistake in the flags is reported before this slow import.
+  from wnscale.errors import UserError
+  from wnscale.train.checkpoint import ParamsOnlyError
   from wnscale.train.trainer import train_and_evaluate
-  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except ParamsOnlyError as error:
+    raise UserError(f"Checkpoint {error.checkpoint} holds model parameters only (an imported "
+                    "model, not a training run): start a new run from them with "
+                    f"--config.train.init_from={error.run} and another --workdir.") from error
   if jax.process_count() > 1:
     jax.distributed.shutdown()
 

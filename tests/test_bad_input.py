@@ -112,7 +112,7 @@ def test_a_stats_path_that_holds_no_statistics(tmp_path, stores):
 def test_init_from_a_directory_that_does_not_exist(tmp_path, stores):
   missing = tmp_path / "no_such_run"
   result = train(tmp_path / "run", *on(stores["good"]), f"--config.train.init_from={missing}")
-  assert_user_error(result, f"train.init_from={missing}: no run there")
+  assert_user_error(result, f"--config.train.init_from={missing}: no run there")
   assert "RuntimeError" not in result.stderr and "Store and statistics" not in result.stderr
 
 

@@ -120,3 +120,33 @@ def test_a_run_written_before_the_specs_restores_and_computes_the_same_loss(run)
   assert step == 2
   loss = jax.jit(lambda p: mean_loss(graphdef, p, constants, batch))(params)
   assert float(loss) == pytest.approx(LOSSES_AT_422F098[run], rel=1e-6)
+
+
+def test_run_directory_keeps_its_config_history_and_names_what_is_missing(tmp_path):
+  """`RunDirectory`: the config and a dated copy per start, the finished steps only, and a
+  directory that is no run said as the problem, as the argument that named it if any."""
+  from wnscale import config as config_lib
+  from wnscale.errors import ArgumentError, UserError
+  from wnscale.train.run_directory import RunDirectory
+
+  run = RunDirectory(str(tmp_path / "run"))
+  with pytest.raises(UserError, match=f"^{run.path}: not a run directory: it holds no "
+                                      "config.json"):
+    run.read_config()
+  with pytest.raises(ArgumentError, match=f"^workdir={run.path}: not a run directory: it holds "
+                                          "no checkpoints/"):
+    RunDirectory(run.path, argument="workdir").restore_params({})
+  config = config_lib.default_config()
+  config.train.steps = 7
+  run.write_config(config)
+  config.train.steps = 8
+  run.write_config(config, history=False)  # an import's: no start to record
+  assert run.read_config().train.steps == 8
+  (history,) = os.listdir(os.path.join(run.path, "configs"))
+  assert history.startswith("config-") and history.endswith("Z.json")
+  assert config_lib.from_json(open(os.path.join(run.path, "configs", history)).read()
+                              ).train.steps == 7
+  for name in ("5", "12", "3", "13.orbax-checkpoint-tmp", "4.damaged-1700000000"):
+    os.makedirs(os.path.join(run.checkpoints, name))
+  assert run.saved_steps() == [3, 5, 12]
+  assert run.checkpoint(5) == os.path.join(run.path, "checkpoints", "5")

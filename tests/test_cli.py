@@ -110,6 +110,19 @@ def test_config_and_workdir_are_required(args, missing):
   assert_user_error(run("train", *args), missing)
 
 
+def test_a_directory_that_is_no_run_is_named_by_each_launchers_flag(tmp_path):
+  """The library names what is wrong with a run directory (`RunDirectory`); each launcher
+  names its own flag for it."""
+  missing = tmp_path / "no_run"
+  example = os.path.join(REPO, "tests", "fixtures", "graphcast_5p625", "example.nc")
+  for module, args in (("forecast", [f"--out={tmp_path / 'f.zarr'}", "--platform=cpu"]),
+                       ("predict_example", [f"--example={example}",
+                                            f"--out={tmp_path / 'p.nc'}"])):
+    assert_user_error(run(module, f"--workdir={missing}", *args),
+                      f"error: --workdir={missing}: not a run directory: it holds no "
+                      "config.json (launch.train and launch.import_graphcast make one)")
+
+
 def test_a_misspelled_config_key_suggests_the_nearest(tmp_path):
   result = train(tmp_path, "--config.train.step=3")
   assert_user_error(result, "Unknown config key 'train.step'", "did you mean train.steps?",

@@ -17,6 +17,7 @@ from flax import nnx
 from problems import device_batch, random_batch, spread_members
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
+from wnscale.assembly import assemble
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.errors import UserError
@@ -30,6 +31,7 @@ from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import checkpoint, optimizer as optimizer_lib
+from wnscale.train.run_directory import RunDirectory
 from wnscale.train.state import initial_state
 
 VARIABLES = ("temperature", "geopotential", "2m_temperature")
@@ -100,11 +102,13 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   latitude, longitude = source.store.latitude, source.store.longitude
   results = []
   for graph in (1, 4):
-    layout, graphs = make_layout(config, latitude, longitude, graph)
-    constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude,
-                                     longitude, stats["diff_std"] / stats["std"])
-    forecaster = StreamingForecaster(specs_lib.from_config(config), layout, graphdef, params,
-                                     constants, source.store, source.stats)
+    config.mesh.update(data=1, graph=graph)
+    assembly = assemble(specs_lib.from_config(config), source.store, source.stats,
+                        mesh_lib.make_mesh(config.mesh, jax.devices()[:graph]))
+    constants = assembly.constants
+    np.testing.assert_allclose(constants.residual_scale, stats["diff_std"] / stats["std"])
+    forecaster = StreamingForecaster(specs_lib.from_config(config), assembly, params,
+                                     source.store)
     states = dict(forecaster.run([index + 1], LEADS))
     assert sorted(states) == list(range(LEADS))
     results.append(np.stack([states[lead][0] for lead in range(LEADS)]))
@@ -220,15 +224,17 @@ def test_run_config_round_trips_through_json(tmp_path):
   config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs",
                                         "mid_1p0.py"))
   (tmp_path / "config.json").write_text(config.to_json_best_effort(indent=2))
-  loaded, path = forecast_lib.load_run_config(str(tmp_path), {"graph": 4}, "/other.zarr")
+  loaded, path = forecast_lib.load_run_config(RunDirectory(str(tmp_path)), {"graph": 4},
+                                              "/other.zarr")
   assert loaded.data.variables == config.data.variables  # tuples again
   assert loaded.mesh.graph == 4 and path == "/other.zarr"
   with pytest.raises(ValueError, match="unknown key 'model.nonsense'"):
     data = json.loads(config.to_json_best_effort())
     data["model"]["nonsense"] = 1
     config_lib.from_json(json.dumps(data))
-  with pytest.raises(ValueError, match="No config.json"):
-    forecast_lib.load_run_config(str(tmp_path / "missing"))
+  with pytest.raises(ValueError, match="workdir=.*missing: not a run directory: it holds no "
+                     "config.json"):
+    forecast_lib.load_run_config(RunDirectory(str(tmp_path / "missing"), argument="workdir"))
 
 
 class _Terminal(io.StringIO):
@@ -291,7 +297,7 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
     assert np.isfinite(three[name].values).all()
   spread = np.abs(three["temperature"].isel(number=0) - three["temperature"].isel(number=2))
   assert float(spread.max()) > 1e-3
-  with pytest.raises(UserError, match="pass --members=N"):
+  with pytest.raises(UserError, match="members is required: the run is an FGN"):
     forecast_lib.run_forecast(workdir, str(tmp_path / "none.zarr"), lead="12h",
                               init_times=inits)
 

@@ -7,11 +7,14 @@ from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
+from wnscale.assembly import assemble
 from wnscale.data import resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.graphs import grid
-from wnscale.model import forecast, predictor, setup
+from wnscale.inference import predictor
+from wnscale.model import forecast, setup
+from wnscale.sharding import mesh as mesh_lib
 
 VARIABLES = ("temperature", "u_component_of_wind", "2m_temperature")
 LEVELS = (850, 500)
@@ -50,12 +53,11 @@ def model(store_path, request):
   stats = resolve.resolve_stats(specs.data)
   source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
                                            stats=stats, **resolve.data_layout(specs.data))
-  latitude, longitude = source.store.latitude, source.store.longitude
-  constants = setup.make_constants(specs.data, setup.graphs_for_grid(
-      specs.model, latitude, longitude), latitude, longitude, source.residual_scale)
-  graphdef, params = setup.init_model(specs)
-  run = predictor.Predictor(graphdef, params, constants, specs.data, stats)
-  return source, graphdef, params, constants, run
+  assembly = assemble(specs, source.store, stats, mesh_lib.single_device_mesh(),
+                      params="init")
+  np.testing.assert_array_equal(assembly.constants.residual_scale, source.residual_scale)
+  run = predictor.Predictor(specs, assembly, assembly.params)
+  return source, assembly.graphdef, assembly.params, assembly.constants, run
 
 
 def test_predictor_matches_pure_rollout(store_path, model):

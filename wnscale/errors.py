@@ -25,12 +25,15 @@ class UserError(ValueError):
 class ArgumentError(UserError):
   """A `UserError` about one argument of a library function, e.g. `init_every="24"`.
 
-  The message reads `argument=value: problem`; a launcher with a flag of the
-  argument's name shows `--argument=value: problem` instead (`launch/cli.py`).
+  The message reads `argument=value: problem` (`value` None: a missing argument,
+  `argument problem`, e.g. "members is required: ..."); a launcher with a flag of
+  the argument's name shows `--argument=value: problem` (`--argument problem`)
+  instead (`launch/cli.py`).
   """
 
   def __init__(self, argument: str, value, problem: str):
-    super().__init__(f"{argument}={value}: {problem}")
+    super().__init__(f"{argument} {problem}" if value is None else
+                     f"{argument}={value}: {problem}")
     self.argument, self.value, self.problem = argument, value, problem
 
 

@@ -2,7 +2,8 @@
 said in one line.
 
 Every output (a path, local or `gs://`: `wnscale.paths`) is of one `Kind`: a
-zarr store, a run directory, evaluation results, a file, or a forecast store.
+zarr store, evaluation results, a file, a forecast store (and a run directory:
+`wnscale.train.run_directory.KIND`).
 `check` runs before any work (the launchers call it while parsing their flags,
 before JAX starts; the library calls it again for its own callers) and stops
 with a `UserError`:
@@ -65,7 +66,6 @@ class Kind:
 
 
 STORE = Kind("a zarr store", (".zgroup", "zarr.json"))
-RUN = Kind("a run directory", ("config.json", "checkpoints"))
 RESULTS = Kind("evaluation results", ("metrics.json",))
 FILE = Kind("a file")
 FORECAST = Kind("a forecast store", (".zgroup",), continues=True)

@@ -14,6 +14,7 @@ and returns (a second Ctrl-C stops at once; `wnscale.interrupts`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
@@ -21,33 +22,27 @@ import time
 import jax
 import numpy as np
 import pandas as pd
-from jax.sharding import PartitionSpec as P
 
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
-from wnscale.data import normalization
+from wnscale.assembly import Assembly, assemble
 from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
-from wnscale.progress import ForecastProgress
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
-from wnscale.model import setup
+from wnscale.progress import ForecastProgress
 from wnscale.sharding import mesh as mesh_lib
-from wnscale.sharding.layout import ShardedLayout
-from wnscale.train import checkpoint as checkpoint_lib
+from wnscale.train.run_directory import RunDirectory
 
 
-def load_run_config(workdir: str, mesh: dict | None = None, data_path: str | None = None):
-  """The run's `config.json`, with mesh overrides (`data`, `graph`, `exchange`) and store."""
-  path = paths.join(workdir, "config.json")
-  if not paths.exists(path):
-    raise UserError(f"No config.json in {paths.normalize(workdir)}: --workdir must be a run "
-                     "directory of python -m launch.train.")
-  config = config_lib.from_json(paths.read_text(path))
+def load_run_config(run: RunDirectory, mesh: dict | None = None, data_path: str | None = None):
+  """`(config, store path)`: the run's config with mesh overrides (`data`, `graph`,
+  `exchange`), and the store of the initial conditions (default: the run's)."""
+  config = run.read_config()
   config.mesh.update(mesh or {})
   return config_lib.validate(config), data_path or config.data.path
 
@@ -94,16 +89,17 @@ def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=Non
 
 
 def _check_members(config, members: int | None):
-  """A clear error unless an FGN run gets `--members` and a deterministic one does not."""
+  """A clear error unless an FGN run gets `members` and a deterministic one does not."""
   noise = config.model.noise_channels
-  if noise and not members:
-    raise UserError(f"The run is an FGN ensemble model (model.noise_channels={noise}): "
-                     "pass --members=N (N >= 1) for an N-member forecast.")
+  if noise and members is None:
+    raise ArgumentError("members", None, "is required: the run is an FGN ensemble model "
+                        f"(model.noise_channels={noise}); give the number of members to "
+                        "forecast (N >= 1).")
   if members is not None and not noise:
-    raise UserError("--members is for FGN runs (model.noise_channels > 0); this run's "
-                     "model is deterministic: its members would all be the same.")
+    raise ArgumentError("members", members, "is for FGN runs (model.noise_channels > 0); "
+                        "this run's model is deterministic: its members would all be the same.")
   if members is not None and members < 1:
-    raise UserError(f"--members={members} must be >= 1.")
+    raise ArgumentError("members", members, "must be >= 1.")
 
 
 def lead_steps(lead: str, time_step_hours: int) -> int:
@@ -135,71 +131,18 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
       dim; member k's noise depends on (run seed, initial time, k, lead) only.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
-  previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
-  if previous is not None and previous["workdir"] != paths.normalize(workdir):
-    raise UserError(f"{paths.normalize(out)} holds a forecast of another run, "
-                    f"{previous['workdir']}; choose another --out, or remove it to start "
-                    "again.")
-  if jax.process_count() > 1:
-    raise UserError("Forecasts run in one process (on any number of its devices); "
-                     f"this is one of {jax.process_count()}.")
-  config, path = load_run_config(workdir, mesh_overrides, data_path)
-  _check_members(config, members)
-  specs = specs_lib.from_config(config)
-  d = specs.data
-  stats = resolve_stats(d)  # the training run's statistics
-  outputs = d.outputs
-  store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
-                               d.resolution, forcings=d.stored_forcings)
-  chosen = init_times is not None or init_start is not None or init_end is not None
-  try:
-    indices = select_init_times(
-        store.times, init_times=init_times, start=init_start if chosen else d.eval_start,
-        end=init_end if chosen else d.eval_end, every=init_every,
-        time_step_hours=d.time_step_hours, input_steps=d.input_steps, path=path)
-  except ArgumentError as error:
-    if chosen or error.argument not in ("init_start", "init_end"):
-      raise
-    raise UserError(f"{error.__cause__} (the run's eval range, the default initial times); "
-                    "choose initial times inside it.") from error
-  num_leads = lead_steps(lead, d.time_step_hours)
-  leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
-                             freq=f"{d.time_step_hours}h")
-  if step is None and previous is not None:
-    step = previous["checkpoint_step"]  # continue with the parameters it was started with
-
-  mesh = mesh_lib.make_mesh(config.mesh)
-  latitude, longitude = store.latitude, store.longitude
-  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
-  layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
-                         config.mesh.exchange)
-  graphdef, abstract = setup.init_model_shapes(specs)
-  params, step = checkpoint_lib.restore_params(
-      paths.join(workdir, "checkpoints"),
-      checkpoint_lib.abstract_like(abstract, layout.sharding(P())), step)
-  logging.info("Restored the parameters of step %d from %s.", step, workdir)
-
-  init_datetimes = store.times[indices]
-  settings = forecast_store.forecast_settings(
-      workdir=workdir, checkpoint_step=step, initial_conditions=path,
-      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
-      members=members)
-  latitude_out = latitude[::-1] if store.flip_latitude else latitude
-  output = forecast_store.ForecastStore(
-      out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
-      levels=d.pressure_levels, latitude=latitude_out, longitude=longitude,
-      flip_latitude=store.flip_latitude, members=members)
+  ready = _set_up(RunDirectory(workdir, argument="workdir"), out, lead, init_times,
+                  init_start, init_end, init_every, step, data_path, mesh_overrides, members)
+  indices, init_datetimes = ready.indices, ready.init_datetimes
+  num_leads, output = ready.num_leads, ready.output
   remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
-  summary = {"out": output.path, "checkpoint_step": step, "initial_times": len(indices),
+  summary = {"out": output.path, "checkpoint_step": ready.step, "initial_times": len(indices),
              "already_written": len(indices) - len(remaining), "lead_times": num_leads}
   if not remaining:
     logging.info("%s already holds all %d initial times.", output.path, len(indices))
     return summary
 
-  output_stats = normalization.channel_stats(stats, outputs, d.pressure_levels)
-  constants = setup.make_constants(d, graphs, latitude, longitude, normalization.residual_scale(
-      output_stats, len(d.state_channels)))
-  forecaster = StreamingForecaster(specs, layout, graphdef, params, constants, store, stats)
+  forecaster = StreamingForecaster(ready.specs, ready.assembly, ready.params, ready.store)
   with interrupts.StopRequest("stopping after the lead time being computed; finished "
                               "initial times are kept") as stop:
     compile_start = time.perf_counter()
@@ -230,6 +173,83 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
                len(remaining), num_leads, output.path, summary["steps_per_sec"])
   return summary
+
+
+@dataclasses.dataclass
+class _Forecast:
+  """A forecast set up (`_set_up`): the model and its parameters, the initial times, the
+  output store."""
+
+  specs: specs_lib.Specs
+  store: store_lib.WeatherStore  # the initial conditions
+  indices: np.ndarray  # of the initial times in `store.times`
+  init_datetimes: np.ndarray
+  num_leads: int
+  assembly: Assembly
+  params: object
+  step: int  # of the checkpoint
+  output: forecast_store.ForecastStore
+
+
+def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init_end,
+            init_every: str, step: int | None, data_path: str | None,
+            mesh_overrides: dict | None, members: int | None) -> _Forecast:
+  """Everything `run_forecast` checks and builds before its loop (see its arguments)."""
+  previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
+  if previous is not None and previous["workdir"] != run.path:
+    raise UserError(f"{paths.normalize(out)} holds a forecast of another run, "
+                    f"{previous['workdir']}; choose another --out, or remove it to start "
+                    "again.")
+  if jax.process_count() > 1:
+    raise UserError("Forecasts run in one process (on any number of its devices); "
+                    f"this is one of {jax.process_count()}.")
+  config, path = load_run_config(run, mesh_overrides, data_path)
+  _check_members(config, members)
+  specs = specs_lib.from_config(config)
+  d = specs.data
+  store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
+                               d.resolution, forcings=d.stored_forcings)
+  indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
+  num_leads = lead_steps(lead, d.time_step_hours)
+  leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
+                             freq=f"{d.time_step_hours}h")
+  if step is None and previous is not None:
+    step = previous["checkpoint_step"]  # continue with the parameters it was started with
+
+  # Normalized with the training run's statistics.
+  assembly = assemble(specs, store, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
+  params, step = run.restore_params(assembly.params, step)
+  logging.info("Restored the parameters of step %d from %s.", step, run.path)
+
+  init_datetimes = store.times[indices]
+  outputs = d.outputs
+  settings = forecast_store.forecast_settings(
+      workdir=run.path, checkpoint_step=step, initial_conditions=path,
+      init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
+      members=members)
+  output = forecast_store.ForecastStore(
+      out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
+      levels=d.pressure_levels,
+      latitude=store.latitude[::-1] if store.flip_latitude else store.latitude,
+      longitude=store.longitude, flip_latitude=store.flip_latitude, members=members)
+  return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
+                   output)
+
+
+def _init_indices(store, data, path: str, init_times, init_start, init_end,
+                  init_every: str) -> np.ndarray:
+  """`select_init_times` of the arguments; by default over the run's eval range."""
+  chosen = init_times is not None or init_start is not None or init_end is not None
+  try:
+    return select_init_times(
+        store.times, init_times=init_times, start=init_start if chosen else data.eval_start,
+        end=init_end if chosen else data.eval_end, every=init_every,
+        time_step_hours=data.time_step_hours, input_steps=data.input_steps, path=path)
+  except ArgumentError as error:
+    if chosen or error.argument not in ("init_start", "init_end"):
+      raise
+    raise UserError(f"{error.__cause__} (the run's eval range, the default initial times); "
+                    "choose initial times inside it.") from error
 
 
 def _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster, output,

@@ -2,8 +2,8 @@
 
 Initial conditions come from a store (normalized with the training run's
 statistics, read straight into the sharded layout's grid order). Each lead
-time is one call of the jitted, sharded model step
-(`sharded_model.forecast_step_fn`), with the history kept on the devices
+time is one call of the jitted, sharded model step (`ShardedStep`, which the
+xarray `predictor.Predictor` steps too), with the history kept on the devices
 (donated, so updated in place) and the new state copied to the host while
 the next step runs. Device memory therefore holds one step's arrays however
 many lead times are forecast. Initial times (with an FGN: pairs of initial
@@ -19,18 +19,62 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import xarray as xr
 
+from wnscale.assembly import Assembly
 from wnscale.data import forcings as forcings_lib
-from wnscale.data import normalization
-from wnscale.data import variables as variables_lib
 from wnscale.data.store import WeatherStore
 from wnscale.errors import UserError
-from wnscale.model import ensemble, forecast
+from wnscale.model import ensemble
 from wnscale.sharding import sharded_model
-from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
+from wnscale.sharding.layout import BATCH_SPECS
 from wnscale.sharding.mesh import DATA
 from wnscale.specs import Specs
+
+
+class ShardedStep:
+  """One model step on an assembly's mesh (`sharded_model.forecast_step_fn`), jitted.
+
+  Called with the history `[B, input_steps, C, slots]`, which it donates (the
+  step updates it in place), the step's forcings and statics, and `extra` (its
+  `globals` and `noise`, where the model takes them), all device arrays laid
+  out as `BATCH_SPECS` (`put`); returns `(history, outputs [B, C_out, slots])`.
+
+  Args:
+    assembly: the model on the grid and mesh (`wnscale.assembly.assemble`).
+    params: its parameters, replicated on the mesh.
+  """
+
+  def __init__(self, assembly: Assembly, params):
+    self.layout, self.params = assembly.layout, params
+    self.constants, self.halo_indices = self.layout.constants(assembly.constants)
+    step = sharded_model.forecast_step_fn(self.layout, assembly.graphdef)
+
+    def step_fn(params, constants, halo_indices, history, forcings, statics, extra):
+      return step(params, constants, halo_indices,
+                  {"inputs": history, "forcings": forcings, "statics": statics, **extra})
+
+    self._step = jax.jit(step_fn, donate_argnums=3)
+    self._compiled = None
+
+  def put(self, key: str, array: np.ndarray) -> jax.Array:
+    """A host batch array (grid axis in slots) on the mesh as `BATCH_SPECS[key]` says."""
+    return jax.device_put(np.ascontiguousarray(array, np.float32),
+                          self.layout.sharding(BATCH_SPECS[key]))
+
+  def compile(self, history, forcings, statics, extra):
+    """Compiles the step for arrays shaped as these (arrays or `jax.ShapeDtypeStruct`s)."""
+    self._compiled = self._step.lower(self.params, self.constants, self.halo_indices, history,
+                                      forcings, statics, extra).compile()
+    return self._compiled
+
+  @property
+  def is_compiled(self) -> bool:
+    return self._compiled is not None
+
+  def __call__(self, history, forcings, statics, extra):
+    step = self._compiled or self._step
+    return step(self.params, self.constants, self.halo_indices, history, forcings, statics,
+                extra)
 
 
 class StreamingForecaster:
@@ -38,55 +82,40 @@ class StreamingForecaster:
 
   Args:
     specs: the run's specs (`data`: variables, target-only variables, levels,
-      forcings computed or stored, input normalization, global forcings, steps;
-      the seed and `model.noise_channels` of an FGN).
-    layout: the sharded layout of the store's grid.
-    graphdef, params: the model; params replicated on the layout's mesh.
-    constants: host `forecast.Constants` of the grid.
+      forcings computed or stored, global forcings, steps; the seed and
+      `model.noise_channels` of an FGN).
+    assembly: the model on the store's grid and the mesh, its normalization
+      from the training run's statistics (`wnscale.assembly.assemble`).
+    params: the model's parameters, replicated on the mesh.
     store: the initial conditions: the config's state variables and levels, and
       its stored forcings (`data.stored_forcings`) at every time forecast.
-    stats: the training run's statistics (`normalization.py` format).
   """
 
-  def __init__(self, specs: Specs, layout: ShardedLayout, graphdef, params,
-               constants: forecast.Constants, store: WeatherStore, stats: xr.Dataset):
+  def __init__(self, specs: Specs, assembly: Assembly, params, store: WeatherStore):
     d = specs.data
-    self.layout, self.params, self.store = layout, params, store
+    self.layout, self.store = assembly.layout, store
     self.input_steps = d.input_steps
     self.time_step = np.timedelta64(d.time_step_hours, "h")
-    self.batch_size = layout.mesh.shape[DATA]  # initial times per call: one per data shard
+    self.batch_size = self.layout.mesh.shape[DATA]  # initial times per call: one per data shard
     self.forcings, self.stored_forcings = tuple(d.forcings), tuple(d.stored_forcings)
     self.global_forcings = tuple(d.global_forcings)
-    self.outputs = d.outputs
-    output_stats = normalization.channel_stats(stats, self.outputs, store.levels)
-    self.mean, self.std = output_stats["mean"], output_stats["std"]
-    self.num_state = len(variables_lib.channel_names(d.variables, store.levels))
-    self.input_scales = normalization.input_scales(stats, self.forcings, d.input_normalization)
-    self.constants, self.halo_indices = layout.constants(constants)
+    self.normalization = norm = assembly.normalization
     self.noise_channels = specs.model.noise_channels
     self.noise_key = ensemble.noise_key(specs.seed)
-    statics = layout.grid.to_slots(
-        self.input_scales.statics(store.read_statics()), -1)
+    self.step = ShardedStep(assembly, params)
+    statics = self.layout.grid.to_slots(
+        norm.input_scales.statics(store.read_statics()), -1)
     self.statics = self._put("statics", np.broadcast_to(statics,
                                                         (self.batch_size,) + statics.shape))
-    step = sharded_model.forecast_step_fn(layout, graphdef)
-
-    def step_fn(params, constants, halo_indices, history, forcings, statics, extra):
-      """`extra`: the step's `globals` and `noise`, where the model takes them."""
-      return step(params, constants, halo_indices,
-                  {"inputs": history, "forcings": forcings, "statics": statics, **extra})
-
-    self._step = jax.jit(step_fn, donate_argnums=3)
-    self._compiled = None
 
   def _put(self, key: str, array: np.ndarray) -> jax.Array:
-    return jax.device_put(np.ascontiguousarray(array, np.float32),
-                          self.layout.sharding(BATCH_SPECS[key]))
+    return self.step.put(key, array)
 
   def _history(self, init_indices) -> np.ndarray:
     """`[B, input_steps, C, slots]` normalized states up to each initial time."""
     offsets = np.arange(1 - self.input_steps, 1)
-    mean, std = self.mean[:self.num_state], self.std[:self.num_state]
+    norm = self.normalization
+    mean, std = norm.mean[:norm.num_state], norm.std[:norm.num_state]
     return np.stack([self.store.read_state(index + offsets, mean=mean, std=std,
                                            grid_index=self.layout.grid_slots)
                      for index in init_indices])
@@ -111,7 +140,7 @@ class StreamingForecaster:
       else:
         values = forcings_lib.compute_forcings(times, self.store.latitude,
                                                self.store.longitude, self.forcings)
-      windows.append(self.input_scales.forcings(values))
+      windows.append(self.normalization.input_scales.forcings(values))
     return self.layout.grid.to_slots(np.stack(windows), -1)
 
   def _global_forcings(self, init_times, lead: int) -> np.ndarray:
@@ -138,14 +167,12 @@ class StreamingForecaster:
       return jax.ShapeDtypeStruct((self.batch_size,) + shape + (slots,), np.float32,
                                   sharding=self.layout.sharding(BATCH_SPECS[key]))
 
-    history = abstract("inputs", self.input_steps, self.num_state)
+    history = abstract("inputs", self.input_steps, self.normalization.num_state)
     forcings = abstract("forcings", self.input_steps + 1, len(self.forcings))
     extra = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
         self._extra(self.store.times[:self.batch_size], [0] * self.batch_size, 0))
-    self._compiled = self._step.lower(self.params, self.constants, self.halo_indices, history,
-                                      forcings, self.statics, extra).compile()
-    stats = self._compiled.memory_analysis()
+    stats = self.step.compile(history, forcings, self.statics, extra).memory_analysis()
     return {"argument_bytes": stats.argument_size_in_bytes,
             "output_bytes": stats.output_size_in_bytes,
             "temp_bytes": stats.temp_size_in_bytes}
@@ -160,7 +187,7 @@ class StreamingForecaster:
     of them; each needs `input_steps - 1` earlier times in the store.
     `members`: an FGN's member of each row (same length).
     """
-    if self._compiled is None:
+    if not self.step.is_compiled:
       self.compile()
     count = len(init_indices)
     if not 0 < count <= self.batch_size:
@@ -173,9 +200,8 @@ class StreamingForecaster:
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))
-      history, state = self._compiled(self.params, self.constants, self.halo_indices, history,
-                                      forcings, self.statics,
-                                      self._extra(init_times, members, lead))
+      history, state = self.step(history, forcings, self.statics,
+                                 self._extra(init_times, members, lead))
       state.copy_to_host_async()
       if pending is not None:  # the previous lead reaches the host while this one runs
         yield pending[0], self._to_host(pending[1], count)
@@ -185,7 +211,7 @@ class StreamingForecaster:
   def _to_host(self, state: jax.Array, count: int) -> np.ndarray:
     """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`."""
     normalized = self.layout.grid.from_slots(np.asarray(state)[:count], -1)
-    return normalized * self.std[:, None] + self.mean[:, None]
+    return normalized * self.normalization.std[:, None] + self.normalization.mean[:, None]
 
 
 def init_hours(time) -> int:

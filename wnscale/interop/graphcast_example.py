@@ -13,42 +13,26 @@ variables sorted by name, dims `(time, batch, [level,] lat, lon)`, `time` the
 lead times after the last input (6 h, 12 h, ...), coordinates `time`, `lat`,
 `lon`, `level` as the example has them (latitude in the example's order).
 
-The model runs through `model.predictor.Predictor` (the xarray boundary), one
-batch member at a time (their dates may differ).
+The model runs through `inference.predictor.Predictor` (the xarray boundary), on
+one device, one batch member at a time (their dates may differ).
 """
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wnscale import config as config_lib
 from wnscale import outputs as outputs_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.data import netcdf, normalization, resolve
+from wnscale.assembly import Grid, assemble
+from wnscale.data import netcdf, resolve
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
-from wnscale.model import predictor as predictor_lib
-from wnscale.model import setup
-from wnscale.train import checkpoint as checkpoint_lib
-
-
-def load_run(workdir: str):
-  """`(config, graphdef, params)` of a run directory (trained or imported), on one device."""
-  workdir = paths.normalize(workdir)
-  path = paths.join(workdir, "config.json")
-  if not paths.exists(path):
-    raise UserError(f"No config.json in {workdir}: --workdir must be a run directory (of "
-                     "launch.train or launch.import_graphcast).")
-  config = config_lib.from_json(paths.read_text(path))
-  graphdef, shapes = setup.init_model_shapes(specs_lib.from_config(config))
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  params, _ = checkpoint_lib.restore_params(paths.join(workdir, "checkpoints"),
-                                            checkpoint_lib.abstract_like(shapes, device))
-  return config, graphdef, params
+from wnscale.inference.predictor import Predictor
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.train.run_directory import RunDirectory
 
 
 def predict_example(workdir: str, example_path: str, out_path: str,
@@ -65,18 +49,14 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   """
   outputs_lib.check(out_path, outputs_lib.FILE, overwrite=overwrite)
   example = netcdf.load(example_path)  # before the model: a wrong file is said at once
-  config, graphdef, params = load_run(workdir)
-  specs = specs_lib.from_config(config)
+  run = RunDirectory(workdir, argument="workdir")
+  specs = specs_lib.from_config(run.read_config())
   d = specs.data
   steps = _check_example(example, d, steps, example_path)
-  stats = resolve.resolve_stats(d)
-  latitude = np.sort(example["lat"].values)
-  longitude = example["lon"].values
-  output_stats = normalization.channel_stats(stats, d.outputs, d.pressure_levels)
-  constants = setup.make_constants(
-      d, setup.graphs_for_grid(specs.model, latitude, longitude), latitude, longitude,
-      normalization.residual_scale(output_stats, len(d.state_channels)))
-  predictor = predictor_lib.Predictor(graphdef, params, constants, d, stats)
+  assembly = assemble(specs, Grid(np.sort(example["lat"].values), example["lon"].values),
+                      resolve.resolve_stats(d), mesh_lib.single_device_mesh())
+  params, _ = run.restore_params(assembly.params)
+  predictor = Predictor(specs, assembly, params)
   members = []
   for member in range(example.sizes["batch"]):
     inputs, statics, forcings = _member_inputs(example.isel(batch=member), d)

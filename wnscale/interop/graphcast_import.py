@@ -28,7 +28,7 @@ from wnscale import specs as specs_lib
 from wnscale.data import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
-from wnscale.train import checkpoint as checkpoint_lib
+from wnscale.train import run_directory
 
 
 def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
@@ -52,7 +52,7 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
       already holding something). Nothing is written then.
   """
   out = paths.normalize(out)
-  outputs.check(out, outputs.RUN, overwrite=overwrite)
+  outputs.check(out, run_directory.KIND, overwrite=overwrite)
   checkpoint = graphcast_checkpoint.read_checkpoint(checkpoint_path)
   stats_path = paths.join(out, "stats")
   config = graphcast_config.wnscale_config(checkpoint.model_config, checkpoint.task_config,
@@ -65,12 +65,12 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
     for name in normalization.GRAPHCAST_FILES.values():
       paths.write_bytes(paths.join(where, "stats", name),
                         paths.read_bytes(paths.join(paths.normalize(stats_dir), name)))
-    checkpoint_lib.save_params(paths.join(where, "checkpoints"), params, {
+    run = run_directory.RunDirectory(where)
+    run.save_params(params, {
         "step": 0, "imported_from": paths.normalize(checkpoint_path),
         "description": checkpoint.description, "license": checkpoint.license,
         "statistics_from": paths.normalize(stats_dir)})
-    # Last: a directory with config.json is a whole run.
-    paths.write_text(paths.join(where, "config.json"), config.to_json_best_effort(indent=2))
+    run.write_config(config, history=False)  # last: a directory with a config is a whole run
   logging.info("Imported %s (%s) into %s: %d parameters.", checkpoint_path,
                checkpoint.description[:80], out,
                sum(x.size for x in jax.tree.leaves(params)))

@@ -58,6 +58,12 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * 2)
 
 
+def single_device_mesh(device=None) -> Mesh:
+  """A `(data, graph)` mesh of one device (default: this process's first), both axes 1."""
+  device = jax.local_devices()[0] if device is None else device
+  return Mesh(np.array([[device]], dtype=object), AXES, axis_types=(AxisType.Auto,) * 2)
+
+
 def process_data_group(mesh: Mesh) -> tuple[int, int]:
   """`(group, num_groups)`: which share of each global batch this process reads.
 

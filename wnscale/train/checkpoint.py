@@ -42,6 +42,21 @@ class CheckpointMismatchError(UserError):
   """A checkpoint's train state has other arrays, shapes or dtypes than this run's."""
 
 
+class ParamsOnlyError(CheckpointMismatchError):
+  """A training run found a checkpoint of parameters alone (`save_params`), no train state.
+
+  Attributes:
+    run: the run directory holding it, which a new run can start from.
+  """
+
+  def __init__(self, checkpoint: str, run: str):
+    super().__init__(f"Checkpoint {checkpoint} holds model parameters only (an imported "
+                     "model, not a training run): a run resumes only from its own training "
+                     f"checkpoints; train.init_from={run} starts a new run, in another "
+                     "workdir, from these parameters.")
+    self.checkpoint, self.run = checkpoint, run
+
+
 @dataclasses.dataclass
 class Restored:
   """What `Checkpointer.restore_latest` read.
@@ -74,10 +89,12 @@ class _StateReader:
 
 
 class Checkpointer:
-  """Saves and restores `(TrainState, data iterator, metadata)` under `directory`."""
+  """Saves and restores `(TrainState, data iterator, metadata)` under `directory`, the
+  checkpoints of the run directory `run` (default: `directory`'s parent)."""
 
-  def __init__(self, directory: str, max_to_keep: int):
+  def __init__(self, directory: str, max_to_keep: int, run: str | None = None):
     self.directory = paths.normalize(directory)
+    self.run = paths.normalize(run) if run else str(paths.as_epath(self.directory).parent)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -114,6 +131,7 @@ class Checkpointer:
     Raises:
       CheckpointMismatchError: the newest readable checkpoint holds a train
         state of other arrays, shapes or dtypes than `abstract_state`.
+      ParamsOnlyError: it holds parameters alone (`save_params`).
     """
     result, damaged = None, []
     for step in sorted(self.manager.all_steps(), reverse=True):
@@ -124,11 +142,7 @@ class Checkpointer:
         damaged.append(step)
         continue
       if set(stored) == {"params"}:
-        raise CheckpointMismatchError(
-            f"Checkpoint {paths.join(self.directory, str(step))} holds model parameters only "
-            "(an imported model, not a training run): start a new run from them with "
-            f"--config.train.init_from={self.directory.rsplit('/checkpoints', 1)[0]} and "
-            "another --workdir.")
+        raise ParamsOnlyError(paths.join(self.directory, str(step)), self.run)
       differences = _differences(stored, abstract_state)
       if differences:
         path = paths.join(self.directory, str(step))
@@ -237,8 +251,9 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
   try:
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
-      raise UserError(f"No checkpoint in {directory}; train first (python -m launch.train "
-                      "--workdir=...) or point --workdir at a run directory.")
+      raise UserError(f"No checkpoint in {directory}: the run has saved none yet (a run of "
+                      "launch.train saves them as it trains; launch.import_graphcast writes "
+                      "one).")
     if step is not None and step not in steps:
       raise UserError(f"No checkpoint of step {step} in {directory}; it has steps "
                       f"{sorted(steps)}.")

@@ -15,7 +15,9 @@ import time
 import jax
 import numpy as np
 
+from wnscale import paths
 from wnscale.train import workdir as workdir_lib
+from wnscale.train.run_directory import RunDirectory
 
 
 @contextlib.contextmanager
@@ -65,4 +67,14 @@ def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train
   elif train.eval_every:
     logging.info("No evaluation in this run (every %d steps).", train.eval_every)
   logging.info("Data: the store %s (the truth for launch.evaluate --truth=...).", store)
-  logging.info("Outputs: %s.", workdir_lib.describe(workdir, checkpoint_steps))
+  logging.info("Outputs: %s.", _describe_outputs(workdir, checkpoint_steps))
+
+
+def _describe_outputs(workdir: str, checkpoint_steps) -> str:
+  """Where every output of a run is."""
+  run = RunDirectory(workdir)
+  steps = ", ".join(str(step) for step in sorted(checkpoint_steps)) or "none"
+  metrics, tensorboard = (paths.join(workdir, name) for name in (workdir_lib.METRICS,
+                                                                  workdir_lib.TENSORBOARD))
+  return (f"config {run.config_path}; metrics {metrics}; TensorBoard {tensorboard}/ "
+          f"(tensorboard --logdir {workdir}); checkpoints {run.checkpoints}/ (steps {steps})")

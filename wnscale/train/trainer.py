@@ -18,6 +18,8 @@ What the run logs as it goes: `wnscale.train.run_log`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import gc
 import json
@@ -38,14 +40,16 @@ from wnscale import specs as specs_lib
 from wnscale.data import pipeline
 from wnscale.data import store as store_lib
 from wnscale.data.resolve import resolve_stats, resolve_store
-from wnscale.errors import NoSpaceLeft, UserError, no_space
+from wnscale.assembly import assemble
+from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
 from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import checkpoint as checkpoint_lib
 from wnscale.train import evaluation, optimizer as optimizer_lib
-from wnscale.train import run_log
+from wnscale.train import run_directory, run_log
+from wnscale.train.run_directory import RunDirectory
 from wnscale.train import step as step_lib
 from wnscale.train import workdir as workdir_lib
 from wnscale.train.metrics import MetricsWriter
@@ -108,32 +112,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   run_start = time.perf_counter()
   config_lib.validate(config)
-  workdir = paths.normalize(workdir)
-  workdir_lib.prepare(workdir)
-  _check_init_from(config.train.init_from, workdir)
-  with workdir_lib.locked(workdir, enabled=jax.process_index() == 0):
+  run = RunDirectory(workdir)
+  workdir_lib.prepare(run.path)
+  _check_init_from(config.train.init_from, run)
+  with workdir_lib.locked(run.path, enabled=jax.process_index() == 0):
     try:
-      return _train(config, workdir, run_start)
+      with contextlib.ExitStack() as closing:  # whatever is opened, closed however it ends
+        return _train(_set_up(config, run, closing), closing, run_start)
     except Exception as error:
       if isinstance(error, NoSpaceLeft) or no_space(error) is None:
         raise
       gc.collect()  # the failed save's coroutines, now (quietly), not at interpreter exit
-      raise _no_space_error(error, workdir) from error
+      raise _no_space_error(error, run) from error
 
 
-def _close_all(*closers):
-  """Calls every closer, even after one fails; then raises the first failure, if any."""
-  failure = None
-  for close in closers:
-    try:
-      close()
-    except Exception as error:  # noqa: BLE001 (raised below, after the others closed)
-      failure = failure or error
-  if failure is not None:
-    raise failure
-
-
-def _no_space_error(error: BaseException, workdir: str) -> NoSpaceLeft:
+def _no_space_error(error: BaseException, run: RunDirectory) -> NoSpaceLeft:
   """One line for a full disk: the path being written, and what is safe."""
   path = None
   while error is not None and path is None:
@@ -145,26 +138,49 @@ def _no_space_error(error: BaseException, workdir: str) -> NoSpaceLeft:
     error = error.__cause__ or error.__context__
   if path and ".orbax-checkpoint-tmp" in path:  # a file deep inside: name the checkpoint
     path = path[:path.index(".orbax-checkpoint-tmp")] + ".orbax-checkpoint-tmp"
-  steps = _saved_steps(workdir)
+  steps = run.saved_steps()
   safe = (f"the checkpoint{'s' * (len(steps) > 1)} of step{'s' * (len(steps) > 1)} "
           f"{', '.join(map(str, steps))} {'are' if len(steps) > 1 else 'is'} intact; free "
           f"space and run the same command to resume from step {steps[-1]}" if steps else
           "no checkpoint was saved yet; free space and run the same command")
-  return NoSpaceLeft(f"No space left on device writing {path or 'under ' + workdir}: the "
+  return NoSpaceLeft(f"No space left on device writing {path or 'under ' + run.path}: the "
                      f"run stopped; {safe}.")
 
 
-def _saved_steps(workdir: str) -> list[int]:
-  """The steps of the finished checkpoints in `workdir` (Orbax's temporary ones are not)."""
-  directory = paths.as_epath(paths.join(workdir, workdir_lib.CHECKPOINTS))
-  if not directory.exists():
-    return []
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+@dataclasses.dataclass
+class _Training:
+  """A run set up to train (`_set_up`): what its loop steps, evaluates, logs and saves."""
+
+  config: ml_collections.ConfigDict  # resolved: the store path and an auto remat chosen
+  run: RunDirectory
+  layout: ShardedLayout
+  constants: tuple  # device `(Constants, halo_indices)`
+  state: object
+  start_step: int
+  train_step: object  # jitted; compiled at the first step
+  evaluator: evaluation.Evaluator
+  train_data: pipeline.DataPipeline
+  data_offset: int
+  num_groups: int
+  rows_per_example: int
+  batch_dtype: object  # what batches are carried in on the device (`setup.batch_dtype`)
+  checkpointer: checkpoint_lib.Checkpointer
+  writer: MetricsWriter
+  preemption: _Preemption
+
+  def next_batch(self) -> dict:
+    local = next(self.train_data.iterator)
+    if self.rows_per_example > 1:  # members on the data axis: a row per member, member-major
+      local = {key: np.concatenate([value] * self.rows_per_example)
+               for key, value in local.items()}
+    return self.layout.global_batch(local, self.config.train.batch_size * self.rows_per_example,
+                                    self.batch_dtype)
 
 
-def _train(config, workdir: str, run_start: float) -> dict:
-  """`train_and_evaluate` once the workdir is locked."""
-  check_same_data(workdir, config)
+def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Training:
+  """Everything `train_and_evaluate` runs once the workdir is locked: the data, the model,
+  the state resumed, the steps; what needs closing is pushed onto `closing`."""
+  check_same_data(run, config)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
   members = ensemble.training_members(specs_lib.from_config(config))
@@ -187,22 +203,14 @@ def _train(config, workdir: str, run_start: float) -> dict:
     eval_source = (pipeline.make_source(data, "eval", stats=statistics)
                    if config.train.eval_every else None)
     phase["text"] = run_log.describe_data(source, eval_source)
-  latitude, longitude = source.store.latitude, source.store.longitude
-
   if config.model.remat_policy == "auto":
     config.model.update(_auto_remat(config)["overrides"])
   specs = specs_lib.from_config(config)  # what the model and the steps are built from
 
-  # Model, constants and the sharded layout.
-  stats = source.channel_stats
-  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)  # logs built or from cache
-  constants = setup.make_constants(specs.data, graphs, latitude, longitude, source.residual_scale)
-  with run_log.phase(f"Partitioned the graphs over {mesh.shape[mesh_lib.GRAPH]} graph shard(s) "
-                     f"({mesh.shape[mesh_lib.DATA]} data x {mesh.shape[mesh_lib.GRAPH]} graph "
-                     "devices)"):
-    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
-                           config.mesh.exchange)
-    device_constants, halo_indices = layout.constants(constants)
+  assembly = assemble(specs, source.store, source.stats, mesh, params="init",
+                      phase=run_log.phase)
+  layout = assembly.layout
+  device_constants, halo_indices = layout.constants(assembly.constants)
   # Data: this process's share (processes holding the same batch rows read the same
   # examples), read straight into the layout's grid order.
   group, num_groups = mesh_lib.process_data_group(mesh)
@@ -210,168 +218,155 @@ def _train(config, workdir: str, run_start: float) -> dict:
   if eval_source is not None:
     _check_eval_range(config, eval_source, num_groups)
     eval_source = eval_source.in_layout(layout.grid_slots)
-  train_data = _train_pipeline(specs, source, group, num_groups, 0)
-  with run_log.phase("Initialized the model") as phase:
-    graphdef, params = setup.init_model(specs)
-    phase["text"] = f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters"
-  replicated = layout.sharding(jax.sharding.PartitionSpec())
   optimizer = optimizer_lib.make_optimizer(config.train)
-  schedule = optimizer_lib.learning_rate_schedule(config.train)
 
   # Resume (only unreadable checkpoint files count as damage, see `_resume`); a new run
   # starts from `train.init_from`'s parameters if given.
-  checkpointer = checkpoint_lib.Checkpointer(paths.join(workdir, workdir_lib.CHECKPOINTS),
-                                             config.train.max_checkpoints)
+  checkpointer = run.checkpointer(config.train.max_checkpoints)
+  closing.callback(checkpointer.close)
+  params = assembly.params
   if config.train.init_from and not checkpointer.manager.all_steps():
-    try:
-      params = _initial_params(config.train.init_from, params, replicated)
-    except BaseException:
-      checkpointer.close()
-      train_data.close()
-      raise
-  state = jax.device_put(initial_state(params, optimizer), replicated)
-  try:
-    state, train_data, data_offset = _resume(checkpointer, state, replicated, specs, source,
-                                             group, num_groups, train_data)
-  except BaseException:
-    checkpointer.close()
-    raise
+    params = _initial_params(config.train.init_from, assembly)
+  state = jax.device_put(initial_state(params, optimizer), assembly.replicated)
+  state, train_data, data_offset = _resume(checkpointer, run, state, assembly.replicated,
+                                           specs, source, group, num_groups, closing)
   # The run is compatible with the workdir's checkpoints: record its resolved config.
   if is_main:
-    _write_config(workdir, config)
+    run.write_config(config)
   start_step = int(state.step)
-  writer = MetricsWriter(workdir, resume_step=start_step, enabled=is_main)
+  writer = MetricsWriter(run.path, resume_step=start_step, enabled=is_main)
+  closing.callback(writer.close)
 
-  train_step = step_lib.make_train_step(layout, graphdef, optimizer, schedule,
-                                        device_constants, halo_indices,
-                                        remat_steps=config.train.remat_rollout,
-                                        loss=config.train.loss, members=members)
-  evaluator = evaluation.Evaluator(specs, layout, graphdef, device_constants, halo_indices,
-                                   stats, source.store.channel_names, group, num_groups,
+  train_step = step_lib.make_train_step(
+      layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
+      device_constants, halo_indices, remat_steps=config.train.remat_rollout,
+      loss=config.train.loss, members=members)
+  evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
+                                   halo_indices, source.channel_stats,
+                                   source.store.channel_names, group, num_groups,
                                    source=eval_source, rows_per_example=rows_per_example)
+  preemption = _Preemption()
+  closing.callback(preemption.restore)
+  return _Training(config, run, layout, (device_constants, halo_indices), state, start_step,
+                   train_step, evaluator, train_data, data_offset, num_groups,
+                   rows_per_example, setup.batch_dtype(specs.model), checkpointer, writer,
+                   preemption)
 
-  def next_batch():
-    local = next(train_data.iterator)
-    if rows_per_example > 1:  # members on the data axis: a row per member, member-major
-      local = {key: np.concatenate([value] * rows_per_example) for key, value in local.items()}
-    return layout.global_batch(local, config.train.batch_size * rows_per_example,
-                               setup.batch_dtype(specs.model))
 
+def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dict:
+  """The training loop of a run set up (`_set_up`); returns the last logged metrics.
+
+  Closes what `closing` holds when the loop ends (the saves finished), before the summary.
+  """
+  config, state, start_step, train_step = t.config, t.state, t.start_step, t.train_step
+  is_main = jax.process_index() == 0
   total = config.train.steps
   last, last_step, last_eval = {}, None, None
   times = {"set-up": time.perf_counter() - run_start, "compile": 0.0, "evaluation": 0.0,
            "checkpoint": 0.0}
   done = start_step
-  preemption = _Preemption()
-  try:
-    if start_step < total:
-      batch = next_batch()
-      compile_start = time.perf_counter()
-      with run_log.phase("Compiled the train step"):
-        train_step = train_step.lower(state, device_constants, halo_indices, batch).compile()
-      times["compile"] = time.perf_counter() - compile_start
-    else:
-      logging.info("Nothing to train: the checkpoint is at train.steps=%d. Raise "
-                   "--config.train.steps to train further.", total)
-    loop_start = time.perf_counter()
-    timer_step, timer = start_step, loop_start
-    for step in range(start_step, total):
-      if step > start_step:
-        batch = next_batch()
-      state, metrics = train_step(state, device_constants, halo_indices, batch)
-      done = step + 1
-      preempted = preemption.reached(done)
-      if done % config.train.log_every == 0 or done == total:
-        _check_finite(state)
-        elapsed = time.perf_counter() - timer
-        steps_per_sec = (done - timer_step) / max(elapsed, 1e-9)
-        last = {k: float(v) for k, v in metrics.items()}
-        last["steps_per_sec"] = steps_per_sec
-        last_step = done
-        writer.write(done, last)
-        if is_main:
-          eta = datetime.timedelta(seconds=round((total - done) / max(steps_per_sec, 1e-9)))
-          logging.info("step %d/%d | loss %.5f | lr %.2e | %.2f steps/s | ETA %s", done, total,
-                       last["loss"], last["learning_rate"], steps_per_sec, eta)
-        timer_step, timer = done, time.perf_counter()
-      if config.train.eval_every and done % config.train.eval_every == 0:
-        eval_start = time.perf_counter()
-        rmse = evaluator.evaluate(state.params)
-        last_eval = (done, rmse)
-        writer.write(done, {evaluation.metric_name(k): v for k, v in rmse.items()})
-        if is_main:
-          logging.info("eval at step %d, RMSE: %s", done, run_log.format_rmse(rmse))
-        times["evaluation"] += time.perf_counter() - eval_start
-        timer = time.perf_counter()  # evaluation time is not training speed
-      if done % config.train.checkpoint_every == 0 or done == total or preempted:
-        _check_finite(state)
-        writer.sync()  # metrics up to this step are stored before the checkpoint is
-        save_start = time.perf_counter()
-        checkpointer.save(done, state, train_data.iterator,
-                          {"step": done, "data_groups": num_groups, "data_offset": data_offset,
-                           "process_count": jax.process_count(),
+  if start_step < total:
+    batch = t.next_batch()
+    compile_start = time.perf_counter()
+    with run_log.phase("Compiled the train step"):
+      train_step = train_step.lower(state, *t.constants, batch).compile()
+    times["compile"] = time.perf_counter() - compile_start
+  else:
+    logging.info("Nothing to train: the checkpoint is at train.steps=%d. Raise "
+                 "train.steps to train further.", total)
+  loop_start = time.perf_counter()
+  timer_step, timer = start_step, loop_start
+  for step in range(start_step, total):
+    if step > start_step:
+      batch = t.next_batch()
+    state, metrics = train_step(state, *t.constants, batch)
+    done = step + 1
+    preempted = t.preemption.reached(done)
+    if done % config.train.log_every == 0 or done == total:
+      _check_finite(state)
+      elapsed = time.perf_counter() - timer
+      steps_per_sec = (done - timer_step) / max(elapsed, 1e-9)
+      last = {k: float(v) for k, v in metrics.items()}
+      last["steps_per_sec"] = steps_per_sec
+      last_step = done
+      t.writer.write(done, last)
+      if is_main:
+        eta = datetime.timedelta(seconds=round((total - done) / max(steps_per_sec, 1e-9)))
+        logging.info("step %d/%d | loss %.5f | lr %.2e | %.2f steps/s | ETA %s", done, total,
+                     last["loss"], last["learning_rate"], steps_per_sec, eta)
+      timer_step, timer = done, time.perf_counter()
+    if config.train.eval_every and done % config.train.eval_every == 0:
+      eval_start = time.perf_counter()
+      rmse = t.evaluator.evaluate(state.params)
+      last_eval = (done, rmse)
+      t.writer.write(done, {evaluation.metric_name(k): v for k, v in rmse.items()})
+      if is_main:
+        logging.info("eval at step %d, RMSE: %s", done, run_log.format_rmse(rmse))
+      times["evaluation"] += time.perf_counter() - eval_start
+      timer = time.perf_counter()  # evaluation time is not training speed
+    if done % config.train.checkpoint_every == 0 or done == total or preempted:
+      _check_finite(state)
+      t.writer.sync()  # metrics up to this step are stored before the checkpoint is
+      save_start = time.perf_counter()
+      t.checkpointer.save(done, state, t.train_data.iterator,
+                          {"step": done, "data_groups": t.num_groups,
+                           "data_offset": t.data_offset, "process_count": jax.process_count(),
                            "config": json.loads(config.to_json_best_effort())})
-        blocked = time.perf_counter() - save_start
-        times["checkpoint"] += blocked
-        if is_main:
-          logging.info("Checkpoint of step %d: writing in the background to %s (the loop "
-                       "was blocked %.3f s).", done,
-                       paths.join(checkpointer.directory, str(done)), blocked)
-      if preempted:
-        checkpointer.wait()
-        logging.warning("Stopped at step %d after %s; checkpoint saved to %s. Run the same "
-                        "command to continue.", done, preemption.signal_name,
-                        paths.join(checkpointer.directory, str(done)))
-        break
-    loop_end = time.perf_counter()
-  finally:
-    preemption.restore()
-    _close_all(checkpointer.close, writer.close, train_data.close)
-  times["training"] = loop_end - loop_start - times["evaluation"] - times["checkpoint"]
+      blocked = time.perf_counter() - save_start
+      times["checkpoint"] += blocked
+      if is_main:
+        logging.info("Checkpoint of step %d: writing in the background to %s (the loop "
+                     "was blocked %.3f s).", done, t.run.checkpoint(done), blocked)
+    if preempted:
+      t.checkpointer.wait()
+      logging.warning("Stopped at step %d after %s; checkpoint saved to %s. Run the same "
+                      "command to continue.", done, t.preemption.signal_name,
+                      t.run.checkpoint(done))
+      break
+  times["training"] = time.perf_counter() - loop_start - times["evaluation"] - times["checkpoint"]
+  closing.close()
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
-                    (last_step, last), last_eval, config.train, workdir,
-                    checkpointer.manager.all_steps(), config.data.path)
+                    (last_step, last), last_eval, config.train, t.run.path,
+                    t.checkpointer.manager.all_steps(), config.data.path)
   return last
 
 
-def _resume(checkpointer, state, sharding, specs, source, group, num_groups, train_data):
-  """`(state, train_data, data_offset)` from the newest good checkpoint, or as given.
+def _resume(checkpointer, run: RunDirectory, state, sharding, specs, source, group: int,
+            num_groups: int, closing: contextlib.ExitStack):
+  """`(state, train_data, data_offset)` from the newest good checkpoint, or as given; the
+  training pipeline (`train_data`, positioned there) is closed with `closing`.
 
   The data iterator's state is applied after the checkpoint's files are read
   (`Checkpointer.restore_latest`): an error there propagates and sets nothing aside.
   """
+  def pipeline_from(offset: int):
+    train_data = _train_pipeline(specs, source, group, num_groups, offset)
+    closing.callback(train_data.close)
+    return train_data
+
   def same_data_layout(metadata) -> bool:  # Grain keeps one state per process
     return (metadata["data_groups"] == num_groups
             and metadata.get("process_count", jax.process_count()) == jax.process_count())
 
-  try:
-    restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, sharding),
-                                           same_data_layout)
-  except BaseException:
-    train_data.close()
-    raise
+  restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, sharding),
+                                         same_data_layout)
   if restored is None:
     logging.info("Starting fresh: no checkpoint in %s.", checkpointer.directory)
-    return state, train_data, 0
-  train_data.close()
+    return state, pipeline_from(0), 0
   metadata = restored.metadata
   if restored.data_state is not None:
     data_offset = metadata["data_offset"]
-    train_data = _train_pipeline(specs, source, group, num_groups, data_offset)
-    try:
-      train_data.restore(restored.data_state)
-    except BaseException:
-      train_data.close()
-      raise
+    train_data = pipeline_from(data_offset)
+    train_data.restore(restored.data_state)
   else:  # positioned by step instead
     data_offset = restored.step * (specs.train.batch_size // num_groups)
-    train_data = _train_pipeline(specs, source, group, num_groups, data_offset)
+    train_data = pipeline_from(data_offset)
     logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
                  "positioned by step.", metadata["data_groups"],
                  metadata.get("process_count", "?"), num_groups, jax.process_count())
   logging.info("Resumed from step %d, checkpoint %s.", restored.step,
-               paths.join(checkpointer.directory, str(restored.step)))
+               run.checkpoint(restored.step))
   return restored.state, train_data, data_offset
 
 
@@ -380,19 +375,19 @@ def _resume(checkpointer, state, sharding, specs, source, group, num_groups, tra
 HARMLESS_DATA_KEYS = ("worker_count",)
 
 
-def check_same_data(workdir: str, config: ml_collections.ConfigDict):
+def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
   """A resumed run reads the data its checkpoints were trained on, else a `UserError`.
 
-  Compares `config.data` with the `data` of the workdir's `config.json` when
-  the workdir has checkpoints to resume from. Keys in `HARMLESS_DATA_KEYS` may
-  differ. `data.path` may name another copy of the same store (the same
+  Compares `config.data` with the `data` of the config of the run directory
+  `run` (a `RunDirectory` or its path) when it has checkpoints to resume from.
+  Keys in `HARMLESS_DATA_KEYS` may differ. `data.path` may name another copy of the same store (the same
   variables, levels, times and grid, opened both); with no `data.path` (a
   synthetic store) the other keys say which store it is.
   """
-  path = paths.join(workdir, workdir_lib.CONFIG)
-  if not _saved_steps(workdir) or not paths.exists(path):
+  run = run if isinstance(run, RunDirectory) else RunDirectory(run)
+  if not run.saved_steps() or not run.has_config():
     return
-  before = json.loads(paths.read_text(path)).get("data", {})
+  before = json.loads(paths.read_text(run.config_path)).get("data", {})
   now = json.loads(config.data.to_json_best_effort())
   differ = [key for key in sorted(before.keys() | now.keys())
             if key not in HARMLESS_DATA_KEYS + ("path",) and before.get(key) != now.get(key)]
@@ -401,15 +396,16 @@ def check_same_data(workdir: str, config: ml_collections.ConfigDict):
       and not _same_store(before["path"], now["path"], config.data)):
     differ.insert(0, "path")
   if differ:
-    shown = "; ".join(f"data.{key}: {before.get(key, 'absent')!r} in config.json, now "
+    name = run_directory.CONFIG
+    shown = "; ".join(f"data.{key}: {before.get(key, 'absent')!r} in {name}, now "
                       f"{now.get(key, 'absent')!r}" for key in differ[:5])
     more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
     raise UserError(
-        f"The workdir {workdir} holds a run trained on other data ({shown}{more}): resuming "
-        f"would mix the two. Resume with the data settings of {path}, or give this run "
-        "another --workdir (--config.train.init_from=" + workdir + " starts it from this "
-        f"run's parameters). Only data.{', data.'.join(HARMLESS_DATA_KEYS)} may change, and "
-        "data.path to a copy of the same store.")
+        f"The workdir {run.path} holds a run trained on other data ({shown}{more}): resuming "
+        f"would mix the two. Resume with the data settings of {run.config_path}, or give "
+        f"this run another --workdir (--config.train.init_from={run.path} starts it from "
+        f"this run's parameters). Only data.{', data.'.join(HARMLESS_DATA_KEYS)} may change, "
+        "and data.path to a copy of the same store.")
 
 
 def _same_store(before: str, now: str, data) -> bool:
@@ -440,40 +436,30 @@ def _check_members(config, mesh, members) -> int:
   return members.members
 
 
-def _check_init_from(init_from: str, workdir: str):
+def _check_init_from(init_from: str, run: RunDirectory):
   """A new run's `train.init_from` holds checkpoints: said before anything is built."""
   if not init_from:
     return
-  own = paths.as_epath(paths.join(workdir, workdir_lib.CHECKPOINTS))
-  if own.exists() and any(entry.name.isdigit() for entry in own.iterdir()):
+  if run.saved_steps():
     return  # a resumed run starts from its own checkpoints
-  checkpoints = paths.join(paths.normalize(init_from), workdir_lib.CHECKPOINTS)
+  checkpoints = RunDirectory(init_from).checkpoints
   if not paths.exists(checkpoints):
-    raise UserError(f"train.init_from={init_from}: no run there ({checkpoints} does not "
-                    "exist); give the directory of a run of launch.train or "
-                    "launch.import_graphcast.")
+    raise ArgumentError("train.init_from", init_from, f"no run there ({checkpoints} does not "
+                        "exist); give the directory of a run of launch.train or "
+                        "launch.import_graphcast.")
 
 
-def _initial_params(run_directory: str, params, sharding):
-  """The newest parameters of the run in `run_directory` (`train.init_from`), with `sharding`.
+def _initial_params(init_from: str, assembly) -> object:
+  """The newest parameters of the run in `init_from` (`train.init_from`), replicated.
 
   Raises:
     CheckpointMismatchError: they have other shapes than this run's model.
   """
-  directory = paths.join(paths.normalize(run_directory), "checkpoints")
-  params, step = checkpoint_lib.restore_params(
-      directory, checkpoint_lib.abstract_like(params, sharding))
-  logging.info("Parameters initialized from %s (step %d); optimizer state fresh.", directory,
-               step)
+  run = RunDirectory(init_from)
+  params, step = run.restore_params(assembly.abstract_params)
+  logging.info("Parameters initialized from %s (step %d); optimizer state fresh.",
+               run.checkpoints, step)
   return params
-
-
-def _write_config(workdir: str, config: ml_collections.ConfigDict):
-  """`config.json` (the resolved config as run) and a dated copy per start in `configs/`."""
-  text = config.to_json_best_effort(indent=2)
-  started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-  paths.write_text(paths.join(workdir, "configs", f"config-{started}.json"), text)
-  paths.write_text(paths.join(workdir, workdir_lib.CONFIG), text)
 
 
 def _check_eval_range(config, eval_source, num_groups: int):

@@ -2,10 +2,10 @@
 
 The directory may be a URL (`gs://bucket/run`, `wnscale.paths`).
 
-  <workdir>/config.json     the resolved config of the run
+  <workdir>/config.json     the resolved config of the run (`run_directory`)
   <workdir>/metrics.jsonl   one JSON object per logged step (and per evaluation)
   <workdir>/tensorboard/    TensorBoard events, the same names as metrics.jsonl
-  <workdir>/checkpoints/    Orbax checkpoints, one directory per saved step
+  <workdir>/checkpoints/    Orbax checkpoints, one directory per saved step (`run_directory`)
   <workdir>/lock.json       while a run lives: its host, pid, start and heartbeat (`lock`)
 
 One run at a time: a run takes the workdir's lock before it writes anything
@@ -34,10 +34,8 @@ import uuid
 from wnscale import outputs, paths
 from wnscale.errors import UserError
 
-CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
-CHECKPOINTS = "checkpoints"
 LOCK = "lock.json"
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
@@ -47,15 +45,6 @@ def prepare(workdir: str):
   """Makes `workdir` (and its parents) if missing; a `UserError` if it is a file or
   cannot be written (`outputs.check_writable`: local or `gs://`)."""
   outputs.check_writable(workdir, f"--workdir {paths.normalize(workdir)}", make=True)
-
-
-def describe(workdir: str, checkpoint_steps) -> str:
-  """Where every output of a run is, for the end-of-run summary."""
-  steps = ", ".join(str(step) for step in sorted(checkpoint_steps)) or "none"
-  config, metrics, tensorboard, checkpoints = (
-      paths.join(workdir, name) for name in (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS))
-  return (f"config {config}; metrics {metrics}; TensorBoard {tensorboard}/ (tensorboard "
-          f"--logdir {workdir}); checkpoints {checkpoints}/ (steps {steps})")
 
 
 class _Lock:

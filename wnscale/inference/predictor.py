@@ -1,25 +1,25 @@
 """The xarray boundary: `xarray.Dataset` in, `xarray.Dataset` out.
 
 Coordinates and metadata stay here, outside jit: the predictor strips the
-variables to a normalized `[batch, time, channels, grid]` array, runs the pure
-`forecast.rollout`, and puts coordinates back on the result.
+variables to normalized `[batch, time, channels, grid]` arrays, steps the
+model one lead time at a time with the forecasts' sharded step
+(`rollout.ShardedStep`, on a one-device mesh), and puts coordinates back on
+the result.
 """
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pandas as pd
 import xarray as xr
-from flax import nnx
 
+from wnscale.assembly import Assembly
 from wnscale.data import forcings as forcings_lib
-from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.data.variables import STATIC_VARIABLES
 from wnscale.errors import UserError
-from wnscale.model import forecast
-from wnscale.specs import DataSpec
+from wnscale.inference.rollout import ShardedStep
+from wnscale.specs import Specs
 
 
 def dataset_to_channels(dataset: xr.Dataset, variables, levels) -> np.ndarray:
@@ -68,31 +68,26 @@ class Predictor:
   """Forecasts from xarray inputs with a trained (or imported) model.
 
   Args:
-    graphdef, params: the model (`nnx.split`).
-    constants: host `forecast.Constants` for the model's grid.
-    data: the run's `DataSpec`: what the model reads and predicts
+    specs: the run's `Specs`; its `data` says what the model reads and predicts
       (variables, target-only variables, levels, forcings computed or stored,
-      input normalization, global forcings, time step).
-    stats: the run's normalization statistics (`normalization.py` format).
+      global forcings, time step).
+    assembly: the model on the inputs' grid and a one-device mesh
+      (`assemble(..., mesh_lib.single_device_mesh())`), normalized with the
+      run's statistics.
+    params: the model's parameters (e.g. `assembly.params`, initialized).
   """
 
-  def __init__(self, graphdef, params, constants: forecast.Constants, data: DataSpec,
-               stats: xr.Dataset):
-    self.params = params
-    self.constants = jax.device_put(constants)
-    self.variables, self.levels = data.variables, data.pressure_levels
-    self.outputs = data.outputs
-    self.forcings, self.stored_forcings = data.forcings, data.stored_forcings
-    self.global_forcings = data.global_forcings
-    stats_of_outputs = normalization.channel_stats(stats, self.outputs, self.levels)
-    self.mean, self.std = stats_of_outputs["mean"], stats_of_outputs["std"]
-    self.num_state = len(data.state_channels)
-    self.input_scales = normalization.input_scales(stats, self.forcings,
-                                                   data.input_normalization)
-    self.time_step = pd.Timedelta(hours=data.time_step_hours)
-    self._rollout = jax.jit(
-        lambda params, constants, batch: forecast.rollout(nnx.merge(graphdef, params),
-                                                          constants, batch))
+  def __init__(self, specs: Specs, assembly: Assembly, params):
+    d = specs.data
+    self.variables, self.levels = d.variables, d.pressure_levels
+    self.outputs = d.outputs
+    self.forcings, self.stored_forcings = d.forcings, d.stored_forcings
+    self.global_forcings = d.global_forcings
+    self.input_steps = d.input_steps
+    self.time_step = pd.Timedelta(hours=d.time_step_hours)
+    self.normalization = assembly.normalization
+    self.grid = assembly.layout.grid
+    self.step = ShardedStep(assembly, params)
 
   def __call__(self, inputs: xr.Dataset, statics: xr.Dataset, num_steps: int = 1,
                forcings: xr.Dataset | None = None) -> xr.Dataset:
@@ -120,7 +115,8 @@ class Predictor:
     times = pd.DatetimeIndex(inputs.time.values)
     target_times = pd.DatetimeIndex([times[-1] + self.time_step * k
                                      for k in range(1, num_steps + 1)])
-    mean, std = self.mean[:self.num_state, None], self.std[:self.num_state, None]
+    norm = self.normalization
+    mean, std = norm.mean[:norm.num_state, None], norm.std[:norm.num_state, None]
     state = (dataset_to_channels(inputs, self.variables, self.levels) - mean) / std
     static = np.stack([statics[name].transpose("latitude", "longitude").values.reshape(-1)
                        for name in STATIC_VARIABLES]).astype(np.float32)
@@ -129,20 +125,25 @@ class Predictor:
         all_times.values, inputs.latitude.values, inputs.longitude.values, self.forcings,
         given=self._given_forcings(forcings, all_times))
     batch_size = inputs.sizes["batch"]
-    batch = {
-        "inputs": state.astype(np.float32),
-        "forcings": np.broadcast_to(self.input_scales.forcings(forcing),
-                                    (batch_size,) + forcing.shape),
-        "statics": np.broadcast_to(self.input_scales.statics(static),
-                                   (batch_size,) + static.shape),
-    }
-    if self.global_forcings:
-      values = forcings_lib.compute_global_forcings(all_times.values, self.global_forcings)
-      batch["globals"] = np.broadcast_to(values, (batch_size,) + values.shape)
-    normalized = np.asarray(self._rollout(self.params, self.constants, batch))
+    batched_put = lambda key, array: self.step.put(  # noqa: E731 (rows: the same array each)
+        key, np.broadcast_to(array, (batch_size,) + array.shape))
+    forcing = self.grid.to_slots(norm.input_scales.forcings(forcing), -1)  # [T, F, slots]
+    static = batched_put("statics", self.grid.to_slots(norm.input_scales.statics(static), -1))
+    history = self.step.put("inputs", self.grid.to_slots(state, -1))
+    global_values = (forcings_lib.compute_global_forcings(all_times.values, self.global_forcings)
+                     if self.global_forcings else None)
+    outputs = []
+    for lead in range(num_steps):
+      window = slice(lead, lead + self.input_steps + 1)  # the history's times and the next
+      extra = {} if global_values is None else {
+          "globals": batched_put("globals", global_values[window])}
+      history, step_outputs = self.step(history, batched_put("forcings", forcing[window]),
+                                        static, extra)
+      outputs.append(self.grid.from_slots(np.asarray(step_outputs), -1))
+    normalized = np.stack(outputs, axis=1)  # [B, num_steps, C_out, G]
     coords = {"batch": inputs.batch.values, "time": target_times.values,
               "latitude": inputs.latitude.values, "longitude": inputs.longitude.values}
-    result = channels_to_dataset(normalized * self.std[:, None] + self.mean[:, None],
+    result = channels_to_dataset(normalized * norm.std[:, None] + norm.mean[:, None],
                                  self.outputs, self.levels, coords)
     if descending:
       result = result.isel(latitude=slice(None, None, -1))

@@ -1,0 +1,153 @@
+"""`assemble`: what a config runs on a grid, built in one place for every kind of run.
+
+Training, forecasts, GraphCast example predictions and the memory planner all
+need the same pieces for a config on a grid: the graphs, the host constants
+(the residual scale comes from the normalization statistics), the graphs
+laid out over the mesh, and the model (graphdef and parameters). `assemble`
+builds them, in that order, and returns them together; how a run then uses
+them (a training loop, a streamed rollout, an ahead-of-time compile) is the
+caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, ContextManager, NamedTuple
+
+import jax
+import numpy as np
+import xarray as xr
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from wnscale.data import normalization
+from wnscale.graphs.build import Graphs
+from wnscale.model import forecast, setup
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding.layout import ShardedLayout
+from wnscale.specs import DataSpec, Specs
+
+
+class Grid(NamedTuple):
+  """A regular latitude-longitude grid: `latitude` ascending `[lat]`, `longitude` `[lon]`.
+
+  A store (`WeatherStore`) has the same two attributes and serves as well.
+  """
+
+  latitude: np.ndarray
+  longitude: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalization:
+  """How a run's model sees physical values: its outputs' scale and its inputs' scales.
+
+  Attributes:
+    mean, std: `[C_out]` float32 of the output channels (the state, then the
+      target-only ones): output = normalized * std + mean.
+    diff_std: `[C_out]` the std of one step's change.
+    num_state: how many of the output channels are the state (fed back).
+    input_scales: the forcings' and statics' (`normalization.InputScales`).
+  """
+
+  mean: np.ndarray
+  std: np.ndarray
+  diff_std: np.ndarray
+  num_state: int
+  input_scales: normalization.InputScales
+
+  @classmethod
+  def from_stats(cls, data: DataSpec, stats: xr.Dataset) -> Normalization:
+    """Of the run's data spec and its statistics (`normalization.py` format)."""
+    table = normalization.channel_stats(stats, data.outputs, data.pressure_levels)
+    return cls(table["mean"], table["std"], table["diff_std"], len(data.state_channels),
+               normalization.input_scales(stats, data.forcings, data.input_normalization))
+
+  @property
+  def residual_scale(self) -> np.ndarray:
+    """`[C_out]` what the network's outputs are scaled by (`normalization.residual_scale`)."""
+    return normalization.residual_scale({"diff_std": self.diff_std, "std": self.std},
+                                        self.num_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Assembly:
+  """A config's model on a grid and a mesh (`assemble`).
+
+  Attributes:
+    graphs: the model's graphs on the grid.
+    constants: host (numpy) `forecast.Constants` of the grid.
+    layout: the graphs partitioned over the mesh's `graph` axis.
+    graphdef: the model's `nnx` graph definition (None: assembled without a model).
+    params: the parameters: initialized (`assemble(..., params="init")`), or
+      `jax.ShapeDtypeStruct`s replicated on the mesh (to restore onto, or to
+      compile for); None without a model.
+    normalization: the statistics' `Normalization`; None when assembled
+      without statistics (the residual scale is then 1).
+  """
+
+  graphs: Graphs
+  constants: forecast.Constants
+  layout: ShardedLayout
+  graphdef: object
+  params: object
+  normalization: Normalization | None
+
+  @property
+  def replicated(self) -> jax.sharding.NamedSharding:
+    """The sharding of parameters and optimizer state: whole on every device."""
+    return self.layout.sharding(P())
+
+  @property
+  def abstract_params(self):
+    """`jax.ShapeDtypeStruct`s of the parameters, replicated on the mesh."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=self.replicated), self.params)
+
+
+def _silent(_: str) -> ContextManager[dict]:
+  return contextlib.nullcontext({})
+
+
+def assemble(specs: Specs, grid, stats: xr.Dataset | None, mesh: Mesh, *,
+             params: str | None = "shapes",
+             phase: Callable[[str], ContextManager[dict]] = _silent) -> Assembly:
+  """The graphs, constants, layout and model of an experiment (`specs.from_config` of its
+  validated config) on `grid` and `mesh`.
+
+  Args:
+    grid: where the model runs: a `Grid`, or anything with `latitude` and
+      `longitude` (a `WeatherStore`).
+    stats: the run's normalization statistics (`normalization.py` format);
+      None: a residual scale of 1 (enough for shapes and compiles).
+    mesh: the `(data, graph)` mesh.
+    params: "init": the parameters initialized (from `config.seed`); "shapes":
+      abstract (`Assembly.params`); None: no model (graphdef and parameters
+      None: e.g. the planner's, whose remat settings are chosen per compile).
+    phase: `phase(what)`, a context manager around each step worth a log
+      line (e.g. `train.run_log.phase`), whose yielded dict takes a `"text"`.
+  """
+  latitude, longitude = grid.latitude, grid.longitude
+  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)  # logs built or from cache
+  norm = None if stats is None else Normalization.from_stats(specs.data, stats)
+  residual_scale = (np.ones(len(specs.data.output_channels), np.float32)
+                    if norm is None else norm.residual_scale)
+  constants = setup.make_constants(specs.data, graphs, latitude, longitude, residual_scale)
+  shards = mesh.shape[mesh_lib.GRAPH]
+  with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
+             f"data x {shards} graph devices)"):
+    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
+                           specs.mesh.exchange)
+  graphdef = model_params = None
+  if params == "init":
+    with phase("Initialized the model") as details:
+      graphdef, model_params = setup.init_model(specs)
+      details["text"] = f"{sum(x.size for x in jax.tree.leaves(model_params)):,} parameters"
+  elif params == "shapes":
+    graphdef, shapes = setup.init_model_shapes(specs)
+    model_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=layout.sharding(P())), shapes)
+  elif params is not None:
+    raise ValueError(f"params={params!r}: 'init', 'shapes' or None")
+  return Assembly(graphs, constants, layout, graphdef, model_params, norm)

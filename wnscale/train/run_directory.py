@@ -1,0 +1,117 @@
+"""`RunDirectory`: what a run directory holds, written and read in one place.
+
+A run directory (`--workdir`; local, or a URL such as `gs://bucket/run`,
+`wnscale.paths`) is made by a training run (`wnscale.train.trainer`) or by an
+import (`wnscale.interop.graphcast_import`), and read by forecasts, example
+predictions and new runs started from its parameters (`train.init_from`):
+
+  <run>/config.json            the resolved config of the run (the newest start's)
+  <run>/configs/config-*.json  the config of every start, dated (the history)
+  <run>/checkpoints/<step>/    Orbax checkpoints: a training run's train state, data
+                               iterator state and metadata, or an import's parameters
+
+What else a training run keeps there (metrics, TensorBoard, its lock): `workdir`.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import ml_collections
+
+from wnscale import config as config_lib
+from wnscale import outputs, paths
+from wnscale.errors import ArgumentError, UserError
+from wnscale.train import checkpoint as checkpoint_lib
+
+CONFIG = "config.json"
+CONFIG_HISTORY = "configs"
+CHECKPOINTS = "checkpoints"
+
+# What `outputs.check` recognises a run directory by.
+KIND = outputs.Kind("a run directory", (CONFIG, CHECKPOINTS))
+
+
+class RunDirectory:
+  """One run directory (see the module docstring).
+
+  Args:
+    path: the directory (local or URL).
+    argument: the name of the argument that gave `path` (e.g. "workdir"): a
+      directory that is not a run is then an `ArgumentError` of it, which a
+      launcher shows as its flag; None: a plain `UserError`.
+  """
+
+  def __init__(self, path: str, argument: str | None = None):
+    self.path = paths.normalize(path)
+    self.argument = argument
+
+  @property
+  def config_path(self) -> str:
+    return paths.join(self.path, CONFIG)
+
+  @property
+  def checkpoints(self) -> str:
+    """The directory of the run's checkpoints."""
+    return paths.join(self.path, CHECKPOINTS)
+
+  def checkpoint(self, step: int) -> str:
+    """The directory of the checkpoint of `step`."""
+    return paths.join(self.checkpoints, str(step))
+
+  def _not_a_run(self, problem: str) -> UserError:
+    if self.argument:
+      return ArgumentError(self.argument, self.path, problem)
+    return UserError(f"{self.path}: {problem}")
+
+  def has_config(self) -> bool:
+    return paths.exists(self.config_path)
+
+  def read_config(self) -> ml_collections.ConfigDict:
+    """The run's config as written (`config_lib.from_json`: unknown keys are errors).
+
+    Raises:
+      UserError: there is no config (not a run directory).
+    """
+    if not self.has_config():
+      raise self._not_a_run(f"not a run directory: it holds no {CONFIG} (launch.train and "
+                            "launch.import_graphcast make one)")
+    return config_lib.from_json(paths.read_text(self.config_path))
+
+  def write_config(self, config: ml_collections.ConfigDict, history: bool = True):
+    """Writes `config` as the run's config; with `history`, a dated copy too (one per start)."""
+    text = config.to_json_best_effort(indent=2)
+    if history:
+      started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+      paths.write_text(paths.join(self.path, CONFIG_HISTORY, f"config-{started}.json"), text)
+    paths.write_text(self.config_path, text)
+
+  def saved_steps(self) -> list[int]:
+    """The steps of the finished checkpoints (Orbax's temporary ones are not), ascending."""
+    directory = paths.as_epath(self.checkpoints)
+    if not directory.exists():
+      return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+  def checkpointer(self, max_to_keep: int) -> checkpoint_lib.Checkpointer:
+    """The training run's `Checkpointer` of its checkpoints (made if missing)."""
+    return checkpoint_lib.Checkpointer(self.checkpoints, max_to_keep, run=self.path)
+
+  def save_params(self, params, metadata: dict, step: int = 0):
+    """A checkpoint of parameters alone (an imported model: `checkpoint.save_params`)."""
+    checkpoint_lib.save_params(self.checkpoints, params, metadata, step)
+
+  def restore_params(self, abstract_params, step: int | None = None):
+    """`(params, step)`: the parameters of the newest (or `step`'s) checkpoint that restores.
+
+    `abstract_params`: `jax.ShapeDtypeStruct`s with the shardings to restore
+    onto. A training run's or an import's checkpoints alike; nothing is written.
+
+    Raises:
+      UserError: the directory holds no checkpoint (of `step`).
+      CheckpointMismatchError: they are parameters of another model.
+    """
+    if not paths.exists(self.checkpoints):
+      raise self._not_a_run(f"not a run directory: it holds no {CHECKPOINTS}/ (launch.train "
+                            "and launch.import_graphcast make one)")
+    return checkpoint_lib.restore_params(self.checkpoints, abstract_params, step)
