@@ -137,10 +137,8 @@ def write_block(plan: _Plan, handles: dict, first: int, last: int):
   """Reads the store's times `first:last` of every time variable from the plan's files and
   writes them through `handles` (`{name: writer.open_variable(...)}`)."""
   block = plan.times[first:last]
-  writes = [handles[name][first:last].write(plan.read(name, block))
-            for name in plan.time_variables]
-  for write in writes:
-    write.result()
+  writer.wait_all([handles[name][first:last].write(plan.read(name, block))
+                   for name in plan.time_variables])
 
 
 def finish(where: str, plan: _Plan):

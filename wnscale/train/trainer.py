@@ -183,7 +183,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   check_same_data(run, config)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
-  members = ensemble.training_members(specs_lib.from_config(config))
+  specs = specs_lib.from_config(config)
+  members = ensemble.training_members(specs)
   rows_per_example = _check_members(config, mesh, members)
   mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example)
   warmup = optimizer_lib.warmup_steps(config.train)
@@ -196,8 +197,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   # The eval range is opened now: a range the store lacks is an error before compiling.
   config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   with run_log.phase("Store and statistics ready") as phase:
-    config.data.path = resolve_store(specs_lib.from_config(config).data, config.seed)
-    data = specs_lib.from_config(config).data
+    data = dataclasses.replace(specs.data, path=resolve_store(specs.data, config.seed))
+    config.data.path = data.path
     statistics = resolve_stats(data)
     source = pipeline.make_source(data, "train", stats=statistics)
     eval_source = (pipeline.make_source(data, "eval", stats=statistics)
