@@ -333,7 +333,8 @@ def _as_flag(reference: re.Match) -> str:
   flag = _flag_of(name)
   if flag is None:
     return reference.group(0)
-  boolean = flag[2:] in flags.FLAGS and flags.FLAGS[flag[2:]].boolean
+  own = _FLAG_NAMES.get(name, name)  # a config key's override keeps its `=True`
+  boolean = own in flags.FLAGS and flags.FLAGS[own].boolean
   return flag if value is None or (value == "True" and boolean) else f"{flag}={value}"
 
 
