@@ -77,7 +77,7 @@ def test_ctrl_c_saves_the_step_and_a_second_run_in_the_workdir_is_refused(
     second = subprocess.run(train_command(workdir), cwd=REPO, env=process_env(),
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stderr[-3000:]
-    assert_one_error_line(second.stderr, f"workdir {workdir} is in use by host "
+    assert_one_error_line(second.stderr, f"--workdir={workdir}: in use by host "
                           f"{socket.gethostname()}, pid {first.process.pid}, since "
                           f"{holder['since']}", "another --workdir")
     assert "JAX process" not in second.stderr  # refused before JAX started
@@ -182,7 +182,8 @@ def test_a_resumed_run_on_other_data_stops_and_leaves_the_workdir_as_it_was(
   assert other.returncode == 2, other.stderr[-3000:]
   assert_one_error_line(other.stderr, f"The workdir {workdir} holds a run trained on other data",
                         "data.train_end: '2020-01-20' in config.json, now '2020-01-15'",
-                        "another --workdir", "data.worker_count may change")
+                        "another --workdir (--config.train.init_from=",
+                        "data.worker_count may change")
   assert "Compiled" not in other.stderr
   assert snapshot(workdir) == before  # nothing written, nothing removed
 
@@ -197,8 +198,10 @@ def test_a_copy_of_the_store_and_harmless_keys_are_the_same_data(trained_tiny_ru
   config.data.path = copy
   trainer.check_same_data(trained_tiny_run, config)  # no error: the same data
   shutil.rmtree(os.path.join(copy, "2m_temperature"))
-  with pytest.raises(UserError, match=r"trained on other data \(data.path: "):
+  with pytest.raises(UserError, match=r"trained on other data \(data.path: ") as library:
     trainer.check_same_data(trained_tiny_run, config)
+  assert "another `workdir` (`train.init_from=" in str(library.value)
+  assert "--" not in str(library.value)
 
 
 # --- Ctrl-C of a forecast -------------------------------------------------------------------
@@ -249,9 +252,10 @@ def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path
   workdir = str(tmp_path)
   lock = os.path.join(workdir, "lock.json")
   _write_lock(workdir, host="elsewhere", pid=123)
-  with pytest.raises(UserError, match=r"workdir .* is in use by host elsewhere, pid 123, "
-                                      r"since 2026-01-01 00:00:00 UTC"):
+  with pytest.raises(UserError, match=r"^workdir=.*: in use by host elsewhere, pid 123, "
+                                      r"since 2026-01-01 00:00:00 UTC") as library:
     workdir_lib.lock(workdir)
+  assert "another `workdir`" in str(library.value) and "--" not in str(library.value)
   assert json.load(open(lock))["token"] == "theirs"  # left alone
 
   dead = subprocess.Popen(["true"])

@@ -212,8 +212,9 @@ def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tm
   assert not os.path.exists(tmp_path / "config.json")
 
 
-def test_no_store_and_no_synthetic_names_the_flag(tmp_path):
+def test_no_store_and_no_synthetic_names_the_setting(tmp_path):
   config = config_lib.load(os.path.join(REPO, "configs", "graphcast_1p0.py"))
-  with pytest.raises(ValueError, match=r"--config.data.path="):
+  with pytest.raises(ValueError, match=r"`data.path=PATH_OR_URL`") as library:
     trainer.train_and_evaluate(config, str(tmp_path))
+  assert "--" not in str(library.value)
   assert os.listdir(tmp_path) == []
