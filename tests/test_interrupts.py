@@ -1,9 +1,9 @@
 """Accidents that must lose nothing, provoked as a user would: Ctrl-C (a terminal sends
 SIGINT to the foreground process group) of a run, of launch.local_cluster and of a
 forecast, a second run in a live run's workdir, a full disk at a checkpoint (a tiny
-tmpfs), a resumed run on other data. Each asserts the exit status, one line and no
-traceback, and what is on disk afterwards; a resumed run's losses equal the
-uninterrupted run's (`trained_tiny_run`).
+tmpfs; its resumed run also skips a damaged newer checkpoint), a resumed run on other
+data. Each asserts the exit status, one line and no traceback, and what is on disk
+afterwards; a resumed run's losses equal the uninterrupted run's (`trained_tiny_run`).
 
 A second Ctrl-C during the save, and Ctrl-C to one process of two, are in
 test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
@@ -23,8 +23,8 @@ import time
 import numpy as np
 import pytest
 
-from tiny_runs import (REPO, STEPS, Started, losses, process_env, run, snapshot,
-                       train_command, wait_for_step)
+from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_env, run,
+                       snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
 from wnscale import interrupts
 from wnscale.errors import UserError
@@ -162,10 +162,20 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_resumed_run_loses_nothi
 
   copy = str(tmp_path / "copy")  # the same workdir, on a disk with space
   shutil.copytree(workdir, copy)
+  # Beside it a damaged newer checkpoint (the uninterrupted run's step 8, cut short; one
+  # launch for both accidents): skipped and set aside, and the run resumes from step 4.
+  damaged = os.path.join(copy, "checkpoints", "8")
+  shutil.copytree(os.path.join(trained_tiny_run, "checkpoints", "8"), damaged)
+  damage_checkpoint(damaged)
   resumed = run(copy)
+  assert f"Skipping checkpoint {damaged}" in resumed.stderr
   assert f"Resumed from step 4, checkpoint {copy}/checkpoints/4" in resumed.stderr
   assert losses(copy) == losses(trained_tiny_run)  # exact, step for step
-  assert checkpoint_names(copy) == ["12", "4", "8"]  # the leftover removed at the start
+  names = checkpoint_names(copy)
+  aside = [name for name in names if name.startswith("8.damaged-")]
+  assert len(aside) == 1, names  # kept for inspection
+  # The leftover removed at the start; step 8 saved again.
+  assert [name for name in names if name not in aside] == ["12", "4", "8"]
 
 
 # --- A resumed run on other data ------------------------------------------------------------
