@@ -25,8 +25,10 @@ status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback as well.
 So does a mistake inside the config file (it does not compile, `get_config`
 fails or is missing: the line names the file and line). An
 `errors.ArgumentError` about a library argument is shown as the launcher's flag
-of that name (`--init_every=24: ...`), or of that config key
-(`--config.train.init_from=...`). Any other exception is a bug and keeps its
+of that name (`--init_every=24: ...`), of that config key
+(`--config.train.init_from=...`), or of `_FLAG_NAMES`; so is each argument a
+library message names between backquotes (`overwrite=True` as `--overwrite`).
+Any other exception is a bug and keeps its
 traceback. `--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up) ends it with `Interrupted (Ctrl-C).`, exit status
 130. Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more)
@@ -218,7 +220,7 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_h
       held.append(flags.FLAGS.workdir)
   for flag, kind in _OUTPUTS:
     if flag.value:
-      outputs.check(flag.value, kind, overwrite=overwrite(), flag=f"--{flag.name}")
+      outputs.check(flag.value, kind, overwrite=overwrite(), argument=flag.name)
   _quiet_libraries(verbose=flags.FLAGS.verbosity >= 1)
   return remaining
 
@@ -313,21 +315,44 @@ def _config_file_error(error: BaseException, path: str) -> UserError | None:
 
 
 def _message(error: UserError) -> str:
-  """The error's message; one about a library argument (`ArgumentError`) that this
-  launcher has a flag for names that flag: a flag of the same name, or `--config.<key>`
-  for a config key."""
+  """The error's message, naming this launcher's flags: one about a library argument
+  (`ArgumentError`) opens with its flag, and each argument the message names between
+  backquotes (`overwrite=True`, `out`) is shown as its flag (`--overwrite`, `--out`)."""
   flag = _flag_of(error.argument) if isinstance(error, ArgumentError) else None
   if flag is None:
-    return str(error)
-  if error.value is None:
-    return f"{flag} {error.problem}"
-  return f"{flag}={error.value}: {error.problem}"
+    message = str(error)
+  elif error.value is None:
+    message = f"{flag} {error.problem}"
+  else:
+    message = f"{flag}={error.value}: {error.problem}"
+  return _REFERENCE.sub(_as_flag, message)
+
+
+# An argument named in a library message, `name` or `name=value` (see wnscale.errors).
+_REFERENCE = re.compile(r"`([A-Za-z_][\w.]*)(?:=([^`]*))?`")
+
+# Library arguments (and settings) that a launcher's flag of another name sets.
+_FLAG_NAMES = {"jax_num_cpu_devices": "num_cpu_devices"}
+
+
+def _as_flag(reference: re.Match) -> str:
+  """`name` as `--flag`, `name=value` as `--flag=value` (`--flag` for a boolean flag
+  set to True); unchanged when this launcher has no flag for `name`."""
+  name, value = reference.groups()
+  flag = _flag_of(name)
+  if flag is None:
+    return reference.group(0)
+  own = _FLAG_NAMES.get(name, name)  # a config key's override keeps its `=True`
+  boolean = own in flags.FLAGS and flags.FLAGS[own].boolean
+  return flag if value is None or (value == "True" and boolean) else f"{flag}={value}"
 
 
 def _flag_of(argument: str) -> str | None:
-  """This launcher's flag that sets `argument` (a flag's name, or a config key), if any."""
-  if argument in flags.FLAGS:
-    return f"--{argument}"
+  """This launcher's flag that sets `argument` (a flag's name, one of `_FLAG_NAMES`, or a
+  config key), if any."""
+  name = _FLAG_NAMES.get(argument, argument)
+  if name in flags.FLAGS:
+    return f"--{name}"
   if _has_config() and argument in config_lib.key_paths(config_lib.default_config()):
     return f"--config.{argument}"
   return None

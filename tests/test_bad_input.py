@@ -150,8 +150,8 @@ def test_forecast_flags_and_stores_that_do_not_fit(tmp_path, stores, trained_tin
                     "which covers 2020-01-01 00:00:00 .. 2020-01-31 18:00:00 every 6 h")
   # Another run's forecast at --out: said as such, not as a checkpoint step it lacks.
   error = assert_user_error(forecast(trained_tiny_run, stores["other_forecast"]),
-                            f"{stores['other_forecast']} holds a forecast of another run, "
-                            "/elsewhere/run", "choose another --out")
+                            f"--out={stores['other_forecast']}: holds a forecast of another "
+                            "run, /elsewhere/run; choose another --out")
   assert "step" not in error
   assert not out.exists()
 

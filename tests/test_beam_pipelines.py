@@ -14,12 +14,14 @@ import pathlib
 import apache_beam  # noqa: F401  (the test extra installs it: without it, fail, not skip)
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 import zarr
 
 import cds_files
 from test_cli import assert_user_error, run
-from wnscale.data import convert
+from wnscale.data import beam_pipelines, convert
+from wnscale.errors import UserError
 from wnscale.evaluation import climatology
 
 
@@ -117,3 +119,18 @@ def test_a_bad_runner_or_beam_option_is_one_line(tmp_path):
   for (_, fragments), result in zip(cases, results):
     assert_user_error(result, *fragments)
   assert not out.exists() and not (tmp_path / "out.zarr.partial").exists()
+
+
+def test_a_library_caller_is_told_of_its_arguments_not_of_flags():
+  """`options` names its `runner`, and Beam's options as given; `--runner=...` and the like
+  are the launcher's (`launch/cli.py`; the command's lines: the test above)."""
+  for runner, args, said in (
+      ("Dataflw", [], "runner=Dataflw: Unexpected pipeline runner"),
+      ("DirectRunner", ["--runner=DirectRunner"], "name the runner again; give it once, as "
+       "`runner` alone"),
+      ("DirectRunner", ["--no_wait_until_finish"], "Beam's option no_wait_until_finish: "
+       "the command marks its output complete")):
+    with pytest.raises(UserError) as library:
+      beam_pipelines.options(runner, args)
+    assert said in str(library.value)
+    assert "--" not in str(library.value).replace(" ".join(args), "")  # but Beam's own

@@ -87,6 +87,7 @@ def test_a_different_train_state_is_an_error_not_damage(tmp_path, other, named):
     _restore(str(tmp_path), other())
   assert named in str(error.value)
   assert str(tmp_path / "1") in str(error.value)
+  assert "a new `workdir`" in str(error.value) and "--" not in str(error.value)
   assert sorted(os.listdir(tmp_path)) == ["1"]  # nothing moved aside
 
 

@@ -12,6 +12,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -25,14 +26,15 @@ import pytest
 import zarr
 from tensorboardX.proto import event_pb2
 
-from launch import local_cluster
+from launch import cli, local_cluster
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import resolve, synthetic
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.model import setup
 from wnscale.planner.compile import batch_per_data_shard, best_setting
-from wnscale.train import checkpoint, optimizer as optimizer_lib
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.train import checkpoint, optimizer as optimizer_lib, workdir as workdir_lib
 from tiny_runs import read_metrics
 from wnscale.train.state import initial_state
 
@@ -180,6 +182,21 @@ def test_a_bug_keeps_its_traceback():
   assert "error: " not in result.stderr
 
 
+def test_a_library_message_is_shown_with_this_launchers_flags():
+  """The arguments a library message names between backquotes become the flags of the
+  launcher (here the flags `launch.local_cluster` defines, in this process), by name or
+  through `cli._FLAG_NAMES`; a boolean set to True is the bare flag; one the launcher
+  lacks stays as the library wrote it."""
+  shown = cli._message(ArgumentError(
+      "num_processes", 0, "must be at least 1; on CPU `jax_num_cpu_devices=4` gives 4 "
+      "devices, `gloo_messages=True` shows Gloo's lines, `member=N` is another command's."))
+  assert shown == ("--num_processes=0: must be at least 1; on CPU --num_cpu_devices=4 gives "
+                   "4 devices, --gloo_messages shows Gloo's lines, `member=N` is another "
+                   "command's.")
+  assert cli._message(UserError("give another `timeout`.")) == "give another --timeout."
+  assert cli._message(ArgumentError("member", None, "is required.")) == "member is required."
+
+
 # --- Devices and directories (JAX starts; nothing compiles) ------------------------------
 
 def test_batch_not_divisible_by_the_data_shards(tmp_path):
@@ -190,14 +207,22 @@ def test_batch_not_divisible_by_the_data_shards(tmp_path):
 def test_a_mesh_larger_than_the_devices_suggests_num_cpu_devices(tmp_path):
   assert_user_error(train(tmp_path, "--config.mesh.graph=4"),
                     "1 devices cannot be split into groups of 4", "--num_cpu_devices=4")
+  mesh = config_lib.default_config().mesh
+  mesh.graph = 4
+  with pytest.raises(UserError, match="`jax_num_cpu_devices=4` gives") as library:
+    mesh_lib.mesh_shape(mesh, 1, "cpu")
+  assert "--" not in str(library.value)
 
 
 def test_a_workdir_that_is_a_file(tmp_path):
   path = tmp_path / "run"
   path.write_text("not a directory")
   result = train(path)
-  assert_user_error(result, f"--workdir {path} is a file")
+  assert_user_error(result, f"--workdir={path}: is a file, not a directory")
   assert not started_jax(result)
+  with pytest.raises(ArgumentError, match=f"^workdir={re.escape(str(path))}: is a file") as library:
+    workdir_lib.prepare(str(path))  # a library caller is told of its argument, not a flag
+  assert "--" not in str(library.value)
 
 
 def without_root() -> tuple[str, ...]:
@@ -213,8 +238,8 @@ def without_root() -> tuple[str, ...]:
 def test_a_read_only_workdir(tmp_path):
   path = tmp_path / "run"
   path.mkdir(mode=0o555)
-  assert_user_error(train(path, prefix=without_root()), f"Cannot write to --workdir {path}",
-                    "Permission denied")
+  assert_user_error(train(path, prefix=without_root()),
+                    f"--workdir={path}: cannot write there (Permission denied)")
 
 
 # --- Data (JAX starts; nothing compiles) -------------------------------------------------
@@ -245,8 +270,14 @@ def on_store(path):
 def test_a_data_path_that_does_not_exist(tmp_path):
   missing = tmp_path / "era5.zarr"
   assert_user_error(train(tmp_path / "run", *on_store(missing)),
-                    f"Store not found: {missing}",
-                    f"python -m launch.make_dataset --out={missing}", "leave data.path empty")
+                    f"--config.data.path={missing}: store not found",
+                    "python -m launch.make_dataset", "leave data.path empty")
+  data = config_lib.default_config().data
+  data.path = str(missing)
+  with pytest.raises(ArgumentError,
+                     match=f"^data.path={re.escape(str(missing))}: store not found") as library:
+    resolve.resolve_store(data, seed=0)
+  assert "--" not in str(library.value)
 
 
 def test_a_store_missing_a_variable(tmp_path, stores):

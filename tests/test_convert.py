@@ -112,13 +112,15 @@ def test_both_netcdf_layouts_members_and_time_limits(tmp_path, caplog):
 
   eda = tmp_path / "eda.nc"
   cds_files.current_netcdf(["2t"], TIMES, members=3).to_netcdf(eda, engine="h5netcdf")
-  with pytest.raises(UserError, match=r"holds ensemble members \[0, 1, 2\].*--member=N"):
+  with pytest.raises(UserError, match=r"^member is required: .* holds ensemble members "
+                     r"\[0, 1, 2\].*`member=N`") as library:
     convert.convert_era5([str(eda)], str(tmp_path / "eda.zarr"))
+  assert "--" not in str(library.value)
   store = _open(convert.convert_era5([str(eda)], str(tmp_path / "eda.zarr"), member=1))
   np.testing.assert_array_equal(
       store["2m_temperature"].values,
       xr.open_dataset(eda, engine="h5netcdf")["t2m"].sel(number=1).values)
-  with pytest.raises(UserError, match="has no member 5"):
+  with pytest.raises(UserError, match=r"^member=5: .* has no such member; it holds \[0, 1, 2\]"):
     convert.convert_era5([str(eda)], str(tmp_path / "eda5.zarr"), member=5)
 
 
@@ -305,3 +307,18 @@ def test_a_conversion_killed_between_its_last_block_and_its_rename_is_finished(t
   assert not convert.is_converting(str(out))  # nothing is left to write...
   xr.testing.assert_identical(_open(convert.convert_era5([str(source)], str(out))), expected)
   assert not (tmp_path / "a.zarr.partial").exists()  # ...and the same command renames it
+
+
+def test_a_conversion_of_other_sources_cut_short_is_replaced_only_when_asked(tmp_path):
+  """What a library caller reads names its argument (`overwrite=True`); `make_dataset`
+  shows `--overwrite` (launch/cli.py)."""
+  where = tmp_path / "out.zarr"
+  zarr.open_group(str(where), mode="w", zarr_format=2).attrs[convert.CONVERSION] = {
+      "fingerprint": "theirs", "sources": ["a.nc"], "times_written": 3, "complete": False}
+  with pytest.raises(UserError, match=r"is a conversion of other sources cut short "
+                     r"\(\['a.nc'\]\); continue it with those, or start afresh with "
+                     r"`overwrite=True`\.$") as library:
+    convert._resume_point(str(where), "ours", overwrite=False)
+  assert "--" not in str(library.value)
+  assert convert._resume_point(str(where), "ours", overwrite=True) is None
+  assert not where.exists()

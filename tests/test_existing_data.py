@@ -33,7 +33,7 @@ from tiny_runs import process_env
 from wnscale import outputs, paths
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")
 FORECAST = ["--platform=cpu", "--num_cpu_devices=1", "--mesh.graph=1", "--lead=12h"]
@@ -123,21 +123,23 @@ def test_existing_outputs_are_not_replaced_unasked(tmp_path, trained):
 
   cases = [
       (["make_dataset", f"--out={data}", "--end=2020-01-01", "--variables=2m_temperature"],
-       f"--out {data} exists (a zarr store); pass --overwrite to replace it"),
+       f"--out={data}: exists (a zarr store); pass --overwrite to replace it, or choose "
+       "another --out."),
       (["make_climatology", f"--store={data}", f"--out={clim}"],
-       f"--out {clim} exists (a zarr store)"),
+       f"--out={clim}: exists (a zarr store)"),
       (["make_climatology", f"--store={data}", f"--out={data}", "--overwrite"],
-       f"The output {data} is also what this command reads; write the output to another"),
+       f"--out={data}: the output is also what this command reads; write the output to "
+       "another"),
       (["evaluate", f"--forecast={data}", f"--truth={data}", f"--out={results}"],
-       f"--out {results} exists (evaluation results)"),
+       f"--out={results}: exists (evaluation results)"),
       (["import_graphcast", f"--checkpoint={FIXTURE}/params.npz",
         f"--stats_dir={FIXTURE}/stats", f"--out={run_dir}"],
-       f"--out {run_dir} exists (a run directory)"),
+       f"--out={run_dir}: exists (a run directory)"),
       (["predict_example", f"--workdir={run_dir}", f"--example={FIXTURE}/example.nc",
-        f"--out={predictions}"], f"--out {predictions} exists (a file)"),
+        f"--out={predictions}"], f"--out={predictions}: exists (a file)"),
       # A forecast continues its own store, and writes into no other.
       (["forecast", f"--workdir={workdir}", f"--out={data}", *FORECAST],
-       f"{data} exists and is not a forecast store written by wnscale"),
+       f"--out={data}: exists and is not a forecast store written by wnscale"),
   ]
   results = run_together(*(args for args, _ in cases), env=process_env())
   for result, (_, message) in zip(results, cases):
@@ -157,25 +159,38 @@ def test_unwritable_outputs_are_said_before_any_work(tmp_path, trained):
         ["evaluate", f"--forecast={truth}", f"--truth={truth}", f"--out={scores}"],
         ["make_climatology", f"--store={truth}", f"--out={clim}"],
         prefixes={2: without_root()}, env=process_env())
-  assert_user_error(results[0], f"Cannot write to --out {forecast} (Read-only file system "
-                    f"in {read_only})")
+  assert_user_error(results[0], f"--out={forecast}: cannot write there (Read-only file "
+                    f"system in {read_only})")
   assert "Restored" not in results[0].stderr  # stopped before any work
-  assert_user_error(results[1], f"Cannot write to --out {scores} (Read-only file system")
-  assert_user_error(results[2], f"Cannot write to --out {clim} (Permission denied in {locked})")
+  assert_user_error(results[1], f"--out={scores}: cannot write there (Read-only file system")
+  assert_user_error(results[2], f"--out={clim}: cannot write there (Permission denied in "
+                    f"{locked})")
   assert os.listdir(locked) == []
 
 
 def test_a_file_in_the_way_and_missing_parents(tmp_path):
   (tmp_path / "file").write_text("")
-  with pytest.raises(UserError, match=f"{tmp_path}/file, a parent of --out .* is a file"):
-    outputs.check(str(tmp_path / "file" / "x.zarr"), outputs.STORE, flag="--out")
+  with pytest.raises(ArgumentError, match=f"^out={tmp_path}/file/x.zarr: lies under "
+                     f"{tmp_path}/file, which is a file"):
+    outputs.check(str(tmp_path / "file" / "x.zarr"), outputs.STORE, argument="out")
   with pytest.raises(UserError, match="is a directory; give the path of a file"):
-    outputs.check(str(tmp_path), outputs.FILE)
-  # Missing parents are made, as for --workdir.
+    outputs.check(str(tmp_path), outputs.FILE, argument="out")
+  # Missing parents are made, as for a workdir.
   deep = tmp_path / "new" / "deeper" / "s.zarr"
-  outputs.check(str(deep), outputs.STORE)
+  outputs.check(str(deep), outputs.STORE, argument="out")
   store(deep, end="2020-01-01", variables=["2m_temperature"])
   assert xr.open_zarr(deep).sizes["time"] == 4
+  # A library caller is told of its arguments, not of a launcher's flags.
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "notes.txt").write_text("")
+  for path, overwrite, said in ((deep, False, "pass `overwrite=True` to replace it, or "
+                                 "choose another `out`."),
+                                (tmp_path / "other", True, "`overwrite` replaces only a zarr "
+                                 "store: choose another `out`")):
+    with pytest.raises(ArgumentError) as library:
+      outputs.check(str(path), outputs.STORE, argument="out", overwrite=overwrite)
+    assert str(library.value).startswith(f"out={path}: exists") and said in str(library.value)
+    assert "--" not in str(library.value)
 
 
 def test_a_full_disk_while_making_a_store(tmp_path):
@@ -239,11 +254,13 @@ def test_outputs_in_a_bucket():
   with gcs.emulator() as bucket:
     path = paths.join(bucket, "s.zarr")
     store(path, end="2020-01-01", variables=["2m_temperature"])
-    with pytest.raises(UserError, match=f"{path} exists \\(a zarr store\\); pass overwrite"):
+    with pytest.raises(UserError, match=f"path={path}: exists \\(a zarr store\\); pass "
+                       "`overwrite=True`"):
       store(path, variables=["2m_temperature"])
     store(path, variables=["2m_temperature"], overwrite=True)
     assert store_lib.open_metadata(path).sizes["time"] == 8 and paths.is_complete(path)
     assert sorted(entry.name for entry in paths.as_epath(bucket).iterdir()) == [
         "s.zarr", "s.zarr.complete"]  # no probe left
-    with pytest.raises(UserError, match="Cannot write to gs://no-such-bucket/s.zarr \\(no such bucket\\)"):
-      outputs.check("gs://no-such-bucket/s.zarr", outputs.STORE)
+    with pytest.raises(UserError, match="^out=gs://no-such-bucket/s.zarr: cannot write there "
+                       "\\(no such bucket\\)"):
+      outputs.check("gs://no-such-bucket/s.zarr", outputs.STORE, argument="out")

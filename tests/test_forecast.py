@@ -152,8 +152,10 @@ def test_forecast_store_layout_and_resume_rules(tmp_path, store_source):
   assert dataset.attrs["wnscale_completed_inits"] == [1]
   # Reopened with the same settings: it continues; with others: an error, untouched.
   assert ForecastStore(path, settings, **kwargs).completed == [1]
-  with pytest.raises(ValueError, match="other settings \\(checkpoint_step differ\\)"):
+  with pytest.raises(ValueError, match="^path=.*: holds a forecast with other settings "
+                     "\\(checkpoint_step differ\\); choose another `path`") as library:
     ForecastStore(path, dict(settings, checkpoint_step=8), **kwargs)
+  assert "--" not in str(library.value)
   # Ensemble members: a `number` dim after `time`.
   members = ForecastStore(str(tmp_path / "ensemble.zarr"), settings, members=2, **kwargs)
   members.write(0, 1, state, member=1)

@@ -210,8 +210,10 @@ def test_bad_checkpoints_are_named(tmp_path, edit, message):
 
 def test_import_refuses_an_existing_run(imported):
   out, _ = imported
-  with pytest.raises(ValueError, match="exists \\(a run directory\\); pass overwrite=True"):
+  with pytest.raises(ValueError, match="^out=.*: exists \\(a run directory\\); pass "
+                     "`overwrite=True`") as library:
     import_graphcast(CHECKPOINT, STATS, out)
+  assert "--" not in str(library.value)
 
 
 def test_example_errors_are_named(imported, tmp_path):

@@ -1,9 +1,9 @@
 """Accidents that must lose nothing, provoked as a user would: Ctrl-C (a terminal sends
 SIGINT to the foreground process group) of a run, of launch.local_cluster and of a
 forecast, a second run in a live run's workdir, a full disk at a checkpoint (a tiny
-tmpfs), a resumed run on other data. Each asserts the exit status, one line and no
-traceback, and what is on disk afterwards; a resumed run's losses equal the
-uninterrupted run's (`trained_tiny_run`).
+tmpfs; its resumed run also skips a damaged newer checkpoint), a resumed run on other
+data. Each asserts the exit status, one line and no traceback, and what is on disk
+afterwards; a resumed run's losses equal the uninterrupted run's (`trained_tiny_run`).
 
 A second Ctrl-C during the save, and Ctrl-C to one process of two, are in
 test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
@@ -23,8 +23,8 @@ import time
 import numpy as np
 import pytest
 
-from tiny_runs import (REPO, STEPS, Started, losses, process_env, run, snapshot,
-                       train_command, wait_for_step)
+from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_env, run,
+                       snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
 from wnscale import interrupts
 from wnscale.errors import UserError
@@ -77,7 +77,7 @@ def test_ctrl_c_saves_the_step_and_a_second_run_in_the_workdir_is_refused(
     second = subprocess.run(train_command(workdir), cwd=REPO, env=process_env(),
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stderr[-3000:]
-    assert_one_error_line(second.stderr, f"workdir {workdir} is in use by host "
+    assert_one_error_line(second.stderr, f"--workdir={workdir}: in use by host "
                           f"{socket.gethostname()}, pid {first.process.pid}, since "
                           f"{holder['since']}", "another --workdir")
     assert "JAX process" not in second.stderr  # refused before JAX started
@@ -162,10 +162,20 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_resumed_run_loses_nothi
 
   copy = str(tmp_path / "copy")  # the same workdir, on a disk with space
   shutil.copytree(workdir, copy)
+  # Beside it a damaged newer checkpoint (the uninterrupted run's step 8, cut short; one
+  # launch for both accidents): skipped and set aside, and the run resumes from step 4.
+  damaged = os.path.join(copy, "checkpoints", "8")
+  shutil.copytree(os.path.join(trained_tiny_run, "checkpoints", "8"), damaged)
+  damage_checkpoint(damaged)
   resumed = run(copy)
+  assert f"Skipping checkpoint {damaged}" in resumed.stderr
   assert f"Resumed from step 4, checkpoint {copy}/checkpoints/4" in resumed.stderr
   assert losses(copy) == losses(trained_tiny_run)  # exact, step for step
-  assert checkpoint_names(copy) == ["12", "4", "8"]  # the leftover removed at the start
+  names = checkpoint_names(copy)
+  aside = [name for name in names if name.startswith("8.damaged-")]
+  assert len(aside) == 1, names  # kept for inspection
+  # The leftover removed at the start; step 8 saved again.
+  assert [name for name in names if name not in aside] == ["12", "4", "8"]
 
 
 # --- A resumed run on other data ------------------------------------------------------------
@@ -182,7 +192,8 @@ def test_a_resumed_run_on_other_data_stops_and_leaves_the_workdir_as_it_was(
   assert other.returncode == 2, other.stderr[-3000:]
   assert_one_error_line(other.stderr, f"The workdir {workdir} holds a run trained on other data",
                         "data.train_end: '2020-01-20' in config.json, now '2020-01-15'",
-                        "another --workdir", "data.worker_count may change")
+                        "another --workdir (--config.train.init_from=",
+                        "data.worker_count may change")
   assert "Compiled" not in other.stderr
   assert snapshot(workdir) == before  # nothing written, nothing removed
 
@@ -197,8 +208,10 @@ def test_a_copy_of_the_store_and_harmless_keys_are_the_same_data(trained_tiny_ru
   config.data.path = copy
   trainer.check_same_data(trained_tiny_run, config)  # no error: the same data
   shutil.rmtree(os.path.join(copy, "2m_temperature"))
-  with pytest.raises(UserError, match=r"trained on other data \(data.path: "):
+  with pytest.raises(UserError, match=r"trained on other data \(data.path: ") as library:
     trainer.check_same_data(trained_tiny_run, config)
+  assert "another `workdir` (`train.init_from=" in str(library.value)
+  assert "--" not in str(library.value)
 
 
 # --- Ctrl-C of a forecast -------------------------------------------------------------------
@@ -249,9 +262,10 @@ def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path
   workdir = str(tmp_path)
   lock = os.path.join(workdir, "lock.json")
   _write_lock(workdir, host="elsewhere", pid=123)
-  with pytest.raises(UserError, match=r"workdir .* is in use by host elsewhere, pid 123, "
-                                      r"since 2026-01-01 00:00:00 UTC"):
+  with pytest.raises(UserError, match=r"^workdir=.*: in use by host elsewhere, pid 123, "
+                                      r"since 2026-01-01 00:00:00 UTC") as library:
     workdir_lib.lock(workdir)
+  assert "another `workdir`" in str(library.value) and "--" not in str(library.value)
   assert json.load(open(lock))["token"] == "theirs"  # left alone
 
   dead = subprocess.Popen(["true"])

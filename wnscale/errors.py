@@ -5,9 +5,12 @@ where the mistake is found, with a message that names the problem and says
 what to do. The launchers print that message as one line and exit with status
 2 (`launch/cli.py`); any other exception is a bug and keeps its traceback. It
 subclasses `ValueError`, so code that catches bad input as `ValueError` keeps
-working. The library names the problem; where the mistake is one argument of a
-library function, an `ArgumentError` names it, and a launcher shows its own flag
-for it.
+working. The library names the problem, never a launcher's flag; where the
+mistake is one argument of a library function, an `ArgumentError` names it, and
+a launcher shows its own flag for it. A message names any other argument (or
+setting) it refers to between backquotes, e.g. "pass `overwrite=True` to
+replace it, or choose another `out`"; a launcher shows its flag for each it has
+("pass --overwrite to replace it, or choose another --out").
 
 A full disk is neither the user's mistake nor a bug: a `NoSpaceLeft` (a full
 disk or quota while writing an output, `wnscale.outputs.writing`; `no_space`
@@ -28,7 +31,8 @@ class ArgumentError(UserError):
   The message reads `argument=value: problem` (`value` None: a missing argument,
   `argument problem`, e.g. "members is required: ..."); a launcher with a flag of
   the argument's name shows `--argument=value: problem` (`--argument problem`)
-  instead (`launch/cli.py`).
+  instead (`launch/cli.py`). `problem` names other arguments between backquotes
+  (see the module docstring).
   """
 
   def __init__(self, argument: str, value, problem: str):

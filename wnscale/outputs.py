@@ -6,22 +6,22 @@ zarr store, evaluation results, a file, a forecast store (and a run directory:
 `wnscale.train.run_directory.KIND`).
 `check` runs before any work (the launchers call it while parsing their flags,
 before JAX starts; the library calls it again for its own callers) and stops
-with a `UserError`:
+with an `ArgumentError` of the argument that gave the output:
 
   - when the output exists and `overwrite` is not given (an empty directory
     holds nothing and does not count). A forecast store is the exception: it
     is continued, not replaced (`Kind.continues`; `forecast_store` checks that
     it is the same forecast);
   - when `overwrite` is given but what is there is not of the kind the command
-    writes: `--overwrite` replaces a store with a store, never someone's other
+    writes: `overwrite` replaces a store with a store, never someone's other
     directory;
-  - when the location cannot be written (`check_writable`, shared with
-    `--workdir`): a probe file is written and removed where the output goes,
-    so a read-only file system, a missing permission or a file in the way is
-    said before anything is computed.
+  - when the location cannot be written (`check_writable`, shared with the
+    run directory, `wnscale.train.workdir`): a probe file is written and removed
+    where the output goes, so a read-only file system, a missing permission or a
+    file in the way is said before anything is computed.
 
-Missing parent directories are made when the output is written, as for
-`--workdir` (and as in a bucket, where a path needs no parents).
+Missing parent directories are made when the output is written, as for a
+run directory (and as in a bucket, where a path needs no parents).
 
 An output is replaced by writing the new one under a temporary name and
 swapping it in when it is whole (`paths.building`): the old one stays intact
@@ -42,7 +42,7 @@ import os
 import uuid
 
 from wnscale import paths
-from wnscale.errors import NoSpaceLeft, UserError, no_space
+from wnscale.errors import ArgumentError, NoSpaceLeft, no_space
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,46 +71,45 @@ FILE = Kind("a file")
 FORECAST = Kind("a forecast store", (".zgroup",), continues=True)
 
 _PROBE = ".wnscale-write-test-"
-_SHOWN_NAMES = 4  # names listed of a directory --overwrite will not replace
+_SHOWN_NAMES = 4  # names listed of a directory `overwrite` will not replace
 
 
-def check(path: str, kind: Kind, *, overwrite: bool = False, flag: str | None = None,
+def check(path: str, kind: Kind, *, argument: str, overwrite: bool = False,
           reads: tuple[str, ...] = ()):
-  """A `UserError` unless `path` can be written as `kind` without losing data.
+  """An `ArgumentError` of `argument` unless `path` can be written as `kind` without
+  losing data.
 
   Args:
     path: the output (local or URL).
+    argument: the caller's name for `path` (e.g. "out"), which the error names.
     overwrite: an existing output of this kind may be replaced.
-    flag: the launcher's flag (e.g. "--out"), named in messages; None from the
-      library (messages then say `overwrite=True`).
     reads: what the command reads: the output may be none of them, nor hold or lie
-      inside one (`--overwrite` would replace the input it is computed from).
+      inside one (`overwrite` would replace the input it is computed from).
   """
   path = paths.normalize(path)
-  name = f"{flag} {path}" if flag else path
   for source in map(paths.normalize, reads):
     relation = ("is also" if path == source else f"is inside {source}," if
                 path.startswith(source + "/") else f"holds {source}," if
                 source.startswith(path + "/") else None)
     if relation:
-      raise UserError(f"The output {name} {relation} what this command reads; write the "
-                      "output to another path.")
-  exists = _holds_data(path, kind, name)
+      raise ArgumentError(argument, path, f"the output {relation} what this command reads; "
+                          "write the output to another path.")
+  exists = _holds_data(path, kind, argument)
   if exists and not kind.continues:
     if not overwrite:
-      how = "pass --overwrite" if flag else "pass overwrite=True"
-      raise UserError(f"{name} exists ({_describe(path, kind)}); {how} to replace it, or "
-                      f"choose another {flag or 'path'}.")
+      raise ArgumentError(argument, path, f"exists ({_describe(path, kind)}); pass "
+                          f"`overwrite=True` to replace it, or choose another `{argument}`.")
     if not _is_kind(path, kind):
-      raise UserError(f"{name} exists and is not {kind.noun} ({_describe(path, kind)}); "
-                      f"{'--overwrite' if flag else 'overwrite'} replaces only {kind.noun}: "
-                      f"choose another {flag or 'path'}, or remove it yourself.")
+      raise ArgumentError(argument, path, f"exists and is not {kind.noun} "
+                          f"({_describe(path, kind)}); `overwrite` replaces only {kind.noun}: "
+                          f"choose another `{argument}`, or remove it yourself.")
   # Writes go into a continued store; anything else is built beside its path.
-  check_writable(path, name, inside=exists and kind.continues)
+  check_writable(path, argument, inside=exists and kind.continues)
 
 
-def check_writable(path: str, name: str, *, inside: bool = False, make: bool = False):
-  """A `UserError` naming `name` (e.g. "--out /x") and why, unless `path` can be written.
+def check_writable(path: str, argument: str, *, inside: bool = False, make: bool = False):
+  """An `ArgumentError` of `argument` (the caller's name for `path`, e.g. "workdir")
+  saying why, unless `path` can be written.
 
   A probe file is written and removed (permission bits alone do not tell:
   ACLs, read-only mounts, buckets).
@@ -132,8 +131,8 @@ def check_writable(path: str, name: str, *, inside: bool = False, make: bool = F
       reason = ("no such bucket" if isinstance(error, FileNotFoundError) else
                 "permission denied" if isinstance(error, PermissionError) else
                 f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
-      raise UserError(f"Cannot write to {name} ({reason}). Give a location this account can "
-                      "write to.") from error
+      raise ArgumentError(argument, path, f"cannot write there ({reason}); give a location "
+                          "this account can write to.") from error
     return
   if make or inside:
     directory = path
@@ -142,9 +141,9 @@ def check_writable(path: str, name: str, *, inside: bool = False, make: bool = F
     while not os.path.lexists(directory):
       directory = os.path.dirname(directory)
   if os.path.lexists(directory) and not os.path.isdir(directory):
-    what = name if directory == path else f"{directory}, a parent of {name},"
-    raise UserError(f"{what} is a file, not a directory; give a directory (missing ones are "
-                    "made).")
+    what = "is" if directory == path else f"lies under {directory}, which is"
+    raise ArgumentError(argument, path, f"{what} a file, not a directory; give a directory "
+                        "(missing ones are made).")
   try:
     if make:
       os.makedirs(path, exist_ok=True)
@@ -154,8 +153,8 @@ def check_writable(path: str, name: str, *, inside: bool = False, make: bool = F
     os.remove(probe)
   except OSError as error:
     where = "" if directory == path else f" in {directory}"
-    raise UserError(f"Cannot write to {name} ({error.strerror}{where}). Give a location "
-                    "this user can write to.") from error
+    raise ArgumentError(argument, path, f"cannot write there ({error.strerror}{where}); give "
+                        "a location this user can write to.") from error
 
 
 def holds_data(path: str) -> bool:
@@ -166,13 +165,14 @@ def holds_data(path: str) -> bool:
   return os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path))
 
 
-def _holds_data(path: str, kind: Kind, name: str) -> bool:
-  """`holds_data`; a `UserError` if a file is where a directory goes, or the other way."""
+def _holds_data(path: str, kind: Kind, argument: str) -> bool:
+  """`holds_data`; an `ArgumentError` of `argument` if a file is where a directory goes, or
+  the other way."""
   if not paths.is_url(path) and os.path.lexists(path):
     if kind.is_file and os.path.isdir(path):
-      raise UserError(f"{name} is a directory; give the path of a file to write.")
+      raise ArgumentError(argument, path, "is a directory; give the path of a file to write.")
     if not kind.is_file and not os.path.isdir(path):
-      raise UserError(f"{name} is a file, not {kind.noun}; choose another path.")
+      raise ArgumentError(argument, path, f"is a file, not {kind.noun}; choose another path.")
   return holds_data(path)
 
 

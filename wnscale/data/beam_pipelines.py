@@ -28,7 +28,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 
 
 def _beam():
@@ -38,8 +38,8 @@ def _beam():
   try:
     import apache_beam  # noqa: PLC0415 (optional: only Beam runs need it)
   except ImportError as error:
-    raise UserError(f"--runner needs Apache Beam, which is not installed ({error}); "
-                    "pip install 'wnscale[beam]'.") from error
+    raise UserError(f"A Beam pipeline (`runner`) needs Apache Beam, which is not installed "
+                    f"({error}); pip install 'wnscale[beam]'.") from error
   finally:
     logging.disable(logging.NOTSET)
   return apache_beam
@@ -51,9 +51,10 @@ def options(runner: str, args: Sequence[str]):
   checks them when a pipeline starts (e.g. Dataflow's `--temp_location` in a bucket).
 
   Raises:
-    UserError: the runner is unknown or cannot be used here (e.g. Dataflow without
-      `apache-beam[gcp]`), an option is unknown, has a bad value or is missing, or
-      `args` names the runner again.
+    ArgumentError: of `runner`: it is unknown or cannot be used here (e.g. Dataflow
+      without `apache-beam[gcp]`), or Beam's validation of it with `args` fails.
+    UserError: an option is unknown or has a bad value, or `args` names the runner
+      again.
   """
   _beam()
   from apache_beam.options.pipeline_options import (  # noqa: PLC0415
@@ -63,16 +64,16 @@ def options(runner: str, args: Sequence[str]):
   from apache_beam.runners.runner import create_runner  # noqa: PLC0415
   args = list(args)
   if any(re.match(r"--?runner(=|$)", arg) for arg in args):
-    raise UserError("Beam's options name the runner again (--runner among them); give it "
-                    "once, before --.")
+    raise UserError(f"Beam's options {' '.join(args)} name the runner again; give it once, "
+                    "as `runner` alone.")
   try:
     runner_object = create_runner(runner)
   except (ValueError, ImportError) as error:
-    raise UserError(f"--runner={runner}: {' '.join(str(error).split())}") from error
+    raise ArgumentError("runner", runner, " ".join(str(error).split())) from error
   if "dataflow" in type(runner_object).__name__.lower() and importlib.util.find_spec(
       "google.cloud.dataflow") is None:  # Beam says so only once the job is submitted
-    raise UserError(f"--runner={runner} needs Beam's Google Cloud clients: pip install "
-                    "'apache-beam[gcp]'.")
+    raise ArgumentError("runner", runner, "needs Beam's Google Cloud clients: pip install "
+                        "'apache-beam[gcp]'.")
   pipeline_options = PipelineOptions(args, runner=runner)
   parsers = []
   beam_log = logging.getLogger("apache_beam.options.pipeline_options")
@@ -96,12 +97,13 @@ def options(runner: str, args: Sequence[str]):
                     + (f"; did you mean {nearest[0]}?" if nearest else "")
                     + " (Beam's options go after --; this command's own flags before it).")
   if pipeline_options.view_as(StandardOptions).no_wait_until_finish:
-    raise UserError("--no_wait_until_finish: the command marks its output complete when the "
-                    "pipeline has finished, so it waits for it; leave the option out.")
+    raise UserError("Beam's option no_wait_until_finish: the command marks its output "
+                    "complete when the pipeline has finished, so it waits for it; leave the "
+                    "option out.")
   errors = PipelineOptionsValidator(pipeline_options, runner_object).validate()
   if errors:
-    raise UserError(f"--runner={runner} with Beam's options {args}: "
-                    + "; ".join(" ".join(error.split()) for error in errors))
+    raise ArgumentError("runner", runner, f"with Beam's options {args}: "
+                        + "; ".join(" ".join(error.split()) for error in errors))
   return pipeline_options
 
 

@@ -96,7 +96,8 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
   # it is of the same sources), never replaced by `outputs.building`.
   continuing = paths.is_url(out) and is_converting(out)
   if not continuing:
-    outputs.check(out, outputs.STORE, overwrite=overwrite)  # before any file is opened
+    # Before any file is opened.
+    outputs.check(out, outputs.STORE, argument="out", overwrite=overwrite)
   files = expand_sources(sources)
   datasets = [era5_files.open_era5_file(path, member) for path in files]
   plan = _Plan(files, datasets, start, end)
@@ -376,6 +377,6 @@ def _resume_point(where: str, fingerprint: str, overwrite: bool) -> int | None:
   if not overwrite:
     raise UserError(f"{where} is a conversion of other sources cut short "
                     f"({record['sources']}); continue it with those, or start afresh with "
-                    "--overwrite.")
+                    "`overwrite=True`.")
   paths.as_epath(where).rmtree()
   return None

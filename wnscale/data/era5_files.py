@@ -24,7 +24,7 @@ import xarray as xr
 
 from wnscale import paths
 from wnscale.data import hdf5_reads, netcdf
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 
 # ECMWF short names (GRIB's `shortName` and cfgrib's / the CDS netCDF's variable names)
 # -> WeatherBench2 names. `z` on pressure levels is geopotential; without levels it is
@@ -56,8 +56,9 @@ def open_era5_file(path: str, member: int | None = None) -> xr.Dataset:
       (ERA5's EDA); a file without members ignores it.
 
   Raises:
-    UserError: the file is neither GRIB nor netCDF, or it holds members and `member`
-      is None (or not among them).
+    UserError: the file is neither GRIB nor netCDF.
+    ArgumentError: of `member`: the file holds members and `member` is None (or not
+      among them).
   """
   path = paths.normalize(path)
   if not paths.exists(path):
@@ -156,8 +157,8 @@ def _one_member(dataset: xr.Dataset, path: str, member: int | None) -> xr.Datase
     return dataset.drop_vars(MEMBER)
   members = [int(m) for m in dataset[MEMBER].values]
   if member is None:
-    raise UserError(f"{path} holds ensemble members {members} along 'number'; choose one "
-                    "with --member=N.")
+    raise ArgumentError("member", None, f"is required: {path} holds ensemble members "
+                        f"{members} along 'number'; choose one with `member=N`.")
   if member not in members:
-    raise UserError(f"{path} has no member {member}; it holds {members}.")
+    raise ArgumentError("member", member, f"{path} has no such member; it holds {members}.")
   return dataset.sel({MEMBER: member}, drop=True)

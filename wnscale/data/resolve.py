@@ -23,7 +23,7 @@ from wnscale import cache, paths
 from wnscale.data import normalization, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
 
 # How long a process waits for process 0 to write a synthetic store or compute
@@ -71,24 +71,28 @@ def resolve_store(data, seed: int) -> str:
   all (`paths.building`: renamed into place locally, a `.complete` marker in a bucket).
 
   Raises:
-    UserError: no store at the path, no path and no synthetic store asked for, or not
-      enough disk.
+    ArgumentError: of `data.path`: no store there, or no path and no synthetic store
+      asked for.
+    UserError: not enough disk.
   """
   if data.path:
     path = paths.normalize(data.path)
     if not paths.exists(path):
-      raise UserError(
-          f"Store not found: {path}. Point data.path at a WeatherBench2-layout zarr store; "
-          f"make a synthetic one with python -m launch.make_dataset --out={path}; or, for "
-          "small configs such as configs/tiny.py, set data.synthetic=True and leave "
-          "data.path empty to have a synthetic store written into the cache.")
+      raise ArgumentError(
+          "data.path", path,
+          "store not found. Point it at a WeatherBench2-layout zarr store; make a synthetic "
+          "one there with python -m launch.make_dataset (or "
+          "wnscale.data.synthetic.write_synthetic_store); or, for small configs such as "
+          "configs/tiny.py, set data.synthetic=True and leave data.path empty to have a "
+          "synthetic store written into the cache.")
     return path
   if not data.synthetic:
-    raise UserError(
-        "No training data: config.data.path is empty and config.data.synthetic is False. "
-        "Pass a WeatherBench2-layout zarr store with --config.data.path=PATH_OR_URL "
+    raise ArgumentError(
+        "data.path", None,
+        "is required (no training data: data.path is empty and data.synthetic is False). "
+        "Pass a WeatherBench2-layout zarr store with `data.path=PATH_OR_URL` "
         "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
-        "--config.data.synthetic=True for a synthetic ERA5-like store.")
+        "`data.synthetic=True` for a synthetic ERA5-like store.")
   path = synthetic_store_path(data, seed)
   start, end, variables, levels = synthetic_store_contents(data)
 

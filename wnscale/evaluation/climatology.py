@@ -125,7 +125,7 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   """
   weights = window_weights(window)
   out = paths.normalize(out)
-  outputs.check(out, outputs.STORE, overwrite=overwrite, reads=(path,))
+  outputs.check(out, outputs.STORE, argument="out", overwrite=overwrite, reads=(path,))
   dataset = store_lib.open_metadata(path)
   names = _variables(dataset, variables, path)
   level_values = _levels(dataset, names, levels, path)

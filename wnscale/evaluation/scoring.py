@@ -74,7 +74,7 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
     `{"results": {name: xr.Dataset}, "files": [written paths]}`.
   """
   out_dir = os.path.abspath(out_dir)
-  outputs.check(out_dir, outputs.RESULTS, overwrite=overwrite)
+  outputs.check(out_dir, outputs.RESULTS, argument="out_dir", overwrite=overwrite)
   forecast = datasets.open_forecast(forecast_path)
   if init_start or init_end:
     forecast = datasets.initial_times_in(forecast, init_start, init_end)

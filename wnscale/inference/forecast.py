@@ -195,11 +195,11 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
             init_every: str, step: int | None, data_path: str | None,
             mesh_overrides: dict | None, members: int | None) -> _Forecast:
   """Everything `run_forecast` checks and builds before its loop (see its arguments)."""
-  previous = forecast_store.recorded_settings(out)  # first: a store not ours stops all work
+  previous = forecast_store.recorded_settings(out, "out")  # first: one not ours stops all
   if previous is not None and previous["workdir"] != run.path:
-    raise UserError(f"{paths.normalize(out)} holds a forecast of another run, "
-                    f"{previous['workdir']}; choose another --out, or remove it to start "
-                    "again.")
+    raise ArgumentError("out", paths.normalize(out), f"holds a forecast of another run, "
+                        f"{previous['workdir']}; choose another `out`, or remove it to start "
+                        "again.")
   if jax.process_count() > 1:
     raise UserError("Forecasts run in one process (on any number of its devices); "
                     f"this is one of {jax.process_count()}.")
@@ -231,7 +231,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels,
       latitude=store.latitude[::-1] if store.flip_latitude else store.latitude,
-      longitude=store.longitude, flip_latitude=store.flip_latitude, members=members)
+      longitude=store.longitude, flip_latitude=store.flip_latitude, members=members,
+      argument="out")
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
                    output)
 

@@ -25,14 +25,15 @@ import pandas as pd
 from wnscale import outputs, paths
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
 
 SETTINGS_ATTR = "wnscale_forecast"
 
 
-def recorded_settings(path: str) -> dict | None:
-  """The settings an existing forecast store at `path` was written with (None: no store)."""
+def recorded_settings(path: str, argument: str = "path") -> dict | None:
+  """The settings an existing forecast store at `path` was written with (None: no store);
+  an `ArgumentError` of `argument` (the caller's name for `path`) if it is none of ours."""
   if not outputs.holds_data(path):  # nothing there, or an empty directory
     return None
   if not paths.is_complete(path):
@@ -41,8 +42,9 @@ def recorded_settings(path: str) -> dict | None:
   try:
     return writer.read_attrs(path)[SETTINGS_ATTR]
   except Exception as error:  # not a zarr store, or not one of ours
-    raise UserError(f"{path} exists and is not a forecast store written by wnscale "
-                     f"({error}); choose another --out or remove it.") from error
+    raise ArgumentError(argument, path, f"exists and is not a forecast store written by "
+                        f"wnscale ({error}); choose another `{argument}` or remove it."
+                        ) from error
 
 
 class ForecastStore:
@@ -58,23 +60,27 @@ class ForecastStore:
       `flip_latitude`: states arrive latitude ascending and are to be flipped.
     longitude: `[num_lon]`.
     members: ensemble size (adds the `number` dim); None: deterministic.
+    argument: the caller's name for `path`: a store of other settings there is an
+      `ArgumentError` of it.
   """
 
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
-               latitude, longitude, flip_latitude: bool, members: int | None = None):
+               latitude, longitude, flip_latitude: bool, members: int | None = None,
+               argument: str = "path"):
     self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
     self.grid = (len(latitude), len(longitude))
     self.members = members
-    existing = recorded_settings(self.path)
+    existing = recorded_settings(self.path, argument)
     if existing is None:
       self._create(settings, init_times, leads, latitude, longitude)
     elif existing != settings:
       changed = sorted(key for key in existing.keys() | settings.keys()
                        if existing.get(key) != settings.get(key))
-      raise UserError(f"{self.path} holds a forecast with other settings ({', '.join(changed)} "
-                       "differ); choose another --out, or remove it to start again.")
+      raise ArgumentError(argument, self.path, f"holds a forecast with other settings "
+                          f"({', '.join(changed)} differ); choose another `{argument}`, or "
+                          "remove it to start again.")
     self.completed = sorted(int(i) for i in writer.read_attrs(self.path)[COMPLETED_ATTR])
     self._handles = {name: writer.open_variable(self.path, name) for name in self.variables}
     self._pending = []

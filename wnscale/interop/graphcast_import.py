@@ -52,7 +52,7 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
       already holding something). Nothing is written then.
   """
   out = paths.normalize(out)
-  outputs.check(out, run_directory.KIND, overwrite=overwrite)
+  outputs.check(out, run_directory.KIND, argument="out", overwrite=overwrite)
   checkpoint = graphcast_checkpoint.read_checkpoint(checkpoint_path)
   stats_path = paths.join(out, "stats")
   config = graphcast_config.wnscale_config(checkpoint.model_config, checkpoint.task_config,

@@ -58,7 +58,7 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
       Nothing is written then.
   """
   out = paths.normalize(out)
-  outputs.check(out, run_directory.KIND, overwrite=overwrite)
+  outputs.check(out, run_directory.KIND, argument="out", overwrite=overwrite)
   predictor = fiddle_json.load(config_path)
   config = weathernext2_config.wnscale_config(predictor, paths.join(out, "stats"))
   tree = graphcast_checkpoint.read_tree(checkpoint_path, "WeatherNext 2's checkpoint format")

@@ -39,8 +39,8 @@ def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int,
 
 def _advice(wanted: int, platform: str | None) -> str:
   if platform == "cpu":
-    return (f" On CPU, launch.train --num_cpu_devices={wanted} gives the process {wanted} "
-            "fake devices.")
+    return (f" On CPU, `jax_num_cpu_devices={wanted}` gives the process {wanted} fake "
+            "devices.")
   return " Set mesh.data and mesh.graph to fit the devices (-1: the devices left over)."
 
 

@@ -151,7 +151,7 @@ class Checkpointer:
             f"The checkpoint {path} was written by another model or optimizer configuration: "
             f"{len(differences)} of its arrays differ from this run's "
             f"({'; '.join(differences[:3])}{more}). Resume with the config it was written "
-            f"with (in {paths.join(path, 'metadata')}), or give this run a new --workdir. "
+            f"with (in {paths.join(path, 'metadata')}), or give this run a new `workdir`. "
             "The checkpoint is left as it is.")
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(

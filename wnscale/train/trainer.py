@@ -404,7 +404,7 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
     raise UserError(
         f"The workdir {run.path} holds a run trained on other data ({shown}{more}): resuming "
         f"would mix the two. Resume with the data settings of {run.config_path}, or give "
-        f"this run another --workdir (--config.train.init_from={run.path} starts it from "
+        f"this run another `workdir` (`train.init_from={run.path}` starts it from "
         f"this run's parameters). Only data.{', data.'.join(HARMLESS_DATA_KEYS)} may change, "
         "and data.path to a copy of the same store.")
 

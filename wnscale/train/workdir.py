@@ -1,4 +1,4 @@
-"""The run directory (`--workdir`): what a run keeps there, and a clear error when it cannot.
+"""The run directory (a run's `workdir`): what a run keeps there, and a clear error when it cannot.
 
 The directory may be a URL (`gs://bucket/run`, `wnscale.paths`).
 
@@ -11,7 +11,7 @@ The directory may be a URL (`gs://bucket/run`, `wnscale.paths`).
 One run at a time: a run takes the workdir's lock before it writes anything
 there and gives it back when it ends (also on an error). The lock names its
 holder and is refreshed every `HEARTBEAT_S` by a thread; a run that finds a
-live holder's lock stops with a `UserError` naming it; one whose holder is gone
+live holder's lock stops with an `ArgumentError` of `workdir` naming it; one whose holder is gone
 (on this host, a process that no longer runs; anywhere, a heartbeat older than
 `STALE_S`) takes it over with a warning. Locally the lock appears whole and
 at most once (a hard link of a written file); in a bucket it is written and
@@ -32,7 +32,7 @@ import time
 import uuid
 
 from wnscale import outputs, paths
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError
 
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
@@ -42,9 +42,9 @@ STALE_S = 300.0
 
 
 def prepare(workdir: str):
-  """Makes `workdir` (and its parents) if missing; a `UserError` if it is a file or
-  cannot be written (`outputs.check_writable`: local or `gs://`)."""
-  outputs.check_writable(workdir, f"--workdir {paths.normalize(workdir)}", make=True)
+  """Makes `workdir` (and its parents) if missing; an `ArgumentError` of `workdir` if it
+  is a file or cannot be written (`outputs.check_writable`: local or `gs://`)."""
+  outputs.check_writable(workdir, "workdir", make=True)
 
 
 class _Lock:
@@ -62,17 +62,19 @@ class _Lock:
     self._thread = None
 
   def acquire(self):
-    """Takes the lock (see the module docstring); a `UserError` if a live run holds it."""
+    """Takes the lock (see the module docstring); an `ArgumentError` of `workdir` if a live
+    run holds it."""
     for _ in range(3):  # another run may take it between our read and our write
       holder = _read_lock(self.path)
       if holder is not None and holder.get("token") != self.record["token"]:
         gone = _why_gone(holder)
         if gone is None:
-          raise UserError(
-              f"workdir {self.workdir} is in use by host {holder.get('host')}, pid "
-              f"{holder.get('pid')}, since {holder.get('since')} (its lock {self.path} was "
-              f"refreshed {time.time() - holder.get('heartbeat', 0):.0f} s ago). Wait for "
-              "that run to end or stop it, or give this run another --workdir.")
+          raise ArgumentError(
+              "workdir", self.workdir,
+              f"in use by host {holder.get('host')}, pid {holder.get('pid')}, since "
+              f"{holder.get('since')} (its lock {self.path} was refreshed "
+              f"{time.time() - holder.get('heartbeat', 0):.0f} s ago). Wait for that run to "
+              "end or stop it, or give this run another `workdir`.")
         if gone:  # not this process's own leftover
           logging.warning("Taking over the lock %s of host %s, pid %s (since %s): %s.",
                           self.path, holder.get("host"), holder.get("pid"),
@@ -83,8 +85,8 @@ class _Lock:
                                         name="wnscale-workdir-lock")
         self._thread.start()
         return
-    raise UserError(f"workdir {self.workdir}: another run keeps taking its lock {self.path}; "
-                    "give this run another --workdir.")
+    raise ArgumentError("workdir", self.workdir, f"another run keeps taking its lock "
+                        f"{self.path}; give this run another `workdir`.")
 
   def _write(self, create: bool) -> bool:
     """Writes the lock; with `create`, only if there is none (False: one appeared)."""
@@ -170,7 +172,8 @@ def lock(workdir: str):
   """Takes `workdir`'s lock for this process (again: counted) until as many `unlock`s.
 
   Raises:
-    UserError: a live run holds it (the message names its host, pid and start).
+    ArgumentError: of `workdir`, which a live run holds (the message names its host,
+      pid and start).
   """
   workdir = paths.normalize(workdir)
   held = _HELD.get(workdir)
