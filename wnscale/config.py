@@ -191,6 +191,17 @@ def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
   return c
 
 
+def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
+  """GraphCast's schedule and time ranges on a grid of `resolution` degrees, with
+  `keys` (`{"section.key": value}`) set: a config file derived from another
+  framework's (`tools/derive_weathernext2_config.py` writes WeatherNext 2's)."""
+  config = graphcast_paper_config(resolution)
+  for key, value in keys.items():
+    section, name = key.split(".")
+    config[section][name] = value
+  return validate(config)
+
+
 def _require(condition: bool, message: str):
   if not condition:
     raise UserError(f"Invalid config: {message}.")
