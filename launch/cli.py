@@ -98,7 +98,16 @@ CONFIG_HELP = (
 
 def define_config(what_for: str = ""):
   """The `--config` flag (required: pass `"config"` to `run`); `what_for` opens its help."""
+  _CONFIG_FLAG.append(True)
   return config_flags.DEFINE_config_file("config", None, f"{what_for} {CONFIG_HELP}".strip())
+
+
+_CONFIG_FLAG = []  # not empty once this launcher has a wnscale `--config` (define_config)
+
+
+def _has_config() -> bool:
+  """Whether `--config` is a wnscale config file (another launcher's may be another file)."""
+  return bool(_CONFIG_FLAG)
 
 
 def define_workdir():
@@ -189,7 +198,7 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_h
     if not any(re.match(rf"--?{name}(=.|$)", arg) for arg in own):
       raise UserError(f"--{name} is required: {flags.FLAGS[name].help} (--help lists "
                       "every flag)")
-  config_path = _check_config_args(own) if "config" in flags.FLAGS else None
+  config_path = _check_config_args(own) if _has_config() else None
   try:
     remaining = flags.FLAGS(argv)
   except Exception as error:  # noqa: BLE001 (re-raised unless it is the user's mistake)
@@ -202,7 +211,7 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_h
     if isinstance(error, flags.Error):
       raise UserError(f"{error} (--help lists every flag)") from error
     raise
-  if "config" in flags.FLAGS and flags.FLAGS.config is not None:
+  if _has_config() and flags.FLAGS.config is not None:
     config_lib.validate(flags.FLAGS.config)
   if writes_workdir and "workdir" in flags.FLAGS and flags.FLAGS.workdir:
     workdir_lib.prepare(flags.FLAGS.workdir)
@@ -344,7 +353,7 @@ def _flag_of(argument: str) -> str | None:
   name = _FLAG_NAMES.get(argument, argument)
   if name in flags.FLAGS:
     return f"--{name}"
-  if "config" in flags.FLAGS and argument in config_lib.key_paths(config_lib.default_config()):
+  if _has_config() and argument in config_lib.key_paths(config_lib.default_config()):
     return f"--config.{argument}"
   return None
 

@@ -2,6 +2,7 @@
 
   python -m launch.predict_example --workdir=WORKDIR --example=EXAMPLE.nc --out=PREDICTIONS.nc
   python -m launch.predict_example ... --steps=4   # 4 lead times (the example must cover them)
+  python -m launch.predict_example ... --members=2 --noise=7   # an FGN's ensemble (WeatherNext 2)
 
 `WORKDIR` is a run directory (`launch.import_graphcast`'s, or a trained run's). An
 existing PREDICTIONS.nc is replaced only with --overwrite (`wnscale.outputs`).
@@ -18,12 +19,15 @@ _EXAMPLE = flags.DEFINE_string("example", None, "GraphCast example file (.nc).")
 _OUT = cli.define_output("out", "Predictions file (.nc) to write.", outputs.FILE)
 _STEPS = flags.DEFINE_integer("steps", None,
                               "Lead times to predict (default: the example's targets).")
+_MEMBERS = flags.DEFINE_integer("members", None, "An FGN's ensemble members.")
+_NOISE = flags.DEFINE_string("noise", None, "An FGN's noise: a .npz whose 'noise' is "
+                             "[members, K] or [members, steps, K], or an integer seed.")
 
 
 def main(argv):
   del argv
   predict_example(_WORKDIR.value, _EXAMPLE.value, _OUT.value, _STEPS.value,
-                  overwrite=cli.overwrite())
+                  overwrite=cli.overwrite(), members=_MEMBERS.value, noise=_NOISE.value)
 
 
 if __name__ == "__main__":

@@ -47,16 +47,24 @@ def test_paper_config_matches_graphcast():
   assert config.data.resolution == 0.25
 
 
-def test_weathernext2_config_matches_its_release():
-  """24 blocks, width 768, 6 heads, feed-forward 3072, 32 hops on the finest of 6
-  refinements; encoder edge latents 32; 13 levels; year progress as a global input."""
-  config = config_lib.load(os.path.join(CONFIG_DIR, "weathernext2_1p0.py"))
-  m = config.model
-  assert (m.processor, m.transformer_layers, m.latent_size, m.transformer_heads,
-          m.transformer_ffw_size, m.transformer_k_hop, m.mesh_levels, m.edge_latent_size) == (
-              "transformer", 24, 768, 6, 3072, 32, 6, 32)
-  assert len(config.data.pressure_levels) == 13
-  assert config.data.global_forcings == ("year_progress_sin", "year_progress_cos")
+def test_weathernext2_configs_are_the_released_models():
+  """WeatherNext2.json at 0.25 deg: 24 blocks, width 768, 6 heads, feed-forward 3072, 32
+  hops on the finest of 6 refinements; WeatherNextCyclones_Mini.json at 1 deg: 16 blocks,
+  width 512, 4 heads, 2048, 16 hops on 5; both: encoder edge latents 32, a receiver-blind
+  encoder edge MLP, an FGN trained with CRPS, 13 levels, year progress as a global input,
+  sea-surface temperature filled over land."""
+  for name, shape in [("weathernext2_0p25.py", (24, 768, 6, 3072, 32, 6, 4.0, 0.25)),
+                      ("weathernext2_1p0.py", (16, 512, 4, 2048, 16, 5, 1.0, 1.0))]:
+    config = config_lib.load(os.path.join(CONFIG_DIR, name))
+    m, d = config.model, config.data
+    assert (m.transformer_layers, m.latent_size, m.transformer_heads, m.transformer_ffw_size,
+            m.transformer_k_hop, m.mesh_levels, m.grid_to_mesh_aggregate_normalization,
+            d.resolution) == shape, name
+    assert (m.processor, m.edge_latent_size, m.grid_to_mesh_gather_from_receivers,
+            m.noise_channels, config.train.loss) == ("transformer", 32, False, 32, "crps")
+    assert len(d.pressure_levels) == 13 and "sea_surface_temperature" in d.variables
+    assert d.global_forcings == ("year_progress_sin", "year_progress_cos")
+    assert d.nan_fill_values == ("sea_surface_temperature:269.48291015625",)
 
 
 @pytest.mark.parametrize("section, key, value, message", [

@@ -30,7 +30,7 @@ def test_store_has_weatherbench2_layout(store_path):
   assert os.path.exists(os.path.join(store_path, ".zmetadata"))  # v2
   assert dict(dataset.sizes) == {"time": 8, "level": 3, "latitude": 32,
                                  "longitude": 64}
-  assert set(variables.VARIABLES) | set(variables.STATIC_VARIABLES) | set(
+  assert set(synthetic.DEFAULT_VARIABLES) | set(variables.STATIC_VARIABLES) | set(
       synthetic.STORED_FORCINGS) == set(dataset.data_vars)
   # ERA5's solar radiation: J m^-2 over an hour, up to ~1361 W m^-2 x 3600 s x 1.034.
   radiation = dataset["toa_incident_solar_radiation"]

@@ -32,11 +32,13 @@ GLOBAL_FORCINGS = ("year_progress_sin", "year_progress_cos")
 
 
 def small_config(**model):
-  """A small transformer, with WeatherNext 2's global inputs (year progress)."""
+  """A small transformer with WeatherNext 2's encoder (no receiver part in its edge MLP,
+  summed messages / 4) and global inputs (year progress)."""
   config = config_lib.default_config()
   config.model.update(dict(processor="transformer", latent_size=16, mesh_levels=2,
                            transformer_layers=3, transformer_heads=2, transformer_ffw_size=32,
-                           transformer_k_hop=2), **model)
+                           transformer_k_hop=2, grid_to_mesh_gather_from_receivers=False,
+                           grid_to_mesh_aggregate_normalization=4.0), **model)
   config.data.global_forcings = GLOBAL_FORCINGS
   return config_lib.validate(config)
 

@@ -62,7 +62,8 @@ class Normalization:
     """Of the run's data spec and its statistics (`normalization.py` format)."""
     table = normalization.channel_stats(stats, data.outputs, data.pressure_levels)
     return cls(table["mean"], table["std"], table["diff_std"], len(data.state_channels),
-               normalization.input_scales(stats, data.forcings, data.input_normalization))
+               normalization.input_scales(stats, data.forcings, data.input_normalization,
+                                          data.global_forcings))
 
   @property
   def residual_scale(self) -> np.ndarray:

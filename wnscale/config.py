@@ -66,6 +66,14 @@ def default_config() -> ml_collections.ConfigDict:
   # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
   # to the encoder only)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
+  m.grid_to_mesh_gather_from_receivers = True  # the encoder's edge MLP sees each edge's
+  # receiver (mesh node) latent too (GraphCast); False: its edge and sender only (WeatherNext 2)
+  m.grid_to_mesh_aggregate_normalization = 1.0  # the encoder's messages summed per mesh node
+  # are divided by this before the node update (WeatherNext 2: 4)
+  m.output_activations = ()  # entries "variable:activation" or "variable:activation:offset":
+  # the network's normalized output of that (target-only) variable plus the offset goes
+  # through the activation (wnscale.model.graphcast.OUTPUT_ACTIVATIONS), e.g. WeatherNext 2's
+  # "cyclone_exists_gaussian_unit_mode:sigmoid:-2"
   m.noise_channels = 0  # 0: deterministic; > 0: an FGN (WeatherNext 2: 32): each member draws
   # this many standard-normal numbers per example and step, and every layer norm is
   # conditioned on their embedding (wnscale.model.norm)
@@ -112,6 +120,10 @@ def default_config() -> ml_collections.ConfigDict:
   d.eval_end = "2020-12-31"
   d.worker_count = 0  # Grain worker processes (0: read in the main process)
   d.fill_nan = False  # False: a NaN in a required input is an error
+  d.nan_fill_values = ()  # entries "variable:value": NaN of that variable is replaced by the
+  # value (physical units) wherever the model reads it, and its forecasts are NaN where an
+  # input time was (WeatherNext 2's sea-surface temperature over land:
+  # "sea_surface_temperature:269.48291015625")
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 200  # optimizer steps
@@ -179,31 +191,15 @@ def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
   return c
 
 
-def weathernext2_config(resolution: float) -> ml_collections.ConfigDict:
-  """WeatherNext 2's network, as released, on a grid of `resolution` degrees.
-
-  GraphCast's encoder and decoder (one message-passing step each) with node
-  latents 768 and edge latents 32, and a transformer processor: 24 blocks of
-  width 768, 6 heads, feed-forward 3072, attention within 32 hops on the finest
-  of 6 refinements; bfloat16 activations; the encoder under remat (its
-  released remat flags); the year progress as a global input to the grid and
-  mesh embedders. Data: 6 atmospheric variables on WeatherBench2's 13 levels
-  plus 5 surface variables (WeatherNext 2 also has sea-surface temperature
-  and 100 m winds, which wnscale's catalogue lacks); the schedule is GraphCast's.
-  Not here by default: its noise-conditioned norms and CRPS training (FGN
-  ensembles: `model.noise_channels=32`, `train.loss='crps'`, 2 members).
-  """
-  c = graphcast_paper_config(resolution)
-  c.model.update(
-      latent_size=768, edge_latent_size=32, processor="transformer", transformer_layers=24,
-      transformer_heads=6, transformer_ffw_size=3072, transformer_k_hop=32, mesh_levels=6,
-      # ~1 GiB of bfloat16 gathers per block of 2^17 edges (of 127 M at 6 refinements).
-      transformer_edges_per_block=131_072,
-      remat_grid_to_mesh_gnn=True, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
-      mesh_remat_every=1, edge_chunks=1)
-  c.data.pressure_levels = variables_lib.WB2_LEVELS_13
-  c.data.global_forcings = ("year_progress_sin", "year_progress_cos")
-  return c
+def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
+  """GraphCast's schedule and time ranges on a grid of `resolution` degrees, with
+  `keys` (`{"section.key": value}`) set: a config file derived from another
+  framework's (`tools/derive_weathernext2_config.py` writes WeatherNext 2's)."""
+  config = graphcast_paper_config(resolution)
+  for key, value in keys.items():
+    section, name = key.split(".")
+    config[section][name] = value
+  return validate(config)
 
 
 def _require(condition: bool, message: str):
@@ -245,7 +241,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   # module: a launcher that validates no config (evaluate, make_dataset, ...) then starts
   # without importing JAX and Flax (~2 s of CPU per launch).
   from wnscale.model import remat  # noqa: PLC0415
-  from wnscale.model.graphcast import DTYPES  # noqa: PLC0415
+  from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   _check_keys_and_types(default_config(), config, prefix="")
@@ -325,6 +321,18 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
   _require(t.memory_budget_gib >= 0, "train.memory_budget_gib must be >= 0")
+  specs = specs_lib.from_config(config)
+  for name, activation, _ in specs.model.output_activations:
+    _require(name in specs.data.target_only_variables,
+             f"model.output_activations: {name!r} is not in data.target_only_variables "
+             f"{d.target_only_variables} (an activation applies to an outright prediction)")
+    _require(activation in OUTPUT_ACTIVATIONS, f"model.output_activations: unknown activation "
+             f"{activation!r} for {name}, expected one of {tuple(OUTPUT_ACTIVATIONS)}")
+  for name, _ in specs.data.nan_fill_values:
+    _require(name in specs.data.outputs, f"data.nan_fill_values: {name!r} is not one of the "
+             f"model's variables {specs.data.outputs}")
+  _require(m.grid_to_mesh_aggregate_normalization > 0,
+           "model.grid_to_mesh_aggregate_normalization must be > 0")
   _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")
   _require(t.loss in LOSSES, f"train.loss={t.loss!r}, expected one of {LOSSES}")
   if t.loss == "crps":

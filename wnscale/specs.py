@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,14 @@ class ModelSpec:
   grid_blocks: int
   dtype: str
   noise_channels: int
+  grid_to_mesh_gather_from_receivers: bool
+  grid_to_mesh_aggregate_normalization: float
+  output_activations: tuple[tuple[str, str, float], ...]
+
+  def __post_init__(self):  # the config's "variable:activation[:offset]" entries, parsed
+    object.__setattr__(self, "output_activations", tuple(
+        _parse_entry(entry, "model.output_activations", (str, str, float), defaults=(0.0,))
+        for entry in self.output_activations))
 
   @property
   def edge_size(self) -> int:
@@ -86,6 +95,12 @@ class DataSpec:
   eval_end: str
   worker_count: int
   fill_nan: bool
+  nan_fill_values: tuple[tuple[str, float], ...]
+
+  def __post_init__(self):  # the config's "variable:value" entries, parsed
+    object.__setattr__(self, "nan_fill_values", tuple(
+        _parse_entry(entry, "data.nan_fill_values", (str, float))
+        for entry in self.nan_fill_values))
 
   @property
   def outputs(self) -> tuple[str, ...]:
@@ -169,6 +184,20 @@ class Specs:
   mesh: MeshSpec
   data: DataSpec
   train: TrainSpec
+
+
+def _parse_entry(entry, key: str, types: tuple, defaults: tuple = ()) -> tuple:
+  """A config entry "a:b[:c]" (or an already parsed tuple) as a tuple of `types`."""
+  parts = entry.split(":") if isinstance(entry, str) else list(entry)
+  missing = len(types) - len(parts)
+  if 0 < missing <= len(defaults):  # the last parts may be left out
+    parts += defaults[-missing:]
+  try:
+    if len(parts) != len(types):
+      raise ValueError(f"{len(parts)} parts, not {len(types)}")
+    return tuple(kind(part) for kind, part in zip(types, parts))
+  except ValueError as error:
+    raise UserError(f"Invalid config: {key} entry {entry!r}: {error}.") from error
 
 
 def _section(cls, section):

@@ -118,7 +118,9 @@ def _from_graphcast(directory: str) -> xr.Dataset:
 
   Each file holds one data variable per name; atmospheric ones over a `level`
   coordinate (all 37 ERA5 levels, selected later by value), the others
-  scalars. Statics have no change, so their diff_std is set to their std.
+  scalars. Statics have no change, so their diff_std is set to their std; so is
+  a forcing's where the diffs file lacks it (WeatherNext 2's files; no forcing
+  is predicted, so its diff_std is never used).
   """
   files = {}
   for statistic, name in GRAPHCAST_FILES.items():
@@ -129,10 +131,11 @@ def _from_graphcast(directory: str) -> xr.Dataset:
   data, levels = {}, None
   for name in (tuple(variables_lib.VARIABLES) + variables_lib.FORCING_CHANNELS
                + variables_lib.STATIC_VARIABLES):
-    if not all(name in file for file in files.values()):
+    no_change = name in variables_lib.STATIC_VARIABLES or (
+        name in variables_lib.FORCING_CHANNELS and name not in files["diff_std"])
+    if not all(name in files[s] for s in ("mean", "std") + (() if no_change else ("diff_std",))):
       continue
-    static = name in variables_lib.STATIC_VARIABLES
-    columns = [files[s][name] for s in ("mean", "std", "std" if static else "diff_std")]
+    columns = [files[s][name] for s in ("mean", "std", "std" if no_change else "diff_std")]
     if "level" in columns[0].dims:
       levels = columns[0]["level"].values
       data[name] = (("statistic", "level"),
@@ -336,6 +339,8 @@ def _channel_table(stats, statistics, variables, levels) -> np.ndarray:
       columns.append(values.sel(level=list(levels)).values)
     else:
       columns.append(values.values[:, None])
+  if not columns:
+    return np.zeros((len(statistics), 0))
   return np.concatenate(columns, axis=1).astype(np.float64)
 
 
@@ -363,18 +368,22 @@ def static_stats(stats: xr.Dataset) -> dict[str, np.ndarray]:
 class InputScales:
   """How forcings and statics enter the model: `(x - mean) / std` per channel.
 
-  With `input_normalization="state"` the scales of the land-sea mask and of
-  the forcings are mean 0, std 1 (they enter as they are).
+  With `input_normalization="state"` the scales of the land-sea mask, of
+  the forcings and of the global forcings are mean 0, std 1 (they enter as
+  they are).
 
   Attributes:
     forcing_mean, forcing_std: `[F]` float32, the config's forcings in order.
     static_mean, static_std: `[2]` float32, `variables.STATIC_VARIABLES` in order.
+    global_mean, global_std: `[F_global]` float32, the config's global forcings.
   """
 
   forcing_mean: np.ndarray
   forcing_std: np.ndarray
   static_mean: np.ndarray
   static_std: np.ndarray
+  global_mean: np.ndarray
+  global_std: np.ndarray
 
   def forcings(self, values: np.ndarray) -> np.ndarray:
     """`[..., F, grid]` forcings, normalized (a new float32 array)."""
@@ -384,9 +393,15 @@ class InputScales:
     """`[..., 2, grid]` statics, normalized (a new float32 array)."""
     return ((values - self.static_mean[:, None]) / self.static_std[:, None]).astype(np.float32)
 
+  def globals(self, values: np.ndarray) -> np.ndarray:
+    """`[..., F_global]` global forcings, normalized (a new float32 array)."""
+    return ((values - self.global_mean) / self.global_std).astype(np.float32)
 
-def input_scales(stats: xr.Dataset, forcings, input_normalization: str) -> InputScales:
-  """The `InputScales` of `forcings` and the statics under `input_normalization`.
+
+def input_scales(stats: xr.Dataset, forcings, input_normalization: str,
+                 global_forcings=()) -> InputScales:
+  """The `InputScales` of `forcings`, the statics and `global_forcings` under
+  `input_normalization`.
 
   Raises:
     ValueError: "all" and `stats` lack a forcing or static (naming it).
@@ -400,12 +415,16 @@ def input_scales(stats: xr.Dataset, forcings, input_normalization: str) -> Input
                            for name in variables_lib.STATIC_VARIABLES])
     return InputScales(np.zeros(len(forcings), np.float32), np.ones(len(forcings), np.float32),
                        np.where(normalized, statics["mean"], 0).astype(np.float32),
-                       np.where(normalized, statics["std"], 1).astype(np.float32))
-  absent = [name for name in forcings if name not in stats]
+                       np.where(normalized, statics["std"], 1).astype(np.float32),
+                       np.zeros(len(global_forcings), np.float32),
+                       np.ones(len(global_forcings), np.float32))
+  absent = [name for name in tuple(forcings) + tuple(global_forcings) if name not in stats]
   if absent:
     raise ValueError(
         f"Statistics have no {absent}; data.input_normalization='all' normalizes every input, "
         "forcings included: use statistics that hold them (GraphCast's files in "
         "data.stats_path, or computed ones: leave data.stats_path empty).")
   table = channel_stats(stats, forcings, ())
-  return InputScales(table["mean"], table["std"], statics["mean"], statics["std"])
+  global_table = channel_stats(stats, global_forcings, ())
+  return InputScales(table["mean"], table["std"], statics["mean"], statics["std"],
+                     global_table["mean"], global_table["std"])

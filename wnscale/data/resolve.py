@@ -158,7 +158,7 @@ def data_layout(data) -> dict:
   return {"target_only_variables": data.target_only_variables, "forcings": data.forcings,
           "stored_forcings": data.stored_forcings,
           "input_normalization": data.input_normalization,
-          "global_forcings": data.global_forcings}
+          "global_forcings": data.global_forcings, "nan_fill_values": data.nan_fill_values}
 
 
 def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S

@@ -74,7 +74,8 @@ class WeatherExampleSource:
                forcings=variables_lib.FORCING_CHANNELS,
                stored_forcings=(),
                input_normalization: str = "state",
-               global_forcings=()):
+               global_forcings=(),
+               nan_fill_values=()):
     """Opens the store and takes (or computes once) its statistics.
 
     Without `fill_nan`, a NaN that the statistics pass saw inside the time
@@ -99,6 +100,8 @@ class WeatherExampleSource:
       stored_forcings: those of `forcings` read from the store, not computed.
       input_normalization: `normalization.INPUT_NORMALIZATIONS`.
       global_forcings: names of `forcings.GLOBAL_FORCINGS` to add as `globals`.
+      nan_fill_values: `(variable, value)` pairs: NaN of that variable, in inputs
+        and targets, is the value (physical units), whatever `fill_nan` says.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "
@@ -134,12 +137,15 @@ class WeatherExampleSource:
     self.residual_scale = normalization.residual_scale(self.channel_stats,
                                                        self.num_state_channels)
     self.static_stats = normalization.static_stats(stats)
-    self.input_scales = normalization.input_scales(stats, self.forcings, input_normalization)
+    self.input_scales = normalization.input_scales(stats, self.forcings, input_normalization,
+                                                     self.global_forcings)
+    fill = {name: np.float32(value) for name, value in nan_fill_values}
     if fill_nan:
-      self.store.fill = {name: normalization.channel_stats(stats, [name], self.store.levels)
-                         ["mean"] for name in outputs + variables_lib.STATIC_VARIABLES
-                         + self.stored_forcings}
-    else:
+      fill = {name: normalization.channel_stats(stats, [name], self.store.levels)["mean"]
+              for name in outputs + variables_lib.STATIC_VARIABLES + self.stored_forcings
+              } | fill
+    self.store.fill = fill
+    if not fill_nan:
       self._check_nan(stats, num_times)
     self._set_grid_slots(grid_slots)
 
@@ -163,8 +169,11 @@ class WeatherExampleSource:
     if times.size == 0:
       return
     first, last = spans
+    filled = np.array([name.split("@")[0] in self.store.fill
+                       for name in self.store.channel_names])
     with np.errstate(invalid="ignore"):  # NaN hours: channels without NaN
-      suspects = np.flatnonzero((first <= hours[times[-1]]) & (last >= hours[times[0]]))
+      suspects = np.flatnonzero((first <= hours[times[-1]]) & (last >= hours[times[0]])
+                                & ~filled)
     if suspects.size == 0:
       return
     span = (hours[times] >= first[suspects].min()) & (hours[times] <= last[suspects].max())
@@ -231,8 +240,9 @@ class WeatherExampleSource:
     batch = {"inputs": inputs, "targets": targets, "forcings": forcings,
              "statics": statics.copy()}
     if self.global_forcings:
-      batch["globals"] = np.stack([forcings_lib.compute_global_forcings(
-          self.example_times(index), self.global_forcings) for index in indices])
+      batch["globals"] = self.input_scales.globals(np.stack([
+          forcings_lib.compute_global_forcings(self.example_times(index), self.global_forcings)
+          for index in indices]))
     return batch
 
   def forcing_values(self, index: int) -> np.ndarray:

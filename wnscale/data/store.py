@@ -95,7 +95,7 @@ class WeatherStore:
     forcings: forcings read from the store (`[time, lat, lon]` like a surface
       variable), not part of `variables`.
     fill: `{name: [channels]}` values that replace NaN in a variable's
-      channels, statics included (empty: a NaN is an error).
+      channels, statics included (a NaN in a variable without one is an error).
   """
 
   path: str
@@ -228,17 +228,18 @@ class WeatherStore:
         if np.isnan(out).any():
           fill = self._fill_values(channels_of_out.names)
           mean, inverse_std = channels_of_out.scales()
-          if mean is not None and fill is not None:
+          if mean is not None:
             fill = (fill - mean[:, 0]) * inverse_std[:, 0]
           self._fill_or_raise(out, fill,
                               variables_lib.channel_names(channels_of_out.names, self.levels),
                               self.times[np.asarray(time_indices, np.int64)])
 
-  def _fill_values(self, names) -> np.ndarray | None:
-    """`[channels]` fill values of `names`' channels, or None if some have none."""
-    if not all(name in self.fill for name in names):
-      return None
-    return np.concatenate([np.atleast_1d(self.fill[name]) for name in names]).astype(np.float32)
+  def _fill_values(self, names) -> np.ndarray:
+    """`[channels]` fill values of `names`' channels, NaN for those without one."""
+    widths = [len(self.levels) if variables_lib.is_atmospheric(name) else 1 for name in names]
+    return np.concatenate([
+        np.broadcast_to(np.atleast_1d(self.fill.get(name, np.nan)), (width,))
+        for name, width in zip(names, widths)]).astype(np.float32)
 
   def _check_times(self, time_indices) -> np.ndarray:
     time_indices = np.asarray(time_indices, dtype=np.int64)
@@ -273,10 +274,11 @@ class WeatherStore:
     return statics
 
   def _fill_or_raise(self, array, fill, names, times):
-    """Fills NaN in `[time, channels, grid]` in place, or raises."""
-    if fill is not None:
-      np.copyto(array, np.broadcast_to(np.asarray(fill)[:, None], array.shape),
-                where=np.isnan(array))
+    """Fills NaN in `[time, channels, grid]` in place with `fill` `[channels]`; raises on a
+    NaN in a channel whose fill is NaN (no fill value)."""
+    np.copyto(array, np.broadcast_to(np.asarray(fill)[:, None], array.shape),
+              where=np.isnan(array))
+    if not np.isnan(array).any():
       return
     bad_time, bad_channel, _ = np.argwhere(np.isnan(array))[0]
     when = "" if times is None else f" at time {times[bad_time]}"

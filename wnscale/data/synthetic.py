@@ -47,6 +47,11 @@ NUM_WAVES = 6
 TIME_BLOCK_BYTES = 64 * 2**20
 
 
+# What a synthetic store holds unless asked for other variables: GraphCast's catalogue.
+DEFAULT_VARIABLES = tuple(v.name for v in variables_lib.ATMOSPHERIC_VARIABLES
+                          + variables_lib.SURFACE_VARIABLES)
+
+
 def store_times(start: str, end: str, time_step_hours: int) -> np.ndarray:
   """`[num_times]` datetime64[ns] from `start` 00:00 to `end` 23:00 every `time_step_hours`."""
   try:
@@ -235,6 +240,19 @@ class SyntheticWeather:
       times = np.datetime64("1970-01-01", "s") + seconds
       proxy = forcings.compute_forcings(times, self.lat, self.lon, (name,))
       return SOLAR_CONSTANT * 3600 * proxy.reshape(len(hours), self.lat.size, self.lon.size)
+    if name == "sea_surface_temperature":  # NaN over land, as ERA5's
+      sea = np.where(self.land_sea_mask < 0.5, 1.0, np.nan)[None]
+      return sea * (np.maximum(t_surface, 271.5)[:, :, None]
+                    + waves(surface_speed, hours, np.array([0.5]))[:, 0])
+    if name in ("100m_u_component_of_wind", "100m_v_component_of_wind"):
+      ten_metres = name.replace("100m", "10m")
+      return 1.2 * self._field(ten_metres, hours, season, diurnal, speed, surface_speed,
+                               level_ones)
+    if name.startswith("cyclone_"):  # WeatherNext 2's targets: blobs drifting west in the tropics
+      signal = waves(surface_speed, hours, np.array([1.0]), 0.7)[:, 0]
+      tropics = np.exp(-((np.abs(self.lat) - 15) / 8)**2)[None, :, None]
+      blobs = tropics * np.maximum(signal - 1.0, 0.0)
+      return blobs if name == "cyclone_exists_gaussian_unit_mode" else 50.0 * blobs
     if name == "total_precipitation_6hr":
       wet = np.exp(-(self.lat / 20)**2)[None, :, None]
       signal = waves(surface_speed, hours, np.array([1.5]), 0.5)[:, 0]
@@ -260,8 +278,9 @@ def write_synthetic_store(
   """Writes a synthetic WeatherBench2-layout zarr store at `path` (a directory or a URL).
 
   Times run from `start` 00:00 to `end` 23:00 at `time_step_hours`. Variables
-  default to the whole catalogue (`variables.VARIABLES`) and the solar
-  radiation (`STORED_FORCINGS`); statics are always written. xarray writes the
+  default to GraphCast's (`DEFAULT_VARIABLES`) and the solar radiation
+  (`STORED_FORCINGS`); WeatherNext 2's others are written when asked for
+  (sea-surface temperature NaN over land, as ERA5's); statics are always written. xarray writes the
   layout and the first time step; the rest goes in through tensorstore in time
   blocks of ~64 MiB (zarr-python's per-chunk cost would make a 5.625 deg year
   take ~30 s instead of ~10 s). The store is built under a temporary name and
@@ -278,7 +297,7 @@ def write_synthetic_store(
     raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = paths.normalize(path)
   outputs.check(path, outputs.STORE, argument="path", overwrite=overwrite)
-  names = list(variables or tuple(variables_lib.VARIABLES) + STORED_FORCINGS)
+  names = list(variables or DEFAULT_VARIABLES + STORED_FORCINGS)
   for name in names:
     if name not in STORED_FORCINGS:
       variables_lib.lookup(name)

@@ -60,7 +60,26 @@ SURFACE_VARIABLES = (
     Variable("mean_sea_level_pressure", False, 0.1, "Pa"),
     Variable("total_precipitation_6hr", False, 0.1, "m"),
 )
-VARIABLES = {v.name: v for v in ATMOSPHERIC_VARIABLES + SURFACE_VARIABLES}
+# WeatherNext 2's other surface variables (with its loss weights); sea-surface temperature
+# is NaN over land (see `data.nan_fill_values`).
+WEATHERNEXT2_SURFACE_VARIABLES = (
+    Variable("sea_surface_temperature", False, 0.1, "K"),
+    Variable("100m_u_component_of_wind", False, 0.05, "m s^-1"),
+    Variable("100m_v_component_of_wind", False, 0.05, "m s^-1"),
+)
+# WeatherNext 2's tropical-cyclone targets (WeatherNextCyclones; target-only): fields
+# derived from IBTrACS tracks, NaN away from a cyclone; their loss weights are WeatherNext 2's.
+CYCLONE_VARIABLES = (
+    Variable("cyclone_exists_gaussian_unit_mode", False, 10.0, "1"),
+    Variable("cyclone_all_wind_disc", False, 10.0, "kt"),
+    Variable("cyclone_usa_wind_disc", False, 10.0, "kt"),
+    *(Variable(f"cyclone_usa_r{speed}_{quadrant}_radius_disc", False, 1.0, "nmile")
+      for speed in (34, 50, 64) for quadrant in ("ne", "se", "sw", "nw")),
+    Variable("cyclone_usa_rmw_disc", False, 1.0, "nmile"),
+    Variable("cyclone_usa_pres_disc", False, 10.0, "hPa"),
+)
+VARIABLES = {v.name: v for v in (ATMOSPHERIC_VARIABLES + SURFACE_VARIABLES
+                                 + WEATHERNEXT2_SURFACE_VARIABLES + CYCLONE_VARIABLES)}
 
 # Static fields read from the store (time-independent).
 STATIC_VARIABLES = ("geopotential_at_surface", "land_sea_mask")

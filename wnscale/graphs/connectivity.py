@@ -85,9 +85,9 @@ def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarra
   return containing
 
 
-def _foot_inside(points, corners) -> np.ndarray:
+def _foot_inside(points, corners, margin: float = 1e-9) -> np.ndarray:
   """`[n]` bool: the orthogonal projection of each point on its face's plane lies
-  inside the flat triangle, at least 1e-9 (chord) from every edge.
+  inside the flat triangle, at least `margin` (relative to the edge) from every edge.
 
   Args:
     points: `[n, 3]`; corners: `[n, 3, 3]` each point's triangle.
@@ -97,7 +97,7 @@ def _foot_inside(points, corners) -> np.ndarray:
   edges = np.roll(corners, -1, axis=1) - corners  # [n, 3 edges, 3]
   # Distance of the foot from each edge's line, positive inside (counter-clockwise).
   offsets = np.einsum("nej,nj->ne", np.cross(edges, points[:, None] - corners), normals)
-  return np.all(offsets > 1e-9 * np.linalg.norm(edges, axis=-1), axis=-1)
+  return np.all(offsets > margin * np.linalg.norm(edges, axis=-1), axis=-1)
 
 
 def closest_points_on_triangles(points: np.ndarray, corners: np.ndarray) -> np.ndarray:
@@ -145,6 +145,19 @@ def _faces_around_vertices(faces: np.ndarray, num_vertices: int) -> np.ndarray:
   return table
 
 
+def _candidate_distances(points, guesses, vertices, faces):
+  """`(candidates [n, k], corners [n, k, 3, 3], offsets [n, k, 3], squared [n, k])`: the
+  faces touching a vertex of each point's guessed face, and each point's offset from
+  (and squared distance to) the closest point of each."""
+  around = _faces_around_vertices(faces, len(vertices))
+  candidates = around[faces[guesses]].reshape(len(points), -1)  # [n, 3 * max_degree]
+  corners = vertices[faces[candidates]]  # [n, k, 3, 3]
+  repeated = np.repeat(points, candidates.shape[1], axis=0)
+  closest = closest_points_on_triangles(repeated, corners.reshape(-1, 3, 3))
+  offsets = (repeated - closest).reshape(candidates.shape + (3,))
+  return candidates, corners, offsets, np.einsum("nkj,nkj->nk", offsets, offsets)
+
+
 def _closest_faces(points, guesses, vertices, faces) -> np.ndarray:
   """`[n]` the closest flat face to each point, searched around its guessed face.
 
@@ -153,13 +166,8 @@ def _closest_faces(points, guesses, vertices, faces) -> np.ndarray:
   unit normal has the largest dot product with the unit vector from the closest
   point to the point wins.
   """
-  around = _faces_around_vertices(faces, len(vertices))
-  candidates = around[faces[guesses]].reshape(len(points), -1)  # [n, 3 * max_degree]
-  corners = vertices[faces[candidates]]  # [n, k, 3, 3]
-  repeated = np.repeat(points, candidates.shape[1], axis=0)
-  closest = closest_points_on_triangles(repeated, corners.reshape(-1, 3, 3))
-  offsets = (repeated - closest).reshape(candidates.shape + (3,))
-  squared = np.einsum("nkj,nkj->nk", offsets, offsets)
+  candidates, corners, offsets, squared = _candidate_distances(points, guesses, vertices,
+                                                               faces)
   nearest = squared.min(axis=1, keepdims=True)
   equal = squared <= nearest * (1 + 1e-9)
   normals = np.cross(corners[..., 1, :] - corners[..., 0, :],
@@ -195,3 +203,29 @@ def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
   senders = faces[chosen].reshape(-1)
   receivers = np.repeat(np.arange(len(grid_xyz)), 3)
   return senders, receivers
+
+
+def tied_grid_nodes(grid_xyz: np.ndarray, mesh: TriangularMesh, tolerance: float = 1e-6,
+                    candidates: int = 8, block: int = 262144) -> np.ndarray:
+  """`[num_grid_nodes]` bool: the nodes with more than one closest mesh face.
+
+  A node on an edge or vertex shared by faces (within `tolerance`, relative, of
+  the smallest squared distance) has several equally good triangles; which one
+  a code picks is float rounding (see the module docstring), so two correct
+  codes may give such a node different mesh-to-grid edges.
+  """
+  vertices, faces = mesh.vertices.astype(np.float64), mesh.faces
+  points = grid_xyz.astype(np.float64)
+  chosen = _containing_faces(points, vertices[faces], candidates, block)
+  # Float32 positions sit up to ~1e-7 off the edge they lie on: look that far.
+  near_edge = np.flatnonzero(~_foot_inside(points, vertices[faces[chosen]], margin=1e-5))
+  found, _, _, squared = _candidate_distances(points[near_edge], chosen[near_edge], vertices,
+                                              faces)
+  equal = squared <= squared.min(axis=1, keepdims=True) * (1 + tolerance) + 1e-15
+  # Distinct faces among the equally close (a candidate row repeats faces).
+  ordered = np.sort(np.where(equal, found, -1), axis=1)
+  distinct = (ordered[:, 0] >= 0) + ((ordered[:, 1:] != ordered[:, :-1])
+                                     & (ordered[:, 1:] >= 0)).sum(axis=1)
+  tied = np.zeros(len(points), bool)
+  tied[near_edge] = distinct > 1
+  return tied

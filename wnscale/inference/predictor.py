@@ -18,6 +18,7 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data.variables import STATIC_VARIABLES
 from wnscale.errors import UserError
+from wnscale.inference.nan_fill import NanFill
 from wnscale.inference.rollout import ShardedStep
 from wnscale.specs import Specs
 
@@ -83,14 +84,17 @@ class Predictor:
     self.outputs = d.outputs
     self.forcings, self.stored_forcings = d.forcings, d.stored_forcings
     self.global_forcings = d.global_forcings
+    self.noise_channels = specs.model.noise_channels
     self.input_steps = d.input_steps
     self.time_step = pd.Timedelta(hours=d.time_step_hours)
-    self.normalization = assembly.normalization
+    self.normalization = norm = assembly.normalization
+    self.nan_fill = NanFill(d, norm.mean[:norm.num_state], norm.std[:norm.num_state])
     self.grid = assembly.layout.grid
     self.step = ShardedStep(assembly, params)
 
   def __call__(self, inputs: xr.Dataset, statics: xr.Dataset, num_steps: int = 1,
-               forcings: xr.Dataset | None = None) -> xr.Dataset:
+               forcings: xr.Dataset | None = None,
+               noise: np.ndarray | None = None) -> xr.Dataset:
     """Forecasts `num_steps` time steps after the last input time.
 
     Args:
@@ -102,6 +106,12 @@ class Predictor:
         times; those it lacks are computed from time and position, except the
         ones the model reads from the data (`data.stored_forcings`), which it
         must hold.
+      noise: an FGN's (`model.noise_channels > 0`, required then) standard-normal
+        noise: `[batch, noise_channels]` (the same at every lead time) or
+        `[batch, num_steps, noise_channels]`; each batch row is one member.
+
+    A variable of `data.nan_fill_values` enters with its NaN replaced by the
+    value, and its forecast is NaN wherever one of its input times was.
 
     Returns:
       The forecast of the output variables (state, then target-only),
@@ -112,12 +122,14 @@ class Predictor:
     inputs = inputs if batched else inputs.expand_dims("batch")
     descending = inputs.latitude.values[0] > inputs.latitude.values[-1]
     inputs, statics = inputs.sortby("latitude"), statics.sortby("latitude")
+    noise = self._check_noise(noise, inputs.sizes["batch"], num_steps)
     times = pd.DatetimeIndex(inputs.time.values)
     target_times = pd.DatetimeIndex([times[-1] + self.time_step * k
                                      for k in range(1, num_steps + 1)])
     norm = self.normalization
     mean, std = norm.mean[:norm.num_state, None], norm.std[:norm.num_state, None]
     state = (dataset_to_channels(inputs, self.variables, self.levels) - mean) / std
+    nan_mask = self.nan_fill.clean(state)  # [B, C, G]
     static = np.stack([statics[name].transpose("latitude", "longitude").values.reshape(-1)
                        for name in STATIC_VARIABLES]).astype(np.float32)
     all_times = times.append(target_times)
@@ -130,17 +142,23 @@ class Predictor:
     forcing = self.grid.to_slots(norm.input_scales.forcings(forcing), -1)  # [T, F, slots]
     static = batched_put("statics", self.grid.to_slots(norm.input_scales.statics(static), -1))
     history = self.step.put("inputs", self.grid.to_slots(state, -1))
-    global_values = (forcings_lib.compute_global_forcings(all_times.values, self.global_forcings)
-                     if self.global_forcings else None)
+    refill = (self.nan_fill.refill(self.step.put("inputs", self.grid.to_slots(
+        nan_mask[:, None], -1))[:, 0] > 0.5) if nan_mask.any() else None)
+    global_values = (norm.input_scales.globals(forcings_lib.compute_global_forcings(
+        all_times.values, self.global_forcings)) if self.global_forcings else None)
     outputs = []
     for lead in range(num_steps):
       window = slice(lead, lead + self.input_steps + 1)  # the history's times and the next
       extra = {} if global_values is None else {
           "globals": batched_put("globals", global_values[window])}
+      if noise is not None:
+        extra["noise"] = self.step.put("noise", noise[:, lead])
       history, step_outputs = self.step(history, batched_put("forcings", forcing[window]),
                                         static, extra)
+      if refill is not None:  # the fill value again where the inputs were NaN
+        history = refill(history)
       outputs.append(self.grid.from_slots(np.asarray(step_outputs), -1))
-    normalized = np.stack(outputs, axis=1)  # [B, num_steps, C_out, G]
+    normalized = self.nan_fill.reintroduce(np.stack(outputs, axis=1), nan_mask)  # [B, T, C, G]
     coords = {"batch": inputs.batch.values, "time": target_times.values,
               "latitude": inputs.latitude.values, "longitude": inputs.longitude.values}
     result = channels_to_dataset(normalized * norm.std[:, None] + norm.mean[:, None],
@@ -148,6 +166,24 @@ class Predictor:
     if descending:
       result = result.isel(latitude=slice(None, None, -1))
     return result if batched else result.isel(batch=0, drop=True)
+
+  def _check_noise(self, noise, batch_size: int, num_steps: int) -> np.ndarray | None:
+    """`[batch, num_steps, K]` float32 noise, or None for a deterministic model."""
+    if not self.noise_channels:
+      if noise is not None:
+        raise UserError("noise is given, but the model is deterministic "
+                        "(model.noise_channels=0).")
+      return None
+    if noise is None:
+      raise UserError(f"The model is an FGN (model.noise_channels={self.noise_channels}): "
+                      "pass the noise of each member.")
+    noise = np.asarray(noise, np.float32)
+    if noise.ndim == 2:
+      noise = np.broadcast_to(noise[:, None], (noise.shape[0], num_steps, noise.shape[1]))
+    if noise.shape != (batch_size, num_steps, self.noise_channels):
+      raise UserError(f"noise has shape {noise.shape}; the forecast needs [batch={batch_size}, "
+                      f"(steps={num_steps},) {self.noise_channels}].")
+    return noise
 
   def _given_forcings(self, forcings: xr.Dataset | None, times) -> dict:
     """`{name: [time, grid]}` of the forcings `forcings` holds, latitude ascending."""

@@ -22,8 +22,10 @@ import numpy as np
 
 from wnscale.assembly import Assembly
 from wnscale.data import forcings as forcings_lib
+from wnscale.data import store as store_lib
 from wnscale.data.store import WeatherStore
 from wnscale.errors import UserError
+from wnscale.inference.nan_fill import NanFill
 from wnscale.model import ensemble
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS
@@ -100,6 +102,7 @@ class StreamingForecaster:
     self.forcings, self.stored_forcings = tuple(d.forcings), tuple(d.stored_forcings)
     self.global_forcings = tuple(d.global_forcings)
     self.normalization = norm = assembly.normalization
+    self.nan_fill = NanFill(d, norm.mean[:norm.num_state], norm.std[:norm.num_state])
     self.noise_channels = specs.model.noise_channels
     self.noise_key = ensemble.noise_key(specs.seed)
     self.step = ShardedStep(assembly, params)
@@ -111,14 +114,23 @@ class StreamingForecaster:
   def _put(self, key: str, array: np.ndarray) -> jax.Array:
     return self.step.put(key, array)
 
-  def _history(self, init_indices) -> np.ndarray:
-    """`[B, input_steps, C, slots]` normalized states up to each initial time."""
+  def _history(self, init_indices) -> tuple[np.ndarray, np.ndarray]:
+    """`(states [B, input_steps, C, slots] normalized up to each initial time, mask
+    [B, C, slots] where a `data.nan_fill_values` variable was NaN and is filled)`."""
     offsets = np.arange(1 - self.input_steps, 1)
     norm = self.normalization
     mean, std = norm.mean[:norm.num_state], norm.std[:norm.num_state]
-    return np.stack([self.store.read_state(index + offsets, mean=mean, std=std,
-                                           grid_index=self.layout.grid_slots)
-                     for index in init_indices])
+    history = np.stack([self.store.read_state(index + offsets, mean=mean, std=std,
+                                              grid_index=self.layout.grid_slots,
+                                              allow_nan=self.nan_fill.active)
+                        for index in init_indices])
+    mask = self.nan_fill.clean(history)
+    if self.nan_fill.active and np.isnan(history).any():  # NaN where nothing fills it
+      row, step, channel, _ = np.argwhere(np.isnan(history))[0]
+      time = self.store.times[init_indices[row] + offsets[step]]
+      raise store_lib.NanError(self.store.channel_names[channel], f" at time {time}",
+                               self.store.path)
+    return history, mask
 
   def _window_times(self, init_times, lead: int) -> list[np.ndarray]:
     """Per initial time, `[input_steps + 1]` times: lead `lead`'s history and target."""
@@ -145,8 +157,9 @@ class StreamingForecaster:
 
   def _global_forcings(self, init_times, lead: int) -> np.ndarray:
     """`[B, input_steps + 1, F_global]` at lead `lead`'s history and target."""
-    return np.stack([forcings_lib.compute_global_forcings(times, self.global_forcings)
-                     for times in self._window_times(init_times, lead)])
+    return self.normalization.input_scales.globals(np.stack([
+        forcings_lib.compute_global_forcings(times, self.global_forcings)
+        for times in self._window_times(init_times, lead)]))
 
   def _extra(self, init_times, members, lead: int) -> dict:
     """The step's `globals` `[B, input_steps + 1, F]` and `noise` `[B, K]`, where needed."""
@@ -196,21 +209,28 @@ class StreamingForecaster:
     members = list(members if members is not None else [0] * count)
     members += [members[-1]] * (self.batch_size - count)
     init_times = self.store.times[indices]
-    history = self._put("inputs", self._history(indices))
+    history, nan_mask = self._history(indices)
+    history = self._put("inputs", history)
+    refill = (self.nan_fill.refill(self._put("inputs", nan_mask[:, None])[:, 0] > 0.5)
+              if nan_mask.any() else None)
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))
       history, state = self.step(history, forcings, self.statics,
                                  self._extra(init_times, members, lead))
+      if refill is not None:  # the fill value again where the inputs were NaN
+        history = refill(history)
       state.copy_to_host_async()
       if pending is not None:  # the previous lead reaches the host while this one runs
-        yield pending[0], self._to_host(pending[1], count)
+        yield pending[0], self._to_host(pending[1], count, nan_mask)
       pending = (lead, state)
-    yield pending[0], self._to_host(pending[1], count)
+    yield pending[0], self._to_host(pending[1], count, nan_mask)
 
-  def _to_host(self, state: jax.Array, count: int) -> np.ndarray:
-    """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`."""
-    normalized = self.layout.grid.from_slots(np.asarray(state)[:count], -1)
+  def _to_host(self, state: jax.Array, count: int, nan_mask: np.ndarray) -> np.ndarray:
+    """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`,
+    NaN where `nan_mask` `[B, C, slots]` is set."""
+    outputs = NanFill.reintroduce(np.asarray(state)[:count], nan_mask[:count])
+    normalized = self.layout.grid.from_slots(outputs, -1)
     return normalized * self.normalization.std[:, None] + self.normalization.mean[:, None]
 
 

@@ -55,24 +55,13 @@ def read_checkpoint(path: str) -> GraphCastCheckpoint:
     ValueError: the file is not an `.npz` of a GraphCast `CheckPoint` (naming
       what it lacks).
   """
-  try:
-    data = paths.read_bytes(path)
-  except FileNotFoundError as error:
-    raise UserError(f"Checkpoint file not found: {path}") from error
-  if not zipfile.is_zipfile(io.BytesIO(data)):  # else np.load tries it as a pickle
-    raise UserError(f"{path} is not an .npz file (GraphCast's checkpoint format): it is no "
-                    f"zip archive, or one cut short ({len(data)} bytes).")
-  try:
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-      tree = unflatten({key: npz[key] for key in npz.files})
-  except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
-    raise UserError(f"{path} is a damaged .npz file (cut short?): {error}") from error
+  tree = read_tree(path)
   missing = [name for name in ("params", "model_config", "task_config") if name not in tree]
   if missing:
     raise UserError(f"{path} is not a GraphCast checkpoint: it has no {missing} (it has "
                      f"{sorted(tree)})")
-  model_config, task_config = (_to_python(tree["model_config"]),
-                               _to_python(tree["task_config"]))
+  model_config, task_config = (to_python(tree["model_config"]),
+                               to_python(tree["task_config"]))
   for name, config, fields in [("model_config", model_config, MODEL_CONFIG_FIELDS),
                                ("task_config", task_config, TASK_CONFIG_FIELDS)]:
     absent = [field for field in fields if field not in config]
@@ -83,8 +72,28 @@ def read_checkpoint(path: str) -> GraphCastCheckpoint:
     if not isinstance(task_config[field], tuple):
       raise UserError(f"task_config:{field} of {path} is not a tuple: {task_config[field]!r}")
   return GraphCastCheckpoint(tree["params"], model_config, task_config,
-                             str(_to_python(tree.get("description", ""))),
-                             str(_to_python(tree.get("license", ""))))
+                             str(to_python(tree.get("description", ""))),
+                             str(to_python(tree.get("license", ""))))
+
+
+def read_tree(path: str, format_name: str = "GraphCast's checkpoint format") -> dict:
+  """The nested dict of the `.npz` checkpoint at `path` (local or URL), not yet interpreted.
+
+  Raises:
+    ValueError: no such file, or not a whole `.npz` (naming `format_name`).
+  """
+  try:
+    data = paths.read_bytes(path)
+  except FileNotFoundError as error:
+    raise UserError(f"Checkpoint file not found: {path}") from error
+  if not zipfile.is_zipfile(io.BytesIO(data)):  # else np.load tries it as a pickle
+    raise UserError(f"{path} is not an .npz file ({format_name}): it is no "
+                    f"zip archive, or one cut short ({len(data)} bytes).")
+  try:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      return unflatten({key: npz[key] for key in npz.files})
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+    raise UserError(f"{path} is a damaged .npz file (cut short?): {error}") from error
 
 
 def unflatten(flat: dict) -> dict:
@@ -99,12 +108,12 @@ def unflatten(flat: dict) -> dict:
   return tree
 
 
-def _to_python(tree):
+def to_python(tree):
   """Dicts whose keys are 0..n-1 become tuples; 0-d arrays python scalars or strings."""
   if isinstance(tree, dict):
     if tree and all(key.isdigit() for key in tree) and sorted(map(int, tree)) == list(
         range(len(tree))):
-      return tuple(_to_python(tree[str(i)]) for i in range(len(tree)))
-    return {key: _to_python(value) for key, value in tree.items()}
+      return tuple(to_python(tree[str(i)]) for i in range(len(tree)))
+    return {key: to_python(value) for key, value in tree.items()}
   value = np.asarray(tree)
   return value.item() if value.ndim == 0 else value

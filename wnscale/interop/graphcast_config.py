@@ -89,7 +89,7 @@ def wnscale_config(model_config: dict, task_config: dict,
   d.forcings = tuple(forcings)
   d.stored_forcings = tuple(name for name in forcings if name in READ_FROM_DATA)
   d.input_normalization = "all"
-  d.input_steps = _input_steps(task_config["input_duration"], d.time_step_hours)
+  d.input_steps = input_steps(task_config["input_duration"], d.time_step_hours)
   if "resolution" in model_config:
     d.resolution = float(model_config["resolution"])
   d.stats_path = stats_path
@@ -101,7 +101,7 @@ def _known(name: str) -> bool:
           or name in variables_lib.STATIC_VARIABLES)
 
 
-def _input_steps(duration: str, time_step_hours: int) -> int:
+def input_steps(duration: str, time_step_hours: int) -> int:
   """Input times in GraphCast's `input_duration` (e.g. "12h": t - 6h and t)."""
   try:
     hours = pd.Timedelta(duration) / pd.Timedelta(hours=1)
@@ -125,7 +125,7 @@ def _keys(name: str, steps, levels) -> list[tuple]:
 def reference_input_channels(task_config: dict, time_step_hours: int = 6) -> list[tuple]:
   """GraphCast's grid input channels (before the structural features), in order."""
   levels = task_config["pressure_levels"]
-  steps = range(1 - _input_steps(task_config["input_duration"], time_step_hours), 1)
+  steps = range(1 - input_steps(task_config["input_duration"], time_step_hours), 1)
   keys = [key for name in sorted(task_config["input_variables"])
           for key in _keys(name, steps, levels)]
   return keys + [(name, 1, None) for name in sorted(task_config["forcing_variables"])]

@@ -15,9 +15,15 @@ lead times after the last input (6 h, 12 h, ...), coordinates `time`, `lat`,
 
 The model runs through `inference.predictor.Predictor` (the xarray boundary), on
 one device, one batch member at a time (their dates may differ).
+
+An FGN (WeatherNext 2) forecasts `members` ensemble members, each with its own
+noise (`noise`: a file, or a seed); the predictions then have a leading
+`sample` dim, as WeatherNext 2's do.
 """
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pandas as pd
@@ -29,19 +35,25 @@ from wnscale import specs as specs_lib
 from wnscale.assembly import Grid, assemble
 from wnscale.data import netcdf, resolve
 from wnscale.data import variables as variables_lib
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.inference.predictor import Predictor
+from wnscale.model import ensemble
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.train.run_directory import RunDirectory
 
 
 def predict_example(workdir: str, example_path: str, out_path: str,
-                    steps: int | None = None, overwrite: bool = False) -> xr.Dataset:
+                    steps: int | None = None, overwrite: bool = False,
+                    members: int | None = None, noise: str | None = None) -> xr.Dataset:
   """Predicts `steps` lead times (default: as many as the example has targets) and writes
   them to `out_path` (NetCDF, whole or not at all); returns them.
 
   Args:
     overwrite: replace an existing file at `out_path` (checked first: `outputs.check`).
+    members: an FGN's ensemble size (required for one; none for a deterministic run).
+    noise: an FGN's noise: an `.npz` file whose `noise` is `[members, K]` (each
+      member's noise at every lead time) or `[members, steps, K]`, or an integer
+      seed (`ensemble.forecast_noise` of that seed, initial time and member).
 
   Raises:
     ValueError: the example does not fit the run's model (naming what), or
@@ -53,15 +65,22 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   specs = specs_lib.from_config(run.read_config())
   d = specs.data
   steps = _check_example(example, d, steps, example_path)
+  member_noise = _member_noise(specs, members, noise, steps)
   assembly = assemble(specs, Grid(np.sort(example["lat"].values), example["lon"].values),
                       resolve.resolve_stats(d), mesh_lib.single_device_mesh())
   params, _ = run.restore_params(assembly.params)
   predictor = Predictor(specs, assembly, params)
-  members = []
-  for member in range(example.sizes["batch"]):
-    inputs, statics, forcings = _member_inputs(example.isel(batch=member), d)
-    members.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
-  predictions = _reference_format(members, example, d)
+  rows = []
+  for row in range(example.sizes["batch"]):
+    inputs, statics, forcings = _member_inputs(example.isel(batch=row), d)
+    if member_noise is None:
+      rows.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
+    else:  # the ensemble as a batch of members
+      noise_values = member_noise(np.datetime64(inputs["time"].values[-1], "h"))
+      ensemble = predictor(inputs.expand_dims(batch=len(noise_values)), statics,
+                           num_steps=steps, forcings=forcings, noise=noise_values)
+      rows.append(ensemble.rename({"batch": "sample"}))
+  predictions = _reference_format(rows, example, d)
   with outputs_lib.writing(out_path, "nothing was written"):
     paths.write_bytes(paths.normalize(out_path), netcdf.to_bytes(predictions))
   return predictions
@@ -105,6 +124,44 @@ def _check_example(example: xr.Dataset, data: specs_lib.DataSpec, steps: int | N
   return steps
 
 
+def _member_noise(specs: specs_lib.Specs, members: int | None, noise: str | None, steps: int):
+  """None for a deterministic run; else `init time -> [members, steps, K]` noise."""
+  channels = specs.model.noise_channels
+  if not channels:
+    if members is not None or noise is not None:
+      raise ArgumentError("members" if members is not None else "noise",
+                          members if members is not None else noise,
+                          "is for an FGN run (model.noise_channels > 0); this one is "
+                          "deterministic")
+    return None
+  if members is None or members < 1:
+    raise ArgumentError("members", members, "must be >= 1: the run is an FGN ensemble model")
+  if noise is None:
+    raise ArgumentError("noise", None, "is required for an FGN run: a .npz file of "
+                        "[members, noise_channels] noise, or a seed")
+  if noise.lstrip("-").isdigit():
+    key = ensemble.noise_key(int(noise))
+
+    def seeded(init_time):
+      hours = int(init_time.astype("datetime64[h]").astype(np.int64))
+      return np.stack([np.asarray(ensemble.forecast_noise(
+          key, np.full(members, hours, np.int32), np.arange(members, dtype=np.int32), lead,
+          channels)) for lead in range(steps)], axis=1)
+
+    return seeded
+  with np.load(io.BytesIO(paths.read_bytes(paths.normalize(noise)))) as file:
+    if "noise" not in file.files:
+      raise ArgumentError("noise", noise, f"has no 'noise' array (it has {file.files})")
+    values = np.asarray(file["noise"], np.float32)
+  if values.ndim == 2:
+    values = np.broadcast_to(values[:, None], (values.shape[0], steps, values.shape[1]))
+  if values.ndim != 3 or values.shape[0] < members or values.shape[1] < steps or (
+      values.shape[2] != channels):
+    raise ArgumentError("noise", noise, f"holds noise {list(values.shape)}; {members} "
+                        f"members of {steps} steps need [{members}, ({steps},) {channels}]")
+  return lambda init_time: values[:members, :steps]
+
+
 def _member_inputs(member: xr.Dataset, data: specs_lib.DataSpec):
   """`(inputs, statics, forcings)` of one batch member, in wnscale's naming."""
   member = member.assign_coords(time=member["datetime"].values).drop_vars("datetime")
@@ -115,21 +172,24 @@ def _member_inputs(member: xr.Dataset, data: specs_lib.DataSpec):
   return inputs, statics, forcings
 
 
-def _reference_format(members: list, example: xr.Dataset,
+def _reference_format(rows: list, example: xr.Dataset,
                       data: specs_lib.DataSpec) -> xr.Dataset:
-  """Each member's forecast (latitude in the example's order) -> one Dataset as GraphCast's
-  predictor returns it."""
-  forecast = xr.concat(members, dim="batch")
+  """Each batch row's forecast (latitude in the example's order) -> one Dataset as GraphCast's
+  predictor returns it (an ensemble's with a leading `sample` dim, as WeatherNext 2's)."""
+  forecast = xr.concat(rows, dim="batch")
+  sample = ("sample",) if "sample" in forecast.dims else ()
   lead_times = np.arange(1, forecast.sizes["time"] + 1) * np.timedelta64(
       data.time_step_hours, "h")
   variables = {}
   for name in sorted(forecast.data_vars):
     field = forecast[name].rename({"latitude": "lat", "longitude": "lon"})
     level = ("level",) if "level" in field.dims else ()
-    field = field.transpose("time", "batch", *level, "lat", "lon")
+    field = field.transpose(*sample, "time", "batch", *level, "lat", "lon")
     variables[name] = (field.dims, field.values)
   coords = {"time": lead_times.astype("timedelta64[ns]"), "lat": example["lat"].values,
             "lon": example["lon"].values}
+  if sample:
+    coords["sample"] = np.arange(forecast.sizes["sample"])
   if any("level" in forecast[name].dims for name in forecast.data_vars):
     coords["level"] = example["level"].sel(level=list(data.pressure_levels)).values
   return xr.Dataset(variables, coords=coords)

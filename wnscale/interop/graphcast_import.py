@@ -87,4 +87,4 @@ def _check_stats(stats_dir: str, config: ml_collections.ConfigDict):
   stats = normalization.read_stats(stats_dir)
   d = specs_lib.from_config(config).data
   normalization.channel_stats(stats, d.outputs, d.pressure_levels)
-  normalization.input_scales(stats, d.forcings, d.input_normalization)
+  normalization.input_scales(stats, d.forcings, d.input_normalization, d.global_forcings)

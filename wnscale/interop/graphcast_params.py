@@ -120,7 +120,7 @@ def convert_params(params: dict, task_config: dict, config: ml_collections.Confi
                                              ENCODER + "processor_nodes_0_mesh_nodes")},
       "grid_to_mesh_grid_mlp": modules.mlp(ENCODER + "processor_nodes_0_grid_nodes"),
       "processor": {"edge_embedder": modules.mlp(PROCESSOR + "encoder_edges_mesh"),
-                    "layers": _stack(layers)},
+                    "layers": stack(layers)},
       "mesh_to_grid_edges": {
           "embedder": modules.mlp(DECODER + "encoder_edges_mesh2grid"),
           "interaction": modules.interaction(DECODER + "processor_edges_0_mesh2grid",
@@ -134,7 +134,7 @@ def convert_params(params: dict, task_config: dict, config: ml_collections.Confi
                      f"{' ...' if len(unread) > 5 else ''} (e.g. more message-passing steps "
                      f"than model_config:gnn_msg_steps={steps})")
   _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
-  _check_shapes(tree, nnx.to_pure_dict(shapes), prefix="")
+  check_shapes(tree, nnx.to_pure_dict(shapes), prefix="")
   nnx.replace_by_pure_dict(shapes, tree)
   return shapes
 
@@ -157,21 +157,21 @@ def _permutations(task_config: dict, config: ml_collections.ConfigDict):
   return input_rows, output_columns
 
 
-def _stack(trees: list):
+def stack(trees: list):
   """Pure dicts of one layer each -> one pure dict, leaves stacked on a new axis 0."""
   if isinstance(trees[0], dict):
-    return {key: _stack([tree[key] for tree in trees]) for key in trees[0]}
+    return {key: stack([tree[key] for tree in trees]) for key in trees[0]}
   return np.stack(trees)
 
 
-def _check_shapes(tree: dict, expected: dict, prefix: str):
+def check_shapes(tree: dict, expected: dict, prefix: str):
   """Same keys and leaf shapes as the model's parameters; an error naming the first that differ."""
   if set(tree) != set(expected):
     raise UserError(f"Converted parameters under {prefix or 'the root'} have "
                      f"{sorted(tree)}, the model {sorted(expected)}")
   for key, value in tree.items():
     if isinstance(value, dict):
-      _check_shapes(value, expected[key], f"{prefix}{key}.")
+      check_shapes(value, expected[key], f"{prefix}{key}.")
     elif tuple(value.shape) != tuple(expected[key].shape):
       raise UserError(f"{prefix}{key}: the checkpoint gives {list(value.shape)}, the model "
                        f"of its config has {list(expected[key].shape)} (does the task's "

@@ -34,6 +34,9 @@ from wnscale.model.processors import PROCESSORS
 from wnscale.specs import ModelSpec
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# What `model.output_activations` may apply to a normalized outright prediction.
+OUTPUT_ACTIVATIONS = {"sigmoid": jax.nn.sigmoid, "softplus": jax.nn.softplus,
+                      "relu": jax.nn.relu, "tanh": jnp.tanh}
 
 
 def local_exchange(edge_set: str, rows):
@@ -52,13 +55,14 @@ class EncoderDecoderEdges(nnx.Module):
   Edge latents are `edge_size` wide (hidden layer too); messages `latent_size`.
   """
 
-  def __init__(self, latent_size: int, edge_size: int, *, conditioning_size: int = 0, dtype,
-               rngs: nnx.Rngs):
+  def __init__(self, latent_size: int, edge_size: int, *, conditioning_size: int = 0,
+               gather_from_receivers: bool = True, dtype, rngs: nnx.Rngs):
     self.embedder = MLP(EDGE_FEATURES, edge_size, edge_size,
                         conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
     self.interaction = InteractionNetwork(latent_size, edge_size=edge_size,
-                                          conditioning_size=conditioning_size, dtype=dtype,
-                                          rngs=rngs)
+                                          conditioning_size=conditioning_size,
+                                          gather_from_receivers=gather_from_receivers,
+                                          dtype=dtype, rngs=rngs)
 
   def __call__(self, features, senders, receivers, projected_senders, projected_receivers,
                conditioning=None):
@@ -76,6 +80,9 @@ class GraphCast(nnx.Module):
     spec: the model's settings (`wnscale.specs.ModelSpec`), kept in the graphdef.
     global_channels: global inputs per example (no position: e.g. year
       progress) that the mesh embedder sees too, broadcast to every mesh node.
+    output_activations: `(output channel, activation name, offset)` triples: that
+      channel of the normalized outputs becomes `activation(output + offset)`
+      (`OUTPUT_ACTIVATIONS`; WeatherNext 2's cyclone probability: sigmoid, -2).
 
   With `spec.noise_channels > 0` the network is WeatherNext 2's functional
   generative network (FGN): each call takes a standard-normal noise vector
@@ -86,7 +93,8 @@ class GraphCast(nnx.Module):
   """
 
   def __init__(self, input_channels: int, output_channels: int,
-               spec: ModelSpec, *, global_channels: int = 0, rngs: nnx.Rngs):
+               spec: ModelSpec, *, global_channels: int = 0,
+               output_activations: tuple = (), rngs: nnx.Rngs):
     self.spec = spec
     latent = spec.latent_size
     dtype = DTYPES[spec.dtype]
@@ -95,12 +103,13 @@ class GraphCast(nnx.Module):
     mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, conditioning_size=conditioning,
                                         dtype=dtype, rngs=rngs, **kw)
     edge_size = spec.edge_size
-    edges = lambda: EncoderDecoderEdges(latent, edge_size, conditioning_size=conditioning,
-                                        dtype=dtype, rngs=rngs)
+    edges = lambda **kw: EncoderDecoderEdges(latent, edge_size, conditioning_size=conditioning,
+                                             dtype=dtype, rngs=rngs, **kw)
     # Encoder.
     self.grid_embedder = mlp(input_channels + NODE_FEATURES, latent)
     self.mesh_embedder = mlp(NODE_FEATURES + global_channels, latent)
-    self.grid_to_mesh_edges = edges()
+    self.grid_to_mesh_edges = edges(
+        gather_from_receivers=spec.grid_to_mesh_gather_from_receivers)
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
     self.processor = PROCESSORS[spec.processor].module(spec, dtype=dtype, rngs=rngs)
@@ -110,6 +119,7 @@ class GraphCast(nnx.Module):
     # Made last, so a deterministic model's other parameters draw the same random numbers.
     self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
                             if conditioning else None)
+    self.output_activations = tuple(output_activations)
     self.policy = remat.resolve_policy(spec.remat_policy)
 
   # The interaction-network processor's parts, by the names GraphCast's own use.
@@ -150,7 +160,11 @@ class GraphCast(nnx.Module):
       with jax.named_scope("processor"):
         mesh = self.processor(graphs, mesh, exchange, conditioning)
       with jax.named_scope("decoder"):
-        return self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange, conditioning)
+        outputs = self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange, conditioning)
+      for channel, activation, offset in self.output_activations:
+        outputs = outputs.at[:, channel].set(
+            OUTPUT_ACTIVATIONS[activation](outputs[:, channel] + offset))
+      return outputs
 
     return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise)
 
@@ -190,6 +204,9 @@ class GraphCast(nnx.Module):
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
           edges.senders, edges.receivers, exchange("grid_to_mesh", projected_grid),
           interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks, conditioning)
+      if spec.grid_to_mesh_aggregate_normalization != 1:  # WeatherNext 2's: sums / 4
+        messages = messages / jnp.asarray(spec.grid_to_mesh_aggregate_normalization,
+                                          messages.dtype)
       mesh = interaction.update_nodes(mesh, messages, conditioning)
       grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,), (conditioning,))
       return grid, mesh

@@ -8,7 +8,8 @@ One interaction-network step, GraphCast's (the reference's
   edges'   = edges + messages
 
 The sum is over the *messages* (the edge MLP's outputs), not over the
-residual-updated edges'. The encoder and decoder use only the node update (their
+residual-updated edges'. WeatherNext 2's points-to-mesh encoder leaves the
+receiver out of the edge MLP (`gather_from_receivers=False`). The encoder and decoder use only the node update (their
 edges' are never read again); the processor carries edges' to the next layer.
 
 The edge MLP's first layer is linear in each part of its input, so the sender
@@ -56,13 +57,15 @@ class InteractionNetwork(nnx.Module):
   """
 
   def __init__(self, latent_size: int, *, edge_size: int | None = None,
-               conditioning_size: int = 0, dtype, rngs: nnx.Rngs):
+               conditioning_size: int = 0, gather_from_receivers: bool = True, dtype,
+               rngs: nnx.Rngs):
     linear = lambda: nnx.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
                                 rngs=rngs)
     self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size,
                         conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
     self.sender_projection = linear()  # edge_mlp's first-layer weights for the sender part
-    self.receiver_projection = linear()  # ... and for the receiver part
+    # ... and for the receiver part (None: the edge MLP does not see the receiver)
+    self.receiver_projection = linear() if gather_from_receivers else None
     self.node_mlp = MLP(2 * latent_size, latent_size, latent_size,
                         conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
 
@@ -71,8 +74,8 @@ class InteractionNetwork(nnx.Module):
     return self.sender_projection(nodes)
 
   def project_receivers(self, nodes):
-    """`[N, D]` receiver nodes' contribution to the edge MLP's first layer."""
-    return self.receiver_projection(nodes)
+    """`[N, D]` receiver nodes' contribution to the edge MLP's first layer (None: none)."""
+    return None if self.receiver_projection is None else self.receiver_projection(nodes)
 
   def messages(self, edges, projected_senders, projected_receivers, senders, receivers,
                conditioning=None):
@@ -87,8 +90,9 @@ class InteractionNetwork(nnx.Module):
       senders, receivers: `[E]` row indices into them.
       conditioning: an FGN's `[conditioning_size]` norm conditioning, else None.
     """
-    hidden = (self.edge_mlp.hidden(edges) + projected_senders[senders]
-              + projected_receivers[receivers])
+    hidden = self.edge_mlp.hidden(edges) + projected_senders[senders]
+    if projected_receivers is not None:
+      hidden = hidden + projected_receivers[receivers]
     return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat.EDGE_LATENTS)
 
   def update_nodes(self, nodes, summed_messages, conditioning=None):
@@ -154,8 +158,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
       receiver_table, conditioning) -> messages [e, D]`.
     edge_features: `[E, F]` static edge features.
     senders, receivers: `[E]` indices into the sender / receiver tables.
-    sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` (for
-      an interaction network: the projected node tables).
+    sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` or None
+      (for an interaction network: the projected node tables).
     conditioning: passed on to `edge_fn` (an FGN's norm conditioning, or None).
 
   Returns:
@@ -173,5 +177,5 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
              split_rows(receivers, num_chunks, fill=num_receivers))
   total, _ = scan_edge_blocks(messages, blocked,
                               (state, sender_table, receiver_table, conditioning),
-                              num_receivers, receiver_table.shape[-1])
-  return total.astype(receiver_table.dtype)
+                              num_receivers, sender_table.shape[-1])
+  return total.astype(sender_table.dtype)

@@ -22,7 +22,17 @@ def build_model(specs: Specs) -> GraphCast:
   """A freshly initialized model (parameters from `specs.seed`), built eagerly."""
   d = specs.data
   return GraphCast(d.input_channels, len(d.output_channels), specs.model,
-                   rngs=nnx.Rngs(specs.seed), global_channels=d.global_channels)
+                   rngs=nnx.Rngs(specs.seed), global_channels=d.global_channels,
+                   output_activations=output_activations(specs))
+
+
+def output_activations(specs: Specs) -> tuple[tuple[int, str, float], ...]:
+  """`model.output_activations` as `(output channel, activation, offset)` triples."""
+  channels = specs.data.output_channels
+  return tuple((index, activation, offset)
+               for name, activation, offset in specs.model.output_activations
+               for index, channel in enumerate(channels)
+               if channel == name or channel.startswith(name + "@"))
 
 
 def init_model(specs: Specs):

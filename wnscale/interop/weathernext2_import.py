@@ -1,0 +1,112 @@
+"""`import_weathernext2`: a WeatherNext 2 checkpoint and its model config -> a wnscale run.
+
+WeatherNext 2 publishes each model as a parameters file (`.npz` of its
+`fgn.CheckPoint(params, description, license)`, flattened as GraphCast's
+checkpoints are) and a fiddle JSON config naming the network, its task and
+its normalization statistics. The run directory written here holds what
+`import_graphcast`'s does (see there): `config.json` (the config derived by
+`weathernext2_config`), `stats/` (GraphCast's three files, from the config's
+statistics or from `stats_dir`) and `checkpoints/0` (the converted
+parameters). Written whole or not at all; an existing run is replaced only
+when asked.
+
+Statistics. WeatherNext 2 leaves a variable that its statistics lack as it is
+(`normalization.normalize` skips it: its cyclone targets); the run's
+statistics give such a variable mean 0 and std 1, the same function.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import xarray as xr
+
+from wnscale import outputs, paths
+from wnscale import specs as specs_lib
+from wnscale.data import netcdf, normalization
+from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
+from wnscale.interop import fiddle_json, graphcast_checkpoint, weathernext2_config
+from wnscale.interop import weathernext2_params
+from wnscale.train import run_directory
+
+
+def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
+                        stats_dir: str | None = None,
+                        overwrite: bool = False) -> ml_collections.ConfigDict:
+  """Writes the run directory `out` for WeatherNext 2's checkpoint and config.
+
+  Args:
+    checkpoint_path: the parameters `.npz` (local or URL).
+    config_path: the model's fiddle JSON config (e.g. `WeatherNext2.json`).
+    out: the run directory to create; must not exist (an empty directory is
+      fine) unless `overwrite`.
+    stats_dir: a directory of GraphCast's three statistics files to use
+      instead of those in the config.
+    overwrite: replace the run at `out` (checked first: `outputs.check`).
+
+  Returns:
+    The run's config.
+
+  Raises:
+    ValueError: naming the problem (a file that is not what it should be, a
+      setting wnscale cannot express, `out` already holding something).
+      Nothing is written then.
+  """
+  out = paths.normalize(out)
+  outputs.check(out, run_directory.KIND, argument="out", overwrite=overwrite)
+  predictor = fiddle_json.load(config_path)
+  config = weathernext2_config.wnscale_config(predictor, paths.join(out, "stats"))
+  tree = graphcast_checkpoint.read_tree(checkpoint_path, "WeatherNext 2's checkpoint format")
+  if "params" not in tree:
+    raise UserError(f"{checkpoint_path} is not a WeatherNext 2 checkpoint: it has no params "
+                    f"(it has {sorted(tree)})")
+  params = jax.tree.map(jnp.asarray,
+                        weathernext2_params.convert_params(tree["params"], config))
+  files = _statistics(predictor, stats_dir, specs_lib.from_config(config).data)
+  with outputs.building(out, overwrite) as where:  # the config names `out`, not `where`
+    for statistic, name in normalization.GRAPHCAST_FILES.items():
+      paths.write_bytes(paths.join(where, "stats", name), netcdf.to_bytes(files[statistic]))
+    run = run_directory.RunDirectory(where)
+    run.save_params(params, {
+        "step": 0, "imported_from": paths.normalize(checkpoint_path),
+        "config_from": paths.normalize(config_path),
+        "description": str(graphcast_checkpoint.to_python(tree.get("description", ""))),
+        "license": str(graphcast_checkpoint.to_python(tree.get("license", "")))})
+    run.write_config(config, history=False)  # last: a directory with a config is a whole run
+  logging.info("Imported %s into %s: %d parameters.", checkpoint_path, out,
+               sum(x.size for x in jax.tree.leaves(params)))
+  return config
+
+
+def _statistics(predictor, stats_dir: str | None, data: specs_lib.DataSpec) -> dict:
+  """`{"mean" | "std" | "diff_std": Dataset}` with every variable the model reads."""
+  if stats_dir is None:
+    files = weathernext2_config.statistics(predictor)
+  else:
+    files = {statistic: netcdf.load(paths.join(paths.normalize(stats_dir), name))
+             for statistic, name in normalization.GRAPHCAST_FILES.items()}
+  names = (data.outputs + data.forcings + data.global_forcings
+           + variables_lib.STATIC_VARIABLES)
+  unnormalized = [name for name in names if name not in files["std"]]
+  if unnormalized:
+    logging.info("The statistics lack %s: mean 0 and std 1 (as WeatherNext 2 leaves them).",
+                 unnormalized)
+  levels = files["mean"]["level"] if "level" in files["mean"].coords else None
+  completed = {}
+  for statistic, dataset in files.items():
+    dataset = dataset.copy()
+    for name in unnormalized:
+      value = 0.0 if statistic == "mean" else 1.0
+      if variables_lib.is_atmospheric(name):
+        if levels is None:
+          raise UserError(f"The statistics have no levels for {name}")
+        dataset[name] = xr.full_like(levels, value, dtype=np.float64)
+      else:
+        dataset[name] = xr.DataArray(value)
+    completed[statistic] = dataset
+  return completed

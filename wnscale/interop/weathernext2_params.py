@@ -1,0 +1,281 @@
+"""WeatherNext 2's parameters (Haiku modules of `ForwardPass`) as wnscale's.
+
+Every module is under `multimodality_forward/`. The encoders take their inputs
+through `split_input_matmul`: one weight per input array, named after it,
+`w_<input>_<dims>` (e.g. `w_input_temperature_level=50,...,1000_time=-21600`
+`[13, D]`: rows by level; `time` in seconds from the last input time, the
+target time positive; `input_` an input, `forcing_` a forcing at the target
+time; `w_spatial_feature=sin_lat,sin_lon,cos_lon` `[3, D]`). Their sum is the
+first layer of an MLP whose bias is `shared_dense/mlp/linear_0:b`; here the
+weights are stacked in wnscale's channel order into one kernel. The decoder's
+`split_output_linear` is the other way round (`w_<target>_..._time=21600`
+`[D, n]` columns, `b_...` biases).
+
+  grid_encoder                          grid_embedder
+  mesh_encoder                          mesh_embedder (spatial features, globals)
+  global_norm_conditioning_encoder      noise_embedding (one bias-free linear layer)
+  grid_to_mesh_gnn/edge_encoder         grid_to_mesh_edges.embedder
+  grid_to_mesh_gnn/deep_gnn/
+    processor_edges_0_edge_*, _sender_* grid_to_mesh_edges.interaction: edge_mlp.hidden
+      (the first layer, pre-gather,     (the edge part, with linear_0:b),
+      per part), processor_edges_0_*    sender_projection (no receiver part)
+    processor_nodes_0_mesh_nodes        ... .node_mlp (rows: mesh latent, summed messages)
+    processor_nodes_0_point_nodes       grid_to_mesh_grid_mlp
+  mesh_transformer/transformer/block_i  processor.layers[i]: mha_proj_q -> query,
+                                        mha_proj_k|v -> key_value, mha_final ->
+                                        attention_output, ffw_up/down, the two
+                                        norm conditionings -> attention_norm, ffw_norm
+    transformer_final_norm_conditioning processor.final_norm
+  mesh_to_grid_gnn/...                  mesh_to_grid_edges (edge, sender and receiver
+                                        parts; processor_nodes_0_point_nodes: node_mlp)
+    processor_nodes_0_mesh_nodes        unused (WeatherNext 2 computes it and drops it)
+  grid_decoder                          output_mlp (columns in wnscale's output order)
+
+A `DenseLayer`'s `mlp/linear_1` is an MLP's `out`, its
+`normalization/linear_norm_conditioning/linear` the norm's `conditioning`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from wnscale import specs as specs_lib
+from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
+from wnscale.interop import graphcast_params
+from wnscale.model import setup
+
+ROOT = "multimodality_forward/"
+# wnscale's node features (`graphs.features.node_features`) by WeatherNext 2's names.
+NODE_FEATURES = ("sin_lat", "cos_lon", "sin_lon")
+UNUSED = tuple(f"{ROOT}mesh_to_grid_gnn/deep_gnn/processor_nodes_0_mesh_nodes/{part}"
+               for part in ("mlp/linear_0", "mlp/linear_1",
+                            "normalization/linear_norm_conditioning/linear"))
+_SPLIT = re.compile(r"^(?P<leaf>[wb])_(?P<name>.+?)(_level=(?P<levels>[\d,]+))?"
+                    r"(_time=(?P<time>-?\d+))?$")
+
+
+class _Modules:
+  """The checkpoint's `{module: {leaf: array}}`, remembering which modules were read."""
+
+  def __init__(self, params: dict):
+    self.params, self.read = params, set()
+
+  def leaf(self, module: str, leaf: str) -> np.ndarray:
+    module = ROOT + module
+    if module not in self.params or leaf not in self.params[module]:
+      raise UserError(f"The checkpoint has no parameter {module}:{leaf}")
+    self.read.add(module)
+    return np.asarray(self.params[module][leaf], np.float32)
+
+  def linear(self, module: str, bias: bool = True) -> dict:
+    linear = {"kernel": self.leaf(module, "w")}
+    if bias:
+      linear["bias"] = self.leaf(module, "b")
+    return linear
+
+  def split_rows(self, module: str, time_step_seconds: int) -> dict:
+    """`{channel key: [D] row}` of a `split_input_matmul` (see `_channel_keys`)."""
+    module_name = ROOT + module
+    if module_name not in self.params:
+      raise UserError(f"The checkpoint has no module {module_name}")
+    self.read.add(module_name)
+    rows = {}
+    for leaf, weight in self.params[module_name].items():
+      for key, row in zip(_channel_keys(leaf, time_step_seconds), np.asarray(weight)):
+        rows[key] = np.asarray(row, np.float32)
+    return rows
+
+  def dense(self, module: str, first_kernel: np.ndarray | None = None) -> dict:
+    """A `DenseLayer` (`mlp/linear_0|1`, conditioned norm) as wnscale's MLP pure dict.
+
+    `first_kernel`: the first layer's kernel where the checkpoint splits it
+    (the `split_input_matmul` or pre-gather weights); its bias is `linear_0:b`.
+    """
+    hidden = {"kernel": (self.leaf(f"{module}/mlp/linear_0", "w") if first_kernel is None
+                         else first_kernel),
+              "bias": self.leaf(f"{module}/mlp/linear_0", "b")}
+    if f"{ROOT}{module}/mlp/linear_2" in self.params:
+      raise UserError(f"{module} has more than one hidden layer; wnscale's MLPs have one.")
+    return {"hidden": hidden, "out": self.linear(f"{module}/mlp/linear_1"),
+            "norm": {"conditioning": self.linear(
+                f"{module}/normalization/linear_norm_conditioning/linear")}}
+
+
+def _channel_keys(leaf: str, time_step_seconds: int) -> list[tuple]:
+  """The `(name, step, level)` key of each row (column) of a split weight `leaf`.
+
+  `name` is `input_<variable>`, `forcing_<variable>`, `spatial_feature=<a,b,c>`'s
+  features as `spatial:<feature>`, or an output variable; `step` 0 is the last
+  input time (None: no time); `level` None for a surface variable.
+  """
+  match = _SPLIT.match(leaf)
+  if not match:
+    raise UserError(f"A split weight named {leaf!r}, which this importer cannot read")
+  name, time = match.group("name"), match.group("time")
+  step = None if time is None else int(time) // time_step_seconds
+  if name.startswith("spatial_feature="):
+    return [(f"spatial:{feature}", None, None)
+            for feature in name.removeprefix("spatial_feature=").split(",")]
+  if name.startswith("input_noise_noise_channels=range("):
+    channels = int(name.removeprefix("input_noise_noise_channels=range(").rstrip(")"))
+    return [("noise", None, channel) for channel in range(channels)]
+  levels = match.group("levels")
+  if levels is None:
+    return [(name, step, None)]
+  return [(name, step, int(level)) for level in levels.split(",")]
+
+
+def _stacked(rows: dict, keys: list[tuple], module: str) -> np.ndarray:
+  """`[len(keys), D]`: the rows of `keys`, in order; an error naming a missing or extra one."""
+  missing = [key for key in keys if key not in rows]
+  extra = sorted(set(rows) - set(keys), key=str)
+  if missing or extra:
+    raise UserError(f"{ROOT}{module}'s inputs do not match the config's: missing "
+                    f"{missing[:4]}, not used {extra[:4]}")
+  return np.stack([rows[key] for key in keys])
+
+
+def input_keys(specs: specs_lib.Specs) -> list[tuple]:
+  """WeatherNext 2's `(name, step, level)` of each row of wnscale's grid embedder.
+
+  wnscale's order (`model.forecast.one_step`): the state at each input time,
+  the forcings at each input time and the target time, the statics, the
+  global forcings at the same times, then the 3 node features.
+  """
+  d = specs.data
+  steps = list(range(1 - d.input_steps, 1))
+  level_keys = lambda name, step: (
+      [(name, step, level) for level in d.pressure_levels] if _is_atmospheric(name)
+      else [(name, step, None)])
+  source = lambda name, step: f"{'forcing' if step == 1 else 'input'}_{name}"
+  history = [key for step in steps for name in d.variables
+             for key in level_keys(f"input_{name}", step)]
+  forcings = [(source(name, step), step, None) for step in steps + [1] for name in d.forcings]
+  statics = [(f"input_{name}", None, None) for name in variables_lib.STATIC_VARIABLES]
+  globals_ = [(source(name, step), step, None) for step in steps + [1]
+              for name in d.global_forcings]
+  return history + forcings + statics + globals_ + _node_feature_keys()
+
+
+def _node_feature_keys() -> list[tuple]:
+  return [(f"spatial:{feature}", None, None) for feature in NODE_FEATURES]
+
+
+def _is_atmospheric(name: str) -> bool:
+  return variables_lib.is_atmospheric(name.removeprefix("input_").removeprefix(
+      "forcing_"))
+
+
+def convert_params(params: dict, config: ml_collections.ConfigDict):
+  """wnscale's parameters (`nnx.State`, float32) from a WeatherNext 2 checkpoint's `params`.
+
+  Args:
+    params: `{haiku module: {leaf: array}}` of the checkpoint.
+    config: `weathernext2_config.wnscale_config` of its model config.
+
+  Raises:
+    ValueError: a parameter is missing, unused, or shaped otherwise than the
+      config's model (naming it).
+  """
+  specs = specs_lib.from_config(config)
+  d, m = specs.data, specs.model
+  modules = _Modules(params)
+  seconds = d.time_step_hours * 3600
+  grid_rows = modules.split_rows("grid_encoder/split_input_matmul", seconds)
+  mesh_rows = modules.split_rows("mesh_encoder/split_input_matmul", seconds)
+  steps = list(range(1 - d.input_steps, 1)) + [1]
+  mesh_keys = _node_feature_keys() + [
+      (f"{'forcing' if step == 1 else 'input'}_{name}", step, None)
+      for step in steps for name in d.global_forcings]
+  noise_rows = modules.split_rows("global_norm_conditioning_encoder/split_input_matmul", seconds)
+  output_keys = [key for name in d.outputs for key in (
+      [(name, 1, level) for level in d.pressure_levels] if _is_atmospheric(name)
+      else [(name, 1, None)])]
+  decoder_columns = {"w": {}, "b": {}}
+  decoder = ROOT + "grid_decoder/split_output_linear"
+  if decoder not in params:
+    raise UserError(f"The checkpoint has no module {decoder}")
+  modules.read.add(decoder)
+  for leaf, weight in params[decoder].items():
+    weight = np.asarray(weight, np.float32)
+    columns = weight.T if leaf.startswith("w_") else weight
+    for key, column in zip(_channel_keys(leaf, seconds), columns):
+      decoder_columns[leaf[0]][key] = column
+  tree = {
+      "grid_embedder": modules.dense(
+          "grid_encoder/shared_dense", _stacked(grid_rows, input_keys(specs), "grid_encoder")),
+      "mesh_embedder": modules.dense(
+          "mesh_encoder/shared_dense", _stacked(mesh_rows, mesh_keys, "mesh_encoder")),
+      "noise_embedding": {"kernel": _stacked(
+          noise_rows, [("noise", None, c) for c in range(m.noise_channels)],
+          "global_norm_conditioning_encoder")},
+      "grid_to_mesh_edges": _edges(modules, "grid_to_mesh_gnn", "points_to_mesh_nodes",
+                                   receivers=m.grid_to_mesh_gather_from_receivers,
+                                   node_set="mesh_nodes", seconds=seconds),
+      "grid_to_mesh_grid_mlp": modules.dense(
+          "grid_to_mesh_gnn/deep_gnn/processor_nodes_0_point_nodes"),
+      "processor": _transformer(modules, m.transformer_layers),
+      "mesh_to_grid_edges": _edges(modules, "mesh_to_grid_gnn", "mesh_to_points_nodes",
+                                   receivers=True, node_set="point_nodes", seconds=seconds),
+      "output_mlp": {
+          "hidden": modules.linear("grid_decoder/shared_dense/mlp/linear_0"),
+          "out": {"kernel": _stacked(decoder_columns["w"], output_keys, "grid_decoder").T,
+                  "bias": _stacked(decoder_columns["b"], output_keys, "grid_decoder")}},
+  }
+  unread = sorted(set(params) - modules.read - set(UNUSED))
+  if unread:
+    raise UserError(f"The checkpoint has parameters wnscale's model does not use: {unread[:5]}"
+                    f"{' ...' if len(unread) > 5 else ''}")
+  _, shapes = setup.init_model_shapes(specs)
+  graphcast_params.check_shapes(tree, nnx.to_pure_dict(shapes), prefix="")
+  nnx.replace_by_pure_dict(shapes, tree)
+  return shapes
+
+
+def _edges(modules: _Modules, gnn: str, edge_set: str, *, receivers: bool, node_set: str,
+           seconds: int) -> dict:
+  """An encoder's or decoder's edges: the edge embedder and the interaction step."""
+  edge_rows = modules.split_rows(f"{gnn}/edge_encoder/split_input_matmul", seconds)
+  edge_keys = [(f"spatial:{feature}", None, None)
+               for feature in ("distance", "rel_x", "rel_y", "rel_z")]
+  step = f"{gnn}/deep_gnn/processor_edges_0_"
+  interaction = {
+      "edge_mlp": modules.dense(f"{step}{edge_set}",
+                                modules.leaf(f"{step}edge_{edge_set}", "w")),
+      "sender_projection": {"kernel": modules.leaf(f"{step}sender_{edge_set}", "w")},
+      "node_mlp": modules.dense(f"{gnn}/deep_gnn/processor_nodes_0_{node_set}")}
+  if receivers:
+    interaction["receiver_projection"] = {"kernel": modules.leaf(f"{step}receiver_{edge_set}",
+                                                                 "w")}
+  return {"embedder": modules.dense(f"{gnn}/edge_encoder/shared_dense",
+                                    _stacked(edge_rows, edge_keys, f"{gnn}/edge_encoder")),
+          "interaction": interaction}
+
+
+def _transformer(modules: _Modules, layers: int) -> dict:
+  """The mesh transformer's blocks, stacked on a leading layer axis, and its final norm."""
+  root = "mesh_transformer/transformer/"
+
+  def block(i: int) -> dict:
+    name = f"{root}block_{i:02d}/"
+    conditioning = lambda suffix: {"conditioning": modules.linear(
+        f"{name}block_{i:02d}_norm_conditioning{suffix}/linear")}
+    return {
+        "attention_norm": conditioning(""), "ffw_norm": conditioning("_1"),
+        "query": modules.linear(f"{name}mha_proj_q", bias=False),
+        "key_value": {"kernel": np.concatenate(
+            [modules.leaf(f"{name}mha_proj_k", "w"), modules.leaf(f"{name}mha_proj_v", "w")],
+            axis=1)},
+        "attention_output": modules.linear(f"{name}mha_final"),
+        "ffw_up": modules.linear(f"{name}ffw_up"), "ffw_down": modules.linear(f"{name}ffw_down")}
+
+  if f"{ROOT}{root}block_{layers:02d}/mha_final" in modules.params:
+    raise UserError(f"The checkpoint has more transformer blocks than the config's {layers}")
+  return {"layers": graphcast_params.stack([block(i) for i in range(layers)]),
+          "final_norm": {"conditioning": modules.linear(
+              f"{root}transformer_final_norm_conditioning/linear")}}
