@@ -97,7 +97,8 @@ def test_an_imported_run_is_not_resumed(imported):
   config = copy.deepcopy(config)
   config.train.init_from = ""
   config.mesh.update(data=1, graph=8)
-  with pytest.raises(UserError, match="other data .*--config.train.init_from="):
+  # The library names the setting (`train.init_from=...`); the launcher shows its flag.
+  with pytest.raises(UserError, match="other data .*`train.init_from="):
     trainer.train_and_evaluate(config_lib.validate(config), run)
   assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
 
