@@ -32,11 +32,18 @@ import xarray as xr
 
 from test_cli import assert_user_error, run as run_launcher
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
+from wnscale.assembly import assemble
+from wnscale.data import pipeline
 from wnscale.data import synthetic, variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, icosahedron
 from wnscale.interop import fiddle_json, weathernext2_config
+from wnscale.inference import predictor as predictor_lib
+from wnscale.inference.predictor import Predictor
+from wnscale.inference.rollout import StreamingForecaster
 from wnscale.interop.graphcast_example import predict_example
+from wnscale.sharding import mesh as mesh_lib
 from wnscale.train import trainer
 from tiny_runs import read_metrics
 
@@ -247,3 +254,38 @@ def test_config_files_are_generated_by_the_importers_mapping(imported, tmp_path)
               "nan_fill_values", "input_normalization"):
     assert derived.data[key] == config.data[key], key
   assert derived.data.resolution == 6.0 and derived.train.loss == "crps"
+
+
+def test_forecasts_fill_the_nan_of_sea_surface_temperature_as_weathernext2(tmp_path):
+  """`data.nan_fill_values` (WN2's NaNCleaner): the streaming forecaster (launch.forecast)
+  and the predictor (predict_example) fill SST over land, refill it before each step and
+  give NaN there; they agree, and elsewhere everything is finite."""
+  names, levels = ("temperature", "2m_temperature", "sea_surface_temperature"), (500, 850)
+  path = synthetic.write_synthetic_store(str(tmp_path / "s.zarr"), end="2020-01-02",
+                                         levels=levels, variables=names)
+  config = config_lib.default_config()
+  config.model.update(latent_size=16, message_passing_steps=2)
+  config.data.update(path=path, variables=names, pressure_levels=levels, target_steps=2,
+                     train_start="2020-01-01", train_end="2020-01-02",
+                     nan_fill_values=("sea_surface_temperature:271.0",))
+  specs = specs_lib.from_config(config_lib.validate(config))
+  source = pipeline.make_source(specs.data, "train")
+  assembly = assemble(specs, source.store, source.stats, mesh_lib.single_device_mesh(),
+                      params="init")
+  streamed = dict(StreamingForecaster(specs, assembly, assembly.params, source.store).run(
+      [3], 2))
+  dataset = xr.open_zarr(path).sortby("latitude")
+  times = source.store.times[2:4]
+  predicted = Predictor(specs, assembly, assembly.params)(
+      dataset[list(names)].sel(time=times), dataset[list(variables_lib.STATIC_VARIABLES)],
+      num_steps=2)
+  land = (dataset["land_sea_mask"] >= 0.5).values.reshape(-1)
+  channels = variables_lib.channel_names(names, levels)
+  sst = channels.index("sea_surface_temperature")
+  for lead in range(2):
+    state = streamed[lead][0]  # [C, grid], latitude ascending
+    np.testing.assert_array_equal(np.isnan(state[sst]), land)
+    assert np.isfinite(np.delete(state, sst, axis=0)).all()
+    expected = predictor_lib.dataset_to_channels(
+        predicted.isel(time=[lead]), names, levels)[0]
+    np.testing.assert_allclose(state, expected, rtol=1e-5, atol=1e-4)
