@@ -46,6 +46,7 @@ DERIVED = {
     'train.loss': 'crps',
     'train.ensemble_members': 2,
     'train.remat_rollout': True,
+    'train.variable_loss_weights': ('geopotential:0.5', '10m_v_component_of_wind:0.05', '10m_u_component_of_wind:0.05'),
     'data.resolution': 0.25,
     'mesh.graph': 8,
 }

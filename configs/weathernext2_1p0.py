@@ -46,6 +46,7 @@ DERIVED = {
     'train.loss': 'crps',
     'train.ensemble_members': 2,
     'train.remat_rollout': True,
+    'train.variable_loss_weights': (),
     'data.resolution': 1.0,
 }
 

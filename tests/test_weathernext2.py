@@ -116,6 +116,13 @@ def test_config_reads_without_fiddle_and_maps_onto_wnscale(imported):
   assert len(d.target_only_variables) == 18 and d.input_normalization == "all"
   assert (config.train.loss, config.train.ensemble_members, config.train.remat_rollout) == (
       "crps", 2, True)
+  # WN2's per-variable loss weights where they differ from the catalogue's (GraphCast's).
+  weights = dict(entry.split(":") for entry in config.train.variable_loss_weights)
+  assert (weights["geopotential"], weights["10m_u_component_of_wind"]) == ("0.5", "0.05")
+  assert "temperature" not in weights and "cyclone_usa_pres_disc" not in weights  # equal
+  channel = variables_lib.loss_channel_weights(("geopotential", "2m_temperature"), (500, 850),
+                                               {"geopotential": 0.5})
+  np.testing.assert_allclose([channel[:2].sum(), channel[2]], [0.5, 1.0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("change, setting", [

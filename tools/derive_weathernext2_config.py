@@ -28,7 +28,7 @@ from wnscale.interop import fiddle_json, weathernext2_config  # noqa: E402
 # What a config at this resolution sets beyond the released model (memory, not function).
 AT_RESOLUTION = {0.25: {"model.dtype": "bfloat16", "model.transformer_edges_per_block": 131072,
                         "mesh.graph": 8}}
-TRAIN_KEYS = ("loss", "ensemble_members", "remat_rollout")
+TRAIN_KEYS = ("loss", "ensemble_members", "remat_rollout", "variable_loss_weights")
 
 
 def derived_keys(path: str) -> dict:

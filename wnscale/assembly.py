@@ -134,7 +134,8 @@ def assemble(specs: Specs, grid, stats: xr.Dataset | None, mesh: Mesh, *,
   norm = None if stats is None else Normalization.from_stats(specs.data, stats)
   residual_scale = (np.ones(len(specs.data.output_channels), np.float32)
                     if norm is None else norm.residual_scale)
-  constants = setup.make_constants(specs.data, graphs, latitude, longitude, residual_scale)
+  constants = setup.make_constants(specs.data, graphs, latitude, longitude, residual_scale,
+                                   specs.train.variable_loss_weights)
   shards = mesh.shape[mesh_lib.GRAPH]
   with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
              f"data x {shards} graph devices)"):

@@ -148,6 +148,9 @@ def default_config() -> ml_collections.ConfigDict:
   t.checkpoint_every = 100  # steps between asynchronous checkpoints
   t.max_checkpoints = 3  # checkpoints kept
   t.memory_budget_gib = 0.0  # per-device memory for remat_policy="auto"; 0: the device's memory
+  t.variable_loss_weights = ()  # entries "variable:weight": that variable's loss weight
+  # instead of its catalogue one (wnscale.data.variables; GraphCast's), e.g. WeatherNext 2's
+  # "geopotential:0.5"
   t.init_from = ""  # a run directory (e.g. from launch.import_graphcast) whose newest
   # parameters start this run (not its optimizer state; a run resumed from its own
   # checkpoint ignores it); model and data keys must give the same parameter shapes
@@ -328,6 +331,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
              f"{d.target_only_variables} (an activation applies to an outright prediction)")
     _require(activation in OUTPUT_ACTIVATIONS, f"model.output_activations: unknown activation "
              f"{activation!r} for {name}, expected one of {tuple(OUTPUT_ACTIVATIONS)}")
+  for name, weight in specs.train.variable_loss_weights:
+    _require(name in specs.data.outputs and weight >= 0, f"train.variable_loss_weights: "
+             f"{name}:{weight} must name one of the model's variables {specs.data.outputs} "
+             "and a weight >= 0")
   for name, _ in specs.data.nan_fill_values:
     _require(name in specs.data.outputs, f"data.nan_fill_values: {name!r} is not one of the "
              f"model's variables {specs.data.outputs}")

@@ -172,7 +172,13 @@ class TrainSpec:
   checkpoint_every: int
   max_checkpoints: int
   memory_budget_gib: float
+  variable_loss_weights: tuple[tuple[str, float], ...]
   init_from: str
+
+  def __post_init__(self):  # the config's "variable:weight" entries, parsed
+    object.__setattr__(self, "variable_loss_weights", tuple(
+        _parse_entry(entry, "train.variable_loss_weights", (str, float))
+        for entry in self.variable_loss_weights))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -132,20 +132,21 @@ def channel_names(variables, levels) -> list[str]:
   return names
 
 
-def loss_channel_weights(variables, levels) -> np.ndarray:
+def loss_channel_weights(variables, levels, weights: dict | None = None) -> np.ndarray:
   """GraphCast loss weight of each state channel, `[num_channels]` float32.
 
-  A variable's weight is shared by its levels in proportion to pressure
-  (level / mean level), so every variable counts by its `loss_weight` alone and
-  the lower atmosphere counts more within it.
+  A variable's weight (its `loss_weight`, or `weights[name]` where given) is
+  shared by its levels in proportion to pressure (level / mean level), so every
+  variable counts by its weight alone and the lower atmosphere counts more within it.
   """
   levels = np.asarray(levels, dtype=np.float64)
   level_share = levels / levels.mean() / len(levels) if len(levels) else levels
-  weights = []
+  channel_weights = []
   for name in variables:
     variable = lookup(name)
+    weight = (weights or {}).get(name, variable.loss_weight)
     if variable.atmospheric:
-      weights.extend(variable.loss_weight * level_share)
+      channel_weights.extend(weight * level_share)
     else:
-      weights.append(variable.loss_weight)
-  return np.asarray(weights, dtype=np.float32)
+      channel_weights.append(weight)
+  return np.asarray(channel_weights, dtype=np.float32)

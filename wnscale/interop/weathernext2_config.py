@@ -85,6 +85,8 @@ def wnscale_config(predictor: Buildable, stats_path: str) -> ml_collections.Conf
       for name, activation in (forward.get("per_var_activation_fns") or {}).items())
   config.data.stats_path = stats_path
   config.train.loss = "crps"
+  config.train.variable_loss_weights = _loss_weights(
+      kwargs.get("fgn_loss_function_kwargs") or {}, config.data)
   return config_lib.validate(config)
 
 
@@ -267,6 +269,16 @@ def _wrappers(config: ml_collections.ConfigDict, wrappers: list):
       config.train.remat_rollout = bool(kwargs.get("gradient_checkpointing", False))
     if wrapper["constructor"].name == "WithSampleDim":
       config.train.ensemble_members = int(kwargs["num_samples"])
+
+
+def _loss_weights(loss_kwargs: dict, d: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """`train.variable_loss_weights` entries: WeatherNext 2's weight (1 where it names none)
+  of each output whose catalogue weight differs."""
+  given = loss_kwargs.get("per_variable_weights") or {}
+  outputs = tuple(d.variables) + tuple(d.target_only_variables)
+  weights = {name: float(given.get(name, 1.0)) for name in outputs}
+  return tuple(f"{name}:{weight!r}" for name, weight in weights.items()
+               if weight != variables_lib.lookup(name).loss_weight)
 
 
 def _wrapper(wrappers: list, name: str) -> dict:

@@ -64,13 +64,15 @@ def node_positions(m: ModelSpec, latitude, longitude):
 
 
 def make_constants(d: DataSpec, graphs: Graphs, latitude, longitude,
-                   residual_scale: np.ndarray) -> forecast.Constants:
-  """Host (numpy) constants; `residual_scale` is `[C_out]` (`source.residual_scale`)."""
+                   residual_scale: np.ndarray, variable_loss_weights=()) -> forecast.Constants:
+  """Host (numpy) constants; `residual_scale` is `[C_out]` (`source.residual_scale`);
+  `variable_loss_weights`: `(variable, weight)` pairs (`train.variable_loss_weights`)."""
   return forecast.Constants(
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
       node_weights=loss_lib.latitude_weights(latitude, len(longitude)),
-      channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels))
+      channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels,
+                                                         dict(variable_loss_weights)))
 
 
 def batch_dtype(m: ModelSpec):
