@@ -2,11 +2,13 @@
 
   python -m launch.import_weathernext2 --checkpoint=PARAMS.npz --config=WeatherNext2.json \
       --out=WORKDIR [--stats_dir=STATS]
+  python -m launch.import_weathernext2 --checkpoint=PARAMS.npz --config=WeatherNext2 ...
 
 The config is one of WeatherNext 2's released fiddle configs (`WeatherNext2.json`,
 `WeatherNextCyclones.json`, `WeatherNextCyclones_Mini.json`), or one derived
-from them; its normalization statistics are used unless `--stats_dir` gives
-GraphCast's three files. `WORKDIR` gets `config.json`, `stats/` and the
+from them, or a released model's name, looked up in an installed `weathernext`
+package as WeatherNext 2's own code does. Its normalization statistics are used
+unless `--stats_dir` gives GraphCast's three files. `WORKDIR` gets `config.json`, `stats/` and the
 parameters (`checkpoints/0`); then `python -m launch.predict_example
 --workdir=WORKDIR --members=2 --noise=SEED ...`, or fine-tune with CRPS:
 `python -m launch.train --config=configs/imported.py:WORKDIR
@@ -21,7 +23,8 @@ from wnscale.interop.weathernext2_import import import_weathernext2
 from wnscale.train import run_directory
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "WeatherNext 2 parameters (.npz).")
-_CONFIG = flags.DEFINE_string("config", None, "WeatherNext 2 model config (fiddle JSON).")
+_CONFIG = flags.DEFINE_string("config", None, "WeatherNext 2 model config (fiddle JSON), or "
+                              "a released model's name with weathernext installed.")
 _STATS_DIR = flags.DEFINE_string("stats_dir", None, "Directory of GraphCast-format "
                                  "statistics to use instead of the config's.")
 _OUT = cli.define_output("out", "Run directory to create.", run_directory.KIND)

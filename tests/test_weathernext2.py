@@ -25,6 +25,7 @@ import copy
 import importlib.util
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ from wnscale.data import pipeline
 from wnscale.data import synthetic, variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, icosahedron
-from wnscale.interop import fiddle_json, weathernext2_config
+from wnscale.interop import fiddle_json, weathernext2_config, weathernext2_import
 from wnscale.inference import predictor as predictor_lib
 from wnscale.inference.predictor import Predictor
 from wnscale.inference.rollout import StreamingForecaster
@@ -296,3 +297,18 @@ def test_forecasts_fill_the_nan_of_sea_surface_temperature_as_weathernext2(tmp_p
     expected = predictor_lib.dataset_to_channels(
         predicted.isel(time=[lead]), names, levels)[0]
     np.testing.assert_allclose(state, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_released_config_by_name_is_found_in_an_installed_weathernext(tmp_path, monkeypatch):
+  configs = tmp_path / "weathernext" / "weathernext2" / "configs"
+  configs.mkdir(parents=True)
+  (tmp_path / "weathernext" / "__init__.py").write_text("")
+  shutil.copy(PATH["config.json"], configs / "WeatherNextTiny.json")
+  assert weathernext2_import.config_file(PATH["config.json"]) == PATH["config.json"]
+  with pytest.raises(UserError, match="config=WeatherNextTiny: is neither a config file"):
+    weathernext2_import.config_file("WeatherNextTiny")  # no weathernext installed
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert weathernext2_import.config_file("WeatherNextTiny") == str(
+      configs / "WeatherNextTiny.json")
+  with pytest.raises(UserError, match="looked for"):
+    weathernext2_import.config_file("WeatherNext3")

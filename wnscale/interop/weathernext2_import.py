@@ -17,7 +17,9 @@ statistics give such a variable mean 0 and std 1, the same function.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +31,7 @@ from wnscale import outputs, paths
 from wnscale import specs as specs_lib
 from wnscale.data import netcdf, normalization
 from wnscale.data import variables as variables_lib
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.interop import fiddle_json, graphcast_checkpoint, weathernext2_config
 from wnscale.interop import weathernext2_params
 from wnscale.train import run_directory
@@ -42,7 +44,8 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
 
   Args:
     checkpoint_path: the parameters `.npz` (local or URL).
-    config_path: the model's fiddle JSON config (e.g. `WeatherNext2.json`).
+    config_path: the model's fiddle JSON config (e.g. `WeatherNext2.json`), or the name
+      of a released one in an installed `weathernext` package (`config_file`).
     out: the run directory to create; must not exist (an empty directory is
       fine) unless `overwrite`.
     stats_dir: a directory of GraphCast's three statistics files to use
@@ -59,6 +62,7 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
   """
   out = paths.normalize(out)
   outputs.check(out, run_directory.KIND, argument="out", overwrite=overwrite)
+  config_path = config_file(config_path)
   predictor = fiddle_json.load(config_path)
   config = weathernext2_config.wnscale_config(predictor, paths.join(out, "stats"))
   tree = graphcast_checkpoint.read_tree(checkpoint_path, "WeatherNext 2's checkpoint format")
@@ -81,6 +85,27 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
   logging.info("Imported %s into %s: %d parameters.", checkpoint_path, out,
                sum(x.size for x in jax.tree.leaves(params)))
   return config
+
+
+def config_file(config: str) -> str:
+  """The fiddle JSON file `config` names: a path (local or URL), or the name of a
+  released model (`WeatherNext2`, `WeatherNextCyclones`, `WeatherNextCyclones_Mini`)
+  looked up, as WeatherNext 2's own `fiddle_config_io` does, in an installed
+  `weathernext` package (found without importing it)."""
+  if config.endswith(".json") or "/" in config or paths.exists(paths.normalize(config)):
+    return config
+  spec = importlib.util.find_spec("weathernext")
+  searched = []
+  for root in (spec.submodule_search_locations or []) if spec else []:
+    for candidate in (os.path.join(root, f"{config}.json"),
+                      os.path.join(root, "weathernext2", "configs", f"{config}.json")):
+      if os.path.isfile(candidate):
+        return candidate
+      searched.append(candidate)
+  raise ArgumentError("config", config, "is neither a config file nor the name of a config of "
+                      "an installed weathernext package" + (
+                          f" (looked for {searched})" if searched else
+                          " (none is installed: pass the .json file)"))
 
 
 def _statistics(predictor, stats_dir: str | None, data: specs_lib.DataSpec) -> dict:
