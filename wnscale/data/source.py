@@ -13,7 +13,7 @@ Each example (the batch contract with the model, before batching):
     `input_normalization` says (`normalization.InputScales`)
   * `statics`:  `[2, grid]` geopotential_at_surface, land_sea_mask, likewise
   * `globals`:  `[input_steps + target_steps, F]` global forcings
-    (`forcings.GLOBAL_FORCINGS`), only when some are asked for
+    (`forcings.GLOBAL_FORCINGS`), only when some are asked for, likewise
 all float32, grid flattened latitude-major with latitude ascending.
 Channel-major is the stores' own layout, so tensorstore decodes an example
 straight into it; the model's encoder transposes it to node-major block by
