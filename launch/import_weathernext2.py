@@ -1,4 +1,4 @@
-"""Imports a WeatherNext 2 checkpoint (its published `.npz` and fiddle JSON config) as a wnscale run.
+"""Imports a WeatherNext 2 checkpoint (its `.npz` and fiddle JSON config) as a wnscale run.
 
   python -m launch.import_weathernext2 --checkpoint=PARAMS.npz --config=WeatherNext2.json \
       --out=WORKDIR [--stats_dir=STATS]

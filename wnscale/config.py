@@ -249,6 +249,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
+  specs = specs_lib.from_config(config)  # the keys' types are checked: parse them once
   if m.remat_policy != "auto":
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
@@ -260,7 +261,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
-  problem = PROCESSORS[m.processor].check(specs_lib.from_config(config).model)
+  problem = PROCESSORS[m.processor].check(specs.model)
   _require(problem is None, problem)
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
@@ -290,7 +291,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   both = sorted(set(d.variables) & set(d.target_only_variables))
   _require(not both, f"data.target_only_variables {both} are in data.variables too")
   has_levels = any(variables_lib.lookup(n).atmospheric
-                   for n in specs_lib.from_config(config).data.outputs)
+                   for n in specs.data.outputs)
   _require(not has_levels or len(d.pressure_levels) > 0,
            "data.pressure_levels is empty but atmospheric variables are requested")
   unknown = [name for name in d.forcings if name not in variables_lib.FORCING_CHANNELS]
@@ -324,7 +325,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
   _require(t.memory_budget_gib >= 0, "train.memory_budget_gib must be >= 0")
-  specs = specs_lib.from_config(config)
   for name, activation, _ in specs.model.output_activations:
     _require(name in specs.data.target_only_variables,
              f"model.output_activations: {name!r} is not in data.target_only_variables "

@@ -45,11 +45,15 @@ class NanFill:
               where=mask[:, None])
     return mask
 
-  def refill(self, mask: jax.Array):
-    """`history -> history` (jitted, donating) with the fill values where `mask`
-    `[B, C, grid]` (on the device, laid out as the history) is set."""
-    fill = jnp.asarray(np.nan_to_num(self.fill))[None, None, :, None]
-    return jax.jit(lambda history: jnp.where(mask[:, None], fill, history), donate_argnums=0)
+  def refill(self, mask: np.ndarray, put):
+    """None where `mask` `[B, C, slots]` (`clean`'s, in the history's grid order) is
+    empty; else `history -> history` (on the device, donated) with the fill values
+    where it is set. `put(key, array)` lays a host batch array out as `key` says."""
+    if not mask.any():
+      return None
+    device_mask = put("inputs", mask[:, None])[:, 0] > 0.5  # laid out as the history
+    fill = jnp.asarray(np.nan_to_num(self.fill))
+    return lambda history: _refill(history, device_mask, fill)
 
   @staticmethod
   def reintroduce(outputs: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -61,3 +65,9 @@ class NanFill:
     state = outputs[..., :channels, :]
     state[np.broadcast_to(expanded, state.shape)] = np.nan
     return outputs
+
+
+@jax.jit(donate_argnums=0)
+def _refill(history, mask, fill):
+  """`history` `[B, T, C, slots]` with `fill` `[C]` where `mask` `[B, C, slots]` is set."""
+  return jnp.where(mask[:, None], fill[None, None, :, None], history)

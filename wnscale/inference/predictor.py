@@ -142,8 +142,7 @@ class Predictor:
     forcing = self.grid.to_slots(norm.input_scales.forcings(forcing), -1)  # [T, F, slots]
     static = batched_put("statics", self.grid.to_slots(norm.input_scales.statics(static), -1))
     history = self.step.put("inputs", self.grid.to_slots(state, -1))
-    refill = (self.nan_fill.refill(self.step.put("inputs", self.grid.to_slots(
-        nan_mask[:, None], -1))[:, 0] > 0.5) if nan_mask.any() else None)
+    refill = self.nan_fill.refill(self.grid.to_slots(nan_mask, -1), self.step.put)
     global_values = (norm.input_scales.globals(forcings_lib.compute_global_forcings(
         all_times.values, self.global_forcings)) if self.global_forcings else None)
     outputs = []

@@ -211,8 +211,7 @@ class StreamingForecaster:
     init_times = self.store.times[indices]
     history, nan_mask = self._history(indices)
     history = self._put("inputs", history)
-    refill = (self.nan_fill.refill(self._put("inputs", nan_mask[:, None])[:, 0] > 0.5)
-              if nan_mask.any() else None)
+    refill = self.nan_fill.refill(nan_mask, self._put)
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))

@@ -37,6 +37,7 @@ from wnscale.data import netcdf, resolve
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference.predictor import Predictor
+from wnscale.inference.rollout import init_hours
 from wnscale.model import ensemble
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.train.run_directory import RunDirectory
@@ -77,9 +78,9 @@ def predict_example(workdir: str, example_path: str, out_path: str,
       rows.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
     else:  # the ensemble as a batch of members
       noise_values = member_noise(np.datetime64(inputs["time"].values[-1], "h"))
-      ensemble = predictor(inputs.expand_dims(batch=len(noise_values)), statics,
-                           num_steps=steps, forcings=forcings, noise=noise_values)
-      rows.append(ensemble.rename({"batch": "sample"}))
+      members_forecast = predictor(inputs.expand_dims(batch=len(noise_values)), statics,
+                                   num_steps=steps, forcings=forcings, noise=noise_values)
+      rows.append(members_forecast.rename({"batch": "sample"}))
   predictions = _reference_format(rows, example, d)
   with outputs_lib.writing(out_path, "nothing was written"):
     paths.write_bytes(paths.normalize(out_path), netcdf.to_bytes(predictions))
@@ -142,11 +143,11 @@ def _member_noise(specs: specs_lib.Specs, members: int | None, noise: str | None
   if noise.lstrip("-").isdigit():
     key = ensemble.noise_key(int(noise))
 
-    def seeded(init_time):
-      hours = int(init_time.astype("datetime64[h]").astype(np.int64))
+    def seeded(init_time):  # as launch.forecast draws them: the stream is the initial time
+      streams = np.full(members, init_hours(init_time), np.int32)
       return np.stack([np.asarray(ensemble.forecast_noise(
-          key, np.full(members, hours, np.int32), np.arange(members, dtype=np.int32), lead,
-          channels)) for lead in range(steps)], axis=1)
+          key, streams, np.arange(members, dtype=np.int32), lead, channels))
+                       for lead in range(steps)], axis=1)
 
     return seeded
   with np.load(io.BytesIO(paths.read_bytes(paths.normalize(noise)))) as file:

@@ -59,22 +59,32 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
                                            stats_path)
   _check_stats(stats_dir, config)
   params = graphcast_params.convert_params(checkpoint.params, checkpoint.task_config, config)
-  params = jax.tree.map(jnp.asarray, params)
 
-  with outputs.building(out, overwrite) as where:  # the config names `out`, not `where`
-    for name in normalization.GRAPHCAST_FILES.values():
-      paths.write_bytes(paths.join(where, "stats", name),
-                        paths.read_bytes(paths.join(paths.normalize(stats_dir), name)))
-    run = run_directory.RunDirectory(where)
-    run.save_params(params, {
-        "step": 0, "imported_from": paths.normalize(checkpoint_path),
-        "description": checkpoint.description, "license": checkpoint.license,
-        "statistics_from": paths.normalize(stats_dir)})
-    run.write_config(config, history=False)  # last: a directory with a config is a whole run
-  logging.info("Imported %s (%s) into %s: %d parameters.", checkpoint_path,
-               checkpoint.description[:80], out,
-               sum(x.size for x in jax.tree.leaves(params)))
+  stats = {name: paths.read_bytes(paths.join(paths.normalize(stats_dir), name))
+           for name in normalization.GRAPHCAST_FILES.values()}
+  write_run(out, overwrite, config, params, stats, {
+      "imported_from": paths.normalize(checkpoint_path), "description": checkpoint.description,
+      "license": checkpoint.license, "statistics_from": paths.normalize(stats_dir)})
   return config
+
+
+def write_run(out: str, overwrite: bool, config: ml_collections.ConfigDict, params,
+              stats: dict[str, bytes], metadata: dict):
+  """Writes an imported model's run directory `out`, whole or not at all.
+
+  `stats`: `{file name: bytes}` of GraphCast's three statistics files (under
+  `stats/`); `params` (host arrays) go alone into `checkpoints/0` with
+  `metadata` (where they came from, description, license); the config last.
+  """
+  params = jax.tree.map(jnp.asarray, params)
+  with outputs.building(out, overwrite) as where:  # the config names `out`, not `where`
+    for name, data in stats.items():
+      paths.write_bytes(paths.join(where, "stats", name), data)
+    run = run_directory.RunDirectory(where)
+    run.save_params(params, {"step": 0, **metadata})
+    run.write_config(config, history=False)  # last: a directory with a config is a whole run
+  logging.info("Imported %s into %s: %d parameters.", metadata["imported_from"], out,
+               sum(x.size for x in jax.tree.leaves(params)))
 
 
 def _check_stats(stats_dir: str, config: ml_collections.ConfigDict):

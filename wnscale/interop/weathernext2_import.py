@@ -21,8 +21,6 @@ import importlib.util
 import logging
 import os
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import xarray as xr
@@ -32,8 +30,8 @@ from wnscale import specs as specs_lib
 from wnscale.data import netcdf, normalization
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
-from wnscale.interop import fiddle_json, graphcast_checkpoint, weathernext2_config
-from wnscale.interop import weathernext2_params
+from wnscale.interop import fiddle_json, graphcast_checkpoint, graphcast_import
+from wnscale.interop import weathernext2_config, weathernext2_params
 from wnscale.train import run_directory
 
 
@@ -69,21 +67,16 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
   if "params" not in tree:
     raise UserError(f"{checkpoint_path} is not a WeatherNext 2 checkpoint: it has no params "
                     f"(it has {sorted(tree)})")
-  params = jax.tree.map(jnp.asarray,
-                        weathernext2_params.convert_params(tree["params"], config))
+  params = weathernext2_params.convert_params(tree["params"], config)
   files = _statistics(predictor, stats_dir, specs_lib.from_config(config).data)
-  with outputs.building(out, overwrite) as where:  # the config names `out`, not `where`
-    for statistic, name in normalization.GRAPHCAST_FILES.items():
-      paths.write_bytes(paths.join(where, "stats", name), netcdf.to_bytes(files[statistic]))
-    run = run_directory.RunDirectory(where)
-    run.save_params(params, {
-        "step": 0, "imported_from": paths.normalize(checkpoint_path),
-        "config_from": paths.normalize(config_path),
-        "description": str(graphcast_checkpoint.to_python(tree.get("description", ""))),
-        "license": str(graphcast_checkpoint.to_python(tree.get("license", "")))})
-    run.write_config(config, history=False)  # last: a directory with a config is a whole run
-  logging.info("Imported %s into %s: %d parameters.", checkpoint_path, out,
-               sum(x.size for x in jax.tree.leaves(params)))
+  graphcast_import.write_run(
+      out, overwrite, config, params,
+      {name: netcdf.to_bytes(files[statistic])
+       for statistic, name in normalization.GRAPHCAST_FILES.items()},
+      {"imported_from": paths.normalize(checkpoint_path),
+       "config_from": paths.normalize(config_path),
+       "description": str(graphcast_checkpoint.to_python(tree.get("description", ""))),
+       "license": str(graphcast_checkpoint.to_python(tree.get("license", "")))})
   return config
 
 

@@ -8,9 +8,10 @@ One interaction-network step, GraphCast's (the reference's
   edges'   = edges + messages
 
 The sum is over the *messages* (the edge MLP's outputs), not over the
-residual-updated edges'. WeatherNext 2's points-to-mesh encoder leaves the
-receiver out of the edge MLP (`gather_from_receivers=False`). The encoder and decoder use only the node update (their
+residual-updated edges'. The encoder and decoder use only the node update (their
 edges' are never read again); the processor carries edges' to the next layer.
+WeatherNext 2's points-to-mesh encoder leaves the receiver out of the edge MLP
+(`gather_from_receivers=False`).
 
 The edge MLP's first layer is linear in each part of its input, so the sender
 and receiver parts are projected once per *node* and gathered per edge:
