@@ -148,10 +148,11 @@ def test_import_mistakes_are_one_line(tmp_path):
   assert_user_error(run_launcher(
       "import_weathernext2", f"--checkpoint={PATH['example.nc']}",
       f"--config={PATH['config.json']}", f"--out={tmp_path / 'a'}"), "is not an .npz file")
-  assert_user_error(run_launcher(
-      "import_weathernext2", f"--checkpoint={PATH['params.npz']}",
-      f"--config={PATH['example.nc']}", f"--out={tmp_path / 'b'}"),
-      "is not a fiddle JSON config")
+  assert not os.listdir(tmp_path)
+  # The same one-line error class, in process (a launch costs ~7 s).
+  with pytest.raises(UserError, match="is not a fiddle JSON config"):
+    weathernext2_import.import_weathernext2(PATH["params.npz"], PATH["example.nc"],
+                                            str(tmp_path / "b"))
   assert not os.listdir(tmp_path)
 
 
