@@ -56,8 +56,8 @@ def test_v2_and_v3_read_the_same(stores):
 def test_latitude_order_does_not_matter(stores):
   descending, from_descending = _read_all(stores["v2"])
   ascending, from_ascending = _read_all(stores["ascending"])
-  np.testing.assert_array_equal(descending.latitude, ascending.latitude)
-  assert np.all(np.diff(descending.latitude) > 0)
+  np.testing.assert_array_equal(descending.points.latitude, ascending.points.latitude)
+  assert np.all(np.diff(descending.points.axes()[0]) > 0)
   np.testing.assert_array_equal(from_descending, from_ascending)
   np.testing.assert_array_equal(descending.read_statics(),
                                 ascending.read_statics())
@@ -81,9 +81,10 @@ def test_state_matches_xarray_in_channel_layout(stores):
 
 def test_grid_with_pole_rows(stores):
   store, state = _read_all(stores["poles"])
-  assert store.latitude.size == 33 and store.num_grid_nodes == 33 * 64
-  assert store.latitude[0] == -90 and store.latitude[-1] == 90
-  weather = synthetic.SyntheticWeather(store.latitude, store.longitude, LEVELS)
+  latitude = store.points.axes()[0]
+  assert latitude.size == 33 and store.num_grid_nodes == 33 * 64
+  assert latitude[0] == -90 and latitude[-1] == 90
+  weather = synthetic.SyntheticWeather(store.points, LEVELS)
   expected = weather.fields(store.times[2:3], ["2m_temperature"])
   np.testing.assert_allclose(state[2, 6],
                              expected["2m_temperature"][0].reshape(-1),

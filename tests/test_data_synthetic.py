@@ -14,6 +14,7 @@ from wnscale import specs as specs_lib
 from wnscale.data import forcings, resolve
 from wnscale.data import synthetic
 from wnscale.data import variables
+from wnscale.graphs.points import PointSet
 
 LEVELS = (500, 850, 1000)
 
@@ -146,7 +147,7 @@ def test_forcings_shapes_and_ranges():
   latitude = np.array([-60.0, 0.0, 60.0])
   longitude = np.arange(0, 360, 90.0)
   times = np.array(["2020-06-21T12", "2020-12-21T00"], dtype="datetime64[ns]")
-  out = forcings.compute_forcings(times, latitude, longitude)
+  out = forcings.compute_forcings(times, PointSet.regular(latitude, longitude))
   assert out.shape == (2, 5, 12) and out.dtype == np.float32
   out = np.moveaxis(out.reshape(2, 5, 3, 4), 1, -1)  # [time, lat, lon, channel]
   toa = out[..., 0]
@@ -167,12 +168,12 @@ def test_year_progress_counts_tropical_years_as_graphcast():
   seconds = np.round(np.array([0, 50, 50.25]) * 365.24219 * 86400)
   times = np.datetime64("1970-01-01T00:00:00", "s") + seconds.astype("timedelta64[s]")
   names = ("year_progress_sin", "year_progress_cos", "day_progress_sin")
-  out = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names)
+  out = forcings.compute_forcings(times, PointSet.regular(np.zeros(1), np.zeros(1)), names)
   np.testing.assert_allclose(out[:, 0, 0], [0, 0, 1], atol=2e-5)
   np.testing.assert_allclose(out[:, 1, 0], [1, 1, 0], atol=2e-5)
   assert out.dtype == np.float32 and out.shape == (3, 3, 1)
   # Forcings given (e.g. read from a store) are taken as they are.
-  given = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names,
+  given = forcings.compute_forcings(times, PointSet.regular(np.zeros(1), np.zeros(1)), names,
                                     given={"day_progress_sin": np.full((3, 1), 7.0)})
   np.testing.assert_array_equal(given[:, 2, 0], 7.0)
   np.testing.assert_array_equal(given[:, :2], out[:, :2])
