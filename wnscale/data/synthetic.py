@@ -99,7 +99,9 @@ class _Waves:
   where c is the angular speed of the jet. cos(a - b) is separable into a
   longitude part and a (time, level, latitude) part: on a regular grid the field
   is one matrix product `[time*level*lat, 2K] @ [2K, lon]` instead of K trig
-  evaluations on the full grid; on other points, a sum over the K waves.
+  evaluations on the full grid; on other points, the latitude part of each
+  distinct latitude (a reduced Gaussian grid's rows) times each point's
+  longitude part, summed over the 2K terms.
 
   Args:
     lat: `[rows]` degrees, a regular grid's latitudes or each point's.
@@ -109,6 +111,9 @@ class _Waves:
 
   def __init__(self, rng: np.random.Generator, lat: np.ndarray,
                lon: np.ndarray, regular: bool):
+    if not regular:  # the distinct latitudes, and each point's
+      lat, self.row_of_point = np.unique(lat, return_inverse=True)
+      self.first_of_row = np.unique(self.row_of_point, return_index=True)[1]
     self.zonal_numbers = rng.integers(1, 7, NUM_WAVES)
     self.phases = rng.uniform(0, 2 * np.pi, NUM_WAVES)
     self.amplitudes = rng.uniform(0.5, 1.0, NUM_WAVES)
@@ -136,8 +141,8 @@ class _Waves:
         np.cos(n[:, None] * self.lon[None] + (self.phases + phase_shift)[:, None]),
         np.sin(n[:, None] * self.lon[None] + (self.phases + phase_shift)[:, None]),
     ])
-    if not self.regular:
-      return self._point_field(lon_part, angular_speed, hours, level_amplitude)
+    if not self.regular:  # the speed of each distinct latitude
+      angular_speed = angular_speed[:, self.first_of_row]
     # Time part [time, level, lat, K].
     shift = (n[None, None, None, :] * angular_speed[None, :, :, None] *
              hours[:, None, None, None])
@@ -147,21 +152,12 @@ class _Waves:
     coefficients = np.concatenate(
         [weight * np.cos(shift), weight * np.sin(shift)], axis=-1)
     # float32: the product is the one full-size array; halves memory traffic.
-    out = (coefficients.reshape(-1, 2 * NUM_WAVES).astype(np.float32) @
-           lon_part.astype(np.float32))
+    coefficients = coefficients.astype(np.float32)
+    lon_part = lon_part.astype(np.float32)
+    if not self.regular:  # [time, level, points]
+      return np.einsum("tlpk,kp->tlp", coefficients[:, :, self.row_of_point], lon_part)
+    out = coefficients.reshape(-1, 2 * NUM_WAVES) @ lon_part
     return out.reshape(coefficients.shape[:3] + (self.lon.size,))
-
-  def _point_field(self, lon_part, angular_speed, hours, level_amplitude):
-    """`field` on points: wave by wave, so no `[time, level, points, K]` array is made."""
-    out = np.zeros((hours.size, level_amplitude.size, self.lon.size), np.float32)
-    for k in range(NUM_WAVES):
-      shift = self.zonal_numbers[k] * angular_speed[None] * hours[:, None, None]
-      weight = (self.amplitudes[k] * self.envelopes[k][None, None]
-                * level_amplitude[None, :, None])
-      out += ((weight * np.cos(shift)).astype(np.float32) * lon_part[k].astype(np.float32)
-              + (weight * np.sin(shift)).astype(np.float32)
-              * lon_part[NUM_WAVES + k].astype(np.float32))
-    return out
 
 
 class SyntheticWeather:
