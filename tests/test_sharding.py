@@ -1,5 +1,7 @@
 """Graph sharding: the partitioner, both exchanges, and equality with the single-device model."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import build, grid
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
-from wnscale.graphs.points import PointSet
+from wnscale.graphs.points import PointSet, named_grid
 from wnscale.model import setup
 from wnscale.planner.xla_stats import compiled_stats
 from wnscale.sharding import mesh as mesh_lib
@@ -29,13 +31,28 @@ def small_config(**model):
   return config_lib.validate(config)
 
 
+# The grids the equality tests run on: a regular one, and the points of a reduced
+# Gaussian grid (1,600 points, rows of 20 to 80).
+GRIDS = {"regular": POINTS, "O16": named_grid("O16")}
+
+
+@functools.cache
+def problem_on(grid: str):
+  config = small_config()
+  constants, batch, params = synthetic_problem(config, GRIDS[grid], batch_size=2, seed=3)
+  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
+                                                        GRIDS[grid])
+
+
+@functools.cache
+def reference_on(grid: str):
+  constants, batch, params, _ = problem_on(grid)
+  return reference_loss_and_grads(small_config(), constants, batch, params)
+
+
 @pytest.fixture(scope="module")
 def problem():
-  config = small_config()
-  constants, batch, params = synthetic_problem(config, POINTS, batch_size=2,
-                                               seed=3)
-  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
-                                                        POINTS)
+  return problem_on("regular")
 
 
 def reference_loss_and_grads(config, constants, batch, params):
@@ -59,28 +76,30 @@ def assert_same(result, reference):
 
 
 @pytest.fixture(scope="module")
-def reference(problem):
-  constants, batch, params, _ = problem
-  return reference_loss_and_grads(small_config(), constants, batch, params)
+def reference():
+  return reference_on("regular")
 
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
              mesh_remat_every=2, edge_chunks=3, grid_blocks=5, mesh_edge_chunks=3)
 # all_gather's sender table does not depend on the shard count: 4 shards cover it; the
 # halo's offsets do, so it runs at 2, 4 and 8.
-CASES = [(1, 1, "all_gather", {}), (1, 2, "halo", {}), (1, 8, "halo", {})] + [
-    (1, 4, mode, {}) for mode in tuple(MODES)] + [
-    (2, 4, mode, {}) for mode in tuple(MODES)] + [
-    (1, 4, mode, REMAT) for mode in tuple(MODES)]
+# On the reduced Gaussian grid: sharded with either exchange and remat everywhere.
+CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", {}, "regular"),
+         (1, 8, "halo", {}, "regular")] + [
+    (1, 4, mode, {}, "regular") for mode in tuple(MODES)] + [
+    (2, 4, mode, {}, "regular") for mode in tuple(MODES)] + [
+    (1, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)]
 
 
-@pytest.mark.parametrize("data, graph, exchange, remat", CASES,
-                         ids=[f"{d}x{g}-{m}{'-remat' if r else ''}" for d, g, m, r in CASES])
-def test_sharded_matches_single_device(problem, reference, data, graph, exchange, remat):
-  constants, batch, params, positions = problem
+@pytest.mark.parametrize("data, graph, exchange, remat, grid", CASES, ids=[
+    f"{d}x{g}-{m}{'-remat' if r else ''}{'' if grid == 'regular' else '-' + grid}"
+    for d, g, m, r, grid in CASES])
+def test_sharded_matches_single_device(data, graph, exchange, remat, grid):
+  constants, batch, params, positions = problem_on(grid)
   result = sharded_loss_and_grads(small_config(**remat), constants, batch, params, positions,
                                   data, graph, exchange)
-  assert_same(result, reference)
+  assert_same(result, reference_on(grid))
 
 
 def test_shards_without_edges_of_a_kind(problem):
