@@ -6,7 +6,7 @@ import pytest
 
 from wnscale.errors import UserError
 from wnscale.graphs import grid
-from wnscale.graphs.points import PointSet, named_grid, voronoi_areas
+from wnscale.graphs.points import PointSet, named_grid, standard, voronoi_areas
 
 
 @pytest.mark.parametrize("resolution, poles", [(5.625, False), (1.0, True)])
@@ -71,3 +71,12 @@ def test_a_regional_patch_does_not_cover_the_globe():
   latitude, longitude = grid.regular_grid(5.625)
   with pytest.raises(UserError, match=r"The grid does not cover the globe.*\(16 x 64 points"):
     PointSet.regular(latitude[16:], longitude).check_global()
+
+
+def test_a_configs_grid_without_a_store():
+  """`data.grid` names the grid; empty, the regular grid of `data.resolution`."""
+  regular = standard("", 5.625)
+  assert regular.name == "regular 5.625 deg (32 x 64)"
+  np.testing.assert_array_equal(regular.latitude,
+                                PointSet.regular(*grid.regular_grid(5.625)).latitude)
+  assert standard("O16", 5.625).name == "O16 (1,600 points)"
