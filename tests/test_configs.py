@@ -87,6 +87,7 @@ def test_weathernext2_configs_are_the_released_models():
     ("data", "stored_forcings", ("toa_incident_solar_radiation",),
      "set data.input_normalization='all'"),
     ("data", "input_normalization", "some", "data.input_normalization='some'"),
+    ("data", "grid", "N320", r"data.grid='N320': Unknown grid 'N320': name an octahedral"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):
   config = config_lib.default_config()

@@ -317,7 +317,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(d.resolution > 0 and d.time_step_hours > 0,
            "data.resolution and data.time_step_hours must be > 0")
   if d.grid:
-    points_lib.grid_maker(d.grid)  # raises on a name that is no grid
+    try:
+      points_lib.grid_maker(d.grid)
+    except UserError as error:
+      raise UserError(f"Invalid config: data.grid={d.grid!r}: {error}") from None
   for key in ("steps", "batch_size"):
     _require(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
   # A warm-up longer than the run is clipped to it (optimizer.learning_rate_schedule).

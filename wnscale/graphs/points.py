@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
+import logging
 import re
+import time
 
 import numpy as np
 from scipy import spatial
 
+from wnscale import cache, paths
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 
@@ -142,17 +146,31 @@ class PointSet:
 
 
 def voronoi_areas(latitude: np.ndarray, longitude: np.ndarray) -> np.ndarray:
-  """`[n]` areas (steradians) of the points' spherical Voronoi cells.
+  """`[n]` float64 areas (steradians) of the points' spherical Voronoi cells.
 
-  The points must be distinct (a regular grid's pole rows are not: use
-  `PointSet.regular` for those).
+  Cached on disk (`<cache dir>/areas`), keyed by the points and this code: O320's
+  421,120 points take ~30 s. The points must be distinct (a regular grid's pole
+  rows are not: use `PointSet.regular` for those).
   """
+  latitude, longitude = (np.ascontiguousarray(a, np.float64) for a in (latitude, longitude))
+  digest = hashlib.sha256(cache.source_digest("graphs/points.py").encode())
+  digest.update(latitude.tobytes() + b"|" + longitude.tobytes())
+  path = cache.cache_path("areas", digest.hexdigest()[:24] + ".npy")
+  if paths.exists(path):
+    return np.load(io.BytesIO(paths.read_bytes(path)))
+  start = time.perf_counter()
   xyz = grid.lat_lon_to_xyz(latitude, longitude)
   try:
-    return spatial.SphericalVoronoi(xyz, radius=1.0, threshold=1e-9).calculate_areas()
+    area = spatial.SphericalVoronoi(xyz, radius=1.0, threshold=1e-9).calculate_areas()
   except ValueError as error:
     raise UserError(f"Cannot compute cell areas of {latitude.size:,} points ({error}); give "
                     "the store a cell_area variable, or points without duplicates.") from error
+  buffer = io.BytesIO()
+  np.save(buffer, area)
+  paths.write_bytes(path, buffer.getvalue())  # whole or not at all
+  logging.info("Computed the Voronoi cell areas of %s points in %.1f s; cached in %s",
+               f"{latitude.size:,}", time.perf_counter() - start, path)
+  return area
 
 
 def fibonacci_sphere(n: int) -> np.ndarray:

@@ -415,8 +415,7 @@ def _same_store(before: str, now: str, data) -> bool:
     store = store_lib.open_store(path, data.variables, data.pressure_levels,
                                  data.time_step_hours, data.resolution,
                                  forcings=data.stored_forcings)
-    return (store.channel_names, store.times.tolist(), store.points.latitude.tolist(),
-            store.points.longitude.tolist())
+    return store.channel_names, store.times.tolist(), store.points.digest()
   try:
     return describe(before) == describe(now)
   except Exception:  # noqa: BLE001 (one of them missing or unreadable: not shown the same)
