@@ -9,6 +9,7 @@ Beside each, `expected.npz` holds what anemoi-datasets' `open_dataset` read from
 
 import json
 import os
+import pickle
 import shutil
 
 import gcs
@@ -108,6 +109,11 @@ def test_missing_dates_and_members():
                             other.view("2m_temperature").read().result()[present])
   grib = anemoi.open_anemoi(_store("anemoi_grib"))
   assert grib.resolution == "O4" and grib.field_shape == (208,) and not grib.missing.any()
+  # Whole through pickling, as into a data-loading worker process.
+  copy = pickle.loads(pickle.dumps(store))
+  assert copy.member == 1 and copy.atmospheric == store.atmospheric
+  np.testing.assert_array_equal(copy.view("temperature", levels=(850,)).read().result()[present],
+                                store.view("temperature", levels=(850,)).read().result()[present])
   # Not anemoi's layout: a WeatherBench2-style directory, a missing path.
   assert not anemoi.is_anemoi_store(os.path.join(FIXTURES, "graphcast_5p625"))
   assert not anemoi.is_anemoi_store(os.path.join(FIXTURES, "no_such_store.zarr"))
