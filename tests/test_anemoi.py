@@ -109,6 +109,7 @@ def test_missing_dates_and_members():
                             other.view("2m_temperature").read().result()[present])
   grib = anemoi.open_anemoi(_store("anemoi_grib"))
   assert grib.resolution == "O4" and grib.field_shape == (208,) and not grib.missing.any()
+  assert (grib.grid, store.grid) == ("O4, 208 points", "7 x 8, 56 points")
   # Whole through pickling, as into a data-loading worker process.
   copy = pickle.loads(pickle.dumps(store))
   assert copy.member == 1 and copy.atmospheric == store.atmospheric

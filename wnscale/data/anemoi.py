@@ -108,6 +108,12 @@ class AnemoiStore:
   def num_values(self) -> int:
     return self.latitude.size
 
+  @property
+  def grid(self) -> str:
+    """The grid, for the log: e.g. "O96, 40320 points" or "7 x 8, 56 points"."""
+    shape = " x ".join(str(n) for n in self.field_shape)
+    return f"{self.resolution or shape}, {self.num_values} points"
+
   def view(self, name: str, levels=None) -> ts.TensorStore:
     """`name`'s fields of `member`, a view of `data` in internal order, origin 0.
 
