@@ -60,7 +60,6 @@ def _check_store(store: anemoi.AnemoiStore, expected: dict, spelling: dict, unkn
   np.testing.assert_array_equal(store.latitude, expected["latitudes"])
   np.testing.assert_array_equal(store.longitude, np.mod(expected["longitudes"], 360))
   assert store.longitude.min() >= 0 and store.longitude.max() < 360
-  assert store.field_shape == tuple(expected["field_shape"])
   assert store.time_step_hours == 6.0
   assert sorted(store.atmospheric) == sorted(ATMOSPHERIC)
   assert sorted(store.surface) == sorted(SURFACE) and sorted(store.statics) == sorted(STATICS)
@@ -94,7 +93,9 @@ def test_reads_what_anemoi_datasets_reads(name, member):
   path = _store(name)
   assert anemoi.is_anemoi_store(path)
   store = anemoi.open_anemoi(path, member=member)
-  _check_store(store, _expected(name), *STORES[name])
+  expected = _expected(name)
+  _check_store(store, expected, *STORES[name])
+  assert store.field_shape == tuple(expected["field_shape"])
   assert (store.num_members, store.member) == (2 if name == "anemoi_members" else 1, member)
 
 
@@ -218,6 +219,35 @@ def test_malformed_store_is_one_line(tmp_path, change, remove, edit, problem):
   with pytest.raises(UserError) as caught:
     anemoi.open_anemoi(path)
   _one_line(caught, path, problem)
+
+
+def _older(attributes):
+  """Attributes as older anemoi-datasets wrote them: `frequency` in hours, no
+  `variables_metadata`, no `field_shape`."""
+  attributes["frequency"] = 6
+  del attributes["variables_metadata"], attributes["field_shape"]
+
+
+def _model_level(attributes):
+  attributes["variables_metadata"]["temperature_850"]["mars"]["levtype"] = "ml"
+
+
+def test_older_attributes_and_other_level_types(tmp_path):
+  expected = _expected("anemoi_netcdf")
+  store = anemoi.open_anemoi(_broken_copy(tmp_path, _older))
+  assert store.time_step_hours == 6.0 and store.field_shape == (56,)
+  _check_store(store, expected, *STORES["anemoi_netcdf"])
+  # A levelled variable on model levels is not wnscale's: kept under its own name.
+  store = anemoi.open_anemoi(_broken_copy(tmp_path, _model_level))
+  names = list(expected["variables"])
+  assert store.atmospheric["temperature"] == (
+      (500, 1000), (names.index("temperature_500"), names.index("temperature_1000")))
+  assert store.unknown == {"sea_ice_cover": names.index("sea_ice_cover"),
+                           "temperature_850": names.index("temperature_850")}
+  stats = anemoi.anemoi_statistics(store)
+  assert np.isnan(stats["temperature"].sel(level=850)).all()
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="mean", level=500),
+                             expected["statistics_mean"][names.index("temperature_500")])
 
 
 def test_bad_requests_are_one_line(tmp_path):
