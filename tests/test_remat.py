@@ -13,7 +13,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
-from wnscale.model import forecast, setup
+from wnscale.model import forecast, remat, setup
 
 
 def small_config(**model_overrides):
@@ -46,24 +46,43 @@ ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_t
 # last block is padded (one such count covers it; 4 below divides evenly).
 ODD_CHUNKS = (7,)
 MESH_EDGE_CHUNKS = (8,)  # likewise for the mesh edges
+NAMES = "save_only_these_names:node_latents,messages"
+# Every option, each against the plain model. A case's time is mostly its compile, so
+# options that act on different parts of the step share a case: each named policy rides
+# on one way of checkpointing, and each way of blocking on another case.
 VARIANTS = {
-    "encoder": dict(remat_grid_to_mesh_gnn=True),
-    "processor": dict(remat_mesh_gnn=True),  # one checkpoint per layer
-    "decoder": dict(remat_mesh_to_grid_gnn=True),
-    "all_three": ALL_STAGES,
-    **{f"policy_{name}": dict(ALL_STAGES, remat_policy=name) for name in (
-        "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable",
-        "offload_dots", "offload_carries", "save_only_these_names:node_latents,messages")},
+    # One stage at a time, each under its own policy.
+    "encoder_dots": dict(remat_grid_to_mesh_gnn=True, remat_policy="dots_saveable"),
+    "processor": dict(remat_mesh_gnn=True),  # one checkpoint per layer, nothing saved
+    "decoder_dots_no_batch": dict(remat_mesh_to_grid_gnn=True,
+                                  remat_policy="dots_with_no_batch_dims_saveable"),
+    "all_three_names": dict(ALL_STAGES, remat_policy=NAMES),
     # 4 layers: groups of 2, of 3 plus a remainder of 1, and all 4 in one group.
-    **{f"every_{k}": dict(remat_mesh_gnn=True, mesh_remat_every=k) for k in (2, 3, 4)},
-    **{f"edge_chunks_{k}": dict(edge_chunks=k) for k in ODD_CHUNKS + (4,)},
-    "paper_scheme": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3),
-    **{f"grid_blocks_{k}": dict(grid_blocks=k) for k in ODD_CHUNKS},
+    "every_2_offload_carries": dict(remat_mesh_gnn=True, mesh_remat_every=2,
+                                    remat_policy="offload_carries"),
+    "every_3_offload_dots_grid_blocks_7": dict(remat_mesh_gnn=True, mesh_remat_every=3,
+                                               remat_policy="offload_dots", grid_blocks=7),
+    "every_4_everything_edge_chunks_4": dict(remat_mesh_gnn=True, mesh_remat_every=4,
+                                             remat_policy="everything_saveable",
+                                             edge_chunks=4),
+    "edge_chunks_7_mesh_edge_chunks_8": dict(edge_chunks=ODD_CHUNKS[0],
+                                             mesh_edge_chunks=MESH_EDGE_CHUNKS[0]),
     "all_three_grid_blocks": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3),
-    **{f"mesh_edge_chunks_{k}": dict(mesh_edge_chunks=k) for k in MESH_EDGE_CHUNKS},
+    # The paper's scheme, with the mesh edges in blocks too.
     "paper_scheme_mesh_edge_chunks": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3,
                                           mesh_edge_chunks=4),
 }
+
+
+def test_every_option_is_covered():
+  """Each policy and each blocking knob appears in some case."""
+  used = {key: {str(v[key]) for v in VARIANTS.values() if key in v}
+          for key in ("remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks",
+                      "mesh_edge_chunks")}
+  assert used["remat_policy"] >= set(remat.POLICIES) - {"nothing_saveable"} | {NAMES}
+  assert used["mesh_remat_every"] == {"2", "3", "4"}
+  assert {"7", "4"} <= used["edge_chunks"] and "7" in used["grid_blocks"]
+  assert "8" in used["mesh_edge_chunks"]
 
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):

@@ -198,18 +198,21 @@ def test_padding_edges_and_receivers_without_edges_stay_finite():
 
 ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
 NAMES = f"save_only_these_names:{remat.ATTENTION_OUTPUT},{remat.FFW_OUTPUT}"
+# Each named policy rides on one way of checkpointing (a case's time is mostly its
+# compile); nothing_saveable is the sharded remat case's, and everything_saveable, which
+# recomputes nothing, is covered by test_remat.py.
 REMAT_VARIANTS = {
-    "processor": dict(remat_mesh_gnn=True),  # one checkpoint per block
+    "processor_dots_no_batch": dict(remat_mesh_gnn=True,  # one checkpoint per block
+                                    remat_policy="dots_with_no_batch_dims_saveable"),
+    "processor_offload_dots": dict(remat_mesh_gnn=True, remat_policy="offload_dots"),
     # 3 blocks: a group of 2 plus a remainder of 1.
-    "every_2": dict(remat_mesh_gnn=True, mesh_remat_every=2),
-    "all_three": ALL_STAGES,
-    # Every named policy on the processor (nothing_saveable: the rows above), and the
-    # transformer's own names.
-    **{f"policy_{name}": dict(remat_mesh_gnn=True, remat_policy=name)
-       for name in [p for p in remat.POLICIES if p != "nothing_saveable"] + [NAMES]},
+    "every_2_dots": dict(remat_mesh_gnn=True, mesh_remat_every=2, remat_policy="dots_saveable"),
+    # The transformer's own checkpoint names.
+    "all_three_names": dict(ALL_STAGES, remat_policy=NAMES),
     # 97 divides no shard's edge count: the last block is padded.
-    "edge_blocks_every_2": dict(remat_mesh_gnn=True, mesh_remat_every=2,
-                                transformer_edges_per_block=97),
+    "edge_blocks_every_2_offload_carries": dict(remat_mesh_gnn=True, mesh_remat_every=2,
+                                                transformer_edges_per_block=97,
+                                                remat_policy="offload_carries"),
 }
 
 
@@ -223,8 +226,9 @@ def test_gradients_reach_every_parameter(reference):
     assert np.abs(g).max() > 0, jax.tree_util.keystr(path)
 
 
-# Graph 2 and 4 in both exchange modes (4 with halo: remat and edge blocks on as well).
-SHARDED = [(2, "all_gather", {}), (2, "halo", {}), (4, "all_gather", {}),
+# Both exchange modes, the halo at 2 and 4 shards (all_gather's sender table does not
+# depend on the shard count); at 4 with halo, remat and edge blocks on as well.
+SHARDED = [(2, "halo", {}), (4, "all_gather", {}),
            (4, "halo", dict(ALL_STAGES, mesh_remat_every=2, transformer_edges_per_block=97))]
 
 

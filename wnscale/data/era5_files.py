@@ -8,7 +8,7 @@ of two layouts:
   * the older one: `time`, `level` (or cfgrib's `isobaricInhPa`).
 `open_era5_file` turns any of them into a dataset with dims `time`, `level` (hPa,
 integers, ascending), `latitude` (the source's order), `longitude` (0..360,
-ascending), WeatherBench2's variable names (`NAMES`; a short name the table
+ascending), WeatherBench2's variable names (`variables.ECMWF_NAMES`; a short name the table
 lacks keeps its own name, with a warning) and the source's `units`. Data stays
 lazy, in the source's dtype: only what a caller selects is read. Variables of a local
 netCDF4 file that are indexed and stored as in the file are marked for reading straight
@@ -24,21 +24,9 @@ import xarray as xr
 
 from wnscale import paths
 from wnscale.data import hdf5_reads, netcdf
+from wnscale.data.variables import ECMWF_NAMES, SURFACE_GEOPOTENTIAL
 from wnscale.errors import ArgumentError, UserError
 
-# ECMWF short names (GRIB's `shortName` and cfgrib's / the CDS netCDF's variable names)
-# -> WeatherBench2 names. `z` on pressure levels is geopotential; without levels it is
-# the surface geopotential (`SURFACE_GEOPOTENTIAL`).
-NAMES = {
-    "z": "geopotential", "t": "temperature", "u": "u_component_of_wind",
-    "v": "v_component_of_wind", "q": "specific_humidity", "w": "vertical_velocity",
-    "2t": "2m_temperature", "t2m": "2m_temperature",
-    "10u": "10m_u_component_of_wind", "u10": "10m_u_component_of_wind",
-    "10v": "10m_v_component_of_wind", "v10": "10m_v_component_of_wind",
-    "msl": "mean_sea_level_pressure", "tp": "total_precipitation",
-    "tisr": "toa_incident_solar_radiation", "lsm": "land_sea_mask",
-}
-SURFACE_GEOPOTENTIAL = "geopotential_at_surface"
 # Names of the dims and coordinates in the layouts above -> WeatherBench2's.
 _DIMS = {"valid_time": "time", "pressure_level": "level", "isobaricInhPa": "level",
          "lat": "latitude", "lon": "longitude"}
@@ -124,8 +112,8 @@ def _normalized(dataset: xr.Dataset, path: str, member: int | None,
       continue
     if short == "z" and "level" not in variable.dims:
       renamed[name] = SURFACE_GEOPOTENTIAL
-    elif name in NAMES or short in NAMES:
-      renamed[name] = NAMES.get(name, NAMES.get(short))
+    elif name in ECMWF_NAMES or short in ECMWF_NAMES:
+      renamed[name] = ECMWF_NAMES.get(name, ECMWF_NAMES.get(short))
     else:
       logging.warning("%s: variable %r is not in the ERA5 -> WeatherBench2 name table; kept "
                       "under its own name.", path, name)

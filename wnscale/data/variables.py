@@ -82,7 +82,22 @@ VARIABLES = {v.name: v for v in (ATMOSPHERIC_VARIABLES + SURFACE_VARIABLES
                                  + WEATHERNEXT2_SURFACE_VARIABLES + CYCLONE_VARIABLES)}
 
 # Static fields read from the store (time-independent).
-STATIC_VARIABLES = ("geopotential_at_surface", "land_sea_mask")
+SURFACE_GEOPOTENTIAL = "geopotential_at_surface"
+STATIC_VARIABLES = (SURFACE_GEOPOTENTIAL, "land_sea_mask")
+# ECMWF short names (GRIB's `shortName`, cfgrib's and the CDS netCDF's variable names, the
+# params of anemoi-datasets stores built from MARS) -> WeatherBench2 names. `z` on pressure
+# levels is geopotential; without levels it is the surface geopotential
+# (`SURFACE_GEOPOTENTIAL`).
+ECMWF_NAMES = {
+    "z": "geopotential", "t": "temperature", "u": "u_component_of_wind",
+    "v": "v_component_of_wind", "q": "specific_humidity", "w": "vertical_velocity",
+    "2t": "2m_temperature", "t2m": "2m_temperature",
+    "10u": "10m_u_component_of_wind", "u10": "10m_u_component_of_wind",
+    "10v": "10m_v_component_of_wind", "v10": "10m_v_component_of_wind",
+    "msl": "mean_sea_level_pressure", "tp": "total_precipitation",
+    "tisr": "toa_incident_solar_radiation", "lsm": "land_sea_mask",
+}
+
 # Forcings: known ahead for any time, so fed at the input times and the target time.
 # Computed from time and position (`forcings.py`), or read from the store where the
 # config says so (`data.stored_forcings`, e.g. ERA5's solar radiation).

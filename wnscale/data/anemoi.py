@@ -1,0 +1,424 @@
+"""Reads anemoi-datasets stores: all fields in one array `data [dates, variables, ensembles,
+values]`.
+
+The layout, from anemoi-datasets' documentation and the stores its `create` writes: a
+zarr v2 group holding the arrays
+  * `data` `[dates, variables, ensembles, values]` float32 (a missing date's slots are
+    never written: they read as NaN);
+  * `dates` `[dates]` datetime64, every `frequency`, missing dates included;
+  * `latitudes`, `longitudes` `[values]` degrees, the grid flattened (`field_shape`);
+  * `mean`, `stdev`, `minimum`, `maximum` `[variables]`, the statistics over the dates
+    `statistics_start_date .. statistics_end_date`, and, where the recipe asked for them,
+    `statistics_tendencies_{delta}_{mean,stdev,minimum,maximum}`, those of
+    `x(t + delta) - x(t)`;
+and the attributes `variables` (the names along `data`'s axis 1), `frequency` ("6h", "1d",
+or hours), `field_shape`, `constant_fields`, `missing_dates` (ISO dates), `resolution`
+(e.g. "O96", or null), `start_date`, `end_date`, `variables_metadata` and others.
+
+Names: a variable is `{param}_{level}` (a pressure level in hPa) or `{param}`. `param` is
+an ECMWF short name (`t_850`, `2t`, `msl`, `lsm`; `z` without a level is the surface
+geopotential), as stores built from MARS have them, or a long name (`temperature_850`,
+`2m_temperature`), as stores built from netCDF have them; both map to the catalogue's
+names and levels (`variables.ECMWF_NAMES`). The land-sea mask and the surface
+geopotential are statics whether or not `constant_fields` lists them. A variable the
+catalogue lacks, or on other than pressure levels (`variables_metadata`' MARS `levtype`),
+is kept under its own name (`AnemoiStore.unknown`, logged) and read like a surface one.
+
+`open_anemoi` reads the attributes and the small arrays, and opens `data` once through
+tensorstore; `AnemoiStore.view` is an index transform of it in wnscale's internal order
+for one ensemble member. `anemoi_statistics` turns the store's statistics into
+wnscale's normalization format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+
+import numpy as np
+import tensorstore as ts
+import xarray as xr
+import zarr
+
+from wnscale import paths
+from wnscale.data import variables as variables_lib
+from wnscale.errors import ArgumentError, UserError
+
+DIMENSIONS = ("dates", "variables", "ensembles", "values")
+ARRAYS = ("dates", "latitudes", "longitudes")
+_LEVELLED = re.compile(r"(.+)_(\d+)")
+# MARS level types a levelled variable may have to be a pressure-level one (a netCDF
+# source writes "pl" too); model levels ("ml"), potential temperature ("pt") and
+# others are not wnscale's levels.
+_PRESSURE_LEVTYPES = (None, "pl")
+_TENDENCY_STDEV = re.compile(r"statistics_tendencies_(\w+?)_stdev")
+# anemoi-datasets' frequency units, in hours.
+_UNIT_HOURS = {"d": 24.0, "h": 1.0, "m": 1 / 60, "s": 1 / 3600}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AnemoiStore:
+  """An opened anemoi-datasets store, one ensemble member.
+
+  Attributes:
+    path: the store (normalized path or URL).
+    member: the ensemble member read, in `0 .. num_members - 1`.
+    num_members: the store's ensembles.
+    times: `[dates]` datetime64[ns], every date of the store, missing ones included.
+    missing: `[dates]` bool, the store's `missing_dates`: never inputs nor targets (their
+      fields read as NaN).
+    time_step_hours: the store's step (`frequency`), hours.
+    latitude, longitude: `[values]` float64 degrees, longitude in [0, 360); the store's
+      order of points.
+    field_shape: the grid's shape before flattening, e.g. `(lat, lon)` or `(points,)`.
+    resolution: the store's `resolution` ("O96", "0.25"), or None.
+    atmospheric: `{catalogue name: (levels ascending, store variable index per level)}`.
+    surface: `{catalogue name: store variable index}`: surface variables and forcings.
+    statics: `{catalogue static: store variable index}` (`variables.STATIC_VARIABLES`).
+    unknown: `{store name: store variable index}`: variables the catalogue lacks.
+    variables: the store's variable names, in `data`'s order.
+    data: `data` as stored, `[dates, variables, ensembles, values]`.
+  """
+
+  path: str
+  member: int
+  num_members: int
+  times: np.ndarray
+  missing: np.ndarray
+  time_step_hours: float
+  latitude: np.ndarray
+  longitude: np.ndarray
+  field_shape: tuple[int, ...]
+  resolution: str | None
+  atmospheric: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
+  surface: dict[str, int]
+  statics: dict[str, int]
+  unknown: dict[str, int]
+  variables: tuple[str, ...]
+  data: ts.TensorStore
+
+  def __repr__(self) -> str:
+    return (f"AnemoiStore(path={self.path!r}, member={self.member}, "
+            f"{len(self.times)} dates every {self.time_step_hours:g} h, "
+            f"{self.latitude.size} points)")
+
+  @property
+  def num_values(self) -> int:
+    return self.latitude.size
+
+  @property
+  def grid(self) -> str:
+    """The grid, for the log: e.g. "O96, 40320 points" or "7 x 8, 56 points"."""
+    shape = " x ".join(str(n) for n in self.field_shape)
+    return f"{self.resolution or shape}, {self.num_values} points"
+
+  def view(self, name: str, levels=None) -> ts.TensorStore:
+    """`name`'s fields of `member`, a view of `data` in internal order, origin 0.
+
+    Args:
+      name: a catalogue name in `atmospheric`, `surface` or `statics`, or a name of
+        `unknown`.
+      levels: for an atmospheric variable, the levels (hPa) in the order wanted; None:
+        all the store has, ascending.
+
+    Returns:
+      `[time, level, values]` (atmospheric), `[time, values]` (surface, unknown), or
+      `[values]` (a static: its field at the first date that is not missing).
+
+    Raises:
+      UserError: `name` or a level is not in the store (naming what it has).
+    """
+    member = self.data[ts.d[2][self.member]]  # [dates, variables, values]
+    if name in self.atmospheric:
+      have, indices = self.atmospheric[name]
+      if levels is not None:
+        absent = [int(level) for level in levels if int(level) not in have]
+        if absent:
+          raise UserError(f"Level(s) {absent} hPa of {name!r} not in store {self.path}; it "
+                          f"has {list(have)}. Choose data.pressure_levels among those.")
+        indices = [indices[have.index(int(level))] for level in levels]
+      return member[:, np.asarray(indices, np.int64)]
+    if name in self.statics:
+      first = int(np.flatnonzero(~self.missing)[0])
+      return member[first, self.statics[name]]
+    index = self.surface.get(name, self.unknown.get(name))
+    if index is None:
+      raise UserError(
+          f"Store {self.path} has no variable {name!r}; it has {self.names()}. Choose "
+          "data.variables among those (the static fields are always needed), or use a "
+          "store that has them.")
+    return member[:, index]
+
+  def names(self) -> list[str]:
+    """Every name `view` takes: catalogue names, then the unknown ones."""
+    return sorted({**self.atmospheric, **self.surface, **self.statics}) + sorted(self.unknown)
+
+
+def is_anemoi_store(path: str) -> bool:
+  """Whether `path` (local or a URL) holds an anemoi-datasets store: a zarr group with an
+  array `data` and a `variables` attribute (WeatherBench2's stores have neither)."""
+  path = paths.normalize(path)
+  if not paths.exists(paths.join(path, "data", ".zarray")):
+    return False
+  try:
+    attributes = json.loads(paths.read_text(paths.join(path, ".zattrs")))
+  except (OSError, ValueError):  # none, or not JSON: not this layout
+    return False
+  return isinstance(attributes, dict) and "variables" in attributes
+
+
+def open_anemoi(path: str, member: int = 0) -> AnemoiStore:
+  """Opens the anemoi-datasets store `path` (local or a URL) for reading member `member`.
+
+  Raises:
+    ArgumentError: of `member`, outside the store's ensembles.
+    UserError: a store that is not one, or is malformed: one line naming it and the problem.
+  """
+  path = paths.normalize(path)
+  if not paths.exists(path):
+    raise UserError(f"Store not found: {path} (no such file or directory).")
+  attributes = _attributes(path)
+  data = _open_data(path)
+  num_dates, num_variables, num_members, num_values = data.shape
+  names = attributes.get("variables")
+  if not isinstance(names, list) or len(names) != num_variables:
+    raise UserError(f"anemoi-datasets store {path}: attribute `variables` "
+                    f"({_describe(names)}) does not name the {num_variables} variables of "
+                    f"`data` {list(data.shape)}.")
+  if not 0 <= member < num_members:
+    raise ArgumentError("member", member, f"store {path} has {num_members} ensemble "
+                        f"member(s): choose one of 0 .. {num_members - 1}.")
+  times = _read_small(path, "dates")
+  if not np.issubdtype(times.dtype, np.datetime64) or times.shape != (num_dates,):
+    raise UserError(f"anemoi-datasets store {path}: `dates` ({times.dtype}{list(times.shape)}) "
+                    f"are not the {num_dates} datetimes of `data`.")
+  times = times.astype("datetime64[ns]")
+  step = _frequency_hours(attributes.get("frequency"), path)
+  if len(times) > 1 and not np.all(np.diff(times) == np.timedelta64(int(step * 3600), "s")):
+    raise UserError(f"anemoi-datasets store {path}: `dates` are not every "
+                    f"{attributes['frequency']} (its `frequency`).")
+  missing = _missing(attributes.get("missing_dates") or [], times, path)
+  latitude, longitude = (_read_small(path, name).astype(np.float64)
+                         for name in ("latitudes", "longitudes"))
+  if latitude.shape != (num_values,) or longitude.shape != (num_values,):
+    raise UserError(f"anemoi-datasets store {path}: `latitudes` {list(latitude.shape)} and "
+                    f"`longitudes` {list(longitude.shape)} are not the {num_values} values "
+                    "of `data`.")
+  if not (np.all(np.isfinite(latitude)) and np.all(np.abs(latitude) <= 90)
+          and np.all(np.isfinite(longitude))):
+    raise UserError(f"anemoi-datasets store {path}: `latitudes` or `longitudes` hold values "
+                    "outside [-90, 90] or that are not finite.")
+  field_shape = tuple(int(n) for n in attributes.get("field_shape") or (num_values,))
+  if int(np.prod(field_shape)) != num_values:
+    raise UserError(f"anemoi-datasets store {path}: `field_shape` {list(field_shape)} does "
+                    f"not hold its {num_values} values.")
+  metadata = attributes.get("variables_metadata") or {}
+  atmospheric, surface, statics, unknown = _catalogue(names, metadata, path)
+  if unknown:
+    logging.warning("%s: variable(s) %s not in wnscale's catalogue (or not on pressure "
+                    "levels); kept under their own names.", path, sorted(unknown))
+  return AnemoiStore(path, member, num_members, times, missing, step, latitude,
+                     np.mod(longitude, 360.0), field_shape, attributes.get("resolution"),
+                     atmospheric, surface, statics, unknown, tuple(names), data)
+
+
+def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) -> xr.Dataset:
+  """The store's statistics in wnscale's normalization format (`normalization.py`).
+
+  One data variable per catalogue name of the store (and per unknown one, under its own
+  name), dims `(statistic[, level])`, `statistic` = mean, std, diff_std; `level` the
+  union of the atmospheric variables' levels (NaN where a variable lacks one). mean and
+  std are the store's `mean` and `stdev`; diff_std is the `stdev` of its tendencies over
+  `time_step_hours` (`statistics_tendencies_{delta}_stdev`); for the statics, which do
+  not change, diff_std is their std (as in wnscale's own statistics). anemoi-datasets
+  computed them over the dates `statistics_start_date .. statistics_end_date`, every
+  ensemble member, missing dates left out; stds are as stored (no floor).
+
+  Args:
+    time_step_hours: the model's step, the lag of diff_std; None: the store's step.
+
+  Raises:
+    UserError: the store has no tendency statistics over `time_step_hours` (naming the
+      steps it has): wnscale cannot make diff_std from mean and std alone.
+  """
+  step = store.time_step_hours if time_step_hours is None else float(time_step_hours)
+  mean, std = (_read_small(store.path, name).astype(np.float64) for name in ("mean", "stdev"))
+  tendencies = _tendency_arrays(store.path)
+  if step not in tendencies:
+    have = ", ".join(f"{hours:g} h" for hours in sorted(tendencies)) or "none"
+    raise UserError(
+        f"anemoi-datasets store {store.path} has no tendency statistics over {step:g} h "
+        f"(it has: {have}), which wnscale's diff_std needs. Leave data.stats_path empty to "
+        "compute statistics from the training range, or build the store with "
+        f"`statistics: tendencies: ['{_frequency_text(step)}']` in its recipe.")
+  diff_std = _read_small(store.path, tendencies[step]).astype(np.float64)
+  for name, values in (("mean", mean), ("stdev", std), (tendencies[step], diff_std)):
+    if values.shape != (len(store.variables),):
+      raise UserError(f"anemoi-datasets store {store.path}: `{name}` {list(values.shape)} "
+                      f"does not hold one value per variable ({len(store.variables)}).")
+  table = np.stack([mean, std, diff_std])  # [statistic, variables]
+  levels = sorted({level for have, _ in store.atmospheric.values() for level in have})
+  data = {}
+  for name, (have, indices) in store.atmospheric.items():
+    column = np.full((3, len(levels)), np.nan)
+    column[:, [levels.index(level) for level in have]] = table[:, list(indices)]
+    data[name] = (("statistic", "level"), column)
+  for name, index in {**store.surface, **store.unknown}.items():
+    data[name] = (("statistic",), table[:, index])
+  for name, index in store.statics.items():
+    data[name] = (("statistic",), table[[0, 1, 1], index])
+  coords = {"statistic": ["mean", "std", "diff_std"]}
+  if levels:
+    coords["level"] = np.asarray(levels, np.int64)
+  attributes = _attributes(store.path)
+  return xr.Dataset(data, coords=coords, attrs={
+      "time_step_hours": step, "store": store.path, "format": "anemoi-datasets",
+      "first_time": str(attributes.get("statistics_start_date")),
+      "last_time": str(attributes.get("statistics_end_date"))})
+
+
+def _attributes(path: str) -> dict:
+  """The store's root attributes (`.zattrs`)."""
+  file = paths.join(path, ".zattrs")
+  if not paths.exists(file):
+    raise UserError(f"{path} is not an anemoi-datasets store: it has no .zattrs (zarr v2 "
+                    "attributes).")
+  try:
+    attributes = json.loads(paths.read_text(file))
+  except ValueError as error:
+    raise UserError(f"anemoi-datasets store {path}: .zattrs is not JSON ({error}).") from error
+  if not isinstance(attributes, dict):
+    raise UserError(f"anemoi-datasets store {path}: .zattrs is not a JSON object.")
+  return attributes
+
+
+def _open_data(path: str) -> ts.TensorStore:
+  """`data`, opened once, checked to be `[dates, variables, ensembles, values]`."""
+  try:
+    data = ts.open({"driver": "zarr", "kvstore": paths.kvstore_spec(paths.join(path, "data"))},
+                   read=True).result()
+  except ValueError as error:  # tensorstore's errors for a missing or broken array
+    raise UserError(f"anemoi-datasets store {path}: cannot open its array `data`: "
+                    f"{str(error).split(' [')[0]}") from error
+  if data.rank != len(DIMENSIONS) or any(size == 0 for size in data.shape):
+    raise UserError(f"anemoi-datasets store {path}: array `data` has shape "
+                    f"{list(data.shape)}; expected [dates, variables, ensembles, values].")
+  return data
+
+
+def _read_small(path: str, name: str) -> np.ndarray:
+  """A small array of the store (dates, coordinates, statistics), whole."""
+  try:
+    return np.asarray(zarr.open_array(paths.join(path, name), mode="r", zarr_format=2)[...])
+  except Exception as error:  # zarr raises many types for a missing or broken array
+    raise UserError(f"anemoi-datasets store {path}: cannot read its array `{name}`: "
+                    f"{type(error).__name__}: {error}") from error
+
+
+def _frequency_hours(frequency, path: str) -> float:
+  """anemoi-datasets' `frequency` ("6h", "1d", "30m", or hours) in hours."""
+  match = re.fullmatch(r"(\d+)([dhms]?)", str(frequency).strip())
+  hours = float(match[1]) * _UNIT_HOURS[match[2] or "h"] if match else 0.0
+  if hours <= 0:
+    raise UserError(f"anemoi-datasets store {path}: attribute `frequency` {frequency!r} is "
+                    "not a time step such as '6h' or '1d'.")
+  return hours
+
+
+def _frequency_text(hours: float) -> str:
+  """`hours` as anemoi-datasets writes a step: "6h", "1d", "30m"."""
+  if hours % 24 == 0:
+    return f"{hours / 24:g}d"
+  return f"{hours:g}h" if float(hours).is_integer() else f"{hours * 60:g}m"
+
+
+def _missing(missing_dates, times: np.ndarray, path: str) -> np.ndarray:
+  """`[dates]` True at the store's `missing_dates`."""
+  try:
+    missing = np.asarray(missing_dates, "datetime64[ns]")
+  except ValueError as error:
+    raise UserError(f"anemoi-datasets store {path}: attribute `missing_dates` holds a value "
+                    f"that is not a date ({error}).") from error
+  absent = missing[~np.isin(missing, times)]
+  if absent.size:
+    raise UserError(f"anemoi-datasets store {path}: `missing_dates` "
+                    f"{[str(date) for date in absent.astype('datetime64[s]')]} are "
+                    "not among its `dates`.")
+  mask = np.isin(times, missing)
+  if mask.all():
+    raise UserError(f"anemoi-datasets store {path}: every date is in `missing_dates`.")
+  return mask
+
+
+def _tendency_arrays(path: str) -> dict[float, str]:
+  """`{delta hours: name of its stdev array}` of the store's tendency statistics."""
+  consolidated = paths.join(path, ".zmetadata")
+  if paths.exists(consolidated):
+    keys = json.loads(paths.read_text(consolidated)).get("metadata", {})
+    names = [key.split("/")[0] for key in keys]
+  else:
+    names = [entry.name for entry in paths.as_epath(path).iterdir()]
+  tendencies = {}
+  for name in names:
+    match = _TENDENCY_STDEV.fullmatch(name)
+    if match:
+      tendencies[_frequency_hours(match[1], path)] = name
+  return tendencies
+
+
+def _catalogue(names, metadata: dict, path: str):
+  """The store's variables sorted into `AnemoiStore.atmospheric`, `surface`, `statics` and
+  `unknown` (see the module docstring)."""
+  levelled, surface, statics, unknown = {}, {}, {}, {}
+  seen = {}  # (catalogue name, level) -> the store's name, for duplicates
+  for index, store_name in enumerate(names):
+    mars = (metadata.get(store_name) or {}).get("mars") or {}
+    key = _catalogue_key(str(store_name), mars.get("levtype"))
+    if key is None:
+      unknown[store_name] = index
+      continue
+    if key in seen:
+      raise UserError(f"anemoi-datasets store {path}: variables {seen[key]!r} and "
+                      f"{store_name!r} are both {_describe_key(key)}.")
+    seen[key] = store_name
+    name, level = key
+    if level is not None:
+      levelled.setdefault(name, []).append((level, index))
+    elif name in variables_lib.STATIC_VARIABLES:
+      statics[name] = index
+    else:
+      surface[name] = index
+  atmospheric = {}
+  for name, pairs in levelled.items():
+    pairs.sort()
+    atmospheric[name] = (tuple(level for level, _ in pairs), tuple(index for _, index in pairs))
+  return atmospheric, surface, statics, unknown
+
+
+def _catalogue_key(store_name: str, levtype) -> tuple[str, int | None] | None:
+  """`(catalogue name, level or None)` of a store's variable, or None if the catalogue
+  lacks it."""
+  match = _LEVELLED.fullmatch(store_name)
+  param, level = (match[1], int(match[2])) if match else (store_name, None)
+  name = variables_lib.ECMWF_NAMES.get(param, param)
+  known = name in variables_lib.VARIABLES
+  if level is not None:
+    atmospheric = known and variables_lib.VARIABLES[name].atmospheric
+    return (name, level) if atmospheric and levtype in _PRESSURE_LEVTYPES else None
+  if name == "geopotential":  # `z` without a level: the surface geopotential
+    return variables_lib.SURFACE_GEOPOTENTIAL, None
+  if name in variables_lib.STATIC_VARIABLES or name in variables_lib.FORCING_CHANNELS or (
+      known and not variables_lib.VARIABLES[name].atmospheric):
+    return name, None
+  return None
+
+
+def _describe_key(key) -> str:
+  name, level = key
+  return name if level is None else f"{name} at {level} hPa"
+
+
+def _describe(value) -> str:
+  return f"{len(value)} names" if isinstance(value, list) else repr(value)
