@@ -134,3 +134,22 @@ def test_wrong_type_is_rejected():
   config.model = dict(config.model, latent_size="wide")  # a section replaced wholesale
   with pytest.raises(ValueError, match="model.latent_size='wide' must be of type int"):
     config_lib.validate(config)
+
+
+def test_the_paper_configs_carry_graphcasts_whole_schedule():
+  """300,000 steps of 1-step training (warm-up to 1e-3, half-cosine to 0), then 1,000 steps
+  at each of 2..12 autoregressive steps at 3e-7; the memory planner and remat_policy="auto"
+  size the 12-step phase."""
+  from wnscale.train import curriculum  # noqa: PLC0415
+  for name in ("graphcast_0p25.py", "graphcast_1p0.py"):
+    config = config_lib.load(os.path.join(CONFIG_DIR, name))
+    train = config.train
+    assert train.rollout_schedule[:2] == ((0, 1), (300_000, 2))
+    assert train.rollout_schedule[-1] == (310_000, 12) and train.steps == 311_000
+    schedule = optimizer.learning_rate_schedule(train)
+    assert float(schedule(1_000)) == pytest.approx(1e-3)
+    assert float(schedule(299_999)) == pytest.approx(0, abs=1e-9)
+    assert [float(schedule(step)) for step in (300_000, 305_500, 310_999)] == pytest.approx(
+        [3e-7] * 3)
+    assert curriculum.longest_phase_config(config).data.target_steps == 12
+    assert config.data.target_steps == 1  # evaluation's lead times

@@ -5,8 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from wnscale import config as config_lib
+from wnscale.errors import UserError
 from wnscale.train import optimizer
 
 
@@ -53,3 +55,59 @@ def test_raveled_adamw_matches_adamw_on_the_tree():
   num_params = sum(x.size for x in jax.tree.leaves(params))
   shapes = sorted(x.shape for x in jax.tree.leaves(flat_state))
   assert shapes == [(), (), (num_params,), (num_params,)]
+
+
+def test_phase_learning_rates_give_each_phase_its_own_schedule():
+  """GraphCast's: warm-up and half-cosine over the first phase, then constant rates."""
+  train = _train_config()
+  train.update(steps=40, rollout_schedule=((0, 1), (20, 2), (30, 3)),
+               phase_learning_rates=("1e-3:4:0", "3e-7", "2e-4:2:1e-4"))
+  config_lib.validate(_with_train(train))
+  schedule = optimizer.learning_rate_schedule(train)
+  rates = [float(schedule(step)) for step in range(40)]
+  np.testing.assert_allclose(rates[:5], [0, 2.5e-4, 5e-4, 7.5e-4, 1e-3], rtol=1e-6)
+  assert rates[4] > rates[12] > rates[19] > 0
+  np.testing.assert_allclose(rates[20:30], [3e-7] * 10, rtol=1e-6)
+  np.testing.assert_allclose(rates[30:33], [0, 1e-4, 2e-4], rtol=1e-6)
+  assert 2e-4 > rates[36] > rates[39] > 1e-4
+
+
+def _with_train(train):
+  config = config_lib.default_config()
+  config.train = train
+  return config
+
+
+def test_frozen_parameters_get_no_update_and_no_state():
+  """`train.freeze`: the frozen leaves stay bitwise, the others follow the unfrozen
+  optimizer given zero gradients for the frozen ones, and the moments hold only the
+  trained parameters."""
+  train = _train_config()
+  train.freeze = ("processor",)
+  keys = jax.random.split(jax.random.key(0), 2)
+  params = {"encoder": {"kernel": jax.random.normal(keys[0], (6, 5)),
+                        "bias": jnp.zeros((5,))},
+            "processor": {"kernel": jax.random.normal(keys[1], (3, 5, 5))}}
+  frozen_tx = optimizer.make_optimizer(train)
+  train.freeze = ()
+  plain_tx = optimizer.make_optimizer(train)
+  frozen, plain = params, params
+  frozen_state, plain_state = frozen_tx.init(params), plain_tx.init(params)
+  for step in range(6):
+    grads = jax.tree.map(lambda p, s=step: jnp.sin(p * (s + 1)) * 3.0, params)
+    updates, frozen_state = frozen_tx.update(grads, frozen_state, frozen)
+    frozen = optax.apply_updates(frozen, updates)
+    grads["processor"] = jax.tree.map(jnp.zeros_like, grads["processor"])
+    updates, plain_state = plain_tx.update(grads, plain_state, plain)
+    plain = optax.apply_updates(plain, updates)
+  np.testing.assert_array_equal(frozen["processor"]["kernel"], params["processor"]["kernel"])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               frozen["encoder"], plain["encoder"])
+  assert not np.allclose(frozen["encoder"]["kernel"], params["encoder"]["kernel"])
+  trained = 6 * 5 + 5
+  assert sorted(x.shape for x in jax.tree.leaves(frozen_state)) == [(), (), (trained,),
+                                                                     (trained,)]
+  assert optimizer.frozen_counts(params, ("processor",)) == {"processor": 75, "trained": 35}
+  with pytest.raises(UserError, match=r"\['decoder'\] name\(s\) no parameter; .* one of "
+                     r"\['encoder', 'processor'\]"):
+    optimizer.frozen_counts(params, ("decoder",))

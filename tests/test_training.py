@@ -206,3 +206,42 @@ def test_no_store_and_no_synthetic_names_the_setting(tmp_path):
     trainer.train_and_evaluate(config, str(tmp_path))
   assert "--" not in str(library.value)
   assert os.listdir(tmp_path) == []
+
+
+# Three rollout phases of 4 steps: 1, 2 and 3 autoregressive steps.
+CURRICULUM = ["--config.train.rollout_schedule=((0,1),(4,2),(8,3))"]
+PHASE_COMPILED = r"Rollout phase (\d) of 3 .*: compiled its train step"
+
+
+def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_path):
+  """A run of three phases: every metrics line names its phase's `target_steps`, and each
+  phase's step is compiled when it starts. A run killed (SIGKILL) in the second phase
+  after its checkpoint of step 5 resumes there, in mid-phase, changes phase at step 8, and
+  gives the uninterrupted run's losses bitwise."""
+  reference = str(tmp_path / "reference")
+  result = run(reference, extra=CURRICULUM)
+  assert re.findall(PHASE_COMPILED, result.stderr) == ["1", "2", "3"]
+  metrics = read_metrics(reference)
+  assert [(m["step"], m["target_steps"]) for m in metrics if "loss" in m] == [
+      (step, 1 + (step - 1) // 4) for step in range(1, STEPS + 1)]
+  assert all("target_steps" in m for m in metrics)  # the evaluations' lines too
+
+  workdir = str(tmp_path / "killed")
+  no_eval = ["--config.train.eval_every=0"]  # evaluations change nothing trained
+  started = Started(train_command(workdir, extra=CURRICULUM + no_eval
+                                  + ["--config.train.checkpoint_every=5"]))
+  try:
+    wait_for_step(started, workdir, 6)
+    deadline = time.monotonic() + 120
+    while not os.path.isdir(os.path.join(workdir, "checkpoints", "5")):  # renamed when whole
+      assert time.monotonic() < deadline and started.process.poll() is None
+      time.sleep(0.05)
+    started.process.kill()
+    assert started.finish(timeout=60) == -signal.SIGKILL
+  finally:
+    started.kill()
+  assert 6 <= max(losses(workdir)) < 8  # killed in the second phase
+  resumed = run(workdir, extra=CURRICULUM + no_eval)
+  assert "Resumed from step 5" in resumed.stderr
+  assert re.findall(PHASE_COMPILED, resumed.stderr) == ["2", "3"]
+  assert losses(workdir) == losses(reference)  # exact, step for step

@@ -13,6 +13,7 @@ batch shapes), computed here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -174,11 +175,24 @@ class TrainSpec:
   memory_budget_gib: float
   variable_loss_weights: tuple[tuple[str, float], ...]
   init_from: str
+  rollout_schedule: tuple[tuple[int, int], ...]
+  phase_learning_rates: tuple[tuple[float, int, float], ...]
+  ema_decay: float
+  freeze: tuple[str, ...]
 
-  def __post_init__(self):  # the config's "variable:weight" entries, parsed
+  def __post_init__(self):  # the config's entries, parsed
     object.__setattr__(self, "variable_loss_weights", tuple(
         _parse_entry(entry, "train.variable_loss_weights", (str, float))
         for entry in self.variable_loss_weights))
+    object.__setattr__(self, "rollout_schedule", tuple(
+        _parse_entry(entry, "train.rollout_schedule", (int, int))
+        for entry in self.rollout_schedule))
+    # "peak[:warmup_steps[:end]]": no end given, the phase's rate stays at its peak.
+    rates = (_parse_entry(str(entry) if isinstance(entry, (int, float)) else entry,
+                          "train.phase_learning_rates", (float, int, float),
+                          defaults=(0, math.nan)) for entry in self.phase_learning_rates)
+    object.__setattr__(self, "phase_learning_rates", tuple(
+        (peak, warmup, peak if math.isnan(end) else end) for peak, warmup, end in rates))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +225,11 @@ def _section(cls, section):
   values = {key: tuple(value) if isinstance(value, (list, tuple)) else value
             for key, value in section.items()}
   return cls(**values)
+
+
+def train_spec(train) -> TrainSpec:
+  """The `TrainSpec` of a validated config's `train` section alone."""
+  return _section(TrainSpec, train)
 
 
 def from_config(config) -> Specs:

@@ -1,0 +1,71 @@
+"""The training recipe in the jitted train step: the parameters' moving average (EMA) and
+frozen parts, on a small model on one device. (The rollout curriculum across a kill -9:
+test_training.py; the frozen-parameter optimizer and the phases' learning rates:
+test_optimizer.py; the EMA in checkpoints: test_checkpoint.py.)"""
+
+import jax
+import numpy as np
+
+from problems import device_batch, synthetic_problem
+from wnscale import config as config_lib
+from wnscale import specs as specs_lib
+from wnscale.graphs import grid
+from wnscale.model import setup
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding.layout import ShardedLayout
+from wnscale.train import optimizer as optimizer_lib
+from wnscale.train import step as step_lib
+from wnscale.train.state import initial_state
+
+LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
+DECAY = 0.75  # far from 1, so that every step shows in the average
+STEPS = 3
+
+
+def test_ema_follows_the_parameters_and_frozen_parts_stay_bitwise():
+  """Three train steps with `ema_decay` and `freeze=("processor",)`: the EMA equals its
+  recomputation on the host from each step's parameters; the processor's parameters are
+  bitwise the initial ones while the rest moved; the optimizer's moments cover only the
+  trained parameters."""
+  config = config_lib.default_config()
+  config.model.update(latent_size=16, mesh_levels=1, message_passing_steps=2)
+  config.train.update(ema_decay=DECAY, freeze=("processor",), warmup_steps=0)
+  config = config_lib.validate(config)
+  specs = specs_lib.from_config(config)
+  constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2)
+  config.mesh.update(data=1, graph=1)
+  layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:1]), constants.graphs,
+                         setup.node_positions(specs.model, LATITUDE, LONGITUDE), "all_gather")
+  device_constants, halo_indices = layout.constants(constants)
+  graphdef, _ = setup.init_model_shapes(specs)
+  optimizer = optimizer_lib.make_optimizer(config.train)
+  train_step = step_lib.make_train_step(
+      layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
+      device_constants, halo_indices, ema_decay=DECAY)
+  replicated = layout.sharding(jax.sharding.PartitionSpec())
+  initial = jax.tree.map(np.array, params)
+  state = jax.device_put(initial_state(params, optimizer, ema=True), replicated)
+  ema = initial
+  for _ in range(STEPS):
+    state, _ = train_step(state, device_constants, halo_indices, device_batch(layout, batch))
+    new = jax.tree.map(np.array, state.params)  # the step donates the state: copies
+    ema = jax.tree.map(lambda e, p: np.float32(DECAY) * e + np.float32(1 - DECAY) * p, ema,
+                       new)
+  jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8),
+               jax.tree.map(np.array, state.ema), ema)
+
+  before, after = _by_name(initial), _by_name(state.params)
+  for name in before:
+    if name.startswith("processor"):
+      np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    else:
+      assert not np.array_equal(after[name], before[name]), name
+  counts = optimizer_lib.frozen_counts(initial, ("processor",))
+  moments = [x.size for x in jax.tree.leaves(state.opt_state) if x.ndim == 1]
+  assert moments == [counts[optimizer_lib.TRAINED]] * 2 and counts["processor"] > 0
+
+
+def _by_name(params) -> dict:
+  """`{dotted parameter name: host array}`."""
+  return {optimizer_lib.path_name(path): np.array(leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
