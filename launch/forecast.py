@@ -24,7 +24,6 @@ from wnscale.data.store import NanError
 from wnscale.errors import UserError
 from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
-from wnscale.train.checkpoint import PARAMS
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.")
 _OUT = cli.define_output("out", "Forecast zarr store to write (or to continue: the same "
@@ -45,9 +44,7 @@ _MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"]
 _MEMBERS = flags.DEFINE_integer(
     "members", None, "An FGN run's ensemble size: members 0..N-1 along a `number` dim, "
     "member k's noise fixed by (the run's seed, initial time, k).")
-_PARAMS = flags.DEFINE_enum("params", None, list(PARAMS),
-                            "Parameters: the moving average (ema) or the raw ones (default: "
-                            "the moving average when the run kept one, train.ema_decay).")
+_PARAMS = cli.define_params()
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 _NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
                                         "With --platform=cpu: fake devices.")

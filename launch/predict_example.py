@@ -13,7 +13,6 @@ from absl import flags
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from wnscale import outputs
 from wnscale.interop.graphcast_example import predict_example
-from wnscale.train.checkpoint import PARAMS
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _EXAMPLE = flags.DEFINE_string("example", None, "GraphCast example file (.nc).")
@@ -21,9 +20,7 @@ _OUT = cli.define_output("out", "Predictions file (.nc) to write.", outputs.FILE
 _STEPS = flags.DEFINE_integer("steps", None,
                               "Lead times to predict (default: the example's targets).")
 _MEMBERS = flags.DEFINE_integer("members", None, "An FGN's ensemble members.")
-_PARAMS = flags.DEFINE_enum("params", None, list(PARAMS),
-                            "Parameters: the moving average (ema) or the raw ones (default: "
-                            "the moving average when the run kept one, train.ema_decay).")
+_PARAMS = cli.define_params()
 _NOISE = flags.DEFINE_string("noise", None, "An FGN's noise: a .npz whose 'noise' is "
                              "[members, K] or [members, steps, K], or an integer seed.")
 

@@ -19,6 +19,27 @@ def _train_config():
   return train
 
 
+def _params():
+  keys = jax.random.split(jax.random.key(0), 2)
+  return {"encoder": {"kernel": jax.random.normal(keys[0], (6, 5)), "bias": jnp.zeros((5,))},
+          "processor": {"kernel": jax.random.normal(keys[1], (3, 5, 5))}}
+
+
+def _train_both(first, second, params, steps, second_grads=lambda grads: grads):
+  """`((params, state), (params, state))` of two optimizers after `steps` updates from
+  `params`, with gradients large enough that the clipping is active (the second's passed
+  through `second_grads`)."""
+  trained = []
+  for tx, adjust in ((first, lambda grads: grads), (second, second_grads)):
+    current, state = params, tx.init(params)
+    for step in range(steps):
+      grads = adjust(jax.tree.map(lambda p, s=step: jnp.sin(p * (s + 1)) * 3.0, current))
+      updates, state = tx.update(grads, state, current)
+      current = optax.apply_updates(current, updates)
+    trained.append((current, state))
+  return trained
+
+
 def test_schedule_warms_up_then_decays_to_the_end_rate():
   schedule = optimizer.learning_rate_schedule(_train_config())
   assert float(schedule(0)) == 0.0
@@ -30,24 +51,13 @@ def test_schedule_warms_up_then_decays_to_the_end_rate():
 
 def test_raveled_adamw_matches_adamw_on_the_tree():
   train = _train_config()
-  keys = jax.random.split(jax.random.key(0), 2)
-  params = {"encoder": {"kernel": jax.random.normal(keys[0], (6, 5)),
-                        "bias": jnp.zeros((5,))},
-            "processor": {"kernel": jax.random.normal(keys[1], (3, 5, 5))}}
+  params = _params()
   on_tree = optax.chain(
       optax.clip_by_global_norm(train.grad_clip_norm),
       optax.adamw(optimizer.learning_rate_schedule(train), b1=train.adam_b1,
                   b2=train.adam_b2, weight_decay=train.weight_decay))
-  raveled = optimizer.make_optimizer(train)
-  tree_params, flat_params = params, params
-  tree_state, flat_state = on_tree.init(params), raveled.init(params)
-  for step in range(12):
-    # Gradients large enough that the clipping is active.
-    grads = jax.tree.map(lambda p, s=step: jnp.sin(p * (s + 1)) * 3.0, tree_params)
-    updates, tree_state = on_tree.update(grads, tree_state, tree_params)
-    tree_params = optax.apply_updates(tree_params, updates)
-    updates, flat_state = raveled.update(grads, flat_state, flat_params)
-    flat_params = optax.apply_updates(flat_params, updates)
+  (flat_params, flat_state), (tree_params, _) = _train_both(
+      optimizer.make_optimizer(train), on_tree, params, steps=12)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                flat_params, tree_params)
   assert not np.allclose(flat_params["encoder"]["kernel"], params["encoder"]["kernel"])
@@ -84,22 +94,13 @@ def test_frozen_parameters_get_no_update_and_no_state():
   trained parameters."""
   train = _train_config()
   train.freeze = ("processor",)
-  keys = jax.random.split(jax.random.key(0), 2)
-  params = {"encoder": {"kernel": jax.random.normal(keys[0], (6, 5)),
-                        "bias": jnp.zeros((5,))},
-            "processor": {"kernel": jax.random.normal(keys[1], (3, 5, 5))}}
+  params = _params()
   frozen_tx = optimizer.make_optimizer(train)
   train.freeze = ()
-  plain_tx = optimizer.make_optimizer(train)
-  frozen, plain = params, params
-  frozen_state, plain_state = frozen_tx.init(params), plain_tx.init(params)
-  for step in range(6):
-    grads = jax.tree.map(lambda p, s=step: jnp.sin(p * (s + 1)) * 3.0, params)
-    updates, frozen_state = frozen_tx.update(grads, frozen_state, frozen)
-    frozen = optax.apply_updates(frozen, updates)
-    grads["processor"] = jax.tree.map(jnp.zeros_like, grads["processor"])
-    updates, plain_state = plain_tx.update(grads, plain_state, plain)
-    plain = optax.apply_updates(plain, updates)
+  (frozen, frozen_state), (plain, _) = _train_both(
+      frozen_tx, optimizer.make_optimizer(train), params, steps=6,
+      second_grads=lambda grads: dict(grads, processor=jax.tree.map(jnp.zeros_like,
+                                                                    grads["processor"])))
   np.testing.assert_array_equal(frozen["processor"]["kernel"], params["processor"]["kernel"])
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                frozen["encoder"], plain["encoder"])

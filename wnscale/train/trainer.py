@@ -307,8 +307,9 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
       compile_start = time.perf_counter()
       with run_log.phase(_compiled_text(t.phases, phase)):
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
-      times["compile"] += time.perf_counter() - compile_start
-      timer = time.perf_counter()  # compiling is not training speed
+      compiling = time.perf_counter() - compile_start
+      times["compile"] += compiling
+      timer += compiling  # compiling is not training speed
     else:
       batch = t.next_batch()
     state, metrics = train_step(state, *t.constants, batch)
@@ -357,7 +358,8 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
                       "command to continue.", done, t.preemption.signal_name,
                       t.run.checkpoint(done))
       break
-  times["training"] = time.perf_counter() - loop_start - times["evaluation"] - times["checkpoint"]
+  times["training"] = (time.perf_counter() - loop_start - times["compile"] - times["evaluation"]
+                       - times["checkpoint"])
   closing.close()
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
