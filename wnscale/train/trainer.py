@@ -13,6 +13,11 @@ resumed run must read the data its checkpoints were trained on
 (`check_same_data`). A full disk ends the run with a `NoSpaceLeft` naming the
 path; the checkpoints written before stay, and the next start removes what
 the failed save left (Orbax's temporary directories).
+A rollout curriculum (`train.rollout_schedule`, `wnscale.train.curriculum`) trains
+phase by phase, each with its own compiled step and a data pipeline of its
+target length continuing the previous one's position; a moving average of the
+parameters (`train.ema_decay`) is part of the train state, and is what the
+evaluations score; `train.freeze` leaves parts of the model out of the optimizer.
 What the run logs as it goes: `wnscale.train.run_log`.
 """
 
