@@ -87,6 +87,14 @@ def test_weathernext2_configs_are_the_released_models():
     ("data", "stored_forcings", ("toa_incident_solar_radiation",),
      "set data.input_normalization='all'"),
     ("data", "input_normalization", "some", "data.input_normalization='some'"),
+    ("train", "rollout_schedule", ((5, 1), (100, 2)), "the first at 0"),
+    ("train", "rollout_schedule", ((0, 1), (300, 2)), "all before train.steps=200"),
+    ("train", "rollout_schedule", ((0, 1), (50, 0)), "target_steps must be >= 1"),
+    ("train", "rollout_schedule", ("0:1:2",), r"rollout_schedule entry '0:1:2': 3 parts"),
+    ("train", "phase_learning_rates", ("1e-3", "3e-7"), "2 entries for 1 phase"),
+    ("train", "phase_learning_rates", ("1e-3:200",), r"a warm-up shorter than the phase "
+     r"\(200 steps\)"),
+    ("train", "ema_decay", 1.0, r"train.ema_decay=1.0 must be in \[0, 1\)"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):
   config = config_lib.default_config()

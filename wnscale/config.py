@@ -17,7 +17,6 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
-from wnscale.train import curriculum
 
 LOSSES = ("mse", "crps")
 
@@ -388,7 +387,7 @@ def _check_recipe(train: specs_lib.TrainSpec):
     _require(len(rates) == max(len(schedule), 1),
              f"train.phase_learning_rates has {len(rates)} entries for "
              f"{max(len(schedule), 1)} phase(s) of train.rollout_schedule: give one per phase")
-    for (peak, warmup, end), phase in zip(rates, curriculum.phases(train, target_steps=1)):
+    for (peak, warmup, end), phase in zip(rates, train.phases(target_steps=1)):
       length = phase.end_step - phase.first_step
       _require(peak > 0 and 0 <= end <= peak and 0 <= warmup < length,
                f"train.phase_learning_rates entry {peak}:{warmup}:{end} of the phase at step "

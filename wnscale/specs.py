@@ -151,6 +151,16 @@ class DataSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Phase:
+  """A rollout phase: steps `[first_step, end_step)` trained on `target_steps` rollout steps."""
+
+  index: int
+  first_step: int
+  end_step: int
+  target_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSpec:
   """The `train` section: optimizer, schedule, loss, logging and checkpoints."""
 
@@ -194,6 +204,14 @@ class TrainSpec:
     object.__setattr__(self, "phase_learning_rates", tuple(
         (peak, warmup, peak if math.isnan(end) else end) for peak, warmup, end in rates))
 
+  def phases(self, target_steps: int) -> tuple[Phase, ...]:
+    """The rollout phases of the run, in order, covering steps `[0, steps)`; `target_steps`
+    (`data.target_steps`) is the one phase's without a `rollout_schedule`."""
+    schedule = self.rollout_schedule or ((0, target_steps),)
+    ends = [first for first, _ in schedule[1:]] + [self.steps]
+    return tuple(Phase(index, first, end, steps)
+                 for index, ((first, steps), end) in enumerate(zip(schedule, ends)))
+
 
 @dataclasses.dataclass(frozen=True)
 class Specs:
@@ -204,6 +222,11 @@ class Specs:
   mesh: MeshSpec
   data: DataSpec
   train: TrainSpec
+
+  @property
+  def phases(self) -> tuple[Phase, ...]:
+    """The run's rollout phases (`TrainSpec.phases`)."""
+    return self.train.phases(self.data.target_steps)
 
 
 def _parse_entry(entry, key: str, types: tuple, defaults: tuple = ()) -> tuple:

@@ -23,7 +23,6 @@ import optax
 
 from wnscale import specs as specs_lib
 from wnscale.errors import UserError
-from wnscale.train import curriculum
 
 TRAINED, FROZEN = "trained", "frozen"  # the labels of `multi_transform`
 
@@ -41,7 +40,7 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=train.learning_rate, warmup_steps=warmup_steps(train),
         decay_steps=train.steps, end_value=train.end_learning_rate)
-  phases = curriculum.phases(spec, target_steps=1)  # only their steps matter here
+  phases = spec.phases(target_steps=1)  # only their steps matter here
   return optax.join_schedules(
       [_phase_schedule(*rate, phase.end_step - phase.first_step)
        for rate, phase in zip(spec.phase_learning_rates, phases)],

@@ -167,7 +167,7 @@ class _Training:
   evaluator: evaluation.Evaluator
   train_data: pipeline.DataPipeline
   data_offset: int
-  phases: tuple  # `curriculum.Phase`s of the run
+  phases: tuple  # the run's `specs.Phase`s
   pipeline_at: object  # `(phase, data_offset) -> DataPipeline` of the phase's examples
   num_groups: int
   rows_per_example: int
@@ -177,7 +177,7 @@ class _Training:
   preemption: _Preemption
   frozen: dict  # `optimizer.frozen_counts` of `train.freeze`
 
-  def start_phase(self, phase: curriculum.Phase):
+  def start_phase(self, phase: specs_lib.Phase):
     """Reads `phase`'s examples from here on: a pipeline of its target length, continuing
     at the current one's position (the same examples, indexed alike in every phase)."""
     position = self.train_data.iterator.get_state()
@@ -217,7 +217,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
     data = dataclasses.replace(specs.data, path=resolve_store(specs.data, config.seed))
     config.data.path = data.path
     statistics = resolve_stats(data)
-    phases = curriculum.phases(specs.train, specs.data.target_steps)
+    phases = specs.phases
     source = pipeline.make_source(data, "train", stats=statistics,
                                   indexed_target_steps=curriculum.longest(phases))
     eval_source = (pipeline.make_source(data, "eval", stats=statistics)
@@ -254,7 +254,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   state = jax.device_put(initial_state(params, optimizer, ema=bool(config.train.ema_decay)),
                          assembly.replicated)
 
-  def pipeline_at(phase: curriculum.Phase, offset: int) -> pipeline.DataPipeline:
+  def pipeline_at(phase: specs_lib.Phase, offset: int) -> pipeline.DataPipeline:
     train_data = _train_pipeline(specs, source.with_target_steps(phase.target_steps), group,
                                  num_groups, offset)
     closing.callback(train_data.close)
