@@ -17,7 +17,7 @@ from wnscale.train import optimizer as optimizer_lib
 from wnscale.train import step as step_lib
 from wnscale.train.state import initial_state
 
-LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
+LATITUDE, LONGITUDE = grid.regular_grid(30.0, include_poles=True)
 DECAY = 0.75  # far from 1, so that every step shows in the average
 STEPS = 3
 
@@ -28,7 +28,7 @@ def test_ema_follows_the_parameters_and_frozen_parts_stay_bitwise():
   bitwise the initial ones while the rest moved; the optimizer's moments cover only the
   trained parameters."""
   config = config_lib.default_config()
-  config.model.update(latent_size=16, mesh_levels=1, message_passing_steps=2)
+  config.model.update(latent_size=8, mesh_levels=0, message_passing_steps=1)
   config.train.update(ema_decay=DECAY, freeze=("processor",), warmup_steps=0)
   config = config_lib.validate(config)
   specs = specs_lib.from_config(config)

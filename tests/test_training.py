@@ -214,6 +214,7 @@ def test_no_store_and_no_synthetic_names_the_setting(tmp_path):
 # parameters and a frozen processor.
 RECIPE = ["--config.train.rollout_schedule=((0,1),(4,2),(8,3))",
           "--config.train.ema_decay=0.9", "--config.train.freeze=('processor',)"]
+ONE_DEVICE = dict(devices=1, data=1, graph=1)  # three phases compile: the cheapest program
 PHASE_COMPILED = r"Rollout phase (\d) of 3 .*: compiled its train step"
 
 
@@ -224,7 +225,7 @@ def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_pat
   resumes there, in mid-phase, changes phase at step 8, and gives the uninterrupted run's
   losses, parameters and EMA bitwise."""
   reference = str(tmp_path / "reference")
-  result = run(reference, extra=RECIPE)
+  result = run(reference, **ONE_DEVICE, extra=RECIPE)
   assert re.findall(PHASE_COMPILED, result.stderr) == ["1", "2", "3"]
   assert re.search(r"Frozen \(no update, no optimizer state\): processor \([\d,]+ "
                    r"parameters\); [\d,]+ parameters trained", result.stderr)
@@ -235,7 +236,7 @@ def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_pat
 
   workdir = str(tmp_path / "killed")
   no_eval = ["--config.train.eval_every=0"]  # evaluations change nothing trained
-  started = Started(train_command(workdir, extra=RECIPE + no_eval
+  started = Started(train_command(workdir, **ONE_DEVICE, extra=RECIPE + no_eval
                                   + ["--config.train.checkpoint_every=5"]))
   try:
     wait_for_step(started, workdir, 6)
@@ -248,7 +249,7 @@ def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_pat
   finally:
     started.kill()
   assert 6 <= max(losses(workdir)) < 8  # killed in the second phase
-  resumed = run(workdir, extra=RECIPE + no_eval)
+  resumed = run(workdir, **ONE_DEVICE, extra=RECIPE + no_eval)
   assert "Resumed from step 5" in resumed.stderr
   assert re.findall(PHASE_COMPILED, resumed.stderr) == ["2", "3"]
   assert losses(workdir) == losses(reference)  # exact, step for step
