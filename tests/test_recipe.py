@@ -1,12 +1,17 @@
 """The training recipe in the jitted train step: the parameters' moving average (EMA) and
 frozen parts, on a small model on one device. (The rollout curriculum across a kill -9:
 test_training.py; the frozen-parameter optimizer and the phases' learning rates:
-test_optimizer.py; the EMA in checkpoints: test_checkpoint.py.)"""
+test_optimizer.py; the EMA in checkpoints: test_checkpoint.py.) And `remat_policy="auto"`
+sizes the longest rollout phase."""
+
+import os
 
 import jax
 import numpy as np
+import pytest
 
 from problems import device_batch, synthetic_problem
+from tiny_runs import REPO
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
@@ -15,6 +20,7 @@ from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import optimizer as optimizer_lib
 from wnscale.train import step as step_lib
+from wnscale.train import trainer
 from wnscale.train.state import initial_state
 
 LATITUDE, LONGITUDE = grid.regular_grid(30.0, include_poles=True)
@@ -69,3 +75,24 @@ def _by_name(params) -> dict:
   """`{dotted parameter name: host array}`."""
   return {optimizer_lib.path_name(path): np.array(leaf)
           for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def test_auto_remat_sizes_the_longest_rollout_phase(tmp_path, monkeypatch):
+  """`remat_policy="auto"` chooses for the longest phase's rollout (3 steps here), not for
+  `data.target_steps` (1): what it is given to compile has 3 target steps."""
+  config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+  config.model.remat_policy = "auto"
+  config.train.update(steps=12, rollout_schedule=((0, 1), (4, 3)), eval_every=0)
+  config.data.update(train_start="2020-01-01", train_end="2020-01-20",
+                     eval_start="2020-01-21", eval_end="2020-01-31")
+  config.mesh.update(data=2, graph=4)  # the test session's 8 devices
+  planned = []
+
+  def chosen(planned_config):
+    planned.append(planned_config.data.target_steps)
+    raise InterruptedError("planned")  # enough: nothing is compiled
+
+  monkeypatch.setattr(trainer, "_auto_remat", chosen)
+  with pytest.raises(InterruptedError, match="planned"):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert planned == [3] and config.data.target_steps == 1
