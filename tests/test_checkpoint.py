@@ -171,5 +171,5 @@ def test_the_moving_average_is_checkpointed_and_read_by_default(tmp_path):
   _save(str(tmp_path / "plain"), [3], dict(_state(), ema=None))
   params, _ = checkpoint.restore_params(str(tmp_path / "plain"), abstract)
   jax.tree.map(np.testing.assert_array_equal, params, _state()["params"])
-  with pytest.raises(UserError, match=r"holds no moving average .*train.ema_decay=0"):
+  with pytest.raises(UserError, match=r"^params=ema: the checkpoint .* holds no moving average .*train.ema_decay=0"):
     checkpoint.restore_params(str(tmp_path / "plain"), abstract, which="ema")

@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 
 from wnscale import paths
 
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 
 
 class CheckpointMismatchError(UserError):
@@ -306,9 +306,10 @@ def _params_key(stored: dict, which: str | None, checkpoint: str) -> str:
   if which not in (None,) + PARAMS:
     raise ValueError(f"which={which!r}, expected one of {PARAMS} or None")
   has_ema = stored.get("ema") is not None
-  if which == "ema" and not has_ema:
-    raise UserError(f"Checkpoint {checkpoint} holds no moving average of the parameters (its "
-                    "run had train.ema_decay=0): read its raw parameters (params='raw').")
+  if which == "ema" and not has_ema:  # `params`: the argument of forecasts and predictions
+    raise ArgumentError("params", which, f"the checkpoint {checkpoint} holds no moving "
+                        "average of the parameters (its run had train.ema_decay=0); read its "
+                        "raw parameters (`params=raw`).")
   return "ema" if has_ema and which != "raw" else "params"
 
 
