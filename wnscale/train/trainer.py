@@ -241,8 +241,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   optimizer = optimizer_lib.make_optimizer(config.train)
   frozen = optimizer_lib.frozen_counts(assembly.params, config.train.freeze)
   if config.train.freeze and is_main:
-    logging.info("Frozen (no update, no optimizer state): %s; %d parameters trained.",
-                 run_log.describe_frozen(frozen), frozen[optimizer_lib.TRAINED])
+    logging.info("Frozen (no update, no optimizer state): %s; %s parameters trained.",
+                 run_log.describe_frozen(frozen), f"{frozen[optimizer_lib.TRAINED]:,}")
 
   # Resume (only unreadable checkpoint files count as damage, see `_resume`); a new run
   # starts from `train.init_from`'s parameters if given.
