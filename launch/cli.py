@@ -121,6 +121,14 @@ def define_workdir():
 _OUTPUTS = []  # (flag, outputs.Kind) of each output the launcher defines
 
 
+def define_params():
+  """`--params`: which parameters of a training run a launcher reads (`checkpoint.PARAMS`)."""
+  from wnscale.train.checkpoint import PARAMS  # noqa: PLC0415 (Orbax: only where it is used)
+  return flags.DEFINE_enum("params", None, list(PARAMS),
+                           "Parameters: the moving average (ema) or the raw ones (default: "
+                           "the moving average when the run kept one, train.ema_decay).")
+
+
 def define_output(name: str, help_text: str, kind: outputs.Kind):
   """An output flag (e.g. `--out`), checked before JAX starts (`wnscale.outputs.check`).
 

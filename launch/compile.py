@@ -35,6 +35,7 @@ from absl import flags, logging  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
 from wnscale.errors import UserError  # noqa: E402
 from wnscale.planner import auto_remat, topology  # noqa: E402
+from wnscale.train import curriculum  # noqa: E402
 from wnscale.planner.compile import (Problem, batch_per_data_shard,  # noqa: E402
                                      best_setting)
 from wnscale.train.step import lower_train_step  # noqa: E402
@@ -120,7 +121,7 @@ def main(argv):
 
   target = topology.resolve(name)
   num_devices = len(target.devices)
-  config = config_lib.validate(_CONFIG.value)
+  config = curriculum.longest_phase_config(config_lib.validate(_CONFIG.value))
   config_batch = config.train.batch_size
   if _GRAPH_SHARDS.value and not all(g.isdigit() for g in _GRAPH_SHARDS.value):
     raise UserError(f"--graph_shards={','.join(_GRAPH_SHARDS.value)}: give shard counts, "

@@ -44,6 +44,7 @@ _MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"]
 _MEMBERS = flags.DEFINE_integer(
     "members", None, "An FGN run's ensemble size: members 0..N-1 along a `number` dim, "
     "member k's noise fixed by (the run's seed, initial time, k).")
+_PARAMS = cli.define_params()
 _PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 _NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
                                         "With --platform=cpu: fake devices.")
@@ -60,7 +61,8 @@ def main(argv):
                            init_times=_INIT_TIMES.value, init_start=_INIT_START.value,
                            init_end=_INIT_END.value, init_every=_INIT_EVERY.value,
                            step=_STEP.value, data_path=_DATA_PATH.value,
-                           mesh_overrides=mesh, members=_MEMBERS.value)
+                           mesh_overrides=mesh, members=_MEMBERS.value,
+                           params=_PARAMS.value)
   except NanError as error:  # the store's advice (data.fill_nan) is the training run's
     raise UserError(f"{error.problem}. A forecast does not fill NaN: choose initial times "
                     "whose states are whole (--init_times, --init_start/--init_end), "

@@ -20,6 +20,7 @@ _OUT = cli.define_output("out", "Predictions file (.nc) to write.", outputs.FILE
 _STEPS = flags.DEFINE_integer("steps", None,
                               "Lead times to predict (default: the example's targets).")
 _MEMBERS = flags.DEFINE_integer("members", None, "An FGN's ensemble members.")
+_PARAMS = cli.define_params()
 _NOISE = flags.DEFINE_string("noise", None, "An FGN's noise: a .npz whose 'noise' is "
                              "[members, K] or [members, steps, K], or an integer seed.")
 
@@ -27,7 +28,8 @@ _NOISE = flags.DEFINE_string("noise", None, "An FGN's noise: a .npz whose 'noise
 def main(argv):
   del argv
   predict_example(_WORKDIR.value, _EXAMPLE.value, _OUT.value, _STEPS.value,
-                  overwrite=cli.overwrite(), members=_MEMBERS.value, noise=_NOISE.value)
+                  overwrite=cli.overwrite(), members=_MEMBERS.value, noise=_NOISE.value,
+                  params=_PARAMS.value)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,7 @@ def forecast(workdir, out, *args, env=None):
 
 def test_forecast_flags_and_stores_that_do_not_fit(tmp_path, stores, trained_tiny_run):
   """The run's store covers 2020-01-01 .. 2020-01-31; none of these compiles anything.
+  `--params=ema` of a run without an EMA is said before any forecast is written.
   (`--init_every=24`, without a unit, is the same way out: test_forecast.py.)"""
   out = tmp_path / "forecast.zarr"
   result = forecast(trained_tiny_run, out, "--init_start=2020-01-25", "--init_end=2020-02-10")
@@ -153,6 +154,11 @@ def test_forecast_flags_and_stores_that_do_not_fit(tmp_path, stores, trained_tin
                             f"--out={stores['other_forecast']}: holds a forecast of another "
                             "run, /elsewhere/run; choose another --out")
   assert "step" not in error
+  # The moving average of a run that kept none (train.ema_decay=0).
+  assert_user_error(forecast(trained_tiny_run, out, "--params=ema", "--init_times=2020-01-25",
+                             "--lead=6h"),
+                    "--params=ema: the checkpoint", "holds no moving average of the parameters",
+                    "read its raw parameters (--params=raw)")
   assert not out.exists()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from wnscale.errors import UserError
 from wnscale.graphs.points import PointSet
 from wnscale.train import checkpoint
 
@@ -152,3 +153,24 @@ def test_run_directory_keeps_its_config_history_and_names_what_is_missing(tmp_pa
     os.makedirs(os.path.join(run.checkpoints, name))
   assert run.saved_steps() == [3, 5, 12]
   assert run.checkpoint(5) == os.path.join(run.path, "checkpoints", "5")
+
+
+def test_the_moving_average_is_checkpointed_and_read_by_default(tmp_path):
+  """A train state with an EMA restores whole; `restore_params` reads the EMA unless asked
+  for the raw parameters, and asking a run without one for it is an error naming why."""
+  with_ema = dict(_state(), ema={"kernel": -_state()["params"]["kernel"],
+                                 "bias": jnp.full((4,), 0.5)})
+  _save(str(tmp_path / "ema"), [3], with_ema)
+  state, _, _ = _restore(str(tmp_path / "ema"), with_ema)
+  jax.tree.map(np.testing.assert_array_equal, state, with_ema)
+  abstract = _abstract(_state()["params"])
+  for which, want in [(None, "ema"), ("ema", "ema"), ("raw", "params")]:
+    params, step = checkpoint.restore_params(str(tmp_path / "ema"), abstract, which=which)
+    assert step == 3
+    jax.tree.map(np.testing.assert_array_equal, params,
+                 with_ema[want] if want == "ema" else with_ema["params"])
+  _save(str(tmp_path / "plain"), [3], dict(_state(), ema=None))
+  params, _ = checkpoint.restore_params(str(tmp_path / "plain"), abstract)
+  jax.tree.map(np.testing.assert_array_equal, params, _state()["params"])
+  with pytest.raises(UserError, match=r"^params=ema: the checkpoint .* holds no moving average .*train.ema_decay=0"):
+    checkpoint.restore_params(str(tmp_path / "plain"), abstract, which="ema")

@@ -88,6 +88,14 @@ def test_weathernext2_configs_are_the_released_models():
      "set data.input_normalization='all'"),
     ("data", "input_normalization", "some", "data.input_normalization='some'"),
     ("data", "grid", "N320", r"data.grid='N320': Unknown grid 'N320': name an octahedral"),
+    ("train", "rollout_schedule", ((5, 1), (100, 2)), "the first at 0"),
+    ("train", "rollout_schedule", ((0, 1), (300, 2)), "all before train.steps=200"),
+    ("train", "rollout_schedule", ((0, 1), (50, 0)), "target_steps must be >= 1"),
+    ("train", "rollout_schedule", ("0:1:2",), r"rollout_schedule entry '0:1:2': 3 parts"),
+    ("train", "phase_learning_rates", ("1e-3", "3e-7"), "2 entries for 1 phase"),
+    ("train", "phase_learning_rates", ("1e-3:200",), r"a warm-up shorter than the phase "
+     r"\(200 steps\)"),
+    ("train", "ema_decay", 1.0, r"train.ema_decay=1.0 must be in \[0, 1\)"),
 ])
 def test_invalid_values_are_rejected(section, key, value, message):
   config = config_lib.default_config()
@@ -135,3 +143,22 @@ def test_wrong_type_is_rejected():
   config.model = dict(config.model, latent_size="wide")  # a section replaced wholesale
   with pytest.raises(ValueError, match="model.latent_size='wide' must be of type int"):
     config_lib.validate(config)
+
+
+def test_the_paper_configs_carry_graphcasts_whole_schedule():
+  """300,000 steps of 1-step training (warm-up to 1e-3, half-cosine to 0), then 1,000 steps
+  at each of 2..12 autoregressive steps at 3e-7; the memory planner and remat_policy="auto"
+  size the 12-step phase."""
+  from wnscale.train import curriculum  # noqa: PLC0415
+  for name in ("graphcast_0p25.py", "graphcast_1p0.py"):
+    config = config_lib.load(os.path.join(CONFIG_DIR, name))
+    train = config.train
+    assert train.rollout_schedule[:2] == ((0, 1), (300_000, 2))
+    assert train.rollout_schedule[-1] == (310_000, 12) and train.steps == 311_000
+    schedule = optimizer.learning_rate_schedule(train)
+    assert float(schedule(1_000)) == pytest.approx(1e-3)
+    assert float(schedule(299_999)) == pytest.approx(0, abs=1e-9)
+    assert [float(schedule(step)) for step in (300_000, 305_500, 310_999)] == pytest.approx(
+        [3e-7] * 3)
+    assert curriculum.longest_phase_config(config).data.target_steps == 12
+    assert config.data.target_steps == 1  # evaluation's lead times

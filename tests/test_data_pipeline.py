@@ -156,3 +156,25 @@ def test_from_config_train_and_eval(store_path):
                                 evaluation.source[0]["inputs"])
   with pytest.raises(ValueError, match="split must be 'train' or 'eval'"):
     pipeline.make_pipeline(data, "test", batch_size=2, seed=0)
+
+
+def test_a_rollout_phase_change_continues_the_stream_with_longer_targets(store_path):
+  """A source indexed for 3 targets yields the same examples with 1 or 3 (the curriculum's
+  phases): a 3-target pipeline set to the 1-target one's state continues at its example,
+  whose first target is the 1-target example's, and the inputs are the same."""
+  data = _data(store_path)
+  source = pipeline.make_source(data, "train", indexed_target_steps=3)
+  assert len(source) == len(pipeline.make_source(data, "train")) - 2
+  short, long = source.with_target_steps(1), source.with_target_steps(3)
+  assert len(short) == len(long) == len(source)
+  uninterrupted = _take(_pipeline(store_path, source=short).iterator, 4)
+  first_phase = _pipeline(store_path, source=short).iterator
+  _take(first_phase, 2)
+  second_phase = _pipeline(store_path, source=long)
+  second_phase.restore(first_phase.get_state())
+  for got, want in zip(_take(second_phase.iterator, 2), uninterrupted[2:]):
+    assert got["targets"].shape[1] == 3 and got["forcings"].shape[1] == 2 + 3
+    np.testing.assert_array_equal(got["inputs"], want["inputs"])
+    np.testing.assert_array_equal(got["targets"][:, :1], want["targets"])
+  with pytest.raises(ValueError, match="indexed_target_steps"):
+    source.with_target_steps(4)

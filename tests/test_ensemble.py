@@ -61,17 +61,20 @@ def test_fresh_fgn_is_the_deterministic_model(processor):
       p.endswith("['scale'].value") for p in plain)  # each norm: kernel and bias
   merged = jax.tree_util.tree_map_with_path(
       lambda path, x: plain.get(jax.tree_util.keystr(path), x), fgn_params)
-  expected = forecast.rollout(nnx.merge(plain_graphdef, plain_params), constants, batch)
+  def rollout(graphdef):  # jitted: op by op, each of the rollout's ops would compile
+    return jax.jit(lambda params, batch: forecast.rollout(nnx.merge(graphdef, params),
+                                                          constants, batch))
+
+  expected = rollout(plain_graphdef)(plain_params, batch)
   noise = np.random.default_rng(0).standard_normal((2, 1, NOISE)).astype(np.float32)
-  members = forecast.rollout(nnx.merge(fgn_graphdef, merged), constants,
-                             dict(batch, noise=noise))
+  fgn_rollout = rollout(fgn_graphdef)
+  members = fgn_rollout(merged, dict(batch, noise=noise))
   np.testing.assert_allclose(members, expected, rtol=1e-5, atol=1e-5)
   # ... but the conditioning is live: widened, it moves the forecast.
-  widened = forecast.rollout(nnx.merge(fgn_graphdef, spread_members(merged)), constants,
-                             dict(batch, noise=noise))
+  widened = fgn_rollout(spread_members(merged), dict(batch, noise=noise))
   assert np.abs(np.asarray(widened) - np.asarray(expected)).max() > 1e-2
   with pytest.raises(ValueError, match="noise_channels=4 but noise was not given"):
-    forecast.rollout(nnx.merge(fgn_graphdef, merged), constants, batch)
+    fgn_rollout(merged, batch)
 
 
 def test_member_noise_depends_only_on_its_indices():

@@ -14,6 +14,7 @@ import shutil
 import signal
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.slow  # real training runs, in real processes
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline, resolve
-from wnscale.train import checkpoint, trainer
+from wnscale.model import setup
+from wnscale.train import checkpoint, optimizer, trainer
 from tiny_runs import read_metrics
 
 from tiny_runs import (REPO, STEPS, Started, losses, run, snapshot, train_command,
@@ -213,9 +215,71 @@ def test_trains_on_an_octahedral_grid(tmp_path):
   points (values layout) is written and trained on (sharded on points: test_sharding.py)."""
   result = run(str(tmp_path), devices=1, graph=1,
                extra=["--config.data.grid=O32", "--config.train.steps=6",
-                                     "--config.train.eval_every=0",
-                                     "--config.train.checkpoint_every=6"])
+                      "--config.train.eval_every=0", "--config.train.checkpoint_every=6"])
   assert "grid O32 (5,248 points)" in result.stderr
   loss = [value for _, value in sorted(losses(str(tmp_path)).items())]
   assert len(loss) == 6 and np.all(np.isfinite(loss))
   assert np.mean(loss[-2:]) < np.mean(loss[:2])
+
+
+# Three rollout phases of 4 steps (1, 2 and 3 autoregressive steps), an EMA of the
+# parameters and a frozen processor.
+RECIPE = ["--config.train.rollout_schedule=((0,1),(4,2),(8,3))",
+          "--config.train.ema_decay=0.9", "--config.train.freeze=('processor',)"]
+ONE_DEVICE = dict(devices=1, data=1, graph=1)  # three phases compile: the cheapest program
+PHASE_COMPILED = r"Rollout phase (\d) of 3 .*: compiled its train step"
+
+
+def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_path):
+  """A run of three phases, with an EMA and a frozen processor: every metrics line names
+  its phase's `target_steps`, each phase's step is compiled when it starts, the processor
+  never changes. A run killed (SIGKILL) in the second phase after its checkpoint of step 5
+  resumes there, in mid-phase, changes phase at step 8, and gives the uninterrupted run's
+  losses, parameters and EMA bitwise."""
+  reference = str(tmp_path / "reference")
+  result = run(reference, **ONE_DEVICE, extra=RECIPE)
+  assert re.findall(PHASE_COMPILED, result.stderr) == ["1", "2", "3"]
+  assert re.search(r"Frozen \(no update, no optimizer state\): processor \([\d,]+ "
+                   r"parameters\); [\d,]+ parameters trained", result.stderr)
+  metrics = read_metrics(reference)
+  assert [(m["step"], m["target_steps"]) for m in metrics if "loss" in m] == [
+      (step, 1 + (step - 1) // 4) for step in range(1, STEPS + 1)]
+  assert all("target_steps" in m for m in metrics)  # the evaluations' lines too
+
+  workdir = str(tmp_path / "killed")
+  no_eval = ["--config.train.eval_every=0"]  # evaluations change nothing trained
+  started = Started(train_command(workdir, **ONE_DEVICE, extra=RECIPE + no_eval
+                                  + ["--config.train.checkpoint_every=5"]))
+  try:
+    wait_for_step(started, workdir, 6)
+    deadline = time.monotonic() + 120
+    while not os.path.isdir(os.path.join(workdir, "checkpoints", "5")):  # renamed when whole
+      assert time.monotonic() < deadline and started.process.poll() is None
+      time.sleep(0.05)
+    started.process.kill()
+    assert started.finish(timeout=60) == -signal.SIGKILL
+  finally:
+    started.kill()
+  assert 6 <= max(losses(workdir)) < 8  # killed in the second phase
+  resumed = run(workdir, **ONE_DEVICE, extra=RECIPE + no_eval)
+  assert "Resumed from step 5" in resumed.stderr
+  assert re.findall(PHASE_COMPILED, resumed.stderr) == ["2", "3"]
+  assert losses(workdir) == losses(reference)  # exact, step for step
+
+  def params(run_dir, step, which):
+    return {optimizer.path_name(path): np.asarray(leaf) for path, leaf in
+            jax.tree_util.tree_flatten_with_path(checkpoint.restore_params(
+                os.path.join(run_dir, "checkpoints"), abstract, step, which)[0])[0]}
+
+  specs = specs_lib.from_config(config_lib.from_json(open(os.path.join(reference,
+                                                                       "config.json")).read()))
+  abstract = checkpoint.abstract_like(setup.init_model_shapes(specs)[1],
+                                      jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  for which in checkpoint.PARAMS:
+    got, want = params(workdir, STEPS, which), params(reference, STEPS, which)
+    assert got.keys() == want.keys()
+    for name in want:
+      np.testing.assert_array_equal(got[name], want[name], err_msg=f"{which} {name}")
+  raw, first = params(reference, STEPS, "raw"), params(reference, 4, "raw")
+  assert all(np.array_equal(raw[name], first[name]) == name.startswith("processor")
+             for name in raw)

@@ -159,11 +159,25 @@ def default_config() -> ml_collections.ConfigDict:
   t.init_from = ""  # a run directory (e.g. from launch.import_graphcast) whose newest
   # parameters start this run (not its optimizer state; a run resumed from its own
   # checkpoint ignores it); model and data keys must give the same parameter shapes
+  t.rollout_schedule = ()  # the rollout curriculum: (first_step, target_steps) pairs, the
+  # first at step 0, e.g. ((0, 1), (300000, 2), (301000, 3)); each phase trains on rollouts of
+  # its length (backpropagating through all of them) and compiles its own step when it
+  # starts; evaluation keeps data.target_steps. (): data.target_steps throughout
+  t.phase_learning_rates = ()  # one entry per rollout_schedule phase,
+  # "peak[:warmup_steps[:end]]": the phase's own schedule, a linear warm-up from 0 to peak,
+  # then a half-cosine to end over the rest of the phase (no end: constant at peak), e.g.
+  # GraphCast's ("1e-3:1000:0", "3e-7", ...); (): one schedule over the whole run
+  # (learning_rate, warmup_steps, end_learning_rate)
+  t.ema_decay = 0.0  # > 0 (e.g. 0.9999): keep an exponential moving average of the
+  # parameters (updated every step, checkpointed); evaluation, launch.forecast and
+  # launch.predict_example use it (--params=raw: the raw parameters); 0: none
+  t.freeze = ()  # parameter-path prefixes never updated and given no optimizer state, e.g.
+  # ("grid_to_mesh", "mesh_to_grid") or ("processor",) (dotted paths: "processor.layers_0")
   return c
 
 
 def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
-  """The GraphCast paper's model, data and schedule on a grid of `resolution` degrees.
+  """The GraphCast paper's model, data and training schedule on a grid of `resolution` degrees.
 
   Latent 512, 16 message-passing steps, multi-mesh levels 0..6, 6 atmospheric
   variables on 37 levels plus 5 surface variables, bfloat16 activations, and the
@@ -189,10 +203,14 @@ def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
   d.train_start, d.train_end = "1979-01-01", "2017-12-31"
   d.eval_start, d.eval_end = "2018-01-01", "2018-12-31"
   t = c.train
-  t.steps = 300_000
   t.batch_size = 32
   t.warmup_steps = 1_000
   t.learning_rate = 1e-3
+  # 300,000 steps on 1-step rollouts (warm-up to 1e-3, half-cosine to 0), then 1,000 steps at
+  # each of 2..12 autoregressive steps at a constant 3e-7, backpropagating through them all.
+  t.rollout_schedule = ((0, 1),) + tuple((300_000 + 1_000 * (n - 2), n) for n in range(2, 13))
+  t.steps = t.rollout_schedule[-1][0] + 1_000
+  t.phase_learning_rates = ("1e-3:1000:0",) + ("3e-7",) * 11
   t.log_every = 100
   t.eval_every = 5_000
   t.checkpoint_every = 1_000
@@ -202,8 +220,11 @@ def graphcast_paper_config(resolution: float) -> ml_collections.ConfigDict:
 def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
   """GraphCast's schedule and time ranges on a grid of `resolution` degrees, with
   `keys` (`{"section.key": value}`) set: a config file derived from another
-  framework's (`tools/derive_weathernext2_config.py` writes WeatherNext 2's)."""
+  framework's (`tools/derive_weathernext2_config.py` writes WeatherNext 2's). Of
+  GraphCast's rollout curriculum, only its first phase (1-step training) is kept."""
   config = graphcast_paper_config(resolution)
+  first_phase_end = config.train.rollout_schedule[1][0]
+  config.train.update(rollout_schedule=(), phase_learning_rates=(), steps=first_phase_end)
   for key, value in keys.items():
     section, name = key.split(".")
     config[section][name] = value
@@ -335,6 +356,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
   _require(t.memory_budget_gib >= 0, "train.memory_budget_gib must be >= 0")
+  _check_recipe(specs.train)
   for name, activation, _ in specs.model.output_activations:
     _require(name in specs.data.target_only_variables,
              f"model.output_activations: {name!r} is not in data.target_only_variables "
@@ -358,6 +380,30 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(t.ensemble_members >= 2,
              f"train.ensemble_members={t.ensemble_members} must be >= 2 for train.loss='crps'")
   return config
+
+
+def _check_recipe(train: specs_lib.TrainSpec):
+  """The rollout curriculum, its learning rates and the EMA decay make sense together."""
+  schedule = train.rollout_schedule
+  firsts = [first for first, _ in schedule]
+  _require(not schedule or (firsts[0] == 0 and firsts == sorted(set(firsts))
+                            and firsts[-1] < train.steps),
+           f"train.rollout_schedule={schedule}: phases start at increasing steps, the first "
+           f"at 0, all before train.steps={train.steps}")
+  _require(all(steps >= 1 for _, steps in schedule),
+           f"train.rollout_schedule={schedule}: every phase's target_steps must be >= 1")
+  rates = train.phase_learning_rates
+  if rates:
+    _require(len(rates) == max(len(schedule), 1),
+             f"train.phase_learning_rates has {len(rates)} entries for "
+             f"{max(len(schedule), 1)} phase(s) of train.rollout_schedule: give one per phase")
+    for (peak, warmup, end), phase in zip(rates, train.phases(target_steps=1)):
+      length = phase.end_step - phase.first_step
+      _require(peak > 0 and 0 <= end <= peak and 0 <= warmup < length,
+               f"train.phase_learning_rates entry {peak}:{warmup}:{end} of the phase at step "
+               f"{phase.first_step}: needs peak > 0, 0 <= end <= peak, and a warm-up shorter "
+               f"than the phase ({length} steps)")
+  _require(0 <= train.ema_decay < 1, f"train.ema_decay={train.ema_decay} must be in [0, 1)")
 
 
 def _check_keys_and_types(reference, config, prefix):

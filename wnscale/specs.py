@@ -13,6 +13,7 @@ batch shapes), computed here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -151,6 +152,16 @@ class DataSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Phase:
+  """A rollout phase: steps `[first_step, end_step)` trained on `target_steps` rollout steps."""
+
+  index: int
+  first_step: int
+  end_step: int
+  target_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSpec:
   """The `train` section: optimizer, schedule, loss, logging and checkpoints."""
 
@@ -175,11 +186,32 @@ class TrainSpec:
   memory_budget_gib: float
   variable_loss_weights: tuple[tuple[str, float], ...]
   init_from: str
+  rollout_schedule: tuple[tuple[int, int], ...]
+  phase_learning_rates: tuple[tuple[float, int, float], ...]
+  ema_decay: float
+  freeze: tuple[str, ...]
 
-  def __post_init__(self):  # the config's "variable:weight" entries, parsed
+  def __post_init__(self):  # the config's entries, parsed
     object.__setattr__(self, "variable_loss_weights", tuple(
         _parse_entry(entry, "train.variable_loss_weights", (str, float))
         for entry in self.variable_loss_weights))
+    object.__setattr__(self, "rollout_schedule", tuple(
+        _parse_entry(entry, "train.rollout_schedule", (int, int))
+        for entry in self.rollout_schedule))
+    # "peak[:warmup_steps[:end]]": no end given, the phase's rate stays at its peak.
+    rates = (_parse_entry(str(entry) if isinstance(entry, (int, float)) else entry,
+                          "train.phase_learning_rates", (float, int, float),
+                          defaults=(0, math.nan)) for entry in self.phase_learning_rates)
+    object.__setattr__(self, "phase_learning_rates", tuple(
+        (peak, warmup, peak if math.isnan(end) else end) for peak, warmup, end in rates))
+
+  def phases(self, target_steps: int) -> tuple[Phase, ...]:
+    """The rollout phases of the run, in order, covering steps `[0, steps)`; `target_steps`
+    (`data.target_steps`) is the one phase's without a `rollout_schedule`."""
+    schedule = self.rollout_schedule or ((0, target_steps),)
+    ends = [first for first, _ in schedule[1:]] + [self.steps]
+    return tuple(Phase(index, first, end, steps)
+                 for index, ((first, steps), end) in enumerate(zip(schedule, ends)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +223,11 @@ class Specs:
   mesh: MeshSpec
   data: DataSpec
   train: TrainSpec
+
+  @property
+  def phases(self) -> tuple[Phase, ...]:
+    """The run's rollout phases (`TrainSpec.phases`)."""
+    return self.train.phases(self.data.target_steps)
 
 
 def _parse_entry(entry, key: str, types: tuple, defaults: tuple = ()) -> tuple:
@@ -212,6 +249,11 @@ def _section(cls, section):
   values = {key: tuple(value) if isinstance(value, (list, tuple)) else value
             for key, value in section.items()}
   return cls(**values)
+
+
+def train_spec(train) -> TrainSpec:
+  """The `TrainSpec` of a validated config's `train` section alone."""
+  return _section(TrainSpec, train)
 
 
 def from_config(config) -> Specs:

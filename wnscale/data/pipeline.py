@@ -107,11 +107,13 @@ def make_iterator(source,
 
 
 def make_source(data, split: str, grid_slots: np.ndarray | None = None,
-                stats=None) -> source_lib.WeatherExampleSource:
+                stats=None, indexed_target_steps: int | None = None
+                ) -> source_lib.WeatherExampleSource:
   """The example source of `split` ("train" or "eval") of `data`, a `wnscale.specs.DataSpec`.
 
   Both splits are normalized with `stats`, default the training range's
-  (`resolve.resolve_stats`).
+  (`resolve.resolve_stats`). `indexed_target_steps`: examples counted as if this
+  long (a rollout curriculum's longest phase: `WeatherExampleSource`).
   """
   start, end = data.split_range(split)
   if stats is None:
@@ -122,7 +124,7 @@ def make_source(data, split: str, grid_slots: np.ndarray | None = None,
         target_steps=data.target_steps, start=start, end=end,
         time_step_hours=data.time_step_hours, fill_nan=data.fill_nan,
         resolution=data.resolution, grid_slots=grid_slots, stats=stats,
-        **resolve.data_layout(data))
+        indexed_target_steps=indexed_target_steps, **resolve.data_layout(data))
 
 
 def make_pipeline(data,

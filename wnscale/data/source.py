@@ -75,7 +75,8 @@ class WeatherExampleSource:
                stored_forcings=(),
                input_normalization: str = "state",
                global_forcings=(),
-               nan_fill_values=()):
+               nan_fill_values=(),
+               indexed_target_steps: int | None = None):
     """Opens the store and takes (or computes once) its statistics.
 
     Without `fill_nan`, a NaN that the statistics pass saw inside the time
@@ -102,6 +103,10 @@ class WeatherExampleSource:
       global_forcings: names of `forcings.GLOBAL_FORCINGS` to add as `globals`.
       nan_fill_values: `(variable, value)` pairs: NaN of that variable, in inputs
         and targets, is the value (physical units), whatever `fill_nan` says.
+      indexed_target_steps: examples are counted as if they had this many
+        targets (>= `target_steps`; default `target_steps`): a rollout curriculum's
+        longest phase, so that example `i` starts at the same time in every phase
+        (`with_target_steps`) and a data iterator's position means one thing.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "
@@ -116,13 +121,15 @@ class WeatherExampleSource:
     self.global_forcings = tuple(global_forcings)
     self.start, self.end = start, end
     self._first_time, num_times = store_lib.time_range(self.store.times, start, end, path)
-    self._num_examples = num_times - self.window + 1
+    self._num_times = num_times
+    indexed = max(target_steps, indexed_target_steps or target_steps)
+    self._num_examples = num_times - (input_steps + indexed) + 1
     if self._num_examples <= 0:
       times = self.store.times
       raise UserError(
           f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
-          f"{time_step_hours} h; one example needs {self.window} "
-          f"({input_steps} input + {target_steps} target). The store covers "
+          f"{time_step_hours} h; one example needs {input_steps + indexed} "
+          f"({input_steps} input + {indexed} target). The store covers "
           f"{times[0]} .. {times[-1]}: set data.train_start/train_end and "
           "data.eval_start/eval_end inside it.")
     if stats is None:
@@ -255,6 +262,18 @@ class WeatherExampleSource:
     if self._statics is None:
       self._statics = self._to_slots(self.input_scales.statics(self.store.read_statics()))
     return self._statics
+
+  def with_target_steps(self, target_steps: int) -> WeatherExampleSource:
+    """This source (same store, statistics and example count) with `target_steps` targets.
+
+    Only as many as it was indexed for (`indexed_target_steps`): every example still fits.
+    """
+    if self._num_examples - 1 + self.input_steps + target_steps > self._num_times:
+      raise ValueError(f"{target_steps} targets run past the time range this source was "
+                       "indexed for (indexed_target_steps)")
+    clone = copy.copy(self)
+    clone.target_steps = target_steps
+    return clone
 
   def in_layout(self, grid_slots: np.ndarray) -> WeatherExampleSource:
     """This source (same open store and statistics) yielding examples in `grid_slots` order."""

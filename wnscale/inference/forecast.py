@@ -115,7 +115,8 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                  init_start: str | None = None, init_end: str | None = None,
                  init_every: str = "12h", step: int | None = None,
                  data_path: str | None = None, mesh_overrides: dict | None = None,
-                 members: int | None = None, stream=None) -> dict:
+                 members: int | None = None, params: str | None = None,
+                 stream=None) -> dict:
   """Forecasts every initial time not yet in `out`; returns a summary (speed, memory).
 
   Args:
@@ -129,10 +130,13 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     mesh_overrides: overrides of the config's `mesh` section (`data`, `graph`, `exchange`).
     members: an FGN run's ensemble size (required then): members 0..N-1, a `number`
       dim; member k's noise depends on (run seed, initial time, k, lead) only.
+    params: `checkpoint.PARAMS`: "ema" (the moving average of the parameters) or
+      "raw"; default: the moving average if the run kept one.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
   ready = _set_up(RunDirectory(workdir, argument="workdir"), out, lead, init_times,
-                  init_start, init_end, init_every, step, data_path, mesh_overrides, members)
+                  init_start, init_end, init_every, step, data_path, mesh_overrides, members,
+                  params)
   indices, init_datetimes = ready.indices, ready.init_datetimes
   num_leads, output = ready.num_leads, ready.output
   remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
@@ -193,7 +197,8 @@ class _Forecast:
 
 def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init_end,
             init_every: str, step: int | None, data_path: str | None,
-            mesh_overrides: dict | None, members: int | None) -> _Forecast:
+            mesh_overrides: dict | None, members: int | None,
+            params: str | None) -> _Forecast:
   """Everything `run_forecast` checks and builds before its loop (see its arguments)."""
   previous = forecast_store.recorded_settings(out, "out")  # first: one not ours stops all
   if previous is not None and previous["workdir"] != run.path:
@@ -221,7 +226,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
 
   # Normalized with the training run's statistics.
   assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
-  params, step = run.restore_params(assembly.params, step)
+  which = params
+  params, step = run.restore_params(assembly.params, step, which)
   logging.info("Restored the parameters of step %d from %s.", step, run.path)
 
   init_datetimes = store.times[indices]
@@ -230,7 +236,7 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   settings = forecast_store.forecast_settings(
       workdir=run.path, checkpoint_step=step, initial_conditions=path,
       init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
-      members=members)
+      members=members, params=which)
   output = forecast_store.ForecastStore(
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels,

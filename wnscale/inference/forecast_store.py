@@ -140,10 +140,12 @@ class ForecastStore:
 
 
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,
-                      init_times, leads, variables, levels, members=None) -> dict:
+                      init_times, leads, variables, levels, members=None,
+                      params=None) -> dict:
   """The JSON settings that identify a forecast (what a resumed run must match)."""
   ensemble = {} if members is None else {"members": int(members)}
-  return {**ensemble, "workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
+  chosen = {} if params is None else {"params": params}  # checkpoint.PARAMS, when asked
+  return {**ensemble, **chosen, "workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
           "initial_conditions": paths.normalize(initial_conditions),
           "init_times": [str(pd.Timestamp(t)) for t in init_times],
           "lead_hours": [float(pd.Timedelta(lead) / pd.Timedelta(hours=1)) for lead in leads],

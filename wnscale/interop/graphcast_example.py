@@ -46,7 +46,8 @@ from wnscale.train.run_directory import RunDirectory
 
 def predict_example(workdir: str, example_path: str, out_path: str,
                     steps: int | None = None, overwrite: bool = False,
-                    members: int | None = None, noise: str | None = None) -> xr.Dataset:
+                    members: int | None = None, noise: str | None = None,
+                    params: str | None = None) -> xr.Dataset:
   """Predicts `steps` lead times (default: as many as the example has targets) and writes
   them to `out_path` (NetCDF, whole or not at all); returns them.
 
@@ -56,6 +57,8 @@ def predict_example(workdir: str, example_path: str, out_path: str,
     noise: an FGN's noise: an `.npz` file whose `noise` is `[members, K]` (each
       member's noise at every lead time) or `[members, steps, K]`, or an integer
       seed (`ensemble.forecast_noise` of that seed, initial time and member).
+    params: "ema" or "raw" (`checkpoint.PARAMS`); default: the moving average of the
+      parameters when the run kept one.
 
   Raises:
     ValueError: the example does not fit the run's model (naming what), or
@@ -70,8 +73,8 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   member_noise = _member_noise(specs, members, noise, steps)
   grid = PointSet.regular(np.sort(example["lat"].values), example["lon"].values)
   assembly = assemble(specs, grid, resolve.resolve_stats(d), mesh_lib.single_device_mesh())
-  params, _ = run.restore_params(assembly.params)
-  predictor = Predictor(specs, assembly, params)
+  restored, _ = run.restore_params(assembly.params, which=params)
+  predictor = Predictor(specs, assembly, restored)
   rows = []
   for row in range(example.sizes["batch"]):
     inputs, statics, forcings = _member_inputs(example.isel(batch=row), d)

@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 
 from wnscale import paths
 
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 
 
 class CheckpointMismatchError(UserError):
@@ -220,8 +220,14 @@ def save_params(directory: str, params, metadata: dict, step: int = 0):
     manager.close()
 
 
-def restore_params(directory: str, abstract_params, step: int | None = None):
-  """Restores only the model parameters (`state.params`) of a run's checkpoint.
+# Which parameters of a training checkpoint to read: the moving average (`state.ema`,
+# `train.ema_decay` > 0) or the raw `state.params`.
+PARAMS = ("ema", "raw")
+
+
+def restore_params(directory: str, abstract_params, step: int | None = None,
+                   which: str | None = None):
+  """Restores only the model parameters (`state.params` or `state.ema`) of a run's checkpoint.
 
   Works for a training run's checkpoints (the optimizer state is not read)
   and for `save_params`' (an imported model). The directory is only read:
@@ -233,12 +239,14 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
     abstract_params: `jax.ShapeDtypeStruct` tree of the parameters, with the
       shardings to restore onto.
     step: the checkpoint to restore; None: the newest.
+    which: one of `PARAMS`; None: the EMA when the checkpoint holds one, else raw.
 
   Returns:
     `(params, step)`.
 
   Raises:
-    UserError: no checkpoint there, or none at `step` (the message lists them).
+    UserError: no checkpoint there, or none at `step` (the message lists them); `which`
+      is "ema" and the checkpoint holds no EMA.
     CheckpointMismatchError: the checkpoint holds parameters of other arrays,
       shapes or dtypes (another model configuration).
   """
@@ -261,11 +269,13 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
     for candidate in [step] if step is not None else steps:
       try:
         stored = manager.item_metadata(candidate).state
-        stored = getattr(stored, "tree", stored)["params"]
+        stored = getattr(stored, "tree", stored)
       except Exception as error:  # a missing or unreadable _METADATA
         _warn_damaged(directory, candidate, error)
         failures.append(candidate)
         continue
+      key = _params_key(stored, which, paths.join(directory, str(candidate)))
+      stored = stored[key]
       differences = _differences(stored, abstract_params)
       if differences:
         raise CheckpointMismatchError(
@@ -273,13 +283,15 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
             f"model than this config builds; {len(differences)} differences: "
             f"{'; '.join(differences[:5])}. Use the model and data settings it was made with "
             "(its run directory's config.json).")
-      item = {"params": abstract_params}
+      item = {key: abstract_params}
       try:
         restored = manager.restore(candidate, args=ocp.args.Composite(
             state=ocp.args.PyTreeRestore(
                 item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
                 partial_restore=True)))
-        return restored.state["params"], candidate
+        logging.info("Parameters of %s: %s.", paths.join(directory, str(candidate)),
+                     "the moving average (EMA)" if key == "ema" else "the raw ones")
+        return restored.state[key], candidate
       except Exception as error:  # Orbax raises many types for damaged files.
         _warn_damaged(directory, candidate, error)
         failures.append(candidate)
@@ -287,6 +299,18 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
                     f"{failures}).")
   finally:
     manager.close()
+
+
+def _params_key(stored: dict, which: str | None, checkpoint: str) -> str:
+  """The state key holding the parameters `which` asks for, in a checkpoint's `stored` tree."""
+  if which not in (None,) + PARAMS:
+    raise ValueError(f"which={which!r}, expected one of {PARAMS} or None")
+  has_ema = stored.get("ema") is not None
+  if which == "ema" and not has_ema:  # `params`: the argument of forecasts and predictions
+    raise ArgumentError("params", which, f"the checkpoint {checkpoint} holds no moving "
+                        "average of the parameters (its run had train.ema_decay=0); read its "
+                        "raw parameters (`params=raw`).")
+  return "ema" if has_ema and which != "raw" else "params"
 
 
 def _warn_damaged(directory, step, error):

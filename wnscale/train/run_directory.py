@@ -101,11 +101,13 @@ class RunDirectory:
     """A checkpoint of parameters alone (an imported model: `checkpoint.save_params`)."""
     checkpoint_lib.save_params(self.checkpoints, params, metadata, step)
 
-  def restore_params(self, abstract_params, step: int | None = None):
+  def restore_params(self, abstract_params, step: int | None = None,
+                     which: str | None = None):
     """`(params, step)`: the parameters of the newest (or `step`'s) checkpoint that restores.
 
     `abstract_params`: `jax.ShapeDtypeStruct`s with the shardings to restore
     onto. A training run's or an import's checkpoints alike; nothing is written.
+    `which`: `checkpoint.PARAMS` ("ema", "raw"); None: the EMA if the run kept one.
 
     Raises:
       UserError: the directory holds no checkpoint (of `step`).
@@ -114,4 +116,4 @@ class RunDirectory:
     if not paths.exists(self.checkpoints):
       raise self._not_a_run(f"not a run directory: it holds no {CHECKPOINTS}/ (launch.train "
                             "and launch.import_graphcast make one)")
-    return checkpoint_lib.restore_params(self.checkpoints, abstract_params, step)
+    return checkpoint_lib.restore_params(self.checkpoints, abstract_params, step, which)

@@ -17,6 +17,7 @@ import numpy as np
 
 from wnscale import paths
 from wnscale.train import workdir as workdir_lib
+from wnscale.train.optimizer import TRAINED
 from wnscale.train.run_directory import RunDirectory
 
 
@@ -47,12 +48,19 @@ def format_rmse(rmse: dict) -> str:
   return ", ".join(f"{name} {value:.4g}" for name, value in rmse.items())
 
 
+def describe_frozen(counts: dict) -> str:
+  """`optimizer.frozen_counts` as "grid_to_mesh (1,234 parameters), processor (...)"."""
+  return ", ".join(f"{prefix} ({count:,} parameters)" for prefix, count in counts.items()
+                   if prefix != TRAINED)
+
+
 def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train, workdir,
-            checkpoint_steps, store):
+            checkpoint_steps, store, frozen=None):
   """The end of the run in a few lines: steps, times, final figures, the store, outputs.
 
   `last_logged`: `(step, metrics)` of the last progress line (step None: there was none);
-  `last_eval`: `(step, {channel: RMSE})` of the last evaluation, or None.
+  `last_eval`: `(step, {channel: RMSE})` of the last evaluation, or None; `frozen`:
+  `optimizer.frozen_counts` of `train.freeze`.
   """
   logging.info("Run ended at step %d of %d (%d trained now) in %.1f s: set-up %.1f s, compile "
                "%.1f s, training %.1f s, evaluation %.1f s, checkpoint saves blocking %.1f s.",
@@ -66,6 +74,9 @@ def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train
                  format_rmse(last_eval[1]))
   elif train.eval_every:
     logging.info("No evaluation in this run (every %d steps).", train.eval_every)
+  if train.freeze:
+    logging.info("Frozen: %s; %s parameters trained.", describe_frozen(frozen),
+                 f"{frozen[TRAINED]:,}")
   logging.info("Data: the store %s (the truth for launch.evaluate --truth=...).", store)
   logging.info("Outputs: %s.", _describe_outputs(workdir, checkpoint_steps))
 

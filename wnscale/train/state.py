@@ -17,15 +17,20 @@ class TrainState(NamedTuple):
     opt_state: the optax state.
     nonfinite_step: int32 scalar, the first step whose loss was NaN or inf, -1
       if none: checked on the host only when it syncs anyway (logs, checkpoints).
+    ema: the exponential moving average of `params` (`train.ema_decay`), the
+      same tree, or None without one.
   """
 
   step: jax.Array
   params: Any
   opt_state: Any
   nonfinite_step: jax.Array
+  ema: Any = None
 
 
-def initial_state(params, optimizer) -> TrainState:
+def initial_state(params, optimizer, ema: bool = False) -> TrainState:
+  """Step 0 of `params`; with `ema`, an average that starts at `params`."""
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.init(params),
-                    nonfinite_step=jnp.full((), -1, jnp.int32))
+                    nonfinite_step=jnp.full((), -1, jnp.int32),
+                    ema=jax.tree.map(jnp.copy, params) if ema else None)

@@ -35,13 +35,15 @@ def _shardings(layout: ShardedLayout, constants, halo_indices):
 
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
                     halo_indices, *, remat_steps: bool = False, loss: str = "mse",
-                    members: ensemble.TrainingMembers | None = None):
+                    members: ensemble.TrainingMembers | None = None, ema_decay: float = 0.0):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
 
   `loss`: "mse" or "crps"; `members`: an FGN's (`ensemble.training_members`):
   the step draws its members' noise from the seed and `state.step`, so a
   resumed run draws what the uninterrupted run drew. With `members.on_data`
   the batch's rows are the members (`ensemble.members_on_rows` order).
+  `ema_decay` > 0: `state.ema` becomes `decay * ema + (1 - decay) * new params`.
+  The step is traced anew for each shape of batch (a rollout phase's targets).
   """
   on_data = members.members if members is not None and members.on_data else 0
   loss_fn = sharded_model.loss_fn(layout, graphdef, loss=loss, remat_steps=remat_steps,
@@ -54,9 +56,13 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
     first_bad = (state.nonfinite_step < 0) & ~jnp.isfinite(loss)
+    ema = state.ema
+    if ema_decay:
+      with jax.named_scope("ema"):
+        ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p, ema, params)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            nonfinite_step=jnp.where(first_bad, state.step,
-                                                    state.nonfinite_step))
+                                                    state.nonfinite_step), ema=ema)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": schedule(state.step)}
     return new_state, metrics
@@ -78,13 +84,15 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
   graphdef, params = setup.init_model_shapes(specs)
   optimizer = optimizer_lib.make_optimizer(config.train)
   replicated = layout.sharding(P())
+  ema = bool(config.train.ema_decay)
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                       jax.eval_shape(lambda p: initial_state(p, optimizer), params))
+                       jax.eval_shape(lambda p: initial_state(p, optimizer, ema), params))
   train_step = make_train_step(layout, graphdef, optimizer,
                                optimizer_lib.learning_rate_schedule(config.train), constants,
                                halo_indices, remat_steps=config.train.remat_rollout,
                                loss=config.train.loss,
-                               members=ensemble.training_members(specs))
+                               members=ensemble.training_members(specs),
+                               ema_decay=config.train.ema_decay)
   return train_step.lower(state, constants, halo_indices, batch)
 
 

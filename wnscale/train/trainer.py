@@ -13,6 +13,11 @@ resumed run must read the data its checkpoints were trained on
 (`check_same_data`). A full disk ends the run with a `NoSpaceLeft` naming the
 path; the checkpoints written before stay, and the next start removes what
 the failed save left (Orbax's temporary directories).
+A rollout curriculum (`train.rollout_schedule`, `wnscale.train.curriculum`) trains
+phase by phase, each with its own compiled step and a data pipeline of its
+target length continuing the previous one's position; a moving average of the
+parameters (`train.ema_decay`) is part of the train state, and is what the
+evaluations score; `train.freeze` leaves parts of the model out of the optimizer.
 What the run logs as it goes: `wnscale.train.run_log`.
 """
 
@@ -47,6 +52,7 @@ from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import checkpoint as checkpoint_lib
+from wnscale.train import curriculum
 from wnscale.train import evaluation, optimizer as optimizer_lib
 from wnscale.train import run_directory, run_log
 from wnscale.train.run_directory import RunDirectory
@@ -157,16 +163,27 @@ class _Training:
   constants: tuple  # device `(Constants, halo_indices)`
   state: object
   start_step: int
-  train_step: object  # jitted; compiled at the first step
+  train_step: object  # jitted; compiled when each rollout phase starts
   evaluator: evaluation.Evaluator
   train_data: pipeline.DataPipeline
   data_offset: int
+  phases: tuple  # the run's `specs.Phase`s
+  pipeline_at: object  # `(phase, data_offset) -> DataPipeline` of the phase's examples
   num_groups: int
   rows_per_example: int
   batch_dtype: object  # what batches are carried in on the device (`setup.batch_dtype`)
   checkpointer: checkpoint_lib.Checkpointer
   writer: MetricsWriter
   preemption: _Preemption
+  frozen: dict  # `optimizer.frozen_counts` of `train.freeze`
+
+  def start_phase(self, phase: specs_lib.Phase):
+    """Reads `phase`'s examples from here on: a pipeline of its target length, continuing
+    at the current one's position (the same examples, indexed alike in every phase)."""
+    position = self.train_data.iterator.get_state()
+    self.train_data.close()
+    self.train_data = self.pipeline_at(phase, self.data_offset)
+    self.train_data.restore(position)
 
   def next_batch(self) -> dict:
     local = next(self.train_data.iterator)
@@ -200,12 +217,14 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
     data = dataclasses.replace(specs.data, path=resolve_store(specs.data, config.seed))
     config.data.path = data.path
     statistics = resolve_stats(data)
-    source = pipeline.make_source(data, "train", stats=statistics)
+    phases = specs.phases
+    source = pipeline.make_source(data, "train", stats=statistics,
+                                  indexed_target_steps=curriculum.longest(phases))
     eval_source = (pipeline.make_source(data, "eval", stats=statistics)
                    if config.train.eval_every else None)
     phase["text"] = run_log.describe_data(source, eval_source)
-  if config.model.remat_policy == "auto":
-    config.model.update(_auto_remat(config)["overrides"])
+  if config.model.remat_policy == "auto":  # sized for the longest rollout phase
+    config.model.update(_auto_remat(curriculum.longest_phase_config(config))["overrides"])
   specs = specs_lib.from_config(config)  # what the model and the steps are built from
 
   assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
@@ -220,6 +239,10 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
     _check_eval_range(config, eval_source, num_groups)
     eval_source = eval_source.in_layout(layout.grid_slots)
   optimizer = optimizer_lib.make_optimizer(config.train)
+  frozen = optimizer_lib.frozen_counts(assembly.params, config.train.freeze)
+  if config.train.freeze and is_main:
+    logging.info("Frozen (no update, no optimizer state): %s; %s parameters trained.",
+                 run_log.describe_frozen(frozen), f"{frozen[optimizer_lib.TRAINED]:,}")
 
   # Resume (only unreadable checkpoint files count as damage, see `_resume`); a new run
   # starts from `train.init_from`'s parameters if given.
@@ -228,9 +251,17 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   params = assembly.params
   if config.train.init_from and not checkpointer.manager.all_steps():
     params = _initial_params(config.train.init_from, assembly)
-  state = jax.device_put(initial_state(params, optimizer), assembly.replicated)
+  state = jax.device_put(initial_state(params, optimizer, ema=bool(config.train.ema_decay)),
+                         assembly.replicated)
+
+  def pipeline_at(phase: specs_lib.Phase, offset: int) -> pipeline.DataPipeline:
+    train_data = _train_pipeline(specs, source.with_target_steps(phase.target_steps), group,
+                                 num_groups, offset)
+    closing.callback(train_data.close)
+    return train_data
+
   state, train_data, data_offset = _resume(checkpointer, run, state, assembly.replicated,
-                                           specs, source, group, num_groups, closing)
+                                           specs, phases, pipeline_at, num_groups)
   # The run is compatible with the workdir's checkpoints: record its resolved config.
   if is_main:
     run.write_config(config)
@@ -241,7 +272,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   train_step = step_lib.make_train_step(
       layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
       device_constants, halo_indices, remat_steps=config.train.remat_rollout,
-      loss=config.train.loss, members=members)
+      loss=config.train.loss, members=members, ema_decay=config.train.ema_decay)
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
@@ -249,9 +280,9 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   preemption = _Preemption()
   closing.callback(preemption.restore)
   return _Training(config, run, layout, (device_constants, halo_indices), state, start_step,
-                   train_step, evaluator, train_data, data_offset, num_groups,
-                   rows_per_example, setup.batch_dtype(specs.model), checkpointer, writer,
-                   preemption)
+                   train_step, evaluator, train_data, data_offset, phases, pipeline_at,
+                   num_groups, rows_per_example, setup.batch_dtype(specs.model),
+                   checkpointer, writer, preemption, frozen)
 
 
 def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dict:
@@ -259,26 +290,32 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
 
   Closes what `closing` holds when the loop ends (the saves finished), before the summary.
   """
-  config, state, start_step, train_step = t.config, t.state, t.start_step, t.train_step
+  config, state, start_step = t.config, t.state, t.start_step
   is_main = jax.process_index() == 0
   total = config.train.steps
   last, last_step, last_eval = {}, None, None
   times = {"set-up": time.perf_counter() - run_start, "compile": 0.0, "evaluation": 0.0,
            "checkpoint": 0.0}
   done = start_step
-  if start_step < total:
-    batch = t.next_batch()
-    compile_start = time.perf_counter()
-    with run_log.phase("Compiled the train step"):
-      train_step = train_step.lower(state, *t.constants, batch).compile()
-    times["compile"] = time.perf_counter() - compile_start
-  else:
+  if start_step >= total:
     logging.info("Nothing to train: the checkpoint is at train.steps=%d. Raise "
                  "train.steps to train further.", total)
   loop_start = time.perf_counter()
   timer_step, timer = start_step, loop_start
+  phase = None
   for step in range(start_step, total):
-    if step > start_step:
+    if phase is None or step == phase.end_step:  # a phase starts: its data, its step
+      if phase is not None:
+        t.start_phase(curriculum.phase_at(t.phases, step))
+      phase = curriculum.phase_at(t.phases, step)
+      batch = t.next_batch()
+      compile_start = time.perf_counter()
+      with run_log.phase(_compiled_text(t.phases, phase)):
+        train_step = t.train_step.lower(state, *t.constants, batch).compile()
+      compiling = time.perf_counter() - compile_start
+      times["compile"] += compiling
+      timer += compiling  # compiling is not training speed
+    else:
       batch = t.next_batch()
     state, metrics = train_step(state, *t.constants, batch)
     done = step + 1
@@ -289,6 +326,7 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
       steps_per_sec = (done - timer_step) / max(elapsed, 1e-9)
       last = {k: float(v) for k, v in metrics.items()}
       last["steps_per_sec"] = steps_per_sec
+      last["target_steps"] = phase.target_steps
       last_step = done
       t.writer.write(done, last)
       if is_main:
@@ -298,9 +336,10 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
       timer_step, timer = done, time.perf_counter()
     if config.train.eval_every and done % config.train.eval_every == 0:
       eval_start = time.perf_counter()
-      rmse = t.evaluator.evaluate(state.params)
+      rmse = t.evaluator.evaluate(state.params if state.ema is None else state.ema)
       last_eval = (done, rmse)
-      t.writer.write(done, {evaluation.metric_name(k): v for k, v in rmse.items()})
+      t.writer.write(done, {evaluation.metric_name(k): v for k, v in rmse.items()}
+                     | {"target_steps": phase.target_steps})
       if is_main:
         logging.info("eval at step %d, RMSE: %s", done, run_log.format_rmse(rmse))
       times["evaluation"] += time.perf_counter() - eval_start
@@ -324,27 +363,25 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
                       "command to continue.", done, t.preemption.signal_name,
                       t.run.checkpoint(done))
       break
-  times["training"] = time.perf_counter() - loop_start - times["evaluation"] - times["checkpoint"]
+  times["training"] = (time.perf_counter() - loop_start - times["compile"] - times["evaluation"]
+                       - times["checkpoint"])
   closing.close()
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
                     (last_step, last), last_eval, config.train, t.run.path,
-                    t.checkpointer.manager.all_steps(), config.data.path)
+                    t.checkpointer.manager.all_steps(), config.data.path, t.frozen)
   return last
 
 
-def _resume(checkpointer, run: RunDirectory, state, sharding, specs, source, group: int,
-            num_groups: int, closing: contextlib.ExitStack):
+def _resume(checkpointer, run: RunDirectory, state, sharding, specs, phases, pipeline_at,
+            num_groups: int):
   """`(state, train_data, data_offset)` from the newest good checkpoint, or as given; the
-  training pipeline (`train_data`, positioned there) is closed with `closing`.
+  training pipeline (`train_data`: `pipeline_at` of the phase of the step resumed,
+  positioned there).
 
   The data iterator's state is applied after the checkpoint's files are read
   (`Checkpointer.restore_latest`): an error there propagates and sets nothing aside.
   """
-  def pipeline_from(offset: int):
-    train_data = _train_pipeline(specs, source, group, num_groups, offset)
-    closing.callback(train_data.close)
-    return train_data
 
   def same_data_layout(metadata) -> bool:  # Grain keeps one state per process
     return (metadata["data_groups"] == num_groups
@@ -354,15 +391,16 @@ def _resume(checkpointer, run: RunDirectory, state, sharding, specs, source, gro
                                          same_data_layout)
   if restored is None:
     logging.info("Starting fresh: no checkpoint in %s.", checkpointer.directory)
-    return state, pipeline_from(0), 0
+    return state, pipeline_at(phases[0], 0), 0
   metadata = restored.metadata
+  phase = curriculum.phase_at(phases, restored.step)
   if restored.data_state is not None:
     data_offset = metadata["data_offset"]
-    train_data = pipeline_from(data_offset)
+    train_data = pipeline_at(phase, data_offset)
     train_data.restore(restored.data_state)
   else:  # positioned by step instead
     data_offset = restored.step * (specs.train.batch_size // num_groups)
-    train_data = pipeline_from(data_offset)
+    train_data = pipeline_at(phase, data_offset)
     logging.info("Checkpoint had %d data groups of %s processes, now %d of %d: data stream "
                  "positioned by step.", metadata["data_groups"],
                  metadata.get("process_count", "?"), num_groups, jax.process_count())
@@ -472,6 +510,15 @@ def _check_eval_range(config, eval_source, num_groups: int):
         f"{len(eval_source)} example(s); one evaluation batch needs {per_group} per data "
         f"group ({num_groups} group(s)). Widen data.eval_start/eval_end or set "
         "train.eval_every=0.")
+
+
+def _compiled_text(phases, phase) -> str:
+  """The log line of a phase's compile (naming the phase when there are several)."""
+  if len(phases) == 1:
+    return "Compiled the train step"
+  return (f"Rollout phase {phase.index + 1} of {len(phases)} (steps {phase.first_step + 1}.."
+          f"{phase.end_step}, {phase.target_steps} autoregressive step(s)): compiled its "
+          "train step")
 
 
 def _auto_remat(config) -> dict:
