@@ -34,6 +34,7 @@ from wnscale.data import pipeline  # noqa: E402
 from wnscale.data import source as source_lib  # noqa: E402
 from wnscale.data import synthetic  # noqa: E402
 from wnscale.data import variables  # noqa: E402
+from wnscale.graphs.points import PointSet  # noqa: E402
 
 VARIABLES = tuple(variables.VARIABLES)
 LEVELS = variables.WB2_LEVELS_13
@@ -88,8 +89,8 @@ class XarraySource:
         "inputs": state[:INPUT_STEPS].astype(np.float32),
         "targets": state[INPUT_STEPS:].astype(np.float32),
         "forcings": forcings.compute_forcings(
-            window["time"].values, dataset["latitude"].values,
-            dataset["longitude"].values),
+            window["time"].values,
+            PointSet.regular(dataset["latitude"].values, dataset["longitude"].values)),
         "statics": statics.astype(np.float32),
     }
 

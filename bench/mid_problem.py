@@ -6,6 +6,7 @@ import sys
 
 from wnscale import config as config_lib
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CONFIG = os.path.join(REPO, "configs", "mid_1p0.py")
@@ -15,7 +16,8 @@ import problems  # noqa: E402,F401  pylint: disable=g-import-not-at-top,unused-i
 
 
 def parse(description: str, repeats: int):
-  """`(args, config, latitude, longitude)` from the command line (see `--help`)."""
+  """`(args, config, points)` from the command line (see `--help`); `points` is the regular
+  grid of `--resolution` (`PointSet`)."""
   parser = argparse.ArgumentParser(description=description)
   parser.add_argument("--resolution", type=float, default=1.0)
   parser.add_argument("--mesh_levels", type=int, default=5)
@@ -34,5 +36,5 @@ def parse(description: str, repeats: int):
                       transformer_layers=args.steps, transformer_k_hop=args.k_hop,
                       transformer_ffw_size=4 * args.latent)
   config.data.resolution = args.resolution
-  latitude, longitude = grid.regular_grid(args.resolution, include_poles=True)
-  return args, config_lib.validate(config), latitude, longitude
+  points = PointSet.regular(*grid.regular_grid(args.resolution, include_poles=True))
+  return args, config_lib.validate(config), points

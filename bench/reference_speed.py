@@ -118,16 +118,16 @@ def reference_problem(config, latitude, longitude):
 
 
 def main():
-  args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=5)
+  args, config, points = mid_problem.parse(__doc__, repeats=5)
   print(f"grid {len(latitude)}x{len(longitude)}, mesh levels 0..{args.mesh_levels}, latent "
         f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")
-  ours_inputs = problems.synthetic_problem(config, latitude, longitude, batch_size=1)
+  ours_inputs = problems.synthetic_problem(config, points, batch_size=1)
   constants, batch, params = jax.device_put(ours_inputs)
   ours = jax.jit(lambda p, c, b: problems.loss_and_grad_fn(config, c, b)(p))
   start = time.perf_counter()
   ours = ours.lower(params, constants, batch).compile()
   ours_compile = time.perf_counter() - start
-  reference, *reference_args = reference_problem(config, latitude, longitude)
+  reference, *reference_args = reference_problem(config, *points.axes())
   start = time.perf_counter()
   reference = reference.lower(*reference_args).compile()
   reference_compile = time.perf_counter() - start

@@ -67,7 +67,7 @@ TRANSFORMER_VARIANTS = {
 
 
 def main():
-  args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=3)
+  args, config, points = mid_problem.parse(__doc__, repeats=3)
 
   def make_config(**model):
     variant = ml_collections.ConfigDict(config)
@@ -75,7 +75,7 @@ def main():
     return variant
 
   constants, batch, params = jax.device_put(
-      problems.synthetic_problem(config, latitude, longitude, batch_size=1))
+      problems.synthetic_problem(config, points, batch_size=1))
   graphs = constants.graphs
   channels = len(specs_lib.from_config(config).data.state_channels)
   print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "

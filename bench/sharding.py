@@ -43,9 +43,9 @@ def exchanged_rows(layout, steps: int) -> int:
 
 
 def main():
-  args, config, latitude, longitude = mid_problem.parse(__doc__, repeats=2)
-  constants, batch, params = problems.synthetic_problem(config, latitude, longitude, batch_size=1)
-  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
+  args, config, points = mid_problem.parse(__doc__, repeats=2)
+  constants, batch, params = problems.synthetic_problem(config, points, batch_size=1)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
   graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   print(f"grid {len(latitude)}x{len(longitude)}, {constants.graphs.counts()}, latent "
         f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")

@@ -3,7 +3,8 @@ when they were in the cache already, to read them (`from_cache`).
 
   python -m launch.graph_info --config=configs/graphcast_0p25.py [--json] [--no_cache]
 
-The grid is the standard one of data.resolution; override any config key as
+The grid is data.grid's (an O-grid, HEALPix), or else the regular one of data.resolution;
+override any config key as
 --config.section.key=value (wnscale/config.py lists them).
 With `model.processor='transformer'` the counts include the attention
 neighbour lists (`mesh_neighbour_edges`).
@@ -18,7 +19,7 @@ from launch import cli
 from wnscale import cache, paths
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.graphs import grid
+from wnscale.graphs import points
 from wnscale.model import setup
 
 _CONFIG = cli.define_config()
@@ -29,11 +30,11 @@ _NO_CACHE = flags.DEFINE_bool("no_cache", False, "Build even if the graphs are c
 def main(argv):
   del argv
   config = config_lib.validate(_CONFIG.value)
-  # The training grid comes from the store; here, the standard grid of the resolution.
-  latitude, longitude = grid.regular_grid(config.data.resolution)
+  # The training grid comes from the store; here, the config's standard grid.
+  grid = points.standard(config.data.grid, config.data.resolution)
   cached_before = _cached_files()
   start = time.perf_counter()
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude,
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, grid,
                                  use_cache=not _NO_CACHE.value)
   seconds = time.perf_counter() - start
   # Read from the cache when the build wrote no new file there (and --no_cache was not given).

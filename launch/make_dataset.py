@@ -8,6 +8,8 @@ converted (`--from`), or a synthetic one.
   # or chosen by hand
   python -m launch.make_dataset --out=/tmp/era_5p625.zarr --resolution=5.625 \
       --start=2020-01-01 --end=2020-12-31 --levels=13
+  # on an octahedral reduced Gaussian grid (5,248 points; H16: HEALPix), as a list of points
+  python -m launch.make_dataset --out=/tmp/era_o32.zarr --grid=O32
 
 A conversion killed midway continues where it stopped when the same command runs
 again (`wnscale.data.convert`).
@@ -55,6 +57,9 @@ _MEMBER = flags.DEFINE_integer("member", None, "With --from: the ensemble member
 _BLOCK_MB = flags.DEFINE_integer("block_mb", convert.BLOCK_BYTES // 2**20,
                                  "With --from: MB of data held in memory at a time.")
 _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
+_GRID = flags.DEFINE_string("grid", "", "A grid of points instead of the regular one of "
+                            "--resolution: O<N> (octahedral reduced Gaussian, e.g. O32) or "
+                            "H<nside> (HEALPix, e.g. H16).")
 _START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC); with --from: the "
                              "first time to keep (default: the files' first).")
 _END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive); with --from: the last "
@@ -72,8 +77,8 @@ _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
 _LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
 # Flags that say what a synthetic store holds (a conversion keeps what its files hold), and
 # flags of a conversion alone: given to the other kind of store, they would do nothing.
-_SYNTHETIC_ONLY = ("config", "resolution", "levels", "variables", "seed", "zarr_format",
-                   "time_step_hours")
+_SYNTHETIC_ONLY = ("config", "resolution", "grid", "levels", "variables", "seed",
+                   "zarr_format", "time_step_hours")
 _CONVERSION_ONLY = ("member", "block_mb")
 
 
@@ -103,12 +108,16 @@ def _levels(values: list[str]) -> list[int]:
 def _store_settings() -> dict:
   """The store's contents, from `--config` when given, else from the flags."""
   if _CONFIG.value is None:
-    return dict(resolution=_RESOLUTION.value, start=_START.value, end=_END.value,
+    if _GRID.value and flags.FLAGS["resolution"].present:
+      raise UserError(f"--grid={_GRID.value} and --resolution: a store has one grid; give one.")
+    return dict(resolution=_RESOLUTION.value, grid_name=_GRID.value, start=_START.value,
+                end=_END.value,
                 levels=_levels(_LEVELS.value), variables=_VARIABLES.value,
                 time_step_hours=_TIME_STEP_HOURS.value, seed=_SEED.value)
   data = specs_lib.from_config(config_lib.validate(_CONFIG.value)).data
   start, end, names, levels = resolve.synthetic_store_contents(data)
-  return dict(resolution=data.resolution, start=start, end=end, levels=levels,
+  return dict(resolution=data.resolution, grid_name=data.grid, start=start, end=end,
+              levels=levels,
               variables=names, time_step_hours=data.time_step_hours, seed=_CONFIG.value.seed)
 
 

@@ -46,19 +46,19 @@ def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
   return batch
 
 
-def synthetic_problem(config, latitude, longitude, batch_size: int, *, seed: int = 0,
+def synthetic_problem(config, points, batch_size: int, *, seed: int = 0,
                       abstract: bool = False):
-  """`(constants, batch, params)` of `config` on a grid.
+  """`(constants, batch, params)` of `config` on a grid's points (`PointSet`).
 
   The residual scales are random in [0.2, 1) (so a wrong scale shows in the loss);
   with `abstract`, batch and params are `jax.ShapeDtypeStruct`s and nothing is
   initialized.
   """
   specs = specs_lib.from_config(config)
-  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)
+  graphs = setup.graphs_for_grid(specs.model, points)
   rng = np.random.default_rng(seed)
   residual_scale = rng.uniform(0.2, 1.0, len(specs.data.output_channels))
-  constants = setup.make_constants(specs.data, graphs, latitude, longitude, residual_scale)
+  constants = setup.make_constants(specs.data, graphs, points, residual_scale)
   if abstract:
     return (constants, setup.batch_shapes(specs, graphs.num_nodes("grid"), batch_size),
             setup.init_model_shapes(specs)[1])

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from wnscale.errors import UserError
+from wnscale.graphs.points import PointSet
 from wnscale.train import checkpoint
 
 
@@ -111,8 +112,8 @@ def test_a_run_written_before_the_specs_restores_and_computes_the_same_loss(run)
   directory = os.path.join(os.path.dirname(__file__), "fixtures", "runs_422f098", run)
   with open(os.path.join(directory, "config.json")) as file:
     config = config_lib.from_json(file.read())
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  constants, _, _ = synthetic_problem(config, latitude, longitude, batch_size=1, abstract=True)
+  points = PointSet.regular(*grid.regular_grid(5.625, include_poles=False))
+  constants, _, _ = synthetic_problem(config, points, batch_size=1, abstract=True)
   batch = random_batch(config, constants.graphs.num_nodes("grid"), 1)
   specs = specs_lib.from_config(config)
   graphdef, abstract = setup.init_model_shapes(specs)

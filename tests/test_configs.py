@@ -87,6 +87,7 @@ def test_weathernext2_configs_are_the_released_models():
     ("data", "stored_forcings", ("toa_incident_solar_radiation",),
      "set data.input_normalization='all'"),
     ("data", "input_normalization", "some", "data.input_normalization='some'"),
+    ("data", "grid", "N320", r"data.grid='N320': Unknown grid 'N320': name an octahedral"),
     ("train", "rollout_schedule", ((5, 1), (100, 2)), "the first at 0"),
     ("train", "rollout_schedule", ((0, 1), (300, 2)), "all before train.steps=200"),
     ("train", "rollout_schedule", ((0, 1), (50, 0)), "target_steps must be >= 1"),

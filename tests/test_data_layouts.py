@@ -173,7 +173,7 @@ def test_wb2_240x121_store_with_pole_rows(tmp_path):
   path = _write(tmp_path / "wb2_240x121.zarr", fields, latitude, longitude,
                 grid_dims=lambda name: LON_LAT, time_chunk=6)
   store = store_lib.open_store(path, VARIABLES, LEVELS, resolution=1.5)
-  assert store.latitude[0] == -90 and store.latitude[-1] == 90
+  assert store.points.latitude[0] == -90 and store.points.latitude[-1] == 90
   state = store.read_state([7])
   np.testing.assert_array_equal(state[0, 0], fields["temperature"][7, 2].reshape(-1))
   np.testing.assert_array_equal(state[0, 4], fields["2m_temperature"][7].reshape(-1))

@@ -125,10 +125,10 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
   config.mesh.update(data=1, graph=4)
   model = specs_lib.from_config(config).model
   natural = _pipeline(store_path)
-  latitude, longitude = natural.source.store.latitude, natural.source.store.longitude
+  points = natural.source.store.points
   layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:4]),
-                         setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude),
-                         setup.node_positions(specs_lib.from_config(config).model, latitude, longitude), "halo")
+                         setup.graphs_for_grid(specs_lib.from_config(config).model, points),
+                         setup.node_positions(specs_lib.from_config(config).model, points), "halo")
   assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering
   slotted = _pipeline(store_path, source=natural.source.in_layout(layout.grid_slots))
   expected, batch = layout.host_batch(next(natural.iterator)), next(slotted.iterator)

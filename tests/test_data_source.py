@@ -11,6 +11,7 @@ from wnscale.data import forcings
 from wnscale.data import normalization
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
+from wnscale.graphs.points import PointSet
 
 LEVELS = (500, 850, 1000)
 VARIABLES = ("temperature", "u_component_of_wind", "2m_temperature",
@@ -126,8 +127,8 @@ def test_example_values_match_xarray(source, store_path):
   np.testing.assert_array_equal(
       example["forcings"],
       forcings.compute_forcings(window["time"].values,
-                                dataset["latitude"].values,
-                                dataset["longitude"].values))
+                                PointSet.regular(dataset["latitude"].values,
+                                                 dataset["longitude"].values)))
   np.testing.assert_array_equal(example["statics"][1],
                                 dataset["land_sea_mask"].values.reshape(-1))
   geopotential = dataset["geopotential_at_surface"].values.reshape(-1)
@@ -216,8 +217,10 @@ def test_graphcast_data_contract(store_path):
   np.testing.assert_allclose(example["forcings"][:, 0],
                              normalized("toa_incident_solar_radiation", radiation),
                              rtol=1e-5, atol=1e-5)
-  progress = forcings.compute_forcings(window["time"].values, dataset["latitude"].values,
-                                       dataset["longitude"].values, source.forcings[1:])
+  progress = forcings.compute_forcings(
+      window["time"].values,
+      PointSet.regular(dataset["latitude"].values, dataset["longitude"].values),
+      source.forcings[1:])
   for i, name in enumerate(source.forcings[1:]):
     np.testing.assert_allclose(example["forcings"][:, i + 1], normalized(name, progress[:, i]),
                                rtol=1e-5, atol=1e-5)

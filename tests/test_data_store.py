@@ -11,6 +11,7 @@ from wnscale.data import source as source_lib
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
 from wnscale.errors import UserError
+from wnscale.graphs.points import named_grid
 
 LEVELS = (500, 850, 1000)
 VARIABLES = ("temperature", "geopotential", "2m_temperature",
@@ -56,8 +57,8 @@ def test_v2_and_v3_read_the_same(stores):
 def test_latitude_order_does_not_matter(stores):
   descending, from_descending = _read_all(stores["v2"])
   ascending, from_ascending = _read_all(stores["ascending"])
-  np.testing.assert_array_equal(descending.latitude, ascending.latitude)
-  assert np.all(np.diff(descending.latitude) > 0)
+  np.testing.assert_array_equal(descending.points.latitude, ascending.points.latitude)
+  assert np.all(np.diff(descending.points.axes()[0]) > 0)
   np.testing.assert_array_equal(from_descending, from_ascending)
   np.testing.assert_array_equal(descending.read_statics(),
                                 ascending.read_statics())
@@ -81,9 +82,10 @@ def test_state_matches_xarray_in_channel_layout(stores):
 
 def test_grid_with_pole_rows(stores):
   store, state = _read_all(stores["poles"])
-  assert store.latitude.size == 33 and store.num_grid_nodes == 33 * 64
-  assert store.latitude[0] == -90 and store.latitude[-1] == 90
-  weather = synthetic.SyntheticWeather(store.latitude, store.longitude, LEVELS)
+  latitude = store.points.axes()[0]
+  assert latitude.size == 33 and store.num_grid_nodes == 33 * 64
+  assert latitude[0] == -90 and latitude[-1] == 90
+  weather = synthetic.SyntheticWeather(store.points, LEVELS)
   expected = weather.fields(store.times[2:3], ["2m_temperature"])
   np.testing.assert_allclose(state[2, 6],
                              expected["2m_temperature"][0].reshape(-1),
@@ -219,3 +221,35 @@ def test_fill_nan_uses_the_channel_mean(nan_store):
   assert state[0, 1, 27 * 64 + 5] == store.fill["temperature"][1]
   assert 250 < store.fill["temperature"][1] < 300
   assert np.isfinite(state).all()
+
+
+def test_point_store_in_its_own_order_with_voronoi_areas(tmp_path):
+  """A `values` store without cell areas: its points in its order, their Voronoi cells'
+  areas, its data as stored (any dimension order); `resolution` is not asked."""
+  grid = named_grid("H4")  # 192 points
+  order = np.random.default_rng(0).permutation(grid.size)
+  latitude, longitude = grid.latitude[order], grid.longitude[order]
+  times = pd.date_range("2020-01-01", periods=4, freq="6h")
+  temperature = np.random.default_rng(1).standard_normal((4, grid.size, 1)).astype(np.float32)
+  mask = (latitude > 0).astype(np.float32)
+  dataset = xr.Dataset(
+      {"temperature": (("time", "values", "level"), temperature),
+       "geopotential_at_surface": (("values",), np.zeros(grid.size, np.float32)),
+       "land_sea_mask": (("values",), mask)},
+      coords={"time": times.values, "level": [500], "latitude": (("values",), latitude),
+              "longitude": (("values",), longitude)})
+  path = str(tmp_path / "points.zarr")
+  dataset.to_zarr(path, zarr_format=2)
+  store = store_lib.open_store(path, ["temperature"], [500], resolution=1.0)
+  assert store.points.name == "192 points" and store.num_grid_nodes == 192
+  np.testing.assert_array_equal(store.points.latitude, latitude)
+  np.testing.assert_allclose(store.points.area, 1.0, rtol=0.05)  # HEALPix: equal areas
+  np.testing.assert_array_equal(store.read_state([2])[0, 0], temperature[2, :, 0])
+  np.testing.assert_array_equal(store.read_statics()[1], mask)
+  assert store.forcings_at([1], ["day_progress_sin"]).shape == (1, 1, 192)
+  # Latitude along another dimension: not a point store's.
+  dataset.assign_coords(latitude=(("level",), [0.0])).to_zarr(
+      str(tmp_path / "bad.zarr"), zarr_format=2)
+  with pytest.raises(UserError, match=r"'values' dimension but its 'latitude' is not one "
+                     r"value per point along it \(dims: \('level',\)\)"):
+    store_lib.open_store(str(tmp_path / "bad.zarr"), ["temperature"], [500])

@@ -13,7 +13,9 @@ from wnscale import paths
 from wnscale import specs as specs_lib
 from wnscale.data import forcings, resolve
 from wnscale.data import synthetic
+from wnscale.data import store as store_lib
 from wnscale.data import variables
+from wnscale.graphs.points import PointSet, named_grid
 
 LEVELS = (500, 850, 1000)
 
@@ -137,16 +139,46 @@ def test_make_dataset_writes_what_a_config_trains_on_and_says_how_big(tmp_path):
   assert "times 12/12" in result.stderr
   on_disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
   assert result.stdout.strip() == f"wrote {out} ({on_disk / 1e6:.1f} MB on disk)"
-  _make_dataset(f"--out={tmp_path / 'levels.zarr'}", "--levels=500,850", "--start=2020-01-01",
-                "--end=2020-01-01", "--variables=temperature")
-  assert list(xr.open_zarr(tmp_path / "levels.zarr").level.values) == [500, 850]
+  # Chosen levels, on an octahedral grid: WeatherBench2's layout with `values` for the
+  # grid, the points' own areas, the grid named.
+  points_out = tmp_path / "levels_o16.zarr"
+  _make_dataset(f"--out={points_out}", "--levels=500,850", "--start=2020-01-01",
+                "--end=2020-01-01", "--variables=temperature", "--grid=O16")
+  dataset = xr.open_zarr(points_out)
+  assert list(dataset.level.values) == [500, 850]
+  assert dataset.temperature.dims == ("time", "level", "values")
+  assert dataset.land_sea_mask.dims == ("values",) and dataset.attrs["grid"] == "O16"
+  opened = store_lib.open_store(str(points_out), ["temperature"], [850], resolution=5.625)
+  o16 = named_grid("O16")
+  assert opened.points.name == "O16 (1,600 points)" and opened.points.field_shape is None
+  np.testing.assert_array_equal(opened.points.latitude, o16.latitude)
+  np.testing.assert_allclose(opened.points.area, o16.area, rtol=1e-12)
+  weather = synthetic.SyntheticWeather(o16, [850])
+  np.testing.assert_array_equal(opened.read_state([3])[0, 0],
+                                weather.fields(opened.times[3:4], ["temperature"])[
+                                    "temperature"][0, 0])
+
+
+def test_fields_on_points_are_the_regular_fields_there():
+  """The same analytic functions, evaluated point by point: a regular grid's points as a
+  list of points give its fields (to float32 rounding: the sums run in another order)."""
+  regular = synthetic.store_points("", 5.625)
+  listed = PointSet.from_points(regular.latitude, regular.longitude, regular.area)
+  names = ["temperature", "geopotential", "2m_temperature", "toa_incident_solar_radiation",
+           "sea_surface_temperature", "total_precipitation_6hr"]
+  times = np.array(["2020-03-01T06", "2020-08-01T18"], "datetime64[s]")
+  on_grid = synthetic.SyntheticWeather(regular, [500, 850], seed=2).fields(times, names)
+  on_points = synthetic.SyntheticWeather(listed, [500, 850], seed=2).fields(times, names)
+  for name in names:
+    np.testing.assert_allclose(on_points[name], on_grid[name].reshape(on_points[name].shape),
+                               rtol=1e-6, atol=1e-6 * np.nanmax(np.abs(on_grid[name])))
 
 
 def test_forcings_shapes_and_ranges():
   latitude = np.array([-60.0, 0.0, 60.0])
   longitude = np.arange(0, 360, 90.0)
   times = np.array(["2020-06-21T12", "2020-12-21T00"], dtype="datetime64[ns]")
-  out = forcings.compute_forcings(times, latitude, longitude)
+  out = forcings.compute_forcings(times, PointSet.regular(latitude, longitude))
   assert out.shape == (2, 5, 12) and out.dtype == np.float32
   out = np.moveaxis(out.reshape(2, 5, 3, 4), 1, -1)  # [time, lat, lon, channel]
   toa = out[..., 0]
@@ -167,12 +199,12 @@ def test_year_progress_counts_tropical_years_as_graphcast():
   seconds = np.round(np.array([0, 50, 50.25]) * 365.24219 * 86400)
   times = np.datetime64("1970-01-01T00:00:00", "s") + seconds.astype("timedelta64[s]")
   names = ("year_progress_sin", "year_progress_cos", "day_progress_sin")
-  out = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names)
+  out = forcings.compute_forcings(times, PointSet.regular(np.zeros(1), np.zeros(1)), names)
   np.testing.assert_allclose(out[:, 0, 0], [0, 0, 1], atol=2e-5)
   np.testing.assert_allclose(out[:, 1, 0], [1, 1, 0], atol=2e-5)
   assert out.dtype == np.float32 and out.shape == (3, 3, 1)
   # Forcings given (e.g. read from a store) are taken as they are.
-  given = forcings.compute_forcings(times, np.zeros(1), np.zeros(1), names,
+  given = forcings.compute_forcings(times, PointSet.regular(np.zeros(1), np.zeros(1)), names,
                                     given={"day_progress_sin": np.full((3, 1), 7.0)})
   np.testing.assert_array_equal(given[:, 2, 0], 7.0)
   np.testing.assert_array_equal(given[:, :2], out[:, :2])

@@ -14,6 +14,7 @@ from problems import device_batch, loss_and_grad_fn, spread_members, synthetic_p
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.model import ensemble, forecast, setup
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
@@ -23,7 +24,7 @@ from wnscale.train import step as step_lib
 from wnscale.train.state import initial_state
 
 # 19 x 36 = 684 grid nodes: does not divide 4 graph shards.
-LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
+POINTS = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
 NOISE = 4
 
 
@@ -46,7 +47,7 @@ def test_fresh_fgn_is_the_deterministic_model(processor):
   """With noise_channels > 0 at init, every member equals the deterministic model."""
   fgn_config = small_config(processor, loss="mse")
   plain_config = small_config(processor, loss="mse", noise_channels=0)
-  constants, batch, plain_params = synthetic_problem(plain_config, LATITUDE, LONGITUDE,
+  constants, batch, plain_params = synthetic_problem(plain_config, POINTS,
                                                      batch_size=2, seed=2)
   fgn_graphdef, fgn_params = setup.init_model(specs_lib.from_config(fgn_config))
   plain_graphdef, _ = setup.init_model_shapes(specs_lib.from_config(plain_config))
@@ -121,10 +122,10 @@ def test_fair_crps_by_hand():
 @pytest.fixture(scope="module")
 def problem():
   config = small_config()
-  constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
+  constants, batch, params = synthetic_problem(config, POINTS, batch_size=2,
                                                seed=3)
   return (constants, batch, spread_members(params),
-          setup.node_positions(specs_lib.from_config(config).model, LATITUDE, LONGITUDE))
+          setup.node_positions(specs_lib.from_config(config).model, POINTS))
 
 
 @pytest.fixture(scope="module")

@@ -74,9 +74,9 @@ def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, tmp_path)
   params, _ = newest_params(run, config)
   specs = specs_lib.from_config(config)
   source = pipeline.make_source(specs.data, "train")
-  latitude, longitude = source.store.latitude, source.store.longitude
+  points = source.store.points
   constants = setup.make_constants(specs.data, setup.graphs_for_grid(
-      specs.model, latitude, longitude), latitude, longitude, source.residual_scale)
+      specs.model, points), points, source.residual_scale)
   graphdef, _ = setup.init_model_shapes(specs)
   expected = mean_loss(graphdef, params, constants, source.read_batch([0]))
   np.testing.assert_allclose(losses[1], float(expected), rtol=1e-5)

@@ -22,6 +22,7 @@ from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.forecast_store import ForecastStore, forecast_settings
 from wnscale.progress import ForecastProgress
@@ -49,11 +50,11 @@ def small_config(**data):
   return config_lib.validate(config)
 
 
-def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=1):
+def make_layout(config, points, graph, exchange="all_gather", data=1):
   config.mesh.update(data=data, graph=graph, exchange=exchange)
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
-  return ShardedLayout(mesh, graphs, setup.node_positions(specs_lib.from_config(config).model, latitude, longitude),
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  return ShardedLayout(mesh, graphs, setup.node_positions(specs_lib.from_config(config).model, points),
                        exchange), graphs
 
 
@@ -61,9 +62,9 @@ def make_layout(config, latitude, longitude, graph, exchange="all_gather", data=
 def test_sharded_step_repeats_the_training_rollout(graph, exchange):
   """Three calls of the one-step function, history on the device, = `forecast.rollout`."""
   config = small_config(target_steps=LEADS)
-  latitude, longitude = grid.regular_grid(10.0, include_poles=True)
-  layout, graphs = make_layout(config, latitude, longitude, graph, exchange, data=2)
-  constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude, longitude,
+  points = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
+  layout, graphs = make_layout(config, points, graph, exchange, data=2)
+  constants = setup.make_constants(specs_lib.from_config(config).data, graphs, points,
                                    np.linspace(0.3, 1.0, len(VARIABLES) * 2 - 1))
   graphdef, params = setup.init_model(specs_lib.from_config(config))
   batch = random_batch(config, graphs.num_nodes("grid"), batch_size=2, seed=1)
@@ -99,11 +100,10 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   stats = source.channel_stats
   index = 5  # the example whose inputs end at store time index + 1
   example = {k: v[None] for k, v in source[index].items()}
-  latitude, longitude = source.store.latitude, source.store.longitude
   results = []
   for graph in (1, 4):
     config.mesh.update(data=1, graph=graph)
-    assembly = assemble(specs_lib.from_config(config), source.store, source.stats,
+    assembly = assemble(specs_lib.from_config(config), source.store.points, source.stats,
                         mesh_lib.make_mesh(config.mesh, jax.devices()[:graph]))
     constants = assembly.constants
     np.testing.assert_allclose(constants.residual_scale, stats["diff_std"] / stats["std"])
@@ -129,7 +129,8 @@ def test_forecast_store_layout_and_resume_rules(tmp_path, store_source):
                                levels=LEVELS)
   path = str(tmp_path / "forecast.zarr")
   kwargs = dict(init_times=init_times, leads=leads, variables=VARIABLES, levels=LEVELS,
-                latitude=store.latitude[::-1], longitude=store.longitude, flip_latitude=True)
+                latitude=store.points.axes()[0][::-1], longitude=store.points.axes()[1],
+                flip_latitude=True)
   output = ForecastStore(path, settings, **kwargs)
   state = np.arange(5 * store.num_grid_nodes, dtype=np.float32).reshape(5, -1)
   output.write(1, 0, state)

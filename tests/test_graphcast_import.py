@@ -25,6 +25,7 @@ import pytest
 import xarray as xr
 
 from wnscale import specs as specs_lib
+from wnscale.graphs.points import PointSet
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_example
 from wnscale.interop.graphcast_import import import_graphcast
 from wnscale.model import setup
@@ -174,7 +175,8 @@ def test_mesh_to_grid_normalization_none(tmp_path):
   assert config.model.mesh_to_grid_edge_normalization == 0.0
   example = xr.load_dataset(EXAMPLE)
   latitude, longitude = example["lat"].values, example["lon"].values
-  edges = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude).edges["mesh_to_grid"]
+  edges = setup.graphs_for_grid(specs_lib.from_config(config).model,
+                                PointSet.regular(latitude, longitude)).edges["mesh_to_grid"]
   assert edges.features[:, 0].max() == 1.0
   # Against the fixture's edges (the factor's), rescaled: same features outside the ties.
   with np.load(os.path.join(FIXTURE, "graphs.npz")) as graphs:

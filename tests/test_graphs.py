@@ -10,14 +10,15 @@ import pytest
 
 from wnscale.graphs import build, connectivity, features, grid, icosahedron
 from wnscale.graphs.edge_sets import graphcast_edge_sets
+from wnscale.graphs.points import PointSet, named_grid
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 
 
 @pytest.fixture(scope="module")
 def graphs_0p25():
-  latitude, longitude = grid.regular_grid(0.25, include_poles=True)
-  return build.build_graphs(latitude, longitude, mesh_levels=6)
+  return build.build_graphs(PointSet.regular(*grid.regular_grid(0.25, include_poles=True)),
+                            mesh_levels=6)
 
 
 def test_multi_mesh_counts_match_graphcast():
@@ -70,24 +71,26 @@ def test_0p25_degree_counts_match_graphcast(graphs_0p25):
 
 
 def test_1_degree_grid_to_mesh_count_matches_graphcast():
-  latitude, longitude = grid.regular_grid(1.0, include_poles=True)
-  graphs = build.build_graphs(latitude, longitude, mesh_levels=5)
+  graphs = build.build_graphs(PointSet.regular(*grid.regular_grid(1.0, include_poles=True)),
+                              mesh_levels=5)
   assert graphs.counts()["grid_to_mesh_edges"] == 101_892  # the reference's, same pairs
 
 
-GRIDS = {
-    "wb2_5p625_no_poles": grid.regular_grid(5.625, include_poles=False) + (2,),
-    "2p8125_poles": grid.regular_grid(2.8125, include_poles=True) + (3,),
-    "1p0_descending": (grid.regular_grid(1.0, True)[0][::-1], grid.regular_grid(1.0)[1], 4),
+GRIDS = {  # (points, mesh levels)
+    "wb2_5p625_no_poles": (PointSet.regular(*grid.regular_grid(5.625, include_poles=False)), 2),
+    "2p8125_poles": (PointSet.regular(*grid.regular_grid(2.8125, include_poles=True)), 3),
+    "1p0_descending": (PointSet.regular(grid.regular_grid(1.0, True)[0][::-1],
+                                        grid.regular_grid(1.0)[1]), 4),
+    "octahedral_O24": (named_grid("O24"), 3),
 }
 
 
 @pytest.mark.parametrize("name", GRIDS)
 def test_graph_properties(name):
-  latitude, longitude, levels = GRIDS[name]
-  graphs = build.build_graphs(latitude, longitude, levels)
+  points, levels = GRIDS[name]
+  graphs = build.build_graphs(points, levels)
   num_grid, num_mesh = graphs.num_nodes("grid"), graphs.num_nodes("mesh")
-  assert num_grid == len(latitude) * len(longitude)
+  assert num_grid == points.size
   # Every grid node has exactly 3 mesh-to-grid edges, from distinct mesh nodes.
   m2g = graphs.edges["mesh_to_grid"]
   assert np.all(np.bincount(m2g.receivers, minlength=num_grid) == 3)
@@ -197,23 +200,27 @@ def test_edge_features_are_invariant_to_longitude_shifts():
 
 
 def test_mesh_too_fine_for_grid_is_a_clear_error():
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
+  points = PointSet.regular(*grid.regular_grid(5.625, include_poles=False))
   with pytest.raises(ValueError, match="mesh is too fine for the grid.*fewer mesh refinements"):
-    build.build_graphs(latitude, longitude, mesh_levels=5, use_cache=False)
+    build.build_graphs(points, mesh_levels=5, use_cache=False)
 
 
 def test_cache_is_keyed_by_parameters(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  first = build.build_graphs(latitude, longitude, 2)
+  points = PointSet.regular(*grid.regular_grid(5.625, include_poles=False))
+  first = build.build_graphs(points, 2)
   assert len(os.listdir(tmp_path / "graphs")) == 1
-  again = build.build_graphs(latitude, longitude, 2)
+  again = build.build_graphs(points, 2)
   for a, b in zip(build._flatten(first).values(), build._flatten(again).values()):
     np.testing.assert_array_equal(a, b)
-  build.build_graphs(latitude, longitude, 2, graphcast_edge_sets(radius_fraction=0.7))
-  build.build_graphs(latitude, longitude, 2, graphcast_edge_sets(mesh_to_grid_normalization=0.6))
-  build.build_graphs(latitude, longitude, 1)
-  assert len([f for f in os.listdir(tmp_path / "graphs") if f.endswith(".npz")]) == 4
+  build.build_graphs(points, 2, graphcast_edge_sets(radius_fraction=0.7))
+  build.build_graphs(points, 2, graphcast_edge_sets(mesh_to_grid_normalization=0.6))
+  build.build_graphs(points, 1)
+  # Other points, the same edge sets: another graph. Other areas: the same graph.
+  build.build_graphs(named_grid("O8"), 1)
+  build.build_graphs(PointSet(points.latitude, points.longitude, np.ones(points.size),
+                              "equal areas", points.field_shape), 1)
+  assert len([f for f in os.listdir(tmp_path / "graphs") if f.endswith(".npz")]) == 5
 
 
 def test_graph_info_json(tmp_path):

@@ -5,6 +5,7 @@ import pytest
 from problems import compile_loss_and_grad, synthetic_problem
 from wnscale import config as config_lib
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.planner.xla_stats import compiled_stats
 
 
@@ -16,8 +17,8 @@ def config_with(**model):
 
 @pytest.fixture(scope="module")
 def problem():
-  latitude, longitude = grid.regular_grid(2.8125, include_poles=True)
-  return synthetic_problem(config_with(), latitude, longitude, batch_size=1, abstract=True)
+  points = PointSet.regular(*grid.regular_grid(2.8125, include_poles=True))
+  return synthetic_problem(config_with(), points, batch_size=1, abstract=True)
 
 
 def temp_bytes(problem, **model):

@@ -17,6 +17,7 @@ from flax import nnx
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.model import setup
 from wnscale.model.message_passing import float32_sum
 from wnscale.model.mlp import MLP
@@ -106,8 +107,8 @@ def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, me
                       edge_chunks=edge_chunks, grid_blocks=grid_blocks,
                       mesh_edge_chunks=mesh_edge_chunks)
   config_lib.validate(config)
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
+  points = PointSet.regular(*grid.regular_grid(5.625, include_poles=False))
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
   model = perturbed(setup.build_model(specs_lib.from_config(config)), seed=4)
   channels = model.grid_embedder.hidden.in_features - 3
   inputs = np.random.default_rng(5).standard_normal((1, graphs.num_nodes("grid"), channels))

@@ -6,10 +6,12 @@ import pandas as pd
 import pytest
 import scores
 import xarray as xr
+from problems import data_spec
 
 from wnscale.evaluation import metrics
 from wnscale.graphs import grid
-from wnscale.model import loss as loss_lib
+from wnscale.graphs.points import PointSet
+from wnscale.model import setup
 
 
 def field(values, latitude, longitude, **leading):
@@ -38,7 +40,9 @@ def test_cell_area_weights_by_hand():
 
 def test_training_loss_weighs_nodes_the_same_way():
   latitude, longitude = grid.regular_grid(5.625)
-  np.testing.assert_allclose(loss_lib.latitude_weights(latitude, len(longitude)),
+  constants = setup.make_constants(data_spec(), None, PointSet.regular(latitude, longitude),
+                                   np.ones(1))
+  np.testing.assert_allclose(constants.node_weights,
                              np.repeat(metrics.cell_area_weights(latitude), len(longitude)),
                              rtol=1e-7)
 

@@ -12,6 +12,7 @@ from wnscale.data import resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.inference import predictor
 from wnscale.model import forecast, setup
 from wnscale.sharding import mesh as mesh_lib
@@ -53,7 +54,7 @@ def model(store_path, request):
   stats = resolve.resolve_stats(specs.data)
   source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
                                            stats=stats, **resolve.data_layout(specs.data))
-  assembly = assemble(specs, source.store, stats, mesh_lib.single_device_mesh(),
+  assembly = assemble(specs, source.store.points, stats, mesh_lib.single_device_mesh(),
                       params="init")
   np.testing.assert_array_equal(assembly.constants.residual_scale, source.residual_scale)
   run = predictor.Predictor(specs, assembly, assembly.params)
@@ -124,9 +125,9 @@ def test_target_only_channels_are_predicted_outright():
   config.data.update(variables=("2m_temperature",), target_only_variables=(
       "total_precipitation_6hr",), pressure_levels=(), target_steps=2)
   config_lib.validate(config)
-  latitude, longitude = grid.regular_grid(5.625)
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
-  constants = setup.make_constants(specs_lib.from_config(config).data, graphs, latitude, longitude,
+  points = PointSet.regular(*grid.regular_grid(5.625))
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  constants = setup.make_constants(specs_lib.from_config(config).data, graphs, points,
                                    np.array([0.5, 1.0], np.float32))
   graphdef, params = setup.init_model(specs_lib.from_config(config))
   model = nnx.merge(graphdef, params)

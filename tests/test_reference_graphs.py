@@ -14,6 +14,7 @@ import pytest
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import build, features, grid, icosahedron
+from wnscale.graphs.points import PointSet
 from wnscale.model import setup
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625", "graphs.npz")
@@ -32,9 +33,8 @@ def graphs():
   config = config_lib.default_config()
   config.model.update(mesh_levels=2, radius_fraction=0.6,
                       mesh_to_grid_edge_normalization=MESH_TO_GRID_NORMALIZATION)
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
   return setup.graphs_for_grid(specs_lib.from_config(config_lib.validate(config)).model,
-                               latitude, longitude)
+                               PointSet.regular(*grid.regular_grid(5.625, include_poles=False)))
 
 
 MESH_ANGLE_ATOL = 2e-5  # degrees: a few float32 ulps at 45-360 deg
@@ -122,7 +122,8 @@ def test_normalization_factors(reference):
   np.testing.assert_allclose(reference["mesh2grid_edge_normalization"],
                              MESH_TO_GRID_NORMALIZATION, rtol=1e-15)
   # The None path: divided by the longest edge, whatever the reference's factor was.
-  graphs = build.build_graphs(latitude, longitude, mesh_levels=2, use_cache=False)
+  graphs = build.build_graphs(PointSet.regular(latitude, longitude), mesh_levels=2,
+                              use_cache=False)
   m2g = graphs.edges["mesh_to_grid"]
   raw = features.edge_features(*mesh_lat_lon, *grid_lat_lon, m2g.senders, m2g.receivers,
                                normalization=1.0)

@@ -12,6 +12,7 @@ from problems import loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.model import forecast, remat, setup
 
 
@@ -26,8 +27,8 @@ def small_config(**model_overrides):
 
 @pytest.fixture(scope="module")
 def problem():
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  return synthetic_problem(small_config(), latitude, longitude, batch_size=2, seed=1)
+  points = PointSet.regular(*grid.regular_grid(5.625, include_poles=False))
+  return synthetic_problem(small_config(), points, batch_size=2, seed=1)
 
 
 def loss_and_grads(config, problem):
@@ -122,8 +123,8 @@ def test_bfloat16_activations_track_float32(problem, reference):
 def rollout_problem():
   config = small_config()
   config.data.target_steps = 3
-  latitude, longitude = grid.regular_grid(5.625, include_poles=False)
-  return config, synthetic_problem(config, latitude, longitude, batch_size=1, seed=5)
+  points = PointSet.regular(*grid.regular_grid(5.625, include_poles=False))
+  return config, synthetic_problem(config, points, batch_size=1, seed=5)
 
 
 def test_rollout_feeds_predictions_back(rollout_problem):

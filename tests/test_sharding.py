@@ -1,5 +1,7 @@
 """Graph sharding: the partitioner, both exchanges, and equality with the single-device model."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import build, grid
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
+from wnscale.graphs.points import PointSet, named_grid
 from wnscale.model import setup
 from wnscale.planner.xla_stats import compiled_stats
 from wnscale.sharding import mesh as mesh_lib
@@ -19,7 +22,7 @@ from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 
 # 19 x 36 = 684 grid nodes and 162 mesh nodes: neither divides 4 or 8 shards.
-LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
+POINTS = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
 
 
 def small_config(**model):
@@ -28,13 +31,28 @@ def small_config(**model):
   return config_lib.validate(config)
 
 
+# The grids the equality tests run on: a regular one, and the points of a reduced
+# Gaussian grid (1,600 points, rows of 20 to 80).
+GRIDS = {"regular": POINTS, "O16": named_grid("O16")}
+
+
+@functools.cache
+def problem_on(grid: str):
+  config = small_config()
+  constants, batch, params = synthetic_problem(config, GRIDS[grid], batch_size=2, seed=3)
+  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
+                                                        GRIDS[grid])
+
+
+@functools.cache
+def reference_on(grid: str):
+  constants, batch, params, _ = problem_on(grid)
+  return reference_loss_and_grads(small_config(), constants, batch, params)
+
+
 @pytest.fixture(scope="module")
 def problem():
-  config = small_config()
-  constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
-                                               seed=3)
-  return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
-                                                        LATITUDE, LONGITUDE)
+  return problem_on("regular")
 
 
 def reference_loss_and_grads(config, constants, batch, params):
@@ -58,34 +76,36 @@ def assert_same(result, reference):
 
 
 @pytest.fixture(scope="module")
-def reference(problem):
-  constants, batch, params, _ = problem
-  return reference_loss_and_grads(small_config(), constants, batch, params)
+def reference():
+  return reference_on("regular")
 
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
              mesh_remat_every=2, edge_chunks=3, grid_blocks=5, mesh_edge_chunks=3)
 # all_gather's sender table does not depend on the shard count: 4 shards cover it; the
 # halo's offsets do, so it runs at 2, 4 and 8. Data and graph shards together carry the
-# remat options (a case's time is mostly its compile).
-CASES = [(1, 1, "all_gather", {}), (1, 2, "halo", {}), (1, 8, "halo", {}),
-         (1, 4, "all_gather", {})] + [(2, 4, mode, REMAT) for mode in tuple(MODES)]
+# remat options (a case's time is mostly its compile); so they do on the reduced Gaussian
+# grid, with either exchange.
+CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", {}, "regular"),
+         (1, 8, "halo", {}, "regular"), (1, 4, "all_gather", {}, "regular")] + [
+    (2, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)]
 
 
-@pytest.mark.parametrize("data, graph, exchange, remat", CASES,
-                         ids=[f"{d}x{g}-{m}{'-remat' if r else ''}" for d, g, m, r in CASES])
-def test_sharded_matches_single_device(problem, reference, data, graph, exchange, remat):
-  constants, batch, params, positions = problem
+@pytest.mark.parametrize("data, graph, exchange, remat, grid", CASES, ids=[
+    f"{d}x{g}-{m}{'-remat' if r else ''}{'' if grid == 'regular' else '-' + grid}"
+    for d, g, m, r, grid in CASES])
+def test_sharded_matches_single_device(data, graph, exchange, remat, grid):
+  constants, batch, params, positions = problem_on(grid)
   result = sharded_loss_and_grads(small_config(**remat), constants, batch, params, positions,
                                   data, graph, exchange)
-  assert_same(result, reference)
+  assert_same(result, reference_on(grid))
 
 
 def test_shards_without_edges_of_a_kind(problem):
   """Decoder edges only into the northern hemisphere: southern shards have none."""
   constants, batch, params, positions = problem
   graphs = constants.graphs
-  node_lat, _ = grid.grid_lat_lon(LATITUDE, LONGITUDE)
+  node_lat = POINTS.latitude
   m2g = graphs.edges["mesh_to_grid"]
   keep = node_lat[m2g.receivers] > 0
   graphs = graphs.with_edge_sets({"mesh_to_grid": m2g.replace(
@@ -147,7 +167,7 @@ def test_a_new_edge_set_is_one_entry_of_data():
   """
   edge_sets = dict(graphcast_edge_sets(),
                    grid_to_mesh_wide=EdgeSetSpec("grid", "mesh", WithinRadius(1.0)))
-  graphs = build.build_graphs(LATITUDE, LONGITUDE, mesh_levels=2, edge_sets=edge_sets)
+  graphs = build.build_graphs(POINTS, mesh_levels=2, edge_sets=edge_sets)
   wide = graphs.edges["grid_to_mesh_wide"]
   assert graphs.counts()["grid_to_mesh_wide_edges"] > 2 * graphs.num_edges("grid_to_mesh")
   rows = np.random.default_rng(0).standard_normal((graphs.num_nodes("grid"), 5), np.float32)
@@ -155,7 +175,7 @@ def test_a_new_edge_set_is_one_entry_of_data():
   config = small_config()
   config.mesh.data, config.mesh.graph = 1, 4
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
-  positions = build.node_positions(LATITUDE, LONGITUDE, mesh_levels=2)
+  positions = build.node_positions(POINTS, mesh_levels=2)
   for mode in MODES:
     layout = ShardedLayout(mesh, graphs, positions, mode)
     stacked, halo_indices = jax.device_put(
@@ -193,9 +213,9 @@ def test_partition_is_balanced_and_round_trips(problem):
 
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():
   config = small_config(mesh_levels=4)
-  latitude, longitude = grid.regular_grid(2.0, include_poles=True)
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
-  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
+  points = PointSet.regular(*grid.regular_grid(2.0, include_poles=True))
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
   part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
   # all_gather brings every shard the whole sender array (minus its own rows).
   assert part.plans["mesh"].rows_received() < 0.5 * graphs.num_nodes("mesh") * 7 / 8
@@ -218,14 +238,14 @@ def test_mesh_shape_errors():
 
 def test_four_graph_shards_use_much_less_memory_per_device():
   config = small_config(latent_size=32, mesh_levels=3)
-  latitude, longitude = grid.regular_grid(2.8125, include_poles=True)
-  constants, batch, params = synthetic_problem(config, latitude, longitude, batch_size=1,
+  points = PointSet.regular(*grid.regular_grid(2.8125, include_poles=True))
+  constants, batch, params = synthetic_problem(config, points, batch_size=1,
                                                abstract=True)
   graphs = constants.graphs
   single = compiled_stats(compile_loss_and_grad(config, constants, batch, params))
   config.mesh.data, config.mesh.graph = 1, 4
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
-  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
   layout = ShardedLayout(mesh, graphs, positions, "halo")
   device_constants, halo_indices = layout.abstract_constants(constants)
   batch = layout.abstract_batch(batch)

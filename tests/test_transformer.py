@@ -17,6 +17,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.graphs import grid, icosahedron, neighbourhoods
+from wnscale.graphs.points import PointSet
 from wnscale.model import remat, setup
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.sharding import mesh as mesh_lib
@@ -25,7 +26,7 @@ from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 
 # 19 x 36 = 684 grid nodes and 162 mesh nodes: neither divides 4 shards.
-LATITUDE, LONGITUDE = grid.regular_grid(10.0, include_poles=True)
+POINTS = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
 
 
 GLOBAL_FORCINGS = ("year_progress_sin", "year_progress_cos")
@@ -55,10 +56,10 @@ def perturbed(params, seed):
 @pytest.fixture(scope="module")
 def problem():
   config = small_config()
-  constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2,
+  constants, batch, params = synthetic_problem(config, POINTS, batch_size=2,
                                                seed=3)
   return (constants, batch, perturbed(params, 4),
-          setup.node_positions(specs_lib.from_config(config).model, LATITUDE, LONGITUDE))
+          setup.node_positions(specs_lib.from_config(config).model, POINTS))
 
 
 def single_device(config, problem):
@@ -121,13 +122,13 @@ def test_neighbourhood_sizes_grow_as_hexagonal_rings():
 
 def test_graphs_of_the_transformer_carry_the_neighbour_lists():
   graphs = setup.graphs_for_grid(specs_lib.from_config(small_config(transformer_k_hop=1)).model,
-                                 LATITUDE, LONGITUDE)
+                                 POINTS)
   counts = graphs.counts()
   # 162 nodes: 12 with 5 neighbours, 150 with 6, each itself too.
   assert counts["mesh_neighbour_edges"] == 12 * 6 + 150 * 7
   assert graphs.edges["mesh_neighbours"].features.shape == (counts["mesh_neighbour_edges"], 0)
   gnn = config_lib.default_config()
-  gnn_graphs = setup.graphs_for_grid(specs_lib.from_config(gnn).model, LATITUDE, LONGITUDE)
+  gnn_graphs = setup.graphs_for_grid(specs_lib.from_config(gnn).model, POINTS)
   assert "mesh_neighbour_edges" not in gnn_graphs.counts()
 
 
@@ -239,9 +240,9 @@ def test_sharded_matches_single_device(problem, reference, graph, exchange, rema
 
 def test_halo_of_k_hop_neighbourhoods_is_smaller_than_all_gather():
   config = small_config(mesh_levels=4, transformer_k_hop=4)
-  latitude, longitude = grid.regular_grid(2.0, include_poles=True)
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, latitude, longitude)
-  positions = setup.node_positions(specs_lib.from_config(config).model, latitude, longitude)
+  points = PointSet.regular(*grid.regular_grid(2.0, include_poles=True))
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
   part = partition_lib.partition_graphs(graphs, positions, 8, "halo")
   # all_gather brings every shard the other 7/8 of the mesh.
   assert part.plans["mesh_neighbours"].rows_received() < 0.5 * graphs.num_nodes("mesh") * 7 / 8

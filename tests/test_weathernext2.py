@@ -279,7 +279,7 @@ def test_forecasts_fill_the_nan_of_sea_surface_temperature_as_weathernext2(tmp_p
                      nan_fill_values=("sea_surface_temperature:271.0",))
   specs = specs_lib.from_config(config_lib.validate(config))
   source = pipeline.make_source(specs.data, "train")
-  assembly = assemble(specs, source.store, source.stats, mesh_lib.single_device_mesh(),
+  assembly = assemble(specs, source.store.points, source.stats, mesh_lib.single_device_mesh(),
                       params="init")
   streamed = dict(StreamingForecaster(specs, assembly, assembly.params, source.store).run(
       [3], 2))

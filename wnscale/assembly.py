@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, ContextManager, NamedTuple
+from typing import Callable, ContextManager
 
 import jax
 import numpy as np
@@ -23,20 +23,11 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale.data import normalization
 from wnscale.graphs.build import Graphs
+from wnscale.graphs.points import PointSet
 from wnscale.model import forecast, setup
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.specs import DataSpec, Specs
-
-
-class Grid(NamedTuple):
-  """A regular latitude-longitude grid: `latitude` ascending `[lat]`, `longitude` `[lon]`.
-
-  A store (`WeatherStore`) has the same two attributes and serves as well.
-  """
-
-  latitude: np.ndarray
-  longitude: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,15 +102,14 @@ def _silent(_: str) -> ContextManager[dict]:
   return contextlib.nullcontext({})
 
 
-def assemble(specs: Specs, grid, stats: xr.Dataset | None, mesh: Mesh, *,
+def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mesh, *,
              params: str | None = "shapes",
              phase: Callable[[str], ContextManager[dict]] = _silent) -> Assembly:
   """The graphs, constants, layout and model of an experiment (`specs.from_config` of its
-  validated config) on `grid` and `mesh`.
+  validated config) on `points` and `mesh`.
 
   Args:
-    grid: where the model runs: a `Grid`, or anything with `latitude` and
-      `longitude` (a `WeatherStore`).
+    points: where the model runs: the grid's points (a store's `points`).
     stats: the run's normalization statistics (`normalization.py` format);
       None: a residual scale of 1 (enough for shapes and compiles).
     mesh: the `(data, graph)` mesh.
@@ -129,17 +119,16 @@ def assemble(specs: Specs, grid, stats: xr.Dataset | None, mesh: Mesh, *,
     phase: `phase(what)`, a context manager around each step worth a log
       line (e.g. `train.run_log.phase`), whose yielded dict takes a `"text"`.
   """
-  latitude, longitude = grid.latitude, grid.longitude
-  graphs = setup.graphs_for_grid(specs.model, latitude, longitude)  # logs built or from cache
+  graphs = setup.graphs_for_grid(specs.model, points)  # logs built or from cache
   norm = None if stats is None else Normalization.from_stats(specs.data, stats)
   residual_scale = (np.ones(len(specs.data.output_channels), np.float32)
                     if norm is None else norm.residual_scale)
-  constants = setup.make_constants(specs.data, graphs, latitude, longitude, residual_scale,
+  constants = setup.make_constants(specs.data, graphs, points, residual_scale,
                                    specs.train.variable_loss_weights)
   shards = mesh.shape[mesh_lib.GRAPH]
   with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
              f"data x {shards} graph devices)"):
-    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, latitude, longitude),
+    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, points),
                            specs.mesh.exchange)
   graphdef = model_params = None
   if params == "init":

@@ -17,6 +17,7 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
+from wnscale.graphs import points as points_lib
 
 LOSSES = ("mse", "crps")
 
@@ -90,7 +91,11 @@ def default_config() -> ml_collections.ConfigDict:
   d.stats_path = ""  # normalization statistics to use (path or URL): a wnscale .nc file, or a
   # directory of GraphCast's mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc;
   # empty: computed once from the training time range, cached in <cache dir>/stats
-  d.resolution = 5.625  # grid spacing in degrees; must match the store
+  d.resolution = 5.625  # grid spacing in degrees of a regular store; must match it (a store
+  # of other points says its own grid, and this is not used)
+  d.grid = ""  # the grid of the synthetic store (data.synthetic) and of the planner and
+  # graph_info, which have no store: "" the regular grid of data.resolution; "O32", "O96":
+  # an octahedral reduced Gaussian grid; "H16": a HEALPix grid (wnscale.graphs.points)
   d.variables = ("temperature", "geopotential", "u_component_of_wind",
                  "v_component_of_wind", "specific_humidity", "2m_temperature",
                  "mean_sea_level_pressure")  # state variables (inputs and targets),
@@ -332,6 +337,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
            "data.input_steps and data.target_steps must be >= 1")
   _require(d.resolution > 0 and d.time_step_hours > 0,
            "data.resolution and data.time_step_hours must be > 0")
+  if d.grid:
+    try:
+      points_lib.grid_maker(d.grid)
+    except UserError as error:
+      raise UserError(f"Invalid config: data.grid={d.grid!r}: {error}") from None
   for key in ("steps", "batch_size"):
     _require(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
   # A warm-up longer than the run is clipped to it (optimizer.learning_rate_schedule).

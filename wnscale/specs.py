@@ -80,6 +80,7 @@ class DataSpec:
   synthetic: bool
   stats_path: str
   resolution: float
+  grid: str
   variables: tuple[str, ...]
   target_only_variables: tuple[str, ...]
   pressure_levels: tuple[int, ...]

@@ -32,39 +32,49 @@ DAYS_PER_YEAR = 365.24219  # the tropical year, as GraphCast counts it
 OBLIQUITY_DEG = 23.44
 
 
-def compute_forcings(times, latitude, longitude, names=variables_lib.FORCING_CHANNELS,
+def compute_forcings(times, points, names=variables_lib.FORCING_CHANNELS,
                      given: dict | None = None) -> np.ndarray:
-  """Forcings on the flattened grid.
+  """Forcings on a grid's points.
 
   Args:
     times: `[num_times]` datetime64.
-    latitude: `[num_lat]` degrees (ascending in wnscale).
-    longitude: `[num_lon]` degrees.
+    points: the grid nodes (`graphs.points.PointSet`).
     names: the channels, from `variables.FORCING_CHANNELS`, in output order.
-    given: `{name: [num_times, num_lat * num_lon]}` values to use instead of
+    given: `{name: [num_times, num_points]}` values to use instead of
       computing them (e.g. read from a store).
 
   Returns:
-    `[num_times, len(names), num_lat * num_lon]` float32, grid flattened latitude-major.
+    `[num_times, len(names), num_points]` float32, in the points' order.
   """
   given = given or {}
   seconds = np.asarray(times).astype("datetime64[s]").astype(np.int64)
-  num_lat, num_lon = len(latitude), len(longitude)
-  out = np.empty((seconds.size, len(names), num_lat, num_lon), np.float32)
+  latitude, longitude = spatial_axes(points)
+  space = np.broadcast_shapes(latitude.shape, longitude.shape)
+  out = np.empty((seconds.size, len(names)) + space, np.float32)
   for channel, name in enumerate(names):
     if name in given:
-      out[:, channel] = np.asarray(given[name]).reshape(seconds.size, num_lat, num_lon)
+      out[:, channel] = np.asarray(given[name]).reshape((seconds.size,) + space)
     elif name == "toa_incident_solar_radiation":
       out[:, channel] = _solar_radiation(times, seconds, latitude, longitude)
     elif name.startswith("day_progress_"):
-      phase = day_progress(seconds, longitude) * (2 * np.pi)  # float32, [time, lon]
-      out[:, channel] = _sin_or_cos(name, phase)[:, None, :]
+      phase = day_progress(seconds, longitude) * (2 * np.pi)  # float32, [time, *lon]
+      out[:, channel] = _sin_or_cos(name, phase)
     elif name.startswith("year_progress_"):
       phase = year_progress(seconds) * (2 * np.pi)  # float32, [time]
-      out[:, channel] = _sin_or_cos(name, phase)[:, None, None]
+      out[:, channel] = _sin_or_cos(name, phase).reshape((-1,) + (1,) * len(space))
     else:
       raise ValueError(f"Unknown forcing {name!r}; known: {variables_lib.FORCING_CHANNELS}")
-  return out.reshape(seconds.size, len(names), num_lat * num_lon)
+  return out.reshape(seconds.size, len(names), points.size)
+
+
+def spatial_axes(points) -> tuple[np.ndarray, np.ndarray]:
+  """`(latitude, longitude)` degrees that broadcast to the points' field: a regular grid's
+  axes as `[num_lat, 1]` and `[1, num_lon]` (what depends on one of them is computed once
+  per row or column), other points' `[n]` each."""
+  if points.field_shape is None:
+    return points.latitude, points.longitude
+  latitude, longitude = points.axes()
+  return latitude[:, None], longitude[None]
 
 
 # Forcings that have one value per time (no position), usable as global forcings.
@@ -85,10 +95,12 @@ def year_progress(seconds: np.ndarray) -> np.ndarray:
 
 
 def day_progress(seconds: np.ndarray, longitude) -> np.ndarray:
-  """`[num_times, num_lon]` float32 in [0, 1): the fraction of the local mean solar day."""
+  """`[num_times, *longitude.shape]` float32 in [0, 1): the fraction of the local mean
+  solar day."""
   greenwich = np.mod(seconds, SECONDS_PER_DAY) / SECONDS_PER_DAY
   offset = np.deg2rad(np.asarray(longitude)) / (2 * np.pi)
-  return np.mod(greenwich[:, None] + offset[None], 1.0).astype(np.float32)
+  return np.mod(greenwich.reshape((-1,) + (1,) * offset.ndim) + offset[None],
+                1.0).astype(np.float32)
 
 
 def _sin_or_cos(name: str, phase: np.ndarray) -> np.ndarray:
@@ -96,21 +108,24 @@ def _sin_or_cos(name: str, phase: np.ndarray) -> np.ndarray:
 
 
 def _solar_radiation(times, seconds, latitude, longitude) -> np.ndarray:
-  """`[num_times, num_lat, num_lon]` instantaneous TOA irradiance / solar constant."""
-  lat = np.deg2rad(np.asarray(latitude, np.float64))
+  """`[num_times, *space]` instantaneous TOA irradiance / solar constant, of
+  `spatial_axes`' latitude and longitude."""
+  lat = np.deg2rad(np.asarray(latitude, np.float64))[None]
+  longitude = np.asarray(longitude, np.float64)
   day_angle = 2 * np.pi * np.mod(
-      np.mod(seconds, SECONDS_PER_DAY)[:, None] / SECONDS_PER_DAY
-      + np.asarray(longitude, np.float64)[None] / 360.0, 1.0)  # [time, lon]
+      np.mod(seconds, SECONDS_PER_DAY).reshape((-1,) + (1,) * longitude.ndim)
+      / SECONDS_PER_DAY + longitude[None] / 360.0, 1.0)  # [time, *longitude.shape]
   day_of_year = _day_of_year(times)
   declination = np.deg2rad(OBLIQUITY_DEG) * np.sin(
       2 * np.pi * (285 + day_of_year) / 365)  # [time]; 1-based day
   # Earth-sun distance factor: ~3.3 % more sunlight in early January.
   distance = 1 + 0.033 * np.cos(2 * np.pi * day_of_year / 365)
   hour_angle = day_angle - np.pi  # 0 at local noon
-  cos_zenith = (np.sin(lat)[None, :, None] * np.sin(declination)[:, None, None]
-                + np.cos(lat)[None, :, None] * np.cos(declination)[:, None, None]
-                * np.cos(hour_angle)[:, None, :])  # [time, lat, lon]
-  return distance[:, None, None] * np.maximum(cos_zenith, 0.0)
+  per_time = (-1,) + (1,) * np.ndim(latitude)  # a time's value, broadcast over space
+  cos_zenith = (np.sin(lat) * np.sin(declination).reshape(per_time)
+                + np.cos(lat) * np.cos(declination).reshape(per_time)
+                * np.cos(hour_angle))  # [time, *space]
+  return distance.reshape(per_time) * np.maximum(cos_zenith, 0.0)
 
 
 def _day_of_year(times) -> np.ndarray:

@@ -32,13 +32,15 @@ WAIT_FOR_PROCESS_0_S = 3 * 3600.0
 
 
 def synthetic_store_path(data, seed: int) -> str:
-  """Where the synthetic store of `data` (resolution, time ranges, variables, levels) lives."""
+  """Where the synthetic store of `data` (grid, time ranges, variables, levels) lives."""
   start, end, variables, levels = synthetic_store_contents(data)
   # The contents and the code in the name: a store of other contents or written by
   # other synthetic code is not reused.
   contents = hashlib.sha256(json.dumps([variables, levels]).encode()).hexdigest()[:8]
-  code = cache.source_digest("data/synthetic.py", "data/forcings.py", "graphs/grid.py")
-  name = (f"synthetic-{data.resolution}deg-{start}-{end}-seed{seed}-{contents}-{code}.zarr")
+  code = cache.source_digest("data/synthetic.py", "data/forcings.py", "graphs/grid.py",
+                             "graphs/points.py")
+  grid = data.grid or f"{data.resolution}deg"
+  name = f"synthetic-{grid}-{start}-{end}-seed{seed}-{contents}-{code}.zarr"
   return cache.cache_path("datasets", name)
 
 
@@ -56,10 +58,10 @@ def synthetic_store_bytes(data) -> int:
   """Uncompressed bytes of the synthetic store of `data` (an upper bound of its size)."""
   start, end, variables, levels = synthetic_store_contents(data)
   num_times = len(synthetic.store_times(start, end, data.time_step_hours))
-  latitude, longitude = synthetic.store_coordinates(data.resolution)
+  num_points = synthetic.store_points(data.grid, data.resolution).size
   channels = sum(len(levels) if variables_lib.is_atmospheric(name) else 1
                  for name in variables)
-  return 4 * latitude.size * longitude.size * (num_times * channels + 2)
+  return 4 * num_points * (num_times * channels + 2)
 
 
 def resolve_store(data, seed: int) -> str:
@@ -110,8 +112,8 @@ def resolve_store(data, seed: int) -> str:
                  end)
     begin = time.perf_counter()
     synthetic.write_synthetic_store(
-        path, resolution=data.resolution, start=start, end=end, levels=levels,
-        variables=variables, seed=seed, time_step_hours=data.time_step_hours,
+        path, resolution=data.resolution, grid_name=data.grid, start=start, end=end,
+        levels=levels, variables=variables, seed=seed, time_step_hours=data.time_step_hours,
         overwrite=True)  # in a bucket: one cut short, without its .complete marker
     logging.info("Wrote the synthetic store in %.1f s.", time.perf_counter() - begin)
     return b""

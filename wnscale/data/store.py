@@ -10,10 +10,18 @@ regridded stores) alike, any mix per variable; latitude in either order, with
 or without pole rows; any time chunking; 1-hourly data subsampled to the
 model's step; a subset of the store's levels; extra variables ignored.
 
-Internal order (see `variables.py`): latitude ascending (-90 -> 90), longitude
-ascending, grid flattened latitude-major. Each variable gets a tensorstore view
-in that order (a transposed and/or latitude-flipped index transform of the
-stored array), so reordering happens inside tensorstore's copy.
+Stores on other points (a reduced Gaussian or HEALPix grid, any list of
+points) have one spatial dimension `values` in place of `(latitude,
+longitude)`, with `latitude(values)` and `longitude(values)` coordinates and
+optionally `cell_area(values)` (a coordinate or a variable: the points' own
+areas; else their Voronoi cells', `graphs.points`).
+
+Internal order (see `variables.py`): a regular grid's latitude ascending
+(-90 -> 90), longitude ascending, flattened latitude-major; a point store's
+points in the store's own order. Each variable gets a tensorstore view in that
+order (a transposed and/or latitude-flipped index transform of the stored
+array), so reordering happens inside tensorstore's copy. The store's grid
+nodes are its `points` (`graphs.points.PointSet`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from wnscale import paths
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
+from wnscale.graphs.points import PointSet
 
 _COPY_THREADS = None
 
@@ -44,10 +53,14 @@ def _copy_threads() -> concurrent.futures.ThreadPoolExecutor:
   return _COPY_THREADS
 
 
-# Internal dimension order; a stored variable may hold its dimensions in any order.
-ATMOSPHERIC_DIMS = ("time", "level", "latitude", "longitude")
-SURFACE_DIMS = ("time", "latitude", "longitude")
+# The spatial dimensions of a regular store (a static variable's), in internal order, and
+# the one of a store on other points; a stored variable may hold its dimensions in any order.
 STATIC_DIMS = ("latitude", "longitude")
+POINT_DIM = "values"
+# A point store's attribute that names its grid (e.g. "O32"), for the logs.
+GRID_ATTR = "grid"
+# A point store's own cell areas (a coordinate or a variable along `values`).
+CELL_AREA = "cell_area"
 # The attribute of a store made by `wnscale.data.convert`: its sources and progress.
 CONVERSION_ATTR = "conversion"
 # Coordinates are compared to a resolution with this tolerance, in degrees.
@@ -85,12 +98,11 @@ class WeatherStore:
     levels: pressure levels (hPa) used, config order.
     time_step_hours: the model's step; `times` are the store's times at it.
     times: `[num_times]` datetime64[ns], every `time_stride`-th store time.
-    latitude: `[num_lat]` ascending, degrees.
-    longitude: `[num_lon]` ascending, degrees.
+    points: the grid nodes in internal order (a regular grid's latitude ascending).
     handles: `{name: TensorStore}` the stored arrays, in the store's own order.
     views: `{name: TensorStore}` the same arrays in internal order:
-      `[time, level, lat, lon]`, `[time, lat, lon]` or `[lat, lon]`, latitude
-      ascending.
+      `[time, level, *space]`, `[time, *space]` or `[*space]`, space `lat, lon`
+      (latitude ascending) or a point store's `values`.
     flip_latitude: the store holds latitude descending (its views flip it).
     forcings: forcings read from the store (`[time, lat, lon]` like a surface
       variable), not part of `variables`.
@@ -103,8 +115,7 @@ class WeatherStore:
   levels: tuple[int, ...]
   time_step_hours: int
   times: np.ndarray
-  latitude: np.ndarray
-  longitude: np.ndarray
+  points: PointSet
   time_stride: int
   level_indices: np.ndarray
   handles: dict
@@ -119,7 +130,7 @@ class WeatherStore:
 
   @property
   def num_grid_nodes(self) -> int:
-    return self.latitude.size * self.longitude.size
+    return self.points.size
 
   @property
   def channel_names(self) -> list[str]:
@@ -186,7 +197,7 @@ class WeatherStore:
         raise ValueError(f"Buffer {out.dtype}{list(out.shape)} (C-contiguous: "
                          f"{out.flags.c_contiguous}) cannot take {names} of shape {expected}")
       if grid_index is None:
-        target = ts.array(out.reshape(out.shape[:2] + (self.latitude.size, -1)),
+        target = ts.array(out.reshape(out.shape[:2] + (self.points.field_shape or (-1,))),
                           copy=False, write=True)
       channel = 0
       for name in names:
@@ -257,7 +268,7 @@ class WeatherStore:
     if stored:
       self.read_into([(time_indices, values, Channels(stored))], allow_nan=allow_nan)
     return forcings_lib.compute_forcings(
-        self.times[time_indices], self.latitude, self.longitude, names,
+        self.times[time_indices], self.points, names,
         given={name: values[:, i] for i, name in enumerate(stored)})
 
   def read_statics(self, allow_nan: bool = False) -> np.ndarray:
@@ -318,7 +329,8 @@ def open_store(path: str,
     variables: variable names (catalogue names, config order).
     levels: pressure levels in hPa, config order; each must be in the store.
     time_step_hours: the model's time step; the store's step must divide it.
-    resolution: if given, the store's lat/lon spacing must equal it (degrees).
+    resolution: if given, a regular store's lat/lon spacing must equal it (degrees);
+      a store on other points says its grid, and this is not used.
     forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
       names, stored like surface variables).
 
@@ -342,9 +354,9 @@ def open_store(path: str,
     if conversion and not conversion.get("complete"):
       raise UserError(f"{path} is a conversion cut short ({conversion['times_written']} times "
                       "written); run the make_dataset command that made it again to continue it.")
-    dims = _check_variables(dataset, variables + forcings, levels, path)
+    points, flip, space = _grid(dataset, resolution, path)
+    dims = _check_variables(dataset, variables + forcings, levels, space, path)
     times, stride = _subsampled_times(dataset, time_step_hours, path)
-    latitude, longitude, flip = _grid(dataset, resolution, path)
     store_levels = [int(level) for level in dataset["level"].values
                    ] if "level" in dataset.coords else []
   if any(variables_lib.lookup(name).atmospheric for name in variables):
@@ -359,15 +371,17 @@ def open_store(path: str,
                     read=True, context=context).result()
       for name in names
   }
-  views = {name: _internal_view(handles[name], dims[name], flip) for name in names}
-  return WeatherStore(path, variables, levels, time_step_hours, times, latitude, longitude,
+  views = {name: _internal_view(handles[name], dims[name], space, flip) for name in names}
+  return WeatherStore(path, variables, levels, time_step_hours, times, points,
                       stride, level_indices, handles, views, flip_latitude=flip,
                       forcings=forcings)
 
 
-def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], flip_latitude: bool):
-  """`handle` with its dimensions in internal order, latitude ascending, origin 0."""
-  order = [dim for dim in ATMOSPHERIC_DIMS if dim in dims]
+def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[str, ...],
+                   flip_latitude: bool):
+  """`handle` with its dimensions in internal order (`space` last), latitude ascending,
+  origin 0."""
+  order = [dim for dim in ("time", "level") + space if dim in dims]
   view = handle
   if list(dims) != order:
     view = view[ts.d[[dims.index(dim) for dim in order]].transpose[list(range(len(order)))]]
@@ -390,8 +404,9 @@ def open_metadata(path: str) -> xr.Dataset:
     raise UserError(f"Cannot open {path} as a zarr store: {error}") from error
 
 
-def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, ...]]:
-  """Every required variable present with WB2 dims (any order); every level present.
+def _check_variables(dataset, variables, levels, space, path) -> dict[str, tuple[str, ...]]:
+  """Every required variable present with WB2 dims (any order; `space` in place of
+  latitude and longitude); every level present.
 
   Returns:
     `{name: dims as stored}` of the variables and statics.
@@ -409,11 +424,11 @@ def _check_variables(dataset, variables, levels, path) -> dict[str, tuple[str, .
   dims = {}
   for name in required:
     if name in variables_lib.STATIC_VARIABLES:
-      expected = STATIC_DIMS
+      expected = space
     elif variables_lib.is_atmospheric(name):
-      expected = ATMOSPHERIC_DIMS
+      expected = ("time", "level") + space
     else:
-      expected = SURFACE_DIMS
+      expected = ("time",) + space
     dims[name] = tuple(str(dim) for dim in dataset[name].dims)
     if sorted(dims[name]) != sorted(expected):
       raise UserError(f"Variable {name!r} in {path} has dims {dims[name]}; expected "
@@ -519,8 +534,11 @@ def _subsampled_times(dataset, time_step_hours, path):
   return times[::stride].astype("datetime64[ns]"), stride
 
 
-def _grid(dataset, resolution, path):
-  """Latitude ascending, longitude ascending, and whether to flip latitude."""
+def _grid(dataset, resolution, path) -> tuple[PointSet, bool, tuple[str, ...]]:
+  """`(points, flip, spatial dims)`: the store's points (a regular grid's latitude
+  ascending), whether to flip its latitude, and its spatial dimensions."""
+  if POINT_DIM in dataset.dims:
+    return _points(dataset, path), False, (POINT_DIM,)
   latitude = np.asarray(dataset["latitude"].values, np.float64)
   longitude = np.asarray(dataset["longitude"].values, np.float64)
   lat_steps, lon_steps = np.diff(latitude), np.diff(longitude)
@@ -535,7 +553,23 @@ def _grid(dataset, resolution, path):
           f"Store {path} has grid spacing {spacing[0]:g} x {spacing[1]:g} deg "
           f"(lat x lon); the config asks for resolution {resolution:g}")
   flip = bool(lat_steps[0] < 0)
-  return (latitude[::-1] if flip else latitude), longitude, flip
+  return PointSet.regular(latitude[::-1] if flip else latitude, longitude), flip, STATIC_DIMS
+
+
+def _points(dataset, path) -> PointSet:
+  """The points of a store with a `values` dimension, in its order."""
+  coordinates = {}
+  for name in ("latitude", "longitude") + ((CELL_AREA,) if CELL_AREA in dataset else ()):
+    if name not in dataset or dataset[name].dims != (POINT_DIM,):
+      have = dataset[name].dims if name in dataset else "none"
+      raise UserError(f"Store {path} has a {POINT_DIM!r} dimension but its {name!r} is not "
+                      f"one value per point along it (dims: {have}); a point store needs "
+                      f"latitude({POINT_DIM}) and longitude({POINT_DIM}).")
+    coordinates[name] = np.asarray(dataset[name].values, np.float64)
+  named = dataset.attrs.get(GRID_ATTR)
+  return PointSet.from_points(
+      coordinates["latitude"], coordinates["longitude"], coordinates.get(CELL_AREA),
+      f"{named} ({coordinates['latitude'].size:,} points)" if named else None)
 
 
 def _tensorstore_driver(path: str) -> str:

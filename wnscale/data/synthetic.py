@@ -19,6 +19,10 @@ latitude`, latitude ascending.) Also `toa_incident_solar_radiation` as ERA5
 stores it, J m^-2 accumulated over the hour (here the instantaneous proxy of
 `forcings.py` x the solar constant x 3600 s), for configs that read it
 (`data.stored_forcings`).
+
+On other points (`grid_name`, e.g. the octahedral reduced Gaussian "O32"): the
+same fields at each point, in the point layout of `store.py` (a `values`
+dimension in place of `latitude, longitude`).
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ import zarr
 
 from wnscale import outputs, paths
 from wnscale.data import forcings, writer
+from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import grid
+from wnscale.graphs import points as points_lib
+from wnscale.graphs.points import PointSet
 from wnscale.progress import WriteProgress
 
 # Forcings written like a surface variable, as ERA5 stores hold them.
@@ -76,44 +83,66 @@ def store_coordinates(resolution: float, include_poles: bool | None = None):
   return latitude[::-1].copy(), longitude
 
 
+def store_points(grid_name: str = "", resolution: float = 5.625,
+                 include_poles: bool | None = None) -> PointSet:
+  """The points of a synthetic store, in its order: the named grid (`points.named_grid`,
+  e.g. "O32"), or the regular grid of `store_coordinates`."""
+  if grid_name:
+    return points_lib.named_grid(grid_name)
+  return PointSet.regular(*store_coordinates(resolution, include_poles))
+
+
 class _Waves:
   """Random zonal waves shared by all variables; each variable scales them.
 
   wave k at level p: a_k(p) * m_k(lat) * cos(n_k * (lon - c(lat, p) t) + phi_k)
   where c is the angular speed of the jet. cos(a - b) is separable into a
-  longitude part and a (time, level, latitude) part, so the field is one matrix
-  product `[time*level*lat, 2K] @ [2K, lon]` instead of K trig evaluations on
-  the full grid.
+  longitude part and a (time, level, latitude) part: on a regular grid the field
+  is one matrix product `[time*level*lat, 2K] @ [2K, lon]` instead of K trig
+  evaluations on the full grid; on other points, the latitude part of each
+  distinct latitude (a reduced Gaussian grid's rows) times each point's
+  longitude part, summed over the 2K terms.
+
+  Args:
+    lat: `[rows]` degrees, a regular grid's latitudes or each point's.
+    lon: `[columns]` degrees, a regular grid's longitudes or each point's.
+    regular: a regular grid (`[rows, columns]`), else points (rows = columns).
   """
 
   def __init__(self, rng: np.random.Generator, lat: np.ndarray,
-               lon: np.ndarray):
+               lon: np.ndarray, regular: bool):
+    if not regular:  # the distinct latitudes, and each point's
+      lat, self.row_of_point = np.unique(lat, return_inverse=True)
+      self.first_of_row = np.unique(self.row_of_point, return_index=True)[1]
     self.zonal_numbers = rng.integers(1, 7, NUM_WAVES)
     self.phases = rng.uniform(0, 2 * np.pi, NUM_WAVES)
     self.amplitudes = rng.uniform(0.5, 1.0, NUM_WAVES)
     meridional_numbers = rng.integers(1, 4, NUM_WAVES)
     centres = rng.uniform(-60, 60, NUM_WAVES)
-    # [K, lat]: envelopes, so waves live in bands like storm tracks.
+    # [K, rows]: envelopes, so waves live in bands like storm tracks.
     self.envelopes = (np.exp(-((lat[None] - centres[:, None]) / 30.0)**2) *
                       np.cos(np.deg2rad(lat[None]) * meridional_numbers[:, None]))
     self.lon = np.deg2rad(lon)
+    self.regular = regular
 
   def field(self, angular_speed: np.ndarray, hours: np.ndarray,
             level_amplitude: np.ndarray, phase_shift: float = 0.0):
-    """Sum of waves, `[time, level, lat, lon]`.
+    """Sum of waves, `[time, level, lat, lon]` (regular) or `[time, level, points]`.
 
     Args:
-      angular_speed: `[level, lat]` eastward speed, radians per hour.
+      angular_speed: `[level, rows]` eastward speed, radians per hour.
       hours: `[time]` hours since the epoch.
       level_amplitude: `[level]` amplitude of this variable per level.
       phase_shift: added to every wave's phase (e.g. pi/2 for a v-like field).
     """
     n = self.zonal_numbers
-    # Longitude part [2K, lon].
+    # Longitude part [2K, columns].
     lon_part = np.concatenate([
         np.cos(n[:, None] * self.lon[None] + (self.phases + phase_shift)[:, None]),
         np.sin(n[:, None] * self.lon[None] + (self.phases + phase_shift)[:, None]),
     ])
+    if not self.regular:  # the speed of each distinct latitude
+      angular_speed = angular_speed[:, self.first_of_row]
     # Time part [time, level, lat, K].
     shift = (n[None, None, None, :] * angular_speed[None, :, :, None] *
              hours[:, None, None, None])
@@ -123,46 +152,64 @@ class _Waves:
     coefficients = np.concatenate(
         [weight * np.cos(shift), weight * np.sin(shift)], axis=-1)
     # float32: the product is the one full-size array; halves memory traffic.
-    out = (coefficients.reshape(-1, 2 * NUM_WAVES).astype(np.float32) @
-           lon_part.astype(np.float32))
+    coefficients = coefficients.astype(np.float32)
+    lon_part = lon_part.astype(np.float32)
+    if not self.regular:  # [time, level, points]
+      return np.einsum("tlpk,kp->tlp", coefficients[:, :, self.row_of_point], lon_part)
+    out = coefficients.reshape(-1, 2 * NUM_WAVES) @ lon_part
     return out.reshape(coefficients.shape[:3] + (self.lon.size,))
 
 
 class SyntheticWeather:
   """The analytic fields of one synthetic store (all float32).
 
+  Fields are `[time, level, *space]` or `[time, *space]`, space the points'
+  `field_shape` (a regular grid's `lat, lon`) or `[points]`.
+
   Args:
-    latitude, longitude: store coordinates in degrees.
+    points: the store's points (`store_points`), in its order.
     levels: pressure levels in hPa.
     seed: draws the waves and the land/orography.
   """
 
-  def __init__(self, latitude, longitude, levels, seed: int = 0):
+  def __init__(self, points: PointSet, levels, seed: int = 0):
     rng = np.random.default_rng(seed)
-    self.lat = np.asarray(latitude, np.float64)
-    self.lon = np.asarray(longitude, np.float64)
+    self.points = points
+    self.space = points.field_shape or (points.size,)
+    # Broadcastable to the space: a regular grid's `[lat, 1]` and `[1, lon]`, else `[points]`.
+    self.lat, self.lon = forcings.spatial_axes(points)
     self.levels = np.asarray(levels, np.float64)
     self.height = SCALE_HEIGHT * np.log(1013.25 / self.levels)  # [level] m
-    self.waves = _Waves(rng, self.lat, self.lon)
+    regular = points.field_shape is not None
+    self.waves = _Waves(rng, self.lat.reshape(-1), self.lon.reshape(-1), regular)
     self.land_sea_mask, self.orography = self._land(rng)
     sin2 = np.sin(np.deg2rad(self.lat))**2
     # Jet: westerlies peaking near 35 deg and 250 hPa, easterly trades.
     jet_shape = np.exp(-((np.abs(self.lat) - 35) / 12)**2)
     jet_height = np.exp(-((self.height - 10.5e3) / 5e3)**2)
-    self.zonal_wind = (30 * jet_height[:, None] * jet_shape[None] + 5 *
+    self.zonal_wind = (30 * self._per_level(jet_height) * jet_shape[None] + 5 *
                        jet_shape[None] - 6 * np.exp(-(self.lat / 15)**2)[None])
     # Waves are steered by the flow plus a 10 m/s drift (so none stalls),
     # radians per hour.
     coslat = np.maximum(np.cos(np.deg2rad(self.lat)), 0.05)
     self.angular_speed = ((10 + 0.7 * self.zonal_wind) * 3600 /
-                          (EARTH_RADIUS * coslat[None]))
-    self.surface_temperature = 300 - 45 * sin2  # [lat] K
+                          (EARTH_RADIUS * coslat[None]))  # [level, *lat]
+    self.surface_temperature = 300 - 45 * sin2  # [*lat] K
+
+  def _per_level(self, values: np.ndarray) -> np.ndarray:
+    """`[level]` values as `[level, 1...]`, broadcast over the space."""
+    return values.reshape((-1,) + (1,) * self.lat.ndim)
+
+  def _waves(self, angular_speed, hours, level_amplitude, phase_shift: float = 0.0):
+    """`_Waves.field` of a `[level, *lat]` speed, `[time, level, *space]`."""
+    return self.waves.field(angular_speed.reshape(len(angular_speed), -1), hours,
+                            level_amplitude, phase_shift)
 
   def _land(self, rng):
     """Smooth random continents (mask 0/1) and orography (m) on land."""
-    lat = np.deg2rad(self.lat)[:, None]
-    lon = np.deg2rad(self.lon)[None]
-    field = np.zeros((lat.size, lon.size))
+    lat = np.deg2rad(self.lat)
+    lon = np.deg2rad(self.lon)
+    field = np.zeros(self.space)
     for _ in range(8):
       n, m = rng.integers(1, 5, 2)
       field += rng.normal() * np.cos(n * lon + rng.uniform(0, 6.3)) * np.cos(
@@ -173,22 +220,23 @@ class SyntheticWeather:
     return mask, orography
 
   def statics(self) -> dict[str, np.ndarray]:
-    """`{name: [lat, lon]}` for `variables.STATIC_VARIABLES`."""
+    """`{name: [*space]}` for `variables.STATIC_VARIABLES`."""
     return {
         "geopotential_at_surface": (GRAVITY * self.orography).astype(np.float32),
         "land_sea_mask": self.land_sea_mask.astype(np.float32),
     }
 
   def fields(self, times: np.ndarray, names) -> dict[str, np.ndarray]:
-    """`{name: [time, level, lat, lon] or [time, lat, lon]}` float32."""
+    """`{name: [time, level, *space] or [time, *space]}` float32."""
     hours = (times - np.datetime64("1970-01-01", "s")) / np.timedelta64(1, "h")
     hours = np.asarray(hours, np.float64)
+    per_time = (-1,) + (1,) * self.lat.ndim
     year = 2 * np.pi * hours / (24 * 365.25)
     sin_lat = np.sin(np.deg2rad(self.lat))
     # Seasonal cycle: summer in each hemisphere, strongest at high latitudes.
-    season = (-np.cos(year - 0.3)[:, None] * sin_lat[None])  # [time, lat]
-    # Local solar time on [time, lon]; warmest early afternoon.
-    local = 2 * np.pi * (hours[:, None] / 24 + self.lon[None] / 360)
+    season = (-np.cos(year - 0.3).reshape(per_time) * sin_lat[None])  # [time, *lat]
+    # Local solar time on [time, *lon]; warmest early afternoon.
+    local = 2 * np.pi * (hours.reshape(per_time) / 24 + self.lon[None] / 360)
     diurnal = np.cos(local - 2 * np.pi * 14 / 24)
     speed = self.angular_speed
     surface_speed = speed[-1:]
@@ -201,30 +249,30 @@ class SyntheticWeather:
 
   def _field(self, name, hours, season, diurnal, speed, surface_speed,
              level_ones):
-    waves = self.waves.field
-    z = self.height[None, :, None, None]
-    t_surface = (self.surface_temperature[None] + 12 * season)  # [time, lat]
+    waves = self._waves
+    z = self._per_level(self.height)[None]
+    t_surface = (self.surface_temperature[None] + 12 * season)  # [time, *lat]
     if name == "temperature":
-      lapse = np.maximum(t_surface[:, None, :, None] - 6.5e-3 * z, 215.0)
+      lapse = np.maximum(t_surface[:, None] - 6.5e-3 * z, 215.0)
       return lapse + waves(speed, hours, 6 * level_ones)
     if name == "geopotential":
-      colder = 1 - 0.04 * (np.sin(np.deg2rad(self.lat))**2)[None, None, :, None]
+      colder = 1 - 0.04 * (np.sin(np.deg2rad(self.lat))**2)[None, None]
       return GRAVITY * (z * colder + waves(speed, hours, 60 + 0.01 * self.height))
     if name == "u_component_of_wind":
-      return (self.zonal_wind[None, :, :, None] +
+      return (self.zonal_wind[None] +
               waves(speed, hours, 5 + 4e-4 * self.height, 0.3))
     if name == "v_component_of_wind":
       return waves(speed, hours, 5 + 4e-4 * self.height, np.pi / 2)
     if name == "vertical_velocity":
       return waves(speed, hours, 0.15 * level_ones, np.pi)
     if name == "specific_humidity":
-      moisture = 0.018 * np.exp(-self.height / 2.5e3)[None, :, None, None] * (
-          np.cos(np.deg2rad(self.lat))**2 + 0.05)[None, None, :, None]
+      moisture = 0.018 * self._per_level(np.exp(-self.height / 2.5e3))[None] * (
+          np.cos(np.deg2rad(self.lat))**2 + 0.05)[None, None]
       return moisture * (1 + 0.3 * waves(speed, hours, level_ones, 1.0))
     if name == "2m_temperature":
       amplitude = 2 + 6 * self.land_sea_mask[None]
-      return (t_surface[:, :, None] - 0.0065 * self.orography[None] +
-              amplitude * diurnal[:, None, :] +
+      return (t_surface - 0.0065 * self.orography[None] +
+              amplitude * diurnal +
               waves(surface_speed, hours, np.array([4.0]))[:, 0])
     if name in ("10m_u_component_of_wind", "10m_v_component_of_wind"):
       base = "u_component_of_wind" if "_u_" in name else "v_component_of_wind"
@@ -233,16 +281,16 @@ class SyntheticWeather:
       return 0.7 * upper[:, 0]
     if name == "mean_sea_level_pressure":
       lows = -1500 * np.exp(-((np.abs(self.lat) - 60) / 15)**2)
-      return (101325 + lows[None, :, None] +
+      return (101325 + lows[None] +
               waves(surface_speed, hours, np.array([1200.0]))[:, 0])
     if name == "toa_incident_solar_radiation":
       seconds = np.round(hours * 3600).astype(np.int64).astype("timedelta64[s]")
       times = np.datetime64("1970-01-01", "s") + seconds
-      proxy = forcings.compute_forcings(times, self.lat, self.lon, (name,))
-      return SOLAR_CONSTANT * 3600 * proxy.reshape(len(hours), self.lat.size, self.lon.size)
+      proxy = forcings.compute_forcings(times, self.points, (name,))
+      return SOLAR_CONSTANT * 3600 * proxy.reshape((len(hours),) + self.space)
     if name == "sea_surface_temperature":  # NaN over land, as ERA5's
       sea = np.where(self.land_sea_mask < 0.5, 1.0, np.nan)[None]
-      return sea * (np.maximum(t_surface, 271.5)[:, :, None]
+      return sea * (np.maximum(t_surface, 271.5)
                     + waves(surface_speed, hours, np.array([0.5]))[:, 0])
     if name in ("100m_u_component_of_wind", "100m_v_component_of_wind"):
       ten_metres = name.replace("100m", "10m")
@@ -250,11 +298,11 @@ class SyntheticWeather:
                                level_ones)
     if name.startswith("cyclone_"):  # WeatherNext 2's targets: blobs drifting west in the tropics
       signal = waves(surface_speed, hours, np.array([1.0]), 0.7)[:, 0]
-      tropics = np.exp(-((np.abs(self.lat) - 15) / 8)**2)[None, :, None]
+      tropics = np.exp(-((np.abs(self.lat) - 15) / 8)**2)[None]
       blobs = tropics * np.maximum(signal - 1.0, 0.0)
       return blobs if name == "cyclone_exists_gaussian_unit_mode" else 50.0 * blobs
     if name == "total_precipitation_6hr":
-      wet = np.exp(-(self.lat / 20)**2)[None, :, None]
+      wet = np.exp(-(self.lat / 20)**2)[None]
       signal = waves(surface_speed, hours, np.array([1.5]), 0.5)[:, 0]
       # Softplus keeps it positive and mostly small, like rain.
       return 2e-3 * wet * np.log1p(np.exp(3 * signal - 2)) / 3
@@ -273,9 +321,15 @@ def write_synthetic_store(
     zarr_format: int = 2,
     time_step_hours: int = 6,
     include_poles: bool | None = None,
+    grid_name: str = "",
     overwrite: bool = False,
 ) -> str:
   """Writes a synthetic WeatherBench2-layout zarr store at `path` (a directory or a URL).
+
+  On the regular grid of `resolution` (`include_poles`: see `grid.regular_grid`),
+  or with `grid_name` (e.g. "O32", "H16": `points.named_grid`) on those points, in
+  the point layout (`store.py`: a `values` dimension, `latitude`, `longitude` and
+  `cell_area` along it; the attribute `grid` names it).
 
   Times run from `start` 00:00 to `end` 23:00 at `time_step_hours`. Variables
   default to GraphCast's (`DEFAULT_VARIABLES`) and the solar radiation
@@ -305,22 +359,19 @@ def write_synthetic_store(
   times = store_times(start, end, time_step_hours)
   if len(times) == 0:
     raise UserError(f"No times between start={start} and end={end}")
-  latitude, longitude = store_coordinates(resolution, include_poles)
-  weather = SyntheticWeather(latitude, longitude, levels, seed)
+  weather = SyntheticWeather(store_points(grid_name, resolution, include_poles), levels, seed)
 
   with outputs.building(path, overwrite) as where:
-    _write_data(where, weather, names, times, levels, latitude, longitude, zarr_format, path)
+    _write_data(where, weather, names, times, levels, grid_name, zarr_format, path)
   return path
 
 
-def _write_data(path, weather, names, times, levels, latitude, longitude, zarr_format,
-                shown_path):
+def _write_data(path, weather, names, times, levels, grid_name, zarr_format, shown_path):
   """Writes the store at `path` (which does not exist): the layout, then time blocks; the
   progress names `shown_path`, where the store will be."""
-  bytes_per_time = 4 * latitude.size * longitude.size * sum(
+  bytes_per_time = 4 * weather.points.size * sum(
       len(levels) if variables_lib.is_atmospheric(n) else 1 for n in names)
-  _write_layout(path, weather, names, times, levels, latitude, longitude,
-                zarr_format)
+  _write_layout(path, weather, names, times, levels, grid_name, zarr_format)
   block = max(1, TIME_BLOCK_BYTES // bytes_per_time)
   driver = "zarr" if zarr_format == 2 else "zarr3"
   # No fsync per chunk: a store cut short is never renamed into place, and is rewritten.
@@ -348,18 +399,19 @@ def _write_data(path, weather, names, times, levels, latitude, longitude, zarr_f
   progress.close()
 
 
-def _write_layout(path, weather, names, times, levels, latitude, longitude,
-                  zarr_format):
+def _write_layout(path, weather, names, times, levels, grid_name, zarr_format):
   """Writes metadata, coordinates, statics and time step 0 with xarray.
 
   xarray owns the WB2/CF layout (dimension names, time encoding, fill values,
   consolidated metadata); the bulk of the data then goes in through
   tensorstore, which writes one-time-step chunks ~10x faster than zarr-python.
   """
-  dataset = _to_dataset(weather.fields(times[:1], names), times[:1], levels,
-                        latitude, longitude)
+  dataset = _to_dataset(weather.fields(times[:1], names), times[:1], levels, weather.points)
+  space = _spatial_dims(weather.points)
   for name, value in weather.statics().items():
-    dataset[name] = (("latitude", "longitude"), value)
+    dataset[name] = (space, value)
+  if grid_name:
+    dataset.attrs[store_lib.GRID_ATTR] = grid_name
   encoding = {name: {"chunks": _chunks(dataset[name])} for name in names}
   start = np.datetime_as_string(times[0], "s")
   encoding["time"] = {"units": f"hours since {start}", "dtype": "int64",
@@ -386,18 +438,23 @@ def _chunks(array: xr.DataArray):
                for dim, size in zip(array.dims, array.shape))
 
 
-def _to_dataset(fields, times, levels, latitude, longitude) -> xr.Dataset:
+def _spatial_dims(points: PointSet) -> tuple[str, ...]:
+  """A regular grid's `(latitude, longitude)`, other points' `(values,)` (`store.py`)."""
+  return store_lib.STATIC_DIMS if points.field_shape else (store_lib.POINT_DIM,)
+
+
+def _to_dataset(fields, times, levels, points: PointSet) -> xr.Dataset:
+  space = _spatial_dims(points)
   data = {}
   for name, value in fields.items():
-    if value.ndim == 4:
-      data[name] = (("time", "level", "latitude", "longitude"), value)
-    else:
-      data[name] = (("time", "latitude", "longitude"), value)
-  return xr.Dataset(
-      data,
-      coords={
-          "time": times,
-          "level": np.asarray(levels, np.int64),
-          "latitude": latitude,
-          "longitude": longitude,
-      })
+    data[name] = ((("time", "level") if value.ndim == 2 + len(space) else ("time",)) + space,
+                  value)
+  if points.field_shape:
+    latitude, longitude = points.axes()
+    coords = {"latitude": latitude, "longitude": longitude}
+  else:
+    coords = {name: (space, values) for name, values in (
+        ("latitude", points.latitude), ("longitude", points.longitude),
+        (store_lib.CELL_AREA, points.area))}
+  return xr.Dataset(data, coords={"time": times, "level": np.asarray(levels, np.int64),
+                                  **coords})

@@ -1,14 +1,17 @@
 """Builds the graphs of a GraphCast model for a grid, cached on disk.
 
-`build_graphs(latitude, longitude, mesh_levels, edge_sets)` returns `Graphs`
-(`wnscale.graphs.graph`) with the node sets `grid` and `mesh` and one edge set
+`build_graphs(points, mesh_levels, edge_sets)` returns `Graphs`
+(`wnscale.graphs.graph`) with the node sets `grid` (the `points.PointSet`'s points)
+and `mesh` and one edge set
 per entry of `edge_sets` (`wnscale.graphs.edge_sets`; GraphCast's three by
 default).
 
 The graphs are GraphCast's (google-deepmind/graphcast), index for index where
 the reference's order is defined: mesh node i is the reference's vertex i, and
-grid node `i_lat * num_lon + i_lon` follows the given latitude order. The grid's
-latitude and longitude are rounded to float32 first, as the reference does.
+grid node i is the point set's point i (a regular grid's `i_lat * num_lon + i_lon`,
+in its latitude order). The points' latitude and longitude are rounded to float32
+first, as the reference does. The grid-to-mesh radius query and the mesh-to-grid
+containing triangle work on the unit vectors of any points.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 from wnscale import cache, paths
 from wnscale.graphs import features, grid, icosahedron
+from wnscale.graphs.points import PointSet
 from wnscale.graphs.edge_sets import EdgeSetSpec, Geometry, graphcast_edge_sets
 from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
 
@@ -30,10 +34,10 @@ from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
 CACHE_FORMAT = 2
 
 
-def _node_lat_lon(latitude, longitude, meshes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _node_lat_lon(points: PointSet, meshes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Per node set, float32 latitude and longitude of its nodes (degrees)."""
   return {
-      "grid": grid.grid_lat_lon(latitude.astype(np.float32), longitude.astype(np.float32)),
+      "grid": (points.latitude.astype(np.float32), points.longitude.astype(np.float32)),
       "mesh": grid.xyz_to_lat_lon(meshes[-1].vertices),
   }
 
@@ -50,14 +54,12 @@ def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
   return EdgeSet(senders, receivers, edge_features, spec.senders, spec.receivers)
 
 
-def _cache_key(latitude, longitude, mesh_levels, edge_sets: dict[str, EdgeSetSpec]) -> str:
+def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec]) -> str:
   """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
   digest.update(f"{CACHE_FORMAT}:{cache.source_digest('graphs')}:{mesh_levels}:"
                 f"{sorted(edge_sets.items())!r}:".encode())
-  digest.update(np.ascontiguousarray(latitude, dtype=np.float64).tobytes())
-  digest.update(b"|")
-  digest.update(np.ascontiguousarray(longitude, dtype=np.float64).tobytes())
+  digest.update(points.digest())
   return digest.hexdigest()[:24]
 
 
@@ -79,14 +81,14 @@ def _unflatten(flat, edge_sets: dict[str, EdgeSetSpec]) -> Graphs:
   return Graphs(nodes, {name: edge_set(name, spec) for name, spec in edge_sets.items()})
 
 
-def build_graphs(latitude, longitude, mesh_levels: int,
+def build_graphs(points: PointSet, mesh_levels: int,
                  edge_sets: dict[str, EdgeSetSpec] | None = None,
                  use_cache: bool = True) -> Graphs:
-  """The model's graphs for a latitude/longitude grid (any regular grid, either order).
+  """The model's graphs on a point set that covers the globe.
 
   Args:
-    latitude: `[num_lat]` degrees, ascending or descending, with or without poles.
-    longitude: `[num_lon]` degrees.
+    points: the grid nodes (a regular grid in either latitude order, with or
+      without poles, or any points).
     mesh_levels: refinements of the icosahedron; the multi-mesh merges levels
       0..mesh_levels (6 gives GraphCast's 40,962 nodes).
     edge_sets: `{name: EdgeSetSpec}` to build, in this order; None:
@@ -96,18 +98,16 @@ def build_graphs(latitude, longitude, mesh_levels: int,
       themselves).
   """
   edge_sets = graphcast_edge_sets() if edge_sets is None else edge_sets
-  latitude = np.asarray(latitude, dtype=np.float64)
-  longitude = np.asarray(longitude, dtype=np.float64)
-  grid.check_global(latitude, longitude)
+  points.check_global()
   together = {name: spec for name, spec in edge_sets.items() if not spec.connect.cached_apart}
-  path = cache.cache_path("graphs", _cache_key(latitude, longitude, mesh_levels, together)
+  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together)
                           + ".npz")
   start = time.perf_counter()
 
   @functools.cache
   def geometry():  # `(Geometry, lat_lon)`, only when something is built
     meshes = icosahedron.mesh_hierarchy(mesh_levels)
-    lat_lon = _node_lat_lon(latitude, longitude, meshes)
+    lat_lon = _node_lat_lon(points, meshes)
     return Geometry({name: grid.lat_lon_to_xyz(*ll) for name, ll in lat_lon.items()},
                     meshes), lat_lon
 
@@ -132,7 +132,7 @@ def build_graphs(latitude, longitude, mesh_levels: int,
   return graphs._replace(edges={name: {**graphs.edges, **apart}[name] for name in edge_sets})
 
 
-def node_positions(latitude, longitude, mesh_levels: int) -> dict[str, np.ndarray]:
+def node_positions(points: PointSet, mesh_levels: int) -> dict[str, np.ndarray]:
   """Per node set, `[num_nodes, 3]` unit vectors (float64 grid), for spatial partitioning."""
-  return {"grid": grid.lat_lon_to_xyz(*grid.grid_lat_lon(latitude, longitude)),
+  return {"grid": points.xyz(),
           "mesh": icosahedron.mesh_hierarchy(mesh_levels)[-1].vertices}

@@ -214,6 +214,9 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   d = specs.data
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                                d.resolution, forcings=d.stored_forcings)
+  if store.points.field_shape is None:
+    raise UserError(f"{path} is on {store.points.name}: forecasts are written on regular "
+                    "latitude/longitude grids only, for now.")
   indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
@@ -222,13 +225,14 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
     step = previous["checkpoint_step"]  # continue with the parameters it was started with
 
   # Normalized with the training run's statistics.
-  assembly = assemble(specs, store, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
+  assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
   which = params
   params, step = run.restore_params(assembly.params, step, which)
   logging.info("Restored the parameters of step %d from %s.", step, run.path)
 
   init_datetimes = store.times[indices]
   outputs = d.outputs
+  latitude, longitude = store.points.axes()
   settings = forecast_store.forecast_settings(
       workdir=run.path, checkpoint_step=step, initial_conditions=path,
       init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
@@ -236,8 +240,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   output = forecast_store.ForecastStore(
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels,
-      latitude=store.latitude[::-1] if store.flip_latitude else store.latitude,
-      longitude=store.longitude, flip_latitude=store.flip_latitude, members=members,
+      latitude=latitude[::-1] if store.flip_latitude else latitude,
+      longitude=longitude, flip_latitude=store.flip_latitude, members=members,
       argument="out")
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
                    output)

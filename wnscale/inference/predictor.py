@@ -18,6 +18,7 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data.variables import STATIC_VARIABLES
 from wnscale.errors import UserError
+from wnscale.graphs.points import PointSet
 from wnscale.inference.nan_fill import NanFill
 from wnscale.inference.rollout import ShardedStep
 from wnscale.specs import Specs
@@ -134,7 +135,8 @@ class Predictor:
                        for name in STATIC_VARIABLES]).astype(np.float32)
     all_times = times.append(target_times)
     forcing = forcings_lib.compute_forcings(
-        all_times.values, inputs.latitude.values, inputs.longitude.values, self.forcings,
+        all_times.values, PointSet.regular(inputs.latitude.values, inputs.longitude.values),
+        self.forcings,
         given=self._given_forcings(forcings, all_times))
     batch_size = inputs.sizes["batch"]
     batched_put = lambda key, array: self.step.put(  # noqa: E731 (rows: the same array each)

@@ -150,8 +150,7 @@ class StreamingForecaster:
               "forecast lead times the store covers.")
         values = self.store.forcings_at(indices, self.forcings)
       else:
-        values = forcings_lib.compute_forcings(times, self.store.latitude,
-                                               self.store.longitude, self.forcings)
+        values = forcings_lib.compute_forcings(times, self.store.points, self.forcings)
       windows.append(self.normalization.input_scales.forcings(values))
     return self.layout.grid.to_slots(np.stack(windows), -1)
 

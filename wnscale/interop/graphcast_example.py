@@ -32,10 +32,11 @@ import xarray as xr
 from wnscale import outputs as outputs_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.assembly import Grid, assemble
+from wnscale.assembly import assemble
 from wnscale.data import netcdf, resolve
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
+from wnscale.graphs.points import PointSet
 from wnscale.inference.predictor import Predictor
 from wnscale.inference.rollout import init_hours
 from wnscale.model import ensemble
@@ -70,8 +71,8 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   d = specs.data
   steps = _check_example(example, d, steps, example_path)
   member_noise = _member_noise(specs, members, noise, steps)
-  assembly = assemble(specs, Grid(np.sort(example["lat"].values), example["lon"].values),
-                      resolve.resolve_stats(d), mesh_lib.single_device_mesh())
+  grid = PointSet.regular(np.sort(example["lat"].values), example["lon"].values)
+  assembly = assemble(specs, grid, resolve.resolve_stats(d), mesh_lib.single_device_mesh())
   restored, _ = run.restore_params(assembly.params, which=params)
   predictor = Predictor(specs, assembly, restored)
   rows = []

@@ -11,23 +11,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from wnscale.graphs.grid import cell_area_weights
 from wnscale.model import ensemble, forecast
 from wnscale.model.forecast import Constants
 from wnscale.model.graphcast import GraphCast, local_exchange
-
-
-def latitude_weights(latitude_deg: np.ndarray, num_lon: int) -> np.ndarray:
-  """Per-node weights `[num_lat * num_lon]` proportional to cell area, mean 1.
-
-  WeatherBench2's weights (`graphs.grid.cell_area_weights`), so the loss
-  and every reported RMSE weigh the grid alike; pole rows get their small but
-  nonzero cap area instead of cos(90 deg) = 0.
-  """
-  return np.repeat(cell_area_weights(latitude_deg), num_lon).astype(np.float32)
 
 
 def weighted_squared_error(predictions, targets, constants: Constants):

@@ -11,9 +11,9 @@ from wnscale.data import variables as variables_lib
 from wnscale.graphs import build
 from wnscale.graphs.edge_sets import graphcast_edge_sets
 from wnscale.graphs.graph import Graphs
+from wnscale.graphs.points import PointSet
 from wnscale.model import forecast
 from wnscale.model.graphcast import GraphCast
-from wnscale.model import loss as loss_lib
 from wnscale.model.processors import PROCESSORS
 from wnscale.specs import DataSpec, ModelSpec, Specs
 
@@ -51,26 +51,28 @@ def init_model_shapes(specs: Specs):
   return nnx.split(nnx.eval_shape(lambda: build_model(specs)))
 
 
-def graphs_for_grid(m: ModelSpec, latitude, longitude, use_cache: bool = True) -> Graphs:
-  """The model's graphs on a grid: GraphCast's edge sets and those its processor adds."""
+def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True) -> Graphs:
+  """The model's graphs on a grid's points: GraphCast's edge sets and those its processor
+  adds."""
   edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
                    **PROCESSORS[m.processor].edge_sets(m))
-  return build.build_graphs(latitude, longitude, m.mesh_levels, edge_sets, use_cache=use_cache)
+  return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache)
 
 
-def node_positions(m: ModelSpec, latitude, longitude):
+def node_positions(m: ModelSpec, points: PointSet):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
-  return build.node_positions(latitude, longitude, m.mesh_levels)
+  return build.node_positions(points, m.mesh_levels)
 
 
-def make_constants(d: DataSpec, graphs: Graphs, latitude, longitude,
+def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
                    residual_scale: np.ndarray, variable_loss_weights=()) -> forecast.Constants:
-  """Host (numpy) constants; `residual_scale` is `[C_out]` (`source.residual_scale`);
-  `variable_loss_weights`: `(variable, weight)` pairs (`train.variable_loss_weights`)."""
+  """Host (numpy) constants; the node weights are the points' cell areas (mean 1);
+  `residual_scale` is `[C_out]` (`source.residual_scale`); `variable_loss_weights`:
+  `(variable, weight)` pairs (`train.variable_loss_weights`)."""
   return forecast.Constants(
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
-      node_weights=loss_lib.latitude_weights(latitude, len(longitude)),
+      node_weights=points.area.astype(np.float32),
       channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels,
                                                          dict(variable_loss_weights)))
 

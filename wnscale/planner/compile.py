@@ -19,8 +19,8 @@ import jax
 import ml_collections
 
 from wnscale import specs as specs_lib
-from wnscale.assembly import Grid, assemble
-from wnscale.graphs import grid as grid_lib
+from wnscale.assembly import assemble
+from wnscale.graphs import points as points_lib
 from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib
 from wnscale.planner import flops as flops_lib
@@ -46,7 +46,8 @@ class Problem:
   """A config's graphs and layout on a target, built once and compiled for many remat settings.
 
   Args:
-    config: the experiment; its grid is the standard one of `data.resolution`.
+    config: the experiment; its grid is `points.standard`'s of `data.grid` and
+      `data.resolution`.
     target: the devices to compile for.
     step_builder: lowers the step to measure (see `StepBuilder`).
   """
@@ -61,7 +62,7 @@ class Problem:
     mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
     # No statistics: the residual scale is 1, which changes no shape; no model: the step
     # builder makes it with each compile's remat settings.
-    assembly = assemble(specs, Grid(*grid_lib.regular_grid(config.data.resolution)), None,
+    assembly = assemble(specs, points_lib.standard(config.data.grid, config.data.resolution), None,
                         self.mesh, params=None)
     self.counts = assembly.graphs.counts()
     # Shapes only: what the FLOP model reads, without holding the arrays.

@@ -40,7 +40,7 @@ def describe_data(source, eval_source) -> str:
     ranges += f", eval {eval_source.start} .. {eval_source.end} ({len(eval_source):,} examples)"
   first, last = np.datetime_as_string(store.times[[0, -1]], unit="m")
   return (f"{store.path}, {len(store.times):,} times {first} .. {last} every "
-          f"{store.time_step_hours} h, grid {store.latitude.size} x {store.longitude.size}, "
+          f"{store.time_step_hours} h, grid {store.points.name}, "
           f"{store.num_channels} channels; {ranges}")
 
 

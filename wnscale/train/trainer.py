@@ -227,7 +227,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
     config.model.update(_auto_remat(curriculum.longest_phase_config(config))["overrides"])
   specs = specs_lib.from_config(config)  # what the model and the steps are built from
 
-  assembly = assemble(specs, source.store, source.stats, mesh, params="init",
+  assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
                       phase=run_log.phase)
   layout = assembly.layout
   device_constants, halo_indices = layout.constants(assembly.constants)
@@ -453,8 +453,7 @@ def _same_store(before: str, now: str, data) -> bool:
     store = store_lib.open_store(path, data.variables, data.pressure_levels,
                                  data.time_step_hours, data.resolution,
                                  forcings=data.stored_forcings)
-    return (store.channel_names, store.times.tolist(), store.latitude.tolist(),
-            store.longitude.tolist())
+    return store.channel_names, store.times.tolist(), store.points.digest()
   try:
     return describe(before) == describe(now)
   except Exception:  # noqa: BLE001 (one of them missing or unreadable: not shown the same)
