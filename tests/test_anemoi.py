@@ -11,15 +11,20 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 
 import gcs
 import numpy as np
 import pytest
 import zarr
+from tiny_runs import REPO, process_env, read_metrics
 
 from wnscale import paths
 from wnscale.data import anemoi
 from wnscale.data import normalization
+from wnscale.data import source as source_lib
+from wnscale.data import store as store_lib
 from wnscale.errors import ArgumentError, UserError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -285,3 +290,86 @@ def test_store_in_a_bucket():
     np.testing.assert_array_equal(
         stats["temperature"].values,
         anemoi.anemoi_statistics(anemoi.open_anemoi(local))["temperature"].values)
+
+
+# --- the stores in training: `store.open_store` finds the layout --------------------------
+
+
+def _expected_fields(name: str, member: int, variables, levels) -> np.ndarray:
+  """anemoi-datasets' reading of `variables` on `levels`: `[present dates, channels, values]`
+  in wnscale's channel order (each atmospheric variable's levels, then the surface ones)."""
+  expected = _expected(name)
+  spelling = STORES[name][0]
+  names = list(expected["variables"])
+  columns = [names.index(f"{spelling[v]}_{level}" if v in ATMOSPHERIC else spelling[v])
+             for v in variables for level in (levels if v in ATMOSPHERIC else [None])]
+  return expected["data"][:, columns, member], expected
+
+
+def test_open_store_reads_points_and_a_regular_grid_member_as_anemoi_does():
+  """The O4 store as a point set (Voronoi areas); the 7 x 8 store, member 1, as a regular
+  grid in internal order (latitude and longitude ascending: its longitudes start at -180),
+  its missing date marked; both equal to anemoi-datasets' reading."""
+  variables = ("temperature", "2m_temperature")
+  points = store_lib.open_store(_store("anemoi_grib"), variables, (850, 500))
+  assert points.points.field_shape is None and points.points.size == 208
+  assert "O4" in points.points.name
+  np.testing.assert_allclose(points.points.area.mean(), 1.0)
+  fields, expected = _expected_fields("anemoi_grib", 0, variables, (850, 500))
+  np.testing.assert_array_equal(points.read_state(np.arange(6)), fields)
+  np.testing.assert_array_equal(points.points.latitude, expected["latitudes"])
+
+  regular = store_lib.open_store(_store("anemoi_members"), variables, (500,), member=1)
+  assert regular.points.field_shape == (7, 8)
+  lat, lon = regular.points.latitude, regular.points.longitude
+  assert np.all(np.diff(lat.reshape(7, 8)[:, 0]) > 0) and np.all(np.diff(lon[:8]) > 0)
+  fields, expected = _expected_fields("anemoi_members", 1, variables, (500,))
+  present = expected["present"]
+  np.testing.assert_array_equal(np.flatnonzero(regular.missing), expected["missing"])
+  # The store's value at each internal node: found by its coordinates.
+  stored = {(a, b): i for i, (a, b) in enumerate(zip(expected["latitudes"],
+                                                      np.mod(expected["longitudes"], 360)))}
+  order = [stored[(a, b)] for a, b in zip(lat, lon)]
+  np.testing.assert_array_equal(regular.read_state(present), fields[..., order])
+
+
+def test_missing_dates_are_in_no_example_and_statistics_come_from_the_store():
+  source = source_lib.WeatherExampleSource(
+      _store("anemoi_members"), ("temperature",), (500,), member=1,
+      start="2020-01-01", end="2020-01-02T06")
+  missing = set(np.flatnonzero(source.store.missing))
+  assert missing and len(source) == sum(
+      not missing & set(range(s, s + source.window)) for s in range(6 - source.window + 1))
+  for index in range(len(source)):
+    assert not missing & set(source.time_indices(index).tolist())
+    assert np.isfinite(source[index]["targets"]).all()
+  # data.stats_path=STORE: the store's own, floored like computed ones.
+  stats = normalization.read_stats(_store("anemoi_grib"), 6)
+  raw = anemoi.anemoi_statistics(anemoi.open_anemoi(_store("anemoi_grib")), 6)
+  table, raw_table = (normalization.channel_stats(s, ["temperature"], [850])
+                      for s in (stats, raw))
+  np.testing.assert_allclose(table["std"], normalization.floor_std(raw_table["std"],
+                                                                   raw_table["mean"]))
+  np.testing.assert_allclose(table["diff_std"], raw_table["diff_std"])
+
+
+@pytest.mark.slow
+def test_launch_train_on_an_anemoi_store_as_it_is(tmp_path):
+  """`launch.train --config.data.path=STORE`, nothing else about the store: the members
+  store (member 1; its missing date in no example), its grid and member in the log."""
+  result = subprocess.run(
+      [sys.executable, "-m", "launch.train", "--platform=cpu", "--config=configs/tiny.py",
+       f"--config.data.path={_store('anemoi_members')}", "--config.data.member=1",
+       "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-02T06",
+       "--config.data.eval_start=2020-01-01", "--config.data.eval_end=2020-01-02T06",
+       "--config.train.steps=2", "--config.train.warmup_steps=1", "--config.train.eval_every=0",
+       "--config.train.batch_size=1", "--config.model.mesh_levels=0",
+       f"--workdir={tmp_path / 'run'}"],
+      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  log = result.stderr
+  assert "anemoi-datasets layout, member 1 of 2" in log
+  assert "grid regular 45 deg (7 x 8)" in log and "(1 examples)" in log
+  assert "Run ended at step 2 of 2" in log
+  losses = [m["loss"] for m in read_metrics(str(tmp_path / "run")) if "loss" in m]
+  assert losses and np.isfinite(losses).all()

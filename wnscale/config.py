@@ -85,12 +85,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh.exchange = "all_gather"  # how shards get remote sender rows: all_gather | halo
 
   c.data = d = ml_collections.ConfigDict()
-  d.path = ""  # zarr store (WeatherBench2 layout), a local path or a URL (gs://...)
+  d.path = ""  # zarr store, a local path or a URL (gs://...): WeatherBench2's layout (a
+  # regular grid, or `values` points), or an anemoi-datasets store (found by its layout)
+  d.member = 0  # the ensemble member read from an anemoi-datasets store of several
   d.synthetic = False  # with no data.path: train on a synthetic ERA5-like store, written
   # once into the cache directory ($WNSCALE_CACHE_DIR, default ~/.cache/wnscale/datasets)
   d.stats_path = ""  # normalization statistics to use (path or URL): a wnscale .nc file, or a
-  # directory of GraphCast's mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc;
-  # empty: computed once from the training time range, cached in <cache dir>/stats
+  # directory of GraphCast's mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc,
+  # or an anemoi-datasets store (its own statistics; diff_std from its tendencies over
+  # data.time_step_hours); empty: computed once from the training range, cached in
+  # <cache dir>/stats
   d.resolution = 5.625  # grid spacing in degrees of a regular store; must match it (a store
   # of other points says its own grid, and this is not used)
   d.grid = ""  # the grid of the synthetic store (data.synthetic) and of the planner and
@@ -335,6 +339,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
            "radiation: J m^-2) and need their statistics: set data.input_normalization='all'")
   _require(d.input_steps >= 1 and d.target_steps >= 1,
            "data.input_steps and data.target_steps must be >= 1")
+  _require(d.member >= 0, "data.member must be >= 0")
   _require(d.resolution > 0 and d.time_step_hours > 0,
            "data.resolution and data.time_step_hours must be > 0")
   if d.grid:

@@ -77,6 +77,7 @@ class DataSpec:
   """
 
   path: str
+  member: int
   synthetic: bool
   stats_path: str
   resolution: float

@@ -54,6 +54,8 @@ _LEVELLED = re.compile(r"(.+)_(\d+)")
 # others are not wnscale's levels.
 _PRESSURE_LEVTYPES = (None, "pl")
 _TENDENCY_STDEV = re.compile(r"statistics_tendencies_(\w+?)_stdev")
+# Stores whose unknown variables were logged (by this process).
+_WARNED: set[str] = set()
 # anemoi-datasets' frequency units, in hours.
 _UNIT_HOURS = {"d": 24.0, "h": 1.0, "m": 1 / 60, "s": 1 / 3600}
 
@@ -216,7 +218,8 @@ def open_anemoi(path: str, member: int = 0) -> AnemoiStore:
                     f"not hold its {num_values} values.")
   metadata = attributes.get("variables_metadata") or {}
   atmospheric, surface, statics, unknown = _catalogue(names, metadata, path)
-  if unknown:
+  if unknown and path not in _WARNED:  # once per store, however often it is opened
+    _WARNED.add(path)
     logging.warning("%s: variable(s) %s not in wnscale's catalogue (or not on pressure "
                     "levels); kept under their own names.", path, sorted(unknown))
   return AnemoiStore(path, member, num_members, times, missing, step, latitude,

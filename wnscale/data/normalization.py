@@ -37,7 +37,7 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
-from wnscale.data import netcdf
+from wnscale.data import anemoi, netcdf
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -58,28 +58,29 @@ BLOCK_BYTES = 64 * 2**20
 
 
 def cached_stats_path(path: str, variables, levels, start: str | None, end: str | None,
-                      time_step_hours: int = 6, forcings=(), stored_forcings=()) -> str:
+                      time_step_hours: int = 6, forcings=(), stored_forcings=(),
+                      member: int = 0) -> str:
   """Where `compute_stats`' result for these arguments is cached: `<cache dir>/stats/...nc`."""
   key = json.dumps([paths.normalize(path), list(variables), [int(v) for v in levels],
                     start or "", end or "", time_step_hours, list(forcings),
-                    list(stored_forcings),
+                    list(stored_forcings), member,
                     cache.source_digest("data/normalization.py", "data/store.py",
-                                        "data/forcings.py")])
+                                        "data/forcings.py", "data/anemoi.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
 
 def load_or_compute_stats(path: str, variables, levels, start: str | None = None,
                           end: str | None = None, time_step_hours: int = 6, forcings=(),
-                          stored_forcings=()) -> xr.Dataset:
+                          stored_forcings=(), member: int = 0) -> xr.Dataset:
   """The cached statistics of `compute_stats(...)`, computing and caching them if missing."""
   target = cached_stats_path(path, variables, levels, start, end, time_step_hours, forcings,
-                             stored_forcings)
+                             stored_forcings, member)
   if paths.exists(target):
     return from_bytes(paths.read_bytes(target))
   begin = time.perf_counter()
   stats = compute_stats(path, variables, levels, start, end, time_step_hours, forcings,
-                        stored_forcings)
+                        stored_forcings, member)
   paths.write_bytes(target, to_bytes(stats))  # whole or not at all
   logging.info("Computed the statistics of %s (%s .. %s) in %.1f s (one pass); cached in %s",
                path, start, end, time.perf_counter() - begin, target)
@@ -95,11 +96,20 @@ def from_bytes(data: bytes, name: str = "statistics") -> xr.Dataset:
   return netcdf.from_bytes(data, name)
 
 
-def read_stats(path: str) -> xr.Dataset:
-  """Statistics from `data.stats_path`: a file of this module's format, or a directory
-  (local or URL) of GraphCast's three files."""
+def read_stats(path: str, time_step_hours: int | None = None) -> xr.Dataset:
+  """Statistics from `data.stats_path`: a file of this module's format, a directory
+  (local or URL) of GraphCast's three files, or an anemoi-datasets store (its own
+  statistics, diff_std over `time_step_hours`, the store's step if None)."""
   if paths.exists(paths.join(path, GRAPHCAST_FILES["mean"])):
     return _from_graphcast(path)
+  if anemoi.is_anemoi_store(path):
+    stats = anemoi.anemoi_statistics(anemoi.open_anemoi(path), time_step_hours)
+    for name in stats.data_vars:  # as computed statistics are floored
+      mean = stats[name].sel(statistic="mean").values
+      for statistic in ("std", "diff_std"):
+        stats[name].loc[dict(statistic=statistic)] = floor_std(
+            stats[name].sel(statistic=statistic).values, mean)
+    return stats
   if not paths.exists(path):
     raise UserError(f"Statistics not found: {path} (a .nc file written by wnscale, or a "
                      f"directory holding {sorted(GRAPHCAST_FILES.values())})")
@@ -150,7 +160,7 @@ def _from_graphcast(directory: str) -> xr.Dataset:
 
 def compute_stats(path: str, variables, levels, start: str | None = None,
                   end: str | None = None, time_step_hours: int = 6, forcings=(),
-                  stored_forcings=()) -> xr.Dataset:
+                  stored_forcings=(), member: int = 0) -> xr.Dataset:
   """One streaming pass over the store's times in [start, end]; see the module docstring.
 
   Args:
@@ -161,11 +171,9 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     forcings: forcings to cover too (mean and std; `diff_std` set to std):
       those in `stored_forcings` as the store holds them, the others as
       `forcings.compute_forcings` computes them at the store's times.
+    member: the ensemble member of an anemoi-datasets store (`store.open_store`).
   """
-  with store_lib.open_metadata(path) as dataset:
-    times = dataset["time"].values
-  store_step = (times[1] - times[0]) / np.timedelta64(1, "h") if len(
-      times) > 1 else time_step_hours
+  store_step = store_lib.native_time_step_hours(path, time_step_hours)
   lag = time_step_hours / store_step
   if not float(store_step).is_integer() or not float(lag).is_integer():
     raise UserError(f"Store {path} has a time step of {store_step:g} h, which"
@@ -173,7 +181,7 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
   lag = int(lag)
   # Native step: every store time counts, and diffs use `lag` store steps.
   store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step),
-                               forcings=stored_forcings)
+                               forcings=stored_forcings, member=member)
   first_time, num_times = store_lib.time_range(store.times, start, end, path)
   if num_times < 1 + lag:
     raise UserError(f"Time range {start} .. {end} of {path} has {num_times} time(s); "
@@ -192,6 +200,8 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     state = store.read_state(np.arange(first, min(last + lag, first_time + num_times)),
                              allow_nan=True)
     nan_rows = sums.add(state[:last - first])
+    if nan_rows is not None and store.missing is not None:
+      nan_rows &= ~store.missing[first:last, None]  # a missing time is no NaN of the data
     if nan_rows is not None:
       for channel in np.flatnonzero(nan_rows.any(axis=0)):
         rows = hours[first:last][nan_rows[:, channel]]

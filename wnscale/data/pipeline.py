@@ -123,7 +123,7 @@ def make_source(data, split: str, grid_slots: np.ndarray | None = None,
         data.path, data.variables, data.pressure_levels, input_steps=data.input_steps,
         target_steps=data.target_steps, start=start, end=end,
         time_step_hours=data.time_step_hours, fill_nan=data.fill_nan,
-        resolution=data.resolution, grid_slots=grid_slots, stats=stats,
+        resolution=data.resolution, grid_slots=grid_slots, stats=stats, member=data.member,
         indexed_target_steps=indexed_target_steps, **resolve.data_layout(data))
 
 

@@ -130,11 +130,11 @@ def resolve_stats(data) -> xr.Dataset:
   so every process normalizes with the same numbers even where hosts' caches differ.
   """
   if data.stats_path:
-    return normalization.read_stats(data.stats_path)
+    return normalization.read_stats(data.stats_path, data.time_step_hours)
   every_input = data.input_normalization == "all"  # forcings' statistics needed too
   arguments = (data.path, data.outputs, data.pressure_levels, data.train_start, data.train_end,
                data.time_step_hours, data.forcings if every_input else (),
-               data.stored_forcings if every_input else ())
+               data.stored_forcings if every_input else (), data.member)
   with config_range("train"):
     blob = once_by_process_0(
         f"stats {normalization.cached_stats_path(*arguments)}",

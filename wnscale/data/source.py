@@ -76,7 +76,8 @@ class WeatherExampleSource:
                input_normalization: str = "state",
                global_forcings=(),
                nan_fill_values=(),
-               indexed_target_steps: int | None = None):
+               indexed_target_steps: int | None = None,
+               member: int = 0):
     """Opens the store and takes (or computes once) its statistics.
 
     Without `fill_nan`, a NaN that the statistics pass saw inside the time
@@ -107,6 +108,8 @@ class WeatherExampleSource:
         targets (>= `target_steps`; default `target_steps`): a rollout curriculum's
         longest phase, so that example `i` starts at the same time in every phase
         (`with_target_steps`) and a data iterator's position means one thing.
+      member: the ensemble member of an anemoi-datasets store. Its missing dates are
+        in no example.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "
@@ -115,7 +118,8 @@ class WeatherExampleSource:
     self.forcings, self.stored_forcings = tuple(forcings), tuple(stored_forcings)
     outputs = self.variables + tuple(target_only_variables)
     self.store = store_lib.open_store(path, outputs, levels, time_step_hours=time_step_hours,
-                                      resolution=resolution, forcings=self.stored_forcings)
+                                      resolution=resolution, forcings=self.stored_forcings,
+                                      member=member)
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.global_forcings = tuple(global_forcings)
@@ -123,7 +127,15 @@ class WeatherExampleSource:
     self._first_time, num_times = store_lib.time_range(self.store.times, start, end, path)
     self._num_times = num_times
     indexed = max(target_steps, indexed_target_steps or target_steps)
-    self._num_examples = num_times - (input_steps + indexed) + 1
+    # Example i starts at time `_first_time + _starts[i]`: every start whose (indexed)
+    # window holds no missing time.
+    window = input_steps + indexed
+    self._starts = np.arange(max(num_times - window + 1, 0))
+    if self.store.missing is not None:
+      missing = self.store.missing[self._first_time:self._first_time + num_times]
+      hit = np.convolve(missing, np.ones(window, int), "valid") > 0
+      self._starts = self._starts[~hit[:len(self._starts)]]
+    self._num_examples = len(self._starts)
     if self._num_examples <= 0:
       times = self.store.times
       raise UserError(
@@ -136,7 +148,8 @@ class WeatherExampleSource:
       every_input = input_normalization == "all"
       stats = normalization.load_or_compute_stats(
           path, outputs, levels, start, end, time_step_hours,
-          self.forcings if every_input else (), self.stored_forcings if every_input else ())
+          self.forcings if every_input else (), self.stored_forcings if every_input else (),
+          member)
     self.stats = stats
     self.channel_stats = normalization.channel_stats(stats, outputs, self.store.levels)
     self.num_state_channels = len(variables_lib.channel_names(self.variables,
@@ -170,6 +183,8 @@ class WeatherExampleSource:
       return
     hours = (self.store.times - np.datetime64(0, "ns")) / np.timedelta64(1, "h")
     times = np.arange(self._first_time, self._first_time + num_times)
+    if self.store.missing is not None:  # read by no example
+      times = times[~self.store.missing[times]]
     seen = ((self.store.times[times] >= np.datetime64(stats.attrs["first_time"]))
             & (self.store.times[times] <= np.datetime64(stats.attrs["last_time"])))
     times = times[seen]
@@ -212,7 +227,7 @@ class WeatherExampleSource:
     """`[window]` indices into `store.times` of example `index`."""
     if not 0 <= index < self._num_examples:
       raise IndexError(f"example {index} out of range [0, {len(self)})")
-    return self._first_time + index + np.arange(self.window)
+    return self._first_time + self._starts[index] + np.arange(self.window)
 
   def example_times(self, index: int) -> np.ndarray:
     """`[window]` datetime64 times of example `index` (inputs, then targets)."""
@@ -268,7 +283,7 @@ class WeatherExampleSource:
 
     Only as many as it was indexed for (`indexed_target_steps`): every example still fits.
     """
-    if self._num_examples - 1 + self.input_steps + target_steps > self._num_times:
+    if self._starts[-1] + self.input_steps + target_steps > self._num_times:
       raise ValueError(f"{target_steps} targets run past the time range this source was "
                        "indexed for (indexed_target_steps)")
     clone = copy.copy(self)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import os
 from typing import NamedTuple
 
@@ -37,6 +38,7 @@ import tensorstore as ts
 import xarray as xr
 
 from wnscale import paths
+from wnscale.data import anemoi
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -108,6 +110,8 @@ class WeatherStore:
       variable), not part of `variables`.
     fill: `{name: [channels]}` values that replace NaN in a variable's
       channels, statics included (a NaN in a variable without one is an error).
+    missing: `[num_times]` bool, times the store lacks (an anemoi-datasets store's
+      `missing_dates`): never read as inputs or targets. None: none.
   """
 
   path: str
@@ -123,6 +127,7 @@ class WeatherStore:
   flip_latitude: bool = False
   forcings: tuple[str, ...] = ()
   fill: dict = dataclasses.field(default_factory=dict)
+  missing: np.ndarray | None = None
 
   @property
   def fill_nan(self) -> bool:
@@ -320,7 +325,8 @@ def open_store(path: str,
                levels,
                time_step_hours: int = 6,
                resolution: float | None = None,
-               forcings=()) -> WeatherStore:
+               forcings=(),
+               member: int = 0) -> WeatherStore:
   """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
 
   Args:
@@ -333,6 +339,8 @@ def open_store(path: str,
       a store on other points says its grid, and this is not used.
     forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
       names, stored like surface variables).
+    member: the ensemble member of an anemoi-datasets store (`data.anemoi`; such
+      a store is found by its layout, and its `missing_dates` are `missing`).
 
   The store raises on NaN until its `fill` values are set.
 
@@ -349,6 +357,8 @@ def open_store(path: str,
   if unknown:
     raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
   names = variables + forcings + variables_lib.STATIC_VARIABLES
+  if anemoi.is_anemoi_store(path):
+    return _open_anemoi(path, variables, levels, time_step_hours, forcings, member)
   with open_metadata(path) as dataset:
     conversion = dataset.attrs.get(CONVERSION_ATTR)
     if conversion and not conversion.get("complete"):
@@ -375,6 +385,59 @@ def open_store(path: str,
   return WeatherStore(path, variables, levels, time_step_hours, times, points,
                       stride, level_indices, handles, views, flip_latitude=flip,
                       forcings=forcings)
+
+
+def native_time_step_hours(path: str, default: float) -> float:
+  """The store's own time step in hours (`default` for a store of one time)."""
+  if anemoi.is_anemoi_store(path):
+    return anemoi.open_anemoi(path).time_step_hours
+  with open_metadata(path) as dataset:
+    times = dataset["time"].values
+  return (times[1] - times[0]) / np.timedelta64(1, "h") if len(times) > 1 else default
+
+
+def _open_anemoi(path, variables, levels, time_step_hours, forcings, member) -> WeatherStore:
+  """An anemoi-datasets store as a `WeatherStore`: views of its one `data` array."""
+  source = anemoi.open_anemoi(path, member)
+  stride = time_step_hours / source.time_step_hours
+  if not float(stride).is_integer() or stride < 1:
+    raise UserError(f"Store {path} has a time step of {source.time_step_hours:g} h, which "
+                    f"does not divide time_step_hours={time_step_hours}")
+  stride = int(stride)
+  order = _regular_order(source)
+  views = {}
+  for name in variables + forcings + variables_lib.STATIC_VARIABLES:
+    atmospheric = variables_lib.is_atmospheric(name)
+    view = source.view(name, levels) if atmospheric else source.view(name)
+    # A regular grid's values as `[lat, lon]`, in internal order.
+    views[name] = view if order is None else view[..., order]
+  atmospheric = any(variables_lib.is_atmospheric(name) for name in variables)
+  level_indices = np.arange(len(levels) if atmospheric else 0, dtype=np.int64)
+  if order is None:
+    points = PointSet.from_points(source.latitude, source.longitude, None,
+                                  f"{source.grid} (anemoi-datasets)")
+  else:
+    points = PointSet.regular(source.latitude[order[:, 0]], source.longitude[order[0]])
+  logging.info("Store %s: anemoi-datasets layout, member %d of %d, grid %s", path, member,
+               source.num_members, source.grid)
+  return WeatherStore(path, variables, levels, time_step_hours,
+                      source.times[::stride], points, stride, level_indices,
+                      {"data": source.data}, views, forcings=forcings,
+                      missing=source.missing[::stride])
+
+
+def _regular_order(source: anemoi.AnemoiStore) -> np.ndarray | None:
+  """`[lat, lon]` indices of the store's values in a regular grid's internal order
+  (latitude and longitude ascending) if its `field_shape` is a whole regular grid
+  flattened latitude-major; else None (the values are points)."""
+  if len(source.field_shape) != 2:
+    return None
+  latitude = source.latitude.reshape(source.field_shape)
+  longitude = source.longitude.reshape(source.field_shape)
+  if not (np.all(latitude == latitude[:, :1]) and np.all(longitude == longitude[:1])):
+    return None
+  index = np.arange(source.num_values).reshape(source.field_shape)
+  return index[np.argsort(latitude[:, 0])][:, np.argsort(longitude[0])]
 
 
 def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[str, ...],
