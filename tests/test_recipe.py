@@ -15,6 +15,7 @@ from tiny_runs import REPO
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
+from wnscale.graphs.points import PointSet
 from wnscale.model import setup
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
@@ -23,7 +24,7 @@ from wnscale.train import step as step_lib
 from wnscale.train import trainer
 from wnscale.train.state import initial_state
 
-LATITUDE, LONGITUDE = grid.regular_grid(30.0, include_poles=True)
+POINTS = PointSet.regular(*grid.regular_grid(30.0, include_poles=True))
 DECAY = 0.75  # far from 1, so that every step shows in the average
 STEPS = 3
 
@@ -38,10 +39,10 @@ def test_ema_follows_the_parameters_and_frozen_parts_stay_bitwise():
   config.train.update(ema_decay=DECAY, freeze=("processor",), warmup_steps=0)
   config = config_lib.validate(config)
   specs = specs_lib.from_config(config)
-  constants, batch, params = synthetic_problem(config, LATITUDE, LONGITUDE, batch_size=2)
+  constants, batch, params = synthetic_problem(config, POINTS, batch_size=2)
   config.mesh.update(data=1, graph=1)
   layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:1]), constants.graphs,
-                         setup.node_positions(specs.model, LATITUDE, LONGITUDE), "all_gather")
+                         setup.node_positions(specs.model, POINTS), "all_gather")
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(specs)
   optimizer = optimizer_lib.make_optimizer(config.train)
