@@ -50,6 +50,8 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
 def _phase_schedule(peak: float, warmup: int, end: float, length: int) -> optax.Schedule:
   """A phase's rate, by step within the phase: warm-up to `peak`, half-cosine to `end`."""
   if peak == end:
+    if not warmup:  # (optax logs a zero-length linear schedule at every call)
+      return optax.constant_schedule(peak)
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
                                  optax.constant_schedule(peak)], [warmup])
   return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, length, end)
