@@ -305,9 +305,10 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
   phase = None
   for step in range(start_step, total):
     if phase is None or step == phase.end_step:  # a phase starts: its data, its step
-      if phase is not None:
-        t.start_phase(curriculum.phase_at(t.phases, step))
+      starting = phase is not None
       phase = curriculum.phase_at(t.phases, step)
+      if starting:  # the resumed or first phase's pipeline is made by `_resume`
+        t.start_phase(phase)
       batch = t.next_batch()
       compile_start = time.perf_counter()
       with run_log.phase(_compiled_text(t.phases, phase)):
