@@ -267,10 +267,11 @@ def test_scores_climatology_and_maps_on_an_anemoi_datasets_store_of_points(tmp_p
   for hour in (0, 12):
     np.testing.assert_allclose(opened["temperature"].sel(hour=hour, level=850).values,
                                windowed_mean(t850, times, hour), rtol=1e-6)
-  # A forecast of the truth at the valid times plus an error growing with the lead time.
-  inits, leads = times[[0, 1]], pd.timedelta_range("6h", periods=2, freq="6h")
+  # A forecast of the truth at the valid times plus an error growing with the lead time;
+  # valid times at hours the store holds on both its days (the others' anomaly is 0).
+  inits, leads = times[[0]], pd.to_timedelta(["6h", "24h", "30h"])
   rows = np.searchsorted(times, inits.values[:, None] + leads.values[None])  # [init, lead]
-  error = np.random.default_rng(3).normal(size=rows.shape + t850.shape[1:]) * [[[1.0], [2.0]]]
+  error = np.random.default_rng(3).normal(size=rows.shape + t850.shape[1:]) * [[1], [2], [3]]
   lat, lon = expected["latitudes"], expected["longitudes"]
   forecast = xr.Dataset(
       {"temperature": (("time", "prediction_timedelta", "level", "values"),
@@ -280,15 +281,25 @@ def test_scores_climatology_and_maps_on_an_anemoi_datasets_store_of_points(tmp_p
   forecast.to_zarr(tmp_path / "forecast.zarr", zarr_format=2, consolidated=True)
   out = str(tmp_path / "out")
   result = evaluate(str(tmp_path / "forecast.zarr"), ANEMOI_POINTS, out, climatology_path=clim,
-                    map_channels=["temperature@850"], map_leads=["12h"])
+                    map_channels=["temperature@850"], map_leads=["24h"])
   phi, lam = np.deg2rad(lat), np.deg2rad(lon)
   xyz = np.stack([np.cos(phi) * np.cos(lam), np.cos(phi) * np.sin(lam), np.sin(phi)], -1)
   area = SphericalVoronoi(xyz).calculate_areas()
   squared = (forecast["temperature"].values[:, :, 0] - t850[rows]) ** 2  # [init, lead, values]
   rmse = np.sqrt(((squared * area).sum(-1) / area.sum()).mean(0))
-  ours = result["results"]["forecast"]["temperature"].sel(metric="rmse", level=850).values
-  np.testing.assert_allclose(ours, rmse, rtol=1e-5)
-  assert open(os.path.join(out, "map_temperature850_12h.png"), "rb").read(4) == b"\x89PNG"
+  ours = result["results"]["forecast"]["temperature"].sel(level=850)
+  np.testing.assert_allclose(ours.sel(metric="rmse").values, rmse, rtol=1e-5)
+  # ACC against the climatology of each valid time's hour and day of year.
+  valid = pd.DatetimeIndex((inits.values[:, None] + leads.values[None]).ravel())
+  hour = np.searchsorted(opened.hour.values, valid.hour)
+  normal = opened["temperature"].sel(level=850).values[hour, np.asarray(valid.day_of_year) - 1]
+  predicted = forecast["temperature"].values[:, :, 0] - normal.reshape(rows.shape + (-1,))
+  observed = t850[rows] - normal.reshape(rows.shape + (-1,))
+  mean = lambda x: (x * area).sum(-1) / area.sum()  # noqa: E731
+  acc = (mean(predicted * observed) / np.sqrt(mean(predicted ** 2) * mean(observed ** 2)))
+  assert np.isfinite(acc).all()
+  np.testing.assert_allclose(ours.sel(metric="acc").values, acc.mean(0), rtol=1e-5)
+  assert open(os.path.join(out, "map_temperature850_24h.png"), "rb").read(4) == b"\x89PNG"
   regular = ANEMOI_POINTS.replace("anemoi_grib", "anemoi_members")  # a 7 x 8 grid
   with pytest.raises(ValueError, match=r"Grids differ: .*: 208 points \(latitude .*: 7 x 8"):
     evaluate(str(tmp_path / "forecast.zarr"), regular, str(tmp_path / "out2"))

@@ -36,17 +36,18 @@ def octahedral_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def scored(octahedral_run, tmp_path_factory):
-  """The run's forecast, the store's climatology of the training days, and the scores of
-  the forecast with 2 m temperature mapped: `(forecast, climatology, evaluation dir)`."""
+  """The run's forecast, the store's climatology of the training days (two channels: its
+  smoothing over 366 days costs ~2 s a channel), and the forecast's scores with 2 m
+  temperature mapped: `(forecast, climatology, evaluation dir)`."""
   workdir, store, _ = octahedral_run
   root = tmp_path_factory.mktemp("o32_scored")
   forecast, clim, out = (str(root / name) for name in ("forecast.zarr", "clim.zarr", "eval"))
   launch("forecast", f"--workdir={workdir}", f"--out={forecast}",
          f"--init_times={','.join(INIT_TIMES)}", "--lead=12h")
   launch("make_climatology", f"--store={store}", "--start=2020-01-01", "--end=2020-01-20",
-         f"--out={clim}", "--levels=500,850", f"--variables={','.join(OUTPUTS)}")
-  launch("evaluate", f"--forecast={forecast}", f"--truth={store}", f"--climatology={clim}",
-         f"--out={out}", "--maps=2m_temperature")
+         f"--out={clim}", "--levels=850", "--variables=temperature,2m_temperature")
+  launch("evaluate", f"--forecast={forecast}", f"--truth={store}", f"--out={out}",
+         "--maps=2m_temperature")
   return forecast, clim, out
 
 
@@ -92,7 +93,6 @@ def test_forecast_on_points_and_its_area_weighted_scores(octahedral_run, scored)
     ours = ours if level is None else ours.sel(level=level)
     np.testing.assert_allclose(ours.values, rmse, rtol=1e-9)
     assert np.all(rmse > 0)
-  assert np.isfinite(results["temperature"].sel(metric="acc")).all()
   for hours in (6, 12):  # the map of the first and the last lead time
     with open(os.path.join(out, f"map_2m_temperature_{hours}h.png"), "rb") as f:
       assert f.read(4) == b"\x89PNG"

@@ -93,9 +93,7 @@ def plot_map(latitude, longitude, forecast: np.ndarray, truth: np.ndarray, title
   panels = [("forecast", forecast, dict(cmap="viridis", vmin=low, vmax=high)),
             ("truth", truth, dict(cmap="viridis", vmin=low, vmax=high)),
             ("forecast - truth", error, dict(cmap="RdBu_r", vmin=-limit, vmax=limit))]
-  on_points = np.ndim(forecast) == 1
-  draw = _points_drawer(latitude, longitude) if on_points else _grid_drawer(latitude,
-                                                                            longitude)
+  draw = (_points_drawer if np.ndim(forecast) == 1 else _grid_drawer)(latitude, longitude)
   for ax, (name, values, style) in zip(axes, panels):
     image = draw(ax, values, style)
     ax.set_title(name, fontsize=10)
