@@ -8,6 +8,10 @@ r"""Scores a forecast against the truth the WeatherBench2 way, with baselines an
   # against another model's forecast (same layout): adds a scorecard
   python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --baseline=OTHER.zarr --out=DIR
 
+On a point set (forecast and truth with a `values` dim, or an anemoi-datasets truth),
+each point weighs its cell's area (the truth's `cell_area`, else its spherical Voronoi
+cell's) and the maps are triangulated on longitude and latitude.
+
 Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
 WeatherBench2's results layout, DIR/metrics.json, and PNG figures (score curves,
 a scorecard with a baseline, maps with --maps), then prints the headline scores;
@@ -23,7 +27,8 @@ from wnscale.evaluation import results as results_lib
 from wnscale.evaluation.scoring import HEADLINE_MAPS, evaluate
 
 _FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.")
-_TRUTH = flags.DEFINE_string("truth", None, "Truth zarr store (WeatherBench2 layout).")
+_TRUTH = flags.DEFINE_string("truth", None, "Truth store: WeatherBench2's layout (a regular "
+                             "grid, or points along `values`) or an anemoi-datasets store.")
 _OUT = cli.define_output("out", "Output directory (results and figures).", outputs.RESULTS)
 _CLIMATOLOGY = flags.DEFINE_string("climatology", None,
                                    "Climatology store (launch.make_climatology): ACC and the "

@@ -8,6 +8,10 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
   # an FGN run (model.noise_channels > 0): an 8-member ensemble (a `number` dim)
   python -m launch.forecast --workdir=DIR --out=ENS.zarr --members=8 --lead=5d
 
+A run on a point set (a reduced Gaussian grid, an anemoi-datasets store's points) writes
+the same layout with one dim `values` in place of `latitude, longitude`, and
+`latitude(values)`, `longitude(values)` coordinates.
+
 Run the same command again after a crash or a full disk: finished initial times are
 kept and the rest are forecast. Ctrl-C (or SIGTERM) stops after the lead time being
 computed and says how many initial times the store holds (exit status 0; a second

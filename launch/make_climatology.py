@@ -25,7 +25,8 @@ from wnscale.evaluation.climatology import compute_climatology
 
 flags.adopt_module_key_flags(runner)  # --help lists --runner
 
-_STORE = flags.DEFINE_string("store", None, "Zarr store (WeatherBench2 layout).")
+_STORE = flags.DEFINE_string("store", None, "Store: WeatherBench2's layout (a regular grid, "
+                             "or points along `values`) or an anemoi-datasets store.")
 _OUT = cli.define_output("out", "Climatology zarr store to write.", outputs.STORE)
 _START = flags.DEFINE_string("start", None, "First day (default: the store's first).")
 _END = flags.DEFINE_string("end", None, "Last day, inclusive (default: the store's last).")

@@ -45,9 +45,9 @@ from wnscale.progress import size_text
 flags.adopt_module_key_flags(runner)  # --help lists --runner
 
 _CONFIG = cli.define_config(
-    "Write the store this experiment config trains on (its data.resolution, variables, "
-    "pressure levels, time step and train/eval time ranges); the flags below then keep "
-    "their defaults unless given.")
+    "Write the store this experiment config trains on (its data.resolution or data.grid, "
+    "variables, pressure levels, time step and train/eval time ranges); a flag below that "
+    "is given (e.g. --grid=O32) replaces the config's setting.")
 _OUT = cli.define_output("out", "Path of the zarr store to write.", outputs.STORE)
 _FROM = flags.DEFINE_list(
     "from", None, "ERA5 files to convert, as the Climate Data Store delivers them: GRIB or "
@@ -80,6 +80,10 @@ _LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
 _SYNTHETIC_ONLY = ("config", "resolution", "grid", "levels", "variables", "seed",
                    "zarr_format", "time_step_hours")
 _CONVERSION_ONLY = ("member", "block_mb")
+# `_store_settings`' keys and the flags that set them.
+_SETTING_FLAGS = {"resolution": "resolution", "grid_name": "grid", "start": "start",
+                  "end": "end", "levels": "levels", "variables": "variables",
+                  "time_step_hours": "time_step_hours", "seed": "seed"}
 
 
 def _check_flags_apply():
@@ -106,19 +110,25 @@ def _levels(values: list[str]) -> list[int]:
 
 
 def _store_settings() -> dict:
-  """The store's contents, from `--config` when given, else from the flags."""
+  """The store's contents: from the flags, or from `--config` with the flags given
+  replacing their part of it."""
+  if _GRID.value and flags.FLAGS["resolution"].present:
+    raise UserError(f"--grid={_GRID.value} and --resolution: a store has one grid; give one.")
+  given = dict(resolution=_RESOLUTION.value, grid_name=_GRID.value, start=_START.value,
+               end=_END.value, levels=_levels(_LEVELS.value), variables=_VARIABLES.value,
+               time_step_hours=_TIME_STEP_HOURS.value, seed=_SEED.value)
   if _CONFIG.value is None:
-    if _GRID.value and flags.FLAGS["resolution"].present:
-      raise UserError(f"--grid={_GRID.value} and --resolution: a store has one grid; give one.")
-    return dict(resolution=_RESOLUTION.value, grid_name=_GRID.value, start=_START.value,
-                end=_END.value,
-                levels=_levels(_LEVELS.value), variables=_VARIABLES.value,
-                time_step_hours=_TIME_STEP_HOURS.value, seed=_SEED.value)
+    return given
   data = specs_lib.from_config(config_lib.validate(_CONFIG.value)).data
   start, end, names, levels = resolve.synthetic_store_contents(data)
-  return dict(resolution=data.resolution, grid_name=data.grid, start=start, end=end,
-              levels=levels,
-              variables=names, time_step_hours=data.time_step_hours, seed=_CONFIG.value.seed)
+  settings = dict(resolution=data.resolution, grid_name=data.grid, start=start, end=end,
+                  levels=levels, variables=names, time_step_hours=data.time_step_hours,
+                  seed=_CONFIG.value.seed)
+  if flags.FLAGS["resolution"].present:
+    settings["grid_name"] = ""  # the regular grid of --resolution, not the config's grid
+  settings.update({key: given[key] for key, flag in _SETTING_FLAGS.items()
+                   if flags.FLAGS[flag].present})
+  return settings
 
 
 def _disk_bytes(path: str) -> int | None:

@@ -139,10 +139,11 @@ def test_make_dataset_writes_what_a_config_trains_on_and_says_how_big(tmp_path):
   assert "times 12/12" in result.stderr
   on_disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
   assert result.stdout.strip() == f"wrote {out} ({on_disk / 1e6:.1f} MB on disk)"
-  # Chosen levels, on an octahedral grid: WeatherBench2's layout with `values` for the
-  # grid, the points' own areas, the grid named.
+  # The config's levels, with flags given replacing its grid, days and variables: on an
+  # octahedral grid, WeatherBench2's layout with `values` for the grid, the points' own
+  # areas, the grid named.
   points_out = tmp_path / "levels_o16.zarr"
-  _make_dataset(f"--out={points_out}", "--levels=500,850", "--start=2020-01-01",
+  _make_dataset("--config=configs/tiny.py", f"--out={points_out}", "--start=2020-01-01",
                 "--end=2020-01-01", "--variables=temperature", "--grid=O16")
   dataset = xr.open_zarr(points_out)
   assert list(dataset.level.values) == [500, 850]

@@ -228,3 +228,78 @@ def test_lead_labels_and_the_headline_table(evaluated):
   rmse = results_lib.value(result["results"]["forecast"], "rmse", "geopotential", 500)
   assert [row[1:3] for row in z500] == [["+6", "h"], ["+12", "h"], ["+18", "h"]]
   assert [float(row[3]) for row in z500] == pytest.approx(rmse, rel=1e-3)
+
+
+def windowed_mean(values, times, hour, window=61):
+  """WeatherBench2's climatology at `hour` for days of year 1..366, in numpy: the mean of
+  `values [time, ...]` at that hour weighted by 1 - |day offset| / (window // 2), day
+  offsets wrapping over 366 days; NaN where no value weighs (one year, no day 365/366)."""
+  half = window // 2
+  at_hour = times.hour == hour
+  days = np.arange(1, 367)[:, None]
+  offset = np.abs(days - np.asarray(times.day_of_year[at_hour])[None])
+  weight = np.clip(1 - np.minimum(offset, 366 - offset) / half, 0, None)  # [366, times]
+  total = np.tensordot(weight, values[at_hour], axes=1)
+  with np.errstate(invalid="ignore"):
+    return total / weight.sum(1).reshape((-1,) + (1,) * (values.ndim - 1))
+
+
+ANEMOI_POINTS = os.path.join(os.path.dirname(__file__), "fixtures", "anemoi_grib", "store.zarr")
+
+
+def test_scores_climatology_and_maps_on_an_anemoi_datasets_store_of_points(tmp_path):
+  """An anemoi-datasets truth on O4 points (`values`): its climatology (per point, equal to
+  a numpy mean), a forecast on its points scored with the points' spherical Voronoi areas
+  (computed here with scipy) and mapped."""
+  from scipy.spatial import SphericalVoronoi
+  expected = np.load(ANEMOI_POINTS.replace("store.zarr", "expected.npz"))
+  names = list(expected["variables"])
+  data = expected["data"][:, :, 0].astype(np.float64)  # [dates, variables, values]
+  times = pd.DatetimeIndex(expected["dates"])
+  t850 = data[:, names.index("t_850")]
+  clim = climatology_lib.compute_climatology(ANEMOI_POINTS, str(tmp_path / "clim.zarr"),
+                                             variables=["temperature", "2m_temperature"],
+                                             levels=[850])
+  opened = xr.open_zarr(clim, chunks=None)
+  assert opened["temperature"].dims == ("hour", "dayofyear", "level", "values")
+  assert opened["latitude"].dims == ("values",)
+  np.testing.assert_allclose(opened.longitude.values, np.mod(expected["longitudes"], 360))
+  for hour in (0, 12):
+    np.testing.assert_allclose(opened["temperature"].sel(hour=hour, level=850).values,
+                               windowed_mean(t850, times, hour), rtol=1e-6)
+  # A forecast of the truth at the valid times plus an error growing with the lead time;
+  # valid times at hours the store holds on both its days (the others' anomaly is 0).
+  inits, leads = times[[0]], pd.to_timedelta(["6h", "24h", "30h"])
+  rows = np.searchsorted(times, inits.values[:, None] + leads.values[None])  # [init, lead]
+  error = np.random.default_rng(3).normal(size=rows.shape + t850.shape[1:]) * [[1], [2], [3]]
+  lat, lon = expected["latitudes"], expected["longitudes"]
+  forecast = xr.Dataset(
+      {"temperature": (("time", "prediction_timedelta", "level", "values"),
+                       (t850[rows] + error)[:, :, None].astype(np.float32))},
+      coords={"time": inits, "prediction_timedelta": leads, "level": [850],
+              "latitude": ("values", lat), "longitude": ("values", lon)})
+  forecast.to_zarr(tmp_path / "forecast.zarr", zarr_format=2, consolidated=True)
+  out = str(tmp_path / "out")
+  result = evaluate(str(tmp_path / "forecast.zarr"), ANEMOI_POINTS, out, climatology_path=clim,
+                    map_channels=["temperature@850"], map_leads=["24h"])
+  phi, lam = np.deg2rad(lat), np.deg2rad(lon)
+  xyz = np.stack([np.cos(phi) * np.cos(lam), np.cos(phi) * np.sin(lam), np.sin(phi)], -1)
+  area = SphericalVoronoi(xyz).calculate_areas()
+  squared = (forecast["temperature"].values[:, :, 0] - t850[rows]) ** 2  # [init, lead, values]
+  rmse = np.sqrt(((squared * area).sum(-1) / area.sum()).mean(0))
+  ours = result["results"]["forecast"]["temperature"].sel(level=850)
+  np.testing.assert_allclose(ours.sel(metric="rmse").values, rmse, rtol=1e-5)
+  # ACC against the climatology of each valid time's hour and day of year.
+  valid = pd.DatetimeIndex((inits.values[:, None] + leads.values[None]).ravel())
+  hour = np.searchsorted(opened.hour.values, valid.hour)
+  normal = opened["temperature"].sel(level=850).values[hour, np.asarray(valid.day_of_year) - 1]
+  predicted = forecast["temperature"].values[:, :, 0] - normal.reshape(rows.shape + (-1,))
+  observed = t850[rows] - normal.reshape(rows.shape + (-1,))
+  mean = lambda x: (x * area).sum(-1) / area.sum()  # noqa: E731
+  acc = (mean(predicted * observed) / np.sqrt(mean(predicted ** 2) * mean(observed ** 2)))
+  assert np.isfinite(acc).all()
+  np.testing.assert_allclose(ours.sel(metric="acc").values, acc.mean(0), rtol=1e-5)
+  assert open(os.path.join(out, "map_temperature850_24h.png"), "rb").read(4) == b"\x89PNG"
+  regular = ANEMOI_POINTS.replace("anemoi_grib", "anemoi_members")  # a 7 x 8 grid
+  with pytest.raises(ValueError, match=r"Grids differ: .*: 208 points \(latitude .*: 7 x 8"):
+    evaluate(str(tmp_path / "forecast.zarr"), regular, str(tmp_path / "out2"))

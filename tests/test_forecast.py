@@ -165,6 +165,21 @@ def test_forecast_store_layout_and_resume_rules(tmp_path, store_source):
   assert ensemble["temperature"].dims[:3] == ("time", "number", "prediction_timedelta")
   assert np.isfinite(ensemble["temperature"].isel(time=0, number=1, prediction_timedelta=1)).all()
   assert np.isnan(ensemble["temperature"].isel(time=0, number=0)).all()
+  # On points (the grid's 2048 nodes as a list): a `values` dim with a latitude and a
+  # longitude per point, in the states' order; continued the same way.
+  on_points = dict(kwargs, latitude=store.points.latitude, longitude=store.points.longitude,
+                   flip_latitude=False, on_points=True)
+  points = ForecastStore(str(tmp_path / "points.zarr"), settings, **on_points)
+  points.write(0, 1, state)
+  points.finish_init(0)
+  listed = xr.open_zarr(points.path, chunks=None)
+  assert listed["temperature"].dims == ("time", "prediction_timedelta", "level", "values")
+  assert listed["2m_temperature"].encoding["chunks"] == (1, 1, 2048)
+  assert listed["latitude"].dims == listed["longitude"].dims == ("values",)
+  np.testing.assert_array_equal(listed.longitude.values, store.points.longitude)
+  np.testing.assert_array_equal(listed["temperature"].isel(time=0, prediction_timedelta=1)
+                                .sel(level=850).values, state[0])
+  assert ForecastStore(points.path, settings, **on_points).completed == [0]
 
 
 def test_init_times_and_leads(store_source):

@@ -210,18 +210,6 @@ def test_no_store_and_no_synthetic_names_the_setting(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-def test_trains_on_an_octahedral_grid(tmp_path):
-  """`--config.data.grid=O32`: a synthetic store on the reduced Gaussian grid's 5,248
-  points (values layout) is written and trained on (sharded on points: test_sharding.py)."""
-  result = run(str(tmp_path), devices=1, graph=1,
-               extra=["--config.data.grid=O32", "--config.train.steps=6",
-                      "--config.train.eval_every=0", "--config.train.checkpoint_every=6"])
-  assert "grid O32 (5,248 points)" in result.stderr
-  loss = [value for _, value in sorted(losses(str(tmp_path)).items())]
-  assert len(loss) == 6 and np.all(np.isfinite(loss))
-  assert np.mean(loss[-2:]) < np.mean(loss[:2])
-
-
 # Three rollout phases of 4 steps (1, 2 and 3 autoregressive steps), an EMA of the
 # parameters and a frozen processor.
 RECIPE = ["--config.train.rollout_schedule=((0,1),(4,2),(8,3))",

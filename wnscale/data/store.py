@@ -453,6 +453,71 @@ def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[s
   return view
 
 
+def spatial_dims(dataset: xr.Dataset) -> tuple[str, ...]:
+  """A dataset's spatial dims: `(values,)` on points, else `(latitude, longitude)`."""
+  return (POINT_DIM,) if POINT_DIM in dataset.dims else STATIC_DIMS
+
+
+def open_dataset(path: str) -> xr.Dataset:
+  """Any store as a lazy xarray Dataset in WeatherBench2's layout (data read on access).
+
+  A zarr store as it is (`open_metadata`); an anemoi-datasets store as its catalogue
+  variables (`variables.VARIABLES`: member 0, wnscale's names, no statics) on `(time,
+  [level,] values)` with `latitude(values)` and `longitude(values)`, or on `(time,
+  [level,] latitude, longitude)` (latitude ascending) where its `field_shape` is a whole
+  regular grid.
+  Its `missing_dates` are not among the times; `level` holds the levels every
+  atmospheric variable has.
+  """
+  if anemoi.is_anemoi_store(path):
+    return _anemoi_dataset(paths.normalize(path))
+  return open_metadata(path)
+
+
+class _LazyView(xr.backends.BackendArray):
+  """A tensorstore view as the lazily indexed array of an xarray variable."""
+
+  def __init__(self, view: ts.TensorStore):
+    self.view = view
+    self.shape = tuple(view.shape)
+    self.dtype = np.dtype(view.dtype.numpy_dtype)
+
+  def __getitem__(self, key):
+    return xr.core.indexing.explicit_indexing_adapter(
+        key, self.shape, xr.core.indexing.IndexingSupport.OUTER, self._read)
+
+  def _read(self, key):
+    return self.view.oindex[key].read().result()
+
+
+def _anemoi_dataset(path: str) -> xr.Dataset:
+  """`open_dataset` of an anemoi-datasets store."""
+  source = anemoi.open_anemoi(path)
+  present = np.flatnonzero(~source.missing)
+  order = _regular_order(source)
+  if order is None:
+    space = (POINT_DIM,)
+    coords = {"latitude": (space, source.latitude), "longitude": (space, source.longitude)}
+  else:
+    space = STATIC_DIMS
+    coords = {"latitude": source.latitude[order[:, 0]],
+              "longitude": source.longitude[order[0]]}
+  held = [set(levels) for levels, _ in source.atmospheric.values()]
+  levels = sorted(set.intersection(*held)) if held else []
+  coords.update(time=source.times[present], level=np.asarray(levels, np.int64))
+
+  def variable(name, dims, view):
+    view = view if order is None else view[..., order]
+    return xr.Variable(dims + space, xr.core.indexing.LazilyIndexedArray(_LazyView(view)),
+                       {"units": variables_lib.lookup(name).units})
+
+  data = {name: variable(name, ("time", "level"), source.view(name, levels).oindex[present])
+          for name in source.atmospheric if name in variables_lib.VARIABLES}
+  data.update({name: variable(name, ("time",), source.view(name).oindex[present])
+               for name in source.surface if name in variables_lib.VARIABLES})
+  return xr.Dataset(data, coords=coords)
+
+
 def open_metadata(path: str) -> xr.Dataset:
   """The store as a lazy xarray Dataset (metadata and coordinates only)."""
   path = paths.normalize(path)
@@ -601,7 +666,7 @@ def _grid(dataset, resolution, path) -> tuple[PointSet, bool, tuple[str, ...]]:
   """`(points, flip, spatial dims)`: the store's points (a regular grid's latitude
   ascending), whether to flip its latitude, and its spatial dimensions."""
   if POINT_DIM in dataset.dims:
-    return _points(dataset, path), False, (POINT_DIM,)
+    return dataset_points(dataset, path), False, (POINT_DIM,)
   latitude = np.asarray(dataset["latitude"].values, np.float64)
   longitude = np.asarray(dataset["longitude"].values, np.float64)
   lat_steps, lon_steps = np.diff(latitude), np.diff(longitude)
@@ -619,8 +684,9 @@ def _grid(dataset, resolution, path) -> tuple[PointSet, bool, tuple[str, ...]]:
   return PointSet.regular(latitude[::-1] if flip else latitude, longitude), flip, STATIC_DIMS
 
 
-def _points(dataset, path) -> PointSet:
-  """The points of a store with a `values` dimension, in its order."""
+def dataset_points(dataset: xr.Dataset, path: str) -> PointSet:
+  """The points of a store (or a dataset of one) with a `values` dimension, in its order:
+  its own `cell_area` as the areas where it has one, else the Voronoi cells'."""
   coordinates = {}
   for name in ("latitude", "longitude") + ((CELL_AREA,) if CELL_AREA in dataset else ()):
     if name not in dataset or dataset[name].dims != (POINT_DIM,):

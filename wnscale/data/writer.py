@@ -41,7 +41,9 @@ def create_store(path: str, coords: dict, variables: dict[str, VariableLayout],
   """Writes the layout of a new zarr v2 store at `path` (which must not exist).
 
   Args:
-    coords: `{dim: 1-D values}` (datetime64 and timedelta64 are encoded by xarray).
+    coords: `{dim: 1-D values}` (datetime64 and timedelta64 are encoded by xarray), or
+      `{name: (dims, values)}` for a coordinate along other dims (a point set's
+      `latitude` along `values`).
     variables: `{name: VariableLayout}`; data is NaN until written.
     attrs: the store's attributes (JSON-serializable).
 
@@ -49,11 +51,13 @@ def create_store(path: str, coords: dict, variables: dict[str, VariableLayout],
     `path`, normalized (`paths.normalize`).
   """
   path = paths.normalize(path)  # tensorstore refuses paths with ".."
-  xr.Dataset(coords={name: (name, np.asarray(values)) for name, values in coords.items()},
-             attrs=attrs or {}).to_zarr(path, mode="w-", zarr_format=2, consolidated=False)
+  dataset = xr.Dataset(coords={name: values if isinstance(values, tuple) else
+                               (name, np.asarray(values)) for name, values in coords.items()},
+                       attrs=attrs or {})
+  dataset.to_zarr(path, mode="w-", zarr_format=2, consolidated=False)
   group = zarr.open_group(path, mode="r+", zarr_format=2)
   for name, layout in variables.items():
-    shape = tuple(len(coords[dim]) for dim in layout.dims)
+    shape = tuple(dataset.sizes[dim] for dim in layout.dims)
     group.create_array(name, shape=shape, chunks=layout.chunks, dtype="float32",
                        fill_value=np.nan,
                        attributes={"_ARRAY_DIMENSIONS": list(layout.dims), **layout.attrs})

@@ -10,13 +10,15 @@ the range) are left out; where nothing is left the climatology is NaN. (This
 is WeatherBench2's "explicit" method. Given no leap year at all it wraps over
 365 days and has no day 366; here day 366 always exists.)
 
-`compute_climatology` reads the store once per variable (once per block of
-levels and latitude rows when the sums would not fit `memory_bytes`), in
-blocks of times, and writes a WeatherBench2-layout zarr store, dims
-`(hour, dayofyear, [level,] latitude, longitude)`, latitude in the store's
-order, with `units`; under a temporary name, renamed when complete
-(`paths.building`: an existing store is replaced only when asked, and stays
-intact until then).
+`compute_climatology` reads the store (a WeatherBench2-layout one, a point store,
+or an anemoi-datasets one: `store.open_dataset`) once per variable (once per
+block of levels and latitude rows, or of points, when the sums would not fit
+`memory_bytes`), in blocks of times, and writes a WeatherBench2-layout zarr
+store, dims `(hour, dayofyear, [level,] latitude, longitude)`, latitude in the
+store's order, or on a point set `(hour, dayofyear, [level,] values)` with
+`latitude(values)` and `longitude(values)`, with `units`; under a temporary
+name, renamed when complete (`paths.building`: an existing store is replaced
+only when asked, and stays intact until then).
 `at_valid_times` looks the climatology up for forecast valid times.
 """
 
@@ -126,7 +128,7 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   weights = window_weights(window)
   out = paths.normalize(out)
   outputs.check(out, outputs.STORE, argument="out", overwrite=overwrite, reads=(path,))
-  dataset = store_lib.open_metadata(path)
+  dataset = store_lib.open_dataset(path)
   names = _variables(dataset, variables, path)
   level_values = _levels(dataset, names, levels, path)
   times = pd.DatetimeIndex(dataset["time"].values)
@@ -179,15 +181,18 @@ def _levels(dataset, names, levels, path):
 
 def _layout(dataset, names, levels, hours, window, path, times):
   """`(coords, variables, attrs)` of the climatology store (see `writer.create_store`)."""
-  coords = {"hour": hours.astype(np.int64), "dayofyear": np.arange(1, DAYS + 1),
-            "latitude": dataset["latitude"].values, "longitude": dataset["longitude"].values}
-  grid = (len(coords["latitude"]), len(coords["longitude"]))
+  space = store_lib.spatial_dims(dataset)
+  coords = {"hour": hours.astype(np.int64), "dayofyear": np.arange(1, DAYS + 1)}
+  for name in ("latitude", "longitude"):
+    values = dataset[name].values
+    coords[name] = (space, values) if space == (store_lib.POINT_DIM,) else values
+  grid = tuple(dataset.sizes[dim] for dim in space)
   if levels:
     coords["level"] = np.asarray(levels, np.int64)
   variables = {}
   for name in names:
     atmospheric = variables_lib.lookup(name).atmospheric
-    dims = ("hour", "dayofyear") + (("level",) if atmospheric else ()) + store_lib.STATIC_DIMS
+    dims = ("hour", "dayofyear") + (("level",) if atmospheric else ()) + space
     chunks = (1, 1) + ((len(levels),) if atmospheric else ()) + grid
     variables[name] = writer.VariableLayout(dims, chunks,
                                             {"units": variables_lib.lookup(name).units})
@@ -198,18 +203,22 @@ def _layout(dataset, names, levels, hours, window, path, times):
 
 
 def _field(dataset, name, levels):
-  """`name` of the store `[time, level, lat, lon]`, at `levels` (a surface one: 1 level)."""
+  """`name` of the store `[time, level, lat, lon]` (on points `[time, level, values]`), at
+  `levels` (a surface one: 1 level)."""
   field = dataset[name]
+  space = store_lib.spatial_dims(dataset)
   if variables_lib.lookup(name).atmospheric:
     store_levels = [int(level) for level in dataset["level"].values]
     field = field.isel(level=[store_levels.index(level) for level in levels])
-    return field.transpose("time", "level", *store_lib.STATIC_DIMS)
-  return field.transpose("time", *store_lib.STATIC_DIMS).expand_dims("level", axis=1)
+    return field.transpose("time", "level", *space)
+  return field.transpose("time", *space).expand_dims("level", axis=1)
 
 
 def _blocks(dataset, name, levels, num_hours, memory_bytes) -> list[tuple[slice, slice]]:
-  """`(levels, latitude rows)` blocks of `name` whose sums fit `memory_bytes`."""
-  num_levels, num_lat, num_lon = _field(dataset, name, levels).shape[1:]
+  """`(levels, latitude rows)` blocks of `name` whose sums fit `memory_bytes` (on points, a
+  row is a point)."""
+  num_levels, num_lat, *row = _field(dataset, name, levels).shape[1:]
+  num_lon = int(np.prod(row))  # 1 on points
   per_value = num_hours * DAYS * _BYTES_PER_VALUE
   whole_levels = memory_bytes // (per_value * num_lat * num_lon)
   levels_per_block = max(1, whole_levels)
@@ -228,10 +237,10 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   by another process (a Beam worker).
   """
   name, level_block, rows = block
-  field = _field(store_lib.open_metadata(path), name, levels)
+  field = _field(store_lib.open_dataset(path), name, levels)
   atmospheric = variables_lib.lookup(name).atmospheric
   num_levels, num_lat = field.shape[1:3]
-  block_field = field.isel(level=level_block, latitude=rows)
+  block_field = field.isel({"level": level_block, field.dims[2]: rows})
   times = pd.DatetimeIndex(field["time"].values)[indices]
   hour_index = np.searchsorted(hours, times.hour)  # hours: sorted, all present
   years, days = np.asarray(times.year), np.asarray(times.day_of_year)
@@ -247,7 +256,8 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   writer.open_variable(out, name)[region].write(target).result()
   levels_done = (f"levels {level_block.start + 1}-{level_block.stop} of {num_levels}, "
                  if atmospheric else "")
-  logging.info("climatology: %s, %slatitude rows %d-%d of %d done", name, levels_done,
+  rows_done = "points" if field.dims[2] == store_lib.POINT_DIM else "latitude rows"
+  logging.info("climatology: %s, %s%s %d-%d of %d done", name, levels_done, rows_done,
                rows.start + 1, rows.stop, num_lat)
 
 

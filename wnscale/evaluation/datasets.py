@@ -3,9 +3,12 @@
 A forecast is in WeatherBench2's forecast layout: variables on `time` (the
 initial time), `prediction_timedelta`, [`level`,] `latitude`, `longitude`,
 optionally an ensemble `number`; a truth store is in WeatherBench2's layout
-(`time`, [`level`,] `latitude`, `longitude`). Dims are selected by name, and
-latitude may run either way: every dataset here is returned with latitude
-ascending. A forecast written by `launch.forecast` lists its finished
+(`time`, [`level`,] `latitude`, `longitude`), or an anemoi-datasets store
+(`store.open_dataset`). Dims are selected by name, and latitude may run either
+way: every dataset here is returned with latitude ascending. On a point set, one
+dim `values` takes the place of `(latitude, longitude)`, with `latitude(values)`
+and `longitude(values)` coordinates; the scores weigh each point by its cell's
+area (`weights`). A forecast written by `launch.forecast` lists its finished
 initial times in its attributes; only those are scored.
 
 The checks raise UserError (a ValueError) naming the problem: a forecast variable or level
@@ -24,6 +27,7 @@ import xarray as xr
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
+from wnscale.evaluation import metrics
 from wnscale.evaluation.metrics import LATITUDE, LONGITUDE
 
 INIT = "time"  # the forecast layout's initial-time dim
@@ -109,8 +113,8 @@ def initial_times_in(forecast: Forecast, start: str | None, end: str | None) -> 
 
 
 def open_truth(path: str) -> xr.Dataset:
-  """A WeatherBench2-layout store, lazy, latitude ascending."""
-  return ascending_latitude(store_lib.open_metadata(path))
+  """A WeatherBench2-layout or anemoi-datasets store, lazy, latitude ascending."""
+  return ascending_latitude(store_lib.open_dataset(path))
 
 
 def open_climatology(path: str) -> xr.Dataset:
@@ -125,6 +129,8 @@ def open_climatology(path: str) -> xr.Dataset:
 
 
 def ascending_latitude(dataset: xr.Dataset) -> xr.Dataset:
+  if LATITUDE not in dataset.dims:  # points: in their own order
+    return dataset
   latitude = dataset[LATITUDE].values
   return dataset.isel({LATITUDE: slice(None, None, -1)}) if latitude[0] > latitude[-1] \
       else dataset
@@ -148,19 +154,45 @@ def fitted(forecast: Forecast, other: xr.Dataset, other_path: str, what: str) ->
         raise UserError(f"The {what} {other_path} lacks level(s) {absent} hPa of forecast "
                          f"variable {name!r}; it has {held}.")
   check_same_grid(forecast.dataset, forecast.path, other, other_path)
-  return other.assign_coords({dim: forecast.dataset[dim].values
-                              for dim in (LATITUDE, LONGITUDE)})
+  return other.assign_coords(grid_coords(forecast.dataset))
+
+
+def grid_coords(dataset: xr.Dataset) -> dict:
+  """`dataset`'s latitude and longitude, for `assign_coords` of another on its grid."""
+  space = store_lib.spatial_dims(dataset)
+  if space == (store_lib.POINT_DIM,):
+    return {name: (space, dataset[name].values) for name in (LATITUDE, LONGITUDE)}
+  return {dim: dataset[dim].values for dim in (LATITUDE, LONGITUDE)}
+
+
+def weights(forecast: Forecast, truth: xr.Dataset, truth_path: str) -> xr.DataArray:
+  """The scores' area weights: a regular grid's latitude bands (`metrics.latitude_weights`),
+  or the truth's points' cell areas (`store.dataset_points`: the store's `cell_area`, else
+  the points' spherical Voronoi cells')."""
+  if store_lib.spatial_dims(forecast.dataset) == store_lib.STATIC_DIMS:
+    return metrics.latitude_weights(forecast.dataset)
+  return metrics.point_weights(store_lib.dataset_points(truth, truth_path).area)
 
 
 def check_same_grid(a: xr.Dataset, a_path: str, b: xr.Dataset, b_path: str):
+  """Raises a `UserError` unless `a` and `b` are on the same grid or the same points."""
   def describe(dataset, path):
     lat, lon = dataset[LATITUDE].values, dataset[LONGITUDE].values
-    return (f"{path}: {len(lat)} x {len(lon)} (latitude {lat.min():g}..{lat.max():g}, "
+    size = (f"{lat.size} points" if store_lib.spatial_dims(dataset) != store_lib.STATIC_DIMS
+            else f"{len(lat)} x {len(lon)}")
+    return (f"{path}: {size} (latitude {lat.min():g}..{lat.max():g}, "
             f"longitude {lon.min():g}..{lon.max():g})")
 
-  same = all(a.sizes[dim] == b.sizes[dim] and np.allclose(a[dim].values, b[dim].values,
-                                                         atol=GRID_TOLERANCE)
-             for dim in (LATITUDE, LONGITUDE))
+  space = store_lib.spatial_dims(a)
+  if space != store_lib.spatial_dims(b) or any(a.sizes[dim] != b.sizes[dim] for dim in space):
+    same = False
+  elif space == store_lib.STATIC_DIMS:
+    same = all(np.allclose(a[dim].values, b[dim].values, atol=GRID_TOLERANCE)
+               for dim in (LATITUDE, LONGITUDE))
+  else:  # the same points in the same order, longitudes equal modulo 360
+    turn = np.mod(a[LONGITUDE].values - b[LONGITUDE].values + 180, 360) - 180
+    same = (np.allclose(a[LATITUDE].values, b[LATITUDE].values, atol=GRID_TOLERANCE)
+            and np.allclose(turn, 0, atol=GRID_TOLERANCE))
   if not same:
     raise UserError(f"Grids differ: {describe(a, a_path)}; {describe(b, b_path)}. Regrid one "
                      "to the other's grid first.")

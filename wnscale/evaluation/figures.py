@@ -4,7 +4,8 @@
     every scored forecast (model, persistence, climatology, baseline) on the
     same axes;
   * `plot_map`: forecast, truth and their difference for one channel, one
-    initial time and lead time, on the latitude-longitude grid;
+    initial time and lead time, on the latitude-longitude grid, or on a point
+    set's points (triangulated on longitude and latitude);
   * `plot_scorecard`: the relative RMSE difference of the model against a
     baseline per channel and lead time (blue: the model is better).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import xarray as xr
+from matplotlib import tri
 from matplotlib.figure import Figure
 
 from wnscale.data import variables as variables_lib
@@ -25,6 +27,9 @@ STYLES = {"forecast": dict(color="tab:blue", lw=2),
           "persistence": dict(color="0.35", ls="--"),
           "climatology": dict(color="0.35", ls=":")}
 _DPI = 110
+# A point map repeats the points this many degrees of longitude past 0 and 360, so that its
+# triangles cross the date line's edges of the plot.
+_WRAP_DEGREES = 30.0
 
 
 def units(variable: str) -> str:
@@ -76,7 +81,9 @@ def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
 
 def plot_map(latitude, longitude, forecast: np.ndarray, truth: np.ndarray, title: str,
              units: str, path: str):
-  """Forecast, truth and forecast - truth, each `[num_lat, num_lon]` (latitude ascending)."""
+  """Forecast, truth and forecast - truth, each `[num_lat, num_lon]` on a regular grid of
+  `latitude [num_lat]` (ascending) x `longitude [num_lon]`, or `[points]` at the points
+  `latitude`, `longitude` `[points]` (same shape as the fields)."""
   figure = Figure(figsize=(15, 3.4), dpi=_DPI, layout="constrained")
   axes = figure.subplots(1, 3)
   low = np.nanmin([np.nanmin(forecast), np.nanmin(truth)])
@@ -86,19 +93,46 @@ def plot_map(latitude, longitude, forecast: np.ndarray, truth: np.ndarray, title
   panels = [("forecast", forecast, dict(cmap="viridis", vmin=low, vmax=high)),
             ("truth", truth, dict(cmap="viridis", vmin=low, vmax=high)),
             ("forecast - truth", error, dict(cmap="RdBu_r", vmin=-limit, vmax=limit))]
-  # Cell edges half a spacing beyond the first and last rows and columns (a regular grid).
-  extent = [longitude[0] - (longitude[1] - longitude[0]) / 2,
-            longitude[-1] + (longitude[-1] - longitude[-2]) / 2,
-            latitude[0] - (latitude[1] - latitude[0]) / 2,
-            latitude[-1] + (latitude[-1] - latitude[-2]) / 2]
+  draw = (_points_drawer if np.ndim(forecast) == 1 else _grid_drawer)(latitude, longitude)
   for ax, (name, values, style) in zip(axes, panels):
-    image = ax.imshow(values, origin="lower", extent=extent, interpolation="nearest", **style)
+    image = draw(ax, values, style)
     ax.set_title(name, fontsize=10)
     ax.set_xlabel("longitude")
     figure.colorbar(image, ax=ax, shrink=0.8, label=units)
   axes[0].set_ylabel("latitude")
   figure.suptitle(title, fontsize=10)
   figure.savefig(path)
+
+
+def _grid_drawer(latitude, longitude):
+  """`draw(ax, values [num_lat, num_lon], style) -> image` of a regular grid's cells."""
+  # Cell edges half a spacing beyond the first and last rows and columns.
+  extent = [longitude[0] - (longitude[1] - longitude[0]) / 2,
+            longitude[-1] + (longitude[-1] - longitude[-2]) / 2,
+            latitude[0] - (latitude[1] - latitude[0]) / 2,
+            latitude[-1] + (latitude[-1] - latitude[-2]) / 2]
+  return lambda ax, values, style: ax.imshow(values, origin="lower", extent=extent,
+                                             interpolation="nearest", **style)
+
+
+def _points_drawer(latitude, longitude):
+  """`draw(ax, values [points], style) -> image`: the values at the points, interpolated
+  on the Delaunay triangles of (longitude, latitude), repeated past 0 and 360 deg."""
+  longitude = np.mod(longitude, 360.0)
+  east, west = longitude < _WRAP_DEGREES, longitude > 360.0 - _WRAP_DEGREES
+  index = np.concatenate([np.arange(longitude.size), np.flatnonzero(east),
+                          np.flatnonzero(west)])
+  triangles = tri.Triangulation(
+      np.concatenate([longitude, longitude[east] + 360.0, longitude[west] - 360.0]),
+      latitude[index])
+
+  def draw(ax, values, style):
+    image = ax.tripcolor(triangles, values[index], shading="gouraud", **style)
+    ax.set_xlim(0.0, 360.0)
+    ax.set_ylim(-90.0, 90.0)
+    return image
+
+  return draw
 
 
 def plot_scorecard(model: xr.Dataset, baseline: xr.Dataset, path: str,

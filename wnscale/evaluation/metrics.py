@@ -5,7 +5,9 @@ The definitions are WeatherBench2's (`weatherbench2.metrics`):
     sin(upper bound) - sin(lower bound), the bounds half-way between
     neighbouring rows and at +-90 deg, normalized to mean 1; every longitude
     weighs the same;
-  * a spatial mean is the weighted mean over latitude and longitude;
+  * a spatial mean is the weighted mean over latitude and longitude; on a point
+    set (a `values` dim) over the points, each weighing its cell's area
+    (`graphs.points.PointSet.area`);
   * per initial time: MSE is the spatial mean of (forecast - truth)^2, bias
     the spatial mean of (forecast - truth), ACC the spatial mean of f' t'
     over the square root of (spatial mean of f'^2) x (spatial mean of t'^2),
@@ -36,10 +38,10 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from wnscale.data.store import POINT_DIM, spatial_dims
 from wnscale.graphs.grid import cell_area_weights
 
 LATITUDE, LONGITUDE = "latitude", "longitude"
-SPATIAL_DIMS = (LATITUDE, LONGITUDE)
 
 
 def latitude_weights(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
@@ -48,14 +50,21 @@ def latitude_weights(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
                       coords={LATITUDE: data[LATITUDE].values})
 
 
-def spatial_mean(data, weights: xr.DataArray | None = None):
-  """The area-weighted mean over latitude and longitude (other dims kept).
+def point_weights(area) -> xr.DataArray:
+  """`[values]` cell areas of a point set as weights along its `values` dim."""
+  return xr.DataArray(np.asarray(area, np.float64), dims=[POINT_DIM])
 
-  `weights` are per latitude row (every longitude weighs the same), so the
+
+def spatial_mean(data, weights: xr.DataArray | None = None):
+  """The area-weighted mean over latitude and longitude, or a point set's points (other
+  dims kept).
+
+  `weights` are per latitude row (every longitude weighs the same; default:
+  `latitude_weights`), or per point (`point_weights`, required on points), so the
   weighted mean is mean(weights x data) / mean(weights).
   """
   weights = latitude_weights(data) if weights is None else weights
-  return (data * weights).mean(SPATIAL_DIMS, skipna=False) / float(weights.mean())
+  return (data * weights).mean(spatial_dims(data), skipna=False) / float(weights.mean())
 
 
 def _deterministic(forecast, ensemble_dim):

@@ -20,6 +20,7 @@ import pandas as pd
 import xarray as xr
 
 from wnscale import outputs
+from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
 from wnscale.errors import UserError
 from wnscale.evaluation import climatology as climatology_lib
@@ -88,12 +89,13 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
     forecast, baseline = _common(forecast, datasets.open_forecast(baseline_path))
   datasets.check_valid_times(forecast, truth, truth_path)
   maps = _maps(forecast, map_channels, map_leads)
+  weights = datasets.weights(forecast, truth, truth_path)
   logging.info("Scoring %d initial times x %d lead times of %s.", len(forecast.init_times),
                len(forecast.leads), forecast_path)
   per_init = {}
   for index in range(len(forecast.init_times)):
     for name, scores in _score_init(forecast, index, truth, climatology, climatology_path,
-                                    baseline).items():
+                                    baseline, weights).items():
       for metric, values in scores.items():
         per_init.setdefault(name, {}).setdefault(metric, []).append(values)
   results = {name: results_lib.summarize(scores) for name, scores in per_init.items()}
@@ -110,8 +112,9 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   return {"results": results, "files": files}
 
 
-def _score_init(forecast, index, truth, climatology, climatology_path, baseline):
-  """`{name: {metric: Dataset}}` of every candidate forecast at initial time `index`."""
+def _score_init(forecast, index, truth, climatology, climatology_path, baseline, weights):
+  """`{name: {metric: Dataset}}` of every candidate forecast at initial time `index`
+  (`weights`: `datasets.weights`)."""
   init, leads = forecast.init_times[index], forecast.leads
   valid = init + leads
   observed = _on_leads(datasets.at_times(truth, forecast.variables, forecast.levels, valid),
@@ -126,7 +129,6 @@ def _score_init(forecast, index, truth, climatology, climatology_path, baseline)
   if climatology is not None:
     expected = _on_leads(_climatology_at(climatology, forecast, valid, climatology_path), leads)
     candidates[CLIMATOLOGY] = expected
-  weights = metrics.latitude_weights(forecast.dataset)
   scores = {}
   for name, candidate in candidates.items():
     names = list(candidate.data_vars)
@@ -155,9 +157,8 @@ def _common(forecast: datasets.Forecast, baseline: datasets.Forecast):
   if len(inits) < len(forecast.init_times) or len(leads) < len(forecast.leads):
     logging.warning("Scoring the %d initial times and %d lead times the baseline shares.",
                     len(inits), len(leads))
-  grid = {dim: forecast.dataset[dim].values for dim in (metrics.LATITUDE, metrics.LONGITUDE)}
   baseline = baseline.select(inits, leads, variables)
-  baseline.dataset = baseline.dataset.assign_coords(grid)
+  baseline.dataset = baseline.dataset.assign_coords(datasets.grid_coords(forecast.dataset))
   return forecast.select(inits, leads), baseline
 
 
@@ -207,6 +208,7 @@ def _figures(results, forecast, truth, out_dir, maps) -> list[str]:
   channels = {channel: (variable, level) for channel, variable, level
               in datasets.channel_names(forecast.dataset)}
   init = forecast.init_times[0]
+  space = store_lib.spatial_dims(forecast.dataset)
   for channel, lead in maps:
     variable, level = channels[channel]
     predicted = forecast.dataset[variable].sel({datasets.INIT: init, LEAD: lead})
@@ -219,8 +221,7 @@ def _figures(results, forecast, truth, out_dir, maps) -> list[str]:
     paths.append(os.path.join(out_dir, f"map_{channel.replace('@', '')}_{hours}h.png"))
     figures.plot_map(forecast.dataset[metrics.LATITUDE].values,
                      forecast.dataset[metrics.LONGITUDE].values,
-                     predicted.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
-                     observed.transpose(metrics.LATITUDE, metrics.LONGITUDE).values,
+                     predicted.transpose(*space).values, observed.transpose(*space).values,
                      f"{channel}: initial time {init:%Y-%m-%d %H:%M}, lead "
                      f"{results_lib.lead_label(lead)}", figures.units(variable),
                      paths[-1])

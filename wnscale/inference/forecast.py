@@ -214,9 +214,6 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   d = specs.data
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                                d.resolution, forcings=d.stored_forcings)
-  if store.points.field_shape is None:
-    raise UserError(f"{path} is on {store.points.name}: forecasts are written on regular "
-                    "latitude/longitude grids only, for now.")
   indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
@@ -232,16 +229,20 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
 
   init_datetimes = store.times[indices]
   outputs = d.outputs
-  latitude, longitude = store.points.axes()
+  on_points = store.points.field_shape is None
+  if on_points:  # one latitude and longitude per point, in the store's order
+    latitude, longitude = store.points.latitude, store.points.longitude
+  else:
+    latitude, longitude = store.points.axes()
+    latitude = latitude[::-1] if store.flip_latitude else latitude
   settings = forecast_store.forecast_settings(
       workdir=run.path, checkpoint_step=step, initial_conditions=path,
       init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
       members=members, params=which)
   output = forecast_store.ForecastStore(
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
-      levels=d.pressure_levels,
-      latitude=latitude[::-1] if store.flip_latitude else latitude,
-      longitude=longitude, flip_latitude=store.flip_latitude, members=members,
+      levels=d.pressure_levels, latitude=latitude, longitude=longitude,
+      flip_latitude=store.flip_latitude, on_points=on_points, members=members,
       argument="out")
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
                    output)

@@ -3,7 +3,10 @@
 Layout: every state variable on dims `time` (the initial time),
 [`number` (ensemble member),] `prediction_timedelta` (timedelta64), [`level`,]
 `latitude`, `longitude`; latitude in the order of the store the initial
-conditions came from; float32 in physical units with a `units` attribute;
+conditions came from. On a point set (a reduced Gaussian grid, an anemoi-datasets
+store's points) one dim `values` takes the place of `latitude`, `longitude`,
+with `latitude(values)` and `longitude(values)` coordinates, the points in the
+store's order. Float32 in physical units with a `units` attribute;
 one chunk per (initial time, [member,] lead time), so a lead time is written
 as soon as it is computed and a chunk never holds two initial times.
 
@@ -25,6 +28,7 @@ import pandas as pd
 from wnscale import outputs, paths
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
+from wnscale.data.store import POINT_DIM, STATIC_DIMS
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
 
@@ -59,18 +63,21 @@ class ForecastStore:
     latitude: `[num_lat]` in the order to write (the source store's);
       `flip_latitude`: states arrive latitude ascending and are to be flipped.
     longitude: `[num_lon]`.
+    on_points: `latitude` and `longitude` are `[points]`, one of each per point (a
+      `values` dim; `flip_latitude` must be False).
     members: ensemble size (adds the `number` dim); None: deterministic.
     argument: the caller's name for `path`: a store of other settings there is an
       `ArgumentError` of it.
   """
 
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
-               latitude, longitude, flip_latitude: bool, members: int | None = None,
-               argument: str = "path"):
+               latitude, longitude, flip_latitude: bool, on_points: bool = False,
+               members: int | None = None, argument: str = "path"):
     self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
-    self.grid = (len(latitude), len(longitude))
+    self.space = (POINT_DIM,) if on_points else STATIC_DIMS
+    self.grid = (len(latitude),) if on_points else (len(latitude), len(longitude))
     self.members = members
     existing = recorded_settings(self.path, argument)
     if existing is None:
@@ -87,8 +94,10 @@ class ForecastStore:
 
   def _create(self, settings, init_times, leads, latitude, longitude):
     coords = {INIT: np.asarray(init_times, "datetime64[ns]"),
-              LEAD: np.asarray(leads, "timedelta64[ns]"),
-              "latitude": np.asarray(latitude), "longitude": np.asarray(longitude)}
+              LEAD: np.asarray(leads, "timedelta64[ns]")}
+    for name, values in (("latitude", latitude), ("longitude", longitude)):
+      values = np.asarray(values)
+      coords[name] = (self.space, values) if self.space == (POINT_DIM,) else values
     lead_dims = ((ENSEMBLE, LEAD) if self.members else (LEAD,))
     if self.members:
       coords[ENSEMBLE] = np.arange(self.members)
@@ -97,7 +106,7 @@ class ForecastStore:
     layouts = {}
     for name in self.variables:
       level_dims = ("level",) if variables_lib.lookup(name).atmospheric else ()
-      dims = (INIT,) + lead_dims + level_dims + ("latitude", "longitude")
+      dims = (INIT,) + lead_dims + level_dims + self.space
       chunks = (1,) * (1 + len(lead_dims)) + (len(self.levels),) * len(level_dims) + self.grid
       layouts[name] = writer.VariableLayout(dims, chunks,
                                             {"units": variables_lib.lookup(name).units})
@@ -110,7 +119,8 @@ class ForecastStore:
             "run the same command again to forecast the rest")
 
   def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None):
-    """Starts writing one state `[channels, lat * lon]` (latitude ascending, physical units)."""
+    """Starts writing one state `[channels, lat * lon]` (latitude ascending) or `[channels,
+    points]`, in physical units."""
     self._wait()  # at most one lead time's writes in flight
     prefix = (init_index,) + (() if member is None else (member,)) + (lead_index,)
     channel = 0
