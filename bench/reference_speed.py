@@ -119,7 +119,7 @@ def reference_problem(config, latitude, longitude):
 
 def main():
   args, config, points = mid_problem.parse(__doc__, repeats=5)
-  print(f"grid {len(latitude)}x{len(longitude)}, mesh levels 0..{args.mesh_levels}, latent "
+  print(f"grid {points.name}, mesh levels 0..{args.mesh_levels}, latent "
         f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")
   ours_inputs = problems.synthetic_problem(config, points, batch_size=1)
   constants, batch, params = jax.device_put(ours_inputs)

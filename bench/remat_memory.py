@@ -78,7 +78,7 @@ def main():
       problems.synthetic_problem(config, points, batch_size=1))
   graphs = constants.graphs
   channels = len(specs_lib.from_config(config).data.state_channels)
-  print(f"grid {len(latitude)}x{len(longitude)}, {graphs.counts()}, latent {args.latent}, "
+  print(f"grid {points.name}, {graphs.counts()}, latent {args.latent}, "
         f"{args.steps} {args.processor} layers, {channels} channels, float32, batch 1, "
         f"jax {jax.__version__}, {jax.devices()[0].platform}")
   variants = {"interaction_network": VARIANTS, "transformer": TRANSFORMER_VARIANTS}[args.processor]

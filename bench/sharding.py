@@ -47,7 +47,7 @@ def main():
   constants, batch, params = problems.synthetic_problem(config, points, batch_size=1)
   positions = setup.node_positions(specs_lib.from_config(config).model, points)
   graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
-  print(f"grid {len(latitude)}x{len(longitude)}, {constants.graphs.counts()}, latent "
+  print(f"grid {points.name}, {constants.graphs.counts()}, latent "
         f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")
   header = (f"{'G':>3}{'exchange':>12}{'temp MiB/dev':>14}{'x G vs 1':>10}"
             f"{'MiB moved/dev/step':>20}{'halo/all_gather':>17}{'step s':>9}")
