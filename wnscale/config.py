@@ -95,6 +95,15 @@ def default_config() -> ml_collections.ConfigDict:
   # or an anemoi-datasets store (its own statistics; diff_std from its tendencies over
   # data.time_step_hours); empty: computed once from the training range, cached in
   # <cache dir>/stats
+  d.regional_path = ""  # a limited-area cut-out: a fine regional store (a regular box or
+  # points, either layout, the variables and levels of data.path) whose points replace
+  # data.path's inside the region (wnscale.graphs.region); the model runs on the joined
+  # points, at the times both stores hold, with the global store's statistics
+  d.region = ""  # the cut-out's region, "lat0,lat1,lon0,lon1" degrees (longitude eastwards
+  # from lon0, across 0 where lon1 < lon0): the regional points inside it replace the global
+  # points inside it; "": the spherical convex hull of all the regional points
+  d.regional_loss_weight = 1.0  # the region's points' loss weight: multiplies their cell
+  # areas (each point weighs its area; the rest weigh theirs times 1)
   d.resolution = 5.625  # grid spacing in degrees of a regular store; must match it (a store
   # of other points says its own grid, and this is not used)
   d.grid = ""  # the grid of the synthetic store (data.synthetic) and of the planner and
@@ -340,6 +349,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(d.input_steps >= 1 and d.target_steps >= 1,
            "data.input_steps and data.target_steps must be >= 1")
   _require(d.member >= 0, "data.member must be >= 0")
+  _require(d.regional_loss_weight >= 0,
+           f"data.regional_loss_weight={d.regional_loss_weight} must be >= 0")
+  if specs.data.region_box is not None:
+    _require(d.regional_path, f"data.region={d.region!r} needs data.regional_path (the "
+             "regional store cut into data.path inside the box)")
   _require(d.resolution > 0 and d.time_step_hours > 0,
            "data.resolution and data.time_step_hours must be > 0")
   if d.grid:
