@@ -6,10 +6,12 @@ launch.evaluate --region). Sharded equals plain on a cut-out: test_sharding.py."
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 import xarray as xr
+from scipy import spatial
 
 from test_cli import assert_user_error
 from test_cli import run as launch_quietly
@@ -20,7 +22,7 @@ from wnscale import specs as specs_lib
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
 from wnscale.errors import UserError
-from wnscale.graphs import grid
+from wnscale.graphs import build, connectivity, grid, icosahedron
 from wnscale.graphs import region as region_lib
 from wnscale.graphs.points import PointSet
 from wnscale.model import setup
@@ -99,6 +101,64 @@ def test_a_region_that_is_none_is_one_error():
                                                   (-10, 10, 350, 10)), [0, 1, 1, 0])
 
 
+def solid_angles(vertices, faces) -> np.ndarray:
+  """`[faces]` the spherical triangles' areas (Van Oosterom and Strackee)."""
+  a, b, c = (vertices[faces[:, i]].astype(np.float64) for i in range(3))
+  numerator = np.einsum("ij,ij->i", a, np.cross(b, c))
+  denominator = 1 + np.einsum("ij,ij->i", a, b) + np.einsum("ij,ij->i", b, c) + np.einsum(
+      "ij,ij->i", c, a)
+  return 2 * np.arctan2(numerator, denominator)
+
+
+def test_regional_mesh_levels_refine_the_mesh_inside_the_region_only():
+  points, _, _ = region_lib.cut_out(GLOBAL, REGIONAL, None, "box.zarr")
+  uniform = build.meshes_on(points, 2)
+  meshes = build.meshes_on(points, 2, regional_mesh_levels=3)
+  assert len(meshes) == 6
+  for coarse, fine in zip(uniform, meshes):  # the uniform levels are unchanged
+    np.testing.assert_array_equal(coarse.faces, fine.faces)
+  finest = meshes[-1]
+  # The finest mesh still tiles the sphere, faces counter-clockwise, each vertex once.
+  areas = solid_angles(finest.vertices, finest.faces)
+  assert np.all(areas > 0) and areas.sum() == pytest.approx(4 * np.pi, rel=1e-6)
+  assert len(np.unique(np.round(finest.vertices, 6), axis=0)) == len(finest.vertices)
+  # New vertices lie on faces over the region: within a level-2 face of it (~15 deg).
+  new = finest.vertices[len(uniform[-1].vertices):]
+  lat, lon = grid.xyz_to_lat_lon(new.astype(np.float64))
+  assert len(new) > 100 and np.all((lat > 25) & (lat < 75))
+  assert np.all((np.mod(lon + 20, 360) < 70))
+  # Inside the region the edges are 8 times shorter than the uniform mesh's.
+  senders, receivers = icosahedron.multi_mesh_edges(meshes)
+  inside = region_lib.in_box(*grid.xyz_to_lat_lon(finest.vertices.astype(np.float64)),
+                             (45, 55, 5, 25))
+  near = [np.linalg.norm(finest.vertices[senders] - finest.vertices[receivers], axis=-1)[
+      inside[receivers] & inside[senders]]]
+  longest = connectivity.max_edge_length(uniform[-1])
+  assert np.min(near[0]) == pytest.approx(longest / 8, rel=0.3)
+  # The multi-mesh holds each edge once in each direction, no loops.
+  pairs = set(zip(senders.tolist(), receivers.tolist()))
+  assert len(pairs) == len(senders) and pairs == set(zip(receivers.tolist(), senders.tolist()))
+  assert np.all(senders != receivers)
+  # Each mesh node gathers from grid nodes near it: within 0.6 x its own faces' edges
+  # (at least its nearest grid node); every grid node lies in a finest face.
+  graphs = build.build_graphs(points, 2, use_cache=False, regional_mesh_levels=3)
+  edges = graphs.edges["grid_to_mesh"]
+  length = np.linalg.norm(points.xyz()[edges.senders] - finest.vertices[edges.receivers],
+                          axis=-1)
+  local = connectivity.local_edge_lengths(finest)[edges.receivers]
+  nearest, _ = spatial.cKDTree(points.xyz()).query(finest.vertices)
+  assert np.all(length <= np.maximum(0.6 * local, nearest[edges.receivers]) * (1 + 1e-5))
+  assert graphs.num_edges("mesh_to_grid") == 3 * points.size
+  with pytest.raises(UserError, match="model.regional_mesh_levels=1 refines the mesh in a "
+                     "cut-out's region, and .* has none: set data.regional_path"):
+    build.meshes_on(GLOBAL, 2, regional_mesh_levels=1)
+  config = config_lib.default_config()
+  config.model.regional_mesh_levels = 1
+  with pytest.raises(UserError, match="model.regional_mesh_levels=1 refines a cut-out's "
+                     "region: it needs data.regional_path"):
+    config_lib.validate(config)
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
   """A global 5.625 deg store of Jan 1-4 and a 1 deg box of Jan 3-6 (levels in another
@@ -144,7 +204,7 @@ def test_the_joined_store_reads_both_stores_at_the_times_both_hold(stores):
 @pytest.fixture(scope="module")
 def cutout_run(tmp_path_factory):
   """The tiny run with a 1 deg box (40-60 N, 0-30 E) cut into its 5.625 deg store, 4
-  steps on one device, region weighed 4 times; then a forecast of one initial time and
+  steps on one device, region weighed 4 times, its mesh refined twice more; then a forecast of one initial time and
   its region's scores against the regional store. `(workdir, regional store, forecast,
   evaluation dir, the run's stderr)`."""
   root = tmp_path_factory.mktemp("cutout_run")
@@ -155,6 +215,7 @@ def cutout_run(tmp_path_factory):
   workdir, forecast, out = (str(root / name) for name in ("run", "forecast.zarr", "eval"))
   result = run(workdir, devices=1, graph=1, extra=[
       f"--config.data.regional_path={regional}", "--config.data.regional_loss_weight=4",
+      "--config.model.regional_mesh_levels=2",
       "--config.train.steps=4", "--config.train.eval_every=0",
       "--config.train.checkpoint_every=4"])
   launch("forecast", f"--workdir={workdir}", f"--out={forecast}",
@@ -170,6 +231,8 @@ def test_a_cut_out_trains_forecasts_and_scores_its_region(cutout_run):
   assert "grid cut-out: 600 regional points in regular 5.625 deg (32 x 64) (2,628 points)" \
       in stderr
   assert f"--truth={regional} --region=cutout" in stderr
+  mesh_nodes = int(re.search(r"'mesh_nodes': (\d+)", stderr).group(1))
+  assert mesh_nodes > 162  # the tiny mesh's 162 and the region's
   loss = [value for _, value in sorted(losses(workdir).items())]
   assert len(loss) == 4 and np.all(np.isfinite(loss))
   # The forecast is on the joined points, with the region's mask and the model's areas.

@@ -36,24 +36,41 @@ def small_config(**model):
 # Gaussian grid (1,600 points, rows of 20 to 80).
 GRIDS = {"regular": POINTS, "O16": named_grid("O16")}
 # A limited-area cut-out: a 2.5 deg box (30-50 N, 0-30 E, 96 points) in place of POINTS'
-# points inside it (pole rows sharing their cells), the region weighed 3 times in the loss.
+# points inside it (pole rows sharing their cells), the region weighed 3 times in the loss
+# and its mesh refined twice more.
 CUTOUT = region_lib.cut_out(POINTS, PointSet.regular(np.arange(31.25, 50, 2.5),
                                                      np.arange(1.25, 30, 2.5)),
                             None, "a 2.5 deg box")[0]
-REGIONAL_LOSS_WEIGHT = 3.0
 
 
 def points_of(grid: str) -> PointSet:
   return CUTOUT if grid == "cutout" else GRIDS[grid]
 
 
+def config_on(grid: str):
+  config = small_config()
+  if grid == "cutout":
+    config.data.regional_path, config.data.regional_loss_weight = "box.zarr", 3.0
+    config.model.regional_mesh_levels = 2
+  return config
+
+
 @functools.cache
 def problem_on(grid: str):
-  config = small_config()
-  config.data.regional_loss_weight = REGIONAL_LOSS_WEIGHT  # weighs a cut-out's region
+  config = config_on(grid)
   constants, batch, params = synthetic_problem(config, points_of(grid), batch_size=2, seed=3)
   return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
                                                         points_of(grid))
+
+
+def test_the_cut_out_problem_has_its_region_weighed_and_refined():
+  specs = specs_lib.from_config(config_on("cutout"))
+  graphs = setup.graphs_for_grid(specs.model, CUTOUT)
+  positions = setup.node_positions(specs.model, CUTOUT)
+  assert graphs.num_nodes("mesh") == len(positions["mesh"]) > 162
+  constants = setup.make_constants(specs.data, graphs, CUTOUT, np.ones(1))
+  np.testing.assert_allclose(constants.node_weights,
+                             np.where(CUTOUT.region, 3.0, 1.0) * CUTOUT.area, rtol=1e-6)
 
 
 @functools.cache

@@ -34,6 +34,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = m = ml_collections.ConfigDict()
   m.latent_size = 32  # width of every node and edge latent and MLP hidden layer
   m.mesh_levels = 2  # icosahedron refinements; the multi-mesh merges levels 0..mesh_levels
+  m.regional_mesh_levels = 0  # a cut-out (data.regional_path): this many more refinements
+  # of the faces inside its region (the regional points' spherical convex hull), so the
+  # processor resolves it; the encoder's radius is then each mesh node's own (radius_fraction
+  # x the longest edge of its faces); interaction_network processor only
   m.radius_fraction = 0.6  # grid->mesh radius, as a fraction of the finest mesh edge
   m.mesh_to_grid_edge_normalization = 0.0  # mesh->grid edge features are divided by this;
   # 0.0: by the longest mesh->grid edge (as the other edge sets always are). GraphCast's
@@ -303,6 +307,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   problem = PROCESSORS[m.processor].check(specs.model)
   _require(problem is None, problem)
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
+  _require(0 <= m.regional_mesh_levels <= 6,
+           f"model.regional_mesh_levels={m.regional_mesh_levels} must be in 0..6")
+  if m.regional_mesh_levels:
+    _require(d.regional_path, f"model.regional_mesh_levels={m.regional_mesh_levels} refines "
+             "a cut-out's region: it needs data.regional_path")
+    _require(m.processor == "interaction_network", f"model.regional_mesh_levels="
+             f"{m.regional_mesh_levels} works with the interaction_network processor, not "
+             f"model.processor={m.processor!r} (its neighbourhoods are of the uniform mesh)")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
   _require(m.mesh_to_grid_edge_normalization >= 0,
            "model.mesh_to_grid_edge_normalization must be >= 0 (0: the longest edge)")

@@ -26,6 +26,7 @@ class ModelSpec:
 
   latent_size: int
   mesh_levels: int
+  regional_mesh_levels: int
   radius_fraction: float
   mesh_to_grid_edge_normalization: float
   edge_latent_size: int

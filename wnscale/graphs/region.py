@@ -100,13 +100,15 @@ def in_hull(xyz: np.ndarray, hull_xyz: np.ndarray, what: str) -> np.ndarray:
 
   plane, _ = project(hull_xyz)
   try:
-    triangles = spatial.Delaunay(plane)
+    hull = spatial.ConvexHull(plane)
   except spatial.QhullError as error:
     raise UserError(f"The {len(hull_xyz)} points of {what} span no area (fewer than 3 "
                     "points off one line): a region needs a patch of points.") from error
   query, depth = project(xyz)
   inside = depth > 0
-  inside[inside] = triangles.find_simplex(query[inside], tol=1e-9) >= 0
+  # On the inner side of every edge line (`equations`: outward normal, offset).
+  sides = query[inside] @ hull.equations[:, :2].T + hull.equations[:, 2]
+  inside[inside] = np.all(sides <= 1e-9, axis=-1)
   return inside
 
 

@@ -56,12 +56,13 @@ def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True) -> G
   adds."""
   edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
                    **PROCESSORS[m.processor].edge_sets(m))
-  return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache)
+  return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache,
+                            regional_mesh_levels=m.regional_mesh_levels)
 
 
 def node_positions(m: ModelSpec, points: PointSet):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
-  return build.node_positions(points, m.mesh_levels)
+  return build.node_positions(points, m.mesh_levels, m.regional_mesh_levels)
 
 
 def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
