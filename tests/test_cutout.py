@@ -13,15 +13,14 @@ import pytest
 import xarray as xr
 from scipy import spatial
 
-from test_cli import assert_user_error
-from test_cli import run as launch_quietly
 from test_forecast_end_to_end import run as launch
 from tiny_runs import losses, run
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import store as store_lib
 from wnscale.data import synthetic
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
+from wnscale.evaluation import datasets, scoring
 from wnscale.graphs import build, connectivity, grid, icosahedron
 from wnscale.graphs import region as region_lib
 from wnscale.graphs.points import PointSet
@@ -201,12 +200,61 @@ def test_the_joined_store_reads_both_stores_at_the_times_both_hold(stores):
     store_lib.open_store(outer_path, names, [1000], regional_path=inner_path)
 
 
+def test_scores_of_a_region_take_its_points_and_weights_and_a_truth_that_holds_them():
+  """`datasets.restricted` and `on_forecast_points`, on small in-memory datasets."""
+  points, _, _ = region_lib.cut_out(GLOBAL, REGIONAL, None, "box.zarr")
+  values = np.arange(points.size, dtype=np.float64)
+  on_points = xr.Dataset({"2m_temperature": (("time", "values"), values[None])}, coords={
+      "latitude": ("values", points.latitude), "longitude": ("values", points.longitude),
+      "region": ("values", points.region), "cell_area": ("values", points.area)})
+  forecast = datasets.Forecast("f.zarr", on_points, ("2m_temperature",))
+  inside, weights = datasets.restricted(forecast, datasets.CUTOUT)
+  np.testing.assert_array_equal(inside.dataset["2m_temperature"].values[0],
+                                values[points.region])
+  np.testing.assert_array_equal(weights.values, points.area[points.region])
+  # The regional store (a regular box, latitude descending) as the region's truth.
+  lat, lon = np.arange(59.5, 40, -1.0), np.arange(0.5, 30, 1.0)
+  field = lat[:, None] * 1000 + lon[None]
+  box = xr.Dataset({"2m_temperature": (("time", "latitude", "longitude"), field[None])},
+                   coords={"latitude": lat, "longitude": lon})
+  truth = datasets.on_forecast_points(inside, box, "box.zarr", "truth")
+  np.testing.assert_array_equal(
+      truth["2m_temperature"].values[0],
+      points.latitude[points.region] * 1000 + points.longitude[points.region])
+  # A box: the points inside it, weighed by their cells (the Voronoi cells without
+  # cell_area); a truth lacking a point is one error.
+  inside, weights = datasets.restricted(forecast, "45,55,5,20")
+  kept = region_lib.in_box(points.latitude, points.longitude, (45, 55, 5, 20))
+  np.testing.assert_array_equal(inside.dataset["2m_temperature"].values[0], values[kept])
+  bare = datasets.Forecast("f.zarr", on_points.drop_vars("cell_area"), forecast.variables)
+  np.testing.assert_allclose(datasets.restricted(bare, "45,55,5,20")[1].values,
+                             points.area[kept], rtol=1e-9)
+  wider, _ = datasets.restricted(forecast, "35,55,5,20")  # global points south of 40 N
+  with pytest.raises(UserError, match=r"The truth box.zarr has no point at latitude 36.5625, "
+                     r"longitude 5.625 of the forecast f.zarr \(3 of its 228 points"):
+    datasets.on_forecast_points(wider, box, "box.zarr", "truth")
+  with pytest.raises(UserError, match="region=cutout: the forecast f.zarr has no 'region'"):
+    datasets.restricted(datasets.Forecast("f.zarr", on_points.drop_vars("region"),
+                                          forecast.variables), datasets.CUTOUT)
+  # A regular forecast: the box's rows and columns, their latitude weights.
+  regular = xr.Dataset({"2m_temperature": (("time", "latitude", "longitude"), field[None])},
+                       coords={"latitude": lat, "longitude": lon}).isel(
+                           latitude=slice(None, None, -1))
+  inside, weights = datasets.restricted(
+      datasets.Forecast("r.zarr", regular, forecast.variables), "50,55,10,12")
+  assert inside.dataset.sizes == {"time": 1, "latitude": 5, "longitude": 2}
+  np.testing.assert_array_equal(weights.latitude.values, np.arange(50.5, 55, 1.0))
+  np.testing.assert_array_equal(
+      datasets.on_forecast_points(inside, box, "box.zarr", "truth")["2m_temperature"].values,
+      inside.dataset["2m_temperature"].values)
+
+
 @pytest.fixture(scope="module")
 def cutout_run(tmp_path_factory):
   """The tiny run with a 1 deg box (40-60 N, 0-30 E) cut into its 5.625 deg store, 4
-  steps on one device, region weighed 4 times, its mesh refined twice more; then a forecast of one initial time and
-  its region's scores against the regional store. `(workdir, regional store, forecast,
-  evaluation dir, the run's stderr)`."""
+  steps on one device, the region weighed 4 times and its mesh refined twice more; then a
+  forecast of one initial time and its region's scores against the regional store.
+  `(workdir, regional store, forecast, evaluation dir, the run's stderr)`."""
   root = tmp_path_factory.mktemp("cutout_run")
   regional = synthetic.write_synthetic_store(
       str(root / "box.zarr"), resolution=1.0, region=BOX, start="2020-01-01",
@@ -247,19 +295,20 @@ def test_a_cut_out_trains_forecasts_and_scores_its_region(cutout_run):
   # The region's RMSE against the regional store, weighed by the model's areas.
   region = forecast["region"].values
   predicted = forecast["2m_temperature"].values[0, 0, region].astype(np.float64)
+  # The store's latitude descends; the region's points ascend, latitude-major.
   observed = truth["2m_temperature"].sel(time="2020-01-21T12").transpose(
-      "latitude", "longitude").values.reshape(-1)  # latitude-major, as the points
+      "latitude", "longitude").values[::-1].reshape(-1)
   np.testing.assert_allclose(forecast.latitude.values[region],
                              np.sort(truth.latitude.values).repeat(30))
   area = points.area[region]
-  observed = observed.reshape(20, 30)[::-1].reshape(-1)  # the store's latitude descends
   rmse = np.sqrt(np.sum(area * (predicted - observed) ** 2) / area.sum())
   results = xr.open_dataset(os.path.join(out, "forecast.nc"))
   np.testing.assert_allclose(results["2m_temperature"].sel(metric="rmse").values[0], rmse,
                              rtol=1e-9)
   with open(os.path.join(out, "metrics.json")) as f:
     assert json.load(f)["region"] == "cutout"
-  # A box that is no box is one error naming the flag.
-  result = launch_quietly("evaluate", f"--forecast={forecast_path}", f"--truth={regional}",
-                          "--region=40,60", f"--out={out}-bad")
-  assert_user_error(result, "--region=40,60: not a box lat0,lat1,lon0,lon1")
+  # A box that is no box is an error of the `region` argument (launch.evaluate's --region).
+  with pytest.raises(ArgumentError, match="region=40,60: not a box lat0,lat1,lon0,lon1"
+                     ) as raised:
+    scoring.evaluate(forecast_path, regional, f"{out}-bad", region="40,60")
+  assert raised.value.argument == "region" and not os.path.exists(f"{out}-bad")
