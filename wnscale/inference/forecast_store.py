@@ -30,7 +30,7 @@ from wnscale.data import variables as variables_lib
 from wnscale.data import writer
 from wnscale.data.store import POINT_DIM, STATIC_DIMS
 from wnscale.errors import ArgumentError, UserError
-from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD, REGION
+from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
 
 SETTINGS_ATTR = "wnscale_forecast"
 
