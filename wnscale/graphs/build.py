@@ -25,7 +25,9 @@ import time
 import numpy as np
 
 from wnscale import cache, paths
+from wnscale.errors import UserError
 from wnscale.graphs import features, grid, icosahedron
+from wnscale.graphs import region as region_lib
 from wnscale.graphs.points import PointSet
 from wnscale.graphs.edge_sets import EdgeSetSpec, Geometry, graphcast_edge_sets
 from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
@@ -54,13 +56,36 @@ def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
   return EdgeSet(senders, receivers, edge_features, spec.senders, spec.receivers)
 
 
-def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec]) -> str:
+def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec],
+               regional_mesh_levels: int = 0) -> str:
   """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
   digest.update(f"{CACHE_FORMAT}:{cache.source_digest('graphs')}:{mesh_levels}:"
                 f"{sorted(edge_sets.items())!r}:".encode())
   digest.update(points.digest())
+  if regional_mesh_levels:  # the mesh depends on the region too
+    digest.update(f"regional {regional_mesh_levels}:".encode() + points.region.tobytes())
   return digest.hexdigest()[:24]
+
+
+def meshes_on(points: PointSet, mesh_levels: int, regional_mesh_levels: int = 0):
+  """The icosahedral hierarchy of the graphs on `points`, finest last: `mesh_levels`
+  refinements, then `regional_mesh_levels` more of the faces inside a cut-out's region
+  (the spherical convex hull of its regional points, `region.in_hull`).
+
+  Raises:
+    UserError: regional levels without a region.
+  """
+  if not regional_mesh_levels:
+    return icosahedron.mesh_hierarchy(mesh_levels)
+  if points.region is None:
+    raise UserError(f"model.regional_mesh_levels={regional_mesh_levels} refines the mesh in a "
+                    f"cut-out's region, and {points.name} has none: set data.regional_path "
+                    "(or model.regional_mesh_levels=0).")
+  region_xyz = points.xyz()[points.region]
+  return icosahedron.mesh_hierarchy(
+      mesh_levels, lambda xyz: region_lib.in_hull(xyz, region_xyz, "the region"),
+      regional_mesh_levels)
 
 
 def _flatten(graphs: Graphs) -> dict[str, np.ndarray]:
@@ -83,7 +108,7 @@ def _unflatten(flat, edge_sets: dict[str, EdgeSetSpec]) -> Graphs:
 
 def build_graphs(points: PointSet, mesh_levels: int,
                  edge_sets: dict[str, EdgeSetSpec] | None = None,
-                 use_cache: bool = True) -> Graphs:
+                 use_cache: bool = True, regional_mesh_levels: int = 0) -> Graphs:
   """The model's graphs on a point set that covers the globe.
 
   Args:
@@ -96,20 +121,21 @@ def build_graphs(points: PointSet, mesh_levels: int,
     use_cache: read and write `<cache dir>/graphs/<key>.npz`, keyed by all
       inputs and the graph code (edge sets that are `cached_apart` cache
       themselves).
+    regional_mesh_levels: more refinements inside a cut-out's region (`meshes_on`).
   """
   edge_sets = graphcast_edge_sets() if edge_sets is None else edge_sets
   points.check_global()
   together = {name: spec for name, spec in edge_sets.items() if not spec.connect.cached_apart}
-  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together)
-                          + ".npz")
+  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together,
+                                               regional_mesh_levels) + ".npz")
   start = time.perf_counter()
 
   @functools.cache
   def geometry():  # `(Geometry, lat_lon)`, only when something is built
-    meshes = icosahedron.mesh_hierarchy(mesh_levels)
+    meshes = meshes_on(points, mesh_levels, regional_mesh_levels)
     lat_lon = _node_lat_lon(points, meshes)
     return Geometry({name: grid.lat_lon_to_xyz(*ll) for name, ll in lat_lon.items()},
-                    meshes), lat_lon
+                    meshes, regional_mesh_levels), lat_lon
 
   if use_cache and paths.exists(path):
     with np.load(io.BytesIO(paths.read_bytes(path))) as cached:
@@ -132,7 +158,8 @@ def build_graphs(points: PointSet, mesh_levels: int,
   return graphs._replace(edges={name: {**graphs.edges, **apart}[name] for name in edge_sets})
 
 
-def node_positions(points: PointSet, mesh_levels: int) -> dict[str, np.ndarray]:
+def node_positions(points: PointSet, mesh_levels: int,
+                   regional_mesh_levels: int = 0) -> dict[str, np.ndarray]:
   """Per node set, `[num_nodes, 3]` unit vectors (float64 grid), for spatial partitioning."""
   return {"grid": points.xyz(),
-          "mesh": icosahedron.mesh_hierarchy(mesh_levels)[-1].vertices}
+          "mesh": meshes_on(points, mesh_levels, regional_mesh_levels)[-1].vertices}

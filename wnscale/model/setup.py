@@ -56,23 +56,28 @@ def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True) -> G
   adds."""
   edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
                    **PROCESSORS[m.processor].edge_sets(m))
-  return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache)
+  return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache,
+                            regional_mesh_levels=m.regional_mesh_levels)
 
 
 def node_positions(m: ModelSpec, points: PointSet):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
-  return build.node_positions(points, m.mesh_levels)
+  return build.node_positions(points, m.mesh_levels, m.regional_mesh_levels)
 
 
 def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
                    residual_scale: np.ndarray, variable_loss_weights=()) -> forecast.Constants:
-  """Host (numpy) constants; the node weights are the points' cell areas (mean 1);
-  `residual_scale` is `[C_out]` (`source.residual_scale`); `variable_loss_weights`:
-  `(variable, weight)` pairs (`train.variable_loss_weights`)."""
+  """Host (numpy) constants; the node weights are the points' cell areas (mean 1), a
+  cut-out's regional points' times `data.regional_loss_weight`; `residual_scale` is
+  `[C_out]` (`source.residual_scale`); `variable_loss_weights`: `(variable, weight)` pairs
+  (`train.variable_loss_weights`)."""
+  node_weights = points.area
+  if points.region is not None:
+    node_weights = np.where(points.region, d.regional_loss_weight * node_weights, node_weights)
   return forecast.Constants(
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
-      node_weights=points.area.astype(np.float32),
+      node_weights=node_weights.astype(np.float32),
       channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels,
                                                          dict(variable_loss_weights)))
 
