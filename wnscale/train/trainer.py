@@ -273,7 +273,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   train_step = step_lib.make_train_step(
       layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
       device_constants, halo_indices, remat_steps=config.train.remat_rollout,
-      loss=config.train.loss, members=members, ema_decay=config.train.ema_decay)
+      loss=config.train.loss, members=members, ema_decay=config.train.ema_decay,
+      freeze=tuple(config.train.freeze))
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
