@@ -14,10 +14,15 @@ import threading
 import time
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
-# Cheap XLA:CPU passes: the tiny train step compiles in 6 s instead of 9 s; runs that a
-# test compares all compile with the same flags.
+# Cheap XLA:CPU compiles: no expensive LLVM passes (the tiny train step compiles in 6 s
+# instead of 9 s), and fusions by the classic elemental emitter rather than the newer
+# fusion emitters (test_remat.py: 85 s of CPU instead of 134 s; the programs run as
+# fast). Runs that a test compares all compile with the same flags.
+# libtpu's own XLA lacks the fusion-emitter flag and aborts on an unknown flag: a process
+# that loads libtpu (a TPU-topology compile) must not see it in XLA_FLAGS.
+CPU_ONLY_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
 FAST_COMPILE_XLA_FLAGS = ("--xla_backend_optimization_level=0"
-                          " --xla_llvm_disable_expensive_passes=true")
+                          " --xla_llvm_disable_expensive_passes=true " + CPU_ONLY_XLA_FLAG)
 STEPS = 12
 RUN_FLAGS = [
     "--config=configs/tiny.py",
