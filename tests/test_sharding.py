@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from problems import compile_loss_and_grad, device_batch, loss_and_grad_fn, synthetic_problem
+from problems import (assert_same, compile_loss_and_grad, device_batch, loss_and_grad_fn,
+                      synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import build, grid
@@ -67,12 +68,6 @@ def sharded_loss_and_grads(config, constants, batch, params, positions, data, gr
   graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
   fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
   return fn(params, device_constants, halo_indices, device_batch(layout, batch))
-
-
-def assert_same(result, reference):
-  np.testing.assert_allclose(result[0], reference[0], rtol=1e-5)
-  for g, r in zip(jax.tree.leaves(result[1]), jax.tree.leaves(reference[1]), strict=True):
-    np.testing.assert_allclose(g, r, rtol=2e-4, atol=1e-5 * float(np.abs(r).max()))
 
 
 @pytest.fixture(scope="module")

@@ -34,12 +34,12 @@ from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
 CACHE_FORMAT = 2
 
 
-def _node_lat_lon(points: PointSet, meshes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _node_lat_lon(points: PointSet, meshes,
+                  point_sets: dict[str, PointSet]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Per node set, float32 latitude and longitude of its nodes (degrees)."""
-  return {
-      "grid": (points.latitude.astype(np.float32), points.longitude.astype(np.float32)),
-      "mesh": grid.xyz_to_lat_lon(meshes[-1].vertices),
-  }
+  lat_lon = lambda p: (p.latitude.astype(np.float32), p.longitude.astype(np.float32))
+  return {"grid": lat_lon(points), "mesh": grid.xyz_to_lat_lon(meshes[-1].vertices),
+          **{name: lat_lon(p) for name, p in point_sets.items()}}
 
 
 def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
@@ -54,12 +54,15 @@ def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
   return EdgeSet(senders, receivers, edge_features, spec.senders, spec.receivers)
 
 
-def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec]) -> str:
+def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec],
+               point_sets: dict[str, PointSet]) -> str:
   """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
   digest.update(f"{CACHE_FORMAT}:{cache.source_digest('graphs')}:{mesh_levels}:"
                 f"{sorted(edge_sets.items())!r}:".encode())
   digest.update(points.digest())
+  for name, point_set in sorted(point_sets.items()):  # none: the grid's key of before
+    digest.update(name.encode() + b":" + point_set.digest())
   return digest.hexdigest()[:24]
 
 
@@ -83,7 +86,8 @@ def _unflatten(flat, edge_sets: dict[str, EdgeSetSpec]) -> Graphs:
 
 def build_graphs(points: PointSet, mesh_levels: int,
                  edge_sets: dict[str, EdgeSetSpec] | None = None,
-                 use_cache: bool = True) -> Graphs:
+                 use_cache: bool = True,
+                 point_sets: dict[str, PointSet] | None = None) -> Graphs:
   """The model's graphs on a point set that covers the globe.
 
   Args:
@@ -96,18 +100,21 @@ def build_graphs(points: PointSet, mesh_levels: int,
     use_cache: read and write `<cache dir>/graphs/<key>.npz`, keyed by all
       inputs and the graph code (edge sets that are `cached_apart` cache
       themselves).
+    point_sets: more node sets by name (a modality's points, e.g. stations),
+      which need not cover the globe; `edge_sets` join them to the mesh.
   """
   edge_sets = graphcast_edge_sets() if edge_sets is None else edge_sets
+  point_sets = point_sets or {}
   points.check_global()
   together = {name: spec for name, spec in edge_sets.items() if not spec.connect.cached_apart}
-  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together)
+  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together, point_sets)
                           + ".npz")
   start = time.perf_counter()
 
   @functools.cache
   def geometry():  # `(Geometry, lat_lon)`, only when something is built
     meshes = icosahedron.mesh_hierarchy(mesh_levels)
-    lat_lon = _node_lat_lon(points, meshes)
+    lat_lon = _node_lat_lon(points, meshes, point_sets)
     return Geometry({name: grid.lat_lon_to_xyz(*ll) for name, ll in lat_lon.items()},
                     meshes), lat_lon
 
@@ -132,7 +139,9 @@ def build_graphs(points: PointSet, mesh_levels: int,
   return graphs._replace(edges={name: {**graphs.edges, **apart}[name] for name in edge_sets})
 
 
-def node_positions(points: PointSet, mesh_levels: int) -> dict[str, np.ndarray]:
+def node_positions(points: PointSet, mesh_levels: int,
+                   point_sets: dict[str, PointSet] | None = None) -> dict[str, np.ndarray]:
   """Per node set, `[num_nodes, 3]` unit vectors (float64 grid), for spatial partitioning."""
   return {"grid": points.xyz(),
-          "mesh": icosahedron.mesh_hierarchy(mesh_levels)[-1].vertices}
+          "mesh": icosahedron.mesh_hierarchy(mesh_levels)[-1].vertices,
+          **{name: p.xyz() for name, p in (point_sets or {}).items()}}

@@ -61,6 +61,30 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float
   return senders[order], receivers[order]
 
 
+def points_to_mesh_edges(points_xyz: np.ndarray, mesh: TriangularMesh, radius: float):
+  """All (point, mesh node) pairs at distance <= `radius`, and each point with none in range
+  joined to its nearest mesh node; sorted by receiver. Mesh nodes may receive nothing.
+
+  Args:
+    points_xyz: `[num_points, 3]` unit vectors (e.g. stations).
+    mesh: the finest mesh; its vertices are the receivers.
+    radius: chord length.
+
+  Returns:
+    `(senders [num_edges] point indices, receivers [num_edges] mesh indices)`.
+  """
+  mesh_tree = spatial.cKDTree(mesh.vertices)
+  pairs = mesh_tree.sparse_distance_matrix(spatial.cKDTree(points_xyz), float(radius),
+                                           output_type="ndarray")
+  receivers, senders = pairs["i"].astype(np.int64), pairs["j"].astype(np.int64)
+  lonely = np.flatnonzero(np.bincount(senders, minlength=len(points_xyz)) == 0)
+  _, nearest = mesh_tree.query(points_xyz[lonely])
+  senders = np.concatenate([senders, lonely])
+  receivers = np.concatenate([receivers, np.asarray(nearest, np.int64).reshape(-1)])
+  order = np.lexsort((senders, receivers))
+  return senders[order], receivers[order]
+
+
 def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarray:
   """`[num_points]` a face whose spherical triangle contains each point.
 

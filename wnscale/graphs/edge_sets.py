@@ -49,7 +49,20 @@ class WithinRadius:
     finest = geometry.meshes[-1]
     # float32 radius, as the reference's: its bits decide ties at the radius.
     radius = connectivity.max_edge_length(finest) * np.float32(self.fraction)
-    return connectivity.grid_to_mesh_edges(geometry.xyz[senders], finest, radius)
+    return self.edges(geometry.xyz[senders], finest, radius)
+
+  edges = staticmethod(connectivity.grid_to_mesh_edges)  # every mesh node must hear one
+
+
+@dataclasses.dataclass(frozen=True)
+class WithinRadiusOrNearest(WithinRadius):
+  """As `WithinRadius`, and a sender with no mesh node in range joins its nearest one.
+
+  A modality's encoder edges (`modality_edge_sets`): every station sends, wherever
+  it is; a mesh node may hear none.
+  """
+
+  edges = staticmethod(connectivity.points_to_mesh_edges)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +114,7 @@ class EdgeSetSpec(NamedTuple):
 
   senders: str
   receivers: str
-  connect: WithinRadius | MultiMesh | InMeshTriangle | KHopNeighbours
+  connect: WithinRadius | WithinRadiusOrNearest | MultiMesh | InMeshTriangle | KHopNeighbours
   features: bool = True
   normalization: float = 0.0
 
@@ -122,3 +135,17 @@ def graphcast_edge_sets(radius_fraction: float = 0.6,
       "mesh_to_grid": EdgeSetSpec("mesh", "grid", InMeshTriangle(),
                                   normalization=float(mesh_to_grid_normalization)),
   }
+
+
+def modality_edge_sets(modalities, radius_fraction: float = 0.6) -> dict[str, EdgeSetSpec]:
+  """Each modality's (`specs.ModalitySpec`) encoder edges `<name>_to_mesh` if it has
+  inputs, and decoder edges `mesh_to_<name>` (containing triangle) if it has targets."""
+  edge_sets = {}
+  for modality in modalities:
+    if modality.inputs:
+      edge_sets[f"{modality.name}_to_mesh"] = EdgeSetSpec(
+          modality.name, "mesh", WithinRadiusOrNearest(float(radius_fraction)))
+    if modality.targets:
+      edge_sets[f"mesh_to_{modality.name}"] = EdgeSetSpec("mesh", modality.name,
+                                                          InMeshTriangle())
+  return edge_sets
