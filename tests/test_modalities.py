@@ -17,7 +17,7 @@ from wnscale import assembly
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.errors import UserError
-from wnscale.graphs import grid
+from wnscale.graphs import connectivity, grid, icosahedron
 from wnscale.graphs.points import PointSet
 from wnscale.model import forecast, setup
 from wnscale.sharding import mesh as mesh_lib
@@ -143,3 +143,24 @@ def test_a_run_without_the_modalitys_points_is_refused():
   mesh = mesh_lib.make_mesh(station_config().mesh, jax.devices()[:1])
   with pytest.raises(UserError, match=r"data.modalities \['stations'\]: no points"):
     assembly.assemble(specs, POINTS, None, mesh, params=None)
+
+
+def test_a_point_with_no_mesh_node_in_range_joins_its_nearest():
+  """Radius 0: each point's one edge goes to its nearest mesh node; a wide radius gives every
+  pair in range, and mesh nodes with no point near stay without edges. The decoder's
+  triangles are found for a few points none of which lies near a face's edge."""
+  mesh = icosahedron.mesh_hierarchy(2)[-1]
+  points = grid.lat_lon_to_xyz(np.array([10.0, 10.5, -60.0]), np.array([20.0, 20.0, 200.0]))
+  senders, receivers = connectivity.points_to_mesh_edges(points, mesh, 0.0)
+  nearest = np.argmin(np.linalg.norm(points[:, None] - mesh.vertices[None], axis=-1), axis=1)
+  np.testing.assert_array_equal(np.sort(senders), [0, 1, 2])
+  np.testing.assert_array_equal(receivers[np.argsort(senders)], nearest)
+  senders, receivers = connectivity.points_to_mesh_edges(points, mesh, 0.5)
+  distance = np.linalg.norm(points[senders] - mesh.vertices[receivers], axis=-1)
+  assert np.all(distance <= 0.5) and len(np.unique(receivers)) < len(mesh.vertices)
+  assert np.all(np.diff(receivers) >= 0)
+  expected = (np.linalg.norm(points[:, None] - mesh.vertices[None], axis=-1) <= 0.5).sum()
+  assert len(senders) == expected
+  senders, receivers = connectivity.mesh_to_grid_edges(points, mesh)
+  np.testing.assert_array_equal(receivers, np.repeat([0, 1, 2], 3))
+  assert np.all(np.isin(nearest, senders))

@@ -223,7 +223,8 @@ def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
   points = grid_xyz.astype(np.float64)
   chosen = _containing_faces(points, vertices[faces], candidates, block)
   near_edge = ~_foot_inside(points, vertices[faces[chosen]])
-  chosen[near_edge] = _closest_faces(points[near_edge], chosen[near_edge], vertices, faces)
+  if near_edge.any():  # a few stations may have none
+    chosen[near_edge] = _closest_faces(points[near_edge], chosen[near_edge], vertices, faces)
   senders = faces[chosen].reshape(-1)
   receivers = np.repeat(np.arange(len(grid_xyz)), 3)
   return senders, receivers
