@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from problems import assert_same, device_batch, loss_and_grad_fn, station_problem
 from wnscale import assembly
@@ -65,7 +66,15 @@ def test_stations_match_the_plain_model(data, graph, exchange, remat):
     config.mesh.data, config.mesh.graph = data, graph
     mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
     layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
-    assert layout.partitioned.nodes["stations"].per_shard == -(-150 // graph)
+    per_shard = layout.partitioned.nodes["stations"].per_shard
+    assert per_shard == -(-150 // graph)
+    abstract = layout.abstract_batch(setup.batch_shapes(
+        specs_lib.from_config(config), POINTS.size, 2, {"stations": 150}))
+    assert abstract["stations/targets"].shape == (2, 1, 2, graph * per_shard)
+    assert abstract["stations/inputs"].sharding.spec == P(mesh_lib.DATA, None, None,
+                                                          mesh_lib.GRAPH)
+    padded = layout.host_batch(batch)["stations/inputs"]  # padding points: missing
+    assert np.isnan(padded[..., layout.partitioned.nodes["stations"].node_of_slot < 0]).all()
     device_constants, halo_indices = layout.constants(constants)
     specs = specs_lib.from_config(config)
     graphdef, _ = setup.init_model_shapes(specs)
