@@ -7,6 +7,8 @@ r"""Scores a forecast against the truth the WeatherBench2 way, with baselines an
       --init_start=2020-11-01 --init_end=2020-11-15
   # against another model's forecast (same layout): adds a scorecard
   python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --baseline=OTHER.zarr --out=DIR
+  # a cut-out run's region only, against its regional store (or any box: --region=40,60,0,30)
+  python -m launch.evaluate --forecast=F.zarr --truth=REGIONAL.zarr --region=cutout --out=DIR
 
 On a point set (forecast and truth with a `values` dim, or an anemoi-datasets truth),
 each point weighs its cell's area (the truth's `cell_area`, else its spherical Voronoi
@@ -43,6 +45,10 @@ _INIT_START = flags.DEFINE_string("init_start", None, "First initial time to sco
                                   "the forecast's first), e.g. 2020-11-01T12.")
 _INIT_END = flags.DEFINE_string("init_end", None, "Last initial time to score (a date: its "
                                 "whole day; default: the forecast's last).")
+_REGION = flags.DEFINE_string("region", None, "Score only a region: 'cutout', the regional "
+                              "points of a cut-out run's forecast (data.regional_path), or a "
+                              "box lat0,lat1,lon0,lon1 in degrees; the truth (and climatology) "
+                              "need only hold its points, e.g. the regional store.")
 
 
 def main(argv):
@@ -51,7 +57,7 @@ def main(argv):
                     climatology_path=_CLIMATOLOGY.value, baseline_path=_BASELINE.value,
                     map_channels=_MAPS.value, map_leads=_MAP_LEADS.value,
                     init_start=_INIT_START.value, init_end=_INIT_END.value,
-                    overwrite=cli.overwrite())
+                    region=_REGION.value, overwrite=cli.overwrite())
   print("Wrote:")
   for path in result["files"]:
     print(f"  {path}")

@@ -10,6 +10,8 @@ converted (`--from`), or a synthetic one.
       --start=2020-01-01 --end=2020-12-31 --levels=13
   # on an octahedral reduced Gaussian grid (5,248 points; H16: HEALPix), as a list of points
   python -m launch.make_dataset --out=/tmp/era_o32.zarr --grid=O32
+  # a regional store (a 1 deg box) to cut into a global one (data.regional_path)
+  python -m launch.make_dataset --out=/tmp/era_box_1deg.zarr --resolution=1 --region=40,60,0,30
 
 A conversion killed midway continues where it stopped when the same command runs
 again (`wnscale.data.convert`).
@@ -60,6 +62,9 @@ _RESOLUTION = flags.DEFINE_float("resolution", 5.625, "Grid spacing, degrees.")
 _GRID = flags.DEFINE_string("grid", "", "A grid of points instead of the regular one of "
                             "--resolution: O<N> (octahedral reduced Gaussian, e.g. O32) or "
                             "H<nside> (HEALPix, e.g. H16).")
+_REGION = flags.DEFINE_string("region", "", "A regional store: the regular grid of "
+                              "--resolution inside the box lat0,lat1,lon0,lon1 (degrees), e.g. "
+                              "40,60,0,30, to cut into a global store (data.regional_path).")
 _START = flags.DEFINE_string("start", "2020-01-01", "First day (00 UTC); with --from: the "
                              "first time to keep (default: the files' first).")
 _END = flags.DEFINE_string("end", "2020-12-31", "Last day (inclusive); with --from: the last "
@@ -77,11 +82,12 @@ _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
 _LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
 # Flags that say what a synthetic store holds (a conversion keeps what its files hold), and
 # flags of a conversion alone: given to the other kind of store, they would do nothing.
-_SYNTHETIC_ONLY = ("config", "resolution", "grid", "levels", "variables", "seed",
+_SYNTHETIC_ONLY = ("config", "resolution", "grid", "region", "levels", "variables", "seed",
                    "zarr_format", "time_step_hours")
 _CONVERSION_ONLY = ("member", "block_mb")
 # `_store_settings`' keys and the flags that set them.
-_SETTING_FLAGS = {"resolution": "resolution", "grid_name": "grid", "start": "start",
+_SETTING_FLAGS = {"resolution": "resolution", "grid_name": "grid", "region": "region",
+                  "start": "start",
                   "end": "end", "levels": "levels", "variables": "variables",
                   "time_step_hours": "time_step_hours", "seed": "seed"}
 
@@ -114,7 +120,8 @@ def _store_settings() -> dict:
   replacing their part of it."""
   if _GRID.value and flags.FLAGS["resolution"].present:
     raise UserError(f"--grid={_GRID.value} and --resolution: a store has one grid; give one.")
-  given = dict(resolution=_RESOLUTION.value, grid_name=_GRID.value, start=_START.value,
+  given = dict(resolution=_RESOLUTION.value, grid_name=_GRID.value, region=_REGION.value,
+               start=_START.value,
                end=_END.value, levels=_levels(_LEVELS.value), variables=_VARIABLES.value,
                time_step_hours=_TIME_STEP_HOURS.value, seed=_SEED.value)
   if _CONFIG.value is None:

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from problems import device_batch, synthetic_problem
+from problems import device_batch, loss_and_grad_fn, synthetic_problem
 from tiny_runs import REPO
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
@@ -33,7 +33,7 @@ def test_ema_follows_the_parameters_and_frozen_parts_stay_bitwise():
   """Three train steps with `ema_decay` and `freeze=("processor",)`: the EMA equals its
   recomputation on the host from each step's parameters; the processor's parameters are
   bitwise the initial ones while the rest moved; the optimizer's moments cover only the
-  trained parameters."""
+  trained parameters, and `grad_norm` is the trained parameters' gradient norm."""
   config = config_lib.default_config()
   config.model.update(latent_size=8, mesh_levels=0, message_passing_steps=1)
   config.train.update(ema_decay=DECAY, freeze=("processor",), warmup_steps=0)
@@ -48,13 +48,20 @@ def test_ema_follows_the_parameters_and_frozen_parts_stay_bitwise():
   optimizer = optimizer_lib.make_optimizer(config.train)
   train_step = step_lib.make_train_step(
       layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
-      device_constants, halo_indices, ema_decay=DECAY)
+      device_constants, halo_indices, ema_decay=DECAY, freeze=("processor",))
   replicated = layout.sharding(jax.sharding.PartitionSpec())
   initial = jax.tree.map(np.array, params)
   state = jax.device_put(initial_state(params, optimizer, ema=True), replicated)
   ema = initial
-  for _ in range(STEPS):
-    state, _ = train_step(state, device_constants, halo_indices, device_batch(layout, batch))
+  for step in range(STEPS):
+    state, metrics = train_step(state, device_constants, halo_indices,
+                                device_batch(layout, batch))
+    if step == 0:  # the norm the clipping sees: of the trained parameters' gradients only
+      loss, grads = jax.jit(loss_and_grad_fn(config, constants, batch))(initial)
+      trained = [g for name, g in _by_name(grads).items() if not name.startswith("processor")]
+      np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+      np.testing.assert_allclose(metrics["grad_norm"], np.sqrt(sum(
+          np.sum(np.square(g, dtype=np.float64)) for g in trained)), rtol=1e-4)
     new = jax.tree.map(np.array, state.params)  # the step donates the state: copies
     ema = jax.tree.map(lambda e, p: np.float32(DECAY) * e + np.float32(1 - DECAY) * p, ema,
                        new)

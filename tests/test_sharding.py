@@ -14,6 +14,7 @@ from wnscale import specs as specs_lib
 from wnscale.data import stations as stations_lib
 from wnscale.graphs import build, grid
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
+from wnscale.graphs import region as region_lib
 from wnscale.graphs.points import PointSet, named_grid
 from wnscale.model import setup
 from wnscale.planner.xla_stats import compiled_stats
@@ -36,14 +37,42 @@ def small_config(**model):
 # The grids the equality tests run on: a regular one, and the points of a reduced
 # Gaussian grid (1,600 points, rows of 20 to 80).
 GRIDS = {"regular": POINTS, "O16": named_grid("O16")}
+# A limited-area cut-out: a 2.5 deg box (30-50 N, 0-30 E, 96 points) in place of POINTS'
+# points inside it (pole rows sharing their cells), the region weighed 3 times in the loss
+# and its mesh refined twice more.
+CUTOUT = region_lib.cut_out(POINTS, PointSet.regular(np.arange(31.25, 50, 2.5),
+                                                     np.arange(1.25, 30, 2.5)),
+                            None, "a 2.5 deg box")[0]
+
+
+def points_of(grid: str) -> PointSet:
+  return CUTOUT if grid == "cutout" else GRIDS[grid]
+
+
+def config_on(grid: str):
+  config = small_config()
+  if grid == "cutout":
+    config.data.regional_path, config.data.regional_loss_weight = "box.zarr", 3.0
+    config.model.regional_mesh_levels = 2
+  return config
 
 
 @functools.cache
 def problem_on(grid: str):
-  config = small_config()
-  constants, batch, params = synthetic_problem(config, GRIDS[grid], batch_size=2, seed=3)
+  config = config_on(grid)
+  constants, batch, params = synthetic_problem(config, points_of(grid), batch_size=2, seed=3)
   return constants, batch, params, setup.node_positions(specs_lib.from_config(config).model,
-                                                        GRIDS[grid])
+                                                        points_of(grid))
+
+
+def test_the_cut_out_problem_has_its_region_weighed_and_refined():
+  specs = specs_lib.from_config(config_on("cutout"))
+  graphs = setup.graphs_for_grid(specs.model, CUTOUT)
+  positions = setup.node_positions(specs.model, CUTOUT)
+  assert graphs.num_nodes("mesh") == len(positions["mesh"]) > 162
+  constants = setup.make_constants(specs.data, graphs, CUTOUT, np.ones(1))
+  np.testing.assert_allclose(constants.node_weights,
+                             np.where(CUTOUT.region, 3.0, 1.0) * CUTOUT.area, rtol=1e-6)
 
 
 @functools.cache
@@ -84,7 +113,8 @@ REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_gri
 # grid, with either exchange.
 CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", {}, "regular"),
          (1, 8, "halo", {}, "regular"), (1, 4, "all_gather", {}, "regular")] + [
-    (2, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)]
+    (2, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)] + [
+    (2, 4, "halo", REMAT, "cutout")]
 
 
 @pytest.mark.parametrize("data, graph, exchange, remat, grid", CASES, ids=[

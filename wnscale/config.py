@@ -34,6 +34,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = m = ml_collections.ConfigDict()
   m.latent_size = 32  # width of every node and edge latent and MLP hidden layer
   m.mesh_levels = 2  # icosahedron refinements; the multi-mesh merges levels 0..mesh_levels
+  m.regional_mesh_levels = 0  # a cut-out (data.regional_path): this many more refinements
+  # of the faces inside its region (the regional points' spherical convex hull), so the
+  # processor resolves it; the encoder's radius is then each mesh node's own (radius_fraction
+  # x the longest edge of its faces); interaction_network processor only
   m.radius_fraction = 0.6  # grid->mesh radius, as a fraction of the finest mesh edge
   m.mesh_to_grid_edge_normalization = 0.0  # mesh->grid edge features are divided by this;
   # 0.0: by the longest mesh->grid edge (as the other edge sets always are). GraphCast's
@@ -95,6 +99,15 @@ def default_config() -> ml_collections.ConfigDict:
   # or an anemoi-datasets store (its own statistics; diff_std from its tendencies over
   # data.time_step_hours); empty: computed once from the training range, cached in
   # <cache dir>/stats
+  d.regional_path = ""  # a limited-area cut-out: a fine regional store (a regular box or
+  # points, either layout, the variables and levels of data.path) whose points replace
+  # data.path's inside the region (wnscale.graphs.region); the model runs on the joined
+  # points, at the times both stores hold, with the global store's statistics
+  d.region = ""  # the cut-out's region, "lat0,lat1,lon0,lon1" degrees (longitude eastwards
+  # from lon0, across 0 where lon1 < lon0): the regional points inside it replace the global
+  # points inside it; "": the spherical convex hull of all the regional points
+  d.regional_loss_weight = 1.0  # the region's points' loss weight: multiplies their cell
+  # areas (each point weighs its area; the rest weigh theirs times 1)
   d.resolution = 5.625  # grid spacing in degrees of a regular store; must match it (a store
   # of other points says its own grid, and this is not used)
   d.grid = ""  # the grid of the synthetic store (data.synthetic) and of the planner and
@@ -302,6 +315,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   problem = PROCESSORS[m.processor].check(specs.model)
   _require(problem is None, problem)
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
+  _require(0 <= m.regional_mesh_levels <= 6,
+           f"model.regional_mesh_levels={m.regional_mesh_levels} must be in 0..6")
+  if m.regional_mesh_levels:
+    _require(d.regional_path, f"model.regional_mesh_levels={m.regional_mesh_levels} refines "
+             "a cut-out's region: it needs data.regional_path")
+    _require(m.processor == "interaction_network", f"model.regional_mesh_levels="
+             f"{m.regional_mesh_levels} works with the interaction_network processor, not "
+             f"model.processor={m.processor!r} (its neighbourhoods are of the uniform mesh)")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
   _require(m.mesh_to_grid_edge_normalization >= 0,
            "model.mesh_to_grid_edge_normalization must be >= 0 (0: the longest edge)")
@@ -348,6 +369,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(d.input_steps >= 1 and d.target_steps >= 1,
            "data.input_steps and data.target_steps must be >= 1")
   _require(d.member >= 0, "data.member must be >= 0")
+  _require(d.regional_loss_weight >= 0,
+           f"data.regional_loss_weight={d.regional_loss_weight} must be >= 0")
+  if specs.data.region_box is not None:
+    _require(d.regional_path, f"data.region={d.region!r} needs data.regional_path (the "
+             "regional store cut into data.path inside the box)")
   _require(d.resolution > 0 and d.time_step_hours > 0,
            "data.resolution and data.time_step_hours must be > 0")
   if d.grid:

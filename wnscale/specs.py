@@ -17,6 +17,7 @@ import math
 
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
+from wnscale.graphs import region as region_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,7 @@ class ModelSpec:
 
   latent_size: int
   mesh_levels: int
+  regional_mesh_levels: int
   radius_fraction: float
   mesh_to_grid_edge_normalization: float
   edge_latent_size: int
@@ -121,6 +123,9 @@ class DataSpec:
   member: int
   synthetic: bool
   stats_path: str
+  regional_path: str
+  region: str
+  regional_loss_weight: float
   resolution: float
   grid: str
   variables: tuple[str, ...]
@@ -148,6 +153,11 @@ class DataSpec:
         for entry in self.nan_fill_values))
     object.__setattr__(self, "modalities", tuple(ModalitySpec.parse(entry)
                                                  for entry in self.modalities))
+
+  @property
+  def region_box(self) -> region_lib.Box | None:
+    """`region` parsed (`graphs.region.parse_box`); None: the regional points' hull."""
+    return region_lib.parse_box(self.region, "data.region")
 
   @property
   def outputs(self) -> tuple[str, ...]:

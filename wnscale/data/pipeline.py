@@ -124,7 +124,8 @@ def make_source(data, split: str, grid_slots: np.ndarray | None = None,
         target_steps=data.target_steps, start=start, end=end,
         time_step_hours=data.time_step_hours, fill_nan=data.fill_nan,
         resolution=data.resolution, grid_slots=grid_slots, stats=stats, member=data.member,
-        indexed_target_steps=indexed_target_steps, **resolve.data_layout(data))
+        indexed_target_steps=indexed_target_steps, regional_path=data.regional_path,
+        region=data.region_box, **resolve.data_layout(data))
 
 
 def make_pipeline(data,

@@ -77,7 +77,9 @@ class WeatherExampleSource:
                global_forcings=(),
                nan_fill_values=(),
                indexed_target_steps: int | None = None,
-               member: int = 0):
+               member: int = 0,
+               regional_path: str = "",
+               region=None):
     """Opens the store and takes (or computes once) its statistics.
 
     Without `fill_nan`, a NaN that the statistics pass saw inside the time
@@ -110,6 +112,8 @@ class WeatherExampleSource:
         (`with_target_steps`) and a data iterator's position means one thing.
       member: the ensemble member of an anemoi-datasets store. Its missing dates are
         in no example.
+      regional_path, region: a regional store cut into `path`'s and the region
+        (`store.open_store`); the statistics stay `path`'s.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "
@@ -119,7 +123,8 @@ class WeatherExampleSource:
     outputs = self.variables + tuple(target_only_variables)
     self.store = store_lib.open_store(path, outputs, levels, time_step_hours=time_step_hours,
                                       resolution=resolution, forcings=self.stored_forcings,
-                                      member=member)
+                                      member=member, regional_path=regional_path,
+                                      region=region)
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.global_forcings = tuple(global_forcings)

@@ -40,6 +40,7 @@ from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs import points as points_lib
+from wnscale.graphs import region as region_lib
 from wnscale.graphs.points import PointSet
 from wnscale.progress import WriteProgress
 
@@ -84,9 +85,23 @@ def store_coordinates(resolution: float, include_poles: bool | None = None):
 
 
 def store_points(grid_name: str = "", resolution: float = 5.625,
-                 include_poles: bool | None = None) -> PointSet:
+                 include_poles: bool | None = None, region: str = "") -> PointSet:
   """The points of a synthetic store, in its order: the named grid (`points.named_grid`,
-  e.g. "O32"), or the regular grid of `store_coordinates`."""
+  e.g. "O32"), the regular grid of `store_coordinates`, or with `region`
+  ("lat0,lat1,lon0,lon1", `graphs.region.parse_box`) a regional store's: the cell
+  centres of `resolution` degrees in that box, latitude descending, longitude
+  ascending from lon0."""
+  box = region_lib.parse_box(region, "region")
+  if box is not None:
+    lat0, lat1, lon0, lon1 = box
+    width = lon1 - lon0 if lon1 - lon0 >= 360 else np.mod(lon1 - lon0, 360)
+    rows, columns = int(round((lat1 - lat0) / resolution)), int(round(width / resolution))
+    if grid_name or rows < 1 or columns < 1:
+      raise UserError(f"A regional store is a regular box of at least one {resolution:g} deg "
+                      f"cell: region={region!r}" + (f" and grid={grid_name!r}: give one of "
+                                                    "them" if grid_name else " is smaller"))
+    latitude = lat1 - resolution * (np.arange(rows) + 0.5)
+    return PointSet.regular(latitude, lon0 + resolution * (np.arange(columns) + 0.5))
   if grid_name:
     return points_lib.named_grid(grid_name)
   return PointSet.regular(*store_coordinates(resolution, include_poles))
@@ -322,6 +337,7 @@ def write_synthetic_store(
     time_step_hours: int = 6,
     include_poles: bool | None = None,
     grid_name: str = "",
+    region: str = "",
     overwrite: bool = False,
 ) -> str:
   """Writes a synthetic WeatherBench2-layout zarr store at `path` (a directory or a URL).
@@ -329,7 +345,9 @@ def write_synthetic_store(
   On the regular grid of `resolution` (`include_poles`: see `grid.regular_grid`),
   or with `grid_name` (e.g. "O32", "H16": `points.named_grid`) on those points, in
   the point layout (`store.py`: a `values` dimension, `latitude`, `longitude` and
-  `cell_area` along it; the attribute `grid` names it).
+  `cell_area` along it; the attribute `grid` names it). With `region`
+  ("lat0,lat1,lon0,lon1"): a regional store, the regular grid of `resolution`
+  inside that box (`store_points`), for a cut-out (`data.regional_path`).
 
   Times run from `start` 00:00 to `end` 23:00 at `time_step_hours`. Variables
   default to GraphCast's (`DEFAULT_VARIABLES`) and the solar radiation
@@ -359,7 +377,8 @@ def write_synthetic_store(
   times = store_times(start, end, time_step_hours)
   if len(times) == 0:
     raise UserError(f"No times between start={start} and end={end}")
-  weather = SyntheticWeather(store_points(grid_name, resolution, include_poles), levels, seed)
+  weather = SyntheticWeather(store_points(grid_name, resolution, include_poles, region),
+                             levels, seed)
 
   with outputs.building(path, overwrite) as where:
     _write_data(where, weather, names, times, levels, grid_name, zarr_format, path)

@@ -23,18 +23,24 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import xarray as xr
+from scipy import spatial
 
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import metrics
 from wnscale.evaluation.metrics import LATITUDE, LONGITUDE
+from wnscale.graphs import grid as grid_lib
+from wnscale.graphs import region as region_lib
+from wnscale.graphs.points import PointSet
 
 INIT = "time"  # the forecast layout's initial-time dim
 LEAD = "prediction_timedelta"  # the forecast layout's lead-time dim
 ENSEMBLE = "number"  # an ensemble forecast's member dim
 COMPLETED_ATTR = "wnscale_completed_inits"  # indices of the finished initial times
 GRID_TOLERANCE = 1e-3  # degrees
+REGION = "region"  # a cut-out forecast's mask of its regional points, along `values`
+CUTOUT = "cutout"  # `restricted`'s region of that mask
 
 
 @dataclasses.dataclass
@@ -136,12 +142,99 @@ def ascending_latitude(dataset: xr.Dataset) -> xr.Dataset:
       else dataset
 
 
-def fitted(forecast: Forecast, other: xr.Dataset, other_path: str, what: str) -> xr.Dataset:
+def restricted(forecast: Forecast, region: str) -> tuple[Forecast, xr.DataArray]:
+  """The forecast at its points in `region`, and the scores' weights there.
+
+  Args:
+    region: `CUTOUT`: a cut-out forecast's regional points (its `REGION` mask); or a
+      box "lat0,lat1,lon0,lon1" (`graphs.region.parse_box`): the points or grid cells
+      inside it.
+
+  Returns:
+    `(forecast, weights)`: on a regular grid the rows' latitude weights; on points
+    the forecast's `cell_area` (a cut-out's: the model's) where it has one, else the
+    Voronoi cells of all its points, in the region.
+  """
+  data = forecast.dataset
+  box = None if region == CUTOUT else region_lib.parse_box(region, "region")
+  if store_lib.spatial_dims(data) == store_lib.STATIC_DIMS:
+    if box is None:
+      raise ArgumentError("region", region, f"the forecast {forecast.path} is on a regular "
+                          "grid, not a cut-out's points: give a box lat0,lat1,lon0,lon1.")
+    rows = region_lib.in_latitudes(data[LATITUDE].values, box)
+    columns = region_lib.in_longitudes(data[LONGITUDE].values, box)
+    weights = metrics.latitude_weights(data).isel({LATITUDE: rows})
+    data = data.isel({LATITUDE: rows, LONGITUDE: columns})
+  else:
+    latitude, longitude = data[LATITUDE].values, data[LONGITUDE].values
+    if box is not None:
+      inside = region_lib.in_box(latitude, longitude, box)
+    elif REGION in data.coords:
+      inside = data[REGION].values.astype(bool)
+    else:
+      raise ArgumentError("region", region, f"the forecast {forecast.path} has no {REGION!r} "
+                          "mask (it is no cut-out's, data.regional_path): give a box "
+                          "lat0,lat1,lon0,lon1.")
+    area = (data[store_lib.CELL_AREA].values if store_lib.CELL_AREA in data.coords
+            else PointSet.from_points(latitude, longitude).area)
+    weights = metrics.point_weights(area[inside])
+    data = data.isel({store_lib.POINT_DIM: inside})
+  if any(data.sizes[dim] == 0 for dim in store_lib.spatial_dims(data)):
+    raise ArgumentError("region", region, f"no point of the forecast {forecast.path} lies "
+                        "in it.")
+  return dataclasses.replace(forecast, dataset=data), weights
+
+
+def on_forecast_points(forecast: Forecast, other: xr.Dataset, other_path: str,
+                       what: str) -> xr.Dataset:
+  """`other` at the forecast's points (or, on a regular grid, its rows and columns), found
+  by their coordinates (to `GRID_TOLERANCE`): e.g. a regional store as the truth of a
+  cut-out forecast's region (`restricted`). A regular `other` serves points too.
+
+  Raises:
+    UserError: a forecast point `other` does not hold.
+  """
+  regular = store_lib.spatial_dims(forecast.dataset) == store_lib.STATIC_DIMS
+  if regular:  # rows and columns, each matched on its own axis
+    if store_lib.spatial_dims(other) != store_lib.STATIC_DIMS:
+      check_same_grid(forecast.dataset, forecast.path, other, other_path)
+    try:
+      other = other.sel({dim: forecast.dataset[dim].values for dim in (LATITUDE, LONGITUDE)},
+                        method="nearest", tolerance=GRID_TOLERANCE)
+    except KeyError as error:
+      raise UserError(f"The {what} {other_path} lacks grid rows or columns of the forecast "
+                      f"{forecast.path} ({error}); score against a store that holds them."
+                      ) from error
+    return other.assign_coords(grid_coords(forecast.dataset))
+  if store_lib.spatial_dims(other) == store_lib.STATIC_DIMS:  # every grid cell a point
+    latitude, longitude = grid_lib.grid_lat_lon(other[LATITUDE].values,
+                                                other[LONGITUDE].values)
+    other = other.stack({store_lib.POINT_DIM: (LATITUDE, LONGITUDE)}).drop_vars(
+        [store_lib.POINT_DIM, LATITUDE, LONGITUDE])
+  else:
+    latitude, longitude = other[LATITUDE].values, other[LONGITUDE].values
+  here = (forecast.dataset[LATITUDE].values, forecast.dataset[LONGITUDE].values)
+  chord, index = spatial.cKDTree(grid_lib.lat_lon_to_xyz(latitude, longitude)).query(
+      grid_lib.lat_lon_to_xyz(*here))
+  far = np.flatnonzero(chord > np.deg2rad(GRID_TOLERANCE))
+  if far.size:
+    raise UserError(f"The {what} {other_path} has no point at latitude {here[0][far[0]]:g}, "
+                    f"longitude {here[1][far[0]]:g} of the forecast {forecast.path} "
+                    f"({far.size} of its {here[0].size} points are not in it); score against "
+                    "a store that holds them (a cut-out's region: its regional store).")
+  other = other.isel({store_lib.POINT_DIM: index})
+  return other.drop_vars([LATITUDE, LONGITUDE], errors="ignore").assign_coords(
+      grid_coords(forecast.dataset))
+
+
+def fitted(forecast: Forecast, other: xr.Dataset, other_path: str, what: str,
+           by_coordinates: bool = False) -> xr.Dataset:
   """`other` (the truth or a climatology) checked against the forecast, on its grid.
 
   It must hold every forecast variable and level, on the same grid (to
   `GRID_TOLERANCE`); it is returned with the forecast's coordinates, so that
-  arithmetic between them aligns.
+  arithmetic between them aligns. `by_coordinates`: `other` may be on any grid that
+  holds the forecast's points (`on_forecast_points`), e.g. for a region's scores.
   """
   for name in forecast.variables:
     if name not in other:
@@ -153,6 +246,8 @@ def fitted(forecast: Forecast, other: xr.Dataset, other_path: str, what: str) ->
       if absent:
         raise UserError(f"The {what} {other_path} lacks level(s) {absent} hPa of forecast "
                          f"variable {name!r}; it has {held}.")
+  if by_coordinates:
+    return on_forecast_points(forecast, other, other_path, what)
   check_same_grid(forecast.dataset, forecast.path, other, other_path)
   return other.assign_coords(grid_coords(forecast.dataset))
 

@@ -55,7 +55,8 @@ def score(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | Non
 def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
              climatology_path: str | None = None, baseline_path: str | None = None,
              map_channels=(), map_leads=None, init_start: str | None = None,
-             init_end: str | None = None, overwrite: bool = False) -> dict:
+             init_end: str | None = None, region: str | None = None,
+             overwrite: bool = False) -> dict:
   """Scores the forecast (and baselines) and writes results and figures to `out_dir`.
 
   `out_dir` is checked first (`outputs.check`: it can be written, and holds no
@@ -69,6 +70,10 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
     map_channels: channels to map (e.g. `geopotential@500`), `HEADLINE_MAPS` for the
       first two headline channels; none by default.
     map_leads: lead times to map (e.g. "1d"); default: the first and the last.
+    region: score only there (`datasets.restricted`: "cutout", a cut-out forecast's
+      regional points, or a box "lat0,lat1,lon0,lon1"); the truth and climatology
+      then need only hold the region's points (found by their coordinates, e.g. a
+      cut-out's regional store). None: everywhere.
     overwrite: replace the results already in `out_dir`.
 
   Returns:
@@ -79,17 +84,23 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   forecast = datasets.open_forecast(forecast_path)
   if init_start or init_end:
     forecast = datasets.initial_times_in(forecast, init_start, init_end)
-  truth = datasets.fitted(forecast, datasets.open_truth(truth_path), truth_path, "truth")
+  weights = None
+  if region:
+    forecast, weights = datasets.restricted(forecast, region)
+  by_coordinates = bool(region)
+  truth = datasets.fitted(forecast, datasets.open_truth(truth_path), truth_path, "truth",
+                          by_coordinates)
   climatology = None
   if climatology_path:
     climatology = datasets.fitted(forecast, datasets.open_climatology(climatology_path),
-                                  climatology_path, "climatology")
+                                  climatology_path, "climatology", by_coordinates)
   baseline = None
   if baseline_path:
     forecast, baseline = _common(forecast, datasets.open_forecast(baseline_path))
   datasets.check_valid_times(forecast, truth, truth_path)
   maps = _maps(forecast, map_channels, map_leads)
-  weights = datasets.weights(forecast, truth, truth_path)
+  if weights is None:
+    weights = datasets.weights(forecast, truth, truth_path)
   logging.info("Scoring %d initial times x %d lead times of %s.", len(forecast.init_times),
                len(forecast.leads), forecast_path)
   per_init = {}
@@ -102,7 +113,7 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   about = {"forecast": os.path.abspath(forecast_path), "truth": os.path.abspath(truth_path),
            "climatology": climatology_path and os.path.abspath(climatology_path),
            "baseline": baseline_path and os.path.abspath(baseline_path),
-           "initial_times": [str(t) for t in forecast.init_times]}
+           "initial_times": [str(t) for t in forecast.init_times], "region": region}
   with outputs.building(out_dir, overwrite) as where:
     files = results_lib.write(results, where, about)
     files += _figures(results, forecast, truth, where, maps)

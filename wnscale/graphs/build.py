@@ -25,7 +25,9 @@ import time
 import numpy as np
 
 from wnscale import cache, paths
+from wnscale.errors import UserError
 from wnscale.graphs import features, grid, icosahedron
+from wnscale.graphs import region as region_lib
 from wnscale.graphs.points import PointSet
 from wnscale.graphs.edge_sets import EdgeSetSpec, Geometry, graphcast_edge_sets
 from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
@@ -55,7 +57,7 @@ def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
 
 
 def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec],
-               point_sets: dict[str, PointSet]) -> str:
+               point_sets: dict[str, PointSet], regional_mesh_levels: int = 0) -> str:
   """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
   digest.update(f"{CACHE_FORMAT}:{cache.source_digest('graphs')}:{mesh_levels}:"
@@ -63,7 +65,29 @@ def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec],
   digest.update(points.digest())
   for name, point_set in sorted(point_sets.items()):  # none: the grid's key of before
     digest.update(name.encode() + b":" + point_set.digest())
+  if regional_mesh_levels:  # the mesh depends on the region too
+    digest.update(f"regional {regional_mesh_levels}:".encode() + points.region.tobytes())
   return digest.hexdigest()[:24]
+
+
+def meshes_on(points: PointSet, mesh_levels: int, regional_mesh_levels: int = 0):
+  """The icosahedral hierarchy of the graphs on `points`, finest last: `mesh_levels`
+  refinements, then `regional_mesh_levels` more of the faces inside a cut-out's region
+  (the spherical convex hull of its regional points, `region.in_hull`).
+
+  Raises:
+    UserError: regional levels without a region.
+  """
+  if not regional_mesh_levels:
+    return icosahedron.mesh_hierarchy(mesh_levels)
+  if points.region is None:
+    raise UserError(f"model.regional_mesh_levels={regional_mesh_levels} refines the mesh in a "
+                    f"cut-out's region, and {points.name} has none: set data.regional_path "
+                    "(or model.regional_mesh_levels=0).")
+  region_xyz = points.xyz()[points.region]
+  return icosahedron.mesh_hierarchy(
+      mesh_levels, lambda xyz: region_lib.in_hull(xyz, region_xyz, "the region"),
+      regional_mesh_levels)
 
 
 def _flatten(graphs: Graphs) -> dict[str, np.ndarray]:
@@ -86,7 +110,7 @@ def _unflatten(flat, edge_sets: dict[str, EdgeSetSpec]) -> Graphs:
 
 def build_graphs(points: PointSet, mesh_levels: int,
                  edge_sets: dict[str, EdgeSetSpec] | None = None,
-                 use_cache: bool = True,
+                 use_cache: bool = True, regional_mesh_levels: int = 0,
                  point_sets: dict[str, PointSet] | None = None) -> Graphs:
   """The model's graphs on a point set that covers the globe.
 
@@ -100,6 +124,7 @@ def build_graphs(points: PointSet, mesh_levels: int,
     use_cache: read and write `<cache dir>/graphs/<key>.npz`, keyed by all
       inputs and the graph code (edge sets that are `cached_apart` cache
       themselves).
+    regional_mesh_levels: more refinements inside a cut-out's region (`meshes_on`).
     point_sets: more node sets by name (a modality's points, e.g. stations),
       which need not cover the globe; `edge_sets` join them to the mesh.
   """
@@ -107,16 +132,16 @@ def build_graphs(points: PointSet, mesh_levels: int,
   point_sets = point_sets or {}
   points.check_global()
   together = {name: spec for name, spec in edge_sets.items() if not spec.connect.cached_apart}
-  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together, point_sets)
-                          + ".npz")
+  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together, point_sets,
+                                               regional_mesh_levels) + ".npz")
   start = time.perf_counter()
 
   @functools.cache
   def geometry():  # `(Geometry, lat_lon)`, only when something is built
-    meshes = icosahedron.mesh_hierarchy(mesh_levels)
+    meshes = meshes_on(points, mesh_levels, regional_mesh_levels)
     lat_lon = _node_lat_lon(points, meshes, point_sets)
     return Geometry({name: grid.lat_lon_to_xyz(*ll) for name, ll in lat_lon.items()},
-                    meshes), lat_lon
+                    meshes, regional_mesh_levels), lat_lon
 
   if use_cache and paths.exists(path):
     with np.load(io.BytesIO(paths.read_bytes(path))) as cached:
@@ -140,8 +165,9 @@ def build_graphs(points: PointSet, mesh_levels: int,
 
 
 def node_positions(points: PointSet, mesh_levels: int,
+                   regional_mesh_levels: int = 0,
                    point_sets: dict[str, PointSet] | None = None) -> dict[str, np.ndarray]:
   """Per node set, `[num_nodes, 3]` unit vectors (float64 grid), for spatial partitioning."""
   return {"grid": points.xyz(),
-          "mesh": icosahedron.mesh_hierarchy(mesh_levels)[-1].vertices,
+          "mesh": meshes_on(points, mesh_levels, regional_mesh_levels)[-1].vertices,
           **{name: p.xyz() for name, p in (point_sets or {}).items()}}

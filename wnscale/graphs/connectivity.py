@@ -30,13 +30,26 @@ def max_edge_length(mesh: TriangularMesh) -> np.float32:
   return np.linalg.norm(mesh.vertices[senders] - mesh.vertices[receivers], axis=-1).max()
 
 
-def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float):
+def local_edge_lengths(mesh: TriangularMesh) -> np.ndarray:
+  """`[num_vertices]` float32: the longest chord of the faces around each vertex (a
+  regionally refined mesh's radius per node: small where its faces are)."""
+  senders, receivers = faces_to_directed_edges(mesh.faces)
+  length = np.linalg.norm(mesh.vertices[senders] - mesh.vertices[receivers], axis=-1)
+  longest = np.zeros(len(mesh.vertices), np.float32)
+  faces = np.tile(np.arange(len(mesh.faces)), 3)  # the face of each directed edge
+  per_face = np.zeros(len(mesh.faces), np.float32)
+  np.maximum.at(per_face, faces, length)
+  np.maximum.at(longest, mesh.faces.reshape(-1), np.repeat(per_face, 3))
+  return longest
+
+
+def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius):
   """All (grid node, mesh node) pairs at distance <= `radius`, sorted by receiver.
 
   Args:
     grid_xyz: `[num_grid_nodes, 3]` unit vectors.
     mesh: the finest mesh; its vertices are the receivers.
-    radius: chord length.
+    radius: chord length: one for all, or `[num_vertices]`, each mesh node's own.
 
   Returns:
     `(senders [num_edges] grid indices, receivers [num_edges] mesh indices)`.
@@ -46,7 +59,10 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float
   """
   mesh_tree = spatial.cKDTree(mesh.vertices)
   grid_tree = spatial.cKDTree(grid_xyz)
-  pairs = mesh_tree.sparse_distance_matrix(grid_tree, float(radius), output_type="ndarray")
+  pairs = mesh_tree.sparse_distance_matrix(grid_tree, float(np.max(radius)),
+                                           output_type="ndarray")
+  if np.ndim(radius):
+    pairs = pairs[pairs["v"] <= np.asarray(radius)[pairs["i"]]]
   receivers = pairs["i"].astype(np.int64)
   senders = pairs["j"].astype(np.int64)
   covered = np.bincount(receivers, minlength=len(mesh.vertices))
@@ -54,7 +70,7 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius: float
     lonely = int(np.sum(covered == 0))
     raise UserError(
         f"The mesh is too fine for the grid: {lonely} of {len(covered)} mesh nodes have "
-        f"no grid node within the grid-to-mesh radius ({radius:.4f} chord). Use fewer "
+        f"no grid node within the grid-to-mesh radius ({np.max(radius):.4f} chord). Use fewer "
         "mesh refinements (model.mesh_levels) or a finer grid, or raise "
         "model.radius_fraction.")
   order = np.lexsort((senders, receivers))
@@ -89,7 +105,9 @@ def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarra
   """`[num_points]` a face whose spherical triangle contains each point.
 
   Tests the `candidates` faces with the nearest centroids against the three
-  great-circle planes of each face; a point on an edge gets one of its faces.
+  great-circle planes of each face; a point on an edge gets one of its faces. A
+  point in none of them (beside a regionally refined patch's small faces, a big
+  face's centroid can be farther) is tested against every face.
   """
   # Outward normals of the planes through the origin and each face edge: a point
   # is inside a (counter-clockwise) face when it is on the inner side of all three.
@@ -102,10 +120,12 @@ def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarra
     # [points, candidates, 3]: signed distance of each point to each edge plane.
     sides = np.einsum("pkej,pj->pke", edge_normals[nearest], chunk)
     inside = np.all(sides >= -1e-12, axis=-1)
-    if not np.all(inside.any(axis=1)):
-      raise RuntimeError("A grid node lies in none of its nearest mesh faces; "
-                         "raise `candidates`.")
     containing[start:start + block] = nearest[np.arange(len(chunk)), inside.argmax(axis=1)]
+    for point in np.flatnonzero(~inside.any(axis=1)):
+      every = np.all(np.einsum("kej,j->ke", edge_normals, chunk[point]) >= -1e-12, axis=-1)
+      if not every.any():
+        raise RuntimeError("A grid node lies in no mesh face: the mesh is not closed.")
+      containing[start + point] = int(np.argmax(every))
   return containing
 
 

@@ -17,6 +17,7 @@ import dataclasses
 from typing import NamedTuple
 
 import numpy as np
+from scipy import spatial
 
 from wnscale.graphs import connectivity, icosahedron
 from wnscale.graphs.neighbourhoods import build_neighbourhoods
@@ -29,17 +30,24 @@ class Geometry(NamedTuple):
     xyz: per node set, `[num_nodes, 3]` float32 unit vectors.
     meshes: the icosahedral hierarchy, finest last; the `mesh` node set is
       the finest mesh's vertices.
+    regional_levels: how many of the finest meshes refine a region only
+      (`icosahedron.mesh_hierarchy`).
   """
 
   xyz: dict[str, np.ndarray]
   meshes: list[icosahedron.TriangularMesh]
+  regional_levels: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class WithinRadius:
   """Every (sender, mesh node) pair closer than `fraction` x the finest mesh's longest edge.
 
-  GraphCast's grid-to-mesh edges (fraction 0.6); the receivers are the mesh.
+  GraphCast's grid-to-mesh edges (fraction 0.6); the receivers are the mesh. On a
+  regionally refined mesh, `fraction` x the longest edge of the faces around each
+  mesh node (`connectivity.local_edge_lengths`), so the region's fine nodes gather
+  from nearby grid nodes only; at least as far as the node's nearest grid node (a
+  fine node at the region's border, where the grid is coarse).
   """
 
   fraction: float
@@ -48,21 +56,28 @@ class WithinRadius:
   def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
     finest = geometry.meshes[-1]
     # float32 radius, as the reference's: its bits decide ties at the radius.
-    radius = connectivity.max_edge_length(finest) * np.float32(self.fraction)
-    return self.edges(geometry.xyz[senders], finest, radius)
-
-  edges = staticmethod(connectivity.grid_to_mesh_edges)  # every mesh node must hear one
+    if geometry.regional_levels:
+      nearest, _ = spatial.cKDTree(geometry.xyz[senders]).query(finest.vertices)
+      radius = np.maximum(connectivity.local_edge_lengths(finest) * np.float32(self.fraction),
+                          nearest.astype(np.float32) * np.float32(1 + 1e-6))
+    else:
+      radius = connectivity.max_edge_length(finest) * np.float32(self.fraction)
+    return connectivity.grid_to_mesh_edges(geometry.xyz[senders], finest, radius)
 
 
 @dataclasses.dataclass(frozen=True)
 class WithinRadiusOrNearest(WithinRadius):
-  """As `WithinRadius`, and a sender with no mesh node in range joins its nearest one.
+  """As `WithinRadius` (the finest mesh's longest edge), and a sender with no mesh node in
+  range joins its nearest one.
 
   A modality's encoder edges (`modality_edge_sets`): every station sends, wherever
   it is; a mesh node may hear none.
   """
 
-  edges = staticmethod(connectivity.points_to_mesh_edges)
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    finest = geometry.meshes[-1]
+    radius = connectivity.max_edge_length(finest) * np.float32(self.fraction)
+    return connectivity.points_to_mesh_edges(geometry.xyz[senders], finest, radius)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,10 @@ The multi-mesh is the union of every level's directed edges: each face (a, b, c)
 gives a -> b, b -> c, c -> a, and as faces are oriented consistently every edge
 appears once in each direction. Coarse levels add long-range links to the fine
 local ones; edges of different levels never coincide.
+
+A limited-area cut-out may refine further inside its region (`mesh_hierarchy`'s
+`regional_levels`): only the faces over it split; the multi-mesh takes every edge
+once, in both directions.
 """
 
 from __future__ import annotations
@@ -77,9 +81,15 @@ def icosahedron() -> TriangularMesh:
   return TriangularMesh(vertices, _ICOSAHEDRON_FACES.copy())
 
 
-def refine(mesh: TriangularMesh) -> TriangularMesh:
-  """Splits each face into four, adding one vertex per edge (projected to the sphere)."""
-  faces = mesh.faces
+def refine(mesh: TriangularMesh, selected: np.ndarray | None = None) -> TriangularMesh:
+  """Splits each face into four, adding one vertex per edge (projected to the sphere).
+
+  Args:
+    selected: `[num_faces]` bool, the faces to split (the others stay whole, in their
+      place; a split face's edge midpoint then sits on its whole neighbour's edge);
+      None: all of them.
+  """
+  faces = mesh.faces if selected is None else mesh.faces[selected]
   num_vertices, num_faces = len(mesh.vertices), len(faces)
   a, b, c = faces.T
   # Each face's edges ab, bc, ca, face by face: [3 * num_faces, 2].
@@ -95,6 +105,13 @@ def refine(mesh: TriangularMesh) -> TriangularMesh:
   new_faces = np.stack([
       np.stack([a, ab, ca], 1), np.stack([ab, b, bc], 1),
       np.stack([ca, bc, c], 1), np.stack([ab, bc, ca], 1)], axis=1).reshape(-1, 3)
+  if selected is not None:  # each split face's four in its place, the others as they were
+    counts = np.where(selected, 4, 1)
+    starts = np.cumsum(counts) - counts
+    every = np.empty((counts.sum(), 3), np.int64)
+    every[starts[~selected]] = mesh.faces[~selected]
+    every[(starts[selected][:, None] + np.arange(4)).reshape(-1)] = new_faces
+    new_faces = every
   # float32 midpoints, normalized in float32 (the reference's arithmetic). The
   # squared norm must be numpy's float32 dot (what np.linalg.norm of one vector
   # uses): an elementwise sum of squares rounds differently for ~1 vertex in 10.
@@ -105,11 +122,20 @@ def refine(mesh: TriangularMesh) -> TriangularMesh:
                         new_faces.astype(np.int32))
 
 
-def mesh_hierarchy(levels: int) -> list[TriangularMesh]:
-  """Meshes of refinement 0..levels; the last one is the finest."""
+def mesh_hierarchy(levels: int, inside=None, regional_levels: int = 0
+                   ) -> list[TriangularMesh]:
+  """Meshes of refinement 0..levels, then `regional_levels` more that split only the faces
+  over a region (`inside`: `[n, 3]` unit vectors -> `[n]` bool; a face is over it when
+  a corner or its centroid is inside); the last one is the finest."""
   meshes = [icosahedron()]
   for _ in range(levels):
     meshes.append(refine(meshes[-1]))
+  for _ in range(regional_levels):
+    vertices, faces = meshes[-1].vertices.astype(np.float64), meshes[-1].faces
+    centroids = vertices[faces].sum(axis=1)
+    centroids /= np.linalg.norm(centroids, axis=-1, keepdims=True)
+    over = inside(vertices)[faces].any(axis=1) | inside(centroids)
+    meshes.append(refine(meshes[-1], over))
   return meshes
 
 
@@ -123,12 +149,20 @@ def faces_to_directed_edges(faces: np.ndarray):
 
 
 def multi_mesh_edges(meshes: list[TriangularMesh]):
-  """Directed edges of all levels merged, sorted by receiver (then sender).
+  """Directed edges of all levels merged, each once in each direction, sorted by receiver
+  (then sender).
+
+  On uniformly refined levels every face edge is one direction of an edge the
+  neighbouring face gives the other way, and no two levels share an edge; a regional
+  level repeats the faces it leaves whole (taken once) and halves the edges along its
+  border on one side only (their reverses added).
 
   Returns:
     `(senders [num_edges], receivers [num_edges])` indices into the finest
     mesh's vertices.
   """
   senders, receivers = faces_to_directed_edges(np.concatenate([m.faces for m in meshes]))
-  order = np.lexsort((senders, receivers))
-  return senders[order], receivers[order]
+  num = np.int64(len(meshes[-1].vertices))
+  keys = np.unique(np.concatenate([receivers.astype(np.int64) * num + senders,
+                                   senders.astype(np.int64) * num + receivers]))
+  return (keys % num).astype(senders.dtype), (keys // num).astype(receivers.dtype)

@@ -45,6 +45,8 @@ class PointSet:
       points)".
     field_shape: `(num_lat, num_lon)` of a regular grid (node `i * num_lon + j` is row
       i, column j); None for any other point set.
+    region: `[n]` bool, the points of a cut-out's regional store (`graphs.region`);
+      None: no cut-out.
   """
 
   latitude: np.ndarray
@@ -52,10 +54,12 @@ class PointSet:
   area: np.ndarray
   name: str
   field_shape: tuple[int, int] | None = None
+  region: np.ndarray | None = None
 
   def __post_init__(self):
-    for array in (self.latitude, self.longitude, self.area):
-      array.setflags(write=False)
+    for array in (self.latitude, self.longitude, self.area, self.region):
+      if array is not None:
+        array.setflags(write=False)
 
   @classmethod
   def regular(cls, latitude, longitude) -> PointSet:
@@ -124,12 +128,18 @@ class PointSet:
     """Raises a `UserError` unless the points cover the globe, as the model's graphs need.
 
     A regular grid: `grid.check_global` of its axes. Other points: every place
-    on the sphere lies within `COVERAGE_SPACINGS` mean spacings of a point.
+    on the sphere lies within `COVERAGE_SPACINGS` mean spacings of a point; a
+    cut-out's spacing is that of its points outside the region (over the area they
+    cover), so a dense region does not make the coarse rest look gappy.
     """
     if self.field_shape is not None:
       grid.check_global(*self.axes())
       return
-    spacing = np.sqrt(4 * np.pi / self.size)  # radians
+    outside, covered = self.size, 1.0
+    if self.region is not None:
+      outside = max(int(np.sum(~self.region)), 1)
+      covered = float(np.sum(self.area[~self.region]) / np.sum(self.area))
+    spacing = np.sqrt(4 * np.pi * covered / outside)  # radians
     probes = fibonacci_sphere(min(COVERAGE_PROBES, max(1000, 4 * self.size)))
     chord, _ = spatial.cKDTree(self.xyz()).query(probes)
     farthest = int(np.argmax(chord))

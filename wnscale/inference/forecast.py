@@ -32,6 +32,7 @@ from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
+from wnscale.evaluation.datasets import REGION
 from wnscale.inference import forecast_store
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
 from wnscale.progress import ForecastProgress
@@ -213,7 +214,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   specs = specs_lib.from_config(config)
   d = specs.data
   store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
-                               d.resolution, forcings=d.stored_forcings)
+                               d.resolution, forcings=d.stored_forcings,
+                               regional_path=d.regional_path, region=d.region_box)
   indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
@@ -243,9 +245,18 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels, latitude=latitude, longitude=longitude,
       flip_latitude=store.flip_latitude, on_points=on_points, members=members,
-      argument="out")
+      point_coords=cutout_coords(store.points), argument="out")
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
                    output)
+
+
+def cutout_coords(points) -> dict:
+  """A cut-out's `region` mask and `cell_area` along `values`, for its forecast store
+  (`launch.evaluate --region=cutout` scores the region with the model's areas); none
+  for other points."""
+  if points.region is None:
+    return {}
+  return {REGION: points.region, store_lib.CELL_AREA: points.area}
 
 
 def _init_indices(store, data, path: str, init_times, init_start, init_end,

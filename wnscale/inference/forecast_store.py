@@ -65,6 +65,8 @@ class ForecastStore:
     longitude: `[num_lon]`.
     on_points: `latitude` and `longitude` are `[points]`, one of each per point (a
       `values` dim; `flip_latitude` must be False).
+    point_coords: `{name: [points]}` more coordinates along `values` (a cut-out's
+      `region` mask and `cell_area`: `launch.evaluate --region=cutout` reads them).
     members: ensemble size (adds the `number` dim); None: deterministic.
     argument: the caller's name for `path`: a store of other settings there is an
       `ArgumentError` of it.
@@ -72,7 +74,8 @@ class ForecastStore:
 
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
                latitude, longitude, flip_latitude: bool, on_points: bool = False,
-               members: int | None = None, argument: str = "path"):
+               point_coords: dict | None = None, members: int | None = None,
+               argument: str = "path"):
     self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
@@ -81,7 +84,7 @@ class ForecastStore:
     self.members = members
     existing = recorded_settings(self.path, argument)
     if existing is None:
-      self._create(settings, init_times, leads, latitude, longitude)
+      self._create(settings, init_times, leads, latitude, longitude, point_coords or {})
     elif existing != settings:
       changed = sorted(key for key in existing.keys() | settings.keys()
                        if existing.get(key) != settings.get(key))
@@ -92,9 +95,11 @@ class ForecastStore:
     self._handles = {name: writer.open_variable(self.path, name) for name in self.variables}
     self._pending = []
 
-  def _create(self, settings, init_times, leads, latitude, longitude):
+  def _create(self, settings, init_times, leads, latitude, longitude, point_coords):
     coords = {INIT: np.asarray(init_times, "datetime64[ns]"),
               LEAD: np.asarray(leads, "timedelta64[ns]")}
+    coords.update({name: (self.space, np.asarray(values))
+                   for name, values in point_coords.items()})
     for name, values in (("latitude", latitude), ("longitude", longitude)):
       values = np.asarray(values)
       coords[name] = (self.space, values) if self.space == (POINT_DIM,) else values

@@ -61,29 +61,33 @@ def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True,
                    **PROCESSORS[m.processor].edge_sets(m),
                    **modality_edge_sets(modalities, m.radius_fraction))
   return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache,
-                            point_sets=point_sets)
+                            regional_mesh_levels=m.regional_mesh_levels, point_sets=point_sets)
 
 
 def node_positions(m: ModelSpec, points: PointSet,
                    point_sets: dict[str, PointSet] | None = None):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
-  return build.node_positions(points, m.mesh_levels, point_sets)
+  return build.node_positions(points, m.mesh_levels, m.regional_mesh_levels, point_sets)
 
 
 def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
                    residual_scale: np.ndarray, variable_loss_weights=(),
                    point_sets: dict[str, PointSet] | None = None) -> forecast.Constants:
-  """Host (numpy) constants; the node weights are the points' cell areas (mean 1);
-  `residual_scale` is `[C_out]` (`source.residual_scale`); `variable_loss_weights`:
-  `(variable, weight)` pairs (`train.variable_loss_weights`); each target modality's
-  point weights are its `point_sets` entry's areas (mean 1)."""
+  """Host (numpy) constants; the node weights are the points' cell areas (mean 1), a
+  cut-out's regional points' times `data.regional_loss_weight`; `residual_scale` is
+  `[C_out]` (`source.residual_scale`); `variable_loss_weights`: `(variable, weight)` pairs
+  (`train.variable_loss_weights`); each target modality's point weights are its
+  `point_sets` entry's areas (mean 1)."""
   point_sets = point_sets or {}
+  node_weights = points.area
+  if points.region is not None:
+    node_weights = np.where(points.region, d.regional_loss_weight * node_weights, node_weights)
   return forecast.Constants(
       point_weights={m.name: point_sets[m.name].area.astype(np.float32)
                      for m in d.modalities if m.targets},
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
-      node_weights=points.area.astype(np.float32),
+      node_weights=node_weights.astype(np.float32),
       channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels,
                                                          dict(variable_loss_weights)))
 

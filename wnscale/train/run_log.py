@@ -55,7 +55,7 @@ def describe_frozen(counts: dict) -> str:
 
 
 def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train, workdir,
-            checkpoint_steps, store, frozen=None):
+            checkpoint_steps, store, frozen=None, regional_store: str = ""):
   """The end of the run in a few lines: steps, times, final figures, the store, outputs.
 
   `last_logged`: `(step, metrics)` of the last progress line (step None: there was none);
@@ -77,7 +77,12 @@ def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train
   if train.freeze:
     logging.info("Frozen: %s; %s parameters trained.", describe_frozen(frozen),
                  f"{frozen[TRAINED]:,}")
-  logging.info("Data: the store %s (the truth for launch.evaluate --truth=...).", store)
+  if regional_store:  # a cut-out's forecasts are on its points: the region is scored alone
+    logging.info("Data: the store %s with the cut-out %s (the truth of the region: "
+                 "launch.evaluate --truth=%s --region=cutout).", store, regional_store,
+                 regional_store)
+  else:
+    logging.info("Data: the store %s (the truth for launch.evaluate --truth=...).", store)
   logging.info("Outputs: %s.", _describe_outputs(workdir, checkpoint_steps))
 
 

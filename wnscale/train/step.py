@@ -33,9 +33,20 @@ def _shardings(layout: ShardedLayout, constants, halo_indices):
           jax.tree.map(lambda x: x.sharding, halo_indices), None)
 
 
+def _stop_frozen_gradients(params, prefixes: tuple[str, ...]):
+  """`params` with the parameters under `prefixes` behind `stop_gradient`: their gradients
+  are zeros that XLA does not compute (no weight gradients of a frozen processor)."""
+  if not prefixes:
+    return params
+  labels = optimizer_lib.freeze_labels(params, prefixes)
+  return jax.tree.map(lambda label, p: jax.lax.stop_gradient(p)
+                      if label == optimizer_lib.FROZEN else p, labels, params)
+
+
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
                     halo_indices, *, remat_steps: bool = False, loss: str = "mse",
-                    members: ensemble.TrainingMembers | None = None, ema_decay: float = 0.0):
+                    members: ensemble.TrainingMembers | None = None, ema_decay: float = 0.0,
+                    freeze: tuple[str, ...] = ()):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
 
   `loss`: "mse" or "crps"; `members`: an FGN's (`ensemble.training_members`):
@@ -43,6 +54,9 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
   resumed run draws what the uninterrupted run drew. With `members.on_data`
   the batch's rows are the members (`ensemble.members_on_rows` order).
   `ema_decay` > 0: `state.ema` becomes `decay * ema + (1 - decay) * new params`.
+  `freeze`: `train.freeze`'s prefixes (the optimizer leaves those parameters alone):
+  their gradients are not computed, and `grad_norm` is the trained parameters' norm,
+  the one the clipping sees.
   The step is traced anew for each shape of batch (a rollout phase's targets).
   """
   on_data = members.members if members is not None and members.on_data else 0
@@ -51,7 +65,9 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
 
   def train_step(state: TrainState, constants, halo_indices, batch):
     batch = ensemble.with_training_noise(batch, members, state.step)
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, constants, halo_indices, batch)
+    loss, grads = jax.value_and_grad(
+        lambda params, *args: loss_fn(_stop_frozen_gradients(params, freeze), *args))(
+            state.params, constants, halo_indices, batch)
     with jax.named_scope("optimizer"):
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
@@ -92,6 +108,7 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
                                halo_indices, remat_steps=config.train.remat_rollout,
                                loss=config.train.loss,
                                members=ensemble.training_members(specs),
+                               freeze=tuple(config.train.freeze),
                                ema_decay=config.train.ema_decay)
   return train_step.lower(state, constants, halo_indices, batch)
 

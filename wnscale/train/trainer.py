@@ -47,6 +47,7 @@ from wnscale.data import store as store_lib
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.assembly import assemble
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
+from wnscale.graphs import region as region_lib
 from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
@@ -272,7 +273,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   train_step = step_lib.make_train_step(
       layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
       device_constants, halo_indices, remat_steps=config.train.remat_rollout,
-      loss=config.train.loss, members=members, ema_decay=config.train.ema_decay)
+      loss=config.train.loss, members=members, ema_decay=config.train.ema_decay,
+      freeze=tuple(config.train.freeze))
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
@@ -370,7 +372,8 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
                     (last_step, last), last_eval, config.train, t.run.path,
-                    t.checkpointer.manager.all_steps(), config.data.path, t.frozen)
+                    t.checkpointer.manager.all_steps(), config.data.path, t.frozen,
+                    regional_store=config.data.regional_path)
   return last
 
 
@@ -427,7 +430,9 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
   run = run if isinstance(run, RunDirectory) else RunDirectory(run)
   if not run.saved_steps() or not run.has_config():
     return
-  before = json.loads(paths.read_text(run.config_path)).get("data", {})
+  # A key the run's config.json lacks (written before it existed) had its default.
+  before = (json.loads(config_lib.default_config().data.to_json_best_effort())
+            | json.loads(paths.read_text(run.config_path)).get("data", {}))
   now = json.loads(config.data.to_json_best_effort())
   differ = [key for key in sorted(before.keys() | now.keys())
             if key not in HARMLESS_DATA_KEYS + ("path",) and before.get(key) != now.get(key)]
@@ -453,7 +458,9 @@ def _same_store(before: str, now: str, data) -> bool:
   def describe(path):
     store = store_lib.open_store(path, data.variables, data.pressure_levels,
                                  data.time_step_hours, data.resolution,
-                                 forcings=data.stored_forcings)
+                                 forcings=data.stored_forcings,
+                                 regional_path=data.regional_path,
+                                 region=region_lib.parse_box(data.region, "data.region"))
     return store.channel_names, store.times.tolist(), store.points.digest()
   try:
     return describe(before) == describe(now)
