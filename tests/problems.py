@@ -11,6 +11,8 @@ from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
+from wnscale.data import stations as stations_lib
+from wnscale.data import variables as variables_lib
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import setup
@@ -66,6 +68,47 @@ def synthetic_problem(config, points, batch_size: int, *, seed: int = 0,
           setup.init_model(specs)[1])
 
 
+def station_problem(config, points, batch_size: int, *, num_stations: int, seed: int = 0,
+                    missing: float = 0.2):
+  """`(constants, batch, params, point_sets, positions)` of `config`, whose every modality is
+  a synthetic station network of `num_stations` points (`wnscale.data.stations`) observing the
+  batch's grid fields (its variables are grid state variables), a fraction `missing` NaN.
+
+  Station 0 misses every input (it sends nothing), station 1 every target.
+  """
+  specs = specs_lib.from_config(config)
+  d = specs.data
+  rng = np.random.default_rng(seed)
+  batch = random_batch(config, points.size, batch_size, seed)
+  land = batch["statics"][0, variables_lib.STATIC_VARIABLES.index("land_sea_mask")] > 0
+  point_sets = {m.name: stations_lib.random_land_biased_points(num_stations, points, land,
+                                                               seed + i)
+                for i, m in enumerate(d.modalities)}
+  for m in d.modalities:
+    for kind, names in (("inputs", m.inputs), ("targets", m.targets)):
+      if not names:
+        continue
+      channels = [d.state_channels.index(name) for name in names]
+      values = stations_lib.observe(batch[kind][:, :, channels], points, point_sets[m.name],
+                                    noise=0.1, missing=missing, seed=seed)
+      values[..., 0 if kind == "inputs" else 1] = np.nan
+      batch[f"{m.name}/{kind}"] = values
+  graphs = setup.graphs_for_grid(specs.model, points, modalities=d.modalities,
+                                 point_sets=point_sets)
+  constants = setup.make_constants(d, graphs, points, rng.uniform(0.2, 1.0,
+                                                                  len(d.output_channels)),
+                                   point_sets=point_sets)
+  positions = setup.node_positions(specs.model, points, point_sets)
+  return constants, batch, setup.init_model(specs)[1], point_sets, positions
+
+
+def assert_same(result, reference):
+  """Equal `(loss, grads)` to float32 rounding (gradients relative to each array's largest)."""
+  np.testing.assert_allclose(result[0], reference[0], rtol=1e-5)
+  for g, r in zip(jax.tree.leaves(result[1]), jax.tree.leaves(reference[1]), strict=True):
+    np.testing.assert_allclose(g, r, rtol=2e-4, atol=1e-5 * float(np.abs(r).max()))
+
+
 def device_batch(layout, batch: dict) -> dict:
   """A whole host batch as global arrays on `layout`'s mesh (one process holds it all)."""
   return layout.global_batch(layout.host_batch(batch), len(next(iter(batch.values()))))
@@ -89,20 +132,23 @@ def spread_members(params, scale: float = 0.3, seed: int = 0):
   return jax.tree_util.tree_map_with_path(widen, params)
 
 
-def mean_loss(graphdef, params, constants, batch, *, loss: str = "mse", remat_steps=False):
-  """Mean loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`)."""
-  total = loss_lib.loss_sum(nnx.merge(graphdef, params), constants, batch, loss=loss,
-                            remat_steps=remat_steps)
+def mean_loss(graphdef, params, constants, batch, *, loss: str = "mse", remat_steps=False,
+              modalities=()):
+  """Mean loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`);
+  `modalities`: `DataSpec.modalities`, their loss weights."""
+  total, point_sums = loss_lib.loss_terms(nnx.merge(graphdef, params), constants, batch,
+                                          loss=loss, remat_steps=remat_steps)
   examples, steps, _, nodes = batch["targets"].shape
-  return total / (examples * steps * nodes)
+  return loss_lib.mean_loss(total, examples * steps * nodes, point_sums, modalities)
 
 
 def loss_and_grad_fn(config, constants, batch):
   """`params -> (loss, grads)` of the single-device model with `config`'s remat settings."""
-  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
+  specs = specs_lib.from_config(config)
+  graphdef, _ = setup.init_model_shapes(specs)
   return jax.value_and_grad(lambda params: mean_loss(
       graphdef, params, constants, batch, loss=config.train.loss,
-      remat_steps=config.train.remat_rollout))
+      remat_steps=config.train.remat_rollout, modalities=specs.data.modalities))
 
 
 def compile_loss_and_grad(config, constants, batch, params):

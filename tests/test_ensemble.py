@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from problems import device_batch, loss_and_grad_fn, spread_members, synthetic_problem
+from problems import assert_same, device_batch, loss_and_grad_fn, spread_members, synthetic_problem
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
@@ -132,12 +132,6 @@ def problem():
 def reference(problem):
   constants, batch, params, _ = problem
   return jax.jit(loss_and_grad_fn(small_config(), constants, batch))(params)
-
-
-def assert_same(result, reference):
-  np.testing.assert_allclose(result[0], reference[0], rtol=1e-5)
-  for g, r in zip(jax.tree.leaves(result[1]), jax.tree.leaves(reference[1]), strict=True):
-    np.testing.assert_allclose(g, r, rtol=2e-4, atol=1e-5 * float(np.abs(r).max()))
 
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from problems import compile_loss_and_grad, device_batch, loss_and_grad_fn, synthetic_problem
+from problems import (assert_same, compile_loss_and_grad, device_batch, loss_and_grad_fn,
+                      synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
+from wnscale.data import stations as stations_lib
 from wnscale.graphs import build, grid
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.graphs import region as region_lib
@@ -98,12 +100,6 @@ def sharded_loss_and_grads(config, constants, batch, params, positions, data, gr
   return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
 
-def assert_same(result, reference):
-  np.testing.assert_allclose(result[0], reference[0], rtol=1e-5)
-  for g, r in zip(jax.tree.leaves(result[1]), jax.tree.leaves(reference[1]), strict=True):
-    np.testing.assert_allclose(g, r, rtol=2e-4, atol=1e-5 * float(np.abs(r).max()))
-
-
 @pytest.fixture(scope="module")
 def reference():
   return reference_on("regular")
@@ -154,12 +150,19 @@ def test_shards_without_edges_of_a_kind(problem):
 
 @pytest.mark.parametrize("exchange", tuple(MODES))
 @pytest.mark.parametrize("num_shards", [3, 8])
-def test_sender_tables_hold_the_right_rows(problem, exchange, num_shards):
-  """Simulates both exchanges in numpy: every edge reads its true sender and receiver."""
-  constants, _, _, positions = problem
-  graphs = constants.graphs
+def test_sender_tables_hold_the_right_rows(exchange, num_shards):
+  """Simulates both exchanges in numpy: every edge reads its true sender and receiver,
+  a station modality's (in and out) too."""
+  modality = specs_lib.ModalitySpec("stations", "synthetic", ("2m_temperature",),
+                                    ("2m_temperature",))
+  stations = {"stations": stations_lib.random_land_biased_points(
+      90, POINTS, POINTS.latitude > 30)}
+  m = specs_lib.from_config(small_config()).model
+  graphs = setup.graphs_for_grid(m, POINTS, modalities=(modality,), point_sets=stations)
+  positions = setup.node_positions(m, POINTS, stations)
   part = partition_lib.partition_graphs(graphs, positions, num_shards, exchange)
-  assert list(part.graphs.edges) == ["grid_to_mesh", "mesh", "mesh_to_grid"]
+  assert list(part.graphs.edges) == ["grid_to_mesh", "mesh", "mesh_to_grid",
+                                     "stations_to_mesh", "mesh_to_stations"]
   for name, stacked in part.graphs.edges.items():
     senders_part = part.nodes[stacked.sender_set]
     receivers_part = part.nodes[stacked.receiver_set]

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from wnscale.data import normalization
+from wnscale.errors import UserError
 from wnscale.graphs.build import Graphs
 from wnscale.graphs.points import PointSet
 from wnscale.model import forecast, setup
@@ -104,7 +105,8 @@ def _silent(_: str) -> ContextManager[dict]:
 
 def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mesh, *,
              params: str | None = "shapes",
-             phase: Callable[[str], ContextManager[dict]] = _silent) -> Assembly:
+             phase: Callable[[str], ContextManager[dict]] = _silent,
+             point_sets: dict[str, PointSet] | None = None) -> Assembly:
   """The graphs, constants, layout and model of an experiment (`specs.from_config` of its
   validated config) on `points` and `mesh`.
 
@@ -118,17 +120,25 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
       None: e.g. the planner's, whose remat settings are chosen per compile).
     phase: `phase(what)`, a context manager around each step worth a log
       line (e.g. `train.run_log.phase`), whose yielded dict takes a `"text"`.
+    point_sets: each of `data.modalities`' points by name (e.g. its stations).
   """
-  graphs = setup.graphs_for_grid(specs.model, points)  # logs built or from cache
+  point_sets = point_sets or {}
+  missing = [m.name for m in specs.data.modalities if m.name not in point_sets]
+  if missing:
+    raise UserError(f"data.modalities {missing}: no points for them; training, forecasts and "
+                    "the planner do not read observation stores yet (only the model, its "
+                    "graphs and its sharding take modalities so far).")
+  graphs = setup.graphs_for_grid(specs.model, points, modalities=specs.data.modalities,
+                                 point_sets=point_sets)  # logs built or from cache
   norm = None if stats is None else Normalization.from_stats(specs.data, stats)
   residual_scale = (np.ones(len(specs.data.output_channels), np.float32)
                     if norm is None else norm.residual_scale)
   constants = setup.make_constants(specs.data, graphs, points, residual_scale,
-                                   specs.train.variable_loss_weights)
+                                   specs.train.variable_loss_weights, point_sets)
   shards = mesh.shape[mesh_lib.GRAPH]
   with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
              f"data x {shards} graph devices)"):
-    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, points),
+    layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, points, point_sets),
                            specs.mesh.exchange)
   graphdef = model_params = None
   if params == "init":

@@ -146,6 +146,14 @@ def default_config() -> ml_collections.ConfigDict:
   # value (physical units) wherever the model reads it, and its forecasts are NaN where an
   # input time was (WeatherNext 2's sea-surface temperature over land:
   # "sea_surface_temperature:269.48291015625")
+  d.modalities = ()  # point sets beside the grid, on the same mesh: entries (name, source,
+  # inputs, targets[, loss_weight]), e.g. ("stations", "synthetic", ("2m_temperature",),
+  # ("2m_temperature", "mean_sea_level_pressure"), 1.0): node set `name` with its own
+  # embedder, encoder edges `name_to_mesh` (radius query; a point with no mesh node in range
+  # joins its nearest) if it has inputs, decoder edges `mesh_to_name` and output MLP if it
+  # has targets; inputs and targets are WeatherBench2 surface variables, NaN where missing
+  # (a missing input enters as 0 with a mask channel, a missing target leaves the loss);
+  # loss_weight (default 1) scales its point-weighted MSE in the loss
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 200  # optimizer steps
@@ -401,6 +409,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for name, _ in specs.data.nan_fill_values:
     _require(name in specs.data.outputs, f"data.nan_fill_values: {name!r} is not one of the "
              f"model's variables {specs.data.outputs}")
+  _check_modalities(specs.data)
+  _require(not d.modalities or (m.noise_channels == 0 and t.loss == "mse"),
+           "data.modalities do not take an FGN (model.noise_channels > 0, train.loss='crps') "
+           "yet")
   _require(m.grid_to_mesh_aggregate_normalization > 0,
            "model.grid_to_mesh_aggregate_normalization must be > 0")
   _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")
@@ -411,6 +423,23 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(t.ensemble_members >= 2,
              f"train.ensemble_members={t.ensemble_members} must be >= 2 for train.loss='crps'")
   return config
+
+
+def _check_modalities(data: specs_lib.DataSpec):
+  """Each `data.modalities` entry: a new node-set name, known surface variables, a weight."""
+  names = [modality.name for modality in data.modalities]
+  _require(len(set(names)) == len(names), f"data.modalities: names {names} repeat")
+  surface = {v.name for v in variables_lib.SURFACE_VARIABLES}
+  for modality in data.modalities:
+    where = f"data.modalities entry {modality.name!r}"
+    _require(modality.name.isidentifier() and modality.name not in ("grid", "mesh"),
+             f"{where}: the name must be an identifier other than 'grid' and 'mesh'")
+    _require(modality.inputs or modality.targets, f"{where} has neither inputs nor targets")
+    unknown = sorted(set(modality.inputs + modality.targets) - surface)
+    _require(not unknown, f"{where}: {unknown} are not surface variables; known: "
+             f"{sorted(surface)}")
+    _require(modality.loss_weight >= 0, f"{where}: loss_weight={modality.loss_weight} must "
+             "be >= 0")
 
 
 def _check_recipe(train: specs_lib.TrainSpec):

@@ -72,6 +72,47 @@ class MeshSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModalitySpec:
+  """One `data.modalities` entry: a named point set (e.g. stations) beside the grid.
+
+  Attributes:
+    name: the node set's name (`<name>_to_mesh`, `mesh_to_<name>` its edge sets).
+    source: where its points and values come from ("synthetic": made in memory).
+    inputs: variables it feeds the encoder (WeatherBench2 surface names), may be ().
+    targets: variables the model predicts at its points, may be ().
+    loss_weight: its point-weighted MSE's weight in the loss.
+  """
+
+  name: str
+  source: str
+  inputs: tuple[str, ...]
+  targets: tuple[str, ...]
+  loss_weight: float = 1.0
+
+  @classmethod
+  def parse(cls, entry) -> ModalitySpec:
+    """Of a config entry `(name, source, inputs, targets[, loss_weight])`; the variable
+    lists as sequences or comma-separated strings."""
+    if isinstance(entry, ModalitySpec):
+      return entry
+    if isinstance(entry, str) or not 4 <= len(entry) <= 5:
+      raise UserError(f"Invalid config: data.modalities entry {entry!r}: expected "
+                      "(name, source, inputs, targets[, loss_weight]).")
+    names = lambda v: tuple(x for x in (v.split(",") if isinstance(v, str) else v) if x)
+    try:
+      weight = float(entry[4]) if len(entry) == 5 else 1.0
+    except (TypeError, ValueError) as error:
+      raise UserError(f"Invalid config: data.modalities entry {entry!r}: loss_weight: "
+                      f"{error}.") from error
+    return cls(str(entry[0]), str(entry[1]), names(entry[2]), names(entry[3]), weight)
+
+  def input_channels(self, input_steps: int) -> int:
+    """Channels of the embedder's inputs per point: each input at each input time, and a
+    presence mask for each."""
+    return 2 * input_steps * len(self.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
 class DataSpec:
   """The `data` section, and what follows from it about the arrays the model reads.
 
@@ -104,11 +145,14 @@ class DataSpec:
   worker_count: int
   fill_nan: bool
   nan_fill_values: tuple[tuple[str, float], ...]
+  modalities: tuple[ModalitySpec, ...] = ()
 
   def __post_init__(self):  # the config's "variable:value" entries, parsed
     object.__setattr__(self, "nan_fill_values", tuple(
         _parse_entry(entry, "data.nan_fill_values", (str, float))
         for entry in self.nan_fill_values))
+    object.__setattr__(self, "modalities", tuple(ModalitySpec.parse(entry)
+                                                 for entry in self.modalities))
 
   @property
   def region_box(self) -> region_lib.Box | None:
@@ -142,8 +186,14 @@ class DataSpec:
             + (self.input_steps + 1) * len(self.forcings)
             + len(variables_lib.STATIC_VARIABLES) + self.global_channels)
 
-  def batch_shapes(self, num_grid_nodes: int, batch_size: int) -> dict[str, tuple[int, ...]]:
-    """The array shapes of one batch of `batch_size` examples (`globals` only if configured)."""
+  def batch_shapes(self, num_grid_nodes: int, batch_size: int,
+                   num_points: dict[str, int] | None = None) -> dict[str, tuple[int, ...]]:
+    """The array shapes of one batch of `batch_size` examples (`globals` only if configured).
+
+    Each modality (`num_points`: its point count by name) adds `<name>/inputs`
+    `[B, input_steps, inputs, P]` and `<name>/targets` `[B, target_steps, targets, P]`
+    (those it has), NaN where missing; a modality `num_points` lacks adds none.
+    """
     steps = self.input_steps + self.target_steps
     shapes = {
         "inputs": (batch_size, self.input_steps, len(self.state_channels), num_grid_nodes),
@@ -153,6 +203,16 @@ class DataSpec:
     }
     if self.global_forcings:
       shapes["globals"] = (batch_size, steps, len(self.global_forcings))
+    for modality in self.modalities:
+      if modality.name not in (num_points or {}):
+        continue
+      points = num_points[modality.name]
+      if modality.inputs:
+        shapes[f"{modality.name}/inputs"] = (batch_size, self.input_steps,
+                                             len(modality.inputs), points)
+      if modality.targets:
+        shapes[f"{modality.name}/targets"] = (batch_size, self.target_steps,
+                                              len(modality.targets), points)
     return shapes
 
   def split_range(self, split: str) -> tuple[str, str]:

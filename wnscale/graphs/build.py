@@ -36,12 +36,12 @@ from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
 CACHE_FORMAT = 2
 
 
-def _node_lat_lon(points: PointSet, meshes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _node_lat_lon(points: PointSet, meshes,
+                  point_sets: dict[str, PointSet]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Per node set, float32 latitude and longitude of its nodes (degrees)."""
-  return {
-      "grid": (points.latitude.astype(np.float32), points.longitude.astype(np.float32)),
-      "mesh": grid.xyz_to_lat_lon(meshes[-1].vertices),
-  }
+  lat_lon = lambda p: (p.latitude.astype(np.float32), p.longitude.astype(np.float32))
+  return {"grid": lat_lon(points), "mesh": grid.xyz_to_lat_lon(meshes[-1].vertices),
+          **{name: lat_lon(p) for name, p in point_sets.items()}}
 
 
 def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
@@ -57,12 +57,14 @@ def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
 
 
 def _cache_key(points: PointSet, mesh_levels, edge_sets: dict[str, EdgeSetSpec],
-               regional_mesh_levels: int = 0) -> str:
+               point_sets: dict[str, PointSet], regional_mesh_levels: int = 0) -> str:
   """A hash of the inputs and of the graph code (a change to it rebuilds)."""
   digest = hashlib.sha256()
   digest.update(f"{CACHE_FORMAT}:{cache.source_digest('graphs')}:{mesh_levels}:"
                 f"{sorted(edge_sets.items())!r}:".encode())
   digest.update(points.digest())
+  for name, point_set in sorted(point_sets.items()):  # none: the grid's key of before
+    digest.update(name.encode() + b":" + point_set.digest())
   if regional_mesh_levels:  # the mesh depends on the region too
     digest.update(f"regional {regional_mesh_levels}:".encode() + points.region.tobytes())
   return digest.hexdigest()[:24]
@@ -108,7 +110,8 @@ def _unflatten(flat, edge_sets: dict[str, EdgeSetSpec]) -> Graphs:
 
 def build_graphs(points: PointSet, mesh_levels: int,
                  edge_sets: dict[str, EdgeSetSpec] | None = None,
-                 use_cache: bool = True, regional_mesh_levels: int = 0) -> Graphs:
+                 use_cache: bool = True, regional_mesh_levels: int = 0,
+                 point_sets: dict[str, PointSet] | None = None) -> Graphs:
   """The model's graphs on a point set that covers the globe.
 
   Args:
@@ -122,18 +125,21 @@ def build_graphs(points: PointSet, mesh_levels: int,
       inputs and the graph code (edge sets that are `cached_apart` cache
       themselves).
     regional_mesh_levels: more refinements inside a cut-out's region (`meshes_on`).
+    point_sets: more node sets by name (a modality's points, e.g. stations),
+      which need not cover the globe; `edge_sets` join them to the mesh.
   """
   edge_sets = graphcast_edge_sets() if edge_sets is None else edge_sets
+  point_sets = point_sets or {}
   points.check_global()
   together = {name: spec for name, spec in edge_sets.items() if not spec.connect.cached_apart}
-  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together,
+  path = cache.cache_path("graphs", _cache_key(points, mesh_levels, together, point_sets,
                                                regional_mesh_levels) + ".npz")
   start = time.perf_counter()
 
   @functools.cache
   def geometry():  # `(Geometry, lat_lon)`, only when something is built
     meshes = meshes_on(points, mesh_levels, regional_mesh_levels)
-    lat_lon = _node_lat_lon(points, meshes)
+    lat_lon = _node_lat_lon(points, meshes, point_sets)
     return Geometry({name: grid.lat_lon_to_xyz(*ll) for name, ll in lat_lon.items()},
                     meshes, regional_mesh_levels), lat_lon
 
@@ -159,7 +165,9 @@ def build_graphs(points: PointSet, mesh_levels: int,
 
 
 def node_positions(points: PointSet, mesh_levels: int,
-                   regional_mesh_levels: int = 0) -> dict[str, np.ndarray]:
+                   regional_mesh_levels: int = 0,
+                   point_sets: dict[str, PointSet] | None = None) -> dict[str, np.ndarray]:
   """Per node set, `[num_nodes, 3]` unit vectors (float64 grid), for spatial partitioning."""
   return {"grid": points.xyz(),
-          "mesh": meshes_on(points, mesh_levels, regional_mesh_levels)[-1].vertices}
+          "mesh": meshes_on(points, mesh_levels, regional_mesh_levels)[-1].vertices,
+          **{name: p.xyz() for name, p in (point_sets or {}).items()}}

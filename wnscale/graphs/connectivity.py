@@ -77,6 +77,30 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius):
   return senders[order], receivers[order]
 
 
+def points_to_mesh_edges(points_xyz: np.ndarray, mesh: TriangularMesh, radius: float):
+  """All (point, mesh node) pairs at distance <= `radius`, and each point with none in range
+  joined to its nearest mesh node; sorted by receiver. Mesh nodes may receive nothing.
+
+  Args:
+    points_xyz: `[num_points, 3]` unit vectors (e.g. stations).
+    mesh: the finest mesh; its vertices are the receivers.
+    radius: chord length.
+
+  Returns:
+    `(senders [num_edges] point indices, receivers [num_edges] mesh indices)`.
+  """
+  mesh_tree = spatial.cKDTree(mesh.vertices)
+  pairs = mesh_tree.sparse_distance_matrix(spatial.cKDTree(points_xyz), float(radius),
+                                           output_type="ndarray")
+  receivers, senders = pairs["i"].astype(np.int64), pairs["j"].astype(np.int64)
+  lonely = np.flatnonzero(np.bincount(senders, minlength=len(points_xyz)) == 0)
+  _, nearest = mesh_tree.query(points_xyz[lonely])
+  senders = np.concatenate([senders, lonely])
+  receivers = np.concatenate([receivers, np.asarray(nearest, np.int64).reshape(-1)])
+  order = np.lexsort((senders, receivers))
+  return senders[order], receivers[order]
+
+
 def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarray:
   """`[num_points]` a face whose spherical triangle contains each point.
 
@@ -219,7 +243,8 @@ def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
   points = grid_xyz.astype(np.float64)
   chosen = _containing_faces(points, vertices[faces], candidates, block)
   near_edge = ~_foot_inside(points, vertices[faces[chosen]])
-  chosen[near_edge] = _closest_faces(points[near_edge], chosen[near_edge], vertices, faces)
+  if near_edge.any():  # a few stations may have none
+    chosen[near_edge] = _closest_faces(points[near_edge], chosen[near_edge], vertices, faces)
   senders = faces[chosen].reshape(-1)
   receivers = np.repeat(np.arange(len(grid_xyz)), 3)
   return senders, receivers

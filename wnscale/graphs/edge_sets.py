@@ -66,6 +66,21 @@ class WithinRadius:
 
 
 @dataclasses.dataclass(frozen=True)
+class WithinRadiusOrNearest(WithinRadius):
+  """As `WithinRadius` (the finest mesh's longest edge), and a sender with no mesh node in
+  range joins its nearest one.
+
+  A modality's encoder edges (`modality_edge_sets`): every station sends, wherever
+  it is; a mesh node may hear none.
+  """
+
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    finest = geometry.meshes[-1]
+    radius = connectivity.max_edge_length(finest) * np.float32(self.fraction)
+    return connectivity.points_to_mesh_edges(geometry.xyz[senders], finest, radius)
+
+
+@dataclasses.dataclass(frozen=True)
 class MultiMesh:
   """The edges of every refinement level merged (mesh -> mesh), GraphCast's multi-mesh."""
 
@@ -114,7 +129,7 @@ class EdgeSetSpec(NamedTuple):
 
   senders: str
   receivers: str
-  connect: WithinRadius | MultiMesh | InMeshTriangle | KHopNeighbours
+  connect: WithinRadius | WithinRadiusOrNearest | MultiMesh | InMeshTriangle | KHopNeighbours
   features: bool = True
   normalization: float = 0.0
 
@@ -135,3 +150,17 @@ def graphcast_edge_sets(radius_fraction: float = 0.6,
       "mesh_to_grid": EdgeSetSpec("mesh", "grid", InMeshTriangle(),
                                   normalization=float(mesh_to_grid_normalization)),
   }
+
+
+def modality_edge_sets(modalities, radius_fraction: float = 0.6) -> dict[str, EdgeSetSpec]:
+  """Each modality's (`specs.ModalitySpec`) encoder edges `<name>_to_mesh` if it has
+  inputs, and decoder edges `mesh_to_<name>` (containing triangle) if it has targets."""
+  edge_sets = {}
+  for modality in modalities:
+    if modality.inputs:
+      edge_sets[f"{modality.name}_to_mesh"] = EdgeSetSpec(
+          modality.name, "mesh", WithinRadiusOrNearest(float(radius_fraction)))
+    if modality.targets:
+      edge_sets[f"mesh_to_{modality.name}"] = EdgeSetSpec("mesh", modality.name,
+                                                          InMeshTriangle())
+  return edge_sets

@@ -9,6 +9,8 @@ examples with contiguous copies):
   statics   [B, S, G]                              surface geopotential, land-sea mask
   globals   [B, input_steps + target_steps, F]     global forcings (only if configured)
   noise     [B, target_steps, K]                   an FGN's noise per lead time (only then)
+  <name>/inputs   [B, input_steps, C_m, P]   a modality's inputs at its points, NaN: missing
+  <name>/targets  [B, target_steps, C_t, P]  a modality's targets, normalized, NaN: missing
 `rollout` returns predictions in the targets' layout, and a step's history stays
 channel-major too. The network itself works node-major (`[G, C]`: one row of
 features per grid node, what its gathers and MLPs want): its encoder transposes
@@ -49,12 +51,15 @@ class Constants(NamedTuple):
       diff_std / std per state channel, 1 per target-only channel.
     node_weights: `[G]` loss weight of each grid node (cell area, mean 1).
     channel_weights: `[C_out]` loss weight of each output channel.
+    point_weights: per target modality (`DataSpec.modalities`), `[P]` the loss
+      weight of each of its points (its cell area, mean 1); empty: the grid only.
   """
 
   graphs: Graphs
   residual_scale: jax.Array
   node_weights: jax.Array
   channel_weights: jax.Array
+  point_weights: dict = {}  # never mutated: a pytree leaf container
 
 
 def _stack_steps(x: jax.Array) -> jax.Array:
@@ -64,7 +69,16 @@ def _stack_steps(x: jax.Array) -> jax.Array:
 
 def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
              exchange=local_exchange, global_forcings=None, noise=None):
-  """The next normalized outputs `[B, C_out, G]`: the state, then target-only channels.
+  """The next normalized outputs `[B, C_out, G]`: the state, then target-only channels
+  (`one_step_with_points`' grid outputs, the modalities all missing)."""
+  return one_step_with_points(model, constants, history, forcings, statics, exchange,
+                              global_forcings, noise)[0]
+
+
+def one_step_with_points(model: GraphCast, constants: Constants, history, forcings, statics,
+                         exchange=local_exchange, global_forcings=None, noise=None,
+                         point_history: dict | None = None):
+  """`(the next normalized grid outputs [B, C_out, G], {target modality: [B, C_t, P]})`.
 
   Args:
     history: `[B, input_steps, C, G]` the latest states, oldest first.
@@ -72,6 +86,10 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     statics: `[B, S, G]`.
     global_forcings: `[B, input_steps + 1, F_global]` at the same times, or None.
     noise: `[B, noise_channels]` an FGN's noise for this step, or None.
+    point_history: per input modality, `[B, input_steps, C_m, P]` its values at the
+      history times, NaN where missing; a modality left out is missing.
+
+  A modality's outputs are its normalized values outright (no residual).
   """
   parts = (_stack_steps(history), _stack_steps(forcings), statics)
   global_inputs = None
@@ -79,13 +97,16 @@ def one_step(model: GraphCast, constants: Constants, history, forcings, statics,
     global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
     parts += (jnp.broadcast_to(global_inputs[:, :, None], global_inputs.shape
                                + statics.shape[-1:]),)
-  outputs = model(constants.graphs, parts, exchange, global_inputs, noise)
+  outputs, point_outputs = model.predict(
+      constants.graphs, parts, exchange, global_inputs, noise,
+      {name: _stack_steps(values) for name, values in (point_history or {}).items()})
   outputs = jnp.swapaxes(outputs * constants.residual_scale, -1, -2)  # [B, C_out, G]
+  point_outputs = {name: jnp.swapaxes(values, -1, -2) for name, values in point_outputs.items()}
   num_state = history.shape[2]
   if outputs.shape[1] == num_state:
-    return history[:, -1] + outputs
+    return history[:, -1] + outputs, point_outputs
   return jnp.concatenate([history[:, -1] + outputs[:, :num_state], outputs[:, num_state:]],
-                         axis=1)
+                         axis=1), point_outputs
 
 
 def advance_history(history, prediction):
@@ -98,9 +119,26 @@ def advance_history(history, prediction):
 
 def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
             exchange=local_exchange):
-  """Autoregressive predictions `[B, target_steps, C_out, G]`, normalized.
+  """Autoregressive predictions `[B, target_steps, C_out, G]`, normalized
+  (`rollout_with_points`' grid predictions)."""
+  return rollout_with_points(model, constants, batch, remat_steps=remat_steps,
+                             exchange=exchange)[0]
+
+
+def _point_histories(batch) -> dict:
+  """Per input modality of `batch`, its `[B, input_steps, C_m, P]` inputs."""
+  return {key.removesuffix("/inputs"): value for key, value in batch.items()
+          if key.endswith("/inputs")}
+
+
+def rollout_with_points(model: GraphCast, constants: Constants, batch, *,
+                        remat_steps: bool = False, exchange=local_exchange):
+  """`(grid predictions [B, target_steps, C_out, G], {target modality: [B, target_steps,
+  C_t, P]})`, normalized.
 
   Each step's predicted state joins the history of the next; forcings slide along.
+  A modality's observations exist at the input times only: later steps see them
+  missing at the times past those (its history slides on with NaN).
   `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
   """
   global_forcings, noise = batch.get("globals"), batch.get("noise")
@@ -109,19 +147,30 @@ def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool 
   target_steps = forcings.shape[1] - input_steps
   graphdef, state = nnx.split(model)
 
-  def step(state, history, forcing_window, global_window, step_noise):
-    return one_step(nnx.merge(graphdef, state), constants, history, forcing_window,
-                    batch["statics"], exchange, global_window, step_noise)
+  def step(state, history, forcing_window, global_window, step_noise, point_history):
+    return one_step_with_points(nnx.merge(graphdef, state), constants, history,
+                                forcing_window, batch["statics"], exchange, global_window,
+                                step_noise, point_history)
 
   if remat_steps:
     step = jax.checkpoint(step)
 
-  def scan_step(history, lead):
+  def scan_step(histories, lead):
+    history, point_history = histories
     window = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, input_steps + 1, axis=1)
-    prediction = step(state, history, window(forcings),
-                      None if global_forcings is None else window(global_forcings),
-                      None if noise is None else jnp.asarray(noise)[:, lead])  # float32
-    return advance_history(history, prediction), prediction
+    prediction, point_prediction = step(
+        state, history, window(forcings),
+        None if global_forcings is None else window(global_forcings),
+        None if noise is None else jnp.asarray(noise)[:, lead],  # float32
+        point_history)
+    point_history = {name: jnp.concatenate([values[:, 1:], jnp.full_like(values[:, :1],
+                                                                         jnp.nan)], axis=1)
+                     for name, values in point_history.items()}
+    return (advance_history(history, prediction), point_history), (prediction,
+                                                                   point_prediction)
 
-  _, predictions = jax.lax.scan(scan_step, inputs, jnp.arange(target_steps))
-  return jnp.swapaxes(predictions, 0, 1)  # [target_steps, B, C, G] -> [B, target_steps, C, G]
+  _, (predictions, point_predictions) = jax.lax.scan(
+      scan_step, (inputs, _point_histories(batch)), jnp.arange(target_steps))
+  # [target_steps, B, C, N] -> [B, target_steps, C, N]
+  return jnp.swapaxes(predictions, 0, 1), jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
+                                                       point_predictions)

@@ -12,6 +12,17 @@ Shapes (per example; the batch is vmapped):
   grid latents  [num_grid_nodes, latent]     mesh latents [num_mesh_nodes, latent]
   edge latents  [num_edges, edge_latent]     outputs      [num_grid_nodes, output_channels]
 
+Modalities (`PointModality`, from `data.modalities`): named point sets beside the
+grid (e.g. stations), on the same mesh. Each has its own embedder (its inputs,
+their presence masks and its points' node features), and, with inputs, its own
+encoder edges `<name>_to_mesh`; the mesh latents take the sum of every
+modality's messages, the grid's included, in one encoder step (the grid
+encoder's node MLP). With targets it has its own decoder edges `mesh_to_<name>`
+and output MLP, predicting normalized values outright. A missing input (NaN)
+enters as 0 with a mask channel of 0; a point missing every input sends no
+message. Their parameters are made after all of the grid model's, so a model
+without modalities is the grid model, parameter for parameter.
+
 Rematerialization follows the `ModelSpec` (see `wnscale.model.remat`):
 each stage may run under `jax.checkpoint` with the named policy; the processor
 is a scan over groups of `mesh_remat_every` layers, one checkpoint per group;
@@ -19,6 +30,8 @@ the encoder and decoder edges are processed in `edge_chunks` blocks.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +50,20 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # What `model.output_activations` may apply to a normalized outright prediction.
 OUTPUT_ACTIVATIONS = {"sigmoid": jax.nn.sigmoid, "softplus": jax.nn.softplus,
                       "relu": jax.nn.relu, "tanh": jnp.tanh}
+
+
+class PointModality(NamedTuple):
+  """A modality as the network sees it (`setup.build_model` makes it from a `ModalitySpec`).
+
+  Attributes:
+    name: its node set (its point inputs' key, its edge sets' prefix or suffix).
+    input_channels: embedder inputs per point and step: values and masks (0: none).
+    output_channels: predicted channels per point (0: not a target).
+  """
+
+  name: str
+  input_channels: int
+  output_channels: int
 
 
 def local_exchange(edge_set: str, rows):
@@ -83,6 +110,10 @@ class GraphCast(nnx.Module):
     output_activations: `(output channel, activation name, offset)` triples: that
       channel of the normalized outputs becomes `activation(output + offset)`
       (`OUTPUT_ACTIVATIONS`; WeatherNext 2's cyclone probability: sigmoid, -2).
+    modalities: `PointModality`s beside the grid; each adds `<name>_embedder`,
+      with inputs `<name>_to_mesh_edges`, with targets `<name>_mlp` (the
+      points' update, as the grid's), `mesh_to_<name>_edges` and
+      `<name>_output_mlp`.
 
   With `spec.noise_channels > 0` the network is WeatherNext 2's functional
   generative network (FGN): each call takes a standard-normal noise vector
@@ -94,7 +125,7 @@ class GraphCast(nnx.Module):
 
   def __init__(self, input_channels: int, output_channels: int,
                spec: ModelSpec, *, global_channels: int = 0,
-               output_activations: tuple = (), rngs: nnx.Rngs):
+               output_activations: tuple = (), modalities: tuple = (), rngs: nnx.Rngs):
     self.spec = spec
     latent = spec.latent_size
     dtype = DTYPES[spec.dtype]
@@ -121,6 +152,18 @@ class GraphCast(nnx.Module):
                             if conditioning else None)
     self.output_activations = tuple(output_activations)
     self.policy = remat.resolve_policy(spec.remat_policy)
+    # After everything else: the grid model's parameters draw what they draw without.
+    self.modalities = tuple(PointModality(*m) for m in modalities)
+    for m in self.modalities:
+      setattr(self, f"{m.name}_embedder", mlp(m.input_channels + NODE_FEATURES, latent))
+      if m.input_channels:
+        setattr(self, f"{m.name}_to_mesh_edges", edges(
+            gather_from_receivers=spec.grid_to_mesh_gather_from_receivers))
+      if m.output_channels:
+        setattr(self, f"{m.name}_mlp", mlp(latent, latent))
+        setattr(self, f"mesh_to_{m.name}_edges", edges())
+        setattr(self, f"{m.name}_output_mlp", mlp(latent, m.output_channels,
+                                                  layer_norm=False))
 
   # The interaction-network processor's parts, by the names GraphCast's own use.
   @property
@@ -133,9 +176,18 @@ class GraphCast(nnx.Module):
     return self.processor.layers
 
   def __call__(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
-               global_inputs: jax.Array | None = None, noise: jax.Array | None = None):
+               global_inputs: jax.Array | None = None, noise: jax.Array | None = None,
+               point_inputs: dict | None = None):
     """`grid inputs [batch, input_channels, num_grid_nodes] -> [batch, num_grid_nodes,
-    output_channels]`.
+    output_channels]` (`predict`'s grid outputs)."""
+    return self.predict(graphs, grid_input_parts, exchange, global_inputs, noise,
+                        point_inputs)[0]
+
+  def predict(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
+              global_inputs: jax.Array | None = None, noise: jax.Array | None = None,
+              point_inputs: dict | None = None):
+    """`(grid outputs [batch, num_grid_nodes, output_channels], {modality: [batch,
+    num_points, output_channels]} of the target modalities)`.
 
     `grid_input_parts`: channel-major arrays `[batch, channels_i, num_grid_nodes]`
     (the batch's layout) whose channels, concatenated, are the grid inputs; the
@@ -146,35 +198,57 @@ class GraphCast(nnx.Module):
     `global_inputs` `[batch, global_channels]` (if any) reach the mesh embedder
     (the grid input parts already hold them); `noise` `[batch, noise_channels]`
     (an FGN's, required then) conditions every layer norm; outputs are float32
-    whatever the compute dtype.
+    whatever the compute dtype. `point_inputs`: per input modality, `[batch,
+    input_steps * inputs, num_points]` channel-major, NaN where missing; a
+    modality left out is missing everywhere.
     """
     if (noise is None) != (self.noise_embedding is None):
       raise ValueError(f"model.noise_channels={self.spec.noise_channels} but noise was "
                        f"{'not ' if noise is None else ''}given.")
 
-    def one_example(inputs, global_inputs, noise):
+    point_inputs = self._all_point_inputs(graphs, point_inputs,
+                                          jax.tree.leaves(grid_input_parts)[0].shape[0])
+
+    def one_example(inputs, global_inputs, noise, point_inputs):
       conditioning = None if noise is None else self.noise_embedding(noise)
       # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
       with jax.named_scope("encoder"):
-        grid, mesh = self.encode(graphs, inputs, exchange, global_inputs, conditioning)
+        grid, mesh, points = self.encode(graphs, inputs, exchange, global_inputs,
+                                         conditioning, point_inputs)
       with jax.named_scope("processor"):
         mesh = self.processor(graphs, mesh, exchange, conditioning)
       with jax.named_scope("decoder"):
         outputs = self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange, conditioning)
+        point_outputs = {name: self.decode(graphs.edges[f"mesh_to_{name}"], latents, mesh,
+                                           exchange, conditioning, f"mesh_to_{name}",
+                                           f"{name}_output_mlp")
+                         for name, latents in points.items()}
       for channel, activation, offset in self.output_activations:
         outputs = outputs.at[:, channel].set(
             OUTPUT_ACTIVATIONS[activation](outputs[:, channel] + offset))
-      return outputs
+      return outputs, point_outputs
 
-    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise)
+    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise, point_inputs)
+
+  def _all_point_inputs(self, graphs: Graphs, point_inputs, batch: int) -> dict:
+    """`point_inputs` with every input modality's entry (all NaN: missing, where left out)."""
+    point_inputs = dict(point_inputs or {})
+    for m in self.modalities:
+      if m.input_channels and m.name not in point_inputs:
+        point_inputs[m.name] = jnp.full((batch, m.input_channels // 2,
+                                         graphs.num_nodes(m.name)), jnp.nan, jnp.float32)
+    return point_inputs
 
   def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None,
-             conditioning=None):
-    """Embeds grid and mesh nodes and passes messages grid -> mesh once.
+             conditioning=None, point_inputs=None):
+    """Embeds grid, mesh and modality nodes and passes messages to the mesh once.
 
     The grid-node work (the embedder, the sender projection, the grid MLP) runs
-    in `grid_blocks` blocks of grid nodes, each under its own checkpoint.
-    `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
+    in `grid_blocks` blocks of grid nodes, each under its own checkpoint, and so
+    does each modality's point work. `conditioning`: an FGN's `[noise_channels]`
+    noise embedding, else None. `point_inputs`: per input modality, `[C, P]`.
+
+    Returns `(grid latents, mesh latents, {target modality: point latents [P, D]})`.
     """
     spec = self.spec
 
@@ -188,7 +262,7 @@ class GraphCast(nnx.Module):
     def update_grid(model, grid, conditioning):
       return grid + model.grid_to_mesh_grid_mlp(grid, conditioning)
 
-    def encoder(model, graphs, grid_input_parts, global_inputs, conditioning):
+    def encoder(model, graphs, grid_input_parts, global_inputs, conditioning, point_inputs):
       grid, projected_grid = map_row_blocks(
           model, embed_grid, spec.grid_blocks, (graphs.nodes["grid"].features,),
           (conditioning,),
@@ -204,18 +278,64 @@ class GraphCast(nnx.Module):
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
           edges.senders, edges.receivers, exchange("grid_to_mesh", projected_grid),
           interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks, conditioning)
+      points = {}
+      for m in model.modalities:
+        latents, point_messages = model._encode_points(m, graphs, point_inputs.get(m.name),
+                                                       mesh, exchange, conditioning)
+        if point_messages is not None:  # one sum over every modality's edges
+          messages = messages + point_messages
+        if m.output_channels:
+          points[m.name] = map_row_blocks(model, lambda model, x, c, name=m.name: x + getattr(
+              model, f"{name}_mlp")(x, c), spec.grid_blocks, (latents,), (conditioning,))
       if spec.grid_to_mesh_aggregate_normalization != 1:  # WeatherNext 2's: sums / 4
         messages = messages / jnp.asarray(spec.grid_to_mesh_aggregate_normalization,
                                           messages.dtype)
       mesh = interaction.update_nodes(mesh, messages, conditioning)
       grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,), (conditioning,))
-      return grid, mesh
+      return grid, mesh, points
 
     return remat.checkpointed(self, encoder, spec.remat_grid_to_mesh_gnn, self.policy)(
-        graphs, tuple(grid_input_parts), global_inputs, conditioning)
+        graphs, tuple(grid_input_parts), global_inputs, conditioning, dict(point_inputs or {}))
 
-  def decode(self, edges: EdgeSet, grid, mesh, exchange, conditioning=None):
+  def _encode_points(self, modality: PointModality, graphs: Graphs, values, mesh, exchange,
+                     conditioning):
+    """`(point latents [P, D], their summed messages to the mesh [M, D] or None)`.
+
+    `values`: `[C, P]` channel-major inputs, NaN where missing (None: no inputs).
+    """
+    name, spec = modality.name, self.spec
+    node_features = graphs.nodes[name].features
+    if values is None:  # a target-only modality: its points' positions alone
+      return map_row_blocks(self, lambda model, x, c: getattr(model, f"{name}_embedder")(
+          x.astype(self.dtype), c), spec.grid_blocks, (node_features,), (conditioning,)), None
+    present = ~jnp.isnan(values)
+    filled, mask = jnp.where(present, values, 0), present.astype(values.dtype)
+    edge_set = f"{name}_to_mesh"
+
+    def embed(model, node_features, filled, mask, conditioning):
+      latents = getattr(model, f"{name}_embedder")(jnp.concatenate(
+          [part.astype(self.dtype) for part in (filled, mask, node_features)], -1), conditioning)
+      return latents, getattr(model, f"{edge_set}_edges").interaction.project_senders(latents)
+
+    latents, projected = map_row_blocks(self, embed, spec.grid_blocks, (node_features,),
+                                        (conditioning,), columns=(filled, mask))
+    edges_module = getattr(self, f"{edge_set}_edges")
+    edges = graphs.edges[edge_set]
+    # A point with no value at any input time sends nothing.
+    sends = jnp.any(present, axis=0).astype(projected.dtype)[:, None]
+    messages = sum_edge_messages(
+        edges_module, EncoderDecoderEdges.__call__, edges.features, edges.senders,
+        edges.receivers, exchange(edge_set, projected),
+        edges_module.interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks,
+        conditioning, sender_mask=exchange(edge_set, sends)[:, 0])
+    return latents, messages
+
+  def decode(self, edges: EdgeSet, grid, mesh, exchange, conditioning=None,
+             edge_set: str = "mesh_to_grid", output_mlp: str = "output_mlp"):
     """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`.
+
+    A target modality's decoder is the same on its points (`edge_set`
+    `mesh_to_<name>`, its `edges`, its `output_mlp`), `grid` its point latents.
 
     With `grid_blocks > 1` the whole decoder runs per block of grid nodes, each
     under its own checkpoint, with the block's own edges: the mesh-to-grid
@@ -228,17 +348,18 @@ class GraphCast(nnx.Module):
     def decode_rows(model, grid, features, senders, receivers, sender_table, chunks,
                     conditioning):
       """Output `[rows, C]` of grid rows whose edges point at them (`receivers` < rows)."""
-      interaction = model.mesh_to_grid_edges.interaction
+      edges_module = getattr(model, f"{edge_set}_edges")
+      interaction = edges_module.interaction
       messages = sum_edge_messages(
-          model.mesh_to_grid_edges, EncoderDecoderEdges.__call__, features, senders,
+          edges_module, EncoderDecoderEdges.__call__, features, senders,
           receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks,
           conditioning)
       grid = interaction.update_nodes(grid, messages, conditioning)
-      return model.output_mlp(grid).astype(jnp.float32)
+      return getattr(model, output_mlp)(grid).astype(jnp.float32)
 
     def decoder(model, grid, mesh, conditioning):
       sender_table = exchange(
-          "mesh_to_grid", model.mesh_to_grid_edges.interaction.project_senders(mesh))
+          edge_set, getattr(model, f"{edge_set}_edges").interaction.project_senders(mesh))
       if spec.grid_blocks == 1:
         return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
                            sender_table, spec.edge_chunks, conditioning)

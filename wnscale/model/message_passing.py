@@ -146,7 +146,7 @@ def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_rece
 
 def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, senders,
                       receivers, sender_table, receiver_table, num_receivers: int,
-                      num_chunks: int, conditioning=None) -> jax.Array:
+                      num_chunks: int, conditioning=None, sender_mask=None) -> jax.Array:
   """Computes per-edge messages with `edge_fn` and sums them per receiver, in blocks of edges.
 
   The edges are processed in `num_chunks` blocks, each under its own checkpoint
@@ -162,6 +162,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` or None
       (for an interaction network: the projected node tables).
     conditioning: passed on to `edge_fn` (an FGN's norm conditioning, or None).
+    sender_mask: `[num_senders]` 1 or 0 per sender table row: a row of 0 sends no
+      message (a modality's point with no value at that time); None: all send.
 
   Returns:
     `[num_receivers, D]` summed messages (summed in float32, in the messages' dtype).
@@ -169,14 +171,16 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
   graphdef, state = nnx.split(edge_model)
 
   def messages(features, senders, receivers, state, sender_table, receiver_table,
-               conditioning):
+               conditioning, sender_mask):
     per_edge = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
                        sender_table, receiver_table, conditioning)
+    if sender_mask is not None:
+      per_edge = per_edge * sender_mask[senders][:, None]
     return float32_sum(per_edge, receivers, num_receivers), None
 
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
   total, _ = scan_edge_blocks(messages, blocked,
-                              (state, sender_table, receiver_table, conditioning),
+                              (state, sender_table, receiver_table, conditioning, sender_mask),
                               num_receivers, sender_table.shape[-1])
   return total.astype(sender_table.dtype)

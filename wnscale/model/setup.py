@@ -9,11 +9,11 @@ from flax import nnx
 
 from wnscale.data import variables as variables_lib
 from wnscale.graphs import build
-from wnscale.graphs.edge_sets import graphcast_edge_sets
+from wnscale.graphs.edge_sets import graphcast_edge_sets, modality_edge_sets
 from wnscale.graphs.graph import Graphs
 from wnscale.graphs.points import PointSet
 from wnscale.model import forecast
-from wnscale.model.graphcast import GraphCast
+from wnscale.model.graphcast import GraphCast, PointModality
 from wnscale.model.processors import PROCESSORS
 from wnscale.specs import DataSpec, ModelSpec, Specs
 
@@ -23,7 +23,9 @@ def build_model(specs: Specs) -> GraphCast:
   d = specs.data
   return GraphCast(d.input_channels, len(d.output_channels), specs.model,
                    rngs=nnx.Rngs(specs.seed), global_channels=d.global_channels,
-                   output_activations=output_activations(specs))
+                   output_activations=output_activations(specs),
+                   modalities=tuple(PointModality(m.name, m.input_channels(d.input_steps),
+                                                  len(m.targets)) for m in d.modalities))
 
 
 def output_activations(specs: Specs) -> tuple[tuple[int, str, float], ...]:
@@ -51,30 +53,38 @@ def init_model_shapes(specs: Specs):
   return nnx.split(nnx.eval_shape(lambda: build_model(specs)))
 
 
-def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True) -> Graphs:
-  """The model's graphs on a grid's points: GraphCast's edge sets and those its processor
-  adds."""
+def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True,
+                    modalities=(), point_sets: dict[str, PointSet] | None = None) -> Graphs:
+  """The model's graphs on a grid's points: GraphCast's edge sets, those its processor
+  adds, and each modality's (`DataSpec.modalities`, on `point_sets` by name)."""
   edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
-                   **PROCESSORS[m.processor].edge_sets(m))
+                   **PROCESSORS[m.processor].edge_sets(m),
+                   **modality_edge_sets(modalities, m.radius_fraction))
   return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache,
-                            regional_mesh_levels=m.regional_mesh_levels)
+                            regional_mesh_levels=m.regional_mesh_levels, point_sets=point_sets)
 
 
-def node_positions(m: ModelSpec, points: PointSet):
+def node_positions(m: ModelSpec, points: PointSet,
+                   point_sets: dict[str, PointSet] | None = None):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""
-  return build.node_positions(points, m.mesh_levels, m.regional_mesh_levels)
+  return build.node_positions(points, m.mesh_levels, m.regional_mesh_levels, point_sets)
 
 
 def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
-                   residual_scale: np.ndarray, variable_loss_weights=()) -> forecast.Constants:
+                   residual_scale: np.ndarray, variable_loss_weights=(),
+                   point_sets: dict[str, PointSet] | None = None) -> forecast.Constants:
   """Host (numpy) constants; the node weights are the points' cell areas (mean 1), a
   cut-out's regional points' times `data.regional_loss_weight`; `residual_scale` is
   `[C_out]` (`source.residual_scale`); `variable_loss_weights`: `(variable, weight)` pairs
-  (`train.variable_loss_weights`)."""
+  (`train.variable_loss_weights`); each target modality's point weights are its
+  `point_sets` entry's areas (mean 1)."""
+  point_sets = point_sets or {}
   node_weights = points.area
   if points.region is not None:
     node_weights = np.where(points.region, d.regional_loss_weight * node_weights, node_weights)
   return forecast.Constants(
+      point_weights={m.name: point_sets[m.name].area.astype(np.float32)
+                     for m in d.modalities if m.targets},
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
       node_weights=node_weights.astype(np.float32),
@@ -91,9 +101,9 @@ def batch_dtype(m: ModelSpec):
   return jnp.bfloat16 if m.dtype == "bfloat16" else jnp.float32
 
 
-def batch_shapes(specs: Specs, num_grid_nodes: int,
-                 batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+def batch_shapes(specs: Specs, num_grid_nodes: int, batch_size: int,
+                 num_points: dict[str, int] | None = None) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes of one batch (`DataSpec.batch_shapes`) in the batch dtype of the model."""
   dtype = batch_dtype(specs.model)
-  return {key: jax.ShapeDtypeStruct(shape, dtype)
-          for key, shape in specs.data.batch_shapes(num_grid_nodes, batch_size).items()}
+  return {key: jax.ShapeDtypeStruct(shape, dtype) for key, shape in
+          specs.data.batch_shapes(num_grid_nodes, batch_size, num_points).items()}

@@ -30,19 +30,30 @@ BATCH_SPECS = {
     "globals": P(DATA, None, None),
     "noise": P(DATA),
 }
-# Constants (see `ShardedLayout.constants`): graph arrays and node weights on `graph`.
+# A modality's `<name>/inputs` and `<name>/targets`: its points (last axis) on `graph`.
+POINTS_SPEC = P(DATA, None, None, GRAPH)
+# Constants (see `ShardedLayout.constants`): graph arrays and node and point weights on
+# `graph`.
 CONSTANT_SPECS = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
-                           channel_weights=P())
+                           channel_weights=P(), point_weights=P(GRAPH))
 _GRID_AXIS = -1
 
 
+def batch_spec(key: str) -> P:
+  """How batch array `key` lies on the mesh (`BATCH_SPECS`, `POINTS_SPEC`)."""
+  return POINTS_SPEC if "/" in key else BATCH_SPECS[key]
+
+
 def batch_specs(batch: dict) -> dict:
-  """`BATCH_SPECS` of the keys `batch` has (`globals` only when the config has some)."""
-  return {key: BATCH_SPECS[key] for key in batch}
+  """`batch_spec` of the keys `batch` has (`globals` only when the config has some)."""
+  return {key: batch_spec(key) for key in batch}
 
 
-def _has_grid_axis(key: str) -> bool:
-  return BATCH_SPECS[key][_GRID_AXIS] == GRAPH
+def _node_set(key: str) -> str | None:
+  """The node set along batch array `key`'s last axis (`grid`, a modality's), or None."""
+  if "/" in key:
+    return key.split("/")[0]
+  return "grid" if BATCH_SPECS[key][_GRID_AXIS] == GRAPH else None
 
 
 class ShardedLayout:
@@ -87,7 +98,9 @@ class ShardedLayout:
     part = self.partitioned
     host = Constants(graphs=part.graphs, residual_scale=constants.residual_scale,
                      node_weights=self.grid.to_slots(constants.node_weights, 0),
-                     channel_weights=constants.channel_weights)
+                     channel_weights=constants.channel_weights,
+                     point_weights={name: part.nodes[name].to_slots(weights, 0)
+                                    for name, weights in constants.point_weights.items()})
     # Every leaf of a field gets the field's spec (the graphs: all on `graph`).
     shardings = Constants(*(jax.tree.map(lambda _, spec=spec: self.sharding(spec), field)
                             for field, spec in zip(host, CONSTANT_SPECS)))
@@ -107,21 +120,29 @@ class ShardedLayout:
                                                           sharding=s), host, shardings)
 
   def abstract_batch(self, shapes: dict) -> dict:
-    """Sharded `jax.ShapeDtypeStruct`s of a global batch with `shapes` (grid axis: all nodes)."""
-    slots = self.num_shards * self.grid.per_shard
+    """Sharded `jax.ShapeDtypeStruct`s of a global batch with `shapes` (grid axis: all nodes;
+    a modality's point axis: all its points)."""
     abstract = {}
     for key, shape in shapes.items():
       dims = list(shape.shape)
-      if _has_grid_axis(key):
-        dims[_GRID_AXIS] = slots
+      if _node_set(key):
+        dims[_GRID_AXIS] = self.num_shards * self.partitioned.nodes[_node_set(key)].per_shard
       abstract[key] = jax.ShapeDtypeStruct(tuple(dims), shape.dtype,
-                                           sharding=self.sharding(BATCH_SPECS[key]))
+                                           sharding=self.sharding(batch_spec(key)))
     return abstract
 
   def host_batch(self, batch: dict) -> dict:
-    """Reorders a host batch's grid axis into the padded, sharded node order."""
-    return {k: self.grid.to_slots(v, _GRID_AXIS) if _has_grid_axis(k) else v
-            for k, v in batch.items()}
+    """Reorders a host batch's grid axis (and each modality's point axis) into the padded,
+    sharded node order; a modality's padding points are NaN (missing)."""
+    def laid_out(key, value):
+      if not _node_set(key):
+        return value
+      part = self.partitioned.nodes[_node_set(key)]
+      slots = part.to_slots(value, _GRID_AXIS)
+      if _node_set(key) != "grid":
+        slots[..., part.node_of_slot < 0] = np.nan
+      return slots
+    return {key: laid_out(key, value) for key, value in batch.items()}
 
   def global_batch(self, local_batch: dict, global_batch_size: int, dtype=None) -> dict:
     """Global device arrays from this process's share of a batch (any process count).
@@ -134,9 +155,9 @@ class ShardedLayout:
     """
     arrays = {}
     for key, value in local_batch.items():
-      sharding = self.sharding(BATCH_SPECS[key])
+      sharding = self.sharding(batch_spec(key))
       global_shape = (global_batch_size,) + value.shape[1:]
-      if _has_grid_axis(key):  # this process's block of grid slots
+      if _node_set(key):  # this process's block of grid (or point) slots
         blocks = sharding.addressable_devices_indices_map(global_shape).values()
         start = min(index[-1].start or 0 for index in blocks)
         stop = max(index[-1].stop or value.shape[-1] for index in blocks)

@@ -43,7 +43,7 @@ def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
 
 
 def loss_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse", remat_steps: bool = False,
-            members_on_data: int = 0):
+            members_on_data: int = 0, modalities=()):
   """`loss(params, constants, halo_indices, batch) -> scalar`, the global mean loss.
 
   `loss`: "mse" or "crps" (`loss_lib.loss_sum`). An FGN's batch holds `noise`:
@@ -52,7 +52,8 @@ def loss_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse", remat_steps: 
   member-major (`ensemble.members_on_rows`), noise `[M * B, 1, T, K]`, so the
   data shards hold one member each (`mesh.data` a multiple of `M`), and each
   shard gets the same rows' other members from the shards `k, 2k, ...` away
-  (`k = data shards / M`) by `ppermute` for the CRPS's spread term.
+  (`k = data shards / M`) by `ppermute` for the CRPS's spread term. `modalities`:
+  `DataSpec.modalities` (their loss weights; the batch holds their arrays).
   """
   data_shards = layout.mesh.shape[DATA]
   members = max(members_on_data, 1)
@@ -67,12 +68,13 @@ def loss_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse", remat_steps: 
             for j in range(1, members)]
 
   def local_loss(params, constants, exchange, batch):
-    total = loss_lib.loss_sum(nnx.merge(graphdef, params), constants, batch, loss=loss,
-                              remat_steps=remat_steps, exchange=exchange,
-                              remote_members=other_members if members_on_data else None)
+    total, point_sums = loss_lib.loss_terms(
+        nnx.merge(graphdef, params), constants, batch, loss=loss, remat_steps=remat_steps,
+        exchange=exchange, remote_members=other_members if members_on_data else None)
     examples, steps = batch["targets"].shape[:2]
     count = examples * data_shards // members * steps * layout.num_grid_nodes  # real nodes
-    return jax.lax.psum(total, (DATA, GRAPH)) / count
+    total, point_sums = jax.lax.psum((total, point_sums), (DATA, GRAPH))
+    return loss_lib.mean_loss(total, count, point_sums, modalities)
 
   return _shard_mapped(layout, local_loss, out_specs=P())
 

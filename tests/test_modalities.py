@@ -1,0 +1,175 @@
+"""Modalities: a station network in and out beside the grid, on one mesh.
+
+The spine test extended: with stations (inputs and targets, some missing), the
+loss and gradients equal the plain single-device model's under remat and under
+graph sharding in both exchange modes.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from problems import assert_same, device_batch, loss_and_grad_fn, station_problem
+from wnscale import assembly
+from wnscale import config as config_lib
+from wnscale import specs as specs_lib
+from wnscale.errors import UserError
+from wnscale.graphs import connectivity, grid, icosahedron
+from wnscale.graphs.points import PointSet
+from wnscale.model import forecast, setup
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding import sharded_model
+from wnscale.sharding.layout import ShardedLayout
+
+# 19 x 36 = 684 grid nodes, 162 mesh nodes, 150 stations: none divides 4 or 8 shards.
+POINTS = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
+STATIONS = ("stations", "synthetic", ("2m_temperature", "mean_sea_level_pressure"),
+            ("2m_temperature", "mean_sea_level_pressure"), 0.5)
+
+
+def station_config(modalities=(STATIONS,), **model):
+  config = config_lib.default_config()
+  config.model.update(dict(latent_size=16, mesh_levels=2, message_passing_steps=3), **model)
+  config.data.modalities = modalities
+  return config_lib.validate(config)
+
+
+@functools.cache
+def problem():
+  return station_problem(station_config(), POINTS, batch_size=2, num_stations=150, seed=3)
+
+
+@functools.cache
+def reference():
+  constants, batch, params, _, _ = problem()
+  return jax.jit(loss_and_grad_fn(station_config(), constants, batch))(params)
+
+
+REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
+             mesh_remat_every=2, edge_chunks=3, grid_blocks=5, mesh_edge_chunks=3)
+# (data, graph, exchange, remat): 1 x 1 is the single-device model with every remat option.
+CASES = [(1, 1, None, REMAT), (2, 4, "halo", {}), (2, 4, "all_gather", REMAT)]
+
+
+@pytest.mark.parametrize("data, graph, exchange, remat", CASES, ids=[
+    f"{d}x{g}-{m or 'single'}{'-remat' if r else ''}" for d, g, m, r in CASES])
+def test_stations_match_the_plain_model(data, graph, exchange, remat):
+  constants, batch, params, _, positions = problem()
+  config = station_config(**remat)
+  if exchange is None:
+    result = jax.jit(loss_and_grad_fn(config, constants, batch))(params)
+  else:
+    config.mesh.data, config.mesh.graph = data, graph
+    mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
+    layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
+    per_shard = layout.partitioned.nodes["stations"].per_shard
+    assert per_shard == -(-150 // graph)
+    abstract = layout.abstract_batch(setup.batch_shapes(
+        specs_lib.from_config(config), POINTS.size, 2, {"stations": 150}))
+    assert abstract["stations/targets"].shape == (2, 1, 2, graph * per_shard)
+    assert abstract["stations/inputs"].sharding.spec == P(mesh_lib.DATA, None, None,
+                                                          mesh_lib.GRAPH)
+    padded = layout.host_batch(batch)["stations/inputs"]  # padding points: missing
+    assert np.isnan(padded[..., layout.partitioned.nodes["stations"].node_of_slot < 0]).all()
+    device_constants, halo_indices = layout.constants(constants)
+    specs = specs_lib.from_config(config)
+    graphdef, _ = setup.init_model_shapes(specs)
+    fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
+        layout, graphdef, modalities=specs.data.modalities)))
+    result = fn(params, device_constants, halo_indices, device_batch(layout, batch))
+  assert_same(result, reference())
+
+
+def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():
+  """The loss is the grid's mean plus 0.5 x 2 x the point-weighted MSE over present station
+  targets (numpy, from the model's predictions); a station missing every input changes no
+  output (its edges dropped give the same), a present one does."""
+  constants, batch, params, point_sets, _ = problem()
+  specs = specs_lib.from_config(station_config())
+  graphdef, _ = setup.init_model_shapes(specs)
+  predict = jax.jit(lambda constants: forecast.rollout_with_points(
+      nnx.merge(graphdef, params), constants, batch))
+  grid_predictions, points = predict(constants)
+  targets = batch["stations/targets"]
+  assert np.isnan(targets).mean() > 0.15 and np.isnan(targets[..., 1]).all()
+  present = ~np.isnan(targets)
+  weights = np.broadcast_to(point_sets["stations"].area, targets.shape)[present]
+  squared = np.square(np.asarray(points["stations"])[present] - targets[present])
+  station_loss = 0.5 * 2 * np.sum(weights * squared) / np.sum(weights)
+  error = (np.asarray(grid_predictions) - batch["targets"]) / constants.residual_scale[:, None]
+  grid_loss = np.mean(np.sum(constants.channel_weights[:, None] * np.square(error), axis=-2)
+                      * constants.node_weights)
+  loss, grads = reference()
+  np.testing.assert_allclose(loss, grid_loss + station_loss, rtol=1e-5)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+  edges = constants.graphs.edges["stations_to_mesh"]
+  assert np.isnan(batch["stations/inputs"][..., 0]).all()
+
+  def without_station(station):  # its encoder edges point past every mesh node: dropped
+    receivers = np.where(edges.senders == station, constants.graphs.num_nodes("mesh"),
+                         edges.receivers)
+    return predict(constants._replace(graphs=constants.graphs.with_edge_sets(
+        {"stations_to_mesh": edges.replace(receivers=receivers)})))[0]
+
+  np.testing.assert_array_equal(without_station(0), grid_predictions)
+  present_station = int(np.flatnonzero(~np.isnan(batch["stations/inputs"][0, -1, 0]))[0])
+  assert np.abs(np.asarray(without_station(present_station)) - grid_predictions).max() > 1e-6
+
+
+def test_a_grid_model_is_unchanged_by_modalities():
+  """The grid model's parameters, names and values, are the same with stations beside it."""
+  plain = jax.tree.leaves_with_path(setup.init_model(specs_lib.from_config(
+      station_config(modalities=())))[1])
+  with_stations = dict(jax.tree.leaves_with_path(problem()[2]))
+  for path, value in plain:
+    np.testing.assert_array_equal(with_stations.pop(path), value)
+  names = {str(getattr(path[0], "key", path[0])) for path in with_stations}
+  assert names == {"stations_embedder", "stations_to_mesh_edges", "stations_mlp",
+                   "mesh_to_stations_edges", "stations_output_mlp"}
+
+
+@pytest.mark.parametrize("entry, message", [
+    (("grid", "synthetic", ("2m_temperature",), ()), "other than 'grid' and 'mesh'"),
+    (("obs", "synthetic", (), ()), "neither inputs nor targets"),
+    (("obs", "synthetic", ("temperature",), ()), "are not surface variables"),
+    (("obs", "synthetic", (), ("2m_temperature",), -1.0), "loss_weight=-1.0 must be >= 0"),
+    (("obs", "synthetic"), r"expected \(name, source, inputs, targets"),
+])
+def test_modality_config_errors(entry, message):
+  with pytest.raises(UserError, match=message):
+    station_config(modalities=(entry,))
+
+
+def test_a_run_without_the_modalitys_points_is_refused():
+  """Until observation stores are read, assembling a run with modalities names what is
+  missing (before any graph is built)."""
+  specs = specs_lib.from_config(station_config())
+  mesh = mesh_lib.make_mesh(station_config().mesh, jax.devices()[:1])
+  with pytest.raises(UserError, match=r"data.modalities \['stations'\]: no points"):
+    assembly.assemble(specs, POINTS, None, mesh, params=None)
+
+
+def test_a_point_with_no_mesh_node_in_range_joins_its_nearest():
+  """Radius 0: each point's one edge goes to its nearest mesh node; a wide radius gives every
+  pair in range, and mesh nodes with no point near stay without edges. The decoder's
+  triangles are found for a few points none of which lies near a face's edge."""
+  mesh = icosahedron.mesh_hierarchy(2)[-1]
+  points = grid.lat_lon_to_xyz(np.array([10.0, 10.5, -60.0]), np.array([20.0, 20.0, 200.0]))
+  senders, receivers = connectivity.points_to_mesh_edges(points, mesh, 0.0)
+  nearest = np.argmin(np.linalg.norm(points[:, None] - mesh.vertices[None], axis=-1), axis=1)
+  np.testing.assert_array_equal(np.sort(senders), [0, 1, 2])
+  np.testing.assert_array_equal(receivers[np.argsort(senders)], nearest)
+  senders, receivers = connectivity.points_to_mesh_edges(points, mesh, 0.5)
+  distance = np.linalg.norm(points[senders] - mesh.vertices[receivers], axis=-1)
+  assert np.all(distance <= 0.5) and len(np.unique(receivers)) < len(mesh.vertices)
+  assert np.all(np.diff(receivers) >= 0)
+  expected = (np.linalg.norm(points[:, None] - mesh.vertices[None], axis=-1) <= 0.5).sum()
+  assert len(senders) == expected
+  senders, receivers = connectivity.mesh_to_grid_edges(points, mesh)
+  np.testing.assert_array_equal(receivers, np.repeat([0, 1, 2], 3))
+  assert np.all(np.isin(nearest, senders))
