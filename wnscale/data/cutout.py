@@ -19,6 +19,22 @@ from wnscale.errors import UserError
 from wnscale.graphs import region as region_lib
 
 
+def open_store(path: str, variables, levels, time_step_hours: int = 6,
+               resolution: float | None = None, forcings=(), member: int = 0,
+               regional_path: str = "", region: region_lib.Box | None = None
+               ) -> store_lib.WeatherStore:
+  """`store.open_store` of `path` (its arguments), with the regional store
+  `regional_path`, if any, cut into it: then on the cut-out's points, at the times both
+  hold. `resolution` applies to `path`; the regional store's spacing is its own.
+  `region`: the cut-out's box; None: the regional points' convex hull."""
+  arguments = dict(variables=variables, levels=levels, time_step_hours=time_step_hours,
+                   forcings=forcings, member=member)
+  outer = store_lib.open_store(path, resolution=resolution, **arguments)
+  if not regional_path:
+    return outer
+  return combine(outer, store_lib.open_store(regional_path, **arguments), region)
+
+
 def combine(outer: store_lib.WeatherStore, inner: store_lib.WeatherStore,
             box: region_lib.Box | None) -> store_lib.WeatherStore:
   """`outer` (global) with `inner`'s (regional) points in place of its own in the region.

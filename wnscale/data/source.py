@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wnscale.data import cutout
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
@@ -121,7 +122,7 @@ class WeatherExampleSource:
     self.variables = tuple(variables)
     self.forcings, self.stored_forcings = tuple(forcings), tuple(stored_forcings)
     outputs = self.variables + tuple(target_only_variables)
-    self.store = store_lib.open_store(path, outputs, levels, time_step_hours=time_step_hours,
+    self.store = cutout.open_store(path, outputs, levels, time_step_hours=time_step_hours,
                                       resolution=resolution, forcings=self.stored_forcings,
                                       member=member, regional_path=regional_path,
                                       region=region)

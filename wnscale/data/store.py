@@ -39,7 +39,6 @@ import xarray as xr
 
 from wnscale import paths
 from wnscale.data import anemoi
-from wnscale.data import cutout
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -327,9 +326,7 @@ def open_store(path: str,
                time_step_hours: int = 6,
                resolution: float | None = None,
                forcings=(),
-               member: int = 0,
-               regional_path: str = "",
-               region=None) -> WeatherStore:
+               member: int = 0) -> WeatherStore:
   """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
 
   Args:
@@ -344,22 +341,12 @@ def open_store(path: str,
       names, stored like surface variables).
     member: the ensemble member of an anemoi-datasets store (`data.anemoi`; such
       a store is found by its layout, and its `missing_dates` are `missing`).
-    regional_path: a regional store cut into `path`'s (`data.cutout`): the result
-      is on the cut-out's points, at the times both hold. Its spacing is its own
-      (`resolution` applies to `path`'s).
-    region: the cut-out's box (`graphs.region.Box`); None: the regional points'
-      convex hull.
 
   The store raises on NaN until its `fill` values are set.
 
   Raises:
     ValueError: naming the problem, for any store that does not fit.
   """
-  if regional_path:
-    arguments = dict(variables=variables, levels=levels, time_step_hours=time_step_hours,
-                     forcings=forcings, member=member)
-    return cutout.combine(open_store(path, resolution=resolution, **arguments),
-                          open_store(regional_path, **arguments), region)
   path = paths.normalize(path)
   variables = tuple(variables)
   forcings = tuple(forcings)

@@ -27,6 +27,7 @@ from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.assembly import Assembly, assemble
+from wnscale.data import cutout
 from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
 from wnscale.data.resolve import resolve_stats
@@ -213,7 +214,7 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   _check_members(config, members)
   specs = specs_lib.from_config(config)
   d = specs.data
-  store = store_lib.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
+  store = cutout.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                                d.resolution, forcings=d.stored_forcings,
                                regional_path=d.regional_path, region=d.region_box)
   indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)

@@ -42,8 +42,8 @@ from jax.experimental import multihost_utils
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
+from wnscale.data import cutout
 from wnscale.data import pipeline
-from wnscale.data import store as store_lib
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.assembly import assemble
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
@@ -456,7 +456,7 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
 def _same_store(before: str, now: str, data) -> bool:
   """Whether the stores at `before` and `now` hold the same variables, levels, times, grid."""
   def describe(path):
-    store = store_lib.open_store(path, data.variables, data.pressure_levels,
+    store = cutout.open_store(path, data.variables, data.pressure_levels,
                                  data.time_step_hours, data.resolution,
                                  forcings=data.stored_forcings,
                                  regional_path=data.regional_path,
