@@ -147,33 +147,47 @@ def test_kill_9_keeps_finished_initial_times_and_the_same_command_continues(
     np.testing.assert_array_equal(resumed[name].values, expected[name].values)
 
 
-def test_two_processes_forecast_as_one_and_a_sigterm_to_one_stops_both(
-    reference, trained, tmp_path):
-  """2 processes x 2 devices, the graph over the 4 devices of both, stopped by a SIGTERM to
-  process 1 only (not the writer): both stop after the same finished initial time, exit 0.
-  Continued by 2 processes with the data over them (mesh.data=2, mesh.graph=2: each reads
-  its own initial times), the store is complete and equals the 1-process forecast."""
-  workdir, _ = trained
-  out = str(tmp_path / "two_processes.zarr")
-  flags = (f"--workdir={workdir}", f"--out={out}", *INITS, LEAD)
-  cluster = Started(cluster_command(*flags, "--mesh.graph=4"))
+def _stop_one_process(out, flags, signum, kept):
+  """Launches `cluster_command(*flags)`; once `out` holds more than `kept` finished
+  initial times, sends `signum` to process 1 only (not the writer). Returns the
+  cluster's exit status, its stderr, and the finished initial times it left."""
+  cluster = Started(cluster_command(*flags))
   try:
     deadline = time.monotonic() + 300
-    while not completed(out):
+    while len(completed(out)) <= kept:
       assert cluster.process.poll() is None, cluster.stderr[-3000:]
       assert time.monotonic() < deadline, "no initial time finished"
       time.sleep(0.01)
-    os.kill(cluster_process(cluster.process.pid, 1), signal.SIGTERM)
-    assert cluster.finish(timeout=300) == 0, cluster.stderr[-3000:]
+    os.kill(cluster_process(cluster.process.pid, 1), signum)
+    code = cluster.finish(timeout=300)
   finally:
     cluster.kill()
-  kept = completed(out)
-  stops = dict(re.findall(rf"\[p(\d)\] .*Interrupted \(SIGTERM\): (\d+) of {NUM_INITS} ",
-                          cluster.stderr))
-  assert stops == {"0": str(len(kept)), "1": str(len(kept))}, cluster.stderr[-3000:]
-  assert 1 <= len(kept) < NUM_INITS, "the forecast finished before it was stopped"
+  return code, cluster.stderr, completed(out)
 
-  result = run_command(cluster_command(*flags, "--mesh.data=2", "--mesh.graph=2"))
+
+def test_two_processes_forecast_as_one_stopped_by_a_signal_to_one(reference, trained,
+                                                                    tmp_path):
+  """2 processes x 2 devices, the graph over the 4 devices of both, stopped by a SIGTERM to
+  process 1 only: both stop after the same finished initial time, exit 0. Continued with
+  the data over the processes (mesh.data=2, mesh.graph=2: each reads its own initial
+  times), it is killed by a SIGKILL of process 1; the same command completes the store,
+  which equals the 1-process forecast."""
+  workdir, _ = trained
+  out = str(tmp_path / "two_processes.zarr")
+  flags = (f"--workdir={workdir}", f"--out={out}", *INITS, LEAD)
+  code, stderr, stopped = _stop_one_process(out, flags + ("--mesh.graph=4",), signal.SIGTERM,
+                                            0)
+  assert code == 0, stderr[-3000:]
+  stops = dict(re.findall(rf"\[p(\d)\] .*Interrupted \(SIGTERM\): (\d+) of {NUM_INITS} ",
+                          stderr))
+  assert stops == {"0": str(len(stopped)), "1": str(len(stopped))}, stderr[-3000:]
+  assert 1 <= len(stopped) < NUM_INITS, "the forecast finished before it was stopped"
+
+  flags += ("--mesh.data=2", "--mesh.graph=2")
+  code, stderr, kept = _stop_one_process(out, flags, signal.SIGKILL, len(stopped))
+  assert code == 128 + signal.SIGKILL, stderr[-3000:]  # local_cluster: the killed one's
+  assert set(stopped) < set(kept) and len(kept) < NUM_INITS, "finished before the kill"
+  result = run_command(cluster_command(*flags))
   assert f"({len(kept)} done before)" in result.stderr
   summaries = [json.loads(line[len("[pN] "):]) for line in result.stdout.splitlines()
                if re.match(r"\[p\d\] \{", line)]
