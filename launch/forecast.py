@@ -7,6 +7,10 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
       --step=100 --data.path=/data/era5.zarr --mesh.graph=4 --platform=cpu --num_cpu_devices=4
   # an FGN run (model.noise_channels > 0): an 8-member ensemble (a `number` dim)
   python -m launch.forecast --workdir=DIR --out=ENS.zarr --members=8 --lead=5d
+  # one process of several, as launch.train (on Cloud TPU no flags are needed)
+  python -m launch.forecast --coordinator_address=host:port --num_processes=2 --process_id=0 ...
+  python -m launch.local_cluster --num_processes=2 --num_cpu_devices=4 --module=launch.forecast \
+      -- --workdir=DIR --out=F.zarr --mesh.graph=4
 
 A run on a point set (a reduced Gaussian grid, an anemoi-datasets store's points) writes
 the same layout with one dim `values` in place of `latitude, longitude`, and
@@ -16,6 +20,9 @@ Run the same command again after a crash or a full disk: finished initial times 
 kept and the rest are forecast. Ctrl-C (or SIGTERM) stops after the lead time being
 computed and says how many initial times the store holds (exit status 0; a second
 Ctrl-C stops at once). The last line printed is a JSON summary (speed, memory).
+
+On several processes the mesh spans them all; process 0 writes the store. Ctrl-C
+or SIGTERM to any one stops every process after the initial times being computed.
 """
 
 import json
@@ -49,14 +56,11 @@ _MEMBERS = flags.DEFINE_integer(
     "members", None, "An FGN run's ensemble size: members 0..N-1 along a `number` dim, "
     "member k's noise fixed by (the run's seed, initial time, k).")
 _PARAMS = cli.define_params()
-_PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
-_NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", None,
-                                        "With --platform=cpu: fake devices.")
 
 
 def main(argv):
   del argv
-  process.set_up(_PLATFORM.value, _NUM_CPU_DEVICES.value)
+  process.start()
   mesh = {key: flag.value for key, flag in [("data", _MESH_DATA), ("graph", _MESH_GRAPH),
                                             ("exchange", _MESH_EXCHANGE)]
           if flag.value is not None}
@@ -73,6 +77,7 @@ def main(argv):
                     "initial conditions from another store (--data.path), or repair the "
                     "store.") from error
   print(json.dumps(summary))
+  process.stop()
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
         forwarders[-1].start()
       processes.append(process)
     deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in processes):
+    while None in [p.poll() for p in processes]:  # each polled: any() would stop at one
       failed = [p.returncode for p in processes if p.returncode not in (None, 0)]
       if failed or time.monotonic() > deadline:
         code = failed[0] if failed else 124

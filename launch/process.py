@@ -1,6 +1,24 @@
-"""What every JAX launcher sets up in its process before the library runs."""
+"""What every JAX launcher sets up in its process before the library runs: the platform,
+fake CPU devices, and the processes' cluster (`jax.distributed`).
+
+  python -m launch.X ... --coordinator_address=host:port --num_processes=2 --process_id=0
+  # on Cloud TPU no flags are needed: JAX finds its peers from the environment
+
+The flags are defined here, once, for every launcher that imports this module.
+"""
+
+import os
 
 import jax
+from absl import flags, logging
+
+PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
+NUM_CPU_DEVICES = flags.DEFINE_integer(
+    "num_cpu_devices", None, "Fake CPU devices per process, on a CPU run (no accelerator, or "
+    "--platform=cpu), e.g. to try mesh.graph > 1.")
+COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
 def set_up(platform: str | None, num_cpu_devices: int | None):
@@ -13,3 +31,37 @@ def set_up(platform: str | None, num_cpu_devices: int | None):
     jax.config.update("jax_platforms", platform)
   if num_cpu_devices:
     jax.config.update("jax_num_cpu_devices", num_cpu_devices)
+
+
+def on_cloud_tpu() -> bool:
+  """A Cloud TPU VM of a multi-host slice, unless this run is forced onto another platform."""
+  platform = PLATFORM.value or os.environ.get("JAX_PLATFORMS", "")
+  return platform in ("", "tpu") and "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+
+
+def is_first_before_start() -> bool:
+  """Whether this process is known to be process 0 (or the only one) before JAX starts.
+  On a multi-host Cloud TPU the index is known only after `start`."""
+  return PROCESS_ID.value in (None, 0) and not on_cloud_tpu()
+
+
+def start():
+  """`set_up` from the flags, then joins the processes' cluster: with gloo CPU
+  collectives when the flags name it, from the environment on a Cloud TPU slice,
+  none for a single process."""
+  set_up(PLATFORM.value, NUM_CPU_DEVICES.value)
+  if COORDINATOR.value or NUM_PROCESSES.value:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
+                               initialization_timeout=120)
+  elif on_cloud_tpu():
+    jax.distributed.initialize()  # Cloud TPU: peers are found from the environment
+  logging.info("JAX process %d of %d, %d local / %d global %s devices.", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.devices()[0].platform)
+
+
+def stop():
+  """Leaves the processes' cluster (nothing for a single process)."""
+  if jax.process_count() > 1:
+    jax.distributed.shutdown()

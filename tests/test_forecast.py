@@ -1,10 +1,13 @@
 """Forecasting pieces in one process: the sharded streaming step equals the training
 rollout on any mesh, the forecast store's layout and resume rules, params-only restore,
-initial-time selection and the progress display."""
+initial-time selection and the progress display; and an ensemble forecast by 2 processes
+equal to the one of this process."""
 
 import io
 import json
 import os
+import subprocess
+import sys
 
 import grain
 import jax
@@ -15,6 +18,7 @@ import xarray as xr
 from flax import nnx
 
 from problems import device_batch, random_batch, spread_members
+from tiny_runs import REPO, process_env
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
@@ -294,7 +298,8 @@ def make_run(tmp_path, config, params=None):
 def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_path,
                                                                          store_source):
   """An FGN run (with global forcings) forecasts --members=N along `number`; members 0, 1
-  of 3 equal those of 2 and of a rerun; members differ; --members is required for an FGN."""
+  of 3 equal those of 2 and of a rerun; members differ; --members is required for an FGN;
+  the 3 members forecast by 2 processes (members across them) equal those of 1."""
   run_store, _ = store_source
   config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
   config.model.noise_channels = 4
@@ -315,6 +320,21 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
     assert np.isfinite(three[name].values).all()
   spread = np.abs(three["temperature"].isel(number=0) - three["temperature"].isel(number=2))
   assert float(spread.max()) > 1e-3
+  # Members across processes: 2 processes x 2 devices, rows (initial time, member) on
+  # mesh.data=2, so each process draws the noise of its own members.
+  out = str(tmp_path / "f3_two_processes.zarr")
+  launched = subprocess.run(
+      [sys.executable, "-m", "launch.local_cluster", "--num_processes=2", "--num_cpu_devices=4",
+       "--timeout=300", "--module=launch.forecast", "--", f"--workdir={workdir}",
+       f"--out={out}", "--lead=12h", f"--init_times={','.join(inits)}", "--members=3",
+       "--mesh.data=2", "--mesh.graph=2"],
+      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=400)
+  assert launched.returncode == 0, launched.stderr[-3000:]
+  across = xr.open_zarr(out, chunks=None)
+  for name in config.data.variables:
+    scale = float(abs(three[name]).max())
+    np.testing.assert_allclose(across[name].values, three[name].values, rtol=1e-5,
+                               atol=1e-5 * scale)
   with pytest.raises(UserError, match="members is required: the run is an FGN"):
     forecast_lib.run_forecast(workdir, str(tmp_path / "none.zarr"), lead="12h",
                               init_times=inits)

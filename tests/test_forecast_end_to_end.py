@@ -1,9 +1,11 @@
 """Train -> forecast -> evaluate in real processes: the forecast store's layout and units,
-a 4-way graph-sharded forecast equal to the single-device one, kill -9 and continue, and
-scores equal to an independent computation."""
+a 4-way graph-sharded forecast equal to the single-device one, kill -9 and continue, a
+forecast by 2 processes stopped and continued, and scores equal to an independent
+computation."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import pytest
 import scores
 import xarray as xr
 
-from tiny_runs import REPO, process_env
+from tiny_runs import REPO, Started, cluster_process, process_env
 from wnscale.evaluation import metrics
 
 pytestmark = pytest.mark.slow
@@ -36,9 +38,19 @@ def command(module, *flags, devices=1):
   return [sys.executable, "-m", f"launch.{module}", *platform, *flags]
 
 
+def cluster_command(*flags):
+  """`launch.forecast` with `flags` on 2 processes x 2 CPU devices (`launch.local_cluster`)."""
+  return [sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+          "--num_cpu_devices=4", "--timeout=300", "--module=launch.forecast", "--", *flags]
+
+
 def run(module, *flags, devices=1):
-  result = subprocess.run(command(module, *flags, devices=devices), cwd=REPO, env=process_env(),
-                          capture_output=True, text=True, timeout=600)
+  return run_command(command(module, *flags, devices=devices))
+
+
+def run_command(launched):
+  result = subprocess.run(launched, cwd=REPO, env=process_env(), capture_output=True,
+                          text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result
 
@@ -133,6 +145,60 @@ def test_kill_9_keeps_finished_initial_times_and_the_same_command_continues(
   np.testing.assert_array_equal(resumed["geopotential"].isel(time=kept).values, before)
   for name in VARIABLES:
     np.testing.assert_array_equal(resumed[name].values, expected[name].values)
+
+
+def _stop_one_process(out, flags, signum, kept):
+  """Launches `cluster_command(*flags)`; once `out` holds more than `kept` finished
+  initial times, sends `signum` to process 1 only (not the writer). Returns the
+  cluster's exit status, its stderr, and the finished initial times it left."""
+  cluster = Started(cluster_command(*flags))
+  try:
+    deadline = time.monotonic() + 300
+    while len(completed(out)) <= kept:
+      assert cluster.process.poll() is None, cluster.stderr[-3000:]
+      assert time.monotonic() < deadline, "no initial time finished"
+      time.sleep(0.01)
+    os.kill(cluster_process(cluster.process.pid, 1), signum)
+    code = cluster.finish(timeout=300)
+  finally:
+    cluster.kill()
+  return code, cluster.stderr, completed(out)
+
+
+def test_two_processes_forecast_as_one_stopped_by_a_signal_to_one(reference, trained,
+                                                                    tmp_path):
+  """2 processes x 2 devices, the graph over the 4 devices of both, stopped by a SIGTERM to
+  process 1 only: both stop after the same finished initial time, exit 0. Continued with
+  the data over the processes (mesh.data=2, mesh.graph=2: each reads its own initial
+  times), it is killed by a SIGKILL of process 1; the same command completes the store,
+  which equals the 1-process forecast."""
+  workdir, _ = trained
+  out = str(tmp_path / "two_processes.zarr")
+  flags = (f"--workdir={workdir}", f"--out={out}", *INITS, LEAD)
+  code, stderr, stopped = _stop_one_process(out, flags + ("--mesh.graph=4",), signal.SIGTERM,
+                                            0)
+  assert code == 0, stderr[-3000:]
+  stops = dict(re.findall(rf"\[p(\d)\] .*Interrupted \(SIGTERM\): (\d+) of {NUM_INITS} ",
+                          stderr))
+  assert stops == {"0": str(len(stopped)), "1": str(len(stopped))}, stderr[-3000:]
+  assert 1 <= len(stopped) < NUM_INITS, "the forecast finished before it was stopped"
+
+  flags += ("--mesh.data=2", "--mesh.graph=2")
+  code, stderr, kept = _stop_one_process(out, flags, signal.SIGKILL, len(stopped))
+  assert code == 128 + signal.SIGKILL, stderr[-3000:]  # local_cluster: the killed one's
+  assert set(stopped) < set(kept) and len(kept) < NUM_INITS, "finished before the kill"
+  result = run_command(cluster_command(*flags))
+  assert f"({len(kept)} done before)" in result.stderr
+  summaries = [json.loads(line[len("[pN] "):]) for line in result.stdout.splitlines()
+               if re.match(r"\[p\d\] \{", line)]
+  assert [s["written"] for s in summaries] == [NUM_INITS - len(kept)] * 2
+  both = xr.open_zarr(out, chunks=None).load()
+  single = xr.open_zarr(reference, chunks=None).load()
+  assert both.attrs["wnscale_completed_inits"] == list(range(NUM_INITS))
+  for name in VARIABLES:
+    scale = float(abs(single[name]).max())
+    np.testing.assert_allclose(both[name].values, single[name].values, rtol=1e-5,
+                               atol=1e-5 * scale)
 
 
 def test_evaluate_equals_an_independent_computation(reference, trained, tmp_path):

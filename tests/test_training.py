@@ -27,8 +27,8 @@ from wnscale.model import setup
 from wnscale.train import checkpoint, optimizer, trainer
 from tiny_runs import read_metrics
 
-from tiny_runs import (REPO, STEPS, Started, losses, run, snapshot, train_command,
-                       wait_for_step)
+from tiny_runs import (REPO, STEPS, Started, cluster_process, losses, run, snapshot,
+                       train_command, wait_for_step)
 
 
 @pytest.fixture
@@ -95,24 +95,6 @@ def test_nonfinite_loss_stops_without_checkpointing_it(tmp_path):
   shutil.rmtree(tmp_path)
 
 
-def _children(pid):
-  """Process ids of `pid`'s children (Linux /proc)."""
-  with open(f"/proc/{pid}/task/{pid}/children") as f:
-    return [int(child) for child in f.read().split()]
-
-
-def _cluster_process(cluster_pid, process_id, timeout=120):
-  """The pid of `launch.train --process_id=<process_id>` under a local_cluster."""
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    for child in _children(cluster_pid):
-      with open(f"/proc/{child}/cmdline") as f:
-        if f"--process_id={process_id}" in f.read().split("\0"):
-          return child
-    time.sleep(0.2)
-  raise TimeoutError(f"process {process_id} of the cluster did not start")
-
-
 def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
     reference, tmp_path):
   """A 2-process run, stopped by a SIGINT to one process only and continued by 2
@@ -123,7 +105,7 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   cluster = Started(train_command(workdir, devices=4, data=1, graph=4, processes=2))
   try:
     wait_for_step(cluster, workdir, 3)
-    os.kill(_cluster_process(cluster.process.pid, 1), signal.SIGINT)  # not the one that logs
+    os.kill(cluster_process(cluster.process.pid, 1), signal.SIGINT)  # not the one that logs
     assert cluster.finish(timeout=300) == 0, cluster.stderr[-3000:]
   finally:
     cluster.kill()

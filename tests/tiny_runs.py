@@ -182,3 +182,21 @@ def wait_for_step(started: Started, workdir, step, timeout=300.0):
     time.sleep(0.1)
   started.kill()
   raise TimeoutError(f"step {step} not reached")
+
+
+def _children(pid):
+  """Process ids of `pid`'s children (Linux /proc)."""
+  with open(f"/proc/{pid}/task/{pid}/children") as f:
+    return [int(child) for child in f.read().split()]
+
+
+def cluster_process(cluster_pid, process_id, timeout=120):
+  """The pid of the launcher's `--process_id=<process_id>` under a local_cluster."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    for child in _children(cluster_pid):
+      with open(f"/proc/{child}/cmdline") as f:
+        if f"--process_id={process_id}" in f.read().split("\0"):
+          return child
+    time.sleep(0.2)
+  raise TimeoutError(f"process {process_id} of the cluster did not start")

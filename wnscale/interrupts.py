@@ -17,9 +17,13 @@ status 130) with whatever was saved before it.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from typing import Callable
+
+import jax
+from jax.experimental import multihost_utils
 
 
 class StopRequest:
@@ -67,3 +71,41 @@ class StopRequest:
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
+
+
+class AgreedStop:
+  """When a loop run by every JAX process stops on a SIGTERM or a Ctrl-C (SIGINT), at the
+  same step in all of them.
+
+  One process: its own handler of both (`StopRequest`). Several: JAX's preemption
+  service (`jax.distributed`) catches SIGTERM in any process and agrees on one step
+  at which every process stops, so none waits for a peer that has left; a SIGINT (a
+  terminal sends it to every process of a job, `launch.local_cluster` passes it on
+  to each) is passed on to that service as a SIGTERM to the process itself. The
+  handlers are set from construction until `restore`.
+
+  Args:
+    what_happens: said in the log line on the first signal (`StopRequest`).
+  """
+
+  def __init__(self, what_happens: str):
+    self._single = jax.process_count() == 1
+    self.stop = StopRequest(
+        what_happens,
+        signals=(signal.SIGINT, signal.SIGTERM) if self._single else (signal.SIGINT,),
+        on_signal=None if self._single else lambda _: os.kill(os.getpid(), signal.SIGTERM))
+    self.stop.__enter__()
+
+  @property
+  def signal_name(self) -> str:
+    """The signal this process caught ("SIGTERM" when a peer's stopped it)."""
+    return self.stop.requested or "SIGTERM"
+
+  def reached(self, step: int) -> bool:
+    """Whether to stop at `step`; every process calls it at every step, `step` increasing."""
+    if self._single:
+      return self.stop.requested is not None
+    return multihost_utils.reached_preemption_sync_point(step)
+
+  def restore(self):
+    self.stop.__exit__(None, None, None)

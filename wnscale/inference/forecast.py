@@ -10,6 +10,12 @@ as finished once all its lead times are written (`forecast_store`): the same
 command continues a killed forecast where it stopped. Ctrl-C or SIGTERM stops it
 after the lead time being computed, says how many initial times the store holds,
 and returns (a second Ctrl-C stops at once; `wnscale.interrupts`).
+
+Several JAX processes (`jax.distributed`) run one forecast on the global mesh,
+each reading the initial conditions of its devices' batch rows. Process 0
+creates and writes the store; the others wait for it at each finished batch of
+initial times, so all agree on the finished ones. A Ctrl-C or SIGTERM to any
+process stops all after a finished batch (`interrupts.AgreedStop`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import time
 import jax
 import numpy as np
 import pandas as pd
+from jax.experimental import multihost_utils
 
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
@@ -149,8 +156,11 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     return summary
 
   forecaster = StreamingForecaster(ready.specs, ready.assembly, ready.params, ready.store)
-  with interrupts.StopRequest("stopping after the lead time being computed; finished "
-                              "initial times are kept") as stop:
+  stop = interrupts.AgreedStop(
+      "stopping after the lead time being computed; finished initial times are kept"
+      if jax.process_count() == 1 else "stopping every process after the initial times "
+      "being computed; finished initial times are kept")
+  try:
     compile_start = time.perf_counter()
     summary["step_memory"] = forecaster.compile()
     summary["compile_seconds"] = time.perf_counter() - compile_start
@@ -162,14 +172,16 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     rows = [(init_index, member) for init_index in remaining
             for member in (range(members) if members else [None])]
     progress = ForecastProgress(len(rows), num_leads, stream)
-    peak = _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster,
-                          output, progress, stop)
+    peak, stopped = _forecast_rows(rows, indices, init_datetimes, num_leads, members,
+                                   forecaster, output, progress, stop)
     progress.close()
-  if stop.requested:
-    summary.update(interrupted=stop.requested, written=len(output.completed) -
+  finally:
+    stop.restore()
+  if stopped:
+    summary.update(interrupted=stop.signal_name, written=len(output.completed) -
                    summary["already_written"])
     logging.warning("Interrupted (%s): %d of %d initial times are in %s; run the same command "
-                    "to finish.", stop.requested, len(output.completed), len(indices),
+                    "to finish.", stop.signal_name, len(output.completed), len(indices),
                     output.path)
     return summary
   seconds = time.perf_counter() - progress.start
@@ -207,9 +219,6 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
     raise ArgumentError("out", paths.normalize(out), f"holds a forecast of another run, "
                         f"{previous['workdir']}; choose another `out`, or remove it to start "
                         "again.")
-  if jax.process_count() > 1:
-    raise UserError("Forecasts run in one process (on any number of its devices); "
-                    f"this is one of {jax.process_count()}.")
   config, path = load_run_config(run, mesh_overrides, data_path)
   _check_members(config, members)
   specs = specs_lib.from_config(config)
@@ -242,13 +251,24 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
       workdir=run.path, checkpoint_step=step, initial_conditions=path,
       init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
       members=members, params=which)
-  output = forecast_store.ForecastStore(
+  output = _open_output(
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels, latitude=latitude, longitude=longitude,
       flip_latitude=store.flip_latitude, on_points=on_points, members=members,
       point_coords=cutout_coords(store.points), argument="out")
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
                    output)
+
+
+def _open_output(out: str, settings: dict, **layout) -> forecast_store.ForecastStore:
+  """The forecast store (`forecast_store.ForecastStore` of these arguments): process 0
+  creates or opens it and writes; the others open it once it is there."""
+  if jax.process_count() == 1:
+    return forecast_store.ForecastStore(out, settings, **layout)
+  writes = jax.process_index() == 0
+  output = forecast_store.ForecastStore(out, settings, **layout) if writes else None
+  multihost_utils.sync_global_devices("wnscale forecast store ready")
+  return output or forecast_store.ForecastStore(out, settings, writes=False, **layout)
 
 
 def cutout_coords(points) -> dict:
@@ -277,13 +297,13 @@ def _init_indices(store, data, path: str, init_times, init_start, init_end,
 
 
 def _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster, output,
-                   progress, stop) -> int:
-  """Forecasts `rows` (initial time, member) into `output` until done or `stop.requested`;
-  returns the peak of live device bytes."""
-  peak = 0
-  for first in range(0, len(rows), forecaster.batch_size):
-    if stop.requested:
-      return peak
+                   progress, stop: interrupts.AgreedStop) -> tuple[int, bool]:
+  """Forecasts `rows` (initial time, member) into `output` until done or stopped; returns
+  the peak of live device bytes and whether it stopped."""
+  peak, single = 0, jax.process_count() == 1
+  for number, first in enumerate(range(0, len(rows), forecaster.batch_size)):
+    if stop.reached(number):  # every process, at the same batch
+      return peak, True
     batch = rows[first:first + forecaster.batch_size]
     inits = [init_index for init_index, _ in batch]
     row_members = [member for _, member in batch] if members else None
@@ -292,11 +312,13 @@ def _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster
         output.write(init_index, lead_index, state, member)
       peak = max(peak, live_device_bytes())
       progress.leads_done(lead_index, len(batch))
-      if stop.requested:  # this batch's initial times stay unfinished
-        return peak
+      if single and stop.reached(number):  # this batch's initial times stay unfinished
+        return peak, True
     for init_index, member in batch:
       if member is None or member == members - 1:  # its last row: the initial time is done
         output.finish_init(init_index)
       label = str(pd.Timestamp(init_datetimes[init_index]))
       progress.init_done(label if member is None else f"{label} member {member}")
-  return peak
+    if not single:  # the finished ones recorded before any process goes on or stops
+      multihost_utils.sync_global_devices(f"wnscale forecast batch {number}")
+  return peak, False

@@ -18,6 +18,10 @@ forecast keeps every finished initial time and the same command continues
 with the rest; a store of other settings is never written into. A full disk
 ends the same way, as an `errors.NoSpaceLeft` saying how many initial times
 were kept (`outputs.writing`).
+
+A forecast by several processes has one writer (process 0): the others open
+the store it created (`writes=False`) and keep its record of finished initial
+times without writing.
 """
 
 from __future__ import annotations
@@ -70,19 +74,25 @@ class ForecastStore:
     members: ensemble size (adds the `number` dim); None: deterministic.
     argument: the caller's name for `path`: a store of other settings there is an
       `ArgumentError` of it.
+    writes: whether this process writes; False: the store must exist (the writer
+      made it), and `write`, `finish_init` only keep the record of finished
+      initial times (`completed`).
   """
 
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
                latitude, longitude, flip_latitude: bool, on_points: bool = False,
                point_coords: dict | None = None, members: int | None = None,
-               argument: str = "path"):
+               argument: str = "path", writes: bool = True):
     self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
     self.space = (POINT_DIM,) if on_points else STATIC_DIMS
     self.grid = (len(latitude),) if on_points else (len(latitude), len(longitude))
-    self.members = members
+    self.members, self.writes = members, writes
     existing = recorded_settings(self.path, argument)
+    if existing is None and not writes:
+      raise RuntimeError(f"{self.path}: no forecast store for a process that does not "
+                         "write to open; its writer makes it first.")
     if existing is None:
       self._create(settings, init_times, leads, latitude, longitude, point_coords or {})
     elif existing != settings:
@@ -92,7 +102,8 @@ class ForecastStore:
                           f"({', '.join(changed)} differ); choose another `{argument}`, or "
                           "remove it to start again.")
     self.completed = sorted(int(i) for i in writer.read_attrs(self.path)[COMPLETED_ATTR])
-    self._handles = {name: writer.open_variable(self.path, name) for name in self.variables}
+    self._handles = ({name: writer.open_variable(self.path, name) for name in self.variables}
+                     if writes else {})
     self._pending = []
 
   def _create(self, settings, init_times, leads, latitude, longitude, point_coords):
@@ -125,7 +136,9 @@ class ForecastStore:
 
   def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None):
     """Starts writing one state `[channels, lat * lon]` (latitude ascending) or `[channels,
-    points]`, in physical units."""
+    points]`, in physical units (nothing where this process does not write)."""
+    if not self.writes:
+      return
     self._wait()  # at most one lead time's writes in flight
     prefix = (init_index,) + (() if member is None else (member,)) + (lead_index,)
     channel = 0
@@ -140,11 +153,13 @@ class ForecastStore:
       channel += width
 
   def finish_init(self, init_index: int):
-    """Waits for the initial time's writes, then records it as finished."""
-    self._wait()
+    """Waits for the initial time's writes, then records it as finished (in the store
+    where this process writes)."""
     completed = sorted(set(self.completed) | {int(init_index)})
-    with outputs.writing(self.path, self._kept):
-      writer.update_attrs(self.path, {COMPLETED_ATTR: completed})
+    if self.writes:
+      self._wait()
+      with outputs.writing(self.path, self._kept):
+        writer.update_attrs(self.path, {COMPLETED_ATTR: completed})
     self.completed = completed
 
   def _wait(self):

@@ -45,11 +45,13 @@ class NanFill:
               where=mask[:, None])
     return mask
 
-  def refill(self, mask: np.ndarray, put):
+  def refill(self, mask: np.ndarray, put, anywhere: bool | None = None):
     """None where `mask` `[B, C, slots]` (`clean`'s, in the history's grid order) is
     empty; else `history -> history` (on the device, donated) with the fill values
-    where it is set. `put(key, array)` lays a host batch array out as `key` says."""
-    if not mask.any():
+    where it is set. `put(key, array)` lays a host batch array out as `key` says.
+    `anywhere`: whether the whole batch's mask is set anywhere, when `mask` is one
+    process's rows of it (default: `mask.any()`)."""
+    if not (mask.any() if anywhere is None else anywhere):
       return None
     device_mask = put("inputs", mask[:, None])[:, 0] > 0.5  # laid out as the history
     fill = jnp.asarray(np.nan_to_num(self.fill))

@@ -10,6 +10,10 @@ many lead times are forecast. Initial times (with an FGN: pairs of initial
 time and ensemble member) are batched over the mesh's `data` axis, one per
 data shard.
 
+On several JAX processes every process runs the same calls in lockstep: each
+reads the initial conditions (and computes the forcings and noise) of the batch
+rows its devices hold, and every lead time comes back to every host whole.
+
 An FGN's member `k` from initial time `t` draws its noise for lead `l` from
 `(run seed, t in hours since 1970, k, l)` (`ensemble.member_noise`): a rerun
 gives the same members, and member `k` is the same whatever the ensemble size.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wnscale.assembly import Assembly
 from wnscale.data import forcings as forcings_lib
@@ -106,13 +111,30 @@ class StreamingForecaster:
     self.noise_channels = specs.model.noise_channels
     self.noise_key = ensemble.noise_key(specs.seed)
     self.step = ShardedStep(assembly, params)
+    self.rows = self._local_rows()
     statics = self.layout.grid.to_slots(
         norm.input_scales.statics(store.read_statics()), -1)
-    self.statics = self._put("statics", np.broadcast_to(statics,
-                                                        (self.batch_size,) + statics.shape))
+    self.num_local_rows = self.rows.stop - self.rows.start
+    self.statics = self._put("statics", np.broadcast_to(
+        statics, (self.num_local_rows,) + statics.shape))
+    # Several processes: outputs made whole on every device, so each host reads them whole.
+    self._whole = jax.jit(lambda x: x, out_shardings=NamedSharding(self.layout.mesh, P()))
+
+  def _local_rows(self) -> slice:
+    """The batch rows this process's devices hold (all of them in one process)."""
+    sharding = self.layout.sharding(BATCH_SPECS["noise"])  # rows only: the batch axis
+    blocks = sharding.addressable_devices_indices_map((self.batch_size,)).values()
+    return slice(min(block[0].start or 0 for block in blocks),
+                 max(block[0].stop or self.batch_size for block in blocks))
 
   def _put(self, key: str, array: np.ndarray) -> jax.Array:
-    return self.step.put(key, array)
+    """This process's rows `array` of a batch (grid axis in slots, all of it) as the
+    global array of `batch_size` rows, laid out as `BATCH_SPECS[key]` says."""
+    return self.layout.global_batch({key: array}, self.batch_size, np.float32)[key]
+
+  def _to_whole(self, array: jax.Array) -> jax.Array:
+    """`array`, whole on this process's devices (a copy only where it spans processes)."""
+    return array if array.is_fully_addressable else self._whole(array)
 
   def _history(self, init_indices) -> tuple[np.ndarray, np.ndarray]:
     """`(states [B, input_steps, C, slots] normalized up to each initial time, mask
@@ -183,7 +205,7 @@ class StreamingForecaster:
     forcings = abstract("forcings", self.input_steps + 1, len(self.forcings))
     extra = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        self._extra(self.store.times[:self.batch_size], [0] * self.batch_size, 0))
+        self._extra(self.store.times[self.rows], [0] * self.num_local_rows, 0))
     stats = self.step.compile(history, forcings, self.statics, extra).memory_analysis()
     return {"argument_bytes": stats.argument_size_in_bytes,
             "output_bytes": stats.output_size_in_bytes,
@@ -197,7 +219,8 @@ class StreamingForecaster:
     States are float32 in physical units, latitude ascending (the store's
     internal order). `init_indices` index `store.times`, at most `batch_size`
     of them; each needs `input_steps - 1` earlier times in the store.
-    `members`: an FGN's member of each row (same length).
+    `members`: an FGN's member of each row (same length). On several processes every
+    process calls this with the same arguments.
     """
     if not self.step.is_compiled:
       self.compile()
@@ -207,10 +230,12 @@ class StreamingForecaster:
     indices = list(init_indices) + [init_indices[-1]] * (self.batch_size - count)  # padding
     members = list(members if members is not None else [0] * count)
     members += [members[-1]] * (self.batch_size - count)
-    init_times = self.store.times[indices]
-    history, nan_mask = self._history(indices)
+    init_times, members = self.store.times[indices][self.rows], members[self.rows]
+    history, local_mask = self._history(indices[self.rows])
     history = self._put("inputs", history)
-    refill = self.nan_fill.refill(nan_mask, self._put)
+    nan_mask = self._whole_mask(local_mask)
+    # Every process refills or none: the refill is a computation of them all.
+    refill = self.nan_fill.refill(local_mask, self._put, anywhere=nan_mask.any())
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))
@@ -218,11 +243,20 @@ class StreamingForecaster:
                                  self._extra(init_times, members, lead))
       if refill is not None:  # the fill value again where the inputs were NaN
         history = refill(history)
+      state = self._to_whole(state)
       state.copy_to_host_async()
       if pending is not None:  # the previous lead reaches the host while this one runs
         yield pending[0], self._to_host(pending[1], count, nan_mask)
       pending = (lead, state)
     yield pending[0], self._to_host(pending[1], count, nan_mask)
+
+  def _whole_mask(self, mask: np.ndarray) -> np.ndarray:
+    """`[B, C, slots]`: the NaN masks of all rows from this process's rows `mask`."""
+    if jax.process_count() == 1:
+      return mask
+    if not self.nan_fill.active:  # no row has one
+      return np.zeros((self.batch_size,) + mask.shape[1:], bool)
+    return np.asarray(self._to_whole(self._put("inputs", mask[:, None])))[:, 0] > 0.5
 
   def _to_host(self, state: jax.Array, count: int, nan_mask: np.ndarray) -> np.ndarray:
     """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`,

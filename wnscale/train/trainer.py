@@ -29,15 +29,12 @@ import datetime
 import gc
 import json
 import logging
-import os
 import re
-import signal
 import time
 
 import jax
 import ml_collections
 import numpy as np
-from jax.experimental import multihost_utils
 
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
@@ -65,40 +62,6 @@ from wnscale.train.state import initial_state
 
 class NonFiniteLossError(RuntimeError):
   """The loss became NaN or inf; no checkpoint of that state was written."""
-
-
-class _Preemption:
-  """Tells the loop when to checkpoint and stop because of a SIGTERM or a Ctrl-C (SIGINT).
-
-  One process: its own handler of both (`interrupts.StopRequest`). Several:
-  JAX's preemption service (`jax.distributed`) catches SIGTERM in any process
-  and agrees on one step at which every process stops, so all save the same
-  step and none waits for a peer that has left; a SIGINT (a terminal sends it
-  to every process of a job, `launch.local_cluster` passes it on to each) is
-  passed on to that service as a SIGTERM to the process itself.
-  """
-
-  def __init__(self):
-    self._single = jax.process_count() == 1
-    self.stop = interrupts.StopRequest(
-        "checkpointing the step reached, then stopping",
-        signals=(signal.SIGINT, signal.SIGTERM) if self._single else (signal.SIGINT,),
-        on_signal=None if self._single else lambda _: os.kill(os.getpid(), signal.SIGTERM))
-    self.stop.__enter__()
-
-  @property
-  def signal_name(self) -> str:
-    """The signal this process caught ("SIGTERM" when a peer's stopped it)."""
-    return self.stop.requested or "SIGTERM"
-
-  def reached(self, step: int) -> bool:
-    """Whether to checkpoint `step` and stop; every process calls it at every step."""
-    if self._single:
-      return self.stop.requested is not None
-    return multihost_utils.reached_preemption_sync_point(step)
-
-  def restore(self):
-    self.stop.__exit__(None, None, None)
 
 
 def _check_finite(state):
@@ -175,7 +138,7 @@ class _Training:
   batch_dtype: object  # what batches are carried in on the device (`setup.batch_dtype`)
   checkpointer: checkpoint_lib.Checkpointer
   writer: MetricsWriter
-  preemption: _Preemption
+  preemption: interrupts.AgreedStop
   frozen: dict  # `optimizer.frozen_counts` of `train.freeze`
 
   def start_phase(self, phase: specs_lib.Phase):
@@ -279,7 +242,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
                                    source=eval_source, rows_per_example=rows_per_example)
-  preemption = _Preemption()
+  preemption = interrupts.AgreedStop("checkpointing the step reached, then stopping")
   closing.callback(preemption.restore)
   return _Training(config, run, layout, (device_constants, halo_indices), state, start_step,
                    train_step, evaluator, train_data, data_offset, phases, pipeline_at,
