@@ -123,9 +123,9 @@ class WeatherExampleSource:
     self.forcings, self.stored_forcings = tuple(forcings), tuple(stored_forcings)
     outputs = self.variables + tuple(target_only_variables)
     self.store = cutout.open_store(path, outputs, levels, time_step_hours=time_step_hours,
-                                      resolution=resolution, forcings=self.stored_forcings,
-                                      member=member, regional_path=regional_path,
-                                      region=region)
+                                   resolution=resolution, forcings=self.stored_forcings,
+                                   member=member, regional_path=regional_path,
+                                   region=region)
     self.input_steps = input_steps
     self.target_steps = target_steps
     self.global_forcings = tuple(global_forcings)

@@ -224,8 +224,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   specs = specs_lib.from_config(config)
   d = specs.data
   store = cutout.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
-                               d.resolution, forcings=d.stored_forcings,
-                               regional_path=d.regional_path, region=d.region_box)
+                            d.resolution, forcings=d.stored_forcings,
+                            regional_path=d.regional_path, region=d.region_box)
   indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from wnscale.model import ensemble, forecast
 from wnscale.model.forecast import Constants

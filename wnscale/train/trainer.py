@@ -420,10 +420,10 @@ def _same_store(before: str, now: str, data) -> bool:
   """Whether the stores at `before` and `now` hold the same variables, levels, times, grid."""
   def describe(path):
     store = cutout.open_store(path, data.variables, data.pressure_levels,
-                                 data.time_step_hours, data.resolution,
-                                 forcings=data.stored_forcings,
-                                 regional_path=data.regional_path,
-                                 region=region_lib.parse_box(data.region, "data.region"))
+                              data.time_step_hours, data.resolution,
+                              forcings=data.stored_forcings,
+                              regional_path=data.regional_path,
+                              region=region_lib.parse_box(data.region, "data.region"))
     return store.channel_names, store.times.tolist(), store.points.digest()
   try:
     return describe(before) == describe(now)
