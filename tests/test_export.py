@@ -8,6 +8,7 @@ runs GraphCast's model cannot express are refused before anything is read.
 """
 
 import copy
+import dataclasses
 import os
 import re
 import shutil
@@ -110,6 +111,28 @@ def test_without_the_import_remainder_the_model_is_the_same(imported, tmp_path):
   a, b = (params_of(run_dir, "raw") for run_dir in (imported, reimported))
   for (path, x), (_, y) in zip(flat(a), flat(b)):
     np.testing.assert_array_equal(x, y, err_msg=path)
+
+
+def test_the_imports_own_configs_are_written_back(imported, tmp_path):
+  """An import's original configs, where they differ from the derived ones only in what
+  wnscale does not keep (the order of the task's inputs, statics first here), are
+  written back as they were; the parameters do not depend on that order."""
+  run_dir = str(tmp_path / "run")
+  shutil.copytree(imported, run_dir)
+  remainder = graphcast_checkpoint.read_checkpoint(os.path.join(run_dir, REMAINDER))
+  inputs = remainder.task_config["input_variables"]
+  reordered = STATICS + tuple(name for name in inputs if name not in STATICS)
+  assert reordered != inputs
+  task = dict(remainder.task_config, input_variables=reordered)
+  with open(os.path.join(run_dir, REMAINDER), "wb") as f:
+    f.write(graphcast_checkpoint.to_bytes(dataclasses.replace(remainder, task_config=task)))
+  out = str(tmp_path / "params.npz")
+  export_graphcast(run_dir, out)
+  exported, original = read_graphcast(out), read_graphcast(CHECKPOINT)
+  assert exported["task_config"] == dict(original["task_config"], input_variables=reordered)
+  for module, leaves in original["params"].items():
+    for leaf, value in leaves.items():
+      np.testing.assert_array_equal(exported["params"][module][leaf], value)
 
 
 def test_statistics_of_wnscale_format_in_graphcast_layout(imported, tmp_path):
