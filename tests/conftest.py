@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 
+import graphcast_runs
 import tiny_runs
 
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -43,7 +44,9 @@ os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(tiny_runs.CPU_ONLY_XLA
 # Grain reads absl flags in its workers; outside absl.app.run they must be parsed.
 absl.flags.FLAGS.mark_as_parsed()
 
-SHARED_RUN_GROUP = "trained_tiny_run"
+# Session fixtures that several files read: each one's files form one pytest-xdist group,
+# so that it is made once.
+SHARED_RUNS = ("trained_tiny_run", "graphcast_import")
 # The longest files (minutes each on 2 cores) start first, so that none starts last on a
 # worker while the others have finished; the order only changes how soon the suite ends.
 LONGEST_FIRST = ("test_remat.py", "test_sharding.py", "test_transformer.py",
@@ -52,12 +55,16 @@ LONGEST_FIRST = ("test_remat.py", "test_sharding.py", "test_transformer.py",
 
 def pytest_collection_modifyitems(items):
   """Groups tests for pytest-xdist (`--dist loadgroup`): one group per file, so a module's
-  fixtures are made once, and one group of every file that reads `trained_tiny_run`, so
-  it is trained once. The shared group and the longest files go first."""
-  shared = {item.path for item in items if SHARED_RUN_GROUP in item.fixturenames}
+  fixtures are made once, and one group of every file that reads a shared run
+  (`SHARED_RUNS`, the first it reads), so that it is made once. The shared groups and the
+  longest files go first."""
+  shared = {}
+  for name in SHARED_RUNS:
+    for item in items:
+      if name in item.fixturenames:
+        shared.setdefault(item.path, name)
   for item in items:
-    item.add_marker(pytest.mark.xdist_group(
-        SHARED_RUN_GROUP if item.path in shared else item.path.name))
+    item.add_marker(pytest.mark.xdist_group(shared.get(item.path, item.path.name)))
 
   def rank(item):
     if item.path in shared:
@@ -75,3 +82,18 @@ def trained_tiny_run(tmp_path_factory) -> str:
   workdir = str(tmp_path_factory.mktemp("trained_tiny_run"))
   tiny_runs.run(workdir)
   return workdir
+
+
+@pytest.fixture(scope="session")
+def graphcast_import(tmp_path_factory) -> graphcast_runs.Imported:
+  """The 5.625 deg GraphCast fixture imported, and a config to fine-tune it
+  (`graphcast_runs.import_fixture`). Shared: read it, copy it to write."""
+  return graphcast_runs.import_fixture(str(tmp_path_factory.mktemp("graphcast_import")))
+
+
+@pytest.fixture(scope="session")
+def fine_tuned_import(graphcast_import, tmp_path_factory) -> str:
+  """The workdir of a run fine-tuned from `graphcast_import` with its config. Shared:
+  read it, copy it to write."""
+  return graphcast_runs.fine_tune(graphcast_import,
+                                  str(tmp_path_factory.mktemp("fine_tuned_import")))

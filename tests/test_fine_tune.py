@@ -1,9 +1,6 @@
 """Fine-tuning an imported GraphCast: a new run starts from its parameters
-(`train.init_from`) with other sharding and remat settings, and trains.
-
-The data: the fixture's example file written as a WeatherBench2-layout store
-(its 3 times: one example, with ERA5-style solar radiation read from the store,
-as the imported model's config says).
+(`train.init_from`) with other sharding and remat settings, and trains (the shared
+`graphcast_import` and `fine_tuned_import`: `graphcast_runs`).
 """
 
 import copy
@@ -12,41 +9,21 @@ import os
 import jax
 import numpy as np
 import pytest
-import xarray as xr
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline
 from wnscale.errors import UserError
-from wnscale.interop.graphcast_import import import_graphcast
 from wnscale.model import setup
 from wnscale.train import checkpoint, trainer
 from problems import mean_loss
 from tiny_runs import read_metrics
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")
-
-
-def example_store(example_path: str, path: str) -> str:
-  """GraphCast's example file (batch 0) as a zarr store in WeatherBench2's layout."""
-  example = xr.load_dataset(example_path).isel(batch=0)
-  example = example.assign_coords(time=example["datetime"].values).drop_vars("datetime")
-  example.rename({"lat": "latitude", "lon": "longitude"}).to_zarr(path, zarr_format=2,
-                                                                   consolidated=True)
-  return path
-
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-  root = tmp_path_factory.mktemp("fine_tune")
-  run = str(root / "imported")
-  import_graphcast(os.path.join(FIXTURE, "params.npz"), os.path.join(FIXTURE, "stats"), run)
-  store = example_store(os.path.join(FIXTURE, "example.nc"), str(root / "example.zarr"))
-  config = config_lib.from_json(open(os.path.join(run, "config.json")).read())
-  config.data.update(path=store, train_start="2022-01-01", train_end="2022-01-01")
-  config.train.update(init_from=run, steps=2, warmup_steps=0, batch_size=1, log_every=1,
-                      eval_every=0, checkpoint_every=2)
-  return run, config
+def imported(graphcast_import):
+  """`(imported run, a fine-tuning config)`, shared."""
+  return graphcast_import.imported, graphcast_import.config
 
 
 def newest_params(run, config):
@@ -58,15 +35,9 @@ def newest_params(run, config):
 
 
 @pytest.mark.slow
-def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, tmp_path):
+def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, fine_tuned_import):
   run, config = imported
-  config = copy.deepcopy(config)
-  # Graph over 8 devices, every stage rematerialized, edges in blocks.
-  config.mesh.update(data=1, graph=8)
-  config.model.update(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, mesh_remat_every=3,
-                      remat_mesh_to_grid_gnn=True, edge_chunks=2)
-  workdir = str(tmp_path / "fine_tuned")
-  trainer.train_and_evaluate(config_lib.validate(config), workdir)
+  workdir = fine_tuned_import
   losses = {m["step"]: m["loss"] for m in read_metrics(workdir) if "loss" in m}
 
   # Step 1's loss is that of the imported parameters on the one example, computed here on

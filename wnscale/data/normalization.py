@@ -158,6 +158,23 @@ def _from_graphcast(directory: str) -> xr.Dataset:
   return xr.Dataset(data, coords=coords, attrs={"source": directory, "format": "graphcast"})
 
 
+def to_graphcast(stats: xr.Dataset) -> dict[str, xr.Dataset]:
+  """This module's format -> GraphCast's files' datasets (`{statistic: Dataset}`, the
+  file of each in `GRAPHCAST_FILES`), the inverse of `_from_graphcast`: every variable in
+  each, float64, atmospheric ones over an int32 `level` coordinate, the others scalars."""
+  files = {}
+  for statistic in GRAPHCAST_FILES:
+    data = {}
+    for name, values in stats.data_vars.items():
+      column = values.sel(statistic=statistic).astype(np.float64)
+      data[name] = column.drop_vars("statistic")
+    dataset = xr.Dataset(data)
+    if "level" in dataset.coords:
+      dataset = dataset.assign_coords(level=dataset["level"].values.astype(np.int32))
+    files[statistic] = dataset
+  return files
+
+
 def compute_stats(path: str, variables, levels, start: str | None = None,
                   end: str | None = None, time_step_hours: int = 6, forcings=(),
                   stored_forcings=(), member: int = 0) -> xr.Dataset:

@@ -1,4 +1,4 @@
-"""GraphCast's published checkpoint files, read without GraphCast.
+"""GraphCast's published checkpoint files, read and written without GraphCast.
 
 A checkpoint is the `.npz` that `graphcast.checkpoint.dump` writes of a
 `CheckPoint(params, model_config, task_config, description, license)`: the
@@ -7,7 +7,9 @@ keys of the path joined with ":" (dataclass fields and dict keys by name,
 tuple items by their index; a field that is None is left out). So a
 parameter is `params:<haiku module>:<w | b | scale | offset>`, a config field
 `model_config:latent_size` (a 0-d array), a tuple item
-`task_config:input_variables:3` (a 0-d unicode array).
+`task_config:input_variables:3` (a 0-d unicode array). `to_bytes`
+writes the same layout (keys in `CheckPoint`'s field order, parameters sorted),
+which GraphCast's `checkpoint.load(f, CheckPoint)` reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from wnscale.errors import UserError
 SEPARATOR = ":"
 MODEL_CONFIG_FIELDS = ("mesh_size", "latent_size", "gnn_msg_steps", "hidden_layers",
                        "radius_query_fraction_edge_length")
+# Every field of GraphCast's `ModelConfig`, in its order (the last one optional).
+MODEL_CONFIG_ORDER = ("resolution",) + MODEL_CONFIG_FIELDS + (
+    "mesh2grid_edge_normalization_factor",)
 TASK_CONFIG_FIELDS = ("input_variables", "target_variables", "forcing_variables",
                       "pressure_levels", "input_duration")
 
@@ -74,6 +79,32 @@ def read_checkpoint(path: str) -> GraphCastCheckpoint:
   return GraphCastCheckpoint(tree["params"], model_config, task_config,
                              str(to_python(tree.get("description", ""))),
                              str(to_python(tree.get("license", ""))))
+
+
+def to_bytes(checkpoint: GraphCastCheckpoint) -> bytes:
+  """The `.npz` of `checkpoint` as `graphcast.checkpoint.dump` writes a `CheckPoint`:
+  `params:<module>:<leaf>` (sorted), `model_config:<field>`, `task_config:<field>[:<i>]`
+  (fields in the dataclasses' order, a None field left out), `description`, `license`."""
+  flat = {f"params{SEPARATOR}{module}{SEPARATOR}{leaf}": np.asarray(value)
+          for module in sorted(checkpoint.params)
+          for leaf, value in sorted(checkpoint.params[module].items())}
+  for name, config, order in [("model_config", checkpoint.model_config, MODEL_CONFIG_ORDER),
+                              ("task_config", checkpoint.task_config, TASK_CONFIG_FIELDS)]:
+    unknown = sorted(set(config) - set(order))
+    if unknown:
+      raise ValueError(f"{name} has fields GraphCast's has not: {unknown}")
+    for field in order:
+      value = config.get(field)
+      if isinstance(value, tuple):
+        flat.update({f"{name}{SEPARATOR}{field}{SEPARATOR}{i}": np.asarray(item)
+                     for i, item in enumerate(value)})
+      elif value is not None:
+        flat[f"{name}{SEPARATOR}{field}"] = np.asarray(value)
+  flat["description"] = np.asarray(checkpoint.description)
+  flat["license"] = np.asarray(checkpoint.license)
+  buffer = io.BytesIO()
+  np.savez(buffer, **flat)
+  return buffer.getvalue()
 
 
 def read_tree(path: str, format_name: str = "GraphCast's checkpoint format") -> dict:

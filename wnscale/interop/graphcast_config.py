@@ -16,6 +16,12 @@ How the task maps onto wnscale's data contract (`wnscale.data.variables`):
 Anything else (an input that is neither state, forcing nor static, an unknown
 variable, more than one hidden layer) is an error naming it.
 
+The way back (`graphcast_configs`, for `graphcast_export`): GraphCast's configs
+of a wnscale config, checked by mapping them forward again (`wnscale_config`):
+a run whose model or data keys (all but `NOT_EXPORTED`, those that do not
+change what the parameters compute) come out different is one GraphCast
+cannot express, and the first such key is named.
+
 Channel orders. GraphCast stacks its grid inputs as every input variable
 (statics included) sorted by name, each time-major then by level, then the
 forcings at the target time sorted by name, then 3 structural node features;
@@ -94,6 +100,93 @@ def wnscale_config(model_config: dict, task_config: dict,
     d.resolution = float(model_config["resolution"])
   d.stats_path = stats_path
   return config_lib.validate(config)
+
+
+# Keys that do not change what the parameters compute (how it is computed, which data it
+# trains on, where): a run may set them as it likes and still be exported. Every other
+# model and data key must be what GraphCast's configs map to.
+NOT_EXPORTED = {
+    "model": ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
+              "remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
+              "grid_blocks", "dtype",
+              # the transformer's (model.processor itself is compared)
+              "transformer_layers", "transformer_heads", "transformer_ffw_size",
+              "transformer_k_hop", "transformer_edges_per_block"),
+    "data": ("path", "member", "synthetic", "stats_path", "regional_path", "region",
+             "regional_loss_weight", "resolution", "grid", "target_steps", "train_start",
+             "train_end", "eval_start", "eval_end", "worker_count"),
+}
+
+
+def graphcast_configs(config: ml_collections.ConfigDict) -> tuple[dict, dict]:
+  """`(model_config, task_config)`: GraphCast's `ModelConfig` and `TaskConfig` fields of a
+  run's `config`, as `graphcast_checkpoint.GraphCastCheckpoint` holds them.
+
+  Inputs are the state, the forcings and the statics (in that order), targets the
+  state and the target-only variables.
+
+  Raises:
+    UserError: `config` is a model GraphCast's code cannot run (`check_expressible`).
+  """
+  m, d = config.model, config.data
+  model_config = {
+      "resolution": float(d.resolution), "mesh_size": int(m.mesh_levels),
+      "latent_size": int(m.latent_size), "gnn_msg_steps": int(m.message_passing_steps),
+      "hidden_layers": 1, "radius_query_fraction_edge_length": float(m.radius_fraction)}
+  if m.mesh_to_grid_edge_normalization:  # 0: the longest edge, GraphCast's None
+    model_config["mesh2grid_edge_normalization_factor"] = float(
+        m.mesh_to_grid_edge_normalization)
+  task_config = {
+      "input_variables": (tuple(d.variables) + tuple(d.forcings)
+                          + tuple(variables_lib.STATIC_VARIABLES)),
+      "target_variables": tuple(d.variables) + tuple(d.target_only_variables),
+      "forcing_variables": tuple(d.forcings),
+      "pressure_levels": tuple(int(level) for level in d.pressure_levels),
+      "input_duration": f"{d.input_steps * d.time_step_hours}h"}
+  check_expressible(config, model_config, task_config)
+  return model_config, task_config
+
+
+def check_expressible(config: ml_collections.ConfigDict, model_config: dict,
+                      task_config: dict):
+  """A `UserError` naming the first model or data key of `config` (outside
+  `NOT_EXPORTED`) that differs from what `model_config` and `task_config` map to (those
+  of `_WHY`, the kind of model, first)."""
+  try:
+    mapped = wnscale_config(model_config, task_config, config.data.stats_path)
+  except UserError as error:
+    raise UserError(f"GraphCast cannot express this run: {error}") from error
+  for section in ("model", "data"):
+    # The keys that say what kind of model a run is first, then the others.
+    for key in sorted(config[section], key=lambda key: key not in _WHY):
+      if key in NOT_EXPORTED[section]:
+        continue
+      value, expected = _plain(config[section][key]), _plain(mapped[section][key])
+      if value != expected:
+        raise UserError(
+            f"GraphCast's model cannot express this run's {section}.{key}={value!r}: "
+            f"GraphCast's is {expected!r}{_WHY.get(key, '')}. Only runs GraphCast's code can "
+            "run are exported (interaction-network processor, deterministic, GraphCast's "
+            "inputs).")
+
+
+# What a refused key means, for the message.
+_WHY = {
+    "processor": " (its processor is an interaction network)",
+    "noise_channels": " (deterministic: an FGN's noise-conditioned layer norms have no "
+                      "counterpart)",
+    "modalities": " (the grid alone)",
+    "input_normalization": " (it normalizes every input, forcings and statics too)",
+    "stored_forcings": " (it reads the solar radiation from its data, ERA5's)",
+    "global_forcings": " (no inputs without position)",
+}
+
+
+def _plain(value):
+  """Lists as tuples, recursively (a config read from JSON holds lists)."""
+  if isinstance(value, (list, tuple)):
+    return tuple(_plain(item) for item in value)
+  return value
 
 
 def _known(name: str) -> bool:

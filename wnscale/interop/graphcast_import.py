@@ -9,7 +9,11 @@ trained here:
     `data.stats_path`, so the directory stands alone);
   * `checkpoints/0`: the converted parameters alone, no optimizer state
     (`train.checkpoint.save_params`), with the checkpoint's description and
-    license in its metadata.
+    license in its metadata;
+  * `graphcast_remainder.npz` (`REMAINDER`): what the conversion leaves out, for
+    an export to write back (`graphcast_export`): the checkpoint's configs,
+    description and license, and the parameters wnscale's do not hold whole
+    (`graphcast_params.remainder`), in the checkpoint's own format.
 `launch.predict_example`, forecasts, and a new run's `--config.train.init_from`
 read it. The directory is written whole or not at all; an existing run there
 is replaced only when asked (`outputs.building`).
@@ -17,6 +21,7 @@ is replaced only when asked (`outputs.building`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -29,6 +34,8 @@ from wnscale.data import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
 from wnscale.train import run_directory
+
+REMAINDER = "graphcast_remainder.npz"
 
 
 def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
@@ -62,24 +69,30 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
 
   stats = {name: paths.read_bytes(paths.join(paths.normalize(stats_dir), name))
            for name in normalization.GRAPHCAST_FILES.values()}
+  kept = graphcast_checkpoint.to_bytes(dataclasses.replace(
+      checkpoint, params=graphcast_params.remainder(checkpoint.params)))
   write_run(out, overwrite, config, params, stats, {
       "imported_from": paths.normalize(checkpoint_path), "description": checkpoint.description,
-      "license": checkpoint.license, "statistics_from": paths.normalize(stats_dir)})
+      "license": checkpoint.license, "statistics_from": paths.normalize(stats_dir)},
+      files={REMAINDER: kept})
   return config
 
 
 def write_run(out: str, overwrite: bool, config: ml_collections.ConfigDict, params,
-              stats: dict[str, bytes], metadata: dict):
+              stats: dict[str, bytes], metadata: dict, files: dict[str, bytes] | None = None):
   """Writes an imported model's run directory `out`, whole or not at all.
 
   `stats`: `{file name: bytes}` of GraphCast's three statistics files (under
-  `stats/`); `params` (host arrays) go alone into `checkpoints/0` with
-  `metadata` (where they came from, description, license); the config last.
+  `stats/`); `files`: `{file name: bytes}` at its top level; `params` (host arrays) go
+  alone into `checkpoints/0` with `metadata` (where they came from, description,
+  license); the config last.
   """
   params = jax.tree.map(jnp.asarray, params)
   with outputs.building(out, overwrite) as where:  # the config names `out`, not `where`
     for name, data in stats.items():
       paths.write_bytes(paths.join(where, "stats", name), data)
+    for name, data in (files or {}).items():
+      paths.write_bytes(paths.join(where, name), data)
     run = run_directory.RunDirectory(where)
     run.save_params(params, {"step": 0, **metadata})
     run.write_config(config, history=False)  # last: a directory with a config is a whole run

@@ -26,9 +26,18 @@ Each `<part>_mlp/~/linear_0` and `linear_1` (`w [in, out]`, `b`) is an MLP's
 The edge MLPs' first layer, `w [3 L, L]` on the concatenation [edge, sender,
 receiver], splits into `edge_mlp.hidden` (rows 0:L, with the bias),
 `sender_projection` (rows L:2L) and `receiver_projection` (rows 2L:3L).
+
+This table is `layout` below, data that both directions read: `convert_params`
+(import: GraphCast's -> wnscale's) and `export_params` (export: wnscale's ->
+GraphCast's). What wnscale's parameters do not hold (the mesh embedder's padded
+rows, the decoder's unused mesh MLP) the import keeps aside (`remainder`), for an
+export to write back as they were; without them an export writes zeros there
+(they multiply zeros, or their output is dropped: the model computes the same).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import ml_collections
 import numpy as np
@@ -46,6 +55,156 @@ DECODER = "mesh2grid_gnn/~_networks_builder/"
 UNUSED = (DECODER + "processor_nodes_0_mesh_nodes_mlp/~/linear_0",
           DECODER + "processor_nodes_0_mesh_nodes_mlp/~/linear_1",
           DECODER + "processor_nodes_0_mesh_nodes_layer_norm")
+MESH_EMBEDDER = ENCODER + "encoder_nodes_mesh_nodes"
+# Modules wnscale's parameters do not determine whole: the unused ones, and the mesh
+# embedder's first layer (its padded rows).
+REMAINDER = UNUSED + (f"{MESH_EMBEDDER}_mlp/~/linear_0",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Channels:
+  """Where wnscale's channels sit in GraphCast's layers.
+
+  Attributes:
+    input_rows: `[C_in]`, GraphCast's grid input row of each wnscale input channel.
+    output_columns: `[C_out]`, GraphCast's output column of each wnscale output channel.
+  """
+
+  input_rows: np.ndarray
+  output_columns: np.ndarray
+
+  def first_rows(self, rows: str):
+    """`(rows, GraphCast's row count)`: the rows of an MLP's first layer that wnscale holds,
+    by kind: "" all, "grid" all, permuted (the grid embedder's), "mesh" the last 3 (the
+    mesh embedder's); the row count where they are not all (else None)."""
+    num_inputs = len(self.input_rows)
+    if rows == "grid":
+      return np.concatenate([self.input_rows, num_inputs + np.arange(NODE_FEATURES)]), None
+    if rows == "mesh":
+      return np.arange(num_inputs, num_inputs + NODE_FEATURES), num_inputs + NODE_FEATURES
+    return slice(None), None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mlp:
+  """GraphCast's MLP `part` (`<part>_mlp/~/linear_{0,1}`, `<part>_layer_norm`) as wnscale's
+  `MLP` (`hidden`, `out`, `norm`); `rows`: which rows of the first layer (`_Channels`);
+  `outputs`: the last layer's columns permuted to wnscale's output channels."""
+
+  part: str
+  layer_norm: bool = True
+  rows: str = ""
+  outputs: bool = False
+
+  def linear(self, i: int) -> str:
+    return f"{self.part}_mlp/~/linear_{i}"
+
+  def read(self, modules: _Modules, channels: _Channels) -> dict:
+    rows, _ = channels.first_rows(self.rows)
+    columns = channels.output_columns if self.outputs else slice(None)
+    mlp = {"hidden": {"kernel": modules.leaf(self.linear(0), "w")[rows],
+                      "bias": modules.leaf(self.linear(0), "b")},
+           "out": {"kernel": modules.leaf(self.linear(1), "w")[:, columns],
+                   "bias": modules.leaf(self.linear(1), "b")[columns]}}
+    if self.linear(2) in modules.params:
+      raise UserError(f"{self.part} has more than one hidden layer; wnscale's MLPs have one.")
+    if self.layer_norm:
+      mlp["norm"] = {"scale": modules.leaf(f"{self.part}_layer_norm", "scale"),
+                     "bias": modules.leaf(f"{self.part}_layer_norm", "offset")}
+    return mlp
+
+  def write(self, mlp: dict, out: dict, channels: _Channels, remainder: dict,
+            first_kernel=None):
+    """Puts `mlp` (wnscale's, host arrays) into `out` (`{module: {leaf: array}}`);
+    `first_kernel`: the first layer's whole `w` where wnscale splits it (an edge MLP)."""
+    rows, num_rows = channels.first_rows(self.rows)
+    hidden = mlp["hidden"]["kernel"] if first_kernel is None else first_kernel
+    kernel = hidden
+    if num_rows is not None:  # rows wnscale does not hold: the import's, else zeros
+      kept = remainder.get(self.linear(0), {}).get("w")
+      shape = (num_rows, hidden.shape[1])
+      kernel = (np.array(kept, np.float32) if kept is not None and kept.shape == shape
+                else np.zeros(shape, np.float32))
+      kernel[rows] = hidden
+    elif self.rows:  # a permutation of every row
+      kernel = np.empty_like(hidden)
+      kernel[rows] = hidden
+    out[self.linear(0)] = {"w": kernel, "b": mlp["hidden"]["bias"]}
+    last, bias = mlp["out"]["kernel"], mlp["out"]["bias"]
+    if self.outputs:
+      last, bias = np.empty_like(last), np.empty_like(bias)
+      last[:, channels.output_columns] = mlp["out"]["kernel"]
+      bias[channels.output_columns] = mlp["out"]["bias"]
+    out[self.linear(1)] = {"w": last, "b": bias}
+    if self.layer_norm:
+      out[f"{self.part}_layer_norm"] = {"scale": mlp["norm"]["scale"],
+                                        "offset": mlp["norm"]["bias"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interaction:
+  """An interaction network: GraphCast's edge MLP `edges` (its first layer on [edge,
+  sender, receiver] split into `edge_mlp.hidden` and the two projections) and node MLP
+  `nodes`."""
+
+  edges: str
+  nodes: str
+
+  def read(self, modules: _Modules, channels: _Channels) -> dict:
+    first = modules.leaf(f"{self.edges}_mlp/~/linear_0", "w")
+    latent = first.shape[1]
+    if first.shape[0] != 3 * latent:
+      raise UserError(f"{self.edges}'s first layer is {list(first.shape)}; expected "
+                      f"[3 x {latent}, {latent}] on [edge, sender, receiver]")
+    edge_mlp = _Mlp(self.edges).read(modules, channels)
+    edge_mlp["hidden"]["kernel"] = first[:latent]
+    return {"edge_mlp": edge_mlp,
+            "sender_projection": {"kernel": first[latent:2 * latent]},
+            "receiver_projection": {"kernel": first[2 * latent:]},
+            "node_mlp": _Mlp(self.nodes).read(modules, channels)}
+
+  def write(self, tree: dict, out: dict, channels: _Channels, remainder: dict):
+    first = np.concatenate([tree["edge_mlp"]["hidden"]["kernel"],
+                            tree["sender_projection"]["kernel"],
+                            tree["receiver_projection"]["kernel"]])
+    _Mlp(self.edges).write(tree["edge_mlp"], out, channels, remainder, first_kernel=first)
+    _Mlp(self.nodes).write(tree["node_mlp"], out, channels, remainder)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layers:
+  """The processor's interaction networks, one per layer, stacked on axis 0 in wnscale."""
+
+  layers: tuple[_Interaction, ...]
+
+  def read(self, modules: _Modules, channels: _Channels) -> dict:
+    return stack([layer.read(modules, channels) for layer in self.layers])
+
+  def write(self, tree: dict, out: dict, channels: _Channels, remainder: dict):
+    for i, layer in enumerate(self.layers):
+      layer.write(_index(tree, i), out, channels, remainder)
+
+
+def layout(steps: int) -> dict:
+  """`{wnscale parameter path: GraphCast's modules}` of a model of `steps` processor layers
+  (the module docstring's table)."""
+  return {
+      ("grid_embedder",): _Mlp(ENCODER + "encoder_nodes_grid_nodes", rows="grid"),
+      ("mesh_embedder",): _Mlp(MESH_EMBEDDER, rows="mesh"),
+      ("grid_to_mesh_edges", "embedder"): _Mlp(ENCODER + "encoder_edges_grid2mesh"),
+      ("grid_to_mesh_edges", "interaction"): _Interaction(
+          ENCODER + "processor_edges_0_grid2mesh", ENCODER + "processor_nodes_0_mesh_nodes"),
+      ("grid_to_mesh_grid_mlp",): _Mlp(ENCODER + "processor_nodes_0_grid_nodes"),
+      ("processor", "edge_embedder"): _Mlp(PROCESSOR + "encoder_edges_mesh"),
+      ("processor", "layers"): _Layers(tuple(
+          _Interaction(f"{PROCESSOR}processor_edges_{i}_mesh",
+                       f"{PROCESSOR}processor_nodes_{i}_mesh_nodes") for i in range(steps))),
+      ("mesh_to_grid_edges", "embedder"): _Mlp(DECODER + "encoder_edges_mesh2grid"),
+      ("mesh_to_grid_edges", "interaction"): _Interaction(
+          DECODER + "processor_edges_0_mesh2grid", DECODER + "processor_nodes_0_grid_nodes"),
+      ("output_mlp",): _Mlp(DECODER + "decoder_nodes_grid_nodes", layer_norm=False,
+                            outputs=True),
+  }
 
 
 class _Modules:
@@ -61,34 +220,6 @@ class _Modules:
     self.read.add(module)
     return np.asarray(self.params[module][leaf], np.float32)
 
-  def mlp(self, part: str, *, layer_norm: bool = True, first_rows=slice(None),
-          outputs=slice(None)) -> dict:
-    """The MLP `part` as wnscale's `MLP` pure dict; rows of the first / columns of the last
-    layer selected (and so permuted) by `first_rows` / `outputs`."""
-    linear = lambda i: f"{part}_mlp/~/linear_{i}"
-    mlp = {"hidden": {"kernel": self.leaf(linear(0), "w")[first_rows],
-                      "bias": self.leaf(linear(0), "b")},
-           "out": {"kernel": self.leaf(linear(1), "w")[:, outputs],
-                   "bias": self.leaf(linear(1), "b")[outputs]}}
-    if f"{part}_mlp/~/linear_2" in self.params:
-      raise UserError(f"{part} has more than one hidden layer; wnscale's MLPs have one.")
-    if layer_norm:
-      mlp["norm"] = {"scale": self.leaf(f"{part}_layer_norm", "scale"),
-                     "bias": self.leaf(f"{part}_layer_norm", "offset")}
-    return mlp
-
-  def interaction(self, edges: str, nodes: str) -> dict:
-    """An interaction network: edge MLP `edges` (its first layer split) and node MLP `nodes`."""
-    first = self.leaf(f"{edges}_mlp/~/linear_0", "w")
-    latent = first.shape[1]
-    if first.shape[0] != 3 * latent:
-      raise UserError(f"{edges}'s first layer is {list(first.shape)}; expected "
-                       f"[3 x {latent}, {latent}] on [edge, sender, receiver]")
-    return {"edge_mlp": self.mlp(edges, first_rows=slice(0, latent)),
-            "sender_projection": {"kernel": first[latent:2 * latent]},
-            "receiver_projection": {"kernel": first[2 * latent:]},
-            "node_mlp": self.mlp(nodes)}
-
 
 def convert_params(params: dict, task_config: dict, config: ml_collections.ConfigDict):
   """wnscale's parameters (`nnx.State`, float32) from a checkpoint's `params`.
@@ -103,31 +234,11 @@ def convert_params(params: dict, task_config: dict, config: ml_collections.Confi
       model, or is not used (naming it).
   """
   modules = _Modules(params)
-  input_rows, output_columns = _permutations(task_config, config)
-  num_inputs = len(input_rows)
-  grid_rows = np.concatenate([input_rows, num_inputs + np.arange(NODE_FEATURES)])
+  channels = _channels(task_config, config)
   steps = config.model.message_passing_steps
-  layers = [modules.interaction(f"{PROCESSOR}processor_edges_{i}_mesh",
-                                f"{PROCESSOR}processor_nodes_{i}_mesh_nodes")
-            for i in range(steps)]
-  tree = {
-      "grid_embedder": modules.mlp(ENCODER + "encoder_nodes_grid_nodes", first_rows=grid_rows),
-      "mesh_embedder": modules.mlp(ENCODER + "encoder_nodes_mesh_nodes",
-                                   first_rows=slice(num_inputs, num_inputs + NODE_FEATURES)),
-      "grid_to_mesh_edges": {
-          "embedder": modules.mlp(ENCODER + "encoder_edges_grid2mesh"),
-          "interaction": modules.interaction(ENCODER + "processor_edges_0_grid2mesh",
-                                             ENCODER + "processor_nodes_0_mesh_nodes")},
-      "grid_to_mesh_grid_mlp": modules.mlp(ENCODER + "processor_nodes_0_grid_nodes"),
-      "processor": {"edge_embedder": modules.mlp(PROCESSOR + "encoder_edges_mesh"),
-                    "layers": stack(layers)},
-      "mesh_to_grid_edges": {
-          "embedder": modules.mlp(DECODER + "encoder_edges_mesh2grid"),
-          "interaction": modules.interaction(DECODER + "processor_edges_0_mesh2grid",
-                                             DECODER + "processor_nodes_0_grid_nodes")},
-      "output_mlp": modules.mlp(DECODER + "decoder_nodes_grid_nodes", layer_norm=False,
-                                outputs=output_columns),
-  }
+  tree = {}
+  for path, part in layout(steps).items():
+    _place(tree, path, part.read(modules, channels))
   unread = sorted(set(params) - modules.read - set(UNUSED))
   if unread:
     raise UserError(f"The checkpoint has parameters wnscale's model does not use: {unread[:5]}"
@@ -139,9 +250,50 @@ def convert_params(params: dict, task_config: dict, config: ml_collections.Confi
   return shapes
 
 
-def _permutations(task_config: dict, config: ml_collections.ConfigDict):
-  """`(input rows, output columns)`: for each wnscale input channel, GraphCast's row of it;
-  for each wnscale output channel, GraphCast's column of it."""
+def remainder(params: dict) -> dict:
+  """The modules of a checkpoint's `params` that wnscale's do not hold whole (`REMAINDER`),
+  for `export_params` to write back."""
+  return {module: dict(params[module]) for module in REMAINDER if module in params}
+
+
+def export_params(params: dict, task_config: dict, config: ml_collections.ConfigDict,
+                  kept: dict | None = None) -> dict:
+  """GraphCast's `{haiku module: {leaf: float32 array}}` of wnscale's parameters.
+
+  Args:
+    params: wnscale's parameters (`nnx.to_pure_dict` of the model's), host arrays.
+    task_config: the GraphCast task they are exported as (the channel orders).
+    config: the run's config.
+    kept: the import's `remainder` (the modules wnscale's do not hold), or None: zeros
+      there (layer-norm scales one), which change nothing the model computes.
+  """
+  tree = _float32(params)
+  kept = kept or {}
+  channels = _channels(task_config, config)
+  out = {}
+  for path, part in layout(config.model.message_passing_steps).items():
+    node = tree
+    for key in path:
+      node = node[key]
+    part.write(node, out, channels, kept)
+  latent = config.model.latent_size
+  blank = {UNUSED[0]: {"w": np.zeros((latent, latent), np.float32),
+                       "b": np.zeros(latent, np.float32)},
+           UNUSED[1]: {"w": np.zeros((latent, latent), np.float32),
+                       "b": np.zeros(latent, np.float32)},
+           UNUSED[2]: {"scale": np.ones(latent, np.float32),
+                       "offset": np.zeros(latent, np.float32)}}
+  for module in UNUSED:
+    same = module in kept and all(np.shape(kept[module].get(leaf)) == value.shape
+                                  for leaf, value in blank[module].items())
+    out[module] = ({leaf: np.asarray(kept[module][leaf], np.float32) for leaf in blank[module]}
+                   if same else blank[module])
+  return out
+
+
+def _channels(task_config: dict, config: ml_collections.ConfigDict) -> _Channels:
+  """For each wnscale input channel, GraphCast's row of it; for each wnscale output
+  channel, GraphCast's column of it."""
   time_step = config.data.time_step_hours
   reference = {key: i for i, key in enumerate(
       graphcast_config.reference_input_channels(task_config, time_step))}
@@ -154,7 +306,29 @@ def _permutations(task_config: dict, config: ml_collections.ConfigDict):
   if len(input_rows) != len(set(input_rows.tolist())) or len(input_rows) != len(
       graphcast_config.reference_input_channels(task_config, time_step)):
     raise UserError("The task's input channels do not map one to one onto wnscale's.")
-  return input_rows, output_columns
+  if len(output_columns) != len(reference):  # targets are outputs: distinct by construction
+    raise UserError("The task's output channels do not map one to one onto wnscale's.")
+  return _Channels(input_rows, output_columns)
+
+
+def _place(tree: dict, path: tuple, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _float32(tree):
+  """A nested dict of arrays as float32 numpy arrays."""
+  if isinstance(tree, dict):
+    return {key: _float32(value) for key, value in tree.items()}
+  return np.asarray(tree, np.float32)
+
+
+def _index(tree: dict, i: int) -> dict:
+  """Layer `i` of a pure dict of stacked layers."""
+  if isinstance(tree, dict):
+    return {key: _index(value, i) for key, value in tree.items()}
+  return tree[i]
 
 
 def stack(trees: list):

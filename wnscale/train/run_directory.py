@@ -9,6 +9,8 @@ predictions and new runs started from its parameters (`train.init_from`):
   <run>/configs/config-*.json  the config of every start, dated (the history)
   <run>/checkpoints/<step>/    Orbax checkpoints: a training run's train state, data
                                iterator state and metadata, or an import's parameters
+  <run>/stats/, <run>/graphcast_remainder.npz   an import's statistics, and what its
+                               conversion left out (`interop.graphcast_import`)
 
 What else a training run keeps there (metrics, TensorBoard, its lock): `workdir`.
 """
