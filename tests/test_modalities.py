@@ -146,8 +146,8 @@ def test_modality_config_errors(entry, message):
 
 
 def test_a_run_without_the_modalitys_points_is_refused():
-  """Until observation stores are read, assembling a run with modalities names what is
-  missing (before any graph is built)."""
+  """Assembling a run with modalities but without their points (a forecast's, the
+  planner's) names what is missing (before any graph is built)."""
   specs = specs_lib.from_config(station_config())
   mesh = mesh_lib.make_mesh(station_config().mesh, jax.devices()[:1])
   with pytest.raises(UserError, match=r"data.modalities \['stations'\]: no points"):
