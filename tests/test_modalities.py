@@ -139,6 +139,8 @@ def test_a_grid_model_is_unchanged_by_modalities():
     (("obs", "synthetic", ("temperature",), ()), "are not surface variables"),
     (("obs", "synthetic", (), ("2m_temperature",), -1.0), "loss_weight=-1.0 must be >= 0"),
     (("obs", "synthetic"), r"expected \(name, source, inputs, targets"),
+    (("obs", "", ("2m_temperature",), ()), "the source is empty"),
+    (("obs", "synthetic:ten", ("2m_temperature",), ()), "synthetic:N needs a station count"),
 ])
 def test_modality_config_errors(entry, message):
   with pytest.raises(UserError, match=message):

@@ -11,10 +11,11 @@ import pytest
 
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.data import observations, stations, synthetic
+from wnscale.data import observations, resolve, stations, synthetic
 from wnscale.data.source import WeatherExampleSource
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 
+from problems import data_spec
 from test_cli import assert_user_error, run
 from tiny_runs import Started, kill_after_checkpoint, losses, read_metrics
 
@@ -91,12 +92,17 @@ def test_the_store_is_read_in_station_order_at_the_grid_times(grid_store, tmp_pa
   np.testing.assert_array_equal(batch["stations/targets"][1, 0, :, 2], got[2, :, 0])
 
 
-def test_repeated_stations_are_refused(tmp_path):
+def test_repeated_stations_and_a_source_without_a_store_are_refused(tmp_path):
   path = observations.write_observations(
       str(tmp_path / "obs.zarr"), np.array(["2020-01-01"], "datetime64[ns]"), ["A", "A"],
       [0.0, 10.0], [0.0, 10.0], {T2M: np.zeros((1, 2))})
   with pytest.raises(UserError, match=r"station_id \['A'\] repeat"):
     observations.open_observations(path, [T2M])
+  missing = str(tmp_path / "none.zarr")
+  data = data_spec(modalities=(("obs", missing, (T2M,), ()),))
+  with pytest.raises(ArgumentError, match=f"data.modalities={missing}: no observation store "
+                     "there \\(modality 'obs'\\)"):
+    resolve.resolve_observations(data, data.modalities[0], seed=0)
 
 
 def test_make_dataset_writes_a_station_network_of_a_grid_store(grid_store, tmp_path):

@@ -10,7 +10,6 @@ fail at once with its error instead of waiting. A `data` argument is the run's
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -144,46 +143,42 @@ def resolve_stats(data) -> xr.Dataset:
   return normalization.from_bytes(blob)
 
 
-def resolve_observations(data, seed: int) -> dict[str, str]:
-  """`{modality: observation store path}` of `data.modalities` (`data.path` resolved).
+def resolve_observations(data, modality, seed: int) -> str:
+  """The observation store of `modality` (a `data.modalities` entry; `data.path` resolved).
 
-  A modality's `source` is the store's path, or "synthetic[:N]": a synthetic network of N
+  Its `source` is the store's path, or "synthetic[:N]": a synthetic network of N
   stations observing `data.path` (`stations.write_network`, seed `seed`), written once
   by process 0 into the cache directory beside the synthetic grid stores.
 
   Raises:
-    ArgumentError: of `data.modalities`: no store at a path.
+    ArgumentError: of `data.modalities`: no store at the path.
   """
-  resolved = {}
-  for modality in data.modalities:
-    count = modality.synthetic_stations
-    if count is None:
-      path = paths.normalize(modality.source)
-      if not paths.exists(path):
-        raise ArgumentError(
-            "data.modalities", modality.source,
-            f"no observation store there (modality {modality.name!r}). Make one with "
-            "python -m launch.make_dataset --stations=N --from_store=GRID_STORE --out=PATH, "
-            "or give the source 'synthetic' for a synthetic network of data.path's grid.")
-      resolved[modality.name] = path
-      continue
-    grid = paths.normalize(data.path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
-    digest = hashlib.sha256(paths.normalize(data.path).encode()).hexdigest()[:8]
-    code = cache.source_digest("data/stations.py", "data/observations.py")
-    path = cache.cache_path("datasets", f"stations-{count}-{grid}-{digest}-seed{seed}-"
-                                        f"{code}.zarr")
+  count = modality.synthetic_stations
+  if count is None:
+    path = paths.normalize(modality.source)
+    if not paths.exists(path):
+      raise ArgumentError(
+          "data.modalities", modality.source,
+          f"no observation store there (modality {modality.name!r}). Make one with "
+          "python -m launch.make_dataset --stations=N --from_store=GRID_STORE --out=PATH, "
+          "or give the source 'synthetic' for a synthetic network of data.path's grid.")
+    return path
+  grid = paths.normalize(data.path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
+  digest = hashlib.sha256(paths.normalize(data.path).encode()).hexdigest()[:8]
+  code = cache.source_digest("data/stations.py", "data/observations.py")
+  path = cache.cache_path("datasets", f"stations-{count}-{grid}-{digest}-seed{seed}-"
+                                      f"{code}.zarr")
 
-    def write_if_missing(path=path, count=count) -> bytes:
-      if not paths.is_complete(path):
-        logging.info("Writing a synthetic network of %d stations of %s to %s (kept for later "
-                     "runs).", count, data.path, path)
-        stations.write_network(data.path, path, count, seed=seed, overwrite=True)
-      return b""
+  def write_if_missing() -> bytes:
+    if not paths.is_complete(path):
+      logging.info("Writing a synthetic network of %d stations of %s to %s (kept for later "
+                   "runs).", count, data.path, path)
+      stations.write_network(data.path, path, count, seed=seed, overwrite=True)
+    return b""
 
-    once_by_process_0(f"stations {path}", write_if_missing, "write the synthetic stations")
-    write_if_missing()  # no-op unless this host's cache is not process 0's
-    resolved[modality.name] = path
-  return resolved
+  once_by_process_0(f"stations {path}", write_if_missing, "write the synthetic stations")
+  write_if_missing()  # no-op unless this host's cache is not process 0's
+  return path
 
 
 def modality_readers(data, seed: int, grid_times, training_times
@@ -193,8 +188,7 @@ def modality_readers(data, seed: int, grid_times, training_times
   `training_times` (process 0's, as `resolve_stats`)."""
   readers = []
   for modality in data.modalities:
-    path = resolve_observations(dataclasses.replace(data, modalities=(modality,)),
-                                seed)[modality.name]
+    path = resolve_observations(data, modality, seed)
     names = list(dict.fromkeys(modality.inputs + modality.targets))
     store = observations.open_observations(path, names)
     blob = once_by_process_0(
