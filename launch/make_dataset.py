@@ -1,5 +1,6 @@
 r"""Writes a WeatherBench2-layout zarr store: ERA5 files from the Climate Data Store
-converted (`--from`), or a synthetic one.
+converted (`--from`), or a synthetic one; or an observation store of synthetic stations
+observing a grid store (`--stations`, `wnscale.data.observations`).
 
   # ERA5 as the CDS delivers it (GRIB 1/2, netCDF in either CDS layout), merged
   python -m launch.make_dataset --from='era5_pl_*.grib,era5_sfc_2020.nc' --out=era5.zarr
