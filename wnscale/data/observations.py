@@ -99,8 +99,9 @@ def open_observations(path: str, variables) -> ObservationStore:
   """
   path = paths.normalize(path)
   if not paths.exists(path):
-    raise UserError(f"Observation store not found: {path}. Make one with python -m "
-                    "launch.make_dataset --stations=N --from_store=GRID_STORE --out=PATH.")
+    raise UserError(f"Observation store not found: {path}. Make a synthetic network of a "
+                    "grid store with python -m launch.make_dataset (or "
+                    "wnscale.data.stations.write_network).")
   try:
     dataset = xr.open_zarr(path, consolidated=None, decode_timedelta=False)
   except Exception as error:  # noqa: BLE001 (whatever zarr says of a directory that is no store)

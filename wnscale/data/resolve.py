@@ -159,9 +159,10 @@ def resolve_observations(data, modality, seed: int) -> str:
     if not paths.exists(path):
       raise ArgumentError(
           "data.modalities", modality.source,
-          f"no observation store there (modality {modality.name!r}). Make one with "
-          "python -m launch.make_dataset --stations=N --from_store=GRID_STORE --out=PATH, "
-          "or give the source 'synthetic' for a synthetic network of data.path's grid.")
+          f"no observation store there (modality {modality.name!r}). Make a synthetic "
+          "network of a grid store with python -m launch.make_dataset (or "
+          "wnscale.data.stations.write_network), or give the source 'synthetic' for one of "
+          "data.path's grid.")
     return path
   grid = paths.normalize(data.path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
   digest = hashlib.sha256(paths.normalize(data.path).encode()).hexdigest()[:8]
