@@ -1,5 +1,6 @@
 r"""Writes a WeatherBench2-layout zarr store: ERA5 files from the Climate Data Store
-converted (`--from`), or a synthetic one.
+converted (`--from`), or a synthetic one; or an observation store of synthetic stations
+observing a grid store (`--stations`, `wnscale.data.observations`).
 
   # ERA5 as the CDS delivers it (GRIB 1/2, netCDF in either CDS layout), merged
   python -m launch.make_dataset --from='era5_pl_*.grib,era5_sfc_2020.nc' --out=era5.zarr
@@ -12,6 +13,10 @@ converted (`--from`), or a synthetic one.
   python -m launch.make_dataset --out=/tmp/era_o32.zarr --grid=O32
   # a regional store (a 1 deg box) to cut into a global one (data.regional_path)
   python -m launch.make_dataset --out=/tmp/era_box_1deg.zarr --resolution=1 --region=40,60,0,30
+  # an observation store: a synthetic network of 500 stations observing a grid store
+  # (land-biased points, its surface fields interpolated plus noise, a fraction missing)
+  python -m launch.make_dataset --stations=500 --from_store=/tmp/era_5p625.zarr \
+      --out=/tmp/stations.zarr
 
 A conversion killed midway continues where it stopped when the same command runs
 again (`wnscale.data.convert`).
@@ -39,9 +44,9 @@ from launch import cli, runner
 from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import convert, convert_beam, resolve, synthetic
+from wnscale.data import convert, convert_beam, resolve, stations, synthetic
 from wnscale.data import variables
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
 
 flags.adopt_module_key_flags(runner)  # --help lists --runner
@@ -79,12 +84,25 @@ _ZARR_FORMAT = flags.DEFINE_enum("zarr_format", "2", ["2", "3"],
                                  "Zarr format (WB2 publishes v2).")
 _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
                                         "Hours between time steps.")
+_STATIONS = flags.DEFINE_integer("stations", None, "Write an observation store instead "
+                                 "(wnscale.data.observations): a synthetic network of this "
+                                 "many stations observing the grid store --from_store.")
+_FROM_STORE = flags.DEFINE_string("from_store", None, "With --stations: the grid store the "
+                                  "stations observe (its surface variables, or --variables).")
+_STATION_NOISE = flags.DEFINE_float("station_noise", stations.NOISE, "With --stations: "
+                                    "noise added, a fraction of each quantity's std.")
+_STATION_MISSING = flags.DEFINE_float("station_missing", stations.MISSING, "With --stations: "
+                                      "the fraction of values missing (NaN).")
 _LEVEL_PRESETS = {"13": variables.WB2_LEVELS_13, "37": variables.ERA5_LEVELS_37}
 # Flags that say what a synthetic store holds (a conversion keeps what its files hold), and
 # flags of a conversion alone: given to the other kind of store, they would do nothing.
 _SYNTHETIC_ONLY = ("config", "resolution", "grid", "region", "levels", "variables", "seed",
                    "zarr_format", "time_step_hours")
 _CONVERSION_ONLY = ("member", "block_mb")
+# Flags of a grid store, which a station network (--stations) takes from --from_store.
+_GRID_FLAGS = tuple(sorted(set(_SYNTHETIC_ONLY + _CONVERSION_ONLY + ("from", "start", "end",
+                                                                       "runner"))
+                           - {"seed", "variables"}))
 # `_store_settings`' keys and the flags that set them.
 _SETTING_FLAGS = {"resolution": "resolution", "grid_name": "grid", "region": "region",
                   "start": "start",
@@ -94,6 +112,18 @@ _SETTING_FLAGS = {"resolution": "resolution", "grid_name": "grid", "region": "re
 
 def _check_flags_apply():
   """A flag that does nothing for this kind of store is an error, not silently ignored."""
+  if _STATIONS.value is not None or _FROM_STORE.value is not None:
+    if _STATIONS.value is None or _FROM_STORE.value is None:
+      raise UserError("--stations and --from_store go together: a network of --stations "
+                      "stations observing the grid store --from_store.")
+    unused = [f"--{name}" for name in _GRID_FLAGS if flags.FLAGS[name].present]
+    if unused:
+      raise UserError(f"{', '.join(sorted(unused))}: a station network (--stations) takes its "
+                      "grid and times from --from_store; drop these flags.")
+    return
+  for name in ("station_noise", "station_missing"):
+    if flags.FLAGS[name].present:
+      raise UserError(f"--{name}: this flag is for a station network (--stations).")
   converting = bool(_FROM.value)
   unused = [f"--{name}" for name in (_SYNTHETIC_ONLY if converting else _CONVERSION_ONLY)
             if flags.FLAGS[name].present]
@@ -147,6 +177,16 @@ def _disk_bytes(path: str) -> int | None:
 
 def main(argv):
   _check_flags_apply()
+  if _STATIONS.value is not None:
+    if not paths.exists(_FROM_STORE.value):
+      raise ArgumentError("from_store", _FROM_STORE.value, "no grid store there.")
+    path = stations.write_network(_FROM_STORE.value, _OUT.value, _STATIONS.value,
+                                  variables=_VARIABLES.value, seed=_SEED.value,
+                                  noise=_STATION_NOISE.value, missing=_STATION_MISSING.value,
+                                  overwrite=cli.overwrite())
+    print(f"wrote {path} ({_STATIONS.value:,} stations; {size_text(_disk_bytes(path) or 0)} "
+          "on disk)")
+    return
   for_each = runner.for_each(argv, "write times")
   if for_each is not None and not _FROM.value:
     raise UserError(f"--runner={runner.RUNNER.value}: a Beam pipeline converts files "

@@ -33,7 +33,8 @@ def test_only_the_small_configs_ask_for_a_synthetic_store():
   synthetic = {os.path.basename(path): config_lib.load(path).data.synthetic
                for path in CONFIG_FILES}
   assert synthetic == {"graphcast_0p25.py": False, "graphcast_1p0.py": False,
-                       "mid_1p0.py": True, "tiny.py": True, "weathernext2_0p25.py": False,
+                       "mid_1p0.py": True, "tiny.py": True, "tiny_stations.py": True,
+                       "weathernext2_0p25.py": False,
                        "weathernext2_1p0.py": False}
   assert config_lib.default_config().data.synthetic is False
 

@@ -139,6 +139,8 @@ def test_a_grid_model_is_unchanged_by_modalities():
     (("obs", "synthetic", ("temperature",), ()), "are not surface variables"),
     (("obs", "synthetic", (), ("2m_temperature",), -1.0), "loss_weight=-1.0 must be >= 0"),
     (("obs", "synthetic"), r"expected \(name, source, inputs, targets"),
+    (("obs", "", ("2m_temperature",), ()), "the source is empty"),
+    (("obs", "synthetic:ten", ("2m_temperature",), ()), "synthetic:N needs a station count"),
 ])
 def test_modality_config_errors(entry, message):
   with pytest.raises(UserError, match=message):
@@ -146,8 +148,8 @@ def test_modality_config_errors(entry, message):
 
 
 def test_a_run_without_the_modalitys_points_is_refused():
-  """Until observation stores are read, assembling a run with modalities names what is
-  missing (before any graph is built)."""
+  """Assembling a run with modalities but without their points (a forecast's, the
+  planner's) names what is missing (before any graph is built)."""
   specs = specs_lib.from_config(station_config())
   mesh = mesh_lib.make_mesh(station_config().mesh, jax.devices()[:1])
   with pytest.raises(UserError, match=r"data.modalities \['stations'\]: no points"):

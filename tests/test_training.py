@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import time
 
 import jax
 import numpy as np
@@ -27,8 +26,8 @@ from wnscale.model import setup
 from wnscale.train import checkpoint, optimizer, trainer
 from tiny_runs import read_metrics
 
-from tiny_runs import (REPO, STEPS, Started, cluster_process, losses, run, snapshot,
-                       train_command, wait_for_step)
+from tiny_runs import (REPO, STEPS, Started, cluster_process, kill_after_checkpoint, losses,
+                       run, snapshot, train_command, wait_for_step)
 
 
 @pytest.fixture
@@ -218,18 +217,9 @@ def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_pat
 
   workdir = str(tmp_path / "killed")
   no_eval = ["--config.train.eval_every=0"]  # evaluations change nothing trained
-  started = Started(train_command(workdir, **ONE_DEVICE, extra=RECIPE + no_eval
-                                  + ["--config.train.checkpoint_every=5"]))
-  try:
-    wait_for_step(started, workdir, 6)
-    deadline = time.monotonic() + 120
-    while not os.path.isdir(os.path.join(workdir, "checkpoints", "5")):  # renamed when whole
-      assert time.monotonic() < deadline and started.process.poll() is None
-      time.sleep(0.05)
-    started.process.kill()
-    assert started.finish(timeout=60) == -signal.SIGKILL
-  finally:
-    started.kill()
+  kill_after_checkpoint(Started(train_command(workdir, **ONE_DEVICE, extra=RECIPE + no_eval
+                                              + ["--config.train.checkpoint_every=5"])),
+                        workdir, 5)
   assert 6 <= max(losses(workdir)) < 8  # killed in the second phase
   resumed = run(workdir, **ONE_DEVICE, extra=RECIPE + no_eval)
   assert "Resumed from step 5" in resumed.stderr

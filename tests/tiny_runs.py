@@ -184,6 +184,23 @@ def wait_for_step(started: Started, workdir, step, timeout=300.0):
   raise TimeoutError(f"step {step} not reached")
 
 
+def kill_after_checkpoint(started: Started, workdir, step: int, logged: int | None = None,
+                          timeout=300.0):
+  """SIGKILLs the run launched as `started` once it has logged step `logged` (default: the
+  step after `step`) and its checkpoint of `step` is whole (renamed into place), as a
+  machine lost then would."""
+  wait_for_step(started, workdir, logged or step + 1, timeout)
+  deadline = time.monotonic() + 120
+  try:
+    while not os.path.isdir(os.path.join(workdir, "checkpoints", str(step))):
+      assert time.monotonic() < deadline and started.process.poll() is None
+      time.sleep(0.05)
+    started.process.kill()
+    assert started.finish(timeout=60) == -signal.SIGKILL
+  finally:
+    started.kill()
+
+
 def _children(pid):
   """Process ids of `pid`'s children (Linux /proc)."""
   with open(f"/proc/{pid}/task/{pid}/children") as f:

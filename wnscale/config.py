@@ -147,8 +147,11 @@ def default_config() -> ml_collections.ConfigDict:
   # input time was (WeatherNext 2's sea-surface temperature over land:
   # "sea_surface_temperature:269.48291015625")
   d.modalities = ()  # point sets beside the grid, on the same mesh: entries (name, source,
-  # inputs, targets[, loss_weight]), e.g. ("stations", "synthetic", ("2m_temperature",),
-  # ("2m_temperature", "mean_sea_level_pressure"), 1.0): node set `name` with its own
+  # inputs, targets[, loss_weight]), e.g. ("stations", "obs.zarr", ("2m_temperature",),
+  # ("2m_temperature", "mean_sea_level_pressure"), 1.0); source: an observation store
+  # (wnscale.data.observations: dims (time, station), NaN missing; its statistics from the
+  # training range) or "synthetic[:N]": N stations (default 500) of data.path's grid
+  # written once into the cache directory (wnscale.data.stations); node set `name` with its own
   # embedder, encoder edges `name_to_mesh` (radius query; a point with no mesh node in range
   # joins its nearest) if it has inputs, decoder edges `mesh_to_name` and output MLP if it
   # has targets; inputs and targets are WeatherBench2 surface variables, NaN where missing
@@ -435,6 +438,9 @@ def _check_modalities(data: specs_lib.DataSpec):
     _require(modality.name.isidentifier() and modality.name not in ("grid", "mesh"),
              f"{where}: the name must be an identifier other than 'grid' and 'mesh'")
     _require(modality.inputs or modality.targets, f"{where} has neither inputs nor targets")
+    _require(modality.source, f"{where}: the source is empty (an observation store's path, "
+             "or 'synthetic[:N]')")
+    modality.synthetic_stations  # noqa: B018 (raises on a malformed "synthetic:N")
     unknown = sorted(set(modality.inputs + modality.targets) - surface)
     _require(not unknown, f"{where}: {unknown} are not surface variables; known: "
              f"{sorted(surface)}")

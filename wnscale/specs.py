@@ -71,13 +71,19 @@ class MeshSpec:
   exchange: str
 
 
+# Stations of a modality whose source is "synthetic" (without ":N").
+SYNTHETIC_STATIONS = 500
+
+
 @dataclasses.dataclass(frozen=True)
 class ModalitySpec:
   """One `data.modalities` entry: a named point set (e.g. stations) beside the grid.
 
   Attributes:
     name: the node set's name (`<name>_to_mesh`, `mesh_to_<name>` its edge sets).
-    source: where its points and values come from ("synthetic": made in memory).
+    source: where its points and values come from: an observation store's path
+      (`wnscale.data.observations`), or "synthetic[:N]": a synthetic network of N
+      stations (`SYNTHETIC_STATIONS` without ":N") of the grid store.
     inputs: variables it feeds the encoder (WeatherBench2 surface names), may be ().
     targets: variables the model predicts at its points, may be ().
     loss_weight: its point-weighted MSE's weight in the loss.
@@ -105,6 +111,23 @@ class ModalitySpec:
       raise UserError(f"Invalid config: data.modalities entry {entry!r}: loss_weight: "
                       f"{error}.") from error
     return cls(str(entry[0]), str(entry[1]), names(entry[2]), names(entry[3]), weight)
+
+  @property
+  def synthetic_stations(self) -> int | None:
+    """The station count of a "synthetic[:N]" source; None for a store's path.
+
+    Raises:
+      UserError: "synthetic:..." without a count >= 1.
+    """
+    if self.source == "synthetic":
+      return SYNTHETIC_STATIONS
+    if not self.source.startswith("synthetic:"):
+      return None
+    count = self.source.removeprefix("synthetic:")
+    if not count.isdigit() or int(count) < 1:
+      raise UserError(f"Invalid config: data.modalities entry {self.name!r}: source "
+                      f"{self.source!r}: synthetic:N needs a station count N >= 1.")
+    return int(count)
 
   def input_channels(self, input_steps: int) -> int:
     """Channels of the embedder's inputs per point: each input at each input time, and a

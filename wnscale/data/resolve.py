@@ -20,7 +20,7 @@ import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
 from wnscale import cache, paths
-from wnscale.data import normalization, synthetic
+from wnscale.data import normalization, observations, stations, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
@@ -141,6 +141,64 @@ def resolve_stats(data) -> xr.Dataset:
         lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
         "compute the normalization statistics")
   return normalization.from_bytes(blob)
+
+
+def resolve_observations(data, modality, seed: int) -> str:
+  """The observation store of `modality` (a `data.modalities` entry; `data.path` resolved).
+
+  Its `source` is the store's path, or "synthetic[:N]": a synthetic network of N
+  stations observing `data.path` (`stations.write_network`, seed `seed`), written once
+  by process 0 into the cache directory beside the synthetic grid stores.
+
+  Raises:
+    ArgumentError: of `data.modalities`: no store at the path.
+  """
+  count = modality.synthetic_stations
+  if count is None:
+    path = paths.normalize(modality.source)
+    if not paths.exists(path):
+      raise ArgumentError(
+          "data.modalities", modality.source,
+          f"no observation store there (modality {modality.name!r}). Make a synthetic "
+          "network of a grid store with python -m launch.make_dataset (or "
+          "wnscale.data.stations.write_network), or give the source 'synthetic' for one of "
+          "data.path's grid.")
+    return path
+  grid = paths.normalize(data.path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
+  digest = hashlib.sha256(paths.normalize(data.path).encode()).hexdigest()[:8]
+  code = cache.source_digest("data/stations.py", "data/observations.py")
+  path = cache.cache_path("datasets", f"stations-{count}-{grid}-{digest}-seed{seed}-"
+                                      f"{code}.zarr")
+
+  def write_if_missing() -> bytes:
+    if not paths.is_complete(path):
+      logging.info("Writing a synthetic network of %d stations of %s to %s (kept for later "
+                   "runs).", count, data.path, path)
+      stations.write_network(data.path, path, count, seed=seed, overwrite=True)
+    return b""
+
+  once_by_process_0(f"stations {path}", write_if_missing, "write the synthetic stations")
+  write_if_missing()  # no-op unless this host's cache is not process 0's
+  return path
+
+
+def modality_readers(data, seed: int, grid_times, training_times
+                     ) -> tuple[observations.ModalityReader, ...]:
+  """A `ModalityReader` per `data.modalities` entry (`resolve_observations`), aligned with
+  the grid store's `grid_times` and normalized with statistics of the grid's
+  `training_times` (process 0's, as `resolve_stats`)."""
+  readers = []
+  for modality in data.modalities:
+    path = resolve_observations(data, modality, seed)
+    names = list(dict.fromkeys(modality.inputs + modality.targets))
+    store = observations.open_observations(path, names)
+    blob = once_by_process_0(
+        f"stats {observations.cached_stats_path(path, names, training_times)}",
+        lambda store=store, names=names: observations.load_or_compute_stats(
+            store, names, training_times), "compute the observations' statistics")
+    readers.append(observations.ModalityReader(
+        modality, store, grid_times, observations.stats_from_bytes(blob, names)))
+  return tuple(readers)
 
 
 @contextlib.contextmanager

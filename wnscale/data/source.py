@@ -14,6 +14,9 @@ Each example (the batch contract with the model, before batching):
   * `statics`:  `[2, grid]` geopotential_at_surface, land_sea_mask, likewise
   * `globals`:  `[input_steps + target_steps, F]` global forcings
     (`forcings.GLOBAL_FORCINGS`), only when some are asked for, likewise
+  * `<name>/inputs`, `<name>/targets`: `[steps, C_m, points]` a modality's
+    observations at the input and target times (`with_modalities`), normalized,
+    NaN where missing
 all float32, grid flattened latitude-major with latitude ascending.
 Channel-major is the stores' own layout, so tensorstore decodes an example
 straight into it; the model's encoder transposes it to node-major block by
@@ -173,6 +176,7 @@ class WeatherExampleSource:
     self.store.fill = fill
     if not fill_nan:
       self._check_nan(stats, num_times)
+    self.modalities = ()
     self._set_grid_slots(grid_slots)
 
   def _check_nan(self, stats, num_times: int):
@@ -229,6 +233,11 @@ class WeatherExampleSource:
             f"input_steps={self.input_steps}, target_steps={self.target_steps},"
             f" start={self.start!r}, end={self.end!r})")
 
+  @property
+  def range_times(self) -> np.ndarray:
+    """`[num_times]` datetime64 the store's times in this source's time range."""
+    return self.store.times[self._first_time:self._first_time + self._num_times]
+
   def time_indices(self, index: int) -> np.ndarray:
     """`[window]` indices into `store.times` of example `index`."""
     if not 0 <= index < self._num_examples:
@@ -271,6 +280,12 @@ class WeatherExampleSource:
       batch["globals"] = self.input_scales.globals(np.stack([
           forcings_lib.compute_global_forcings(self.example_times(index), self.global_forcings)
           for index in indices]))
+    for reader in self.modalities:
+      for kind, steps in (("inputs", slice(None, self.input_steps)),
+                          ("targets", slice(self.input_steps, None))):
+        if getattr(reader, kind):
+          batch[f"{reader.name}/{kind}"] = np.stack([
+              reader.read(kind, self.time_indices(index)[steps]) for index in indices])
     return batch
 
   def forcing_values(self, index: int) -> np.ndarray:
@@ -296,10 +311,21 @@ class WeatherExampleSource:
     clone.target_steps = target_steps
     return clone
 
-  def in_layout(self, grid_slots: np.ndarray) -> WeatherExampleSource:
-    """This source (same open store and statistics) yielding examples in `grid_slots` order."""
+  def with_modalities(self, readers) -> WeatherExampleSource:
+    """This source whose examples also hold each of `readers`' (`observations.ModalityReader`,
+    aligned with this store's times) inputs and targets."""
+    clone = copy.copy(self)
+    clone.modalities = tuple(readers)
+    return clone
+
+  def in_layout(self, grid_slots: np.ndarray,
+                point_slots: dict | None = None) -> WeatherExampleSource:
+    """This source (same open store and statistics) yielding examples in `grid_slots` order,
+    and each modality's points in its `point_slots` entry's (`ShardedLayout.point_slots`)."""
     clone = copy.copy(self)
     clone._set_grid_slots(grid_slots)
+    clone.modalities = tuple(reader.in_layout((point_slots or {}).get(reader.name))
+                             for reader in self.modalities)
     return clone
 
   def _set_grid_slots(self, grid_slots: np.ndarray | None):

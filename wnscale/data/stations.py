@@ -4,6 +4,8 @@ What the tests (and later `make_dataset --stations`) observe a grid with: `N`
 points on the sphere, a share of them on land (a station network is mostly
 there), and values of the grid's fields interpolated to them (inverse-distance
 over the nearest grid nodes) plus Gaussian noise, a fraction missing (NaN).
+`write_network` writes such a network of a grid store as an observation store
+(`wnscale.data.observations`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,18 @@ from __future__ import annotations
 import numpy as np
 from scipy import spatial
 
+from wnscale.data import observations
+from wnscale.data import store as store_lib
+from wnscale.data import variables as variables_lib
+from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 
 NEIGHBOURS = 4  # grid nodes an interpolated value is read from
+# `write_network`'s defaults: noise as a fraction of each quantity's std, values missing.
+NOISE = 0.1
+MISSING = 0.1
+TIME_BLOCK = 256  # grid times read at once
 
 
 def random_land_biased_points(num_points: int, grid_points: PointSet, land: np.ndarray,
@@ -55,3 +65,51 @@ def observe(values: np.ndarray, grid_points: PointSet, points: PointSet, *, nois
   observed = observed + noise * rng.standard_normal(observed.shape)
   observed[rng.random(observed.shape) < missing] = np.nan
   return observed.astype(np.float32)
+
+
+def write_network(grid_path: str, out: str, num_stations: int, *, variables=None,
+                  seed: int = 0, noise: float = NOISE, missing: float = MISSING,
+                  overwrite: bool = False) -> str:
+  """Writes a synthetic station network of the grid store `grid_path` at `out`.
+
+  `num_stations` land-biased points (`random_land_biased_points`, land where the
+  store's land-sea mask is above 0.5) observe `variables` (surface variables the
+  store holds; None: all of them) at every store time (`observe`: noise
+  `noise` x each quantity's std over the store, a fraction `missing` NaN).
+  `out` is replaced only with `overwrite` (`observations.write_observations`).
+
+  Returns:
+    `out`.
+  """
+  if num_stations < 1:
+    raise UserError(f"A station network needs at least one station, not {num_stations}.")
+  if not 0 <= missing < 1 or noise < 0:
+    raise UserError(f"missing={missing} must be in [0, 1) and noise={noise} >= 0.")
+  with store_lib.open_metadata(grid_path) as dataset:
+    held = [v.name for v in variables_lib.SURFACE_VARIABLES if v.name in dataset]
+  names = list(variables or held)
+  lacking = [name for name in names if name not in held]
+  if lacking or not names:
+    raise UserError(f"The grid store {grid_path} holds the surface variables {held}, not "
+                    f"{lacking or 'any'}: stations observe surface variables the grid has.")
+  store = store_lib.open_store(grid_path, names, (),
+                               store_lib.native_time_step_hours(grid_path, 6))
+  land = store.read_statics(allow_nan=True)[variables_lib.STATIC_VARIABLES.index(
+      "land_sea_mask")] > 0.5
+  points = random_land_biased_points(num_stations, store.points, land, seed)
+  interpolated = np.concatenate([
+      interpolate(store.read_state(np.arange(first, min(first + TIME_BLOCK, len(store.times))),
+                                   allow_nan=True), store.points, points)
+      for first in range(0, len(store.times), TIME_BLOCK)])  # [T, V, S]
+  rng = np.random.default_rng(seed)
+  values = {}
+  for channel, name in enumerate(names):
+    series = interpolated[:, channel]
+    series = series + noise * np.nanstd(series) * rng.standard_normal(series.shape)
+    series[rng.random(series.shape) < missing] = np.nan
+    values[name] = series.astype(np.float32)
+  station_id = [f"SYN{i:06d}" for i in range(num_stations)]
+  return observations.write_observations(
+      out, store.times, station_id, points.latitude, points.longitude, values,
+      overwrite=overwrite, attrs={"source": f"synthetic network of {store.path}",
+                                  "seed": seed, "noise": noise, "missing": missing})

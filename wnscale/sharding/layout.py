@@ -81,6 +81,13 @@ class ShardedLayout:
     """
     return self.grid.node_of_slot
 
+  @property
+  def point_slots(self) -> dict[str, np.ndarray]:
+    """Per modality's node set, `[num_shards * per_shard]` its point in each slot of a
+    batch's point axis, -1: padding (`grid_slots`' counterpart)."""
+    return {name: part.node_of_slot for name, part in self.partitioned.nodes.items()
+            if name not in ("grid", "mesh")}
+
   def sharding(self, spec: P) -> NamedSharding:
     return NamedSharding(self.mesh, spec)
 

@@ -80,17 +80,26 @@ def loss_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse", remat_steps: 
 
 
 def error_sums_fn(layout: ShardedLayout, graphdef):
-  """`(params, constants, halo_indices, batch, std [C]) -> [C]` area-weighted squared errors.
+  """`(params, constants, halo_indices, batch, std [C]) -> ([C], {modality: ([C_t], [C_t])})`.
 
-  Errors are scaled by `std` (normalized -> physical units) and summed over
-  examples, lead times and real grid nodes; used for evaluation RMSE.
+  The grid's area-weighted squared errors: scaled by `std` (normalized -> physical
+  units) and summed over examples, lead times and real grid nodes. Each target modality
+  of the batch: its squared errors in normalized units and the number of values present,
+  per target variable (NaN targets left out, points unweighted); used for evaluation RMSE.
   """
   def local_error_sums(params, constants, exchange, batch, std):
-    predictions = forecast.rollout(nnx.merge(graphdef, params), constants, batch,
-                                   exchange=exchange)
+    predictions, points = forecast.rollout_with_points(nnx.merge(graphdef, params), constants,
+                                                       batch, exchange=exchange)
     squared = jnp.square((predictions - batch["targets"]) * std[:, None])
     per_channel = jnp.einsum("btcg,g->c", squared, constants.node_weights)
-    return jax.lax.psum(per_channel, (DATA, GRAPH))
+    point_sums = {}
+    for name, values in points.items():
+      targets = batch[f"{name}/targets"]
+      present = ~jnp.isnan(targets)
+      error = jnp.where(present, values - jnp.where(present, targets, 0), 0)
+      point_sums[name] = (jnp.sum(jnp.square(error).astype(jnp.float32), axis=(0, 1, 3)),
+                          jnp.sum(present, axis=(0, 1, 3), dtype=jnp.float32))
+    return jax.lax.psum((per_channel, point_sums), (DATA, GRAPH))
 
   return _shard_mapped(layout, local_error_sums, out_specs=P(), extra_in_specs=(P(),))
 

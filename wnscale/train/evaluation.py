@@ -1,5 +1,7 @@
 """Evaluation on the held-out time range: per-channel RMSE in physical units.
 
+Each target modality of the source (`WeatherExampleSource.with_modalities`) adds the
+RMSE of each of its variables over the values present (`<modality>/<variable>`).
 An FGN (`model.noise_channels > 0`) is scored by its zero-noise member.
 """
 
@@ -16,7 +18,8 @@ from wnscale.train import step as step_lib
 
 
 def metric_name(channel: str) -> str:
-  """`eval/rmse/temperature_500` for channel `temperature@500`: a TensorBoard tag as well."""
+  """`eval/rmse/temperature_500` for channel `temperature@500`, `eval/rmse/stations/
+  2m_temperature` for a modality's: a TensorBoard tag as well."""
   return "eval/rmse/" + channel.replace("@", "_")
 
 
@@ -51,17 +54,19 @@ class Evaluator:
           np.zeros((self.batch_rows, specs.data.target_steps,
                     specs.model.noise_channels), np.float32),
           layout.sharding(BATCH_SPECS["noise"]))
-    # Read in the layout's grid order.
-    self.source = None if source is None else source.in_layout(layout.grid_slots)
+    # Read in the layout's grid (and points) order.
+    self.source = (None if source is None
+                   else source.in_layout(layout.grid_slots, layout.point_slots))
 
   def evaluate(self, params) -> dict[str, float]:
-    """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range."""
+    """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range, and
+    `{"<modality>/<variable>": RMSE}` of each target modality (NaN: no value present)."""
     if self.source is None:
       self.source = pipeline.make_source(self.specs.data, "eval", self.layout.grid_slots)
     data = pipeline.make_pipeline(self.specs.data, "eval", batch_size=self.specs.train.batch_size,
                                   seed=self.specs.seed, process_index=self.group,
                                   process_count=self.num_groups, source=self.source)
-    sums, examples = 0.0, 0
+    sums, point_sums, examples = 0.0, {}, 0
     try:
       for _, local in zip(range(self.specs.train.eval_batches), data.iterator):
         if self.rows_per_example > 1:
@@ -71,11 +76,23 @@ class Evaluator:
                                          setup.batch_dtype(self.specs.model))
         if self.noise is not None:
           batch["noise"] = self.noise
-        sums = sums + self.eval_step(params, self.constants, self.halo_indices, batch,
-                                     self.std)
+        grid, points = self.eval_step(params, self.constants, self.halo_indices, batch,
+                                      self.std)
+        sums = sums + grid
+        point_sums = {name: (point_sums[name][0] + squared, point_sums[name][1] + count)
+                      if name in point_sums else (squared, count)
+                      for name, (squared, count) in points.items()}
         examples += self.batch_rows
     finally:
       data.close()
     count = examples * self.specs.data.target_steps * self.layout.num_grid_nodes
     rmse = np.sqrt(np.asarray(sums) / count)
-    return dict(zip(self.channel_names, rmse.tolist()))
+    scores = dict(zip(self.channel_names, rmse.tolist()))
+    for reader in self.source.modalities:
+      if reader.name in point_sums:
+        squared, present = (np.asarray(x, np.float64) for x in point_sums[reader.name])
+        with np.errstate(invalid="ignore", divide="ignore"):
+          point_rmse = np.sqrt(squared / present) * reader.stats["targets"]["std"]
+        scores |= {f"{reader.name}/{name}": float(value)
+                   for name, value in zip(reader.targets, point_rmse)}
+    return scores

@@ -33,15 +33,18 @@ def phase(what: str):
 
 
 def describe_data(source, eval_source) -> str:
-  """The store, its times and grid, and the examples of the train and eval ranges."""
+  """The store, its times and grid, the examples of the train and eval ranges, and each
+  modality's stations and store."""
   store = source.store
   ranges = f"train {source.start} .. {source.end} ({len(source):,} examples)"
   if eval_source is not None:
     ranges += f", eval {eval_source.start} .. {eval_source.end} ({len(eval_source):,} examples)"
   first, last = np.datetime_as_string(store.times[[0, -1]], unit="m")
+  modalities = "".join(f"; {reader.name}: {reader.points.name} from {reader.path}"
+                       for reader in source.modalities)
   return (f"{store.path}, {len(store.times):,} times {first} .. {last} every "
           f"{store.time_step_hours} h, grid {store.points.name}, "
-          f"{store.num_channels} channels; {ranges}")
+          f"{store.num_channels} channels; {ranges}{modalities}")
 
 
 def format_rmse(rmse: dict) -> str:

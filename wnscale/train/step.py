@@ -46,7 +46,7 @@ def _stop_frozen_gradients(params, prefixes: tuple[str, ...]):
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
                     halo_indices, *, remat_steps: bool = False, loss: str = "mse",
                     members: ensemble.TrainingMembers | None = None, ema_decay: float = 0.0,
-                    freeze: tuple[str, ...] = ()):
+                    freeze: tuple[str, ...] = (), modalities=()):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
 
   `loss`: "mse" or "crps"; `members`: an FGN's (`ensemble.training_members`):
@@ -56,12 +56,13 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
   `ema_decay` > 0: `state.ema` becomes `decay * ema + (1 - decay) * new params`.
   `freeze`: `train.freeze`'s prefixes (the optimizer leaves those parameters alone):
   their gradients are not computed, and `grad_norm` is the trained parameters' norm,
-  the one the clipping sees.
+  the one the clipping sees. `modalities`: `DataSpec.modalities` (the batch holds their
+  arrays; their loss weights).
   The step is traced anew for each shape of batch (a rollout phase's targets).
   """
   on_data = members.members if members is not None and members.on_data else 0
   loss_fn = sharded_model.loss_fn(layout, graphdef, loss=loss, remat_steps=remat_steps,
-                                  members_on_data=on_data)
+                                  members_on_data=on_data, modalities=modalities)
 
   def train_step(state: TrainState, constants, halo_indices, batch):
     batch = ensemble.with_training_noise(batch, members, state.step)
@@ -109,14 +110,16 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
                                loss=config.train.loss,
                                members=ensemble.training_members(specs),
                                freeze=tuple(config.train.freeze),
-                               ema_decay=config.train.ema_decay)
+                               ema_decay=config.train.ema_decay,
+                               modalities=specs.data.modalities)
   return train_step.lower(state, constants, halo_indices, batch)
 
 
 def make_eval_step(layout: ShardedLayout, graphdef, constants, halo_indices):
-  """`eval_step(params, constants, halo_indices, batch, std) -> [C]` summed squared errors.
+  """`eval_step(params, constants, halo_indices, batch, std) -> ([C], {modality: ...})`
+  summed squared errors (`sharded_model.error_sums_fn`).
 
-  Errors are in physical units (normalized error x `std`), area-weighted over
+  The grid's are in physical units (normalized error x `std`), area-weighted over
   grid nodes, summed over examples, lead times and nodes; divide by the
   number of (example, lead time, node) triples for the MSE.
   """

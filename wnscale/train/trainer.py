@@ -41,6 +41,7 @@ from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
 from wnscale.data import pipeline
+from wnscale.data.resolve import modality_readers as resolve_modality_readers
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.assembly import assemble
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
@@ -186,22 +187,30 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
                                   indexed_target_steps=curriculum.longest(phases))
     eval_source = (pipeline.make_source(data, "eval", stats=statistics)
                    if config.train.eval_every else None)
+    # Each modality's observations, at the grid store's times, with the training
+    # range's statistics: the same readers for both ranges.
+    readers = resolve_modality_readers(data, config.seed, source.store.times,
+                                       source.range_times)
+    source = source.with_modalities(readers)
+    if eval_source is not None:
+      eval_source = eval_source.with_modalities(readers)
     phase["text"] = run_log.describe_data(source, eval_source)
   if config.model.remat_policy == "auto":  # sized for the longest rollout phase
     config.model.update(_auto_remat(curriculum.longest_phase_config(config))["overrides"])
   specs = specs_lib.from_config(config)  # what the model and the steps are built from
 
   assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
-                      phase=run_log.phase)
+                      phase=run_log.phase,
+                      point_sets={reader.name: reader.points for reader in readers})
   layout = assembly.layout
   device_constants, halo_indices = layout.constants(assembly.constants)
   # Data: this process's share (processes holding the same batch rows read the same
   # examples), read straight into the layout's grid order.
   group, num_groups = mesh_lib.process_data_group(mesh)
-  source = source.in_layout(layout.grid_slots)
+  source = source.in_layout(layout.grid_slots, layout.point_slots)
   if eval_source is not None:
     _check_eval_range(config, eval_source, num_groups)
-    eval_source = eval_source.in_layout(layout.grid_slots)
+    eval_source = eval_source.in_layout(layout.grid_slots, layout.point_slots)
   optimizer = optimizer_lib.make_optimizer(config.train)
   frozen = optimizer_lib.frozen_counts(assembly.params, config.train.freeze)
   if config.train.freeze and is_main:
@@ -237,7 +246,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
       layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
       device_constants, halo_indices, remat_steps=config.train.remat_rollout,
       loss=config.train.loss, members=members, ema_decay=config.train.ema_decay,
-      freeze=tuple(config.train.freeze))
+      freeze=tuple(config.train.freeze), modalities=specs.data.modalities)
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
