@@ -55,6 +55,7 @@ from ml_collections import config_flags
 from wnscale import config as config_lib
 from wnscale import outputs
 from wnscale.errors import ArgumentError, UserError, no_space
+from wnscale.train import run_directory
 from wnscale.train import workdir as workdir_lib
 
 
@@ -65,17 +66,27 @@ def _quiet_libtpu():
   without them prints start-up errors while looking for TPU hosts, then falls
   back to the CPU. ALLOW_MULTIPLE_LIBTPU_LOAD lets several such processes run.
   """
-  try:  # JAX's own test for TPU chips on the PCI bus (a private module; jax is pinned)
-    from jax._src import hardware_utils
-    if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
-      return
-  except (ImportError, AttributeError):  # cannot tell: leave a possible TPU alone
-    return
+  if _has_google_pci_device():
+    return  # a TPU host (or one we cannot tell from one): leave libtpu's settings alone
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   # Nor JAX's "Unable to initialize backend 'tpu'" note, when there is none to find.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
+def _has_google_pci_device() -> bool:
+  """Whether a PCI device of Google's vendor id (0x1ae0: TPU chips) is attached, as JAX
+  itself finds TPUs; read from sysfs, so that a launcher starts without importing JAX
+  (a mistake in its flags is then reported in well under a second)."""
+  for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    try:
+      with open(vendor) as f:
+        if f.read().strip() == "0x1ae0":
+          return True
+    except OSError:
+      continue
+  return False
 
 
 # At import: a launcher imports this module before its main starts JAX's backend.
@@ -122,9 +133,8 @@ _OUTPUTS = []  # (flag, outputs.Kind) of each output the launcher defines
 
 
 def define_params():
-  """`--params`: which parameters of a training run a launcher reads (`checkpoint.PARAMS`)."""
-  from wnscale.train.checkpoint import PARAMS  # noqa: PLC0415 (Orbax: only where it is used)
-  return flags.DEFINE_enum("params", None, list(PARAMS),
+  """`--params`: which parameters of a training run a launcher reads (`run_directory.PARAMS`)."""
+  return flags.DEFINE_enum("params", None, list(run_directory.PARAMS),
                            "Parameters: the moving average (ema) or the raw ones (default: "
                            "the moving average when the run kept one, train.ema_decay).")
 

@@ -14,7 +14,6 @@ replaced only with --overwrite (`wnscale.outputs`).
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
-from wnscale.interop.graphcast_import import import_graphcast
 from wnscale.train import run_directory
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "GraphCast checkpoint (.npz).")
@@ -24,6 +23,8 @@ _OUT = cli.define_output("out", "Run directory to create.", run_directory.KIND)
 
 def main(argv):
   del argv
+  # Imported here: a mistake in the flags is reported before this slow import.
+  from wnscale.interop.graphcast_import import import_graphcast  # noqa: PLC0415
   import_graphcast(_CHECKPOINT.value, _STATS_DIR.value, _OUT.value, overwrite=cli.overwrite())
 
 

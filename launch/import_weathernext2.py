@@ -19,7 +19,6 @@ A run already at WORKDIR is replaced only with --overwrite.
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
-from wnscale.interop.weathernext2_import import import_weathernext2
 from wnscale.train import run_directory
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "WeatherNext 2 parameters (.npz).")
@@ -32,6 +31,8 @@ _OUT = cli.define_output("out", "Run directory to create.", run_directory.KIND)
 
 def main(argv):
   del argv
+  # Imported here: a mistake in the flags is reported before this slow import.
+  from wnscale.interop.weathernext2_import import import_weathernext2  # noqa: PLC0415
   import_weathernext2(_CHECKPOINT.value, _CONFIG.value, _OUT.value, stats_dir=_STATS_DIR.value,
                       overwrite=cli.overwrite())
 

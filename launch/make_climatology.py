@@ -21,7 +21,6 @@ from absl import flags
 from launch import cli, runner  # before JAX's backend starts: it quiets libtpu
 
 from wnscale import outputs
-from wnscale.evaluation.climatology import compute_climatology
 
 flags.adopt_module_key_flags(runner)  # --help lists --runner
 
@@ -37,6 +36,8 @@ _MEMORY_GIB = flags.DEFINE_float("memory_gib", 2.0, "Bound on the sums held in m
 
 
 def main(argv):
+  # Imported here: a mistake in the flags is reported before this slow import.
+  from wnscale.evaluation.climatology import compute_climatology  # noqa: PLC0415
   for_each = runner.for_each(argv, "climatology blocks")
   levels = [int(level) for level in _LEVELS.value] if _LEVELS.value else None
   print(compute_climatology(_STORE.value, _OUT.value, _START.value, _END.value,

@@ -12,7 +12,6 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from wnscale import outputs
-from wnscale.interop.graphcast_example import predict_example
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _EXAMPLE = flags.DEFINE_string("example", None, "GraphCast example file (.nc).")
@@ -27,6 +26,8 @@ _NOISE = flags.DEFINE_string("noise", None, "An FGN's noise: a .npz whose 'noise
 
 def main(argv):
   del argv
+  # Imported here: a mistake in the flags is reported before this slow import.
+  from wnscale.interop.graphcast_example import predict_example  # noqa: PLC0415
   predict_example(_WORKDIR.value, _EXAMPLE.value, _OUT.value, _STEPS.value,
                   overwrite=cli.overwrite(), members=_MEMBERS.value, noise=_NOISE.value,
                   params=_PARAMS.value)

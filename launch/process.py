@@ -9,8 +9,10 @@ The flags are defined here, once, for every launcher that imports this module.
 
 import os
 
-import jax
 from absl import flags, logging
+
+# JAX is imported in the functions that start it, not with this module: a launcher's
+# flags are checked first, and a mistake in them is reported without that import (~1 s).
 
 PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 NUM_CPU_DEVICES = flags.DEFINE_integer(
@@ -27,6 +29,7 @@ def set_up(platform: str | None, num_cpu_devices: int | None):
   Importing JAX starts no backend; the first device query does. So this only
   has to come before that.
   """
+  import jax  # noqa: PLC0415
   if platform:
     jax.config.update("jax_platforms", platform)
   if num_cpu_devices:
@@ -49,6 +52,7 @@ def start():
   """`set_up` from the flags, then joins the processes' cluster: with gloo CPU
   collectives when the flags name it, from the environment on a Cloud TPU slice,
   none for a single process."""
+  import jax  # noqa: PLC0415
   set_up(PLATFORM.value, NUM_CPU_DEVICES.value)
   if COORDINATOR.value or NUM_PROCESSES.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -63,5 +67,6 @@ def start():
 
 def stop():
   """Leaves the processes' cluster (nothing for a single process)."""
+  import jax  # noqa: PLC0415
   if jax.process_count() > 1:
     jax.distributed.shutdown()

@@ -23,7 +23,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline, resolve
 from wnscale.model import setup
-from wnscale.train import checkpoint, optimizer, trainer
+from wnscale.train import checkpoint, optimizer, run_directory, trainer
 from tiny_runs import read_metrics
 
 from tiny_runs import (REPO, STEPS, Started, cluster_process, kill_after_checkpoint, losses,
@@ -235,7 +235,7 @@ def test_a_rollout_curriculum_killed_in_its_second_phase_resumes_exactly(tmp_pat
                                                                        "config.json")).read()))
   abstract = checkpoint.abstract_like(setup.init_model_shapes(specs)[1],
                                       jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-  for which in checkpoint.PARAMS:
+  for which in run_directory.PARAMS:
     got, want = params(workdir, STEPS, which), params(reference, STEPS, which)
     assert got.keys() == want.keys()
     for name in want:

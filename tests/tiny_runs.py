@@ -45,9 +45,12 @@ def fast_compile_env() -> dict:
   """Environment variables for a launched process that compiles fast: cheap XLA:CPU passes,
   and this test session's own compilation cache: a later launch of the same program (a run
   resumed after a kill, a forecast run again) loads it (the tiny run: its set-up, train
-  and eval step compiles took 9 s instead of 22 s on a loaded machine)."""
+  and eval step compiles took 9 s instead of 22 s on a loaded machine), every program
+  however fast it compiles (JAX keeps only those over 1 s by default: the tiny run's
+  set-up programs then took ~1 s of CPU in each launch)."""
   return {"XLA_FLAGS": FAST_COMPILE_XLA_FLAGS,
-          "JAX_COMPILATION_CACHE_DIR": os.path.join(os.environ["WNSCALE_CACHE_DIR"], "xla")}
+          "JAX_COMPILATION_CACHE_DIR": os.path.join(os.environ["WNSCALE_CACHE_DIR"], "xla"),
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def process_env() -> dict:

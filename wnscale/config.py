@@ -14,7 +14,6 @@ import ml_collections
 
 from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
-from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import points as points_lib
@@ -293,30 +292,21 @@ def check_key(path: str):
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Checks keys, types and combinations against `default_config()`; returns `config`."""
-  # The registries of the model and the sharding, imported here rather than with this
-  # module: a launcher that validates no config (evaluate, make_dataset, ...) then starts
-  # without importing JAX and Flax (~2 s of CPU per launch).
-  from wnscale.model import remat  # noqa: PLC0415
-  from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
-  from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
+  """Checks keys, types and combinations against `default_config()`; returns `config`.
+
+  The names of the registries (policies, processors, ...) are checked last
+  (`_check_registered_names`): a mistake elsewhere is found without importing
+  JAX, Flax and xarray, in a fraction of a second.
+  """
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
   specs = specs_lib.from_config(config)  # the keys' types are checked: parse them once
-  if m.remat_policy != "auto":
-    remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
-  _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
               "mesh_edge_chunks", "grid_blocks", "transformer_layers", "transformer_heads",
               "transformer_ffw_size"):
     _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
   for key in ("edge_latent_size", "transformer_k_hop", "transformer_edges_per_block"):
     _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
-  _require(m.processor in PROCESSORS,
-           f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
-  problem = PROCESSORS[m.processor].check(specs.model)
-  _require(problem is None, problem)
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(0 <= m.regional_mesh_levels <= 6,
            f"model.regional_mesh_levels={m.regional_mesh_levels} must be in 0..6")
@@ -329,8 +319,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
   _require(m.mesh_to_grid_edge_normalization >= 0,
            "model.mesh_to_grid_edge_normalization must be >= 0 (0: the longest edge)")
-  _require(config.mesh.exchange in EXCHANGE_MODES,
-           f"mesh.exchange={config.mesh.exchange!r}, expected one of {tuple(EXCHANGE_MODES)}")
   for axis in ("data", "graph"):
     size = config.mesh[axis]
     _require(size == -1 or size >= 1, f"mesh.{axis}={size} must be >= 1 or -1")
@@ -363,9 +351,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   unknown = [name for name in d.stored_forcings if name not in d.forcings]
   _require(not unknown, f"data.stored_forcings {unknown} are not in data.forcings "
            f"{d.forcings}")
-  _require(d.input_normalization in normalization.INPUT_NORMALIZATIONS,
-           f"data.input_normalization={d.input_normalization!r}, expected one of "
-           f"{normalization.INPUT_NORMALIZATIONS}")
   _require(not d.stored_forcings or d.input_normalization == "all",
            f"data.stored_forcings {d.stored_forcings} are read in physical units (ERA5's solar "
            "radiation: J m^-2) and need their statistics: set data.input_normalization='all'")
@@ -403,8 +388,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(name in specs.data.target_only_variables,
              f"model.output_activations: {name!r} is not in data.target_only_variables "
              f"{d.target_only_variables} (an activation applies to an outright prediction)")
-    _require(activation in OUTPUT_ACTIVATIONS, f"model.output_activations: unknown activation "
-             f"{activation!r} for {name}, expected one of {tuple(OUTPUT_ACTIVATIONS)}")
   for name, weight in specs.train.variable_loss_weights:
     _require(name in specs.data.outputs and weight >= 0, f"train.variable_loss_weights: "
              f"{name}:{weight} must name one of the model's variables {specs.data.outputs} "
@@ -425,7 +408,34 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
              "members of a deterministic model are identical)")
     _require(t.ensemble_members >= 2,
              f"train.ensemble_members={t.ensemble_members} must be >= 2 for train.loss='crps'")
+  _check_registered_names(config, specs)
   return config
+
+
+def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.Specs):
+  """The names `config` picks from the model's, the data's and the sharding's registries
+  (each defined once, with what it names), and the chosen processor's own checks."""
+  from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
+  from wnscale.model import remat  # noqa: PLC0415
+  from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
+  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
+  from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
+  m, d = config.model, config.data
+  if m.remat_policy != "auto":
+    remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
+  _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
+  _require(m.processor in PROCESSORS,
+           f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
+  problem = PROCESSORS[m.processor].check(specs.model)
+  _require(problem is None, problem)
+  _require(config.mesh.exchange in EXCHANGE_MODES,
+           f"mesh.exchange={config.mesh.exchange!r}, expected one of {tuple(EXCHANGE_MODES)}")
+  _require(d.input_normalization in INPUT_NORMALIZATIONS,
+           f"data.input_normalization={d.input_normalization!r}, expected one of "
+           f"{INPUT_NORMALIZATIONS}")
+  for name, activation, _ in specs.model.output_activations:
+    _require(activation in OUTPUT_ACTIVATIONS, f"model.output_activations: unknown activation "
+             f"{activation!r} for {name}, expected one of {tuple(OUTPUT_ACTIVATIONS)}")
 
 
 def _check_modalities(data: specs_lib.DataSpec):

@@ -174,7 +174,7 @@ def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions:
                       params=None) -> dict:
   """The JSON settings that identify a forecast (what a resumed run must match)."""
   ensemble = {} if members is None else {"members": int(members)}
-  chosen = {} if params is None else {"params": params}  # checkpoint.PARAMS, when asked
+  chosen = {} if params is None else {"params": params}  # run_directory.PARAMS, when asked
   return {**ensemble, **chosen, "workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
           "initial_conditions": paths.normalize(initial_conditions),
           "init_times": [str(pd.Timestamp(t)) for t in init_times],

@@ -57,7 +57,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
     noise: an FGN's noise: an `.npz` file whose `noise` is `[members, K]` (each
       member's noise at every lead time) or `[members, steps, K]`, or an integer
       seed (`ensemble.forecast_noise` of that seed, initial time and member).
-    params: "ema" or "raw" (`checkpoint.PARAMS`); default: the moving average of the
+    params: "ema" or "raw" (`run_directory.PARAMS`); default: the moving average of the
       parameters when the run kept one.
 
   Raises:

@@ -61,7 +61,7 @@ def export_graphcast(workdir: str, out: str, step: int | None = None,
     step: the checkpoint to export; None: the newest.
     stats_dir: a directory to write `mean_by_level.nc`, `stddev_by_level.nc`,
       `diffs_stddev_by_level.nc` into; None: no statistics.
-    params: "ema" or "raw" (`checkpoint.PARAMS`); None: the moving average when
+    params: "ema" or "raw" (`run_directory.PARAMS`); None: the moving average when
       the run kept one.
     overwrite: replace an existing `out` / `stats_dir`.
 

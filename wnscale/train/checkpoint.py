@@ -220,9 +220,6 @@ def save_params(directory: str, params, metadata: dict, step: int = 0):
     manager.close()
 
 
-# Which parameters of a training checkpoint to read: the moving average (`state.ema`,
-# `train.ema_decay` > 0) or the raw `state.params`.
-PARAMS = ("ema", "raw")
 
 
 def restore_params(directory: str, abstract_params, step: int | None = None,
@@ -239,7 +236,8 @@ def restore_params(directory: str, abstract_params, step: int | None = None,
     abstract_params: `jax.ShapeDtypeStruct` tree of the parameters, with the
       shardings to restore onto.
     step: the checkpoint to restore; None: the newest.
-    which: one of `PARAMS`; None: the EMA when the checkpoint holds one, else raw.
+    which: "ema" or "raw" (`run_directory.PARAMS`); None: the EMA when the checkpoint
+      holds one, else raw.
 
   Returns:
     `(params, step)`.
@@ -303,8 +301,6 @@ def restore_params(directory: str, abstract_params, step: int | None = None,
 
 def _params_key(stored: dict, which: str | None, checkpoint: str) -> str:
   """The state key holding the parameters `which` asks for, in a checkpoint's `stored` tree."""
-  if which not in (None,) + PARAMS:
-    raise ValueError(f"which={which!r}, expected one of {PARAMS} or None")
   has_ema = stored.get("ema") is not None
   if which == "ema" and not has_ema:  # `params`: the argument of forecasts and predictions
     raise ArgumentError("params", which, f"the checkpoint {checkpoint} holds no moving "

@@ -18,17 +18,26 @@ What else a training run keeps there (metrics, TensorBoard, its lock): `workdir`
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 import ml_collections
 
 from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale.errors import ArgumentError, UserError
-from wnscale.train import checkpoint as checkpoint_lib
+
+if TYPE_CHECKING:
+  from wnscale.train import checkpoint as checkpoint_lib
+# `wnscale.train.checkpoint` (Orbax, JAX) is imported where a checkpoint is read or
+# written: a launcher that names a run directory checks its flags without that import.
 
 CONFIG = "config.json"
 CONFIG_HISTORY = "configs"
 CHECKPOINTS = "checkpoints"
+
+# Which parameters of a training run's checkpoint to read: the moving average
+# (`state.ema`, `train.ema_decay` > 0) or the raw `state.params`.
+PARAMS = ("ema", "raw")
 
 # What `outputs.check` recognises a run directory by.
 KIND = outputs.Kind("a run directory", (CONFIG, CHECKPOINTS))
@@ -97,10 +106,12 @@ class RunDirectory:
 
   def checkpointer(self, max_to_keep: int) -> checkpoint_lib.Checkpointer:
     """The training run's `Checkpointer` of its checkpoints (made if missing)."""
+    from wnscale.train import checkpoint as checkpoint_lib  # noqa: PLC0415 (see above)
     return checkpoint_lib.Checkpointer(self.checkpoints, max_to_keep, run=self.path)
 
   def save_params(self, params, metadata: dict, step: int = 0):
     """A checkpoint of parameters alone (an imported model: `checkpoint.save_params`)."""
+    from wnscale.train import checkpoint as checkpoint_lib  # noqa: PLC0415
     checkpoint_lib.save_params(self.checkpoints, params, metadata, step)
 
   def restore_params(self, abstract_params, step: int | None = None,
@@ -109,7 +120,7 @@ class RunDirectory:
 
     `abstract_params`: `jax.ShapeDtypeStruct`s with the shardings to restore
     onto. A training run's or an import's checkpoints alike; nothing is written.
-    `which`: `checkpoint.PARAMS` ("ema", "raw"); None: the EMA if the run kept one.
+    `which`: one of `PARAMS` ("ema", "raw"); None: the EMA if the run kept one.
 
     Raises:
       UserError: the directory holds no checkpoint (of `step`).
@@ -118,4 +129,7 @@ class RunDirectory:
     if not paths.exists(self.checkpoints):
       raise self._not_a_run(f"not a run directory: it holds no {CHECKPOINTS}/ (launch.train "
                             "and launch.import_graphcast make one)")
+    if which not in (None,) + PARAMS:
+      raise ValueError(f"which={which!r}, expected one of {PARAMS} or None")
+    from wnscale.train import checkpoint as checkpoint_lib  # noqa: PLC0415
     return checkpoint_lib.restore_params(self.checkpoints, abstract_params, step, which)
