@@ -298,7 +298,7 @@ def make_run(tmp_path, config, params=None):
 def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_path,
                                                                          store_source):
   """An FGN run (with global forcings) forecasts --members=N along `number`; members 0, 1
-  of 3 equal those of 2 and of a rerun; members differ; --members is required for an FGN;
+  of 3 equal those of 2 (another forecast: reproducible); members differ; --members is required for an FGN;
   the 3 members forecast by 2 processes (members across them) equal those of 1."""
   run_store, _ = store_source
   config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
@@ -310,13 +310,13 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
   forecast = lambda name, members: xr.open_zarr(forecast_lib.run_forecast(  # noqa: E731
       workdir, str(tmp_path / name), lead="12h", init_times=inits, members=members,
       mesh_overrides={"graph": 4})["out"], chunks=None)  # 2 x 4 mesh: 2 rows a call
-  three, two, again = forecast("f3.zarr", 3), forecast("f2.zarr", 2), forecast("f2b.zarr", 2)
+  # Two forecasts whose members 0 and 1 are equal: reproducible, whatever the member count.
+  three, two = forecast("f3.zarr", 3), forecast("f2.zarr", 2)
   assert three["temperature"].dims == ("time", "number", "prediction_timedelta", "level",
                                        "latitude", "longitude")
   assert three.sizes["number"] == 3 and three.attrs["wnscale_forecast"]["members"] == 3
   for name in config.data.variables:
     np.testing.assert_array_equal(three[name].isel(number=[0, 1]).values, two[name].values)
-    np.testing.assert_array_equal(two[name].values, again[name].values)
     assert np.isfinite(three[name].values).all()
   spread = np.abs(three["temperature"].isel(number=0) - three["temperature"].isel(number=2))
   assert float(spread.max()) > 1e-3
