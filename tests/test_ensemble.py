@@ -5,6 +5,10 @@ split over devices, and with the members laid out along the data axis equal
 the plain single-device computation.
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -20,8 +24,10 @@ from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import optimizer as optimizer_lib
+from wnscale.train import trainer
 from wnscale.train import step as step_lib
 from wnscale.train.state import initial_state
+from tiny_runs import REPO, RUN_FLAGS, losses, process_env
 
 # 19 x 36 = 684 grid nodes: does not divide 4 graph shards.
 POINTS = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
@@ -205,3 +211,38 @@ def test_train_step_draws_noise_from_the_step_alone(problem):
   assert vmapped[1] == vmapped[2]  # the same step's noise, whatever ran before
   assert vmapped[0] != vmapped[1]  # another step, other noise (same parameters and batch)
   np.testing.assert_allclose(steps(True, [0, 1]), vmapped[:2], rtol=1e-5)
+
+
+# The tiny config as an FGN trained on the fair CRPS, its 2 members along `data`.
+MEMBERS_ON_DATA = ["--config.model.noise_channels=4", "--config.train.loss=crps",
+                   "--config.train.ensemble_members=2", "--config.train.members_on_data=True",
+                   "--config.mesh.data=2", "--config.mesh.graph=1", "--config.train.steps=3",
+                   "--config.train.eval_every=0", "--config.train.checkpoint_every=3"]
+
+
+@pytest.mark.slow
+def test_members_on_data_across_two_processes_train_as_one(tmp_path):
+  """Members on `data` over 2 processes of one device: each process holds one member of
+  every example (and reads every example); the losses are those of one process on 8
+  devices (2 data x 4 graph shards)."""
+  workdir = str(tmp_path / "two_processes")
+  flags = [flag for flag in RUN_FLAGS if "train.steps" not in flag] + MEMBERS_ON_DATA
+  launched = subprocess.run(
+      [sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+       "--num_cpu_devices=2", "--timeout=300", "--", *flags, f"--workdir={workdir}"],
+      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=400)
+  assert launched.returncode == 0, launched.stderr[-3000:]
+  # The same run in this process, on its 8 test devices (the flags above, as updates).
+  config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+  config.model.noise_channels = 4
+  config.train.update(loss="crps", ensemble_members=2, members_on_data=True, steps=3,
+                      warmup_steps=2, log_every=1, eval_every=0, checkpoint_every=3)
+  config.data.update(train_start="2020-01-01", train_end="2020-01-20",
+                     eval_start="2020-01-21", eval_end="2020-01-31")
+  config.mesh.update(data=2, graph=4)
+  one = str(tmp_path / "one_process")
+  trainer.train_and_evaluate(config_lib.validate(config), one)
+  got, want = losses(workdir), losses(one)
+  assert sorted(got) == sorted(want) == [1, 2, 3]
+  np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
+                             rtol=2e-4)

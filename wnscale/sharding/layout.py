@@ -155,7 +155,8 @@ class ShardedLayout:
     """Global device arrays from this process's share of a batch (any process count).
 
     `local_batch` holds this process's data group's examples (see
-    `mesh.process_data_group`), grid axis already in `grid_slots` order (all
+    `mesh.process_data_group`), or all `global_batch_size` rows (then each
+    device takes its own rows), grid axis already in `grid_slots` order (all
     slots); each process contributes the block of rows and grid slots its
     devices hold, via `jax.make_array_from_process_local_data`, cast to
     `dtype` on the host (None: as they are) so only that many bytes move.

@@ -205,8 +205,11 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   layout = assembly.layout
   device_constants, halo_indices = layout.constants(assembly.constants)
   # Data: this process's share (processes holding the same batch rows read the same
-  # examples), read straight into the layout's grid order.
-  group, num_groups = mesh_lib.process_data_group(mesh)
+  # examples), read straight into the layout's grid order. With members on `data`, an
+  # example's members lie on the rows of several processes: each reads every example (its
+  # devices take their own rows of the tiled batch, `ShardedLayout.global_batch`).
+  group, num_groups = (mesh_lib.process_data_group(mesh) if rows_per_example == 1
+                       else (0, 1))
   source = source.in_layout(layout.grid_slots, layout.point_slots)
   if eval_source is not None:
     _check_eval_range(config, eval_source, num_groups)
@@ -448,9 +451,6 @@ def _check_members(config, mesh, members) -> int:
   if data % members.members:
     raise UserError(f"train.members_on_data=True: mesh.data={data} must be a multiple of "
                     f"train.ensemble_members={members.members} (one member per data shard).")
-  if jax.process_count() > 1:
-    raise UserError("train.members_on_data=True runs in one process for now (every process "
-                    "would read every example); set train.members_on_data=False.")
   return members.members
 
 
