@@ -1,9 +1,9 @@
 """Forecasts with stations and their scores at the stations (configs/tiny_stations.py).
 
-One run of the tiny model with stations (1 device, 2 steps) and one uninterrupted forecast
-of it serve every test: the forecast store's station group, `launch.evaluate
---observations` against an independent computation, and a kill -9 continued by the same
-command on 2 graph shards. (The sharded forecast step's station feedback against the
+The shared run of the tiny model with stations (conftest.py's `trained_station_run`) and
+one uninterrupted single-device forecast of it serve every test: the forecast store's
+station group, `launch.evaluate --observations` against an independent computation, and
+a kill -9 continued by the same command on 2 graph shards. (The sharded forecast step's station feedback against the
 single-device model: test_modalities.py.)
 """
 
@@ -26,22 +26,17 @@ from wnscale.graphs.points import PointSet
 pytestmark = pytest.mark.slow  # a training run and its forecast, shared
 
 T2M, MSL = "2m_temperature", "mean_sea_level_pressure"
-INITS = ("--init_start=2020-01-11", "--init_end=2020-01-12T18", "--init_every=6h")
+# On one device (the run trained on 2 graph shards).
+INITS = ("--init_start=2020-01-11", "--init_end=2020-01-12T18", "--init_every=6h",
+         "--mesh.graph=1")
 NUM_INITS, LEAD, NUM_LEADS = 8, "--lead=18h", 3
 
 
 @pytest.fixture(scope="module")
-def station_run(tmp_path_factory):
-  """`(workdir, observation store)` of a 2-step run of configs/tiny_stations.py on one
-  device (the data ranges of test_stations.py: the same cached stores)."""
-  workdir = str(tmp_path_factory.mktemp("station_run"))
-  run("train", "--config=configs/tiny_stations.py", "--config.mesh.data=1",
-      "--config.mesh.graph=1", "--config.train.steps=2", "--config.train.warmup_steps=1",
-      "--config.train.checkpoint_every=2", "--config.train.eval_every=0",
-      "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-10",
-      "--config.data.eval_start=2020-01-11", "--config.data.eval_end=2020-01-15",
-      f"--workdir={workdir}")
-  return workdir
+def station_run(trained_station_run):
+  """The shared run of configs/tiny_stations.py (conftest.py: 12 steps, graph over 2
+  devices)."""
+  return trained_station_run.workdir
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +173,7 @@ def test_a_station_forecast_killed_is_completed_by_the_same_command(station_run,
   kept = kill_9_after(out, flags, 1)
   assert len(kept) < NUM_INITS, "the forecast finished before it was killed"
   before = xr.open_zarr(out, group="stations", chunks=None)[T2M].isel(time=kept).values
-  result = run("forecast", *flags, "--mesh.graph=2", devices=2)
+  result = run("forecast", *flags, "--mesh.graph=2", devices=2)  # the last --mesh.graph
   assert f"({len(kept)} done before)" in result.stderr
   resumed = xr.open_zarr(out, group="stations", chunks=None).load()
   expected = xr.open_zarr(reference, group="stations", chunks=None).load()
