@@ -9,6 +9,9 @@ r"""Scores a forecast against the truth the WeatherBench2 way, with baselines an
   python -m launch.evaluate --forecast=F.zarr --truth=STORE.zarr --baseline=OTHER.zarr --out=DIR
   # a cut-out run's region only, against its regional store (or any box: --region=40,60,0,30)
   python -m launch.evaluate --forecast=F.zarr --truth=REGIONAL.zarr --region=cutout --out=DIR
+  # a station run's forecast (its F.zarr/stations group) against observations, beside the
+  # grid forecast interpolated to the stations
+  python -m launch.evaluate --forecast=F.zarr --observations=OBS.zarr --out=DIR
 
 On a point set (forecast and truth with a `values` dim, or an anemoi-datasets truth),
 each point weighs its cell's area (the truth's `cell_area`, else its spherical Voronoi
@@ -18,6 +21,9 @@ Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
 WeatherBench2's results layout, DIR/metrics.json, and PNG figures (score curves,
 a scorecard with a baseline, maps with --maps), then prints the headline scores;
 results already in DIR are replaced only with --overwrite (`wnscale.outputs`).
+With --observations instead of --truth: DIR/<group>.nc, grid_interpolated.nc,
+metrics.json and stations_rmse.png (`wnscale.evaluation.stations`), and a table of
+RMSE, bias and MAE per variable and lead time, both forecasts side by side.
 """
 
 from absl import flags
@@ -25,7 +31,9 @@ from absl import flags
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 
 from wnscale import outputs
+from wnscale.errors import ArgumentError
 from wnscale.evaluation import results as results_lib
+from wnscale.evaluation import stations
 from wnscale.evaluation.scoring import HEADLINE_MAPS, evaluate
 
 _FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.")
@@ -49,10 +57,21 @@ _REGION = flags.DEFINE_string("region", None, "Score only a region: 'cutout', th
                               "points of a cut-out run's forecast (data.regional_path), or a "
                               "box lat0,lat1,lon0,lon1 in degrees; the truth (and climatology) "
                               "need only hold its points, e.g. the regional store.")
+_OBSERVATIONS = flags.DEFINE_string(
+    "observations", None, "Observation store (dims time, station): score the forecast's "
+    "station group and the grid forecast interpolated to the stations against it, instead "
+    "of the grid against --truth.")
+# What only the grid's scoring takes.
+_GRID_ONLY = (_TRUTH, _CLIMATOLOGY, _BASELINE, _MAPS, _MAP_LEADS, _REGION)
 
 
 def main(argv):
   del argv
+  if _OBSERVATIONS.value:
+    return _score_stations()
+  if _TRUTH.value is None:
+    raise ArgumentError("truth", None, "is required: the truth store to score the grid "
+                        "against (or --observations=OBS_STORE to score at stations).")
   result = evaluate(_FORECAST.value, _TRUTH.value, _OUT.value,
                     climatology_path=_CLIMATOLOGY.value, baseline_path=_BASELINE.value,
                     map_channels=_MAPS.value, map_leads=_MAP_LEADS.value,
@@ -66,5 +85,26 @@ def main(argv):
   print(results_lib.headline_table(result["results"]))
 
 
+def _score_stations():
+  """`--observations`: the station scores (`stations.evaluate_stations`), printed."""
+  given = [flag.name for flag in _GRID_ONLY if flags.FLAGS[flag.name].present]
+  if given:
+    raise ArgumentError("observations", _OBSERVATIONS.value, f"scores at stations and "
+                        f"takes no --{', --'.join(given)} (the grid's scoring: run it "
+                        "again with --truth and another --out).")
+  result = stations.evaluate_stations(_FORECAST.value, _OBSERVATIONS.value, _OUT.value,
+                                      init_start=_INIT_START.value, init_end=_INIT_END.value,
+                                      overwrite=cli.overwrite())
+  if result["note"]:
+    print(result["note"])
+  print("Wrote:")
+  for path in result["files"]:
+    print(f"  {path}")
+  first = next(iter(result["results"].values()))
+  print(f"Scores at {first.attrs['num_stations']} stations ({first.attrs['num_initial_times']} "
+        "initial times; missing observations skipped; all lead times in metrics.json):")
+  print(stations.headline_table(result["results"]))
+
+
 if __name__ == "__main__":
-  cli.run(main, required=("forecast", "truth", "out"))
+  cli.run(main, required=("forecast", "out"))

@@ -14,7 +14,11 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
 
 A run on a point set (a reduced Gaussian grid, an anemoi-datasets store's points) writes
 the same layout with one dim `values` in place of `latitude, longitude`, and
-`latitude(values)`, `longitude(values)` coordinates.
+`latitude(values)`, `longitude(values)` coordinates. A run with a target modality
+(data.modalities, e.g. configs/tiny_stations.py) adds it as a group, F.zarr/stations:
+dims (time, prediction_timedelta, station), latitude, longitude and station_id along
+station; its inputs at the initial times come from its observation store, later steps
+read the model's own station predictions (launch.evaluate --observations scores them).
 
 Run the same command again after a crash or a full disk: finished initial times are
 kept and the rest are forecast. Ctrl-C (or SIGTERM) stops after the lead time being

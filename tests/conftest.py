@@ -46,7 +46,7 @@ absl.flags.FLAGS.mark_as_parsed()
 
 # Session fixtures that several files read: each one's files form one pytest-xdist group,
 # so that it is made once.
-SHARED_RUNS = ("trained_tiny_run", "graphcast_import")
+SHARED_RUNS = ("trained_tiny_run", "trained_station_run", "graphcast_import")
 # The longest files (minutes each on 2 cores) start first, so that none starts last on a
 # worker while the others have finished; the order only changes how soon the suite ends.
 LONGEST_FIRST = ("test_remat.py", "test_sharding.py", "test_transformer.py",
@@ -82,6 +82,15 @@ def trained_tiny_run(tmp_path_factory) -> str:
   workdir = str(tmp_path_factory.mktemp("trained_tiny_run"))
   tiny_runs.run(workdir)
   return workdir
+
+
+@pytest.fixture(scope="session")
+def trained_station_run(tmp_path_factory) -> tiny_runs.StationRun:
+  """configs/tiny_stations.py's run of `tiny_runs.STATION_FLAGS` (2 graph shards, 12 steps),
+  killed with SIGKILL after step 8 and resumed to the end. Shared: read it, copy it to
+  write."""
+  return tiny_runs.killed_and_resumed_station_run(
+      str(tmp_path_factory.mktemp("trained_station_run")))
 
 
 @pytest.fixture(scope="session")

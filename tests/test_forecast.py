@@ -79,9 +79,10 @@ def test_sharded_step_repeats_the_training_rollout(graph, exchange):
   history = laid_out["inputs"]
   for lead in range(LEADS):
     window = laid_out["forcings"][:, lead:lead + config.data.input_steps + 1]
-    history, state = step(params, device_constants, halo_indices,
-                          {"inputs": history, "forcings": window,
-                           "statics": laid_out["statics"]})
+    history, state, points, point_state = step(params, device_constants, halo_indices,
+                                               {"inputs": history, "forcings": window,
+                                                "statics": laid_out["statics"]})
+    assert points == {} and point_state == {}  # no modalities
     got = layout.grid.from_slots(np.asarray(state), -1)
     np.testing.assert_allclose(got, expected[:, lead], rtol=1e-5, atol=1e-5)
 
@@ -113,7 +114,7 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
     np.testing.assert_allclose(constants.residual_scale, stats["diff_std"] / stats["std"])
     forecaster = StreamingForecaster(specs_lib.from_config(config), assembly, params,
                                      source.store)
-    states = dict(forecaster.run([index + 1], LEADS))
+    states = {lead: grid for lead, grid, _ in forecaster.run([index + 1], LEADS)}
     assert sorted(states) == list(range(LEADS))
     results.append(np.stack([states[lead][0] for lead in range(LEADS)]))
   expected = np.asarray(forecast.rollout(nnx.merge(graphdef, params), constants, example))[0]

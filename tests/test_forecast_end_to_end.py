@@ -125,17 +125,8 @@ def test_kill_9_keeps_finished_initial_times_and_the_same_command_continues(
   workdir, _ = trained
   out = str(tmp_path / "killed.zarr")
   flags = (f"--workdir={workdir}", f"--out={out}", *INITS, LEAD, ONE_DEVICE)
-  process = subprocess.Popen(command("forecast", *flags), cwd=REPO, env=process_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  deadline = time.monotonic() + 300
-  while len(completed(out)) < 2:
-    assert process.poll() is None, process.stderr.read()[-3000:]
-    assert time.monotonic() < deadline, "no initial time finished"
-    time.sleep(0.01)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  kept = completed(out)
-  assert 2 <= len(kept) < NUM_INITS, "the forecast finished before it was killed"
+  kept = kill_9_after(out, flags, 2)
+  assert len(kept) < NUM_INITS, "the forecast finished before it was killed"
   before = xr.open_zarr(out, chunks=None)["geopotential"].isel(time=kept).values
   result = run("forecast", *flags)
   assert f"({len(kept)} done before)" in result.stderr
@@ -145,6 +136,23 @@ def test_kill_9_keeps_finished_initial_times_and_the_same_command_continues(
   np.testing.assert_array_equal(resumed["geopotential"].isel(time=kept).values, before)
   for name in VARIABLES:
     np.testing.assert_array_equal(resumed[name].values, expected[name].values)
+
+
+def kill_9_after(out, flags, finished: int) -> list[int]:
+  """Launches `launch.forecast` with `flags` on one device, kills it with SIGKILL once `out`
+  holds `finished` finished initial times; returns the finished ones it left."""
+  process = subprocess.Popen(command("forecast", *flags), cwd=REPO, env=process_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 300
+  while len(completed(out)) < finished:
+    assert process.poll() is None, process.stderr.read()[-3000:]
+    assert time.monotonic() < deadline, "no initial time finished"
+    time.sleep(0.01)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  kept = completed(out)
+  assert len(kept) >= finished
+  return kept
 
 
 def _stop_one_process(out, flags, signum, kept):

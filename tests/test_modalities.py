@@ -147,9 +147,61 @@ def test_modality_config_errors(entry, message):
     station_config(modalities=(entry,))
 
 
+def test_the_forecast_step_feeds_the_station_predictions_back():
+  """Two forecast steps with stations on 2 x 4 devices (halo) equal two single-device steps
+  of the model whose second step reads, at the new time, the first's station predictions
+  (the padding points' values too, which change nothing); a modality's input it does not
+  predict is missing there, the ones it predicts are taken by name."""
+  constants, batch, params, _, positions = problem()
+  specs = specs_lib.from_config(station_config())
+  graphdef, _ = setup.init_model_shapes(specs)
+  model = nnx.merge(graphdef, params)
+  window = {"inputs": batch["inputs"], "forcings": batch["forcings"][:, :3],
+            "statics": batch["statics"], "stations/inputs": batch["stations/inputs"]}
+  history, points = window["inputs"], window["stations/inputs"]
+  expected = []
+  for _ in range(2):
+    grid_out, point_out = jax.jit(forecast.one_step_with_points)(
+        model, constants, history, window["forcings"], window["statics"],
+        point_history={"stations": points})
+    expected.append((np.asarray(grid_out), np.asarray(point_out["stations"])))
+    history = forecast.advance_history(history, grid_out)
+    points = np.concatenate([points[:, 1:], np.asarray(point_out["stations"])[:, None]], 1)
+
+  config = station_config()
+  config.mesh.data, config.mesh.graph = 2, 4
+  layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:8]), constants.graphs,
+                         positions, "halo")
+  device_constants, halo_indices = layout.constants(constants)
+  step = jax.jit(sharded_model.forecast_step_fn(layout, graphdef, specs.data.modalities))
+  inputs = device_batch(layout, window)
+  stations = layout.partitioned.nodes["stations"]
+  for grid_expected, points_expected in expected:
+    inputs["inputs"], grid_out, moved, point_out = step(params, device_constants,
+                                                       halo_indices, inputs)
+    inputs["stations/inputs"] = moved["stations/inputs"]
+    np.testing.assert_allclose(layout.grid.from_slots(np.asarray(grid_out), -1),
+                               grid_expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(stations.from_slots(np.asarray(point_out["stations"]), -1),
+                               points_expected, rtol=1e-4, atol=1e-4)
+  assert (stations.node_of_slot < 0).any()  # padding points, fed back too, have no edges
+
+  modality = specs_lib.ModalitySpec("obs", "synthetic", ("2m_temperature",
+                                                         "10m_u_component_of_wind",
+                                                         "mean_sea_level_pressure"),
+                                    ("mean_sea_level_pressure", "2m_temperature"))
+  history = np.zeros((1, 2, 3, 4), np.float32)
+  predicted = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
+  moved = np.asarray(sharded_model.fed_back(modality, history, predicted))
+  np.testing.assert_array_equal(moved[:, 0], history[:, 1])
+  np.testing.assert_array_equal(moved[0, 1, 0], predicted[0, 1])
+  np.testing.assert_array_equal(moved[0, 1, 2], predicted[0, 0])
+  assert np.isnan(moved[0, 1, 1]).all()
+
+
 def test_a_run_without_the_modalitys_points_is_refused():
-  """Assembling a run with modalities but without their points (a forecast's, the
-  planner's) names what is missing (before any graph is built)."""
+  """Assembling a run with modalities but without their points (the planner's, a GraphCast
+  example prediction's) names what is missing (before any graph is built)."""
   specs = specs_lib.from_config(station_config())
   mesh = mesh_lib.make_mesh(station_config().mesh, jax.devices()[:1])
   with pytest.raises(UserError, match=r"data.modalities \['stations'\]: no points"):

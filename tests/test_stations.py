@@ -4,7 +4,6 @@ and a station run killed with SIGKILL resuming exactly (configs/tiny_stations.py
 (The model with stations, its loss and gradients under remat and sharding:
 test_modalities.py.)"""
 
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from wnscale.errors import ArgumentError, UserError
 
 from problems import data_spec
 from test_cli import assert_user_error, run
-from tiny_runs import Started, kill_after_checkpoint, losses, read_metrics
+from tiny_runs import STATION_STEPS, losses, read_metrics
 
 T2M, MSL = "2m_temperature", "mean_sea_level_pressure"
 
@@ -136,42 +135,22 @@ def test_make_dataset_writes_a_station_network_of_a_grid_store(grid_store, tmp_p
                     "--from_store")
 
 
-STEPS = 12
-STATION_FLAGS = [
-    "--config=configs/tiny_stations.py", "--platform=cpu", "--num_cpu_devices=2",
-    "--config.mesh.data=1", "--config.mesh.graph=2",
-    f"--config.train.steps={STEPS}", "--config.train.warmup_steps=2",
-    "--config.train.log_every=1", "--config.train.checkpoint_every=6",
-    "--config.train.eval_every=8", "--config.train.eval_batches=1",
-    "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-10",
-    "--config.data.eval_start=2020-01-11", "--config.data.eval_end=2020-01-15",
-]
-
-
-def _train(workdir):
-  return Started([sys.executable, "-m", "launch.train", *STATION_FLAGS, f"--workdir={workdir}"])
-
-
 @pytest.mark.slow
-def test_a_station_run_killed_resumes_exactly_and_scores_the_stations(tmp_path):
+def test_a_station_run_killed_resumes_exactly_and_scores_the_stations(trained_station_run):
   """configs/tiny_stations.py on 2 graph shards: its first run writes the grid and station
   stores; killed (SIGKILL) after step 8, in the evaluation there, with its checkpoint of
   step 6 whole, it resumes at step 6 and logs the losses of steps 7 and 8 that it logged
   before, bitwise (the data iterator, parameters and optimizer state restored); its
   evaluation lines score each station variable beside the grid's."""
-  workdir = str(tmp_path / "run")
-  started = _train(workdir)
-  kill_after_checkpoint(started, workdir, 6, logged=8)  # the eval at step 8 leaves a window
-  assert "Writing a synthetic network of 500 stations" in started.stderr
-  assert "stations: 500 stations from" in started.stderr
-  before = {step: loss for step, loss in losses(workdir).items() if step > 6}
-  assert 8 <= max(before) < STEPS
-  resumed = _train(workdir)
-  assert resumed.finish(timeout=600) == 0, resumed.stderr[-3000:]
-  assert "Resumed from step 6" in resumed.stderr
-  assert "Writing a synthetic network" not in resumed.stderr  # the stores are kept
+  workdir, before = trained_station_run.workdir, trained_station_run.before
+  assert "Writing a synthetic network of 500 stations" in trained_station_run.first_stderr
+  assert "stations: 500 stations from" in trained_station_run.first_stderr
+  assert 8 <= max(before) < STATION_STEPS
+  assert "Resumed from step 6" in trained_station_run.resumed_stderr
+  # The stores are kept.
+  assert "Writing a synthetic network" not in trained_station_run.resumed_stderr
   after = losses(workdir)
-  assert sorted(after) == list(range(1, STEPS + 1))
+  assert sorted(after) == list(range(1, STATION_STEPS + 1))
   assert {step: after[step] for step in before} == before  # exact, step for step
   evals = [m for m in read_metrics(workdir) if any(k.startswith("eval/") for k in m)]
   assert [m["step"] for m in evals] == [8]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 # Cheap XLA:CPU compiles: no expensive LLVM passes (the tiny train step compiles in 6 s
@@ -220,3 +221,39 @@ def cluster_process(cluster_pid, process_id, timeout=120):
           return child
     time.sleep(0.2)
   raise TimeoutError(f"process {process_id} of the cluster did not start")
+
+
+STATION_STEPS = 12
+STATION_FLAGS = [
+    "--config=configs/tiny_stations.py", "--platform=cpu", "--num_cpu_devices=2",
+    "--config.mesh.data=1", "--config.mesh.graph=2",
+    f"--config.train.steps={STATION_STEPS}", "--config.train.warmup_steps=2",
+    "--config.train.log_every=1", "--config.train.checkpoint_every=6",
+    "--config.train.eval_every=8", "--config.train.eval_batches=1",
+    "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-10",
+    "--config.data.eval_start=2020-01-11", "--config.data.eval_end=2020-01-15",
+]
+
+
+class StationRun(NamedTuple):
+  """A run of `STATION_FLAGS` killed and resumed (`killed_and_resumed_station_run`)."""
+
+  workdir: str
+  before: dict  # {step: loss} logged after the checkpoint of step 6, before the kill
+  first_stderr: str
+  resumed_stderr: str
+
+
+def killed_and_resumed_station_run(workdir: str) -> StationRun:
+  """configs/tiny_stations.py on 2 graph shards, SIGKILLed after step 8 (in the evaluation
+  there) with its checkpoint of step 6 whole, then run again to the end."""
+  def train():
+    return Started([sys.executable, "-m", "launch.train", *STATION_FLAGS,
+                    f"--workdir={workdir}"])
+
+  started = train()
+  kill_after_checkpoint(started, workdir, 6, logged=8)  # the eval at step 8 leaves a window
+  before = {step: loss for step, loss in losses(workdir).items() if step > 6}
+  resumed = train()
+  assert resumed.finish(timeout=600) == 0, resumed.stderr[-3000:]
+  return StationRun(workdir, before, started.stderr, resumed.stderr)

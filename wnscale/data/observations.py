@@ -208,7 +208,7 @@ class ModalityReader:
   Attributes:
     name: the modality's.
     inputs, targets: its variables.
-    points: its stations (`ObservationStore.points`).
+    points: its stations (`ObservationStore.points`); station_id: `[S]` theirs.
     stats: `{"inputs"|"targets": {"mean": [C], "std": [C]}}` float32, per kind.
     point_slots: `[slots]` the station in each slot of the point axis, -1 for padding
       (NaN: missing); None: every station in order (`in_layout`).
@@ -218,7 +218,7 @@ class ModalityReader:
                stats: dict[str, np.ndarray]):
     """`stats`: `{"mean", "std"}` of `modality.inputs + targets` (unique, in that order)."""
     self.name, self.inputs, self.targets = modality.name, modality.inputs, modality.targets
-    self.path, self.points = store.path, store.points
+    self.path, self.points, self.station_id = store.path, store.points, store.station_id
     names = list(dict.fromkeys(modality.inputs + modality.targets))
     mean, std = (np.asarray(stats[s], np.float32)[:, None] for s in ("mean", "std"))
     # [T_obs, V, S] normalized once, so a batch is a gather.

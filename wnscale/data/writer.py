@@ -65,6 +65,12 @@ def create_store(path: str, coords: dict, variables: dict[str, VariableLayout],
   return path
 
 
+def consolidate(path: str):
+  """Rewrites the store's consolidated metadata, e.g. after groups were laid out inside it
+  (`create_store` at `<path>/<group>`), so that readers of it see them."""
+  zarr.consolidate_metadata(paths.normalize(path), zarr_format=2)
+
+
 def open_variable(path: str, name: str):
   """A tensorstore handle for writing variable `name` of the store at `path`."""
   return ts.open({"driver": "zarr", "kvstore": paths.kvstore_spec(paths.join(path, name))},

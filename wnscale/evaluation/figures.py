@@ -6,6 +6,8 @@
   * `plot_map`: forecast, truth and their difference for one channel, one
     initial time and lead time, on the latitude-longitude grid, or on a point
     set's points (triangulated on longitude and latitude);
+  * `plot_station_rmse`: RMSE against lead time at stations, the station forecast and
+    the grid forecast interpolated there on the same axes, one panel per variable;
   * `plot_scorecard`: the relative RMSE difference of the model against a
     baseline per channel and lead time (blue: the model is better).
 """
@@ -74,6 +76,27 @@ def plot_scores(results: dict[str, xr.Dataset], path: str, title: str = ""):
       ax.set_xlabel(xlabel)
       ax.grid(alpha=0.3)
   axes[0, 0].legend(fontsize=8)
+  if title:
+    figure.suptitle(title, fontsize=10)
+  figure.savefig(path)
+
+
+def plot_station_rmse(results: dict[str, xr.Dataset], path: str, title: str = ""):
+  """RMSE against lead time of every scored forecast (`evaluation.stations`' results),
+  one panel per variable; the first result's styled as the model, the next as a baseline."""
+  first = next(iter(results.values()))
+  variables = list(first.data_vars)
+  figure = Figure(figsize=(4.6 * len(variables), 3.2), dpi=_DPI, layout="constrained")
+  axes = figure.subplots(1, len(variables), squeeze=False)[0]
+  x, xlabel = _lead_axis(first)
+  for ax, variable in zip(axes, variables):
+    for (name, result), style in zip(results.items(), (STYLES["forecast"], STYLES["baseline"])):
+      ax.plot(x, results_lib.value(result, "rmse", variable, None), marker="o", ms=3,
+              label=name, **style)
+    ax.set_title(f"{variable}: RMSE ({units(variable)})", fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
   if title:
     figure.suptitle(title, fontsize=10)
   figure.savefig(path)

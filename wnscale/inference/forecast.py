@@ -5,9 +5,10 @@ newest checkpoint, or a chosen step; parameters only, no optimizer). Initial
 conditions come from the run's store or another with the same variables;
 normalization uses the training store's statistics. The rollout runs sharded
 over the `(data, graph)` mesh exactly like training, streaming each lead time
-to the host (`rollout.StreamingForecaster`), and each initial time is recorded
-as finished once all its lead times are written (`forecast_store`): the same
-command continues a killed forecast where it stopped. Ctrl-C or SIGTERM stops it
+to the host (`rollout.StreamingForecaster`; a run's modalities read their observations
+at the initial times and write their targets as groups of the store), and each initial
+time is recorded as finished once all its lead times are written (`forecast_store`):
+the same command continues a killed forecast where it stopped. Ctrl-C or SIGTERM stops it
 after the lead time being computed, says how many initial times the store holds,
 and returns (a second Ctrl-C stops at once; `wnscale.interrupts`).
 
@@ -37,7 +38,7 @@ from wnscale.assembly import Assembly, assemble
 from wnscale.data import cutout
 from wnscale.data import store as store_lib
 from wnscale.data.source import parse_duration
-from wnscale.data.resolve import resolve_stats
+from wnscale.data.resolve import modality_readers, resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation.datasets import REGION
@@ -155,7 +156,8 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     logging.info("%s already holds all %d initial times.", output.path, len(indices))
     return summary
 
-  forecaster = StreamingForecaster(ready.specs, ready.assembly, ready.params, ready.store)
+  forecaster = StreamingForecaster(ready.specs, ready.assembly, ready.params, ready.store,
+                                   ready.readers)
   stop = interrupts.AgreedStop(
       "stopping after the lead time being computed; finished initial times are kept"
       if jax.process_count() == 1 else "stopping every process after the initial times "
@@ -207,6 +209,7 @@ class _Forecast:
   params: object
   step: int  # of the checkpoint
   output: forecast_store.ForecastStore
+  readers: tuple  # each modality's observations (`observations.ModalityReader`), in layout
 
 
 def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init_end,
@@ -233,8 +236,13 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   if step is None and previous is not None:
     step = previous["checkpoint_step"]  # continue with the parameters it was started with
 
-  # Normalized with the training run's statistics.
-  assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(config.mesh))
+  # Normalized with the training run's statistics; each modality's observations (its
+  # inputs at the initial times) aligned with the initial conditions' times.
+  readers = _modality_readers(specs, config.seed, store, path)
+  assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(config.mesh),
+                      point_sets={reader.name: reader.points for reader in readers})
+  readers = tuple(reader.in_layout(assembly.layout.point_slots[reader.name])
+                  for reader in readers)
   which = params
   params, step = run.restore_params(assembly.params, step, which)
   logging.info("Restored the parameters of step %d from %s.", step, run.path)
@@ -250,14 +258,36 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   settings = forecast_store.forecast_settings(
       workdir=run.path, checkpoint_step=step, initial_conditions=path,
       init_times=init_datetimes, leads=leads, variables=outputs, levels=d.pressure_levels,
-      members=members, params=which)
+      members=members, params=which, modalities={
+          reader.name: {"variables": list(reader.targets), "observations": reader.path}
+          for reader in readers if reader.targets})
   output = _open_output(
       out, settings, init_times=init_datetimes, leads=leads, variables=outputs,
       levels=d.pressure_levels, latitude=latitude, longitude=longitude,
       flip_latitude=store.flip_latitude, on_points=on_points, members=members,
-      point_coords=cutout_coords(store.points), argument="out")
+      point_coords=cutout_coords(store.points), argument="out",
+      modalities={reader.name: _group_layout(reader) for reader in readers if reader.targets})
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
-                   output)
+                   output, readers)
+
+
+def _modality_readers(specs, seed: int, store, path: str) -> tuple:
+  """`resolve.modality_readers` of the run's modalities at `store`'s times (the initial
+  conditions from `path`), normalized as in training: statistics of the training range of
+  the run's grid store."""
+  d = specs.data
+  if not d.modalities:
+    return ()
+  grid_times = store.times if paths.normalize(path) == paths.normalize(d.path) else \
+      store_lib.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
+  first, count = time_range(grid_times, d.train_start, d.train_end, d.path)
+  return modality_readers(d, seed, store.times, grid_times[first:first + count])
+
+
+def _group_layout(reader) -> dict:
+  """A target modality's group in the forecast store (`forecast_store.ForecastStore`)."""
+  return {"variables": list(reader.targets), "station_id": reader.station_id,
+          "latitude": reader.points.latitude, "longitude": reader.points.longitude}
 
 
 def _open_output(out: str, settings: dict, **layout) -> forecast_store.ForecastStore:
@@ -307,9 +337,10 @@ def _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster
     batch = rows[first:first + forecaster.batch_size]
     inits = [init_index for init_index, _ in batch]
     row_members = [member for _, member in batch] if members else None
-    for lead_index, states in forecaster.run(indices[inits], num_leads, row_members):
-      for (init_index, member), state in zip(batch, states):
-        output.write(init_index, lead_index, state, member)
+    for lead_index, states, points in forecaster.run(indices[inits], num_leads, row_members):
+      for row, ((init_index, member), state) in enumerate(zip(batch, states)):
+        output.write(init_index, lead_index, state, member,
+                     {name: values[row] for name, values in points.items()})
       peak = max(peak, live_device_bytes())
       progress.leads_done(lead_index, len(batch))
       if single and stop.reached(number):  # this batch's initial times stay unfinished

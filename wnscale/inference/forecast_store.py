@@ -6,7 +6,11 @@ Layout: every state variable on dims `time` (the initial time),
 conditions came from. On a point set (a reduced Gaussian grid, an anemoi-datasets
 store's points) one dim `values` takes the place of `latitude`, `longitude`,
 with `latitude(values)` and `longitude(values)` coordinates, the points in the
-store's order. Float32 in physical units with a `units` attribute;
+store's order. Each target modality of the run (e.g. `stations`) is a zarr group of the
+store, `<path>/<name>`: its targets on dims `time`, [`number`,] `prediction_timedelta`,
+`station`, with `latitude`, `longitude` and `station_id` along `station` (the order
+`observations.open_observations` reads them in), written with the grid, chunk for chunk.
+Float32 in physical units with a `units` attribute;
 one chunk per (initial time, [member,] lead time), so a lead time is written
 as soon as it is computed and a chunk never holds two initial times.
 
@@ -30,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from wnscale import outputs, paths
+from wnscale.data import observations
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
 from wnscale.data.store import POINT_DIM, STATIC_DIMS
@@ -72,6 +77,8 @@ class ForecastStore:
     point_coords: `{name: [points]}` more coordinates along `values` (a cut-out's
       `region` mask and `cell_area`: `launch.evaluate --region=cutout` reads them).
     members: ensemble size (adds the `number` dim); None: deterministic.
+    modalities: `{name: {"variables": [C_t], "station_id", "latitude", "longitude": [S]}}`
+      each target modality's group (module docstring).
     argument: the caller's name for `path`: a store of other settings there is an
       `ArgumentError` of it.
     writes: whether this process writes; False: the store must exist (the writer
@@ -82,13 +89,14 @@ class ForecastStore:
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
                latitude, longitude, flip_latitude: bool, on_points: bool = False,
                point_coords: dict | None = None, members: int | None = None,
-               argument: str = "path", writes: bool = True):
+               modalities: dict | None = None, argument: str = "path", writes: bool = True):
     self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
     self.space = (POINT_DIM,) if on_points else STATIC_DIMS
     self.grid = (len(latitude),) if on_points else (len(latitude), len(longitude))
     self.members, self.writes = members, writes
+    self.modalities = modalities or {}
     existing = recorded_settings(self.path, argument)
     if existing is None and not writes:
       raise RuntimeError(f"{self.path}: no forecast store for a process that does not "
@@ -104,6 +112,9 @@ class ForecastStore:
     self.completed = sorted(int(i) for i in writer.read_attrs(self.path)[COMPLETED_ATTR])
     self._handles = ({name: writer.open_variable(self.path, name) for name in self.variables}
                      if writes else {})
+    self._point_handles = ({name: [writer.open_variable(paths.join(self.path, name), variable)
+                                   for variable in layout["variables"]]
+                            for name, layout in self.modalities.items()} if writes else {})
     self._pending = []
 
   def _create(self, settings, init_times, leads, latitude, longitude, point_coords):
@@ -128,19 +139,40 @@ class ForecastStore:
                                             {"units": variables_lib.lookup(name).units})
     with outputs.building(self.path) as where:
       writer.create_store(where, coords, layouts, {SETTINGS_ATTR: settings, COMPLETED_ATTR: []})
+      for name, layout in self.modalities.items():
+        self._create_modality(paths.join(where, name), coords, lead_dims, layout)
+      if self.modalities:
+        writer.consolidate(where)
+
+  def _create_modality(self, where: str, coords: dict, lead_dims: tuple, layout: dict):
+    """A target modality's group at `where` (the module docstring's layout)."""
+    station = observations.DIMS[1]
+    group_coords = {name: coords[name] for name in (INIT, LEAD, ENSEMBLE) if name in coords}
+    group_coords.update({name: ((station,), np.asarray(layout[name]))
+                         for name in observations.COORDINATES})
+    dims = (INIT,) + lead_dims + (station,)
+    chunks = (1,) * (1 + len(lead_dims)) + (len(layout["station_id"]),)
+    writer.create_store(where, group_coords, {
+        name: writer.VariableLayout(dims, chunks, {"units": variables_lib.lookup(name).units})
+        for name in layout["variables"]})
 
   def _kept(self) -> str:
     """What a forecast cut short by a full disk keeps, for its message."""
     return (f"its {len(self.completed)} finished initial time(s) are kept; free some space and "
             "run the same command again to forecast the rest")
 
-  def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None):
+  def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None,
+            points: dict | None = None):
     """Starts writing one state `[channels, lat * lon]` (latitude ascending) or `[channels,
-    points]`, in physical units (nothing where this process does not write)."""
+    points]`, and each target modality's `points[name]` `[C_t, stations]`, in physical
+    units (nothing where this process does not write)."""
     if not self.writes:
       return
     self._wait()  # at most one lead time's writes in flight
     prefix = (init_index,) + (() if member is None else (member,)) + (lead_index,)
+    for name, handles in self._point_handles.items():
+      self._pending += [handle[prefix].write(np.ascontiguousarray(values, np.float32))
+                        for handle, values in zip(handles, points[name])]
     channel = 0
     for name in self.variables:
       width = len(self.levels) if variables_lib.lookup(name).atmospheric else 1
@@ -171,10 +203,12 @@ class ForecastStore:
 
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,
                       init_times, leads, variables, levels, members=None,
-                      params=None) -> dict:
-  """The JSON settings that identify a forecast (what a resumed run must match)."""
+                      params=None, modalities=None) -> dict:
+  """The JSON settings that identify a forecast (what a resumed run must match);
+  `modalities`: `{name: {"variables": [...], "observations": store path}}` of its groups."""
   ensemble = {} if members is None else {"members": int(members)}
   chosen = {} if params is None else {"params": params}  # run_directory.PARAMS, when asked
+  chosen.update({"modalities": modalities} if modalities else {})
   return {**ensemble, **chosen, "workdir": paths.normalize(workdir), "checkpoint_step": int(checkpoint_step),
           "initial_conditions": paths.normalize(initial_conditions),
           "init_times": [str(pd.Timestamp(t)) for t in init_times],

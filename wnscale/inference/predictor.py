@@ -154,7 +154,7 @@ class Predictor:
           "globals": batched_put("globals", global_values[window])}
       if noise is not None:
         extra["noise"] = self.step.put("noise", noise[:, lead])
-      history, step_outputs = self.step(history, batched_put("forcings", forcing[window]),
+      history, step_outputs, _, _ = self.step(history, batched_put("forcings", forcing[window]),
                                         static, extra)
       if refill is not None:  # the fill value again where the inputs were NaN
         history = refill(history)

@@ -44,17 +44,20 @@ class ShardedStep:
   Called with the history `[B, input_steps, C, slots]`, which it donates (the
   step updates it in place), the step's forcings and statics, and `extra` (its
   `globals` and `noise`, where the model takes them), all device arrays laid
-  out as `BATCH_SPECS` (`put`); returns `(history, outputs [B, C_out, slots])`.
+  out as `BATCH_SPECS` (`put`), and each input modality's history `<name>/inputs` in
+  `extra`; returns `(history, outputs [B, C_out, slots], {<name>/inputs: its history
+  moved on}, {target modality: [B, C_t, point slots]})` (`forecast_step_fn`).
 
   Args:
     assembly: the model on the grid and mesh (`wnscale.assembly.assemble`).
     params: its parameters, replicated on the mesh.
+    modalities: the run's `DataSpec.modalities` (their point sets in `assembly`).
   """
 
-  def __init__(self, assembly: Assembly, params):
+  def __init__(self, assembly: Assembly, params, modalities=()):
     self.layout, self.params = assembly.layout, params
     self.constants, self.halo_indices = self.layout.constants(assembly.constants)
-    step = sharded_model.forecast_step_fn(self.layout, assembly.graphdef)
+    step = sharded_model.forecast_step_fn(self.layout, assembly.graphdef, modalities)
 
     def step_fn(params, constants, halo_indices, history, forcings, statics, extra):
       return step(params, constants, halo_indices,
@@ -96,10 +99,18 @@ class StreamingForecaster:
     params: the model's parameters, replicated on the mesh.
     store: the initial conditions: the config's state variables and levels, and
       its stored forcings (`data.stored_forcings`) at every time forecast.
+    readers: each of `data.modalities`' observations at `store`'s times, in the
+      layout's point order (`observations.ModalityReader.in_layout`). A modality's
+      inputs at the initial time's history come from its reader; each later step
+      takes the model's own predictions of the variables it both reads and predicts,
+      and sees the others missing (`sharded_model.fed_back`).
   """
 
-  def __init__(self, specs: Specs, assembly: Assembly, params, store: WeatherStore):
+  def __init__(self, specs: Specs, assembly: Assembly, params, store: WeatherStore,
+               readers=()):
     d = specs.data
+    self.readers = {reader.name: reader for reader in readers}
+    self.modalities = tuple(d.modalities)
     self.layout, self.store = assembly.layout, store
     self.input_steps = d.input_steps
     self.time_step = np.timedelta64(d.time_step_hours, "h")
@@ -110,7 +121,7 @@ class StreamingForecaster:
     self.nan_fill = NanFill(d, norm.mean[:norm.num_state], norm.std[:norm.num_state])
     self.noise_channels = specs.model.noise_channels
     self.noise_key = ensemble.noise_key(specs.seed)
-    self.step = ShardedStep(assembly, params)
+    self.step = ShardedStep(assembly, params, self.modalities)
     self.rows = self._local_rows()
     statics = self.layout.grid.to_slots(
         norm.input_scales.statics(store.read_statics()), -1)
@@ -153,6 +164,14 @@ class StreamingForecaster:
       raise store_lib.NanError(self.store.channel_names[channel], f" at time {time}",
                                self.store.path)
     return history, mask
+
+  def _point_histories(self, init_indices) -> dict:
+    """`{<name>/inputs: [B, input_steps, C_m, point slots]}` of each input modality,
+    normalized, NaN where missing."""
+    offsets = np.arange(1 - self.input_steps, 1)
+    return {f"{m.name}/inputs": np.stack([self.readers[m.name].read("inputs", index + offsets)
+                                          for index in init_indices])
+            for m in self.modalities if m.inputs}
 
   def _window_times(self, init_times, lead: int) -> list[np.ndarray]:
     """Per initial time, `[input_steps + 1]` times: lead `lead`'s history and target."""
@@ -206,15 +225,21 @@ class StreamingForecaster:
     extra = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
         self._extra(self.store.times[self.rows], [0] * self.num_local_rows, 0))
+    extra.update(self.layout.abstract_batch({
+        f"{m.name}/inputs": jax.ShapeDtypeStruct(
+            (self.batch_size, self.input_steps, len(m.inputs), 0), np.float32)
+        for m in self.modalities if m.inputs}))  # abstract_batch: the point axis' slots
     stats = self.step.compile(history, forcings, self.statics, extra).memory_analysis()
     return {"argument_bytes": stats.argument_size_in_bytes,
             "output_bytes": stats.output_size_in_bytes,
             "temp_bytes": stats.temp_size_in_bytes}
 
   def run(self, init_indices, num_leads: int, members=None):
-    """Yields `(lead index, outputs [len(init_indices), C_out, lat * lon])` per lead time.
+    """Yields `(lead index, outputs [len(init_indices), C_out, lat * lon], {target
+    modality: [len(init_indices), C_t, points]})` per lead time.
 
-    The outputs are the state, then any target-only variables (`data.target_only_variables`).
+    The outputs are the state, then any target-only variables (`data.target_only_variables`);
+    a modality's are its targets at its points (the reader's order), in physical units.
 
     States are float32 in physical units, latitude ascending (the store's
     internal order). `init_indices` index `store.times`, at most `batch_size`
@@ -233,22 +258,26 @@ class StreamingForecaster:
     init_times, members = self.store.times[indices][self.rows], members[self.rows]
     history, local_mask = self._history(indices[self.rows])
     history = self._put("inputs", history)
+    point_history = {key: self._put(key, value)
+                     for key, value in self._point_histories(indices[self.rows]).items()}
     nan_mask = self._whole_mask(local_mask)
     # Every process refills or none: the refill is a computation of them all.
     refill = self.nan_fill.refill(local_mask, self._put, anywhere=nan_mask.any())
     pending = None
     for lead in range(num_leads):
       forcings = self._put("forcings", self._forcings(init_times, lead))
-      history, state = self.step(history, forcings, self.statics,
-                                 self._extra(init_times, members, lead))
+      history, state, point_history, point_state = self.step(
+          history, forcings, self.statics,
+          {**self._extra(init_times, members, lead), **point_history})
       if refill is not None:  # the fill value again where the inputs were NaN
         history = refill(history)
-      state = self._to_whole(state)
-      state.copy_to_host_async()
+      state, point_state = self._to_whole(state), jax.tree.map(self._to_whole, point_state)
+      for array in [state, *point_state.values()]:
+        array.copy_to_host_async()
       if pending is not None:  # the previous lead reaches the host while this one runs
-        yield pending[0], self._to_host(pending[1], count, nan_mask)
-      pending = (lead, state)
-    yield pending[0], self._to_host(pending[1], count, nan_mask)
+        yield pending[0], *self._to_host(*pending[1:], count, nan_mask)
+      pending = (lead, state, point_state)
+    yield pending[0], *self._to_host(*pending[1:], count, nan_mask)
 
   def _whole_mask(self, mask: np.ndarray) -> np.ndarray:
     """`[B, C, slots]`: the NaN masks of all rows from this process's rows `mask`."""
@@ -258,12 +287,20 @@ class StreamingForecaster:
       return np.zeros((self.batch_size,) + mask.shape[1:], bool)
     return np.asarray(self._to_whole(self._put("inputs", mask[:, None])))[:, 0] > 0.5
 
-  def _to_host(self, state: jax.Array, count: int, nan_mask: np.ndarray) -> np.ndarray:
-    """`[count, C_out, lat * lon]` physical units from device outputs `[B, C_out, slots]`,
-    NaN where `nan_mask` `[B, C, slots]` is set."""
+  def _to_host(self, state: jax.Array, point_state: dict, count: int,
+               nan_mask: np.ndarray) -> tuple[np.ndarray, dict]:
+    """`([count, C_out, lat * lon], {modality: [count, C_t, points]})` physical units from
+    device outputs `[B, C_out, slots]` (NaN where `nan_mask` `[B, C, slots]` is set) and
+    `{modality: [B, C_t, point slots]}`."""
     outputs = NanFill.reintroduce(np.asarray(state)[:count], nan_mask[:count])
     normalized = self.layout.grid.from_slots(outputs, -1)
-    return normalized * self.normalization.std[:, None] + self.normalization.mean[:, None]
+    points = {}
+    for name, values in point_state.items():
+      stats = self.readers[name].stats["targets"]
+      values = self.layout.partitioned.nodes[name].from_slots(np.asarray(values)[:count], -1)
+      points[name] = values * stats["std"][:, None] + stats["mean"][:, None]
+    return (normalized * self.normalization.std[:, None] + self.normalization.mean[:, None],
+            points)
 
 
 def init_hours(time) -> int:

@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 from wnscale.errors import UserError
 from wnscale.model import forecast
 from wnscale.model import loss as loss_lib
-from wnscale.sharding.layout import BATCH_SPECS, CONSTANT_SPECS, ShardedLayout, batch_specs
+from wnscale.sharding.layout import (BATCH_SPECS, CONSTANT_SPECS, POINTS_SPEC, ShardedLayout,
+                                     batch_specs)
 from wnscale.sharding.mesh import DATA, GRAPH
 
 
@@ -104,25 +105,48 @@ def error_sums_fn(layout: ShardedLayout, graphdef):
   return _shard_mapped(layout, local_error_sums, out_specs=P(), extra_in_specs=(P(),))
 
 
-STATE_SPEC = P(DATA, None, GRAPH)  # one step's outputs `[B, C_out, G]`
+STATE_SPEC = P(DATA, None, GRAPH)  # one step's outputs `[B, C_out, G]` (or a modality's)
 
 
-def forecast_step_fn(layout: ShardedLayout, graphdef):
-  """`step(params, constants, halo_indices, inputs) -> (history, outputs)`: one model step.
+def fed_back(modality, history, outputs):
+  """A modality's `[B, input_steps, C_m, P]` history moved on one step: each input
+  variable it also predicts takes its prediction (`outputs [B, C_t, P]`, normalized
+  alike), the others are missing (NaN) at the new time."""
+  channels = [outputs[:, modality.targets.index(name)] if name in modality.targets
+              else jnp.full_like(history[:, -1, 0], jnp.nan) for name in modality.inputs]
+  return jnp.concatenate([history[:, 1:], jnp.stack(channels, axis=1)[:, None]], axis=1)
+
+
+def forecast_step_fn(layout: ShardedLayout, graphdef, modalities=()):
+  """`step(params, constants, halo_indices, inputs) -> (history, outputs, point_history,
+  point_outputs)`: one model step.
 
   `inputs` holds `inputs` `[B, input_steps, C, G]` the latest states (the
   history, oldest first), `forcings` `[B, input_steps + 1, F, G]` at those
-  times and the next, `statics` `[B, S, G]`, and optionally `globals`
+  times and the next, `statics` `[B, S, G]`, optionally `globals`
   `[B, input_steps + 1, F_global]` and an FGN's `noise` `[B, K]` (each row's
-  member); all normalized and laid out as `BATCH_SPECS`. Returns the history moved on one step (oldest state dropped,
-  the new one appended; same layout) and the step's outputs `[B, C_out, G]`
-  (`STATE_SPEC`: the state, then target-only channels). The same arithmetic as
-  one step of `forecast.rollout`.
+  member), and `<name>/inputs` `[B, input_steps, C_m, P]` of each of `modalities`
+  (`DataSpec.modalities`) with inputs (NaN: missing); all normalized and laid out as
+  `BATCH_SPECS` / `POINTS_SPEC`. Returns the history moved on one step (oldest state
+  dropped, the new one appended; same layout), the step's outputs `[B, C_out, G]`
+  (`STATE_SPEC`: the state, then target-only channels), each input modality's history
+  moved on (`fed_back`), by its `<name>/inputs` key, and each target modality's
+  outputs `[B, C_t, P]` by name. The same arithmetic as one step of `forecast.rollout`.
   """
-  def local_step(params, constants, exchange, inputs):
-    outputs = forecast.one_step(nnx.merge(graphdef, params), constants, inputs["inputs"],
-                                inputs["forcings"], inputs["statics"], exchange,
-                                inputs.get("globals"), inputs.get("noise"))
-    return forecast.advance_history(inputs["inputs"], outputs), outputs
+  with_inputs = [m for m in modalities if m.inputs]
+  with_targets = [m for m in modalities if m.targets]
 
-  return _shard_mapped(layout, local_step, out_specs=(BATCH_SPECS["inputs"], STATE_SPEC))
+  def local_step(params, constants, exchange, inputs):
+    point_history = {m.name: inputs[f"{m.name}/inputs"] for m in with_inputs}
+    outputs, point_outputs = forecast.one_step_with_points(
+        nnx.merge(graphdef, params), constants, inputs["inputs"], inputs["forcings"],
+        inputs["statics"], exchange, inputs.get("globals"), inputs.get("noise"),
+        point_history)
+    moved = {f"{m.name}/inputs": fed_back(m, point_history[m.name],
+                                          point_outputs.get(m.name)) for m in with_inputs}
+    return (forecast.advance_history(inputs["inputs"], outputs), outputs, moved,
+            {m.name: point_outputs[m.name] for m in with_targets})
+
+  return _shard_mapped(layout, local_step, out_specs=(
+      BATCH_SPECS["inputs"], STATE_SPEC, {f"{m.name}/inputs": POINTS_SPEC for m in with_inputs},
+      {m.name: STATE_SPEC for m in with_targets}))
