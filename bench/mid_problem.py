@@ -1,12 +1,24 @@
-"""The benchmarks' shared problem: `configs/mid_1p0.py`, with size flags, on its standard grid."""
+"""The benchmarks' shared problem: `configs/mid_1p0.py`, with size flags, on its standard grid;
+and `TrainStep`, a config's compiled train step to time and measure."""
 
 import argparse
 import os
 import sys
+import time
+
+import jax
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
+from wnscale.assembly import assemble
+from wnscale.data import stations as stations_lib
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
+from wnscale.planner import xla_stats
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.train import optimizer as optimizer_lib
+from wnscale.train import step as step_lib
+from wnscale.train.state import initial_state
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CONFIG = os.path.join(REPO, "configs", "mid_1p0.py")
@@ -38,3 +50,67 @@ def parse(description: str, repeats: int):
   config.data.resolution = args.resolution
   points = PointSet.regular(*grid.regular_grid(args.resolution, include_poles=True))
   return args, config_lib.validate(config), points
+
+
+class TrainStep:
+  """A config's compiled train step on one grid, with its state, constants and a batch.
+
+  The step is the one training runs (`train.step.make_train_step`: loss, gradients
+  and the AdamW update), on a one-device layout, the config's batch, random values.
+  """
+
+  def __init__(self, config, points: PointSet, point_sets: dict | None = None):
+    """`point_sets`: the points of `config`'s modalities by name, each observing the
+    batch's grid state (`stations.observe`, 10% missing)."""
+    specs = specs_lib.from_config(config)
+    mesh = mesh_lib.single_device_mesh()
+    assembly = assemble(specs, points, None, mesh, params="init", point_sets=point_sets)
+    self.points = points
+    self.counts = assembly.graphs.counts()
+    layout = assembly.layout
+    self.constants, self.halo_indices = layout.constants(assembly.constants)
+    batch = problems.random_batch(config, points.size, config.train.batch_size)
+    for m in specs.data.modalities:
+      for kind, names in (("inputs", m.inputs), ("targets", m.targets)):
+        if names:
+          batch[f"{m.name}/{kind}"] = stations_lib.observe(
+              batch[kind][:, :, [specs.data.state_channels.index(n) for n in names]], points,
+              point_sets[m.name], noise=0.1, missing=0.1)
+    self.batch = layout.global_batch(layout.host_batch(batch), config.train.batch_size)
+    optimizer = optimizer_lib.make_optimizer(config.train)
+    self.state = jax.device_put(initial_state(assembly.params, optimizer),
+                                assembly.replicated)
+    step = step_lib.make_train_step(
+        layout, assembly.graphdef, optimizer,
+        optimizer_lib.learning_rate_schedule(config.train), self.constants, self.halo_indices,
+        modalities=specs.data.modalities)
+    start = time.perf_counter()
+    self.step = step.lower(self.state, self.constants, self.halo_indices, self.batch).compile()
+    self.compile_seconds = time.perf_counter() - start
+    self.temp_bytes = xla_stats.compiled_stats(self.step)["temp_bytes"]
+    self.times = []
+
+  def run(self, timed: bool = True):
+    start = time.perf_counter()
+    self.state, metrics = self.step(self.state, self.constants, self.halo_indices, self.batch)
+    jax.block_until_ready(metrics)
+    if timed:
+      self.times.append(time.perf_counter() - start)
+
+
+def describe(name: str, config) -> str:
+  """A heading line of problem `name`: its model's size, its batch, the JAX platform."""
+  m = config.model
+  return (f"{name}: mesh levels 0..{m.mesh_levels}, latent {m.latent_size}, "
+          f"{m.message_passing_steps} steps, batch {config.train.batch_size}, {m.dtype}, "
+          f"jax {jax.__version__}, {jax.devices()[0].platform}")
+
+
+def run_alternately(steps, repeats: int):
+  """One warm-up run of each `TrainStep`, then `repeats` timed rounds of them in turn (all
+  see the same machine load)."""
+  for step in steps:
+    step.run(timed=False)
+  for _ in range(repeats):
+    for step in steps:
+      step.run()

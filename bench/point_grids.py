@@ -20,23 +20,12 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-
 import mid_problem  # noqa: E402
-from mid_problem import problems  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
-from wnscale import specs as specs_lib  # noqa: E402
-from wnscale.assembly import assemble  # noqa: E402
 from wnscale.graphs import points as points_lib  # noqa: E402
-from wnscale.planner import xla_stats  # noqa: E402
-from wnscale.sharding import mesh as mesh_lib  # noqa: E402
-from wnscale.train import optimizer as optimizer_lib  # noqa: E402
-from wnscale.train import step as step_lib  # noqa: E402
-from wnscale.train.state import initial_state  # noqa: E402
 
 PROBLEMS = {"tiny": os.path.join(mid_problem.REPO, "configs", "tiny.py"),
             "mid": mid_problem.CONFIG}
@@ -55,54 +44,15 @@ def nearest_octahedral(num_points: int) -> int:
   return min((n, n + 1), key=lambda k: abs(octahedral_points(k) - num_points))
 
 
-class GridStep:
-  """A config's compiled train step on one grid, with its state, constants and a batch."""
-
-  def __init__(self, config, points):
-    specs = specs_lib.from_config(config)
-    mesh = mesh_lib.single_device_mesh()
-    assembly = assemble(specs, points, None, mesh, params="init")
-    self.points = points
-    self.counts = assembly.graphs.counts()
-    layout = assembly.layout
-    self.constants, self.halo_indices = layout.constants(assembly.constants)
-    batch = problems.random_batch(config, points.size, config.train.batch_size)
-    self.batch = layout.global_batch(layout.host_batch(batch), config.train.batch_size)
-    optimizer = optimizer_lib.make_optimizer(config.train)
-    self.state = jax.device_put(initial_state(assembly.params, optimizer),
-                                assembly.replicated)
-    step = step_lib.make_train_step(
-        layout, assembly.graphdef, optimizer,
-        optimizer_lib.learning_rate_schedule(config.train), self.constants, self.halo_indices)
-    start = time.perf_counter()
-    self.step = step.lower(self.state, self.constants, self.halo_indices, self.batch).compile()
-    self.compile_seconds = time.perf_counter() - start
-    self.temp_bytes = xla_stats.compiled_stats(self.step)["temp_bytes"]
-    self.times = []
-
-  def run(self, timed: bool = True):
-    start = time.perf_counter()
-    self.state, metrics = self.step(self.state, self.constants, self.halo_indices, self.batch)
-    jax.block_until_ready(metrics)
-    if timed:
-      self.times.append(time.perf_counter() - start)
-
-
 def compare(name: str, repeats: int) -> dict:
   """Builds, compiles and times problem `name` on both grids; prints the table."""
   config = config_lib.validate(config_lib.load(PROBLEMS[name]))
   regular = points_lib.standard("", config.data.resolution)
   ogrid = points_lib.octahedral(nearest_octahedral(regular.size))
-  grids = {"regular": GridStep(config, regular), "O-grid": GridStep(config, ogrid)}
-  for grid in grids.values():
-    grid.run(timed=False)  # warm-up
-  for _ in range(repeats):
-    for grid in grids.values():
-      grid.run()
-  m = config.model
-  print(f"{name}: mesh levels 0..{m.mesh_levels}, latent {m.latent_size}, "
-        f"{m.message_passing_steps} steps, batch {config.train.batch_size}, "
-        f"{config.model.dtype}, jax {jax.__version__}, {jax.devices()[0].platform}")
+  grids = {"regular": mid_problem.TrainStep(config, regular),
+           "O-grid": mid_problem.TrainStep(config, ogrid)}
+  mid_problem.run_alternately(grids.values(), repeats)
+  print(mid_problem.describe(name, config))
   header = (f"{'grid':<32}{'points':>8}{'g2m edges':>11}{'m2g edges':>11}{'temp MiB':>10}"
             f"{'step s':>9}{'compile s':>11}  steps s (all)")
   print(header)

@@ -53,7 +53,8 @@ def restored(workdir: str, readers):
   point_sets = {reader.name: reader.points for reader in readers
                 if reader.name in [m.name for m in data.modalities]}
   assembly = assemble(specs, source.store.points, source.stats,
-                      mesh_lib.single_device_mesh(), point_sets=point_sets)
+                      mesh_lib.single_device_mesh(), point_sets=point_sets,
+                      point_stats={reader.name: reader.stats["targets"] for reader in readers})
   params, _ = RunDirectory(workdir).restore_params(assembly.abstract_params)
   predict = jax.jit(lambda p, batch: forecast.rollout_with_points(
       nnx.merge(assembly.graphdef, p), assembly.constants, batch))

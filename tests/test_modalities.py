@@ -17,6 +17,7 @@ from problems import assert_same, device_batch, loss_and_grad_fn, station_proble
 from wnscale import assembly
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
+from wnscale.data import stations as stations_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, grid, icosahedron
 from wnscale.graphs.points import PointSet
@@ -119,6 +120,38 @@ def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():
   np.testing.assert_array_equal(without_station(0), grid_predictions)
   present_station = int(np.flatnonzero(~np.isnan(batch["stations/inputs"][0, -1, 0]))[0])
   assert np.abs(np.asarray(without_station(present_station)) - grid_predictions).max() > 1e-6
+
+
+def test_station_outputs_are_a_change_on_the_grid_forecast_at_the_stations():
+  """With its output MLP zeroed, the station forecast is the grid forecast interpolated to
+  the stations (`stations.interpolate`, numpy); with statistics the first guess is in the
+  stations' units and the residual scaled by the grid's diff std in them."""
+  constants, batch, params, point_sets, _ = problem()
+  specs = specs_lib.from_config(station_config())
+  graphdef, _ = setup.init_model_shapes(specs)
+  zeroed = jax.tree.map_with_path(
+      lambda path, x: x * 0 if "stations_output_mlp" in jax.tree_util.keystr(path) else x,
+      params)
+  predict = jax.jit(lambda params: forecast.rollout_with_points(
+      nnx.merge(graphdef, params), constants, batch))
+  grid_predictions, points = predict(zeroed)
+  channels = [specs.data.output_channels.index(name) for name in STATIONS[3]]
+  expected = stations_lib.interpolate(np.asarray(grid_predictions)[:, :, channels], POINTS,
+                                      point_sets["stations"])
+  np.testing.assert_allclose(points["stations"], expected, atol=1e-5)
+  assert np.abs(np.asarray(predict(params)[1]["stations"]) - expected).max() > 1e-3
+
+  d = specs_lib.from_config(station_config(modalities=(
+      ("obs", "synthetic", (), ("mean_sea_level_pressure", "10m_u_component_of_wind")),))).data
+  msl = d.output_channels.index("mean_sea_level_pressure")
+  mean, std, scale = (np.arange(len(d.output_channels), dtype=np.float32) + k
+                      for k in (1, 2, 3))
+  guess = setup.first_guesses(d, scale / std, (mean, std),
+                              {"obs": {"mean": np.array([5.0, 0]), "std": np.array([4.0, 1])}})
+  np.testing.assert_array_equal(guess["obs"].channels, [msl, 0])  # no 10 m wind on this grid
+  np.testing.assert_allclose(guess["obs"].scale, [std[msl] / 4, 0])
+  np.testing.assert_allclose(guess["obs"].offset, [(mean[msl] - 5) / 4, 0])
+  np.testing.assert_allclose(guess["obs"].residual_scale, [scale[msl] / 4, 1])
 
 
 def test_a_grid_model_is_unchanged_by_modalities():

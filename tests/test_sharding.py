@@ -152,7 +152,7 @@ def test_shards_without_edges_of_a_kind(problem):
 @pytest.mark.parametrize("num_shards", [3, 8])
 def test_sender_tables_hold_the_right_rows(exchange, num_shards):
   """Simulates both exchanges in numpy: every edge reads its true sender and receiver,
-  a station modality's (in and out) too."""
+  a station modality's (in, out and its first guess from the grid) too."""
   modality = specs_lib.ModalitySpec("stations", "synthetic", ("2m_temperature",),
                                     ("2m_temperature",))
   stations = {"stations": stations_lib.random_land_biased_points(
@@ -162,7 +162,8 @@ def test_sender_tables_hold_the_right_rows(exchange, num_shards):
   positions = setup.node_positions(m, POINTS, stations)
   part = partition_lib.partition_graphs(graphs, positions, num_shards, exchange)
   assert list(part.graphs.edges) == ["grid_to_mesh", "mesh", "mesh_to_grid",
-                                     "stations_to_mesh", "mesh_to_stations"]
+                                     "stations_to_mesh", "mesh_to_stations",
+                                     "grid_to_stations"]
   for name, stacked in part.graphs.edges.items():
     senders_part = part.nodes[stacked.sender_set]
     receivers_part = part.nodes[stacked.receiver_set]

@@ -106,7 +106,8 @@ def _silent(_: str) -> ContextManager[dict]:
 def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mesh, *,
              params: str | None = "shapes",
              phase: Callable[[str], ContextManager[dict]] = _silent,
-             point_sets: dict[str, PointSet] | None = None) -> Assembly:
+             point_sets: dict[str, PointSet] | None = None,
+             point_stats: dict | None = None) -> Assembly:
   """The graphs, constants, layout and model of an experiment (`specs.from_config` of its
   validated config) on `points` and `mesh`.
 
@@ -121,6 +122,9 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
     phase: `phase(what)`, a context manager around each step worth a log
       line (e.g. `train.run_log.phase`), whose yielded dict takes a `"text"`.
     point_sets: each of `data.modalities`' points by name (e.g. its stations).
+    point_stats: each target modality's normalization of its targets by name,
+      `{"mean", "std"}` `[C_t]` (`observations.ModalityReader.stats["targets"]`); needed
+      with `stats` (its first guess is the grid's state in its units).
   """
   point_sets = point_sets or {}
   missing = [m.name for m in specs.data.modalities if m.name not in point_sets]
@@ -133,8 +137,13 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
   norm = None if stats is None else Normalization.from_stats(specs.data, stats)
   residual_scale = (np.ones(len(specs.data.output_channels), np.float32)
                     if norm is None else norm.residual_scale)
-  constants = setup.make_constants(specs.data, graphs, points, residual_scale,
-                                   specs.train.variable_loss_weights, point_sets)
+  lacking = [m.name for m in specs.data.modalities
+             if m.targets and norm is not None and m.name not in (point_stats or {})]
+  if lacking:
+    raise ValueError(f"Target modalities {lacking} need their statistics (point_stats).")
+  constants = setup.make_constants(
+      specs.data, graphs, points, residual_scale, specs.train.variable_loss_weights,
+      point_sets, None if norm is None else (norm.mean, norm.std), point_stats)
   shards = mesh.shape[mesh_lib.GRAPH]
   with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
              f"data x {shards} graph devices)"):

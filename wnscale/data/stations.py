@@ -17,7 +17,7 @@ from wnscale.data import observations
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
-from wnscale.graphs import grid
+from wnscale.graphs import connectivity, grid
 from wnscale.graphs.points import PointSet
 
 NEIGHBOURS = 4  # grid nodes an interpolated value is read from
@@ -50,10 +50,10 @@ def random_land_biased_points(num_points: int, grid_points: PointSet, land: np.n
 def interpolate(values: np.ndarray, grid_points: PointSet, points: PointSet) -> np.ndarray:
   """`values` `[..., G]` on the grid's nodes at `points`, `[..., P]` (inverse distance over
   the `NEIGHBOURS` nearest grid nodes)."""
-  distance, nearest = spatial.cKDTree(grid_points.xyz()).query(points.xyz(), NEIGHBOURS)
-  weights = 1.0 / np.maximum(distance, 1e-9)
-  weights /= weights.sum(axis=1, keepdims=True)
-  return np.einsum("...pk,pk->...p", np.asarray(values)[..., nearest], weights)
+  nearest, _, weights = connectivity.inverse_distance_edges(grid_points.xyz(), points.xyz(),
+                                                            NEIGHBOURS)
+  return np.einsum("...pk,pk->...p", np.asarray(values)[..., nearest.reshape(-1, NEIGHBOURS)],
+                   weights.reshape(-1, NEIGHBOURS))
 
 
 def observe(values: np.ndarray, grid_points: PointSet, points: PointSet, *, noise: float,

@@ -46,11 +46,13 @@ def _node_lat_lon(points: PointSet, meshes,
 
 def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
                     use_cache: bool) -> EdgeSet:
-  senders, receivers = spec.connect(geometry, spec.senders, spec.receivers, use_cache)
+  senders, receivers, *own = spec.connect(geometry, spec.senders, spec.receivers, use_cache)
   senders, receivers = (a.astype(np.int32, copy=False) for a in (senders, receivers))
   if spec.features:
     edge_features = features.edge_features(*lat_lon[spec.senders], *lat_lon[spec.receivers],
                                            senders, receivers, spec.normalization or None)
+  elif own:  # the connectivity's (e.g. interpolation weights)
+    edge_features = own[0]
   else:
     edge_features = np.zeros((len(senders), 0), np.float32)
   return EdgeSet(senders, receivers, edge_features, spec.senders, spec.receivers)

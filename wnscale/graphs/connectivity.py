@@ -11,6 +11,8 @@
   most toward the grid node wins. For a grid node off every edge this is the
   face that contains it; for a node exactly on an edge the reference's pick
   depends on float rounding and order and cannot be reproduced.
+* grid -> points: each point (e.g. a station) to its nearest grid nodes, with
+  inverse-distance weights: the fixed interpolation of grid values to the point.
 
 Positions are float32 unit vectors (the reference's), distances float64.
 """
@@ -99,6 +101,25 @@ def points_to_mesh_edges(points_xyz: np.ndarray, mesh: TriangularMesh, radius: f
   receivers = np.concatenate([receivers, np.asarray(nearest, np.int64).reshape(-1)])
   order = np.lexsort((senders, receivers))
   return senders[order], receivers[order]
+
+
+def inverse_distance_edges(senders_xyz: np.ndarray, receivers_xyz: np.ndarray, k: int):
+  """Each receiver to its `k` nearest senders, weighted by inverse distance (summing to 1 per
+  receiver): a fixed interpolation from the senders' values to the receivers.
+
+  Args:
+    senders_xyz: `[num_senders, 3]` unit vectors (e.g. the grid's); at least `k`.
+    receivers_xyz: `[num_receivers, 3]` unit vectors (e.g. stations).
+
+  Returns:
+    `(senders [R k], receivers [R k] sorted, weights [R k] float64)`.
+  """
+  distance, nearest = spatial.cKDTree(senders_xyz).query(receivers_xyz, k)
+  distance, nearest = np.reshape(distance, (-1, k)), np.reshape(nearest, (-1, k))
+  weights = 1.0 / np.maximum(distance, 1e-9)  # a receiver on a sender: that sender alone
+  weights /= weights.sum(axis=1, keepdims=True)
+  receivers = np.repeat(np.arange(len(receivers_xyz), dtype=np.int64), k)
+  return nearest.reshape(-1).astype(np.int64), receivers, weights.reshape(-1)
 
 
 def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarray:

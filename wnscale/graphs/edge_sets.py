@@ -101,6 +101,24 @@ class InMeshTriangle:
 
 
 @dataclasses.dataclass(frozen=True)
+class InverseDistance:
+  """Each receiver to its `k` nearest senders; the edges' one feature is the sender's
+  inverse-distance weight (a receiver's sum to 1): the senders' values interpolated.
+
+  A target modality's first guess (`grid_to_<name>`): the grid's state at its points.
+  """
+
+  k: int
+  cached_apart = False
+
+  def __call__(self, geometry: Geometry, senders: str, receivers: str, use_cache: bool):
+    """`(senders, receivers, weights [num_edges, 1] float32)`."""
+    senders, receivers, weights = connectivity.inverse_distance_edges(
+        geometry.xyz[senders], geometry.xyz[receivers], self.k)
+    return senders, receivers, weights.astype(np.float32)[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
 class KHopNeighbours:
   """Each mesh node's `k`-hop neighbourhood on the finest mesh, itself included.
 
@@ -121,15 +139,17 @@ class EdgeSetSpec(NamedTuple):
   Attributes:
     senders, receivers: node set names (`grid`, `mesh`).
     connect: `(Geometry, senders, receivers, use_cache) -> (sender indices,
-      receiver indices)` sorted by receiver; `cached_apart`: it caches itself.
+      receiver indices[, edge features])` sorted by receiver; `cached_apart`: it
+      caches itself.
     features: with GraphCast's 4 edge features (length and displacement in
-      the receiver's frame), else none (`[num_edges, 0]`).
+      the receiver's frame), else the connectivity's own, or none (`[num_edges, 0]`).
     normalization: what the features are divided by; 0: the longest edge.
   """
 
   senders: str
   receivers: str
-  connect: WithinRadius | WithinRadiusOrNearest | MultiMesh | InMeshTriangle | KHopNeighbours
+  connect: (WithinRadius | WithinRadiusOrNearest | MultiMesh | InMeshTriangle | InverseDistance
+            | KHopNeighbours)
   features: bool = True
   normalization: float = 0.0
 
@@ -152,9 +172,15 @@ def graphcast_edge_sets(radius_fraction: float = 0.6,
   }
 
 
+# Grid nodes a target modality's first guess is interpolated from (`InverseDistance`): the
+# synthetic station networks' own observation operator (`wnscale.data.stations`).
+FIRST_GUESS_NEIGHBOURS = 4
+
+
 def modality_edge_sets(modalities, radius_fraction: float = 0.6) -> dict[str, EdgeSetSpec]:
   """Each modality's (`specs.ModalitySpec`) encoder edges `<name>_to_mesh` if it has
-  inputs, and decoder edges `mesh_to_<name>` (containing triangle) if it has targets."""
+  inputs; if it has targets, decoder edges `mesh_to_<name>` (containing triangle) and
+  first-guess edges `grid_to_<name>` (inverse distance over the nearest grid nodes)."""
   edge_sets = {}
   for modality in modalities:
     if modality.inputs:
@@ -163,4 +189,6 @@ def modality_edge_sets(modalities, radius_fraction: float = 0.6) -> dict[str, Ed
     if modality.targets:
       edge_sets[f"mesh_to_{modality.name}"] = EdgeSetSpec("mesh", modality.name,
                                                           InMeshTriangle())
+      edge_sets[f"grid_to_{modality.name}"] = EdgeSetSpec(
+          "grid", modality.name, InverseDistance(FIRST_GUESS_NEIGHBOURS), features=False)
   return edge_sets

@@ -11,6 +11,7 @@ examples with contiguous copies):
   noise     [B, target_steps, K]                   an FGN's noise per lead time (only then)
   <name>/inputs   [B, input_steps, C_m, P]   a modality's inputs at its points, NaN: missing
   <name>/targets  [B, target_steps, C_t, P]  a modality's targets, normalized, NaN: missing
+                                             (with its own statistics)
 `rollout` returns predictions in the targets' layout, and a step's history stays
 channel-major too. The network itself works node-major (`[G, C]`: one row of
 features per grid node, what its gathers and MLPs want): its encoder transposes
@@ -22,7 +23,9 @@ times join every grid node's inputs and every mesh node's embedding. For the
 state the network predicts the residual in units of the std of differences over
 one model step, `data.time_step_hours` (`residual_scale = diff_std / std` converts
 it to the state's normalized units), for target-only channels the normalized value
-itself (`residual_scale` 1): GraphCast's `InputsAndResiduals`. Longer rollouts feed
+itself (`residual_scale` 1): GraphCast's `InputsAndResiduals`. A target modality's
+outputs are residuals too, on the grid's predicted outputs interpolated to its points
+(`point_first_guess`), scaled by `FirstGuess.residual_scale`. Longer rollouts feed
 the predicted state back. No xarray, no coordinates: everything here runs under
 jit, remat and shard_map.
 """
@@ -42,6 +45,22 @@ from wnscale.model.graphcast import GraphCast, local_exchange
 NUM_STATICS = len(variables_lib.STATIC_VARIABLES)
 
 
+class FirstGuess(NamedTuple):
+  """How a target modality's predictions are made a change on the grid's: per target variable.
+
+  Attributes:
+    channels: `[C_t]` int32 the grid output channel of each target variable (0: none).
+    scale, offset: `[C_t]` a grid-normalized value's in the modality's normalization,
+      `scale * value + offset` (scale 0: no grid channel, no first guess).
+    residual_scale: `[C_t]` what the modality's network outputs are scaled by.
+  """
+
+  channels: jax.Array
+  scale: jax.Array
+  offset: jax.Array
+  residual_scale: jax.Array
+
+
 class Constants(NamedTuple):
   """Arrays that every step needs and no example changes.
 
@@ -53,13 +72,15 @@ class Constants(NamedTuple):
     channel_weights: `[C_out]` loss weight of each output channel.
     point_weights: per target modality (`DataSpec.modalities`), `[P]` the loss
       weight of each of its points (its cell area, mean 1); empty: the grid only.
+    first_guesses: per target modality, its `FirstGuess`.
   """
 
   graphs: Graphs
   residual_scale: jax.Array
   node_weights: jax.Array
   channel_weights: jax.Array
-  point_weights: dict = {}  # never mutated: a pytree leaf container
+  point_weights: dict = {}  # never mutated: pytree leaf containers
+  first_guesses: dict = {}
 
 
 def _stack_steps(x: jax.Array) -> jax.Array:
@@ -89,7 +110,8 @@ def one_step_with_points(model: GraphCast, constants: Constants, history, forcin
     point_history: per input modality, `[B, input_steps, C_m, P]` its values at the
       history times, NaN where missing; a modality left out is missing.
 
-  A modality's outputs are its normalized values outright (no residual).
+  A target modality's outputs are a change on its first guess (`point_first_guess`): the
+  grid's predicted state at its points.
   """
   parts = (_stack_steps(history), _stack_steps(forcings), statics)
   global_inputs = None
@@ -101,12 +123,35 @@ def one_step_with_points(model: GraphCast, constants: Constants, history, forcin
       constants.graphs, parts, exchange, global_inputs, noise,
       {name: _stack_steps(values) for name, values in (point_history or {}).items()})
   outputs = jnp.swapaxes(outputs * constants.residual_scale, -1, -2)  # [B, C_out, G]
-  point_outputs = {name: jnp.swapaxes(values, -1, -2) for name, values in point_outputs.items()}
   num_state = history.shape[2]
   if outputs.shape[1] == num_state:
-    return history[:, -1] + outputs, point_outputs
-  return jnp.concatenate([history[:, -1] + outputs[:, :num_state], outputs[:, num_state:]],
-                         axis=1), point_outputs
+    outputs = history[:, -1] + outputs
+  else:
+    outputs = jnp.concatenate([history[:, -1] + outputs[:, :num_state],
+                               outputs[:, num_state:]], axis=1)
+  point_outputs = {
+      name: point_first_guess(constants, name, outputs, exchange) + jnp.swapaxes(
+          values * constants.first_guesses[name].residual_scale, -1, -2)
+      for name, values in point_outputs.items()}
+  return outputs, point_outputs
+
+
+def point_first_guess(constants: Constants, name: str, outputs, exchange=local_exchange):
+  """`[B, C_t, P]` the grid outputs `[B, C_out, G]` (normalized) at target modality `name`'s
+  points, in its normalization (`FirstGuess`): the `grid_to_<name>` edges' weighted sum.
+
+  The predicted state rather than the last input: a station's target is the grid's next
+  state plus what the grid cannot resolve there, so its outputs learn the latter alone.
+  """
+  guess, edges = constants.first_guesses[name], constants.graphs.edges[f"grid_to_{name}"]
+  batch, channels = outputs.shape[0], guess.channels.shape[0]
+  rows = jnp.take(outputs, guess.channels, axis=1).reshape(batch * channels, -1).T
+  table = exchange(f"grid_to_{name}", rows)  # [G (+ remote rows), B C_t]
+  at_points = jax.ops.segment_sum(table[edges.senders] * edges.features, edges.receivers,
+                                  num_segments=constants.graphs.num_nodes(name),
+                                  indices_are_sorted=True)  # [P, B C_t]
+  at_points = at_points.T.reshape(batch, channels, -1)
+  return at_points * guess.scale[:, None] + guess.offset[:, None]
 
 
 def advance_history(history, prediction):

@@ -18,9 +18,10 @@ their presence masks and its points' node features), and, with inputs, its own
 encoder edges `<name>_to_mesh`; the mesh latents take the sum of every
 modality's messages, the grid's included, in one encoder step (the grid
 encoder's node MLP). With targets it has its own decoder edges `mesh_to_<name>`
-and output MLP, predicting normalized values outright. A missing input (NaN)
-enters as 0 with a mask channel of 0; a point missing every input sends no
-message. Their parameters are made after all of the grid model's, so a model
+and output MLP, predicting a change on the grid's predicted state at its points
+(`forecast.point_first_guess`), as the grid's outputs are a change on its inputs.
+A missing input (NaN) enters as 0 with a mask channel of 0; a point missing every
+input sends no message. Their parameters are made after all of the grid model's, so a model
 without modalities is the grid model, parameter for parameter.
 
 Rematerialization follows the `ModelSpec` (see `wnscale.model.remat`):

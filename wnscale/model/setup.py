@@ -72,12 +72,14 @@ def node_positions(m: ModelSpec, points: PointSet,
 
 def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
                    residual_scale: np.ndarray, variable_loss_weights=(),
-                   point_sets: dict[str, PointSet] | None = None) -> forecast.Constants:
+                   point_sets: dict[str, PointSet] | None = None, output_stats=None,
+                   point_stats: dict | None = None) -> forecast.Constants:
   """Host (numpy) constants; the node weights are the points' cell areas (mean 1), a
   cut-out's regional points' times `data.regional_loss_weight`; `residual_scale` is
   `[C_out]` (`source.residual_scale`); `variable_loss_weights`: `(variable, weight)` pairs
   (`train.variable_loss_weights`); each target modality's point weights are its
-  `point_sets` entry's areas (mean 1)."""
+  `point_sets` entry's areas (mean 1), its first guess `first_guesses`' (`output_stats`,
+  `point_stats` are its arguments)."""
   point_sets = point_sets or {}
   node_weights = points.area
   if points.region is not None:
@@ -85,11 +87,45 @@ def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
   return forecast.Constants(
       point_weights={m.name: point_sets[m.name].area.astype(np.float32)
                      for m in d.modalities if m.targets},
+      first_guesses=first_guesses(d, residual_scale, output_stats, point_stats),
       graphs=graphs,
       residual_scale=np.asarray(residual_scale, np.float32),
       node_weights=node_weights.astype(np.float32),
       channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels,
                                                          dict(variable_loss_weights)))
+
+
+def first_guesses(d: DataSpec, residual_scale: np.ndarray, output_stats=None,
+                  point_stats: dict | None = None) -> dict[str, forecast.FirstGuess]:
+  """Per target modality, how its predictions are a change on the grid's (`FirstGuess`).
+
+  A target variable the grid predicts: its grid channel's value, from the grid's
+  normalization (`output_stats`: `(mean, std)` `[C_out]`) to the modality's
+  (`point_stats`: per modality, `{"mean", "std"}` `[C_t]` of its targets), and its
+  residual scaled as the grid channel's (`residual_scale` `[C_out]`, in the modality's
+  units: a state variable's by the std of one step's change). A variable the grid lacks is
+  predicted outright (no first guess, scale 1). Without statistics (shapes, compiles,
+  tests) the two normalizations are taken alike.
+  """
+  guesses = {}
+  for m in d.modalities:
+    if not m.targets:
+      continue
+    known = np.array([name in d.output_channels for name in m.targets])
+    channels = np.array([d.output_channels.index(name) if name in d.output_channels else 0
+                         for name in m.targets], np.int32)
+    if output_stats is None:
+      scale, offset = np.ones(len(m.targets)), np.zeros(len(m.targets))
+    else:
+      mean, std = (np.asarray(x, np.float64)[channels] for x in output_stats)
+      point_mean, point_std = (np.asarray(point_stats[m.name][s], np.float64)
+                               for s in ("mean", "std"))
+      scale, offset = std / point_std, (mean - point_mean) / point_std
+    guesses[m.name] = forecast.FirstGuess(
+        channels, np.where(known, scale, 0).astype(np.float32),
+        np.where(known, offset, 0).astype(np.float32),
+        np.where(known, np.asarray(residual_scale)[channels] * scale, 1).astype(np.float32))
+  return guesses
 
 
 def batch_dtype(m: ModelSpec):

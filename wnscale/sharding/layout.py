@@ -33,9 +33,9 @@ BATCH_SPECS = {
 # A modality's `<name>/inputs` and `<name>/targets`: its points (last axis) on `graph`.
 POINTS_SPEC = P(DATA, None, None, GRAPH)
 # Constants (see `ShardedLayout.constants`): graph arrays and node and point weights on
-# `graph`.
+# `graph`, the rest replicated.
 CONSTANT_SPECS = Constants(graphs=P(GRAPH), residual_scale=P(), node_weights=P(GRAPH),
-                           channel_weights=P(), point_weights=P(GRAPH))
+                           channel_weights=P(), point_weights=P(GRAPH), first_guesses=P())
 _GRID_AXIS = -1
 
 
@@ -107,7 +107,8 @@ class ShardedLayout:
                      node_weights=self.grid.to_slots(constants.node_weights, 0),
                      channel_weights=constants.channel_weights,
                      point_weights={name: part.nodes[name].to_slots(weights, 0)
-                                    for name, weights in constants.point_weights.items()})
+                                    for name, weights in constants.point_weights.items()},
+                     first_guesses=constants.first_guesses)
     # Every leaf of a field gets the field's spec (the graphs: all on `graph`).
     shardings = Constants(*(jax.tree.map(lambda _, spec=spec: self.sharding(spec), field)
                             for field, spec in zip(host, CONSTANT_SPECS)))

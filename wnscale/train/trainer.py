@@ -201,7 +201,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
 
   assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
                       phase=run_log.phase,
-                      point_sets={reader.name: reader.points for reader in readers})
+                      point_sets={reader.name: reader.points for reader in readers},
+                      point_stats={reader.name: reader.stats["targets"] for reader in readers})
   layout = assembly.layout
   device_constants, halo_indices = layout.constants(assembly.constants)
   # Data: this process's share (processes holding the same batch rows read the same
