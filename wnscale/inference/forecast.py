@@ -240,7 +240,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   # inputs at the initial times) aligned with the initial conditions' times.
   readers = _modality_readers(specs, config.seed, store, path)
   assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(config.mesh),
-                      point_sets={reader.name: reader.points for reader in readers})
+                      point_sets={reader.name: reader.points for reader in readers},
+                      point_stats={reader.name: reader.stats["targets"] for reader in readers})
   readers = tuple(reader.in_layout(assembly.layout.point_slots[reader.name])
                   for reader in readers)
   which = params
