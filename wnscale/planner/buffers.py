@@ -46,9 +46,10 @@ ARGUMENT_PARTS = (("state.params", "parameters"), ("state.opt_state", "optimizer
                   ("state", "train state"), ("batch", "inputs"),
                   ("constants", "graphs and constants"), ("halo_indices", "graphs and constants"))
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+# An HLO text line `%name = <shape> <opcode>(...)...` (also read by bench/roofline.py).
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
 _LIVE_RANGE = re.compile(r"^\s+([\w.\-]+)\{([\d,]*)\}:(\d+)-(\d+)$")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
+OP_NAME = re.compile(r'op_name="([^"]*)"')
 _ALLOCATION = re.compile(r"^allocation (\d+):")
 _VALUE = re.compile(r"^ value: <\d+ ([\w.\-]+(?:\{[\d,]*\})?)(?: \(\w+\))? @(\d+)> "
                     r"\(size=(\d+),offset=(\d+)\)")
@@ -221,14 +222,14 @@ def _parse_instructions(lines) -> dict[str, tuple[str, list[str], str]]:
   """Instruction name -> (result shape, operand names, op_name) of an HLO module's text."""
   instructions = {}
   for line in lines:
-    match = _INSTRUCTION.match(line)
+    match = INSTRUCTION.match(line)
     if not match:
       continue
     rest = re.sub(r"/\*index=\d+\*/", "", match.group(2))
-    shape, rest = _split_shape(rest)
-    call = rest[:_closing(rest, rest.find("("))] if "(" in rest else ""
+    shape, rest = split_shape(rest)
+    call = rest[:closing(rest, rest.find("("))] if "(" in rest else ""
     operands = re.findall(r"%([\w.\-]+)", call)
-    op_name = _OP_NAME.search(rest)
+    op_name = OP_NAME.search(rest)
     instructions[match.group(1)] = (shape, operands, op_name.group(1) if op_name else "")
   return instructions
 
@@ -248,16 +249,16 @@ def _describe(name, index, instructions, depth: int = 0):
   return shape, op_name
 
 
-def _split_shape(text: str):
+def split_shape(text: str):
   """`("f32[3]{0}", " add(...)")` from an instruction's right-hand side."""
   if text.startswith("("):
-    end = _closing(text, 0) + 1
+    end = closing(text, 0) + 1
     return text[:end], text[end:]
   shape, _, rest = text.partition(" ")
   return shape, " " + rest
 
 
-def _closing(text: str, start: int) -> int:
+def closing(text: str, start: int) -> int:
   """Index of the parenthesis closing the one at `start`."""
   depth = 0
   for position in range(start, len(text)):
