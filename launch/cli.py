@@ -256,6 +256,8 @@ def _quiet_libraries(verbose: bool):
     if (record.exc_info and no_space(record.exc_info[1]) is not None) or (
         "No space left on device" in record.getMessage()):
       return False
+    if "after interpreter shutdown" in record.getMessage():
+      return False  # a write still pending when a failed command exits: said already
     return verbose or record.levelno >= logging.WARNING or record.name == "asyncio"
 
   for logger in ("absl", "asyncio"):
