@@ -39,7 +39,6 @@ LEAD = "prediction_timedelta"  # the forecast layout's lead-time dim
 ENSEMBLE = "number"  # an ensemble forecast's member dim
 COMPLETED_ATTR = "wnscale_completed_inits"  # indices of the finished initial times
 GRID_TOLERANCE = 1e-3  # degrees
-REGION = "region"  # a cut-out forecast's mask of its regional points, along `values`
 CUTOUT = "cutout"  # `restricted`'s region of that mask
 
 
@@ -146,7 +145,7 @@ def restricted(forecast: Forecast, region: str) -> tuple[Forecast, xr.DataArray]
   """The forecast at its points in `region`, and the scores' weights there.
 
   Args:
-    region: `CUTOUT`: a cut-out forecast's regional points (its `REGION` mask); or a
+    region: `CUTOUT`: a cut-out forecast's regional points (its `store.REGION` mask); or a
       box "lat0,lat1,lon0,lon1" (`graphs.region.parse_box`): the points or grid cells
       inside it.
 
@@ -169,10 +168,10 @@ def restricted(forecast: Forecast, region: str) -> tuple[Forecast, xr.DataArray]
     latitude, longitude = data[LATITUDE].values, data[LONGITUDE].values
     if box is not None:
       inside = region_lib.in_box(latitude, longitude, box)
-    elif REGION in data.coords:
-      inside = data[REGION].values.astype(bool)
+    elif store_lib.REGION in data.coords:
+      inside = data[store_lib.REGION].values.astype(bool)
     else:
-      raise ArgumentError("region", region, f"the forecast {forecast.path} has no {REGION!r} "
+      raise ArgumentError("region", region, f"the forecast {forecast.path} has no {store_lib.REGION!r} "
                           "mask (it is no cut-out's, data.regional_path): give a box "
                           "lat0,lat1,lon0,lon1.")
     area = (data[store_lib.CELL_AREA].values if store_lib.CELL_AREA in data.coords

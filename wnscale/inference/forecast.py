@@ -41,7 +41,6 @@ from wnscale.data.source import parse_duration
 from wnscale.data.resolve import modality_readers, resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
-from wnscale.evaluation.datasets import REGION
 from wnscale.inference import forecast_store
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
 from wnscale.progress import ForecastProgress
@@ -308,7 +307,7 @@ def cutout_coords(points) -> dict:
   for other points."""
   if points.region is None:
     return {}
-  return {REGION: points.region, store_lib.CELL_AREA: points.area}
+  return {store_lib.REGION: points.region, store_lib.CELL_AREA: points.area}
 
 
 def _init_indices(store, data, path: str, init_times, init_start, init_end,

@@ -45,7 +45,6 @@ from wnscale.data.resolve import modality_readers as resolve_modality_readers
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.assembly import assemble
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
-from wnscale.graphs import region as region_lib
 from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
@@ -414,7 +413,8 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
             if key not in HARMLESS_DATA_KEYS + ("path",) and before.get(key) != now.get(key)]
   if (now["path"] and before.get("path")
       and paths.normalize(now["path"]) != paths.normalize(before["path"])
-      and not _same_store(before["path"], now["path"], config.data)):
+      and not _same_store(before["path"], now["path"],
+                          specs_lib.from_config(config).data)):
     differ.insert(0, "path")
   if differ:
     name = run_directory.CONFIG
@@ -429,14 +429,14 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
         "and data.path to a copy of the same store.")
 
 
-def _same_store(before: str, now: str, data) -> bool:
+def _same_store(before: str, now: str, data: specs_lib.DataSpec) -> bool:
   """Whether the stores at `before` and `now` hold the same variables, levels, times, grid."""
   def describe(path):
     store = cutout.open_store(path, data.variables, data.pressure_levels,
                               data.time_step_hours, data.resolution,
                               forcings=data.stored_forcings,
                               regional_path=data.regional_path,
-                              region=region_lib.parse_box(data.region, "data.region"))
+                              region=data.region_box)
     return store.channel_names, store.times.tolist(), store.points.digest()
   try:
     return describe(before) == describe(now)
