@@ -34,10 +34,12 @@ from tiny_runs import read_metrics
 from wnscale.train.metrics import MetricsWriter
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-# A tmpfs that holds the tiny run's first checkpoint (1.15 MB in 4 KiB pages, with
-# config.json, metrics and TensorBoard events ~0.05 MB) but not a second beside it
-# (1.19 MB more). 1700k was too tight: the first save failed in 1 of 4 runs.
-FULL_DISK_SIZE = "1950k"
+# A tmpfs for the full-disk test: room for the tiny run's first checkpoint (1.2 MB) and
+# its other files; `FREE_SPACE_LEFT` is what a filler file leaves free of it. A save of the
+# tiny run's checkpoint takes 0.9-1.2 MB (it varies between runs), the log lines of a few
+# steps take a few kB.
+FULL_DISK_SIZE = "4m"
+FREE_SPACE_LEFT = 300 * 1024
 
 
 def checkpoint_names(workdir):
@@ -140,17 +142,32 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True, timeout=30)
 
 
+def fill_disk(directory, leave: int):
+  """Writes `directory/filler` so that `leave` bytes stay free on its file system."""
+  stat = os.statvfs(directory)
+  with open(os.path.join(directory, "filler"), "wb") as f:
+    f.write(b"\0" * (stat.f_bavail * stat.f_frsize - leave))
+
+
 @pytest.mark.slow
 def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_resumed_run_loses_nothing(
     trained_tiny_run, tiny_disk, tmp_path):
+  # The run up to its checkpoint of step 4 (the uninterrupted run's, without its later
+  # checkpoints), on a disk then filled to leave less than a checkpoint: the resumed run
+  # reaches the save of step 8 and finds the disk full. Filled before the launch, not
+  # during a run, so that which save fails does not depend on the machine's speed.
   workdir = os.path.join(tiny_disk, "run")
+  shutil.copytree(trained_tiny_run, workdir,
+                  ignore=lambda root, names: ["8", "12"] if root.endswith("checkpoints") else [])
+  fill_disk(tiny_disk, leave=FREE_SPACE_LEFT)
   result = subprocess.run(train_command(workdir), cwd=REPO, env=process_env(),
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 1, result.stderr[-3000:]
+  assert "Resumed from step 4" in result.stderr
   line = assert_one_error_line(result.stderr, "the checkpoint of step 4 is intact",
                                "run the same command to resume from step 4")
-  # The file that found the disk full: the checkpoint of step 8, or (when that save has
-  # filled the disk first) metrics.jsonl or the TensorBoard events of a later step; or,
+  # The file that found the disk full: the checkpoint of step 8, or metrics.jsonl or the
+  # TensorBoard events of a later step (when the save's first files filled the disk); or,
   # when the failing write's error names no file (one of Orbax's metadata writes), the
   # workdir (seen once in a full-suite run).
   assert re.match(rf"error: No space left on device writing ({re.escape(workdir)}/"
