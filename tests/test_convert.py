@@ -154,17 +154,19 @@ def test_a_conversion_into_a_bucket_cut_short_continues_in_place(tmp_path, monke
   source = tmp_path / "sfc.nc"
   cds_files.current_netcdf(["2t", "msl"], TIMES).to_netcdf(source, engine="h5netcdf")
   one_time = 2 * 4 * LATITUDE.size * LONGITUDE.size  # two variables, float32
-  write_block, calls = convert.write_block, []
+  start_block, calls = convert.start_block, []
 
   def cut_short(*args):
     calls.append(args)
-    if len(calls) == 2:
-      raise KeyboardInterrupt  # as a Ctrl-C between two blocks
-    write_block(*args)
+    if len(calls) == 3:
+      # As a Ctrl-C while the second block is written: the first block is recorded, the
+      # second ends unrecorded (it is written again).
+      raise KeyboardInterrupt
+    return start_block(*args)
 
   with gcs.emulator() as bucket:
     out = paths.join(bucket, "era5.zarr")
-    monkeypatch.setattr(convert, "write_block", cut_short)
+    monkeypatch.setattr(convert, "start_block", cut_short)
     with pytest.raises(KeyboardInterrupt):
       convert.convert_era5([str(source)], out, block_bytes=one_time)
     monkeypatch.undo()

@@ -87,7 +87,7 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
     overwrite: replace an existing store at `out`, and a conversion of other sources
       cut short.
     write_times: `(where, plan, done, per_block, out)`, writes the times from `done` on
-      into the store laid out at `where`, `per_block` at a time (`write_block`), and marks
+      into the store laid out at `where`, `per_block` at a time (`start_block`), and marks
       it complete (`finish`); default: here, block after block, with progress.
       `convert_beam` runs the blocks as a Beam pipeline.
   """
@@ -119,27 +119,61 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
 
 
 def _write_times(where: str, plan: _Plan, done: int, per_block: int, out: str):
-  """Writes the times from `done` on, `per_block` at a time, recording each block."""
+  """Writes the times from `done` on, recording each block once it is written.
+
+  The next block is read while the last one is compressed and written (tensorstore's
+  threads): two blocks are in memory at once, each of half `per_block` times, in two
+  sets of buffers used in turn (fresh memory for every block cost more page faults
+  than the reads themselves).
+  """
   handles = {name: writer.open_variable(where, name) for name in plan.time_variables}
   progress = WriteProgress(out, len(plan.times), plan.bytes_per_time)
   progress.done(done)
   record = writer.read_attrs(where)[CONVERSION]
-  for first in range(done, len(plan.times), per_block):
-    last = min(first + per_block, len(plan.times))
-    write_block(plan, handles, first, last)
+  per_block = max(1, per_block // 2)
+  buffers = [{name: np.empty(plan.shape(name, per_block), np.float32)
+              for name in plan.time_variables} for _ in range(2)]
+  writing = None  # (writes, last time + 1) of the block in flight
+
+  def written(writes, last):
+    writer.wait_all(writes)
     record["times_written"] = last
     writer.update_attrs(where, {CONVERSION: record})  # after the data: a resume redoes no less
     progress.done(last)
+
+  try:
+    for block, first in enumerate(range(done, len(plan.times), per_block)):
+      last = min(first + per_block, len(plan.times))
+      # The buffers of the block before the last: its writes are done.
+      writes = start_block(plan, handles, first, last, {
+          name: buffer[:last - first] for name, buffer in buffers[block % 2].items()})
+      if writing:
+        written(*writing)
+      writing = writes, last
+    if writing:
+      written(*writing)
+      writing = None
+  finally:
+    if writing:  # an error: no write may still land once it is raised
+      writer.wait_all(writing[0], raise_error=False)
   progress.close()
   finish(where, plan)
 
 
-def write_block(plan: _Plan, handles: dict, first: int, last: int):
+def start_block(plan: _Plan, handles: dict, first: int, last: int,
+                buffers: dict[str, np.ndarray] | None = None) -> list:
   """Reads the store's times `first:last` of every time variable from the plan's files and
-  writes them through `handles` (`{name: writer.open_variable(...)}`)."""
+  starts writing them through `handles` (`{name: writer.open_variable(...)}`); returns the
+  writes (`writer.wait_all` them before `buffers` are used again).
+
+  Args:
+    buffers: `{name: array}` to read into (`plan.shape(name, last - first)`); default:
+      fresh ones.
+  """
   block = plan.times[first:last]
-  writer.wait_all([handles[name][first:last].write(plan.read(name, block))
-                   for name in plan.time_variables])
+  buffers = buffers or {}
+  return [handles[name][first:last].write(plan.read(name, block, buffers.get(name)))
+          for name in plan.time_variables]
 
 
 def finish(where: str, plan: _Plan):
@@ -267,20 +301,33 @@ class _Plan:
     units = self.units.get(name)
     return {"units": units} if units else {}
 
-  def read(self, name: str, times: pd.DatetimeIndex) -> np.ndarray:
-    """`[len(times)(, level), lat, lon]` float32 values of `name` at `times`."""
+  def shape(self, name: str, count: int) -> tuple[int, ...]:
+    """The shape of `count` times of the store's variable `name`."""
+    return (count,) + ((len(self.levels),) if self._has_levels(name) else ()) + (
+        self.latitude.size, self.longitude.size)
+
+  def read(self, name: str, times: pd.DatetimeIndex, out: np.ndarray | None = None
+           ) -> np.ndarray:
+    """`[len(times)(, level), lat, lon]` float32 values of `name` at `times`, into `out`
+    (of that shape) when given."""
+    if out is None:
+      out = np.empty(self.shape(name, len(times)), np.float32)
     if name == PRECIPITATION_6HR:
       hourly = pd.DatetimeIndex(sorted({t - pd.Timedelta(hours=k) for t in times
                                         for k in range(6)}))
-      values = self._gather(HOURLY_PRECIPITATION, hourly)
+      values = self._gather(HOURLY_PRECIPITATION, hourly,
+                            np.empty(self.shape(name, len(hourly)), np.float32))
       position = {t: i for i, t in enumerate(hourly)}
-      return np.stack([sum(values[position[t - pd.Timedelta(hours=k)]].astype(np.float64)
-                           for k in range(6)) for t in times]).astype(np.float32)
-    return self._gather(name, times)
+      for row, t in zip(out, times):
+        row[...] = sum(values[position[t - pd.Timedelta(hours=k)]].astype(np.float64)
+                       for k in range(6))
+      return out
+    return self._gather(name, times, out)
 
-  def _gather(self, name, times: pd.DatetimeIndex) -> np.ndarray:
-    """Values at `times` from every file holding them; two files must agree where both do."""
-    values, origin = None, {}
+  def _gather(self, name, times: pd.DatetimeIndex, values: np.ndarray) -> np.ndarray:
+    """Values at `times` from every file holding them, into `values`; two files must agree
+    where both do."""
+    origin = {}
     for path, dataset in zip(self.files, self.datasets):
       if name not in dataset:
         continue
@@ -289,9 +336,6 @@ class _Plan:
         continue
       dims = ("time", "level", "latitude", "longitude") if "level" in dataset[name].dims else (
           "time", "latitude", "longitude")
-      if values is None:
-        values = np.empty((len(times),) + tuple(dataset.sizes[d] for d in dims[1:]),
-                          np.float32)
       rows = times.get_indexer(held)
       if _consecutive(rows) and not origin.keys() & set(held):  # straight into place
         _read(dataset, name, dims, held, values[rows[0]:rows[-1] + 1])
@@ -307,8 +351,7 @@ class _Plan:
                             "overlapping files must agree (remove one of them).")
           continue
         values[index], origin[time] = row, path
-    if values is not None:
-      values[[i for i, time in enumerate(times) if time not in origin]] = np.nan
+    values[[i for i, time in enumerate(times) if time not in origin]] = np.nan
     return values
 
   def static(self, name: str) -> np.ndarray:

@@ -9,7 +9,7 @@ laid out (its `conversion` attribute marking it incomplete) and the statics are
 written. Each block of times is then one work item on the runner's workers: a
 worker opens only the files holding the block's times (and the hours before them
 that `total_precipitation_6hr` sums), then reads and writes the block with
-`convert.write_block`, as the plain conversion does, so the store is the same. It
+`convert.start_block`, as the plain conversion does, so the store is the same. It
 is marked complete once every block is written. A run cut short leaves it marked
 incomplete; the same command writes the blocks again (those after the times a plain
 conversion into it recorded).
@@ -67,7 +67,7 @@ def _write_block(where: str, reader, member: int | None, item):
   plan = copy.copy(reader)
   plan.files, plan.datasets = files, [_open(path, member) for path in files]
   handles = {name: writer.open_variable(where, name) for name in plan.time_variables}
-  convert.write_block(plan, handles, first, last)
+  writer.wait_all(convert.start_block(plan, handles, first, last))
 
 
 @functools.lru_cache(maxsize=_OPEN_FILES)
