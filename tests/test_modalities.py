@@ -2,7 +2,7 @@
 
 The spine test extended: with stations (inputs and targets, some missing), the
 loss and gradients equal the plain single-device model's under remat and under
-graph sharding in both exchange modes.
+graph sharding in both exchange modes, around either processor.
 """
 
 import functools
@@ -83,6 +83,30 @@ def test_stations_match_the_plain_model(data, graph, exchange, remat):
         layout, graphdef, modalities=specs.data.modalities)))
     result = fn(params, device_constants, halo_indices, device_batch(layout, batch))
   assert_same(result, reference())
+
+
+# WeatherNext 2's processor: a graph transformer over the mesh's k-hop neighbours.
+TRANSFORMER = dict(processor="transformer", transformer_layers=2, transformer_heads=2,
+                   transformer_ffw_size=32, transformer_k_hop=2)
+
+
+def test_a_transformer_processor_with_stations_matches_the_plain_model():
+  """The stations beside the grid around a transformer processor: split over 4 graph
+  shards (halo exchange, every remat option) equals one device."""
+  config = station_config(**TRANSFORMER)
+  constants, batch, params, _, positions = station_problem(config, POINTS, batch_size=2,
+                                                           num_stations=150, seed=4)
+  want = jax.jit(loss_and_grad_fn(config, constants, batch))(params)
+  sharded = station_config(**TRANSFORMER, **REMAT)
+  sharded.mesh.data, sharded.mesh.graph = 1, 4
+  mesh = mesh_lib.make_mesh(sharded.mesh, jax.devices()[:4])
+  layout = ShardedLayout(mesh, constants.graphs, positions, "halo")
+  device_constants, halo_indices = layout.constants(constants)
+  specs = specs_lib.from_config(sharded)
+  graphdef, _ = setup.init_model_shapes(specs)
+  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
+      layout, graphdef, modalities=specs.data.modalities)))
+  assert_same(fn(params, device_constants, halo_indices, device_batch(layout, batch)), want)
 
 
 def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():
