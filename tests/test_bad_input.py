@@ -20,9 +20,10 @@ import zarr
 from launch import local_cluster
 from wnscale import config as config_lib
 from wnscale.data import normalization, synthetic
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import scoring
 from wnscale.inference import forecast_store
+from wnscale.inference.forecast import run_forecast
 from wnscale.interop import graphcast_example
 
 from test_cli import TINY, _env, assert_user_error, run, train
@@ -144,21 +145,24 @@ def forecast(workdir, out, *args, env=None):
 def test_forecast_flags_and_stores_that_do_not_fit(tmp_path, stores, trained_tiny_run):
   """The run's store covers 2020-01-01 .. 2020-01-31; none of these compiles anything.
   `--params=ema` of a run without an EMA is said before any forecast is written.
-  (`--init_every=24`, without a unit, is the same way out: test_forecast.py.)"""
+  (`--init_every=24`, without a unit, is the same way out: test_forecast.py.) The
+  launcher's line once; the other mistakes from the library function it calls (a
+  launch costs more than the check)."""
   out = tmp_path / "forecast.zarr"
   result = forecast(trained_tiny_run, out, "--init_start=2020-01-25", "--init_end=2020-02-10")
   assert_user_error(result, "--init_end=2020-02-10: is after the last time of the store",
                     "which covers 2020-01-01 00:00:00 .. 2020-01-31 18:00:00 every 6 h")
+  all_devices = {"data": -1}  # this process's 8 test devices
   # Another run's forecast at --out: said as such, not as a checkpoint step it lacks.
-  error = assert_user_error(forecast(trained_tiny_run, stores["other_forecast"]),
-                            f"--out={stores['other_forecast']}: holds a forecast of another "
-                            "run, /elsewhere/run; choose another --out")
-  assert "step" not in error
+  with pytest.raises(ArgumentError, match=f"^out={stores['other_forecast']}: holds a forecast "
+                     "of another run, /elsewhere/run; choose another `out`") as error:
+    run_forecast(trained_tiny_run, stores["other_forecast"], mesh_overrides=all_devices)
+  assert "step" not in str(error.value)
   # The moving average of a run that kept none (train.ema_decay=0).
-  assert_user_error(forecast(trained_tiny_run, out, "--params=ema", "--init_times=2020-01-25",
-                             "--lead=6h"),
-                    "--params=ema: the checkpoint", "holds no moving average of the parameters",
-                    "read its raw parameters (--params=raw)")
+  with pytest.raises(ArgumentError, match=r"^params=ema: the checkpoint .* holds no moving "
+                     r"average of the parameters.*read its raw parameters \(`params=raw`\)"):
+    run_forecast(trained_tiny_run, str(out), params="ema", init_times=["2020-01-25"],
+                 lead="6h", mesh_overrides=all_devices)
   assert not out.exists()
 
 
