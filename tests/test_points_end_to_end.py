@@ -1,4 +1,5 @@
-"""Train -> forecast -> climatology -> evaluate on a point set, in real processes: the tiny
+"""Train -> forecast -> climatology -> evaluate on a point set (the training and the
+forecast in real processes, the scores by the launchers' functions here): the tiny
 model on the octahedral reduced Gaussian grid O32 (5,248 points, a `values` dim). The
 forecast store's layout, scores weighed by the store's own cell areas equal to numpy's,
 the map figure, and the climatology per point equal to a numpy mean."""
@@ -12,6 +13,8 @@ import pytest
 import xarray as xr
 
 from test_forecast_end_to_end import run as launch
+from wnscale.evaluation.climatology import compute_climatology
+from wnscale.evaluation.scoring import evaluate
 from tiny_runs import losses, run
 
 pytestmark = pytest.mark.slow
@@ -44,10 +47,11 @@ def scored(octahedral_run, tmp_path_factory):
   forecast, clim, out = (str(root / name) for name in ("forecast.zarr", "clim.zarr", "eval"))
   launch("forecast", f"--workdir={workdir}", f"--out={forecast}",
          f"--init_times={','.join(INIT_TIMES)}", "--lead=12h")
-  launch("make_climatology", f"--store={store}", "--start=2020-01-01", "--end=2020-01-20",
-         f"--out={clim}", "--levels=850", "--variables=temperature,2m_temperature")
-  launch("evaluate", f"--forecast={forecast}", f"--truth={store}", f"--out={out}",
-         "--maps=2m_temperature")
+  # The library functions of launch.make_climatology and launch.evaluate (their
+  # launchers on a grid: test_forecast_end_to_end.py).
+  compute_climatology(store, clim, "2020-01-01", "2020-01-20", levels=[850],
+                      variables=["temperature", "2m_temperature"])
+  evaluate(forecast, store, out, map_channels=["2m_temperature"])
   return forecast, clim, out
 
 
