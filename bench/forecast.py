@@ -1,6 +1,7 @@
-"""Forecast speed and memory at the mid config: 4 lead times against 40, same command.
+"""Forecast speed and memory at the mid config: 4 lead times against 40, same command;
+then the short lead on 1 device, on 4 (the graph split 4 ways) and on 2 processes x 2.
 
-  python bench/forecast.py [--inits=1 --long=10d --short=1d]
+  python bench/forecast.py [--inits=1 --long=10d --short=1d] [--no-layouts]
 
 Sets up a run directory for `configs/mid_1p0.py` (1 deg, mesh levels 0..5,
 latent 128, 8 steps) on a small synthetic 1 deg store of its variables, with a
@@ -11,6 +12,12 @@ compiled step's per-device memory (arguments, outputs, temporaries), the peak
 of live device arrays during the rollout, and the process's peak RSS (on CPU
 the devices are the host). The rollout streams lead times to the host, so
 device memory should not grow with the lead: target ratio 40 / 4 leads = 1.00.
+
+The layout rows run the short lead with the graph split over 4 fake CPU devices, in one
+process and in 2 processes of 2 devices (`launch.local_cluster --module=launch.forecast`,
+gloo on loopback): per-device step memory should fall about 4x; the speed on CPU is
+that of the same cores shared (a TPU's 4 chips each run their own quarter). The live
+device arrays are those of the process's devices (process 0's of 2); no RSS there.
 """
 
 import json
@@ -69,16 +76,41 @@ print(json.dumps({"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_m
 """
 
 
-def forecast(workdir: str, out: str, lead: str, inits: int) -> dict:
-  """Runs the forecast command; its JSON summary plus the process's peak RSS."""
+def forecast(workdir: str, out: str, lead: str, inits: int, processes: int = 1,
+             devices: int = 1) -> dict:
+  """Runs the forecast command on `processes` x `devices` (the graph split over them all);
+  its JSON summary (process 0's) plus, in one process, the process's peak RSS."""
   times = ",".join(f"2020-01-0{1 + i // 4}T{6 * (i % 4 + 1) % 24:02d}" for i in range(inits))
-  command = [sys.executable, "-c", _MEASURED, "--platform=cpu", f"--workdir={workdir}",
-             f"--out={out}", f"--init_times={times}", f"--lead={lead}"]
+  flags = [f"--workdir={workdir}", f"--out={out}", f"--init_times={times}", f"--lead={lead}",
+           "--mesh.data=1", f"--mesh.graph={processes * devices}"]
+  if processes == 1:
+    command = [sys.executable, "-c", _MEASURED, "--platform=cpu",
+               f"--num_cpu_devices={devices}", *flags]
+  else:
+    command = [sys.executable, "-m", "launch.local_cluster", f"--num_processes={processes}",
+               # local_cluster's device count is of all its processes together.
+               f"--num_cpu_devices={processes * devices}", "--module=launch.forecast",
+               "--timeout=3000",
+               "--", *flags]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-  lines = result.stdout.strip().splitlines()
-  if result.returncode or len(lines) < 2:
+  lines = [line.removeprefix("[p0] ") for line in result.stdout.strip().splitlines()
+           if processes == 1 or line.startswith("[p0] ")]
+  summaries = [json.loads(line) for line in lines if line.startswith("{")]
+  if result.returncode or not summaries:
     raise RuntimeError(result.stderr[-3000:])
-  return dict(json.loads(lines[-2]), **json.loads(lines[-1]))
+  return {k: v for summary in summaries for k, v in summary.items()}
+
+
+def _memory_row(label: str, row: dict) -> str:
+  memory = row["step_memory"]
+  rss = f"{row['max_rss_bytes'] / MIB:>12.1f}" if "max_rss_bytes" in row else f"{'-':>12}"
+  return (f"{label:>34} {row['model_steps']:>6} {row['steps_per_sec']:>8.3f} "
+          f"{memory['argument_bytes'] / MIB:>14.1f} {memory['temp_bytes'] / MIB:>14.1f} "
+          f"{row['peak_live_device_bytes'] / MIB:>16.1f} {rss}")
+
+
+LAYOUTS = {"1 process x 1 device": (1, 1), "1 process x 4 devices": (1, 4),
+           "2 processes x 2 devices": (2, 2)}
 
 
 def main():
@@ -86,25 +118,46 @@ def main():
   parser.add_argument("--inits", type=int, default=1, help="initial times per forecast")
   parser.add_argument("--short", default="1d", help="the short lead (4 steps)")
   parser.add_argument("--long", default="10d", help="the long lead (40 steps)")
+  parser.add_argument("--layouts", action=argparse.BooleanOptionalAction, default=True,
+                      help="also the short lead on 4 devices and on 2 processes x 2")
   args = parser.parse_args()
+  header = (f"{'':>34} {'steps':>6} {'steps/s':>8} {'step args MiB':>14} "
+            f"{'step temp MiB':>14} {'live device MiB':>16} {'max RSS MiB':>12}")
   with tempfile.TemporaryDirectory() as directory:
     workdir = make_run(directory)
     rows = {}
     for lead in (args.short, args.long):
       rows[lead] = forecast(workdir, os.path.join(directory, f"{lead}.zarr"), lead, args.inits)
+    layouts = {}
+    for label, (processes, devices) in (LAYOUTS.items() if args.layouts else ()):
+      layouts[label] = rows[args.short] if (processes, devices) == (1, 1) else forecast(
+          workdir, os.path.join(directory, f"{processes}x{devices}.zarr"), args.short,
+          args.inits, processes, devices)
   print(f"mid config (configs/mid_1p0.py), {args.inits} initial time(s), 1 CPU device")
-  print(f"{'lead':>6} {'steps':>6} {'steps/s':>8} {'step args MiB':>14} {'step temp MiB':>14} "
-        f"{'live device MiB':>16} {'max RSS MiB':>12}")
+  print(header)
   for lead, row in rows.items():
-    memory = row["step_memory"]
-    print(f"{lead:>6} {row['model_steps']:>6} {row['steps_per_sec']:>8.3f} "
-          f"{memory['argument_bytes'] / MIB:>14.1f} {memory['temp_bytes'] / MIB:>14.1f} "
-          f"{row['peak_live_device_bytes'] / MIB:>16.1f} {row['max_rss_bytes'] / MIB:>12.1f}")
+    print(_memory_row(f"lead {lead}", row))
   short, long = rows[args.short], rows[args.long]
   print(f"ratio {args.long} / {args.short}: live device memory "
         f"{long['peak_live_device_bytes'] / short['peak_live_device_bytes']:.3f}, max RSS "
         f"{long['max_rss_bytes'] / short['max_rss_bytes']:.3f}, steps/s "
         f"{long['steps_per_sec'] / short['steps_per_sec']:.3f}")
+  if not layouts:
+    return
+  print(f"lead {args.short}, the graph split over every device (per-device memory):")
+  print(header)
+  for label, row in layouts.items():
+    print(_memory_row(label, row))
+  one, four, two_by_two = (layouts[label] for label in LAYOUTS)
+
+  def ratio(a, b, key):
+    value = (lambda row: row["step_memory"]["temp_bytes"]) if key == "temp" else (
+        lambda row: row["steps_per_sec"])
+    return value(a) / value(b)
+
+  print(f"ratio 4 devices / 1: step temp memory {ratio(four, one, 'temp'):.3f}, steps/s "
+        f"{ratio(four, one, 'speed'):.3f}; 2 processes x 2 / 1 x 4: step temp memory "
+        f"{ratio(two_by_two, four, 'temp'):.3f}, steps/s {ratio(two_by_two, four, 'speed'):.3f}")
 
 
 if __name__ == "__main__":
