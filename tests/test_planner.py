@@ -11,8 +11,10 @@ import pytest
 
 from wnscale import cache
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.planner import auto_remat, topology
 from wnscale.planner import buffers as buffers_lib
+from wnscale.planner import flops as flops_lib
 from wnscale.planner.compile import Problem
 from wnscale.train.step import lower_train_step
 
@@ -39,6 +41,34 @@ def test_cpu_compile_cli_reports_the_compiled_step():
   assert report["fits"] is True and report["flops"] > 0
   assert 0 < report["temp_bytes"] < report["device_memory_bytes"]
   assert report["peak_bytes"] >= report["argument_bytes"] > 0
+
+
+def test_the_planner_compiles_a_step_with_stations():
+  """configs/tiny_stations.py: the planner reads no store, so a "synthetic:N" modality is N
+  points at random; the step compiles with their batch and edges, and the analytic FLOPs
+  add each modality's embedder, edges and node MLPs to the grid model's, unchanged."""
+  config = config_lib.load(os.path.join(REPO, "configs", "tiny_stations.py"))
+  config.model.message_passing_steps = 2
+  config.mesh.update(data=1, graph=1)
+  config.train.batch_size = 1
+  target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
+  problem = Problem(config_lib.validate(config), target, lower_train_step)
+  stations = specs_lib.from_config(config).data.modalities[0].synthetic_stations
+  assert problem.counts["stations_nodes"] == stations
+  assert problem.counts["stations_to_mesh_edges"] > 0
+  assert problem.batch["stations/targets"].shape[-1] == problem.counts["stations_nodes"]
+  report = problem.compile()
+  assert report["fits"] and report["peak_bytes"] > 0
+  with_points = flops_lib.forward_flops(config, problem.graph_shapes)
+  grid_only = config_lib.validate(config.copy_and_resolve_references())
+  grid_only.data.modalities = ()
+  without = flops_lib.forward_flops(grid_only, problem.graph_shapes)
+  assert without["encoder_points"] == without["decoder_points"] == 0
+  assert with_points["encoder_points"] > 0 and with_points["decoder_points"] > 0
+  assert {k: v for k, v in with_points.items() if not k.endswith("_points")} == {
+      k: v for k, v in without.items() if not k.endswith("_points")}
+  assert report["flops"] == pytest.approx(flops_lib.step_flops(
+      config, problem.graph_shapes, 1)["model"])
 
 
 def test_bad_topology_is_a_clear_error():

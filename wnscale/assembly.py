@@ -129,9 +129,9 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
   point_sets = point_sets or {}
   missing = [m.name for m in specs.data.modalities if m.name not in point_sets]
   if missing:
-    raise UserError(f"data.modalities {missing}: no points for them; training and "
-                    "forecasts read observation stores, the planner (model.remat_policy="
-                    "'auto') and GraphCast example predictions do not yet.")
+    raise UserError(f"data.modalities {missing}: no points for them; training, forecasts "
+                    "and the planner read observation stores, GraphCast example predictions "
+                    "do not yet.")
   graphs = setup.graphs_for_grid(specs.model, points, modalities=specs.data.modalities,
                                  point_sets=point_sets)  # logs built or from cache
   norm = None if stats is None else Normalization.from_stats(specs.data, stats)

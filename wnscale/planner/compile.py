@@ -17,9 +17,13 @@ from typing import Callable
 
 import jax
 import ml_collections
+import numpy as np
 
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
+from wnscale.data import observations
+from wnscale.data import resolve
+from wnscale.data import stations as stations_lib
 from wnscale.graphs import points as points_lib
 from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib
@@ -42,6 +46,25 @@ def batch_per_data_shard(batch_size: int, data_shards: int) -> int:
   return -(-batch_size // data_shards)
 
 
+def modality_points(config: ml_collections.ConfigDict, grid_points: points_lib.PointSet
+                    ) -> dict[str, points_lib.PointSet]:
+  """Each of `data.modalities`' points by name, for shapes (the planner reads no grid
+  store): an observation store's stations, or for a "synthetic:N" source N points drawn
+  at random on the sphere (the synthetic network's draw without a store's land mask;
+  its edge counts, and so the step's memory, are those of any N points as spread)."""
+  points = {}
+  for modality in specs_lib.from_config(config).data.modalities:
+    count = modality.synthetic_stations
+    if count is None:
+      names = list(dict.fromkeys(modality.inputs + modality.targets))
+      path = resolve.resolve_observations(config.data, modality, config.seed)
+      points[modality.name] = observations.open_observations(path, names).points
+    else:
+      points[modality.name] = stations_lib.random_land_biased_points(
+          count, grid_points, np.zeros(grid_points.size, bool), config.seed)
+  return points
+
+
 class Problem:
   """A config's graphs and layout on a target, built once and compiled for many remat settings.
 
@@ -62,8 +85,10 @@ class Problem:
     mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
     # No statistics: the residual scale is 1, which changes no shape; no model: the step
     # builder makes it with each compile's remat settings.
-    assembly = assemble(specs, points_lib.standard(config.data.grid, config.data.resolution), None,
-                        self.mesh, params=None)
+    grid_points = points_lib.standard(config.data.grid, config.data.resolution)
+    point_sets = modality_points(config, grid_points)
+    assembly = assemble(specs, grid_points, None, self.mesh, params=None,
+                        point_sets=point_sets)
     self.counts = assembly.graphs.counts()
     # Shapes only: what the FLOP model reads, without holding the arrays.
     self.graph_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
@@ -71,7 +96,8 @@ class Problem:
     self.layout = assembly.layout
     self.constants = self.layout.abstract_constants(assembly.constants)
     self.batch = self.layout.abstract_batch(setup.batch_shapes(
-        specs, assembly.graphs.num_nodes("grid"), config.train.batch_size))
+        specs, assembly.graphs.num_nodes("grid"), config.train.batch_size,
+        {name: points.size for name, points in point_sets.items()}))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:

@@ -29,7 +29,8 @@ EDGE_STAGES = {"encoder_edges": "grid_to_mesh", "decoder_edges": "mesh_to_grid"}
 
 
 def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str, float]:
-  """Forward FLOPs of one example per stage and part of a stage.
+  """Forward FLOPs of one example per stage and part of a stage (`*_points`: every
+  modality's, `data.modalities`).
 
   `graphs`: the global graphs, or their shapes (only sizes are read).
   """
@@ -41,18 +42,33 @@ def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str
   inputs = data.input_channels + NODE_FEATURES
   mesh_inputs = NODE_FEATURES + data.global_channels
   grid, mesh = graphs.num_nodes("grid"), graphs.num_nodes("mesh")
-  edge_stages = {}
-  for stage, name in EDGE_STAGES.items():
+
+  def edge_flops(name):  # an encoder's or decoder's edge set: its embedder and messages
     edges, count = graphs.edges[name], graphs.num_edges(name)
-    edge_stages[stage] = mlp_flops(count, EDGE_FEATURES, e, e) + interaction_flops(
+    return mlp_flops(count, EDGE_FEATURES, e, e) + interaction_flops(
         count, graphs.num_nodes(edges.sender_set), graphs.num_nodes(edges.receiver_set), d, e)
+
+  edge_stages = {stage: edge_flops(name) for stage, name in EDGE_STAGES.items()}
+  encoder_points = decoder_points = 0.0
+  for m in data.modalities:  # each as the grid: an embedder, its edges, its node MLPs
+    points = graphs.num_nodes(m.name)
+    encoder_points += mlp_flops(points, m.input_channels(data.input_steps) + NODE_FEATURES,
+                                d, d)
+    if m.inputs:
+      encoder_points += edge_flops(f"{m.name}_to_mesh")
+    if m.targets:
+      encoder_points += mlp_flops(points, d, d, d)
+      decoder_points += (edge_flops(f"mesh_to_{m.name}") + mlp_flops(points, 2 * d, d, d)
+                         + mlp_flops(points, d, d, len(m.targets)))
   return {
       "encoder_edges": edge_stages["encoder_edges"],
       "encoder_grid": mlp_flops(grid, inputs, d, d) + mlp_flops(grid, d, d, d),
       "encoder_mesh": mlp_flops(mesh, mesh_inputs, d, d) + mlp_flops(mesh, 2 * d, d, d),
+      "encoder_points": encoder_points,
       "processor": PROCESSORS[specs.model.processor].cost(specs.model, graphs).forward,
       "decoder_edges": edge_stages["decoder_edges"],
       "decoder_nodes": mlp_flops(grid, 2 * d, d, d) + mlp_flops(grid, d, d, channels),
+      "decoder_points": decoder_points,
   }
 
 
@@ -68,8 +84,9 @@ def step_flops(config: ml_collections.ConfigDict, graphs: Graphs, num_devices: i
   stages = forward_flops(config, graphs)
   processor = PROCESSORS[model.processor].cost(model, graphs)
   fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
-  encoder = stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
-  decoder = stages["decoder_edges"] + stages["decoder_nodes"]
+  encoder = (stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
+             + stages["encoder_points"])
+  decoder = stages["decoder_edges"] + stages["decoder_nodes"] + stages["decoder_points"]
   extra = 0.0
   if model.remat_grid_to_mesh_gnn:
     extra += fraction * encoder
