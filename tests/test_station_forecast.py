@@ -3,7 +3,7 @@
 The shared run of the tiny model with stations (conftest.py's `trained_station_run`) and
 one uninterrupted single-device forecast of it serve every test: the forecast store's
 station group, `launch.evaluate --observations` against an independent computation, and
-a kill -9 continued by the same command on 2 graph shards. (The sharded forecast step's station feedback against the
+a kill -9 continued by the same command on 2 processes (the graph over 4 devices). (The sharded forecast step's station feedback against the
 single-device model: test_modalities.py.)
 """
 
@@ -18,7 +18,7 @@ import xarray as xr
 import zarr
 
 from test_cli import assert_user_error, run as run_launcher
-from test_forecast_end_to_end import completed, kill_9_after, run
+from test_forecast_end_to_end import cluster_command, completed, kill_9_after, run, run_command
 from wnscale.data import stations as stations_lib
 from wnscale.evaluation import stations as station_eval
 from wnscale.graphs.points import PointSet
@@ -165,16 +165,18 @@ def test_evaluate_at_stations_equals_an_independent_computation(station_forecast
 def test_a_station_forecast_killed_is_completed_by_the_same_command(station_run,
                                                                     station_forecast, tmp_path):
   """kill -9 after 1 finished initial time: the store keeps the finished ones, station group
-  included; the same command (here on 2 graph shards) writes the rest, equal to the
-  uninterrupted forecast."""
+  included; the same command (here on 2 processes, the graph over 4 devices) writes the
+  rest, equal to the uninterrupted single-device forecast."""
   reference, _ = station_forecast
   out = str(tmp_path / "killed.zarr")
   flags = (f"--workdir={station_run}", f"--out={out}", *INITS, LEAD)
   kept = kill_9_after(out, flags, 1)
   assert len(kept) < NUM_INITS, "the forecast finished before it was killed"
   before = xr.open_zarr(out, group="stations", chunks=None)[T2M].isel(time=kept).values
-  result = run("forecast", *flags, "--mesh.graph=2", devices=2)  # the last --mesh.graph
-  assert f"({len(kept)} done before)" in result.stderr
+  # On 2 processes x 2 devices, the graph (stations included) over all 4: the last
+  # --mesh.graph counts.
+  result = run_command(cluster_command(*flags, "--mesh.data=1", "--mesh.graph=4"))
+  assert "[p0] " in result.stderr and f"({len(kept)} done before)" in result.stderr
   resumed = xr.open_zarr(out, group="stations", chunks=None).load()
   expected = xr.open_zarr(reference, group="stations", chunks=None).load()
   np.testing.assert_array_equal(resumed[T2M].isel(time=kept).values, before)
