@@ -108,7 +108,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   path = _cache_path(config, target, budget)
   if paths.exists(path):
     choice = json.loads(paths.read_text(path))
-    logging.info("Remat plan from cache %s: %s", path, choice["reason"])
+    logging.info("Remat plan read from the cache: %s", path)
     return choice
   problem = problem or Problem(config, target, step_builder)
   ranked = ranked_candidates(config, problem.graph_shapes, len(target.devices), names)
@@ -134,8 +134,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
                         else "") + " per device per step; cheaper ones did not "
                      f"fit: {cheaper or '-'}."),
       }
-      paths.write_text(path, json.dumps(choice))
-      logging.info("Remat plan: %s", choice["reason"])
+      paths.write_text(path, json.dumps(choice))  # the trainer logs its reason
       return choice
   smallest = min(peaks, key=peaks.get)
   raise UserError(

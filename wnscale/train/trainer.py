@@ -511,7 +511,7 @@ def _auto_remat(config) -> dict:
   target = topology.Target(f"{devices[0].platform}:{len(devices)}", tuple(devices), memory)
   budget = int(config.train.memory_budget_gib * topology.GIB) or None
   choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, budget)
-  logging.info("remat_policy='auto' chose %s", choice["reason"])
+  logging.info("remat_policy='auto': %s", choice["reason"])
   return choice
 
 
