@@ -149,15 +149,11 @@ def main():
   for label, row in layouts.items():
     print(_memory_row(label, row))
   one, four, two_by_two = (layouts[label] for label in LAYOUTS)
-
-  def ratio(a, b, key):
-    value = (lambda row: row["step_memory"]["temp_bytes"]) if key == "temp" else (
-        lambda row: row["steps_per_sec"])
-    return value(a) / value(b)
-
-  print(f"ratio 4 devices / 1: step temp memory {ratio(four, one, 'temp'):.3f}, steps/s "
-        f"{ratio(four, one, 'speed'):.3f}; 2 processes x 2 / 1 x 4: step temp memory "
-        f"{ratio(two_by_two, four, 'temp'):.3f}, steps/s {ratio(two_by_two, four, 'speed'):.3f}")
+  temp = lambda row: row["step_memory"]["temp_bytes"]  # noqa: E731
+  speed = lambda row: row["steps_per_sec"]  # noqa: E731
+  print(f"ratio 4 devices / 1: step temp memory {temp(four) / temp(one):.3f}, steps/s "
+        f"{speed(four) / speed(one):.3f}; 2 processes x 2 / 1 x 4: step temp memory "
+        f"{temp(two_by_two) / temp(four):.3f}, steps/s {speed(two_by_two) / speed(four):.3f}")
 
 
 if __name__ == "__main__":

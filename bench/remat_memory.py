@@ -32,7 +32,6 @@ import ml_collections  # noqa: E402
 import mid_problem  # noqa: E402
 from mid_problem import problems  # noqa: E402
 from wnscale import specs as specs_lib
-from wnscale.model import setup  # noqa: E402
 from wnscale.planner import xla_stats  # noqa: E402
 
 ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)

@@ -16,6 +16,9 @@ from wnscale.data import variables as variables_lib
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import setup
+from wnscale.sharding import mesh as mesh_lib
+from wnscale.sharding import sharded_model
+from wnscale.sharding.layout import ShardedLayout
 
 # Every config file that loads as it is (configs/imported.py takes a run directory:
 # test_graphcast_import.py loads it).
@@ -112,6 +115,27 @@ def assert_same(result, reference):
 def device_batch(layout, batch: dict) -> dict:
   """A whole host batch as global arrays on `layout`'s mesh (one process holds it all)."""
   return layout.global_batch(layout.host_batch(batch), len(next(iter(batch.values()))))
+
+
+def sharded_layout(config, constants, positions, data: int, graph: int, exchange: str
+                   ) -> ShardedLayout:
+  """`config`'s mesh set to `data` x `graph` of the test devices, and the problem's graphs
+  laid out on it (`exchange`: the graph shards' mode)."""
+  config.mesh.data, config.mesh.graph = data, graph
+  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
+  return ShardedLayout(mesh, constants.graphs, positions, exchange)
+
+
+def sharded_loss_and_grads(config, layout: ShardedLayout, constants, batch, params,
+                           **loss_options):
+  """`(loss, grads)` of the sharded model (`sharded_model.loss_fn`, `config`'s modalities,
+  `loss_options` such as `loss="crps"`) on `layout`, the whole batch put on its mesh."""
+  specs = specs_lib.from_config(config)
+  device_constants, halo_indices = layout.constants(constants)
+  graphdef, _ = setup.init_model_shapes(specs)
+  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
+      layout, graphdef, modalities=specs.data.modalities, **loss_options)))
+  return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
 
 def spread_members(params, scale: float = 0.3, seed: int = 0):

@@ -127,8 +127,8 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
   natural = _pipeline(store_path)
   points = natural.source.store.points
   layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:4]),
-                         setup.graphs_for_grid(specs_lib.from_config(config).model, points),
-                         setup.node_positions(specs_lib.from_config(config).model, points), "halo")
+                         setup.graphs_for_grid(model, points),
+                         setup.node_positions(model, points), "halo")
   assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering
   slotted = _pipeline(store_path, source=natural.source.in_layout(layout.grid_slots))
   expected, batch = layout.host_batch(next(natural.iterator)), next(slotted.iterator)

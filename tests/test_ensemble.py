@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from problems import assert_same, device_batch, loss_and_grad_fn, spread_members, synthetic_problem
+from problems import (assert_same, device_batch, loss_and_grad_fn, sharded_layout,
+                      sharded_loss_and_grads, spread_members, synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.model import ensemble, forecast, setup
 from wnscale.sharding import mesh as mesh_lib
-from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import optimizer as optimizer_lib
 from wnscale.train import trainer
@@ -162,18 +162,12 @@ def test_sharded_crps_matches_single_device(problem, reference, data, graph, exc
                                             remat):
   constants, batch, params, positions = problem
   config = small_config(**(REMAT if remat else {}))
-  config.mesh.data, config.mesh.graph = data, graph
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
-  device_constants, halo_indices = layout.constants(constants)
-  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
+  layout = sharded_layout(config, constants, positions, data, graph, exchange)
   members = config.train.ensemble_members
   if on_data:  # 2 members x 2 examples = 4 rows: data=2, one member per shard; data=4: one row
     batch = ensemble.members_on_rows(batch)
-  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
-      layout, graphdef, loss="crps", members_on_data=members if on_data else 0)))
-  assert_same(fn(params, device_constants, halo_indices, device_batch(layout, batch)),
-              reference)
+  assert_same(sharded_loss_and_grads(config, layout, constants, batch, params, loss="crps",
+                                     members_on_data=members if on_data else 0), reference)
 
 
 def test_train_step_draws_noise_from_the_step_alone(problem):

@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from problems import assert_same, device_batch, loss_and_grad_fn, station_problem
+from problems import (assert_same, device_batch, loss_and_grad_fn, sharded_layout,
+                      sharded_loss_and_grads, station_problem)
 from wnscale import assembly
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
@@ -64,9 +65,7 @@ def test_stations_match_the_plain_model(data, graph, exchange, remat):
   if exchange is None:
     result = jax.jit(loss_and_grad_fn(config, constants, batch))(params)
   else:
-    config.mesh.data, config.mesh.graph = data, graph
-    mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-    layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
+    layout = sharded_layout(config, constants, positions, data, graph, exchange)
     per_shard = layout.partitioned.nodes["stations"].per_shard
     assert per_shard == -(-150 // graph)
     abstract = layout.abstract_batch(setup.batch_shapes(
@@ -76,12 +75,7 @@ def test_stations_match_the_plain_model(data, graph, exchange, remat):
                                                           mesh_lib.GRAPH)
     padded = layout.host_batch(batch)["stations/inputs"]  # padding points: missing
     assert np.isnan(padded[..., layout.partitioned.nodes["stations"].node_of_slot < 0]).all()
-    device_constants, halo_indices = layout.constants(constants)
-    specs = specs_lib.from_config(config)
-    graphdef, _ = setup.init_model_shapes(specs)
-    fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
-        layout, graphdef, modalities=specs.data.modalities)))
-    result = fn(params, device_constants, halo_indices, device_batch(layout, batch))
+    result = sharded_loss_and_grads(config, layout, constants, batch, params)
   assert_same(result, reference())
 
 
@@ -98,15 +92,8 @@ def test_a_transformer_processor_with_stations_matches_the_plain_model():
                                                            num_stations=150, seed=4)
   want = jax.jit(loss_and_grad_fn(config, constants, batch))(params)
   sharded = station_config(**TRANSFORMER, **REMAT)
-  sharded.mesh.data, sharded.mesh.graph = 1, 4
-  mesh = mesh_lib.make_mesh(sharded.mesh, jax.devices()[:4])
-  layout = ShardedLayout(mesh, constants.graphs, positions, "halo")
-  device_constants, halo_indices = layout.constants(constants)
-  specs = specs_lib.from_config(sharded)
-  graphdef, _ = setup.init_model_shapes(specs)
-  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
-      layout, graphdef, modalities=specs.data.modalities)))
-  assert_same(fn(params, device_constants, halo_indices, device_batch(layout, batch)), want)
+  layout = sharded_layout(sharded, constants, positions, 1, 4, "halo")
+  assert_same(sharded_loss_and_grads(sharded, layout, constants, batch, params), want)
 
 
 def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from problems import (assert_same, compile_loss_and_grad, device_batch, loss_and_grad_fn,
-                      synthetic_problem)
+from problems import (assert_same, compile_loss_and_grad, loss_and_grad_fn, sharded_layout,
+                      sharded_loss_and_grads, synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import stations as stations_lib
@@ -90,14 +90,10 @@ def reference_loss_and_grads(config, constants, batch, params):
   return jax.jit(loss_and_grad_fn(config, constants, batch))(params)
 
 
-def sharded_loss_and_grads(config, constants, batch, params, positions, data, graph, exchange):
-  config.mesh.data, config.mesh.graph = data, graph
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
-  device_constants, halo_indices = layout.constants(constants)
-  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
-  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
-  return fn(params, device_constants, halo_indices, device_batch(layout, batch))
+def sharded_result(config, constants, batch, params, positions, data, graph, exchange):
+  """The sharded model's `(loss, grads)` on `data` x `graph` devices."""
+  layout = sharded_layout(config, constants, positions, data, graph, exchange)
+  return sharded_loss_and_grads(config, layout, constants, batch, params)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +118,7 @@ CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", {}, "regular"),
     for d, g, m, r, grid in CASES])
 def test_sharded_matches_single_device(data, graph, exchange, remat, grid):
   constants, batch, params, positions = problem_on(grid)
-  result = sharded_loss_and_grads(small_config(**remat), constants, batch, params, positions,
+  result = sharded_result(small_config(**remat), constants, batch, params, positions,
                                   data, graph, exchange)
   assert_same(result, reference_on(grid))
 
@@ -139,7 +135,7 @@ def test_shards_without_edges_of_a_kind(problem):
   constants = constants._replace(graphs=graphs)
   reference = reference_loss_and_grads(small_config(), constants, batch, params)
   for exchange in tuple(MODES):
-    result = sharded_loss_and_grads(small_config(), constants, batch, params, positions,
+    result = sharded_result(small_config(), constants, batch, params, positions,
                                     1, 8, exchange)
     assert_same(result, reference)
   part = partition_lib.partition_graphs(graphs, positions, 8, "halo")

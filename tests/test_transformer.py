@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from problems import device_batch, loss_and_grad_fn, synthetic_problem
+from problems import (assert_same, loss_and_grad_fn, sharded_layout, sharded_loss_and_grads,
+                      synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
@@ -20,10 +21,7 @@ from wnscale.graphs import grid, icosahedron, neighbourhoods
 from wnscale.graphs.points import PointSet
 from wnscale.model import remat, setup
 from wnscale.model.sparse_attention import neighbour_attention
-from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import partition as partition_lib
-from wnscale.sharding import sharded_model
-from wnscale.sharding.layout import ShardedLayout
 
 # 19 x 36 = 684 grid nodes and 162 mesh nodes: neither divides 4 shards.
 POINTS = PointSet.regular(*grid.regular_grid(10.0, include_poles=True))
@@ -69,24 +67,13 @@ def single_device(config, problem):
 
 def sharded(config, problem, graph, exchange):
   constants, batch, params, positions = problem
-  config.mesh.data, config.mesh.graph = 1, graph
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:graph])
-  layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
-  device_constants, halo_indices = layout.constants(constants)
-  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
-  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef)))
-  return fn(params, device_constants, halo_indices, device_batch(layout, batch))
+  layout = sharded_layout(config, constants, positions, 1, graph, exchange)
+  return sharded_loss_and_grads(config, layout, constants, batch, params)
 
 
 @pytest.fixture(scope="module")
 def reference(problem):
   return single_device(small_config(), problem)
-
-
-def assert_same(result, reference):
-  np.testing.assert_allclose(result[0], reference[0], rtol=1e-5)
-  for g, r in zip(jax.tree.leaves(result[1]), jax.tree.leaves(reference[1]), strict=True):
-    np.testing.assert_allclose(g, r, rtol=2e-4, atol=1e-5 * float(np.abs(r).max()))
 
 
 # --- neighbour lists -------------------------------------------------------------------

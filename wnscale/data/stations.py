@@ -17,10 +17,12 @@ from wnscale.data import observations
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
-from wnscale.graphs import connectivity, grid
+from wnscale.graphs import connectivity, edge_sets, grid
 from wnscale.graphs.points import PointSet
 
-NEIGHBOURS = 4  # grid nodes an interpolated value is read from
+# Grid nodes an interpolated value is read from: those a target modality's first guess
+# reads, so a synthetic network observes what the model's first guess sees.
+NEIGHBOURS = edge_sets.FIRST_GUESS_NEIGHBOURS
 # `write_network`'s defaults: noise as a fraction of each quantity's std, values missing.
 NOISE = 0.1
 MISSING = 0.1

@@ -103,11 +103,9 @@ def update_attrs(path: str, attrs: dict):
   (`paths.write_text`). Edited as the JSON they are: zarr's `consolidate_metadata` reads
   every array's metadata again (~80 ms a call), and a conversion or a forecast records
   its progress after every block."""
-  group_attrs = paths.join(path, ".zattrs")
   consolidated = paths.join(path, ".zmetadata")
-  current = json.loads(paths.read_text(group_attrs)) if paths.exists(group_attrs) else {}
-  current.update(attrs)
-  paths.write_text(group_attrs, _zarr_json(current))
+  current = {**read_attrs(path), **attrs}
+  paths.write_text(paths.join(path, ".zattrs"), _zarr_json(current))
   if not paths.exists(consolidated):
     zarr.consolidate_metadata(path, zarr_format=2)
     return

@@ -171,9 +171,9 @@ def restricted(forecast: Forecast, region: str) -> tuple[Forecast, xr.DataArray]
     elif store_lib.REGION in data.coords:
       inside = data[store_lib.REGION].values.astype(bool)
     else:
-      raise ArgumentError("region", region, f"the forecast {forecast.path} has no {store_lib.REGION!r} "
-                          "mask (it is no cut-out's, data.regional_path): give a box "
-                          "lat0,lat1,lon0,lon1.")
+      raise ArgumentError("region", region, f"the forecast {forecast.path} has no "
+                          f"{store_lib.REGION!r} mask (it is no cut-out's, "
+                          "data.regional_path): give a box lat0,lat1,lon0,lon1.")
     area = (data[store_lib.CELL_AREA].values if store_lib.CELL_AREA in data.coords
             else PointSet.from_points(latitude, longitude).area)
     weights = metrics.point_weights(area[inside])

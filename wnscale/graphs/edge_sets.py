@@ -172,8 +172,9 @@ def graphcast_edge_sets(radius_fraction: float = 0.6,
   }
 
 
-# Grid nodes a target modality's first guess is interpolated from (`InverseDistance`): the
-# synthetic station networks' own observation operator (`wnscale.data.stations`).
+# Grid nodes a target modality's first guess is interpolated from (`InverseDistance`);
+# the synthetic station networks observe the grid through the same nodes
+# (`wnscale.data.stations.NEIGHBOURS`).
 FIRST_GUESS_NEIGHBOURS = 4
 
 
