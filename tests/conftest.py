@@ -53,6 +53,9 @@ LONGEST_FIRST = ("test_remat.py", "test_sharding.py", "test_transformer.py",
                  "test_planner.py", "test_remote_storage.py", "test_ensemble.py")
 
 
+# tryfirst: before pytest-xdist's own hook, which reads the groups into the test ids (run
+# after it, no test is grouped and each worker makes the shared runs it reads).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
   """Groups tests for pytest-xdist (`--dist loadgroup`): one group per file, so a module's
   fixtures are made once, and one group of every file that reads a shared run

@@ -34,7 +34,8 @@ from wnscale.errors import ArgumentError, UserError
 from wnscale.model import setup
 from wnscale.planner.compile import batch_per_data_shard, best_setting
 from wnscale.sharding import mesh as mesh_lib
-from wnscale.train import checkpoint, optimizer as optimizer_lib, workdir as workdir_lib
+from wnscale.train import checkpoint, optimizer as optimizer_lib, trainer
+from wnscale.train import workdir as workdir_lib
 from tiny_runs import read_metrics
 from wnscale.train.state import initial_state
 
@@ -199,9 +200,13 @@ def test_a_library_message_is_shown_with_this_launchers_flags():
 
 # --- Devices and directories (JAX starts; nothing compiles) ------------------------------
 
-def test_batch_not_divisible_by_the_data_shards(tmp_path):
-  assert_user_error(train(tmp_path, "--num_cpu_devices=4", "--config.train.batch_size=3"),
-                    "train.batch_size=3 is not divisible by the 4 data shards")
+def test_batch_not_divisible_by_the_data_shards():
+  """(The way out of `launch.train` of the mesh case below: checked on the library.)"""
+  mesh = config_lib.default_config().mesh
+  mesh.data = 4
+  with pytest.raises(UserError, match="train.batch_size=3 is not divisible by the 4 data "
+                     "shards"):
+    mesh_lib.check_batch_size(mesh_lib.make_mesh(mesh, jax.devices()[:4]), 3)
 
 
 def test_a_mesh_larger_than_the_devices_suggests_num_cpu_devices(tmp_path):
@@ -280,9 +285,16 @@ def test_a_data_path_that_does_not_exist(tmp_path):
   assert "--" not in str(library.value)
 
 
-def test_a_store_missing_a_variable(tmp_path, stores):
-  assert_user_error(train(tmp_path, *on_store(stores["lacking"])),
-                    "lacks variable(s) ['specific_humidity']", "data.variables")
+def train_here(workdir, path, **data):
+  """`trainer.train_and_evaluate` in this process: the tiny config on one device, on the
+  store at `path` (`on_store`'s ranges, then `data`), a batch over this process's devices.
+  The mistakes below take the way out of `launch.train` that the NaN's launch takes (a
+  launch costs seconds)."""
+  config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+  config.train.batch_size = len(jax.devices())
+  config.data.update(dict(path=path, train_start="2020-01-01", train_end="2020-01-15",
+                          eval_start="2020-01-16", eval_end="2020-01-20"), **data)
+  return trainer.train_and_evaluate(config, str(workdir))
 
 
 def test_a_store_with_nan_is_found_before_compiling(tmp_path, stores):
@@ -292,19 +304,23 @@ def test_a_store_with_nan_is_found_before_compiling(tmp_path, stores):
   assert "Compiled" not in result.stderr
 
 
+def test_a_store_missing_a_variable(tmp_path, stores):
+  with pytest.raises(UserError, match=r"lacks variable\(s\) \['specific_humidity'\].*"
+                     r"data\.variables"):
+    train_here(tmp_path, stores["lacking"])
+
+
 def test_a_pressure_level_not_in_the_store(tmp_path, stores):
-  assert_user_error(train(tmp_path, *on_store(stores["good"]),
-                          "--config.data.pressure_levels=(500, 700)"),
-                    "Level(s) [700] hPa not in store", "[500, 850, 1000]",
-                    "data.pressure_levels")
+  with pytest.raises(UserError, match=r"Level\(s\) \[700\] hPa not in store.*"
+                     r"\[500, 850, 1000\].*data\.pressure_levels"):
+    train_here(tmp_path, stores["good"], pressure_levels=(500, 700))
 
 
 def test_a_time_range_reaching_outside_the_store_is_not_clipped(tmp_path, stores):
-  result = train(tmp_path, *on_store(stores["good"]), "--config.data.eval_end=2020-01-25")
-  assert_user_error(result, "Time range 2020-01-16 .. 2020-01-25 ends after the store",
-                    "which covers 2020-01-01 00:00:00 .. 2020-01-20 18:00:00 every 6 h",
-                    "set data.eval_start/eval_end inside it")
-  assert "Compiled" not in result.stderr
+  with pytest.raises(UserError, match=r"Time range 2020-01-16 \.\. 2020-01-25 ends after the "
+                     r"store \S+, which covers 2020-01-01 00:00:00 \.\. 2020-01-20 18:00:00 every "
+                     r"6 h.*set data\.eval_start/eval_end inside it"):
+    train_here(tmp_path / "eval", stores["good"], eval_end="2020-01-25")
   # The training range is checked first, by its statistics (the same way out).
   training = config_lib.default_config()
   training.data.update(path=stores["good"], train_start="2019-12-25", train_end="2020-01-15")
@@ -329,10 +345,10 @@ def _checkpoint_of_another_model(workdir):
 
 def test_a_checkpoint_of_another_model(tmp_path, stores):
   step_dir = _checkpoint_of_another_model(tmp_path)
-  error = assert_user_error(train(tmp_path, *on_store(stores["good"])),
-                            f"The checkpoint {step_dir} was written by another model",
-                            "params.", "new --workdir", "left as it is")
-  assert len(error) < 1200  # a paragraph, not a dump of every array
+  with pytest.raises(UserError, match=f"^The checkpoint {re.escape(step_dir)} was written by "
+                     "another model.*params.*new `workdir`.*left as it is") as error:
+    train_here(tmp_path, stores["good"])
+  assert len(str(error.value)) < 1200  # a paragraph, not a dump of every array
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["4"]
 
 

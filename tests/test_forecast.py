@@ -298,11 +298,14 @@ def make_run(tmp_path, config, params=None):
 
 def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_path,
                                                                          store_source):
-  """An FGN run (with global forcings) forecasts --members=N along `number`; members 0, 1
-  of 3 equal those of 2 (another forecast: reproducible); members differ; --members is required for an FGN;
+  """An FGN run (with global forcings and stations beside the grid) forecasts --members=N
+  along `number`, on the grid and at the stations; members 0, 1 of 3 equal those of 2
+  (another forecast: reproducible); members differ; --members is required for an FGN;
   the 3 members forecast by 2 processes (members across them) equal those of 1."""
   run_store, _ = store_source
-  config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"))
+  config = small_config(global_forcings=("year_progress_sin", "year_progress_cos"),
+                        modalities=(("stations", "synthetic:30", ("2m_temperature",),
+                                     ("2m_temperature",), 1.0),))
   config.model.noise_channels = 4
   config.data.path = run_store
   workdir = str(make_run(tmp_path, config, spread_members(
@@ -321,6 +324,14 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
     assert np.isfinite(three[name].values).all()
   spread = np.abs(three["temperature"].isel(number=0) - three["temperature"].isel(number=2))
   assert float(spread.max()) > 1e-3
+  stations = lambda name: xr.open_zarr(str(tmp_path / name), group="stations",  # noqa: E731
+                                       chunks=None)["2m_temperature"]
+  at_stations = stations("f3.zarr")
+  assert at_stations.dims == ("time", "number", "prediction_timedelta", "station")
+  assert at_stations.shape == (2, 3, 2, 30) and np.isfinite(at_stations.values).all()
+  np.testing.assert_array_equal(at_stations.isel(number=[0, 1]).values,
+                                stations("f2.zarr").values)
+  assert float(np.abs(at_stations.isel(number=0) - at_stations.isel(number=2)).max()) > 1e-3
   # Members across processes: 2 processes x 2 devices, rows (initial time, member) on
   # mesh.data=2, so each process draws the noise of its own members.
   out = str(tmp_path / "f3_two_processes.zarr")
@@ -336,6 +347,8 @@ def test_ensemble_forecast_is_reproducible_and_member_k_ignores_the_size(tmp_pat
     scale = float(abs(three[name]).max())
     np.testing.assert_allclose(across[name].values, three[name].values, rtol=1e-5,
                                atol=1e-5 * scale)
+  np.testing.assert_allclose(stations("f3_two_processes.zarr").values, at_stations.values,
+                             rtol=1e-5, atol=1e-5 * float(abs(at_stations).max()))
   with pytest.raises(UserError, match="members is required: the run is an FGN"):
     forecast_lib.run_forecast(workdir, str(tmp_path / "none.zarr"), lead="12h",
                               init_times=inits)

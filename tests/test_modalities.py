@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from problems import (assert_same, device_batch, loss_and_grad_fn, sharded_layout,
-                      sharded_loss_and_grads, station_problem)
+                      sharded_loss_and_grads, spread_members, station_problem)
 from wnscale import assembly
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
@@ -22,7 +22,7 @@ from wnscale.data import stations as stations_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, grid, icosahedron
 from wnscale.graphs.points import PointSet
-from wnscale.model import forecast, setup
+from wnscale.model import ensemble, forecast, setup
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout
@@ -94,6 +94,39 @@ def test_a_transformer_processor_with_stations_matches_the_plain_model():
   sharded = station_config(**TRANSFORMER, **REMAT)
   layout = sharded_layout(sharded, constants, positions, 1, 4, "halo")
   assert_same(sharded_loss_and_grads(sharded, layout, constants, batch, params), want)
+
+
+def test_an_fgn_with_stations_matches_the_plain_model_and_scores_them_by_the_fair_crps():
+  """An FGN trained with the CRPS, stations beside the grid: on 2 x 4 devices (halo) equal
+  to one device; the stations' loss term is the fair CRPS of the members (numpy, from
+  their predictions) over the present targets, point-weighted. (Remat and the exchanges
+  with stations: the tests above; remat with the CRPS: test_ensemble.py.)"""
+  config = station_config(noise_channels=4)
+  config.train.update(loss="crps", ensemble_members=2)
+  constants, batch, params, point_sets, positions = station_problem(
+      config_lib.validate(config), POINTS, batch_size=2, num_stations=150, seed=5)
+  params = spread_members(params)
+  loss, grads = want = jax.jit(loss_and_grad_fn(config, constants, batch))(params)
+  layout = sharded_layout(config, constants, positions, 2, 4, "halo")
+  assert_same(sharded_loss_and_grads(config, layout, constants, batch, params, loss="crps"),
+              want)
+
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
+  rows, members = ensemble.members_as_batch(batch)
+  grid, points = jax.jit(lambda rows: forecast.rollout_with_points(
+      nnx.merge(graphdef, params), constants, rows))(rows)
+  x = np.asarray(points["stations"]).reshape((members, 2) + points["stations"].shape[1:])
+  y = batch["stations/targets"]
+  pairs = sum(np.abs(x[i] - x[j]) for i in range(members) for j in range(members) if i != j)
+  crps = np.mean(np.abs(x - y), axis=0) - pairs / (2 * members * (members - 1))
+  present = ~np.isnan(y)
+  weights = np.broadcast_to(point_sets["stations"].area, y.shape)[present]
+  station_loss = 0.5 * 2 * np.sum(weights * crps[present]) / np.sum(weights)
+  grid_loss = np.sum(ensemble.fair_crps_sums(
+      np.asarray(grid).reshape((members, 2) + grid.shape[1:]), batch["targets"], constants,
+      members)) / (2 * batch["targets"].shape[1] * POINTS.size)
+  np.testing.assert_allclose(loss, grid_loss + station_loss, rtol=1e-5)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
 def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():
@@ -189,6 +222,15 @@ def test_a_grid_model_is_unchanged_by_modalities():
 def test_modality_config_errors(entry, message):
   with pytest.raises(UserError, match=message):
     station_config(modalities=(entry,))
+
+
+def test_members_on_the_data_axis_are_refused_with_modalities():
+  config = station_config(noise_channels=4)
+  config.train.update(loss="crps", ensemble_members=2, members_on_data=True)
+  with pytest.raises(UserError, match="train.members_on_data lays an FGN's members along the "
+                     "data axis for the grid only: with data.modalities, set "
+                     "train.members_on_data=False"):
+    config_lib.validate(config)
 
 
 def test_the_forecast_step_feeds_the_station_predictions_back():

@@ -396,9 +396,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(name in specs.data.outputs, f"data.nan_fill_values: {name!r} is not one of the "
              f"model's variables {specs.data.outputs}")
   _check_modalities(specs.data)
-  _require(not d.modalities or (m.noise_channels == 0 and t.loss == "mse"),
-           "data.modalities do not take an FGN (model.noise_channels > 0, train.loss='crps') "
-           "yet")
+  _require(not (d.modalities and t.loss == "crps" and t.members_on_data),
+           "train.members_on_data lays an FGN's members along the data axis for the grid "
+           "only: with data.modalities, set train.members_on_data=False (each device then "
+           "runs every member of its examples)")
   _require(m.grid_to_mesh_aggregate_normalization > 0,
            "model.grid_to_mesh_aggregate_normalization must be > 0")
   _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")

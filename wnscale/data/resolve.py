@@ -136,6 +136,8 @@ def resolve_stats(data) -> xr.Dataset:
                data.time_step_hours, data.forcings if every_input else (),
                data.stored_forcings if every_input else (), data.member)
   with config_range("train"):
+    if jax.process_count() == 1:  # nothing to share: no round trip through netCDF bytes
+      return normalization.load_or_compute_stats(*arguments)
     blob = once_by_process_0(
         f"stats {normalization.cached_stats_path(*arguments)}",
         lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),

@@ -35,7 +35,8 @@ from wnscale.specs import Specs
 
 # Folded into the seed so noise streams never coincide with other uses of the seed.
 _NOISE_STREAM_TAG = 0x464E4E  # "FGN"
-ROLLOUT_KEYS = ("inputs", "forcings", "statics", "globals")  # what each member runs on
+# What each member runs on: these, and each input modality's `<name>/inputs`.
+ROLLOUT_KEYS = ("inputs", "forcings", "statics", "globals")
 
 
 class TrainingMembers(NamedTuple):
@@ -131,11 +132,13 @@ def members_as_batch(batch: dict) -> tuple[dict, int]:
   """`(rollout batch of M * B rows, M)` from a batch with `noise` `[B, M, T, K]`.
 
   Each member row repeats its example's inputs, forcings, statics (and
-  globals), member-major; the noise becomes `[M * B, T, K]`. Targets are
-  left out (the loss compares every member with its example's targets).
+  globals, and each modality's inputs), member-major; the noise becomes
+  `[M * B, T, K]`. Targets are left out (the loss compares every member with
+  its example's targets).
   """
   members = batch["noise"].shape[1]
-  rows = tile_members({k: v for k, v in batch.items() if k in ROLLOUT_KEYS}, members)
+  rows = tile_members({k: v for k, v in batch.items()
+                       if k in ROLLOUT_KEYS or k.endswith("/inputs")}, members)
   rows["noise"] = noise_on_rows(batch["noise"])[:, 0]
   return rows, members
 

@@ -43,9 +43,15 @@ def init_model(specs: Specs):
   The graphdef carries the `ModelSpec` (remat settings included); params are a
   pytree (`nnx.State`) of float32 arrays.
   """
-  graphdef, _ = init_model_shapes(specs)
-  params = jax.jit(lambda: nnx.split(build_model(specs))[1])()
-  return graphdef, params
+  graphdefs = []  # the graphdef is static: kept from the trace, not built a second time
+
+  def init():
+    graphdef, params = nnx.split(build_model(specs))
+    graphdefs.append(graphdef)
+    return params
+
+  params = jax.jit(init)()  # a new function: always traced, so graphdefs is filled
+  return graphdefs[0], params
 
 
 def init_model_shapes(specs: Specs):
