@@ -136,13 +136,11 @@ def resolve_stats(data) -> xr.Dataset:
                data.time_step_hours, data.forcings if every_input else (),
                data.stored_forcings if every_input else (), data.member)
   with config_range("train"):
-    if jax.process_count() == 1:  # nothing to share: no round trip through netCDF bytes
-      return normalization.load_or_compute_stats(*arguments)
-    blob = once_by_process_0(
+    return once_by_process_0(
         f"stats {normalization.cached_stats_path(*arguments)}",
-        lambda: normalization.to_bytes(normalization.load_or_compute_stats(*arguments)),
-        "compute the normalization statistics")
-  return normalization.from_bytes(blob)
+        lambda: normalization.load_or_compute_stats(*arguments),
+        "compute the normalization statistics", encode=normalization.to_bytes,
+        decode=normalization.from_bytes)
 
 
 def resolve_observations(data, modality, seed: int) -> str:
@@ -223,12 +221,14 @@ def data_layout(data) -> dict:
           "global_forcings": data.global_forcings, "nan_fill_values": data.nan_fill_values}
 
 
-def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S
-                      ) -> bytes:
-  """Runs `make() -> bytes` on process 0 only; returns its result on every process.
+def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S,
+                      encode=None, decode=None):
+  """Runs `make()` on process 0 only; returns its result on every process.
 
-  Process 0 publishes the bytes (or its error) under `key` in the coordination
-  service's key-value store; the others wait at most `timeout_s` for it.
+  Process 0 publishes the result as bytes (`encode(result)`; `make` returns bytes
+  where `encode` is None), or its error, under `key` in the coordination service's
+  key-value store; the others wait at most `timeout_s` for it; every process returns
+  `decode(bytes)`. In one process `make()`'s result is returned as it is, never encoded.
 
   Raises:
     RuntimeError: on the other processes, when process 0 failed (with its message).
@@ -244,8 +244,9 @@ def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PRO
     except Exception as error:
       client.key_value_set_bytes(key, b"error " + str(error).encode(), allow_overwrite=True)
       raise
-    client.key_value_set_bytes(key, b"ok " + result, allow_overwrite=True)
-    return result
+    blob = encode(result) if encode else result
+    client.key_value_set_bytes(key, b"ok " + blob, allow_overwrite=True)
+    return decode(blob) if decode else result  # what the others decode, to the bit
   try:
     reply = client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
   except Exception as error:  # the client raises a generic error on a deadline
@@ -254,4 +255,4 @@ def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PRO
   status, _, result = reply.partition(b" ")
   if status != b"ok":
     raise RuntimeError(f"Process 0 could not {what}: {result.decode()}")
-  return result
+  return decode(result) if decode else result

@@ -192,12 +192,25 @@ def fair_crps_sums(predictions: jax.Array, targets: jax.Array, constants, num_me
   Summed over every device's share, this is the CRPS above per (example,
   lead, node).
   """
-  local = predictions.shape[0]
-  skill = sum(weighted_absolute_error(predictions[i], targets, constants)
-              for i in range(local))
+  return fair_crps(predictions, targets,
+                   lambda a, b: weighted_absolute_error(a, b, constants), num_members,
+                   remote_members)
+
+
+def fair_crps(members, target, distance, num_members: int | None = None, remote_members=()):
+  """The fair CRPS (the module docstring's) of `members` against `target`, with
+  `distance(a, b)` for `|a - b|` (e.g. weighted and summed over channels).
+
+  `members`: `m` arrays (or an `[m, ...]` array) of `num_members` (default `m`); the
+  other members, held elsewhere, in `remote_members`: then this is the local members'
+  share (`fair_crps_sums`).
+  """
+  local = len(members)
+  num_members = num_members or local
+  skill = sum(distance(members[i], target) for i in range(local))
   # Ordered pairs i != j: local pairs twice (i, j and j, i), remote ones once from here.
-  spread = 2 * sum((weighted_absolute_error(predictions[i], predictions[j], constants)
-                    for i in range(local) for j in range(i)), jnp.zeros_like(skill))
-  spread += sum((weighted_absolute_error(predictions[i], other, constants)
-                 for i in range(local) for other in remote_members), jnp.zeros_like(skill))
+  spread = 2 * sum((distance(members[i], members[j]) for i in range(local) for j in range(i)),
+                   jnp.zeros_like(skill))
+  spread += sum((distance(members[i], other) for i in range(local) for other in remote_members),
+                jnp.zeros_like(skill))
   return skill / num_members - spread / (2 * num_members * (num_members - 1))

@@ -50,12 +50,8 @@ def point_crps_sums(predictions, targets, point_weights):
   members `predictions` `[M, B, T, C_t, P]` (`point_error_sums`' arguments otherwise): the
   fair CRPS of `wnscale.model.ensemble`, per value, in normalized units."""
   present, weights = _present(targets, point_weights)
-  members = predictions.shape[0]
-  observed = jnp.where(present, targets, 0)
-  skill = sum(jnp.abs(predictions[i] - observed) for i in range(members)) / members
-  spread = sum((jnp.abs(predictions[i] - predictions[j])
-                for i in range(members) for j in range(i)), jnp.zeros_like(skill))
-  crps = skill - spread / (members * (members - 1))  # each unordered pair counted once
+  crps = ensemble.fair_crps(predictions, jnp.where(present, targets, 0),
+                            lambda a, b: jnp.abs(a - b))
   return jnp.sum(weights * jnp.where(present, crps, 0)), jnp.sum(weights)
 
 
