@@ -6,7 +6,12 @@ import os
 import sys
 import time
 
-import jax
+from wnscale import host_memory
+
+# As the launchers run (wnscale/host_memory.py); both sides of a comparison in one process.
+host_memory.use_huge_pages()
+
+import jax  # noqa: E402
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
@@ -103,7 +108,13 @@ def describe(name: str, config) -> str:
   m = config.model
   return (f"{name}: mesh levels 0..{m.mesh_levels}, latent {m.latent_size}, "
           f"{m.message_passing_steps} steps, batch {config.train.batch_size}, {m.dtype}, "
-          f"jax {jax.__version__}, {jax.devices()[0].platform}")
+          f"jax {jax.__version__}, {jax.devices()[0].platform}, {host_pages()}")
+
+
+def host_pages() -> str:
+  """Whether this process's large host buffers get huge pages (`wnscale.host_memory`)."""
+  on = host_memory.TUNABLE in os.environ.get("GLIBC_TUNABLES", "")
+  return "host huge pages" if on else "host 4 KiB pages"
 
 
 def run_alternately(steps, repeats: int):

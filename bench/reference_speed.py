@@ -120,7 +120,8 @@ def reference_problem(config, latitude, longitude):
 def main():
   args, config, points = mid_problem.parse(__doc__, repeats=5)
   print(f"grid {points.name}, mesh levels 0..{args.mesh_levels}, latent "
-        f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}")
+        f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}, "
+        f"{mid_problem.host_pages()}")
   ours_inputs = problems.synthetic_problem(config, points, batch_size=1)
   constants, batch, params = jax.device_put(ours_inputs)
   ours = jax.jit(lambda p, c, b: problems.loss_and_grad_fn(config, c, b)(p))

@@ -313,6 +313,7 @@ def measure(size: str, config, points, repeats: int = 3, profile_steps: int = 2,
       "latent": m.latent_size, "message_passing_steps": m.message_passing_steps,
       "dtype": m.dtype, "jax": jax.__version__, "platform": jax.devices()[0].platform,
       "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
+      "host_pages": mid_problem.host_pages(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "compile_seconds": round(compile_seconds, 1), "step_seconds": step_seconds,
       "step_times": times, "profiled_step_seconds": profiled_step,
@@ -333,7 +334,8 @@ def table(report: dict) -> str:
   lines = [
       f"{r['size']}: {r['grid']}, mesh levels 0..{r['mesh_levels']}, latent {r['latent']}, "
       f"{r['message_passing_steps']} steps, {r['dtype']}, batch 1, no remat; jax {r['jax']}, "
-      f"{r['platform']}, {r['cpus']} cores, load average {r['load_average']:.2f}"
+      f"{r['platform']}, {r['cpus']} cores, load average {r['load_average']:.2f}, "
+      f"{r.get('host_pages', 'host 4 KiB pages')}"
       + (f", XLA_FLAGS={r['xla_flags']}" if r["xla_flags"] else ""),
       f"step (loss + gradients): median {step:.3f} s of "
       + " ".join(f"{t:.3f}" for t in r["step_times"])

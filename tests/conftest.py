@@ -9,6 +9,7 @@ import pytest
 
 import graphcast_runs
 import tiny_runs
+from wnscale import host_memory
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 # With libtpu installed (TPU AOT tests): quiet its start-up, allow several processes.
@@ -26,6 +27,9 @@ os.environ["XLA_FLAGS"] = (
     # Tests compile many small programs: cheap compiles (tiny_runs.py says how much).
     + " " + tiny_runs.FAST_COMPILE_XLA_FLAGS
 )
+# Huge pages for the large host buffers of the xdist workers (started after this file is
+# read) and of every process a test starts, as the launchers give themselves.
+host_memory.set_for_new_processes()
 # A cache of this test session's own (graphs, synthetic stores, remat plans), never
 # the user's, and never one left by an earlier session: what the tests build, they
 # build. Subprocesses inherit it through the environment.

@@ -1,4 +1,5 @@
-"""Layer norm and swish whose gradients keep only their inputs.
+"""Layer norm, swish and a linear layer whose gradients keep only their inputs and sum
+columns by matrix product.
 
 Differentiated the plain way, a bfloat16 layer norm keeps three float32 copies
 of its `[rows, features]` input for the backward pass (the input cast up, the
@@ -18,6 +19,14 @@ The layer norm is GraphCast's (Haiku's defaults): epsilon 1e-5 and the two-pass
 variance, statistics in float32 whatever the activation dtype:
 
   y = (x - mean(x)) * rsqrt(mean((x - mean(x))^2) + epsilon) * scale + bias
+
+The gradients of the layer norm's scale and bias and of a linear layer's bias are
+column sums, `[rows, features] -> [features]`. Per example (under `vmap`) XLA sees
+them as the sum over the middle axis of `[batch, rows, features]`, which XLA:CPU's
+YNNPACK reduction ran 10-30x slower than the same sum as a matrix product with a
+vector of ones (`column_sum`: 0.26 s against 0.024 s at 195,480 x 128; in the mid
+problem's step they took 45% of the op time). `column_sum` is that product, in full
+float32 precision on every backend.
 """
 
 from __future__ import annotations
@@ -77,11 +86,21 @@ def _layer_norm_backward(epsilon, residuals, grad):
           _sum_to(grad, bias))
 
 
+def column_sum(value: jax.Array) -> jax.Array:
+  """`value [..., C]` summed over every axis but the last: `[C]`, as `ones @ value`."""
+  rows = value.reshape(-1, value.shape[-1])
+  return jnp.dot(jnp.ones((rows.shape[0],), rows.dtype), rows,
+                 precision=jax.lax.Precision.HIGHEST,
+                 preferred_element_type=jnp.promote_types(rows.dtype, jnp.float32))
+
+
 def _sum_to(value, like):
   """`value` summed over the axes that `like` was broadcast along, in like's shape and dtype."""
   extra = value.ndim - like.ndim
   axes = tuple(range(extra)) + tuple(
       extra + i for i, size in enumerate(like.shape) if size == 1 and value.shape[extra + i] != 1)
+  if axes == tuple(range(value.ndim - 1)) and like.shape[-1:] == value.shape[-1:]:
+    return column_sum(value).reshape(like.shape).astype(like.dtype)  # the usual case
   return jnp.sum(value, axis=axes).reshape(like.shape).astype(like.dtype)
 
 
@@ -104,6 +123,39 @@ def _swish_backward(x, grad):
 
 
 swish.defvjp(_swish_forward, _swish_backward)
+
+
+def add_bias(x: jax.Array, bias: jax.Array) -> jax.Array:
+  """`x [..., C] + bias [C]`; the bias's gradient is a `column_sum`."""
+  x = vary_like(x, bias)  # as in `layer_norm`: JAX sums a replicated bias over shards
+  return _add_bias(x, vary_like(bias, x))
+
+
+@jax.custom_vjp
+def _add_bias(x, bias):
+  return x + bias
+
+
+def _add_bias_forward(x, bias):
+  return x + bias, bias
+
+
+def _add_bias_backward(bias, grad):
+  return grad, _sum_to(grad, bias)
+
+
+_add_bias.defvjp(_add_bias_forward, _add_bias_backward)
+
+
+class Linear(nnx.Linear):
+  """`nnx.Linear` (the same parameters, initialization and product) adding its bias by
+  `add_bias`."""
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    dtype = self.dtype or jnp.result_type(inputs, self.kernel[...])
+    y = jax.lax.dot_general(inputs.astype(dtype), self.kernel[...].astype(dtype),
+                            (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
+    return y if self.bias is None else add_bias(y, self.bias[...].astype(dtype))
 
 
 class LayerNorm(nnx.Module):

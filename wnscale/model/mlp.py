@@ -4,7 +4,8 @@ The LayerNorm is the reference's (Haiku's defaults): epsilon 1e-5 and the
 two-pass variance mean((x - mean)^2), not Flax's defaults (1e-6 and the
 one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std). Layer
 norm and swish are `wnscale.model.lean`'s: the same functions, whose
-gradients keep only their inputs; the norm comes from `wnscale.model.norm`.
+gradients keep only their inputs, and so are its linear layers (their bias gradient a
+matrix product); the norm comes from `wnscale.model.norm`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ class MLP(nnx.Module):
   def __init__(self, in_size: int, hidden_size: int, out_size: int, *,
                layer_norm: bool = True, conditioning_size: int = 0, dtype=jnp.float32,
                rngs: nnx.Rngs):
-    self.hidden = nnx.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
-    self.out = nnx.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
+    self.hidden = lean.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
+    self.out = lean.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
     self.norm = (norm.layer_norm(out_size, conditioning_size, rngs=rngs) if layer_norm
                  else None)
 
