@@ -18,6 +18,8 @@ process and in 2 processes of 2 devices (`launch.local_cluster --module=launch.f
 gloo on loopback): per-device step memory should fall about 4x; the speed on CPU is
 that of the same cores shared (a TPU's 4 chips each run their own quarter). The live
 device arrays are those of the process's devices (process 0's of 2); no RSS there.
+`write wait s` is the time process 0 waited for its writes to the store beyond the
+rollout they overlap (on several processes each writes a share of the chunks).
 """
 
 import json
@@ -33,6 +35,7 @@ import argparse  # noqa: E402
 import grain  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
+from wnscale import host_memory  # noqa: E402
 from wnscale import specs as specs_lib
 from wnscale.data import resolve, synthetic  # noqa: E402
 from wnscale.model import setup  # noqa: E402
@@ -106,7 +109,8 @@ def _memory_row(label: str, row: dict) -> str:
   rss = f"{row['max_rss_bytes'] / MIB:>12.1f}" if "max_rss_bytes" in row else f"{'-':>12}"
   return (f"{label:>34} {row['model_steps']:>6} {row['steps_per_sec']:>8.3f} "
           f"{memory['argument_bytes'] / MIB:>14.1f} {memory['temp_bytes'] / MIB:>14.1f} "
-          f"{row['peak_live_device_bytes'] / MIB:>16.1f} {rss}")
+          f"{row['peak_live_device_bytes'] / MIB:>16.1f} {rss} "
+          f"{row.get('write_wait_seconds', float('nan')):>12.3f}")
 
 
 LAYOUTS = {"1 process x 1 device": (1, 1), "1 process x 4 devices": (1, 4),
@@ -121,8 +125,11 @@ def main():
   parser.add_argument("--layouts", action=argparse.BooleanOptionalAction, default=True,
                       help="also the short lead on 4 devices and on 2 processes x 2")
   args = parser.parse_args()
+  # Every forecast process with huge pages for its host buffers, as a launcher gives itself
+  # (the 1-process rows run the launcher through runpy, which does not).
+  host_memory.set_for_new_processes()
   header = (f"{'':>34} {'steps':>6} {'steps/s':>8} {'step args MiB':>14} "
-            f"{'step temp MiB':>14} {'live device MiB':>16} {'max RSS MiB':>12}")
+            f"{'step temp MiB':>14} {'live device MiB':>16} {'max RSS MiB':>12} {'write wait s':>12}")
   with tempfile.TemporaryDirectory() as directory:
     workdir = make_run(directory)
     rows = {}

@@ -25,7 +25,7 @@ kept and the rest are forecast. Ctrl-C (or SIGTERM) stops after the lead time be
 computed and says how many initial times the store holds (exit status 0; a second
 Ctrl-C stops at once). The last line printed is a JSON summary (speed, memory).
 
-On several processes the mesh spans them all; process 0 writes the store. Ctrl-C
+On several processes the mesh spans them all; each writes a share of the store. Ctrl-C
 or SIGTERM to any one stops every process after the initial times being computed.
 """
 

@@ -124,6 +124,48 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
                              atol=1e-5 * np.abs(expected).max())
 
 
+def test_writers_of_a_forecast_store_each_write_their_own_share(tmp_path, store_source):
+  """Two writers (the processes of a multi-process forecast), given the same state: each
+  writes only its own chunks, no chunk by both; together the whole state; writer 0
+  records the initial time only after the barrier."""
+  _, source = store_source
+  store = source.store
+  init_times, leads = store.times[[1, 3]], pd.timedelta_range("6h", periods=1, freq="6h")
+  settings = forecast_settings(workdir="run", checkpoint_step=7, initial_conditions=store.path,
+                               init_times=init_times, leads=leads, variables=VARIABLES,
+                               levels=LEVELS)
+  path = str(tmp_path / "forecast.zarr")
+  barriers = []
+  kwargs = dict(init_times=init_times, leads=leads, variables=VARIABLES, levels=LEVELS,
+                latitude=store.points.axes()[0], longitude=store.points.axes()[1],
+                flip_latitude=False, num_writers=2, barrier=barriers.append)
+  with pytest.raises(RuntimeError, match="writer 0 makes it first"):
+    ForecastStore(path, settings, writer_index=1, **kwargs)
+  first = ForecastStore(path, settings, writer_index=0, **kwargs)
+  second = ForecastStore(path, settings, writer_index=1, **kwargs)
+  state = np.arange(5 * store.num_grid_nodes, dtype=np.float32).reshape(5, -1)
+  second.write(0, 0, state)
+  second.finish_init(0)
+  written = xr.open_zarr(path, chunks=None).isel(time=0, prediction_timedelta=0)
+  mine = {name for name in VARIABLES if np.isfinite(written[name].values).all()}
+  untouched = {name for name in VARIABLES if np.isnan(written[name].values).all()}
+  assert mine and untouched and mine | untouched == set(VARIABLES)
+  # Writer 1 reached the barrier and did not record the initial time: writer 0 does that.
+  assert barriers == ["wnscale forecast: initial time 0 written"]
+  assert written.attrs["wnscale_completed_inits"] == []
+  first.write(0, 0, state)
+  first.finish_init(0)
+  written = xr.open_zarr(path, chunks=None).isel(time=0, prediction_timedelta=0)
+  assert written.attrs["wnscale_completed_inits"] == [0]
+  channel = 0
+  for name in VARIABLES:  # the whole state, each variable as given
+    width = len(LEVELS) if written[name].ndim == 3 else 1
+    np.testing.assert_array_equal(written[name].values.reshape(width, -1),
+                                  state[channel:channel + width])
+    channel += width
+  assert first.wait_seconds >= 0 and second.wait_seconds >= 0
+
+
 def test_forecast_store_layout_and_resume_rules(tmp_path, store_source):
   _, source = store_source
   store = source.store

@@ -14,8 +14,9 @@ and returns (a second Ctrl-C stops at once; `wnscale.interrupts`).
 
 Several JAX processes (`jax.distributed`) run one forecast on the global mesh,
 each reading the initial conditions of its devices' batch rows. Process 0
-creates and writes the store; the others wait for it at each finished batch of
-initial times, so all agree on the finished ones. A Ctrl-C or SIGTERM to any
+creates the store; every process writes a share of its chunks (`forecast_store`),
+and all wait for each other at each finished batch of initial times, so all agree
+on the finished ones. A Ctrl-C or SIGTERM to any
 process stops all after a finished batch (`interrupts.AgreedStop`).
 """
 
@@ -188,7 +189,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
   seconds = time.perf_counter() - progress.start
   summary.update(written=len(remaining), model_steps=len(rows) * num_leads,
                  seconds=seconds, steps_per_sec=len(rows) * num_leads / seconds,
-                 peak_live_device_bytes=peak)
+                 peak_live_device_bytes=peak, write_wait_seconds=output.wait_seconds)
   logging.info("Wrote %d initial times x %d lead times to %s: %.2f model steps/s.",
                len(remaining), num_leads, output.path, summary["steps_per_sec"])
   return summary
@@ -291,14 +292,16 @@ def _group_layout(reader) -> dict:
 
 
 def _open_output(out: str, settings: dict, **layout) -> forecast_store.ForecastStore:
-  """The forecast store (`forecast_store.ForecastStore` of these arguments): process 0
-  creates or opens it and writes; the others open it once it is there."""
+  """The forecast store (`forecast_store.ForecastStore` of these arguments), each process
+  writing its share: process 0 creates or opens it; the others open it once it is there."""
   if jax.process_count() == 1:
     return forecast_store.ForecastStore(out, settings, **layout)
-  writes = jax.process_index() == 0
-  output = forecast_store.ForecastStore(out, settings, **layout) if writes else None
+  share = dict(writer_index=jax.process_index(), num_writers=jax.process_count(),
+               barrier=multihost_utils.sync_global_devices)
+  output = (forecast_store.ForecastStore(out, settings, **layout, **share)
+            if jax.process_index() == 0 else None)
   multihost_utils.sync_global_devices("wnscale forecast store ready")
-  return output or forecast_store.ForecastStore(out, settings, writes=False, **layout)
+  return output or forecast_store.ForecastStore(out, settings, **layout, **share)
 
 
 def cutout_coords(points) -> dict:

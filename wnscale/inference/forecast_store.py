@@ -23,12 +23,18 @@ with the rest; a store of other settings is never written into. A full disk
 ends the same way, as an `errors.NoSpaceLeft` saying how many initial times
 were kept (`outputs.writing`).
 
-A forecast by several processes has one writer (process 0): the others open
-the store it created (`writes=False`) and keep its record of finished initial
-times without writing.
+A forecast by several processes has every process write a share of each lead
+time's chunks: after the rollout gathers the outputs, every process holds them
+all, so the chunks (one per variable and lead time) are dealt out, largest first,
+and no chunk has two writers. Process 0 creates the store (the others open it
+once it is there) and, after a barrier that every writer's share of an initial
+time is written, records that initial time as finished.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -81,26 +87,35 @@ class ForecastStore:
       each target modality's group (module docstring).
     argument: the caller's name for `path`: a store of other settings there is an
       `ArgumentError` of it.
-    writes: whether this process writes; False: the store must exist (the writer
-      made it), and `write`, `finish_init` only keep the record of finished
-      initial times (`completed`).
+    writer_index, num_writers: this process's share of the chunks, of `num_writers`
+      (the processes); writer 0 creates the store and records finished initial
+      times, the others need it to exist (writer 0 made it).
+    barrier: `barrier(name)` returns once every writer has called it with `name`
+      (with several writers: `multihost_utils.sync_global_devices`).
+
+  `wait_seconds` sums the time this process waited for its writes: what writing
+  cost beyond the rollout it overlaps.
   """
 
   def __init__(self, path: str, settings: dict, *, init_times, leads, variables, levels,
                latitude, longitude, flip_latitude: bool, on_points: bool = False,
                point_coords: dict | None = None, members: int | None = None,
-               modalities: dict | None = None, argument: str = "path", writes: bool = True):
+               modalities: dict | None = None, argument: str = "path",
+               writer_index: int = 0, num_writers: int = 1,
+               barrier: Callable[[str], None] | None = None):
     self.path = paths.normalize(path)
     self.variables, self.levels = tuple(variables), tuple(levels)
     self.flip_latitude = flip_latitude
     self.space = (POINT_DIM,) if on_points else STATIC_DIMS
     self.grid = (len(latitude),) if on_points else (len(latitude), len(longitude))
-    self.members, self.writes = members, writes
+    self.members = members
+    self.writer_index, self.num_writers, self.barrier = writer_index, num_writers, barrier
+    self.wait_seconds = 0.0
     self.modalities = modalities or {}
     existing = recorded_settings(self.path, argument)
-    if existing is None and not writes:
-      raise RuntimeError(f"{self.path}: no forecast store for a process that does not "
-                         "write to open; its writer makes it first.")
+    if existing is None and writer_index != 0:
+      raise RuntimeError(f"{self.path}: no forecast store for writer {writer_index} to open; "
+                         "writer 0 makes it first.")
     if existing is None:
       self._create(settings, init_times, leads, latitude, longitude, point_coords or {})
     elif existing != settings:
@@ -110,11 +125,10 @@ class ForecastStore:
                           f"({', '.join(changed)} differ); choose another `{argument}`, or "
                           "remove it to start again.")
     self.completed = sorted(int(i) for i in writer.read_attrs(self.path)[COMPLETED_ATTR])
-    self._handles = ({name: writer.open_variable(self.path, name) for name in self.variables}
-                     if writes else {})
-    self._point_handles = ({name: [writer.open_variable(paths.join(self.path, name), variable)
-                                   for variable in layout["variables"]]
-                            for name, layout in self.modalities.items()} if writes else {})
+    self._handles = {name: writer.open_variable(self.path, name) for name in self.variables}
+    self._point_handles = {name: [writer.open_variable(paths.join(self.path, name), variable)
+                                  for variable in layout["variables"]]
+                           for name, layout in self.modalities.items()}
     self._pending = []
 
   def _create(self, settings, init_times, leads, latitude, longitude, point_coords):
@@ -163,33 +177,35 @@ class ForecastStore:
 
   def write(self, init_index: int, lead_index: int, state: np.ndarray, member: int | None = None,
             points: dict | None = None):
-    """Starts writing one state `[channels, lat * lon]` (latitude ascending) or `[channels,
-    points]`, and each target modality's `points[name]` `[C_t, stations]`, in physical
-    units (nothing where this process does not write)."""
-    if not self.writes:
-      return
+    """Starts writing this process's share of one state `[channels, lat * lon]` (latitude
+    ascending) or `[channels, points]`, and of each target modality's `points[name]`
+    `[C_t, stations]`, in physical units (every process is given them all)."""
     self._wait()  # at most one lead time's writes in flight
     prefix = (init_index,) + (() if member is None else (member,)) + (lead_index,)
-    for name, handles in self._point_handles.items():
-      self._pending += [handle[prefix].write(np.ascontiguousarray(values, np.float32))
-                        for handle, values in zip(handles, points[name])]
+    chunks = [(handle[prefix], values) for name, handles in self._point_handles.items()
+              for handle, values in zip(handles, points[name])]
     channel = 0
     for name in self.variables:
       width = len(self.levels) if variables_lib.lookup(name).atmospheric else 1
       field = state[channel:channel + width].reshape((width,) + self.grid)
       if self.flip_latitude:
         field = field[:, ::-1]
-      if not variables_lib.lookup(name).atmospheric:
-        field = field[0]
-      self._pending.append(self._handles[name][prefix].write(np.ascontiguousarray(field)))
+      chunks.append((self._handles[name][prefix],
+                     field if variables_lib.lookup(name).atmospheric else field[0]))
       channel += width
+    # Dealt out largest first (a stable sort: the same order in every process).
+    chunks = sorted(chunks, key=lambda chunk: -chunk[1].size)
+    self._pending += [handle.write(np.ascontiguousarray(values, np.float32))
+                      for handle, values in chunks[self.writer_index::self.num_writers]]
 
   def finish_init(self, init_index: int):
-    """Waits for the initial time's writes, then records it as finished (in the store
-    where this process writes)."""
+    """Waits for this process's writes of the initial time and, once every writer's are
+    done, records it as finished (writer 0)."""
     completed = sorted(set(self.completed) | {int(init_index)})
-    if self.writes:
-      self._wait()
+    self._wait()
+    if self.barrier is not None:
+      self.barrier(f"wnscale forecast: initial time {init_index} written")
+    if self.writer_index == 0:
       with outputs.writing(self.path, self._kept):
         writer.update_attrs(self.path, {COMPLETED_ATTR: completed})
     self.completed = completed
@@ -197,8 +213,10 @@ class ForecastStore:
   def _wait(self):
     """Waits for the writes in flight (all of them, even after one fails)."""
     pending, self._pending = self._pending, []
+    start = time.perf_counter()
     with outputs.writing(self.path, self._kept):
       writer.wait_all(pending)
+    self.wait_seconds += time.perf_counter() - start
 
 
 def forecast_settings(*, workdir: str, checkpoint_step: int, initial_conditions: str,
