@@ -151,7 +151,7 @@ def test_writers_of_a_forecast_store_each_write_their_own_share(tmp_path, store_
   untouched = {name for name in VARIABLES if np.isnan(written[name].values).all()}
   assert mine and untouched and mine | untouched == set(VARIABLES)
   # Writer 1 reached the barrier and did not record the initial time: writer 0 does that.
-  assert barriers == ["wnscale forecast: initial time 0 written"]
+  assert barriers == ["wnscale forecast: initial times [0] written"]
   assert written.attrs["wnscale_completed_inits"] == []
   first.write(0, 0, state)
   first.finish_init(0)

@@ -348,11 +348,13 @@ def _forecast_rows(rows, indices, init_datetimes, num_leads, members, forecaster
       progress.leads_done(lead_index, len(batch))
       if single and stop.reached(number):  # this batch's initial times stay unfinished
         return peak, True
+    # An initial time is done with its last row; every process agrees, so all meet at the
+    # store's one barrier for the batch (several processes), before the record.
+    finished = [init_index for init_index, member in batch
+                if member is None or member == members - 1]
+    if finished:
+      output.finish_init(*finished)
     for init_index, member in batch:
-      if member is None or member == members - 1:  # its last row: the initial time is done
-        output.finish_init(init_index)
       label = str(pd.Timestamp(init_datetimes[init_index]))
       progress.init_done(label if member is None else f"{label} member {member}")
-    if not single:  # the finished ones recorded before any process goes on or stops
-      multihost_utils.sync_global_devices(f"wnscale forecast batch {number}")
   return peak, False

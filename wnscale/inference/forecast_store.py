@@ -198,13 +198,13 @@ class ForecastStore:
     self._pending += [handle.write(np.ascontiguousarray(values, np.float32))
                       for handle, values in chunks[self.writer_index::self.num_writers]]
 
-  def finish_init(self, init_index: int):
-    """Waits for this process's writes of the initial time and, once every writer's are
-    done, records it as finished (writer 0)."""
-    completed = sorted(set(self.completed) | {int(init_index)})
+  def finish_init(self, *init_indices: int):
+    """Waits for this process's writes of the initial times and, once every writer's are
+    done (one barrier), records them as finished (writer 0)."""
+    completed = sorted(set(self.completed) | {int(i) for i in init_indices})
     self._wait()
     if self.barrier is not None:
-      self.barrier(f"wnscale forecast: initial time {init_index} written")
+      self.barrier(f"wnscale forecast: initial times {list(init_indices)} written")
     if self.writer_index == 0:
       with outputs.writing(self.path, self._kept):
         writer.update_attrs(self.path, {COMPLETED_ATTR: completed})
