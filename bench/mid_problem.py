@@ -113,8 +113,7 @@ def describe(name: str, config) -> str:
 
 def host_pages() -> str:
   """Whether this process's large host buffers get huge pages (`wnscale.host_memory`)."""
-  on = host_memory.TUNABLE in os.environ.get("GLIBC_TUNABLES", "")
-  return "host huge pages" if on else "host 4 KiB pages"
+  return "host huge pages" if host_memory.in_use() else "host 4 KiB pages"
 
 
 def run_alternately(steps, repeats: int):

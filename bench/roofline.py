@@ -335,7 +335,7 @@ def table(report: dict) -> str:
       f"{r['size']}: {r['grid']}, mesh levels 0..{r['mesh_levels']}, latent {r['latent']}, "
       f"{r['message_passing_steps']} steps, {r['dtype']}, batch 1, no remat; jax {r['jax']}, "
       f"{r['platform']}, {r['cpus']} cores, load average {r['load_average']:.2f}, "
-      f"{r.get('host_pages', 'host 4 KiB pages')}"
+      f"{r['host_pages']}"
       + (f", XLA_FLAGS={r['xla_flags']}" if r["xla_flags"] else ""),
       f"step (loss + gradients): median {step:.3f} s of "
       + " ".join(f"{t:.3f}" for t in r["step_times"])

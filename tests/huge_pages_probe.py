@@ -6,8 +6,7 @@ import ctypes
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from wnscale import host_memory  # noqa: E402
+from wnscale import host_memory
 
 if "--use" in sys.argv:
   host_memory.use_huge_pages()

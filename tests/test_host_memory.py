@@ -16,11 +16,16 @@ pytestmark = pytest.mark.skipif(not host_memory._thp_on_request(),
                                 reason="transparent huge pages are not given on request here")
 
 
+def plain_env(**env) -> dict:
+  """This environment without the tunable and the opt-out, plus `env`."""
+  return {**{k: v for k, v in os.environ.items()
+             if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT)}, **env}
+
+
 def probe(*args, **env) -> tuple[int, str, int, int]:
   """`(pid, GLIBC_TUNABLES, huge page KiB, the pid Popen saw)` of the probe run with `env`
-  added to an environment without GLIBC_TUNABLES."""
-  base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "WNSCALE_HUGE_PAGES")}
-  process = subprocess.Popen([sys.executable, PROBE, *args], env={**base, **env},
+  added to `plain_env()`."""
+  process = subprocess.Popen([sys.executable, PROBE, *args], env=plain_env(**env),
                              stdout=subprocess.PIPE, text=True)
   out, _ = process.communicate(timeout=60)
   assert process.returncode == 0
@@ -45,11 +50,10 @@ def test_other_tunables_are_kept_and_the_opt_out_is_honoured():
 def test_a_launcher_gives_its_processes_huge_pages():
   """`python -m launch.local_cluster` re-runs itself with the tunable; what it starts
   inherits it."""
-  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
   result = subprocess.run(
       [sys.executable, "-m", "launch.local_cluster", "--num_processes=1",
        "--num_cpu_devices=1", "--module=huge_pages_probe", "--timeout=60"],
-      cwd=REPO, env={**env, "PYTHONPATH": os.path.dirname(__file__)},
+      cwd=REPO, env=plain_env(PYTHONPATH=os.path.dirname(__file__)),
       capture_output=True, text=True, timeout=90)
   assert result.returncode == 0, result.stderr[-2000:]
   _, tunables, huge_kib = result.stdout.split("[p0] ", 1)[1].split()

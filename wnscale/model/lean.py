@@ -25,7 +25,7 @@ column sums, `[rows, features] -> [features]`. Per example (under `vmap`) XLA se
 them as the sum over the middle axis of `[batch, rows, features]`, which XLA:CPU's
 YNNPACK reduction ran 10-30x slower than the same sum as a matrix product with a
 vector of ones (`column_sum`: 0.26 s against 0.024 s at 195,480 x 128; in the mid
-problem's step they took 45% of the op time). `column_sum` is that product, in full
+problem's step, about half of the op time). `column_sum` is that product, in full
 float32 precision on every backend.
 """
 
