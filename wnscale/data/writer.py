@@ -93,8 +93,11 @@ def wait_all(writes, raise_error: bool = True):
 
 
 def read_attrs(path: str) -> dict:
-  """The store's own attributes, read from the group (not the consolidated copy)."""
-  return dict(zarr.open_group(path, mode="r", zarr_format=2, use_consolidated=False).attrs)
+  """The store's own attributes: the group's `.zattrs` (not the consolidated copy), read as
+  the JSON it is (zarr's `open_group` took ~4 ms a call, and a conversion reads them after
+  every block)."""
+  attrs = paths.join(path, ".zattrs")
+  return json.loads(paths.read_text(attrs)) if paths.exists(attrs) else {}
 
 
 def update_attrs(path: str, attrs: dict):

@@ -18,7 +18,6 @@ import re
 import time
 
 import numpy as np
-from scipy import spatial
 
 from wnscale import cache, paths
 from wnscale.errors import UserError
@@ -141,6 +140,8 @@ class PointSet:
       covered = float(np.sum(self.area[~self.region]) / np.sum(self.area))
     spacing = np.sqrt(4 * np.pi * covered / outside)  # radians
     probes = fibonacci_sphere(min(COVERAGE_PROBES, max(1000, 4 * self.size)))
+    from scipy import spatial  # noqa: PLC0415 (0.15 s to import: a conversion
+    # imports this module through data.store, and needs no tree)
     chord, _ = spatial.cKDTree(self.xyz()).query(probes)
     farthest = int(np.argmax(chord))
     gap = 2 * np.arcsin(min(chord[farthest] / 2, 1.0))
@@ -170,6 +171,7 @@ def voronoi_areas(latitude: np.ndarray, longitude: np.ndarray) -> np.ndarray:
     return np.load(io.BytesIO(paths.read_bytes(path)))
   start = time.perf_counter()
   xyz = grid.lat_lon_to_xyz(latitude, longitude)
+  from scipy import spatial  # noqa: PLC0415 (as above)
   try:
     area = spatial.SphericalVoronoi(xyz, radius=1.0, threshold=1e-9).calculate_areas()
   except ValueError as error:
