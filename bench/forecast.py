@@ -80,15 +80,17 @@ print(json.dumps({"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_m
 
 
 def forecast(workdir: str, out: str, lead: str, inits: int, processes: int = 1,
-             devices: int = 1) -> dict:
+             devices: int = 1, platform: str = "cpu") -> dict:
   """Runs the forecast command on `processes` x `devices` (the graph split over them all);
-  its JSON summary (process 0's) plus, in one process, the process's peak RSS."""
+  its JSON summary (process 0's) plus, in one process, the process's peak RSS. `platform`:
+  JAX's, for one process (an accelerator's devices are its own, not fake CPU ones)."""
   times = ",".join(f"2020-01-0{1 + i // 4}T{6 * (i % 4 + 1) % 24:02d}" for i in range(inits))
   flags = [f"--workdir={workdir}", f"--out={out}", f"--init_times={times}", f"--lead={lead}",
            "--mesh.data=1", f"--mesh.graph={processes * devices}"]
   if processes == 1:
-    command = [sys.executable, "-c", _MEASURED, "--platform=cpu",
-               f"--num_cpu_devices={devices}", *flags]
+    devices_flags = [f"--num_cpu_devices={devices}"] if platform == "cpu" else []
+    command = [sys.executable, "-c", _MEASURED, f"--platform={platform}", *devices_flags,
+               *flags]
   else:
     command = [sys.executable, "-m", "launch.local_cluster", f"--num_processes={processes}",
                # local_cluster's device count is of all its processes together.

@@ -1,4 +1,5 @@
-"""Test setup: 8 fake CPU devices and a fresh cache, set before jax is imported anywhere."""
+"""Test setup: 8 fake CPU devices (or one accelerator: `WNSCALE_TEST_PLATFORM`) and a fresh
+cache, set before jax is imported anywhere."""
 
 import atexit
 import os
@@ -11,22 +12,26 @@ import graphcast_runs
 import tiny_runs
 from wnscale import host_memory
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-# With libtpu installed (TPU AOT tests): quiet its start-up, allow several processes.
-os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    # 8 fake devices for the sharding tests.
-    + " --xla_force_host_platform_device_count=8"
-    # XLA:CPU's default (concurrency-optimized) scheduler hoists the recomputation
-    # that remat adds, so memory_analysis would hardly show remat; the sequential
-    # one does not.
-    + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
-    # Tests compile many small programs: cheap compiles (tiny_runs.py says how much).
-    + " " + tiny_runs.FAST_COMPILE_XLA_FLAGS
-)
+# WNSCALE_TEST_PLATFORM=tpu (or gpu): the tests that need one device run on that accelerator
+# (bench/accelerator_check.py runs them there); the default is 8 fake CPU devices.
+PLATFORM = os.environ.get("WNSCALE_TEST_PLATFORM", "cpu")
+os.environ["JAX_PLATFORMS"] = PLATFORM
+if PLATFORM == "cpu":
+  # With libtpu installed (TPU AOT tests): quiet its start-up, allow several processes.
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "")
+      # 8 fake devices for the sharding tests.
+      + " --xla_force_host_platform_device_count=8"
+      # XLA:CPU's default (concurrency-optimized) scheduler hoists the recomputation
+      # that remat adds, so memory_analysis would hardly show remat; the sequential
+      # one does not.
+      + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+      # Tests compile many small programs: cheap compiles (tiny_runs.py says how much).
+      + " " + tiny_runs.FAST_COMPILE_XLA_FLAGS
+  )
 # Huge pages for the large host buffers of the xdist workers (started after this file is
 # read) and of every process a test starts, as the launchers give themselves.
 host_memory.set_for_new_processes()
@@ -40,10 +45,15 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 import absl.flags  # noqa: E402
 import jax  # noqa: E402
 
-# The CPU backend reads XLA_FLAGS once, when it starts: start it, then take out the flag
-# that libtpu (loaded later by the TPU-topology tests in this process) would abort on.
-jax.devices()
-os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(tiny_runs.CPU_ONLY_XLA_FLAG, "")
+if PLATFORM == "cpu":
+  # The CPU backend reads XLA_FLAGS once, when it starts: start it, then take out the flag
+  # that libtpu (loaded later by the TPU-topology tests in this process) would abort on.
+  jax.devices()
+  os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(tiny_runs.CPU_ONLY_XLA_FLAG, "")
+else:
+  # An accelerator's float32 matmuls default to fewer bits (bfloat16 passes on a TPU): the
+  # equality tests compare at float32 precision, as on a CPU.
+  jax.config.update("jax_default_matmul_precision", "highest")
 
 # Grain reads absl flags in its workers; outside absl.app.run they must be parsed.
 absl.flags.FLAGS.mark_as_parsed()

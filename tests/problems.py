@@ -35,13 +35,14 @@ def data_spec(**data) -> specs_lib.DataSpec:
 
 
 def random_batch(config, num_grid_nodes: int, batch_size: int, seed: int = 0):
-  """A batch of standard-normal arrays with the model's batch shapes.
+  """A batch of standard-normal arrays with the model's batch shapes and dtype (bfloat16
+  where the model's batch is, as the data pipeline delivers it).
 
   An FGN's batch also holds the noise of its members (as the train step adds
   it at step 0): `train.ensemble_members` per example for the CRPS, else one.
   """
   rng = np.random.default_rng(seed)
-  batch = {k: rng.standard_normal(s.shape).astype(np.float32)
+  batch = {k: rng.standard_normal(s.shape).astype(np.float32).astype(s.dtype)
            for k, s in setup.batch_shapes(specs_lib.from_config(config), num_grid_nodes,
                                           batch_size).items()}
   if config.model.noise_channels:

@@ -58,6 +58,8 @@ def _env(**extra) -> dict:
   for name in ("JAX_PLATFORMS", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
                "ALLOW_MULTIPLE_LIBTPU_LOAD", "XLA_FLAGS", "WNSCALE_TRACEBACK"):
     env.pop(name, None)
+  if os.environ.get("WNSCALE_TEST_PLATFORM", "cpu") != "cpu":
+    env["JAX_PLATFORMS"] = "cpu"  # this test process holds the accelerator (conftest.py)
   env.update(extra)
   return env
 

@@ -150,7 +150,7 @@ def test_crps_with_remat_matches_plain(problem, reference):
               reference)
 
 
-# (data, graph, exchange, members on data, remat)
+# (data, graph, exchange, members on data, remat: the model's and the rollout's)
 SHARDED = [(2, 2, "all_gather", False, False), (2, 1, "all_gather", True, False),
            (4, 2, "halo", True, True)]
 
@@ -167,7 +167,8 @@ def test_sharded_crps_matches_single_device(problem, reference, data, graph, exc
   if on_data:  # 2 members x 2 examples = 4 rows: data=2, one member per shard; data=4: one row
     batch = ensemble.members_on_rows(batch)
   assert_same(sharded_loss_and_grads(config, layout, constants, batch, params, loss="crps",
-                                     members_on_data=members if on_data else 0), reference)
+                                     members_on_data=members if on_data else 0,
+                                     remat_steps=remat), reference)
 
 
 def test_train_step_draws_noise_from_the_step_alone(problem):

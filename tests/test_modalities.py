@@ -129,6 +129,27 @@ def test_an_fgn_with_stations_matches_the_plain_model_and_scores_them_by_the_fai
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
+def test_backpropagation_through_the_rollout_keeping_one_state_a_step_equals_the_plain_one():
+  """`train.remat_rollout`: each step computes its own share of the loss, and the rollout's
+  VJP keeps one state a step (wnscale/model/rollout_loss.py). Over 3 autoregressive steps
+  of an FGN trained with the CRPS, stations beside the grid (their inputs missing from the
+  third step on), on one device and on 2 x 4 (halo): the plain rollout's loss and
+  gradients."""
+  config = station_config(noise_channels=4)
+  config.train.update(loss="crps", ensemble_members=2)
+  config.data.target_steps = 3
+  config = config_lib.validate(config)
+  constants, batch, params, _, positions = station_problem(config, POINTS, batch_size=2,
+                                                           num_stations=150, seed=6)
+  params = spread_members(params)
+  want = jax.jit(loss_and_grad_fn(config, constants, batch))(params)
+  config.train.remat_rollout = True
+  assert_same(jax.jit(loss_and_grad_fn(config, constants, batch))(params), want)
+  layout = sharded_layout(config, constants, positions, 2, 4, "halo")
+  assert_same(sharded_loss_and_grads(config, layout, constants, batch, params, loss="crps",
+                                     remat_steps=True), want)
+
+
 def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():
   """The loss is the grid's mean plus 0.5 x 2 x the point-weighted MSE over present station
   targets (numpy, from the model's predictions); a station missing every input changes no

@@ -1,0 +1,58 @@
+"""The prepared accelerator check (bench/accelerator_check.sh) in its --cpu mode: every step
+runs and records its figures, so the script is ready when an accelerator is at hand."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tiny_runs import REPO, process_env
+
+pytestmark = pytest.mark.slow  # each step in a process of its own
+
+
+def _check(out, *flags) -> subprocess.CompletedProcess:
+  return subprocess.run(["bash", os.path.join(REPO, "bench", "accelerator_check.sh"), str(out),
+                         "--cpu", *flags], cwd=REPO, env=process_env(), capture_output=True,
+                        text=True, timeout=600)
+
+
+def _results(out) -> list[dict]:
+  with open(os.path.join(out, "results.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_every_step_records_its_figures_on_the_cpu(tmp_path):
+  result = _check(tmp_path)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "5 steps ran, 0 failed" in result.stdout
+  records = _results(tmp_path)
+  assert not [r for r in records if "error" in r], records
+  by_step = {}
+  for record in records:
+    by_step.setdefault(record["step"], []).append(record)
+  assert list(by_step) == ["devices", "tests", "mid_step", "paper_step", "forecast"]
+  assert by_step["devices"][0]["backend"] == "cpu"
+  tests = by_step["tests"][0]
+  assert tests["exit_status"] == 0 and tests["passed"] == 2
+  mid = by_step["mid_step"][0]  # the reference is no dependency of this project
+  assert mid.get("reference") == "not importable" or mid["time_ratio"] > 0
+  choice, plain = by_step["paper_step"]
+  assert choice["choice"] == "none" and "cheapest remat configuration" in choice["reason"]
+  assert plain["setting"] == "plain" and plain["fits"]
+  assert plain["step_seconds"] > 0 and plain["compiled_peak_gib"] > 0
+  assert plain["tflops_per_second"] > 0
+  forecast = by_step["forecast"][0]
+  assert forecast["lead_steps"] == 1 and forecast["steps_per_second"] > 0
+  assert "=== forecast" in open(os.path.join(tmp_path, "log.txt")).read()
+
+
+def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_path):
+  result = _check(tmp_path, "--only=devices", "--step_timeout=0.01")
+  assert result.returncode == 1
+  assert _results(tmp_path) == [{"step": "devices", "error": "not finished in 0 s",
+                                 "seconds": pytest.approx(0, abs=5)}]
+  wrong = _check(tmp_path, "--only=devices,speed")
+  assert wrong.returncode == 1
+  assert "no step 'speed'; the steps are devices, tests, mid_step, paper_step" in wrong.stderr
