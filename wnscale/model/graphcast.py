@@ -67,28 +67,14 @@ class PointModality(NamedTuple):
   output_channels: int
 
 
-@jax.tree_util.register_pytree_node_class
-class LocalExchange:
-  """The sender table of an edge set on one device: its senders index the rows themselves.
+def local_exchange(edge_set: str, rows):
+  """The sender table of `edge_set` on one device: its senders index `rows` itself.
 
   Under `shard_map`, an exchange (`wnscale.sharding.exchange`) extends the
   local rows with the remote rows the local edges need; the model code is the same.
-  A pytree without leaves, as those are pytrees.
   """
-
-  def __call__(self, edge_set: str, rows):
-    del edge_set
-    return rows
-
-  def tree_flatten(self):
-    return (), None
-
-  @classmethod
-  def tree_unflatten(cls, aux, children):
-    return cls()
-
-
-local_exchange = LocalExchange()
+  del edge_set
+  return rows
 
 
 class EncoderDecoderEdges(nnx.Module):
