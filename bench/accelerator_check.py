@@ -164,10 +164,7 @@ def devices(args, mode, record):
          memory_bytes=memory.get("bytes_limit"))
 
 
-
-
 def tests(args, mode, record):
-  platform = args.platform
   start = time.perf_counter()
   # Test by test into OUT/pytest.txt, which keeps what ran if the step runs out of time.
   report = os.path.join(args.out, "pytest.txt")
@@ -175,22 +172,22 @@ def tests(args, mode, record):
     code = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=-ra",
          *TESTS[mode]], cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
-        env=dict(os.environ, WNSCALE_TEST_PLATFORM=platform)).returncode
+        env=dict(os.environ, WNSCALE_TEST_PLATFORM=args.platform)).returncode
   with open(report) as output:
     summary = output.read().strip().splitlines()[-1]
   counts = {kind: int(count) for count, kind in
             re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", summary)}
-  record(platform=platform, exit_status=code, seconds=round(time.perf_counter() - start, 1),
+  record(platform=args.platform, exit_status=code, seconds=round(time.perf_counter() - start, 1),
          **counts)
   if code:
     sys.exit(1)
 
 
 def mid_step(args, mode, record):
-  platform = args.platform
   result = subprocess.run(
       [sys.executable, os.path.join(REPO, "bench", "reference_speed.py"), *MID_FLAGS[mode]],
-      cwd=REPO, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS=platform))
+      cwd=REPO, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS=args.platform))
   print(result.stdout + result.stderr[-5000:])
   if "reference GraphCast is not importable" in result.stderr:
     record(reference="not importable", note=result.stderr.strip().splitlines()[-1])
@@ -242,8 +239,9 @@ def paper_step(args, mode, record):
   for setting, name in (("plain", "none"), ("planner's choice", choice["name"])):
     if setting == "planner's choice" and name == "none":
       break  # the same step as the plain one
-    step_config = config_lib.validate(config.copy_and_resolve_references())
+    step_config = config.copy_and_resolve_references()
     step_config.model.update(auto_remat.candidate_overrides(name))
+    step_config = config_lib.validate(step_config)
     try:
       step = mid_problem.TrainStep(step_config, points)
     except jax.errors.JaxRuntimeError as error:
@@ -266,20 +264,19 @@ def paper_step(args, mode, record):
            measured_peak_gib=(measured["peak_bytes_in_use"] / 2**30
                               if "peak_bytes_in_use" in measured else None),
            tflops_per_second=flops / seconds / 1e12)
-    del step
+    del step  # its device arrays, before the next setting's are made
 
 
 def forecast(args, mode, record):
   sys.path.insert(0, os.path.join(REPO, "bench"))
   os.environ["JAX_PLATFORMS"] = "cpu"  # this process only writes the run; the launch computes
   import forecast as forecast_bench  # noqa: PLC0415
-  platform = args.platform
   lead = "6h" if args.cpu else "10d"
   with tempfile.TemporaryDirectory() as directory:
     workdir = forecast_bench.make_run(directory)
     summary = forecast_bench.forecast(workdir, os.path.join(directory, "forecast.zarr"), lead,
-                                      inits=1, platform=platform)
-  record(platform=platform, config="configs/mid_1p0.py", lead=lead,
+                                      inits=1, platform=args.platform)
+  record(platform=args.platform, config="configs/mid_1p0.py", lead=lead,
          lead_steps=summary["model_steps"], steps_per_second=summary["steps_per_sec"],
          peak_live_device_gib=summary["peak_live_device_bytes"] / 2**30)
 
