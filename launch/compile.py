@@ -67,7 +67,7 @@ COLUMNS = (  # printed under the table
     ("policy", "model.remat_policy"),
     ("arg GiB", "per device: parameters, optimizer state, batch and graph arrays"),
     ("tmp GiB", "per device: XLA's temporaries"),
-    ("peak", "per device: peak memory in GiB, as compiled"),
+    ("peak", "per device: peak memory in GiB, as compiled (TPU: XLA's own, checked against HBM)"),
     ("HBM", "memory of one device in GiB (cpu:N: the host's RAM / N)"),
     ("fits", "peak <= HBM"),
     ("FLOPs", "per device per step: model plus recomputation (analytic)"),

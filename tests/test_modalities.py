@@ -129,10 +129,12 @@ def test_an_fgn_with_stations_matches_the_plain_model_and_scores_them_by_the_fai
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
-def test_a_rollout_checkpointed_step_by_step_equals_the_plain_one():
-  """`train.remat_rollout` (a checkpoint per rollout step) over 3 autoregressive steps of an
-  FGN trained with the CRPS, stations beside the grid (their inputs missing from the third
-  step on), on one device and on 2 x 4 (halo): the plain rollout's loss and gradients."""
+def test_backpropagation_through_the_rollout_keeping_one_state_a_step_equals_the_plain_one():
+  """`train.remat_rollout`: each step computes its own share of the loss, and the rollout's
+  VJP keeps one state a step (wnscale/model/rollout_loss.py). Over 3 autoregressive steps
+  of an FGN trained with the CRPS, stations beside the grid (their inputs missing from the
+  third step on), on one device and on 2 x 4 (halo): the plain rollout's loss and
+  gradients."""
   config = station_config(noise_channels=4)
   config.train.update(loss="crps", ensemble_members=2)
   config.data.target_steps = 3

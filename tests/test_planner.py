@@ -102,6 +102,42 @@ def test_tpu_topology_compile():
   assert remat["peak_bytes"] < whole["peak_bytes"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed: pip install -e '.[tpu]'")
+def test_a_checkpointed_rollout_keeps_its_states_in_host_memory_on_tpu():
+  """`train.remat_rollout`: the state each step predicts waits for the backward pass in
+  host memory, not in HBM (wnscale/model/rollout_loss.py), compiled for v5e:2x2."""
+  target = topology.resolve("v5e:2x2")
+  host_temp_bytes = {}
+
+  def compiled_host_temps(remat_rollout):
+    config = tiny(message_passing_steps=2)
+    config.mesh.update(graph=2, data=2)
+    config.train.update(batch_size=2, remat_rollout=remat_rollout)
+    config.data.target_steps = 3
+
+    def step_builder(*args):
+      lowered = lower_train_step(*args)
+
+      class Recorded:
+        def compile(self):
+          compiled = lowered.compile()
+          host_temp_bytes[remat_rollout] = compiled.memory_analysis().host_temp_size_in_bytes
+          return compiled
+
+      return Recorded()
+
+    problem = Problem(config, target, step_builder)
+    assert problem.compile()["fits"]
+    batch, inputs = config.train.batch_size, problem.batch["inputs"].shape  # [B, I, C, G]
+    return inputs[2] * inputs[3] // 2 * batch // 2 * 4  # one state per device, float32
+
+  state_bytes = compiled_host_temps(True)
+  compiled_host_temps(False)
+  assert host_temp_bytes[False] == 0
+  assert host_temp_bytes[True] >= 3 * state_bytes
+
+
 @pytest.fixture
 def plan_cache(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))

@@ -167,7 +167,9 @@ def default_config() -> ml_collections.ConfigDict:
   t.adam_b1 = 0.9
   t.adam_b2 = 0.95
   t.grad_clip_norm = 32.0  # global-norm gradient clipping
-  t.remat_rollout = False  # checkpoint each autoregressive rollout step
+  t.remat_rollout = False  # backpropagate through the rollout keeping one state a step, in
+  # host memory, and running each step again (wnscale.model.rollout_loss); False: every
+  # step's activations stay in device memory
   t.loss = "mse"  # "mse": weighted MSE (GraphCast); "crps": fair CRPS over ensemble_members
   # members per example with the same weights (WeatherNext 2; needs model.noise_channels > 0)
   t.ensemble_members = 2  # loss="crps": members per example (a `sample` dim of the batch)

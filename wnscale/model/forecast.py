@@ -162,60 +162,58 @@ def advance_history(history, prediction):
   return jnp.concatenate([history[:, 1:], predicted_state], axis=1)
 
 
-def rollout(model: GraphCast, constants: Constants, batch, *, remat_steps: bool = False,
-            exchange=local_exchange):
+def rollout(model: GraphCast, constants: Constants, batch, *, exchange=local_exchange):
   """Autoregressive predictions `[B, target_steps, C_out, G]`, normalized
   (`rollout_with_points`' grid predictions)."""
-  return rollout_with_points(model, constants, batch, remat_steps=remat_steps,
-                             exchange=exchange)[0]
+  return rollout_with_points(model, constants, batch, exchange=exchange)[0]
 
 
-def _point_histories(batch) -> dict:
-  """Per input modality of `batch`, its `[B, input_steps, C_m, P]` inputs."""
-  return {key.removesuffix("/inputs"): value for key, value in batch.items()
-          if key.endswith("/inputs")}
+def step_at_lead(model: GraphCast, constants: Constants, batch, history, lead,
+                 exchange=local_exchange):
+  """Rollout step `lead` (a traced int) of `batch` from `history` `[B, input_steps, C, G]`:
+  `one_step_with_points`' `(grid outputs [B, C_out, G], {target modality: [B, C_t, P]})`.
+
+  The step reads the forcings (and global forcings) at the history's times and the next,
+  and an FGN's noise of its lead. A modality's observations exist at the input times
+  only: at lead `l` its history is its inputs moved on `l` times, NaN (missing) past them.
+  """
+  input_steps = history.shape[1]
+  window = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, input_steps + 1, axis=1)
+  global_forcings, noise = batch.get("globals"), batch.get("noise")
+  point_histories = {}
+  for key, values in batch.items():
+    if key.endswith("/inputs"):  # [B, 2 input_steps, ...]: the inputs, then NaN
+      padded = jnp.concatenate([values, jnp.full_like(values, jnp.nan)], axis=1)
+      point_histories[key.removesuffix("/inputs")] = jax.lax.dynamic_slice_in_dim(
+          padded, jnp.minimum(lead, input_steps), input_steps, axis=1)
+  return one_step_with_points(
+      model, constants, history, window(batch["forcings"]), batch["statics"], exchange,
+      None if global_forcings is None else window(global_forcings),
+      None if noise is None else jnp.asarray(noise)[:, lead],  # float32
+      point_histories)
 
 
 def rollout_with_points(model: GraphCast, constants: Constants, batch, *,
-                        remat_steps: bool = False, exchange=local_exchange):
+                        exchange=local_exchange):
   """`(grid predictions [B, target_steps, C_out, G], {target modality: [B, target_steps,
   C_t, P]})`, normalized.
 
-  Each step's predicted state joins the history of the next; forcings slide along.
-  A modality's observations exist at the input times only: later steps see them
-  missing at the times past those (its history slides on with NaN).
-  `remat_steps` checkpoints each step, so a long rollout keeps one step's activations.
+  Each step's predicted state joins the history of the next; forcings slide along
+  (`step_at_lead`). Differentiated as it is, a long rollout keeps every step's
+  activations; the training loss of `train.remat_rollout` keeps one state a step
+  (`wnscale.model.rollout_loss`).
   """
-  global_forcings, noise = batch.get("globals"), batch.get("noise")
-  inputs, forcings = batch["inputs"], batch["forcings"]
-  input_steps = inputs.shape[1]
-  target_steps = forcings.shape[1] - input_steps
+  inputs = batch["inputs"]
+  target_steps = batch["forcings"].shape[1] - inputs.shape[1]
   graphdef, state = nnx.split(model)
 
-  def step(state, history, forcing_window, global_window, step_noise, point_history):
-    return one_step_with_points(nnx.merge(graphdef, state), constants, history,
-                                forcing_window, batch["statics"], exchange, global_window,
-                                step_noise, point_history)
+  def scan_step(history, lead):
+    prediction, point_prediction = step_at_lead(nnx.merge(graphdef, state), constants, batch,
+                                                history, lead, exchange)
+    return advance_history(history, prediction), (prediction, point_prediction)
 
-  if remat_steps:
-    step = jax.checkpoint(step)
-
-  def scan_step(histories, lead):
-    history, point_history = histories
-    window = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, input_steps + 1, axis=1)
-    prediction, point_prediction = step(
-        state, history, window(forcings),
-        None if global_forcings is None else window(global_forcings),
-        None if noise is None else jnp.asarray(noise)[:, lead],  # float32
-        point_history)
-    point_history = {name: jnp.concatenate([values[:, 1:], jnp.full_like(values[:, :1],
-                                                                         jnp.nan)], axis=1)
-                     for name, values in point_history.items()}
-    return (advance_history(history, prediction), point_history), (prediction,
-                                                                   point_prediction)
-
-  _, (predictions, point_predictions) = jax.lax.scan(
-      scan_step, (inputs, _point_histories(batch)), jnp.arange(target_steps))
+  _, (predictions, point_predictions) = jax.lax.scan(scan_step, inputs,
+                                                     jnp.arange(target_steps))
   # [target_steps, B, C, N] -> [B, target_steps, C, N]
   return jnp.swapaxes(predictions, 0, 1), jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
                                                        point_predictions)

@@ -67,14 +67,28 @@ class PointModality(NamedTuple):
   output_channels: int
 
 
-def local_exchange(edge_set: str, rows):
-  """The sender table of `edge_set` on one device: its senders index `rows` itself.
+@jax.tree_util.register_pytree_node_class
+class LocalExchange:
+  """The sender table of an edge set on one device: its senders index the rows themselves.
 
   Under `shard_map`, an exchange (`wnscale.sharding.exchange`) extends the
   local rows with the remote rows the local edges need; the model code is the same.
+  A pytree without leaves, as those are pytrees.
   """
-  del edge_set
-  return rows
+
+  def __call__(self, edge_set: str, rows):
+    del edge_set
+    return rows
+
+  def tree_flatten(self):
+    return (), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls()
+
+
+local_exchange = LocalExchange()
 
 
 class EncoderDecoderEdges(nnx.Module):

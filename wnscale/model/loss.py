@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-from wnscale.model import ensemble, forecast
+from wnscale.model import ensemble, forecast, rollout_loss
 from wnscale.model.forecast import Constants
 from wnscale.model.graphcast import GraphCast, local_exchange
 
@@ -75,22 +76,51 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "ms
   MSE, "crps" is the fair CRPS over them, at the grid's nodes and each modality's points.
   `remote_members` (members laid out on other devices; the grid only): `prediction
   [B, T, C, G] -> the other members' predictions of the same examples`, a list.
+  `remat_steps` (`train.remat_rollout`): each rollout step computes its own share of the
+  sums, and the backward pass keeps one state a step (`rollout_loss`).
   """
   targets = batch["targets"]
+  point_targets = {key.removesuffix("/targets"): value for key, value in batch.items()
+                   if key.endswith("/targets")}
   rows, members = ensemble.members_as_batch(batch) if "noise" in batch else (batch, 1)
-  predictions, point_predictions = forecast.rollout_with_points(
-      model, constants, rows, remat_steps=remat_steps, exchange=exchange)
   by_member = lambda x: x.reshape((members, -1) + x.shape[1:])  # [M, B, ...]
-  predictions = by_member(predictions)
-  if loss == "mse":
-    grid = jnp.sum(weighted_squared_error(predictions, targets[None], constants)) / members
-  else:
-    remote = remote_members(predictions[0]) if remote_members is not None else []
-    grid = jnp.sum(ensemble.fair_crps_sums(predictions, targets, constants,
-                                           members + len(remote), remote))
-  return grid, {name: POINT_LOSSES[loss](by_member(values), batch[f"{name}/targets"],
-                                         constants.point_weights[name])
-                for name, values in point_predictions.items()}
+
+  def sums(constants, predictions, point_predictions, targets, point_targets):
+    """The loss sums of `predictions` `[M B, T', C, G]` (and each target modality's) against
+    `targets` `[B, T', C, G]` (and `point_targets`), T' leads."""
+    predictions = by_member(predictions)
+    if loss == "mse":
+      grid = jnp.sum(weighted_squared_error(predictions, targets[None], constants)) / members
+    else:
+      remote = remote_members(predictions[0]) if remote_members is not None else []
+      grid = jnp.sum(ensemble.fair_crps_sums(predictions, targets, constants,
+                                             members + len(remote), remote))
+    return grid, {name: POINT_LOSSES[loss](by_member(values), point_targets[name],
+                                           constants.point_weights[name])
+                  for name, values in point_predictions.items()}
+
+  if not remat_steps:
+    predictions, point_predictions = forecast.rollout_with_points(model, constants, rows,
+                                                                  exchange=exchange)
+    return sums(constants, predictions, point_predictions, targets, point_targets)
+
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def step(params, data, history, lead):  # reads nothing but its arguments (rollout_loss)
+    constants, rows, targets, point_targets, rest, exchange = data
+    prediction, point_prediction = forecast.step_at_lead(
+        nnx.merge(graphdef, params, rest), constants, rows, history, lead, exchange)
+    at_lead = lambda x: jax.lax.dynamic_slice_in_dim(x, lead, 1, axis=1)
+    step_sums = sums(constants, prediction[:, None],
+                     {name: values[:, None] for name, values in point_prediction.items()},
+                     at_lead(targets), {name: at_lead(values) for name, values in
+                                        point_targets.items()})
+    return prediction[:, :history.shape[2]].astype(history.dtype), step_sums
+
+  inputs = rows["inputs"]
+  return rollout_loss.summed_over_steps(
+      step, params, (constants, rows, targets, point_targets, rest, exchange), inputs,
+      rows["forcings"].shape[1] - inputs.shape[1])
 
 
 def mean_loss(grid_sum, grid_count, point_sums: dict, modalities) -> jax.Array:

@@ -203,4 +203,5 @@ def _stats_from_oom_message(message: str) -> dict:
   match = temp or used
   peak = int(float(match.group(1)) * scale[match.group(2)]) if match else 0
   return {"argument_bytes": 0, "output_bytes": 0, "temp_bytes": peak if temp else 0,
-          "alias_bytes": 0, "peak_bytes": peak, "flops": 0.0}
+          "alias_bytes": 0, "peak_bytes": peak, "xla_peak_bytes": 0 if temp else peak,
+          "flops": 0.0}

@@ -7,7 +7,8 @@ class with two halves:
   the shard's *sender table*, and what each shard must send for it;
 * device side, inside `shard_map`: the instance is the model's `exchange`;
   `exchange(edge_set, rows)` turns the shard's own sender rows into that
-  sender table.
+  sender table. An instance is a pytree (its index arrays the leaves), so that it
+  can be passed to a function whose derivative is written out (`rollout_loss`).
 
 Their gradients move no more data than the forward: the transpose of
 `all_gather` is `psum_scatter`, and the transpose of a halo `ppermute` is the
@@ -63,6 +64,7 @@ class Halo(NamedTuple):
     return self.send_indices
 
 
+@jax.tree_util.register_pytree_node_class
 class AllGatherExchange:
   """Every shard sees every sender row: one `all_gather` along `graph`.
 
@@ -82,7 +84,15 @@ class AllGatherExchange:
     del edge_set
     return jax.lax.all_gather(rows, GRAPH, axis=0, tiled=True)
 
+  def tree_flatten(self):
+    return (), None
 
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls({}, {}, 0)
+
+
+@jax.tree_util.register_pytree_node_class
 class HaloExchange:
   """Each shard receives only the rows its edges read, one `ppermute` per shard offset.
 
@@ -136,6 +146,15 @@ class HaloExchange:
       pairs = [(s, (s + k) % self._num_shards) for s in range(self._num_shards)]
       parts.append(jax.lax.ppermute(rows[indices], GRAPH, pairs))
     return jnp.concatenate(parts, axis=0)
+
+  def tree_flatten(self):
+    return (self._send_indices,), (self._offsets, self._num_shards)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    exchange = cls({}, children[0], aux[1])
+    exchange._offsets = aux[0]
+    return exchange
 
 
 # `mesh.exchange` -> mode; both give the same numbers.
