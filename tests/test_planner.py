@@ -129,8 +129,8 @@ def test_a_checkpointed_rollout_keeps_its_states_in_host_memory_on_tpu():
 
     problem = Problem(config, target, step_builder)
     assert problem.compile()["fits"]
-    batch, inputs = config.train.batch_size, problem.batch["inputs"].shape  # [B, I, C, G]
-    return inputs[2] * inputs[3] // 2 * batch // 2 * 4  # one state per device, float32
+    batch, _, channels, grid = problem.batch["inputs"].shape
+    return batch // 2 * channels * grid // 2 * 4  # one float32 state per device (2 x 2)
 
   state_bytes = compiled_host_temps(True)
   compiled_host_temps(False)

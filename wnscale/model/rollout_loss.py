@@ -11,11 +11,10 @@ Here each step computes its own share of the loss, and the rollout's VJP is writ
 (`jax.custom_vjp`). The forward pass keeps only each step's new state, in the history's
 dtype (as it is fed back), in host memory: the backward pass reads each state once, so
 device memory holds one step's work at a time (at 0.25 deg, 12 steps on two v5e chips
-fit only so). The backward pass walks the steps in reverse: it rebuilds a step's history
-from the inputs and those states, brought back one at a time, runs the step again under
-`jax.vjp`
-(with the model's own remat), and passes the cotangent of each history state back to the
-step that made it. Same functions as the plain rollout's gradient, summed in another order.
+fit only so). The backward pass walks the steps in reverse: it carries a step's history
+back from the next one's, bringing one state (or input) back a step, runs the step again
+under `jax.vjp` (with the model's own remat), and passes the cotangent of each history
+state back to the step that made it. Same functions as the plain rollout's gradient, summed in another order.
 """
 
 from __future__ import annotations
@@ -62,19 +61,24 @@ def summed_over_steps(step: Step, params, data, inputs: jax.Array, num_steps: in
     params, data, inputs, states = residuals
 
     def body(carry, lead):
-      # state_cotangents: of the states lead - input_steps + 1 .. lead (the last complete:
-      # every later step that reads it is done).
-      state_cotangents, params_cotangent = carry
-      _, vjp = jax.vjp(lambda p, h: step(p, data, h, lead), params,
-                       _history(inputs, states, lead))
+      # history: step lead's. state_cotangents: of the states lead - input_steps + 1 ..
+      # lead (the last complete: every later step that reads it is done).
+      history, state_cotangents, params_cotangent = carry
+      _, vjp = jax.vjp(lambda p, h: step(p, data, h, lead), params, history)
       step_params, step_history = vjp((state_cotangents[:, -1], cotangent))
       earlier = jnp.concatenate([jnp.zeros_like(state_cotangents[:, :1]),
                                  state_cotangents[:, :-1]], axis=1)
-      return (earlier + step_history, jax.tree.map(jnp.add, params_cotangent,
-                                                    step_params)), None
+      # Step lead - 1's history: one state earlier, the rest shared with this one's.
+      history = jnp.concatenate([_state_at(inputs, states, lead - 1 - inputs.shape[1])
+                                 [:, None], history[:, :-1]], axis=1)
+      return (history, earlier + step_history,
+              jax.tree.map(jnp.add, params_cotangent, step_params)), None
 
-    (_, params_cotangent), _ = jax.lax.scan(
-        body, (jnp.zeros_like(inputs), jax.tree.map(jnp.zeros_like, params)),
+    last = num_steps - 1
+    last_history = jnp.stack([_state_at(inputs, states, last - inputs.shape[1] + slot)
+                              for slot in range(inputs.shape[1])], axis=1)
+    (_, _, params_cotangent), _ = jax.lax.scan(
+        body, (last_history, jnp.zeros_like(inputs), jax.tree.map(jnp.zeros_like, params)),
         jnp.arange(num_steps), reverse=True)
     return params_cotangent, None, None  # nothing else is differentiated
 
@@ -82,18 +86,13 @@ def summed_over_steps(step: Step, params, data, inputs: jax.Array, num_steps: in
   return loss_sums(params, data, inputs)
 
 
-def _history(inputs, states, lead):
-  """`[B, input_steps, C, G]`: step `lead`'s history, the last `input_steps` of the inputs
-  `[B, input_steps, C, G]` followed by the predicted `states` `[T, B, C, G]` (in host
-  memory) before it."""
-  input_steps = inputs.shape[1]
-  slots = []
-  for slot in range(input_steps):
-    position = lead - input_steps + slot  # < 0: an input
-    predicted = jax.device_put(
-        jax.lax.dynamic_index_in_dim(states, jnp.maximum(position, 0), axis=0,
-                                     keepdims=False), jax.memory.Space.Device)
-    given = jax.lax.dynamic_index_in_dim(inputs, jnp.maximum(position + input_steps, 0),
-                                         axis=1, keepdims=False)
-    slots.append(jnp.where(position >= 0, predicted, given))
-  return jnp.stack(slots, axis=1)
+def _state_at(inputs, states, position):
+  """`[B, C, G]` the state at rollout `position` (a traced int): a predicted one of `states`
+  `[T, B, C, G]` (in host memory, brought back) from 0 on, else input `position +
+  input_steps` of `inputs` `[B, input_steps, C, G]` (before those: a value never read)."""
+  predicted = jax.device_put(
+      jax.lax.dynamic_index_in_dim(states, jnp.maximum(position, 0), axis=0, keepdims=False),
+      jax.memory.Space.Device)
+  given = jax.lax.dynamic_index_in_dim(inputs, jnp.maximum(position + inputs.shape[1], 0),
+                                       axis=1, keepdims=False)
+  return jnp.where(position >= 0, predicted, given)
