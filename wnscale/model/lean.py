@@ -1,19 +1,21 @@
-"""Layer norm, swish and a linear layer whose gradients keep only their inputs and sum
+"""Layer norm, an MLP's tail and a linear layer whose gradients keep little and sum
 columns by matrix product.
 
 Differentiated the plain way, a bfloat16 layer norm keeps three float32 copies
 of its `[rows, features]` input for the backward pass (the input cast up, the
 centred input, the normalized input) and swish keeps its input and two
 intermediates. On GraphCast's edge sets (millions of rows) those residuals
-are most of a training step's memory: for each edge MLP, 22 bytes per latent
-element against the 6 these versions keep (the input of swish, of the layer
-norm, and the edge latent).
+are most of a training step's memory.
 
-Both are `jax.custom_vjp` functions that compute exactly what the plain
-versions compute in the forward pass and recompute the intermediates in the
-backward pass, from the input (plus the per-row mean and reciprocal standard
-deviation, `[rows, 1]` float32, for the layer norm). Gradients equal plain
-autodiff's to float rounding (tests/test_lean.py).
+`layer_norm` and `mlp_tail` (swish, linear layer, layer norm: every MLP of the
+model after its first layer) are `jax.custom_vjp` functions that compute
+exactly what the plain versions compute in the forward pass and recompute the
+intermediates in the backward pass: the layer norm from its input plus the
+per-row mean and reciprocal standard deviation (`[rows, 1]` float32), the tail
+from the hidden layer's pre-activation alone (one matrix product more).
+For each edge MLP that is one `[rows, latent]` array kept (besides its input)
+against the four or five of plain autodiff. Gradients equal plain autodiff's
+to float rounding (tests/test_lean.py).
 
 The layer norm is GraphCast's (Haiku's defaults): epsilon 1e-5 and the two-pass
 variance, statistics in float32 whatever the activation dtype:
@@ -76,7 +78,10 @@ def _layer_norm_forward(x, scale, bias, epsilon):
 
 def _layer_norm_backward(epsilon, residuals, grad):
   del epsilon
-  x, mean, inverse_std, scale, bias = residuals
+  # The barrier keeps XLA from merging the recomputation below with the forward
+  # pass's identical one (common subexpressions), which would keep the forward's
+  # intermediates alive until now: what recomputing is meant to avoid.
+  x, mean, inverse_std, scale, bias = jax.lax.optimization_barrier(residuals)
   grad = grad.astype(mean.dtype)
   normalized = (x.astype(mean.dtype) - mean) * inverse_std
   grad_normalized = grad * scale.astype(x.dtype)
@@ -107,22 +112,69 @@ def _sum_to(value, like):
 _layer_norm.defvjp(_layer_norm_forward, _layer_norm_backward)
 
 
-@jax.custom_vjp
-def swish(x: jax.Array) -> jax.Array:
-  """`x * sigmoid(x)` (jax.nn.swish), keeping only `x` for its gradient."""
-  return x * jax.nn.sigmoid(x)
+def mlp_tail(hidden: jax.Array, kernel: jax.Array, bias: jax.Array,
+             norm_scale: jax.Array | None = None, norm_offset: jax.Array | None = None, *,
+             epsilon: float = LAYER_NORM_EPSILON, precision=None) -> jax.Array:
+  """An MLP after its first layer: `layer_norm(swish(hidden) @ kernel + bias)`, keeping `hidden`.
+
+  `hidden [..., H]`, `kernel [H, D]`, `bias [D]`, all in the activation dtype;
+  `norm_scale`, `norm_offset` broadcast against `[..., D]` (None: no layer norm).
+  Result `[..., D]` in the activation dtype.
+
+  Its gradient keeps only `hidden` and the norm's per-row statistics: the
+  swish output and the norm's input are recomputed in the backward pass, the
+  latter by the one matrix product `swish(hidden) @ kernel` more. On an edge set
+  that is one `[rows, D]` array kept per MLP in place of three.
+  """
+  params = (kernel, bias, norm_scale, norm_offset)
+  hidden = vary_like(hidden, *jax.tree.leaves(params))  # as in `layer_norm`
+  params = jax.tree.map(lambda p: vary_like(p, hidden), params)
+  return _mlp_tail(hidden, *params, epsilon, precision)
 
 
-def _swish_forward(x):
-  return swish(x), x
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _mlp_tail(hidden, kernel, bias, scale, offset, epsilon, precision):
+  return _mlp_tail_forward(hidden, kernel, bias, scale, offset, epsilon, precision)[0]
 
 
-def _swish_backward(x, grad):
-  sigmoid = jax.nn.sigmoid(x)
-  return (grad * sigmoid + grad * x * (sigmoid * (1 - sigmoid)),)
+def _swish_linear(hidden, kernel, bias, precision):
+  """`(swish(hidden), swish(hidden) @ kernel + bias)`."""
+  activated = hidden * jax.nn.sigmoid(hidden)
+  product = jax.lax.dot_general(activated, kernel, (((hidden.ndim - 1,), (0,)), ((), ())),
+                                precision=precision)
+  return activated, product + bias
 
 
-swish.defvjp(_swish_forward, _swish_backward)
+def _mlp_tail_forward(hidden, kernel, bias, scale, offset, epsilon, precision):
+  _, y = _swish_linear(hidden, kernel, bias, precision)
+  if scale is None:
+    return y, (hidden, kernel, bias, None, None, None, None)
+  normalized, (_, mean, inverse_std, _, _) = _layer_norm_forward(y, scale, offset, epsilon)
+  return normalized, (hidden, kernel, bias, scale, offset, mean, inverse_std)
+
+
+def _mlp_tail_backward(epsilon, precision, residuals, grad):
+  # A barrier as in `_layer_norm_backward`: recomputed, not kept from the forward pass.
+  hidden, kernel, bias, scale, offset, mean, inverse_std = jax.lax.optimization_barrier(
+      residuals)
+  activated, y = _swish_linear(hidden, kernel, bias, precision)
+  grad_scale = grad_offset = None
+  if scale is not None:
+    grad, grad_scale, grad_offset = _layer_norm_backward(
+        epsilon, (y, mean, inverse_std, scale, offset), grad)
+  rows = activated.reshape(-1, activated.shape[-1])
+  grad_kernel = jax.lax.dot_general(rows, grad.reshape(-1, grad.shape[-1]),
+                                    (((0,), (0,)), ((), ())), precision=precision,
+                                    preferred_element_type=jnp.float32)
+  grad_activated = jax.lax.dot_general(grad, kernel, (((grad.ndim - 1,), (1,)), ((), ())),
+                                       precision=precision)
+  sigmoid = jax.nn.sigmoid(hidden)
+  grad_hidden = grad_activated * (sigmoid + hidden * (sigmoid * (1 - sigmoid)))
+  return (grad_hidden, grad_kernel.astype(kernel.dtype), _sum_to(grad, bias), grad_scale,
+          grad_offset)
+
+
+_mlp_tail.defvjp(_mlp_tail_forward, _mlp_tail_backward)
 
 
 def add_bias(x: jax.Array, bias: jax.Array) -> jax.Array:
@@ -166,5 +218,9 @@ class LayerNorm(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((size,), jnp.float32))
     self.epsilon = epsilon
 
+  def scale_and_offset(self) -> tuple[jax.Array, jax.Array]:
+    """The `[size]` scale and offset the normalized rows are multiplied by and shifted by."""
+    return self.scale[...], self.bias[...]
+
   def __call__(self, x: jax.Array) -> jax.Array:
-    return layer_norm(x, self.scale[...], self.bias[...], self.epsilon)
+    return layer_norm(x, *self.scale_and_offset(), self.epsilon)

@@ -2,10 +2,11 @@
 
 The LayerNorm is the reference's (Haiku's defaults): epsilon 1e-5 and the
 two-pass variance mean((x - mean)^2), not Flax's defaults (1e-6 and the
-one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std). Layer
-norm and swish are `wnscale.model.lean`'s: the same functions, whose
-gradients keep only their inputs, and so are its linear layers (their bias gradient a
-matrix product); the norm comes from `wnscale.model.norm`.
+one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std). Everything
+after the first layer is `wnscale.model.lean.mlp_tail`: the same function, whose
+gradient keeps only the hidden layer's pre-activation; the first layer is
+`lean.Linear` (its bias gradient a matrix product); the norm's scale and
+offset come from `wnscale.model.norm`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ class MLP(nnx.Module):
     Lets a caller build the first layer's pre-activation from parts (see
     `InteractionNetwork`).
     """
-    y = self.out(lean.swish(hidden))
-    return self.norm(y, conditioning) if self.norm is not None else y
+    out, norm = self.out, self.norm
+    dtype = out.dtype or jnp.result_type(hidden, out.kernel[...])
+    return lean.mlp_tail(
+        hidden.astype(dtype), out.kernel[...].astype(dtype), out.bias[...].astype(dtype),
+        *(() if norm is None else norm.scale_and_offset(conditioning)),
+        epsilon=getattr(norm, "epsilon", lean.LAYER_NORM_EPSILON), precision=out.precision)
 
 
 def mlp_flops(rows: int, in_size: int, hidden_size: int, out_size: int) -> float:

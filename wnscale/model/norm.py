@@ -34,6 +34,9 @@ CONDITIONING_INIT_STD = 1e-8  # WeatherNext 2's: near zero, not zero, so gradien
 class LayerNorm(lean.LayerNorm):
   """GraphCast's layer norm, called like a conditioned one; the conditioning is unused."""
 
+  def scale_and_offset(self, conditioning: jax.Array | None = None):
+    return super().scale_and_offset()
+
   def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
     return super().__call__(x)
 
@@ -48,14 +51,18 @@ class ConditionalLayerNorm(nnx.Module):
         kernel_init=nnx.initializers.truncated_normal(CONDITIONING_INIT_STD), rngs=rngs)
     self.epsilon = epsilon
 
-  def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
-    """`x` `[..., size]` normalized with the scale and offset of `conditioning`."""
+  def scale_and_offset(self, conditioning: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """The `[size]` scale `1 + f(c)` and offset `g(c)` of `conditioning` `[conditioning_size]`."""
     if conditioning is None:
       raise ValueError("A noise-conditioned layer norm ran without its conditioning: the "
                        "model with model.noise_channels > 0 needs noise inputs.")
     scale_minus_one, offset = jnp.split(
         self.conditioning(conditioning.astype(jnp.float32)), 2, axis=-1)
-    return lean.layer_norm(x, 1.0 + scale_minus_one, offset, self.epsilon)
+    return 1.0 + scale_minus_one, offset
+
+  def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
+    """`x` `[..., size]` normalized with the scale and offset of `conditioning`."""
+    return lean.layer_norm(x, *self.scale_and_offset(conditioning), self.epsilon)
 
 
 def layer_norm(size: int, conditioning_size: int = 0, *,
