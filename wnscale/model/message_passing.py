@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from wnscale.model import remat
+from wnscale.model import lean, remat
 from wnscale.model.blocks import split_rows
 from wnscale.model.mlp import MLP, mlp_flops
 from wnscale.model.varying import vary_like
@@ -60,8 +60,8 @@ class InteractionNetwork(nnx.Module):
   def __init__(self, latent_size: int, *, edge_size: int | None = None,
                conditioning_size: int = 0, gather_from_receivers: bool = True, dtype,
                rngs: nnx.Rngs):
-    linear = lambda: nnx.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
-                                rngs=rngs)
+    linear = lambda: lean.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
+                                 rngs=rngs)
     self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size,
                         conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
     self.sender_projection = linear()  # edge_mlp's first-layer weights for the sender part
