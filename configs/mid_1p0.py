@@ -9,7 +9,8 @@ enough to compile and run on 2 CPU cores.
   python bench/sharding.py        # graph shards 1..8, both exchanges
   python -m launch.train --config=configs/mid_1p0.py --workdir=/tmp/wnscale_mid
 
-Expect about 4.3 GiB of temporaries per step without remat, ~10 s per step here.
+Expect about 2.5 GiB of temporaries per step without remat, ~4-5 s per step here
+(2 cores).
 """
 
 from wnscale.config import default_config
