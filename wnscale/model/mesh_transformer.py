@@ -28,7 +28,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.graphs.graph import Graphs
-from wnscale.model import norm, remat
+from wnscale.model import lean, norm, remat
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.specs import ModelSpec
 
@@ -41,7 +41,7 @@ class TransformerBlock(nnx.Module):
     self.heads = heads
     init = nnx.initializers.variance_scaling(2.0 / num_layers, "fan_in", "truncated_normal")
     zeros = nnx.initializers.zeros_init()
-    linear = lambda n_in, n_out, kernel_init, **kw: nnx.Linear(
+    linear = lambda n_in, n_out, kernel_init, **kw: lean.Linear(
         n_in, n_out, kernel_init=kernel_init, dtype=dtype, rngs=rngs, **kw)
     self.attention_norm = norm.layer_norm(width, conditioning_size, rngs=rngs)
     self.query = linear(width, width, init, use_bias=False)
