@@ -94,6 +94,27 @@ def test_mlp_tail_matches_plain_values_and_gradients(dtype, with_norm):
                                rtol=tolerance, atol=tolerance * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_matches_plain_values_and_gradients_per_example(dtype, with_bias):
+  """Under the batch `vmap`, as the model calls it: a kernel shared by the examples."""
+  hidden, kernel, bias = tail_inputs(dtype)
+  x = hidden.reshape(3, 100, 64)  # 3 examples
+  cotangent = inputs(dtype)[3].reshape(3, 100, 64)
+  args = (x, kernel) + ((bias,) if with_bias else ())
+  lean_fn = jax.vmap(lambda x, k, *b: lean.linear(x, k, *b), in_axes=(0,) + (None,) * (
+      len(args) - 1))
+  plain_fn = lambda x, k, *b: x @ k + (b[0] if b else 0)
+  lean_y, lean_vjp = jax.vjp(lean_fn, *args)
+  plain_y, plain_vjp = jax.vjp(plain_fn, *args)
+  np.testing.assert_array_equal(np.asarray(lean_y, np.float32), np.asarray(plain_y, np.float32))
+  tolerance = 1e-5 if dtype == jnp.float32 else 3e-2
+  for got, want in zip(lean_vjp(cotangent), plain_vjp(cotangent), strict=True):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tolerance, atol=tolerance * float(np.abs(want).max()))
+
+
 def test_mlp_tail_under_jit_recomputes_rather_than_keeps_the_forward_pass():
   """Compiled, the gradient's temporaries hold no more than a few `[rows, width]` arrays.
 
