@@ -76,22 +76,28 @@ def tail_inputs(dtype, rows=300, width=64, seed=2):
   return hidden, kernel, bias
 
 
+def assert_same_values_and_gradients(lean_fn, plain_fn, args, cotangent):
+  """Equal values in the inputs' dtype; gradients to float rounding (bfloat16's is coarse)."""
+  lean_y, lean_vjp = jax.vjp(lean_fn, *args)
+  plain_y, plain_vjp = jax.vjp(plain_fn, *args)
+  assert lean_y.dtype == plain_y.dtype == args[0].dtype
+  np.testing.assert_array_equal(np.asarray(lean_y, np.float32), np.asarray(plain_y, np.float32))
+  tolerance = 1e-5 if args[0].dtype == jnp.float32 else 3e-2
+  for got, want in zip(lean_vjp(cotangent), plain_vjp(cotangent), strict=True):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tolerance, atol=tolerance * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("with_norm", [True, False])
 def test_mlp_tail_matches_plain_values_and_gradients(dtype, with_norm):
   hidden, kernel, bias = tail_inputs(dtype)
   _, scale, offset, cotangent = inputs(dtype)
   args = (hidden, kernel, bias) + ((scale, offset) if with_norm else ())
-  lean_y, lean_vjp = jax.vjp(lambda *a: lean.mlp_tail(*a, epsilon=lean.LAYER_NORM_EPSILON),
-                             *args)
-  plain_y, plain_vjp = jax.vjp(plain_mlp_tail, *args)
-  assert lean_y.dtype == plain_y.dtype == dtype
-  np.testing.assert_array_equal(np.asarray(lean_y, np.float32), np.asarray(plain_y, np.float32))
-  tolerance = 1e-5 if dtype == jnp.float32 else 3e-2
-  for got, want in zip(lean_vjp(cotangent), plain_vjp(cotangent), strict=True):
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                               rtol=tolerance, atol=tolerance * float(np.abs(want).max()))
+  assert_same_values_and_gradients(
+      lambda *a: lean.mlp_tail(*a, epsilon=lean.LAYER_NORM_EPSILON), plain_mlp_tail, args,
+      cotangent)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -105,14 +111,7 @@ def test_linear_matches_plain_values_and_gradients_per_example(dtype, with_bias)
   lean_fn = jax.vmap(lambda x, k, *b: lean.linear(x, k, *b), in_axes=(0,) + (None,) * (
       len(args) - 1))
   plain_fn = lambda x, k, *b: x @ k + (b[0] if b else 0)
-  lean_y, lean_vjp = jax.vjp(lean_fn, *args)
-  plain_y, plain_vjp = jax.vjp(plain_fn, *args)
-  np.testing.assert_array_equal(np.asarray(lean_y, np.float32), np.asarray(plain_y, np.float32))
-  tolerance = 1e-5 if dtype == jnp.float32 else 3e-2
-  for got, want in zip(lean_vjp(cotangent), plain_vjp(cotangent), strict=True):
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                               rtol=tolerance, atol=tolerance * float(np.abs(want).max()))
+  assert_same_values_and_gradients(lean_fn, plain_fn, args, cotangent)
 
 
 def test_mlp_tail_under_jit_recomputes_rather_than_keeps_the_forward_pass():
