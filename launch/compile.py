@@ -162,6 +162,8 @@ def main(argv):
                 f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}"
                 f"{'FLOPs':>11}{'comp s':>8}")
         print(_row(report), flush=True)
+        if not report.get("compiled", True):
+          print(f"  {report['error']}", flush=True)
         if _BREAKDOWN.value and "peak_buffers" in report:
           print(_breakdown(report), flush=True)
   if _JSON.value:

@@ -204,6 +204,38 @@ def test_compile_time_out_of_memory_is_reported_as_not_fitting():
   assert report["temp_bytes"] == int(21.24 * 2**30)
 
 
+def test_a_candidate_the_compiler_fails_on_is_skipped_not_raised(plan_cache, caplog):
+  """XLA can fail on one setting with an internal error (seen: TPU host offload inside a
+  12-step rollout, "Bitcast cannot have different memory spaces"): the report says so,
+  and the search goes on to the next candidate."""
+  internal = ("INTERNAL: during context [post-optimization]: Bitcast cannot have different "
+              "memory spaces of output (5) and operand (0)")
+
+  def step_builder(config, *args):
+    lowered = lower_train_step(config, *args)
+
+    class FailsOnEdgeBlocks:
+      def compile(self):
+        if config.model.edge_chunks > 1 and not config.model.remat_mesh_gnn:
+          raise jax.errors.JaxRuntimeError(internal)
+        return lowered.compile()
+
+    return FailsOnEdgeBlocks()
+
+  config = tiny(remat_policy="auto")
+  config.mesh.update(data=1, graph=1)
+  target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
+  problem = Problem(config, target, step_builder)
+  failed = problem.compile(auto_remat.candidate_overrides("edge_chunks"))
+  assert failed["fits"] is False and failed["compiled"] is False
+  assert failed["error"] == "the compiler failed: " + internal
+  choice = auto_remat.choose_remat(config, target, step_builder,
+                                   names=["edge_chunks", "all_every_1"], problem=problem)
+  assert choice["name"] == "all_every_1"
+  assert "edge_chunks (the compiler failed)" in choice["reason"]
+  assert "'edge_chunks' could not be compiled" in caplog.text
+
+
 def test_plan_cache_key_follows_what_changes_the_compiled_step(plan_cache, monkeypatch):
   config = tiny()
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)

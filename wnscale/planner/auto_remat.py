@@ -112,18 +112,23 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
     return choice
   problem = problem or Problem(config, target, step_builder)
   ranked = ranked_candidates(config, problem.graph_shapes, len(target.devices), names)
-  peaks = {}  # candidate name -> compiled peak bytes, in the order compiled
+  peaks = {}  # candidate name -> compiled peak bytes (None: the compiler failed), in order
 
   def fits(name):
     report = problem.compile(candidate_overrides(name))
-    peaks[name] = report["peak_bytes"]
+    if report.get("compiled", True):
+      peaks[name] = report["peak_bytes"]
+    else:  # a compiler failure: logged, and the search goes on
+      logging.warning("Remat candidate '%s' could not be compiled: %s", name, report["error"])
+      peaks[name] = None
     return report["fits"] and report["peak_bytes"] <= budget
 
   for index, (name, extra, offloaded) in enumerate(ranked):
-    if index == 1 and LEAST_MEMORY in [n for n, *_ in ranked] and not fits(LEAST_MEMORY):
+    if (index == 1 and LEAST_MEMORY in [n for n, *_ in ranked] and not fits(LEAST_MEMORY)
+        and peaks[LEAST_MEMORY] is not None):  # compiled, and too big: so is every other
       break
     if fits(name):
-      cheaper = ", ".join(f"{n} {peaks[n] / GIB:.2f} GiB" for n, *_ in ranked[:index])
+      cheaper = ", ".join(f"{n} {_peak(peaks[n])}" for n, *_ in ranked[:index] if n in peaks)
       choice = {
           "name": name, "overrides": candidate_overrides(name),
           "peak_bytes": peaks[name], "recompute_flops": extra, "offloaded_bytes": offloaded,
@@ -136,8 +141,16 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
       }
       paths.write_text(path, json.dumps(choice))  # the trainer logs its reason
       return choice
-  smallest = min(peaks, key=peaks.get)
+  compiled = {n: peak for n, peak in peaks.items() if peak is not None}
+  if not compiled:
+    raise UserError(f"No remat configuration could be compiled for {target.name}: "
+                    f"{', '.join(peaks)} failed in the compiler (see the warnings above).")
+  smallest = min(compiled, key=compiled.get)
   raise UserError(
       f"No remat configuration fits {budget / GIB:.2f} GiB per device on {target.name}: the "
-      f"smallest peak is {peaks[smallest] / GIB:.2f} GiB ('{smallest}'). Use more graph shards "
+      f"smallest peak is {compiled[smallest] / GIB:.2f} GiB ('{smallest}'). Use more graph shards "
       "(mesh.graph), a smaller batch per data shard, bfloat16, or a smaller model.")
+
+
+def _peak(peak: int | None) -> str:
+  return "(the compiler failed)" if peak is None else f"{peak / GIB:.2f} GiB"

@@ -36,6 +36,8 @@ from wnscale.sharding import mesh as mesh_lib
 StepBuilder = Callable[..., jax.stages.Lowered]
 
 BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
+# How a report's error begins when the compiler failed on the setting (not out of memory).
+COMPILER_FAILED = "the compiler failed: "
 REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
               "remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
               "grid_blocks")
@@ -126,12 +128,16 @@ class Problem:
       stats = xla_stats.compiled_stats(compiled)
       out_of_memory = None
     except jax.errors.JaxRuntimeError as error:
-      # The TPU compiler refuses programs whose temporaries exceed HBM.
-      if "RESOURCE_EXHAUSTED" not in str(error):
-        raise
-      out_of_memory = str(error).split("\n")[0]
       peak_buffers = getattr(error, "peak_buffers", None)
-      stats = _stats_from_oom_message(out_of_memory)
+      if "RESOURCE_EXHAUSTED" in str(error):
+        # The TPU compiler refuses programs whose temporaries exceed HBM.
+        out_of_memory = str(error).split("\n")[0]
+        stats = _stats_from_oom_message(out_of_memory)
+      else:
+        # The compiler itself failed on this setting (an internal error, not the
+        # program's size): the report says so and a search goes on to the next one.
+        out_of_memory = COMPILER_FAILED + str(error).strip().split("\n")[0][:300]
+        stats = _stats_from_oom_message("")
     seconds = time.perf_counter() - start
     analytic = flops_lib.step_flops(config, self.graph_shapes, len(self.target.devices))
     memory = self.target.device_memory_bytes
@@ -153,6 +159,7 @@ class Problem:
     }
     if out_of_memory:
       report["error"] = out_of_memory
+      report["compiled"] = not out_of_memory.startswith(COMPILER_FAILED)
     if peak_buffers is not None:
       report["peak_by_part"] = buffers_lib.summarize(peak_buffers)
       report["peak_buffers"] = [dataclasses.asdict(b) for b in peak_buffers[:BREAKDOWN_ROWS]]
@@ -169,7 +176,10 @@ def best_setting(reports: list[dict]) -> str:
   """
   fitting = [r for r in reports if r["fits"]]
   if not fitting:
-    smallest = min(reports, key=lambda r: r["peak_bytes"])
+    compiled = [r for r in reports if r.get("compiled", True)]
+    if not compiled:
+      return "Nothing compiled: " + reports[0]["error"]
+    smallest = min(compiled, key=lambda r: r["peak_bytes"])
     return (f"Nothing fits: the smallest peak is {smallest['peak_bytes'] / GIB:.2f} GiB per "
             f"device ('{smallest.get('candidate', '')}', {smallest['mesh']['graph']} graph "
             "shards). Use more graph shards, fewer examples per data shard, bfloat16 or a "
