@@ -126,17 +126,17 @@ class Problem:
       else:
         compiled = lowered.compile()
       stats = xla_stats.compiled_stats(compiled)
-      out_of_memory = None
+      refused = None  # why the compiler refused the step, if it did
     except jax.errors.JaxRuntimeError as error:
       peak_buffers = getattr(error, "peak_buffers", None)
       if "RESOURCE_EXHAUSTED" in str(error):
         # The TPU compiler refuses programs whose temporaries exceed HBM.
-        out_of_memory = str(error).split("\n")[0]
-        stats = _stats_from_oom_message(out_of_memory)
+        refused = str(error).split("\n")[0]
+        stats = _stats_from_oom_message(refused)
       else:
         # The compiler itself failed on this setting (an internal error, not the
         # program's size): the report says so and a search goes on to the next one.
-        out_of_memory = COMPILER_FAILED + str(error).strip().split("\n")[0][:300]
+        refused = COMPILER_FAILED + str(error).strip().split("\n")[0][:300]
         stats = _stats_from_oom_message("")
     seconds = time.perf_counter() - start
     analytic = flops_lib.step_flops(config, self.graph_shapes, len(self.target.devices))
@@ -149,7 +149,7 @@ class Problem:
         "remat": {key: config.model[key] for key in REMAT_KEYS},
         **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
         "device_memory_bytes": memory,
-        "fits": bool(out_of_memory is None
+        "fits": bool(refused is None
                      and (memory is None or stats["peak_bytes"] <= memory)),
         "flops": analytic["model"] + analytic["recompute"],
         "recompute_flops": analytic["recompute"],
@@ -157,9 +157,9 @@ class Problem:
         "xla_flops": stats["flops"],
         "compile_seconds": round(seconds, 2),
     }
-    if out_of_memory:
-      report["error"] = out_of_memory
-      report["compiled"] = not out_of_memory.startswith(COMPILER_FAILED)
+    if refused:
+      report["error"] = refused
+      report["compiled"] = not refused.startswith(COMPILER_FAILED)
     if peak_buffers is not None:
       report["peak_by_part"] = buffers_lib.summarize(peak_buffers)
       report["peak_buffers"] = [dataclasses.asdict(b) for b in peak_buffers[:BREAKDOWN_ROWS]]
