@@ -128,7 +128,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
         and peaks[LEAST_MEMORY] is not None):  # compiled, and too big: so is every other
       break
     if fits(name):
-      cheaper = ", ".join(f"{n} {_peak(peaks[n])}" for n, *_ in ranked[:index] if n in peaks)
+      cheaper = ", ".join(f"{n} {_peak(peaks[n])}" for n, *_ in ranked[:index])
       choice = {
           "name": name, "overrides": candidate_overrides(name),
           "peak_bytes": peaks[name], "recompute_flops": extra, "offloaded_bytes": offloaded,
