@@ -1,6 +1,6 @@
 r"""Conversion throughput: `launch.make_dataset --from` against plain xarray, side by side.
 
-  python bench/convert.py [--gb=2] [--repeats=3] [--workdir=/tmp/convert_bench]
+  python bench/convert.py [--gb=2] [--repeats=3] [--settle=6] [--workdir=/tmp/convert_bench]
 
 Writes `--gb` of ERA5-like input as the Climate Data Store delivers it (one netCDF4 file,
 written by h5netcdf, per month of 6-hourly fields at 1 deg: 5 pressure-level variables on
@@ -11,10 +11,16 @@ recipe, `xr.open_mfdataset(files).rename(...)...to_zarr(out)` (dask; needs
 (store bytes / seconds) and each process's peak RSS, and the ratios.
 
 The two take turns, `--repeats` times each (wnscale, xarray, wnscale, ...; each output
-removed after it is measured), and the medians are compared: how long a write takes
-here depends on the memory the kernel has at hand (on a virtual machine, pages freed a
-moment ago are much cheaper to fill than memory untouched for long), which a single
-run of each, in a fixed order, gives to one of them.
+removed after it is measured), and the medians are compared. Before each run the bench
+waits `--settle` seconds after removing the last output: how long a write takes here
+depends on the memory the kernel has at hand (on a virtual machine, pages freed a moment
+ago are much cheaper to fill than memory the host has taken back, which it does a few
+seconds after they are freed), so without the wait each run inherits the pages its
+predecessor's output had just freed, and how many depends on the predecessor (a store
+left whole in the page cache frees ~2 GB at its removal; wnscale, which evicts each block
+once written, frees little). Measured back to back without it, xarray took 5.5-6.1 s
+after the old wnscale and 6.3-8.2 s after the evicting one; with a 6-s wait, 6.1-7.7 s
+after either.
 """
 
 from __future__ import annotations
@@ -103,6 +109,8 @@ def main():
   parser.add_argument("--gb", type=float, default=2.0)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--workdir", default="/tmp/convert_bench")
+  parser.add_argument("--settle", type=float, default=6.0,
+                      help="seconds to wait before each run (see the docstring)")
   parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # method, files, out
   args = parser.parse_args()
   if args.one:
@@ -120,6 +128,7 @@ def main():
   for _ in range(args.repeats):
     for method, measured in runs.items():
       out = os.path.join(args.workdir, f"{method}.zarr")
+      time.sleep(args.settle)
       result = subprocess.run([sys.executable, __file__, "--one", method, ",".join(files),
                                out], capture_output=True, text=True, check=True,
                               env=dict(os.environ, JAX_PLATFORMS="cpu"))

@@ -19,6 +19,7 @@ import xarray as xr
 import zarr
 
 import cds_files
+import page_cache
 from test_cli import assert_user_error, run
 from wnscale.data import beam_pipelines, convert
 from wnscale.errors import UserError
@@ -95,6 +96,8 @@ def test_beam_pipelines_write_the_stores_the_plain_path_writes(tmp_path):
                        (computed, "climatology blocks: 6 work items")):  # 2 + 2 x 2 levels
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{work}, as a Beam pipeline on FnApiRunner" in result.stderr
+  if page_cache.evicts(tmp_path):  # each work item's chunks left the page cache, as plainly
+    assert page_cache.cached_chunks(beam, ["temperature", "2m_temperature"]) == []
   _assert_same_store(beam, pathlib.Path(plain))
   assert zarr.open_group(beam, mode="r").attrs["conversion"]["complete"]
   assert not convert.is_converting(str(beam))

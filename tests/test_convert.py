@@ -19,11 +19,12 @@ import zarr
 
 import cds_files
 import gcs
+import page_cache
 from cds_files import LATITUDE, LONGITUDE
 from test_cli import assert_user_error, run
 from tiny_runs import process_env
 from wnscale import paths
-from wnscale.data import convert, era5_files, hdf5_reads, store as store_lib
+from wnscale.data import convert, era5_files, hdf5_reads, store as store_lib, writer
 from wnscale.errors import UserError
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -230,6 +231,22 @@ def test_netcdf4_variables_stored_as_is_are_read_straight_from_hdf5(tmp_path):
       era5_files.open_era5_file(str(tmp_path / "eda.nc"), member=1)["2m_temperature"].variable)
   other = era5_files.open_era5_file(str(tmp_path / "other.nc"))
   assert not any(hdf5_reads.is_marked(other[n].variable) for n in other.data_vars)
+
+
+def test_written_chunks_are_evicted_from_the_page_cache(tmp_path):
+  """A conversion does not read back what it writes: each block's chunk files leave the page
+  cache once written, so the next block's reuse its pages (a chunk written and synced
+  without that stays cached: the control)."""
+  if not page_cache.evicts(tmp_path):
+    pytest.skip(f"the filesystem of {tmp_path} keeps no page cache to evict from (tmpfs)")
+  source = tmp_path / "era5.nc"
+  cds_files.current_netcdf(["t", "2t"], TIMES, levels=(500.0, 850.0)).to_netcdf(
+      source, engine="h5netcdf")
+  out = convert.convert_era5([str(source)], str(tmp_path / "era5.zarr"), block_bytes=1)
+  assert page_cache.cached_chunks(out, ["temperature", "2m_temperature"]) == []
+  control = writer.open_variable(out, "temperature")
+  control[0].write(np.ones(control.shape[1:], np.float32)).result()
+  assert page_cache.cached_chunks(out, ["temperature"]) == [f"{out}/temperature/0.0.0.0"]
 
 
 @pytest.mark.slow

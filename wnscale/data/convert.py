@@ -133,10 +133,10 @@ def _write_times(where: str, plan: _Plan, done: int, per_block: int, out: str):
   per_block = max(1, per_block // 2)
   buffers = [{name: np.empty(plan.shape(name, per_block), np.float32)
               for name in plan.time_variables} for _ in range(2)]
-  writing = None  # (writes, last time + 1) of the block in flight
+  writing = None  # (writes, first time, last time + 1) of the block in flight
 
-  def written(writes, last):
-    writer.wait_all(writes)
+  def written(writes, first, last):
+    wait_block(handles, writes, first, last)
     record["times_written"] = last
     writer.update_attrs(where, {CONVERSION: record})  # after the data: a resume redoes no less
     progress.done(last)
@@ -149,7 +149,7 @@ def _write_times(where: str, plan: _Plan, done: int, per_block: int, out: str):
           name: buffer[:last - first] for name, buffer in buffers[block % 2].items()})
       if writing:
         written(*writing)
-      writing = writes, last
+      writing = writes, first, last
     if writing:
       written(*writing)
       writing = None
@@ -164,7 +164,7 @@ def start_block(plan: _Plan, handles: dict, first: int, last: int,
                 buffers: dict[str, np.ndarray] | None = None) -> list:
   """Reads the store's times `first:last` of every time variable from the plan's files and
   starts writing them through `handles` (`{name: writer.open_variable(...)}`); returns the
-  writes (`writer.wait_all` them before `buffers` are used again).
+  writes (`wait_block` them before `buffers` are used again).
 
   Args:
     buffers: `{name: array}` to read into (`plan.shape(name, last - first)`); default:
@@ -174,6 +174,14 @@ def start_block(plan: _Plan, handles: dict, first: int, last: int,
   buffers = buffers or {}
   return [handles[name][first:last].write(plan.read(name, block, buffers.get(name)))
           for name in plan.time_variables]
+
+
+def wait_block(handles: dict, writes: list, first: int, last: int):
+  """Waits for the writes of the times `first:last` (`start_block`), then evicts them from
+  the page cache (`writer.evict_written`: a conversion does not read them back)."""
+  writer.wait_all(writes)
+  for handle in handles.values():
+    writer.evict_written(handle, first, last)
 
 
 def finish(where: str, plan: _Plan):

@@ -67,7 +67,8 @@ def _write_block(where: str, reader, member: int | None, item):
   plan = copy.copy(reader)
   plan.files, plan.datasets = files, [_open(path, member) for path in files]
   handles = {name: writer.open_variable(where, name) for name in plan.time_variables}
-  writer.wait_all(convert.start_block(plan, handles, first, last))
+  writes = convert.start_block(plan, handles, first, last)
+  convert.wait_block(handles, writes, first, last)
 
 
 @functools.lru_cache(maxsize=_OPEN_FILES)

@@ -12,7 +12,9 @@ with consolidated metadata.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import os
 
 import numpy as np
 import tensorstore as ts
@@ -90,6 +92,37 @@ def wait_all(writes, raise_error: bool = True):
   if raise_error:
     for write in writes:
       write.result()
+
+
+def evict_written(handle, first: int, last: int):
+  """Evicts the chunk files of `handle` (`open_variable`) holding positions `first:last` of its
+  first dim from the operating system's page cache, once their writes are done; a store in a
+  bucket has none.
+
+  A conversion writes far more than memory holds and does not read it back. Left cached,
+  every chunk is copied into fresh pages of the cache, which on a virtual machine cost
+  more to fill than the compression (memory the host has not backed yet faults on first
+  touch: 0.4 GB/s against 1.3 GB/s into pages evicted a moment ago, writing 1.9 GB in
+  3.4 MB files here); evicted, the next chunks reuse the same pages. Eviction drops clean
+  pages only (tensorstore syncs each chunk it writes; a dirty page is written first, never
+  lost).
+  """
+  if handle.kvstore.spec().to_json()["driver"] != "file":
+    return
+  chunk = handle.chunk_layout.write_chunk.shape
+  shape = handle.domain.shape
+  separator = handle.spec().to_json()["metadata"]["dimension_separator"]
+  grid = [range(first // chunk[0], -(-last // chunk[0]))] + [
+      range(-(-size // size_of_chunk)) for size, size_of_chunk in zip(shape[1:], chunk[1:])]
+  for index in itertools.product(*grid):
+    try:
+      descriptor = os.open(handle.kvstore.path + separator.join(map(str, index)), os.O_RDONLY)
+    except FileNotFoundError:  # all fill value: not stored
+      continue
+    try:
+      os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+      os.close(descriptor)
 
 
 def read_attrs(path: str) -> dict:
