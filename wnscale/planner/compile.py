@@ -132,12 +132,11 @@ class Problem:
       if "RESOURCE_EXHAUSTED" in str(error):
         # The TPU compiler refuses programs whose temporaries exceed HBM.
         refused = str(error).split("\n")[0]
-        stats = _stats_from_oom_message(refused)
       else:
         # The compiler itself failed on this setting (an internal error, not the
         # program's size): the report says so and a search goes on to the next one.
         refused = COMPILER_FAILED + str(error).strip().split("\n")[0][:300]
-        stats = _stats_from_oom_message("")
+      stats = _stats_from_oom_message(refused)  # no figures (zeros) in an internal error
     seconds = time.perf_counter() - start
     analytic = flops_lib.step_flops(config, self.graph_shapes, len(self.target.devices))
     memory = self.target.device_memory_bytes
