@@ -1,38 +1,50 @@
-r"""A prepared accelerator check: a few minutes on a GPU or TPU, one command, every figure kept.
+r"""The chip's speed table in one command: every problem, its figures kept with the commit.
 
-  bash bench/accelerator_check.sh --prepare [--python=3.12]   # here: wheels and the reference
-  bash bench/accelerator_check.sh OUT                         # on the accelerator's machine
-  bash bench/accelerator_check.sh OUT --cpu                   # the same steps, tiny, on CPU
+  bash bench/accelerator_check.sh --prepare [--python=3.11]  # here: wheels and the reference
+  bash bench/accelerator_check.sh OUT [--only=STEPS]         # on the accelerator's machine
+  bash bench/accelerator_check.sh OUT --cpu                  # the same steps, tiny, on CPU
 
 (`accelerator_check.sh` installs the carried wheels, then runs this file.) The steps, each
 in a process of its own, so that one that fails (or aborts on the device) leaves the others
 their figures, and only one process at a time holds the accelerator:
 
-  devices     JAX's version and backend, the devices and their memory
-  tests       the remat, one-device sharding and parity tests (GraphCast's, WeatherNext 2's)
-              on the accelerator (`WNSCALE_TEST_PLATFORM`, tests/conftest.py)
-  mid_step    `bench/reference_speed.py`: wnscale's train step against the reference
-              GraphCast's on the mid problem, where the reference is importable
-  paper_step  GraphCast's paper model (0.25 deg, `--paper_resolution`), one example: its
-              train step plain and with the planner's remat choice (`remat_policy='auto'`
-              for this device): compile time, step time, compiled and measured peak memory
-  forecast    a 10-day forecast at 1 deg (`bench/forecast.py`'s mid run,
-              `python -m launch.forecast`): lead steps per second
+  devices         JAX's version and backend, the devices and their memory
+  tests           the aggregation, remat, one-device sharding and parity tests (GraphCast's,
+                  WeatherNext 2's) on the accelerator (`WNSCALE_TEST_PLATFORM`)
+  mid_step        the mid problem (1 deg, mesh levels 0..5, latent 128, 8 steps, float32,
+                  batch 1): wnscale's loss + gradient step against the reference
+                  GraphCast's, side by side in this process (`reference_speed.compare`;
+                  wnscale alone where the reference is not importable)
+  latent256_step  the same at latent 256, 16 steps
+  paper_1deg      GraphCast's paper model at 1 deg, bfloat16, one example: the train step
+                  with the remat setting `--paper_1deg_remat` (the planner's choice for
+                  the chip, `all_dots_saveable`; `auto`: plan it here, compiling candidates)
+  paper_0p25      the same at 0.25 deg with remat `--paper_0p25_remat` (`paper`)
+  forecast        a 10-day forecast at 1 deg (`bench/forecast.py`'s mid run,
+                  `python -m launch.forecast`): lead steps per second
 
-`--cpu` runs every step on the CPU with the tiny problem (the suite runs it:
-tests/test_accelerator_check.py), so the script cannot rot between accelerators.
-Each figure is one JSON line in OUT/results.jsonl (`{"step": ..., ...}`; a failed step
-has an `error`); each step's output goes to OUT/log.txt.
+Each model step records its step time, compile time, compiled and measured peak memory,
+utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
+where the time goes by kind of op (`op_profile`, a `jax.profiler` trace). `--cpu` runs
+every step on the CPU with tiny problems (the suite runs it: tests/test_accelerator_check.py),
+so the script cannot rot between accelerators. A device command may be limited in time:
+`--only` runs some of the steps; results accumulate.
+
+Each figure is one JSON line in OUT/results.jsonl (`{"step": ..., "commit": ..., "date":
+..., ...}`; a failed step has an `error`); each step's output goes to OUT/log.txt. The
+commit is `git describe --always --dirty` of the checkout (`--prepare` writes it to
+`.accelerator/commit.txt`, for a machine that gets the files without git). Keep a run's
+results.jsonl under bench/results/ (`accelerator_<date>_<commit>.jsonl`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,30 +52,43 @@ import time
 import traceback
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-# pytest selections: on an accelerator, the remat tests, the one-device sharding case and
-# the parity tests; with --cpu, one remat case and the one-device sharding case (the suite
-# runs the rest).
+# pytest selections: on an accelerator, the aggregation, remat, one-device sharding and
+# parity tests; with --cpu, one remat case and the one-device sharding case (the suite runs
+# the rest).
 ONE_DEVICE_SHARDING = "tests/test_sharding.py::test_sharded_matches_single_device[1x1-all_gather]"
 TESTS = {
-    "accelerator": ["tests/test_remat.py", ONE_DEVICE_SHARDING,
+    "accelerator": ["tests/test_aggregation.py", "tests/test_remat.py", ONE_DEVICE_SHARDING,
                     "tests/test_graphcast_import.py::test_predictions_match_the_reference",
                     "tests/test_weathernext2.py::test_lead_one_equals_weathernext2_at_every_node"
                     "_with_one_triangle"],
-    "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor]",
+    "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor_matmul]",
             ONE_DEVICE_SHARDING],
 }
-# bench/reference_speed.py's problem: the mid problem, or with --cpu a tiny one.
-MID_FLAGS = {"accelerator": [], "cpu": ["--resolution=5.625", "--mesh_levels=2", "--latent=16",
-                                        "--steps=2", "--repeats=1"]}
+# The reference comparisons' problems (`mid_problem.parse` flags): the table's, or tiny.
+SIDE_BY_SIDE = {
+    "mid_step": {"accelerator": [], "cpu": ["--resolution=5.625", "--mesh_levels=2",
+                                            "--latent=16", "--steps=2"]},
+    "latent256_step": {"accelerator": ["--latent=256", "--steps=16"],
+                       "cpu": ["--resolution=5.625", "--mesh_levels=2", "--latent=32",
+                               "--steps=3"]},
+}
+# GraphCast's paper model: its resolution and remat setting per step (the tiny config's
+# grid with --cpu).
+PAPER = {"paper_1deg": 1.0, "paper_0p25": 0.25}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("out", help="the folder for results.jsonl and log.txt")
-  parser.add_argument("--cpu", action="store_true", help="the tiny problem on the CPU")
+  parser.add_argument("--cpu", action="store_true", help="tiny problems on the CPU")
   parser.add_argument("--only", default=",".join(STEP_FUNCTIONS), help="comma-separated steps")
-  parser.add_argument("--paper_resolution", type=float, default=0.25,
-                      help="paper_step's grid (degrees); with --cpu the tiny config's")
+  parser.add_argument("--paper_1deg_remat", default="all_dots_saveable",
+                      help="paper_1deg's remat: a planner candidate's name, or auto")
+  parser.add_argument("--paper_0p25_remat", default="paper",
+                      help="paper_0p25's remat: a planner candidate's name, or auto")
+  parser.add_argument("--aggregations", default="auto",
+                      help="model.aggregation values to measure, comma-separated: each model "
+                           "step runs each (side by side where there is a reference)")
   parser.add_argument("--timed_steps", type=int, default=5, help="timed runs of each step")
   parser.add_argument("--step_timeout", type=float, default=1800,
                       help="seconds each step may take")
@@ -91,7 +116,9 @@ def _run_step_in_a_process(name: str, args) -> bool:
   well. A child that fails without a word of its own (an abort, a timeout) gets its error
   line written here."""
   command = [sys.executable, os.path.abspath(__file__), args.out, f"--step={name}",
-             f"--platform={args.platform}", f"--paper_resolution={args.paper_resolution}",
+             f"--platform={args.platform}", f"--paper_1deg_remat={args.paper_1deg_remat}",
+             f"--paper_0p25_remat={args.paper_0p25_remat}",
+             f"--aggregations={args.aggregations}",
              f"--timed_steps={args.timed_steps}"] + (["--cpu"] if args.cpu else [])
   start = time.perf_counter()
   with open(os.path.join(args.out, "log.txt"), "a") as log:
@@ -139,14 +166,31 @@ def _append(out: str, record: dict):
     f.write(json.dumps(record) + "\n")
 
 
+def commit() -> str:
+  """The checkout's `git describe --always --dirty`, or what `--prepare` wrote of it."""
+  written = os.path.join(REPO, ".accelerator", "commit.txt")
+  try:
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
+                               capture_output=True, text=True)
+    if described.returncode == 0:
+      return described.stdout.strip()
+  except OSError:  # no git on the machine
+    pass
+  if os.path.exists(written):
+    with open(written) as f:
+      return f.read().strip()
+  return "unknown"
+
+
 def _run_step_here(args):
   """Runs `args.step` in this process; its figures (or its error) go to results.jsonl."""
   mode = "cpu" if args.cpu else "accelerator"
   # A CPU run keeps to the CPU (with libtpu installed JAX would look for a TPU first); on
   # the accelerator's machine JAX picks the accelerator.
-  if args.cpu:
-    os.environ["JAX_PLATFORMS"] = "cpu"
-  record = lambda **figures: _append(args.out, {"step": args.step, "mode": mode, **figures})
+  os.environ["JAX_PLATFORMS"] = "cpu" if args.cpu else args.platform
+  stamp = {"commit": commit(), "date": time.strftime("%Y-%m-%d")}
+  record = lambda **figures: _append(args.out, {"step": args.step, "mode": mode, **stamp,
+                                                **figures})
   try:
     STEP_FUNCTIONS[args.step](args, mode, record)
   except Exception as error:  # noqa: BLE001: recorded, and this step fails
@@ -183,88 +227,83 @@ def tests(args, mode, record):
     sys.exit(1)
 
 
-def mid_step(args, mode, record):
-  result = subprocess.run(
-      [sys.executable, os.path.join(REPO, "bench", "reference_speed.py"), *MID_FLAGS[mode]],
-      cwd=REPO, capture_output=True, text=True,
-      env=dict(os.environ, JAX_PLATFORMS=args.platform))
-  print(result.stdout + result.stderr[-5000:])
-  if "reference GraphCast is not importable" in result.stderr:
-    record(reference="not importable", note=result.stderr.strip().splitlines()[-1])
-    return
-  if result.returncode:
-    raise RuntimeError(result.stderr.strip().splitlines()[-1])
-  rows = {}
-  for line in result.stdout.splitlines():  # "name  temp GiB  median s  all s ...  compile s"
-    fields = line.split()
-    if fields and fields[0] in ("reference", "wnscale") and fields[1][0].isdigit():
-      rows[fields[0]] = {"temp_gib": float(fields[1]), "step_seconds": float(fields[2]),
-                         "compile_seconds": float(fields[-1])}
-  ratio = re.search(r"time ([\d.]+), memory ([\d.]+)", result.stdout)
-  record(**rows, time_ratio=float(ratio.group(1)), memory_ratio=float(ratio.group(2)))
+def _bench_imports():
+  """`bench/` on the path (and with it tests/, for the problems), in the step's process."""
+  sys.path.insert(0, os.path.join(REPO, "bench"))
+
+
+def side_by_side(args, mode, record):
+  """`reference_speed.compare` on the step's problem: wnscale's figures and the reference's."""
+  _bench_imports()
+  sys.argv = [sys.argv[0]] + SIDE_BY_SIDE[args.step][mode]
+  import mid_problem  # noqa: PLC0415
+  import reference_speed  # noqa: PLC0415
+  _, config, points = mid_problem.parse("", repeats=args.timed_steps)
+  m = config.model
+  problem = dict(resolution=config.data.resolution, mesh_levels=m.mesh_levels,
+                 latent=m.latent_size, steps=m.message_passing_steps, dtype=m.dtype,
+                 aggregation=m.aggregation, batch=1)
+  result = reference_speed.compare(config, points, args.timed_steps, profile=True,
+                                   with_reference=not reference_speed.REFERENCE_MISSING,
+                                   aggregations=tuple(args.aggregations.split(",")))
+  if reference_speed.REFERENCE_MISSING:
+    result["reference"] = "not importable"
+  print(json.dumps(result, indent=1))
+  record(problem=problem, **result)
 
 
 def paper_step(args, mode, record):
-  """GraphCast's paper model, one example on one device: plain, then the planner's choice."""
+  """GraphCast's paper model, one example on one device, its train step with the step's
+  remat setting (`auto`: the planner's choice, planned here)."""
   import jax  # noqa: PLC0415
-  sys.path.insert(0, os.path.join(REPO, "bench"))
+  _bench_imports()
   import mid_problem  # noqa: PLC0415: also puts tests/ on the path (problems.py)
+  import step_figures  # noqa: PLC0415
   from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
   from wnscale.graphs import points as points_lib  # noqa: PLC0415
-  from wnscale.planner import auto_remat, topology, xla_stats  # noqa: PLC0415
+  from wnscale.model import setup  # noqa: PLC0415
+  from wnscale.planner import auto_remat, topology  # noqa: PLC0415
   from wnscale.planner.compile import Problem  # noqa: PLC0415
   from wnscale.train import step as step_lib  # noqa: PLC0415
 
+  remat = getattr(args, f"{args.step}_remat")
   if args.cpu:
     config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
   else:
-    config = config_lib.graphcast_paper_config(args.paper_resolution)
+    config = config_lib.graphcast_paper_config(PAPER[args.step])
   # One example, the 1-step phase (the schedule's longer ones size auto remat otherwise).
   config.train.update(batch_size=1, rollout_schedule=(), phase_learning_rates=())
   config.mesh.update(data=1, graph=1)
   config = config_lib.validate(config)
-  # The planner's compile of its choice, then the step's own (with arrays): one compile
-  # where the two programs are the same.
-  jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="wnscale-check-"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  device = jax.devices()[0]
-  memory = (device.memory_stats() or {}).get("bytes_limit") or topology.host_memory_bytes()
-  target = topology.Target(f"{device.platform}:1", (device,), memory)
   points = points_lib.standard(config.data.grid, config.data.resolution)
-  start = time.perf_counter()
-  problem = Problem(config, target, step_lib.lower_train_step)  # its compiles are kept
-  choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, problem=problem)
-  record(setting="planner's choice", choice=choice["name"], reason=choice["reason"],
-         planning_seconds=round(time.perf_counter() - start, 1))
-  for setting, name in (("plain", "none"), ("planner's choice", choice["name"])):
-    if setting == "planner's choice" and name == "none":
-      break  # the same step as the plain one
-    step_config = config.copy_and_resolve_references()
-    step_config.model.update(auto_remat.candidate_overrides(name))
-    step_config = config_lib.validate(step_config)
-    try:
-      step = mid_problem.TrainStep(step_config, points)
-    except jax.errors.JaxRuntimeError as error:
-      if "RESOURCE_EXHAUSTED" not in str(error):
-        raise
-      record(setting=setting, remat=name, fits=False, error=str(error).splitlines()[0][:500])
-      continue
-    step.run(timed=False)
-    for _ in range(args.timed_steps):
-      step.run()
-    stats = xla_stats.compiled_stats(step.step)
-    measured = device.memory_stats() or {}
-    # The planner's count (recomputation included; XLA's counts a scanned layer once).
-    flops = problem.compile(auto_remat.candidate_overrides(name))["flops"]
-    seconds = statistics.median(step.times)
-    record(setting=setting, remat=name, fits=True, resolution=config.data.resolution,
-           dtype=config.model.dtype, compile_seconds=round(step.compile_seconds, 1),
-           step_seconds=seconds,
-           compiled_peak_gib=stats["peak_bytes"] / 2**30,
-           measured_peak_gib=(measured["peak_bytes_in_use"] / 2**30
-                              if "peak_bytes_in_use" in measured else None),
-           tflops_per_second=flops / seconds / 1e12)
-    del step  # its device arrays, before the next setting's are made
+  if remat == "auto":
+    device = jax.devices()[0]
+    memory = (device.memory_stats() or {}).get("bytes_limit") or topology.host_memory_bytes()
+    target = topology.Target(f"{device.platform}:1", (device,), memory)
+    start = time.perf_counter()
+    choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step,
+                                     problem=Problem(config, target, step_lib.lower_train_step))
+    record(setting="planner's choice", choice=choice["name"], reason=choice["reason"],
+           planning_seconds=round(time.perf_counter() - start, 1))
+    remat = choice["name"]
+  config.model.update(auto_remat.candidate_overrides(remat))
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  for aggregation in args.aggregations.split(","):
+    config.model.aggregation = aggregation
+    config = config_lib.validate(config)
+    start = time.perf_counter()
+    step = mid_problem.TrainStep(config, points)
+    setup_seconds = time.perf_counter() - start - step.compile_seconds
+    figures = step_figures.measure(
+        step.step, functools.partial(step.run, timed=False), timed=args.timed_steps,
+        graphcast=step_figures.graphcast_flops(config, graphs.counts()),
+        hardware=step_figures.hardware_flops(config, graphs))
+    print(step_figures.describe(f"{args.step} ({remat}, {aggregation})", figures))
+    record(remat=remat, resolution=config.data.resolution, dtype=config.model.dtype,
+           aggregation=aggregation, setup_seconds=round(setup_seconds, 1),
+           compile_seconds=round(step.compile_seconds, 1), **figures)
+    del step  # its device arrays, before the next one's are made
 
 
 def forecast(args, mode, record):
@@ -281,8 +320,9 @@ def forecast(args, mode, record):
          peak_live_device_gib=summary["peak_live_device_bytes"] / 2**30)
 
 
-STEP_FUNCTIONS = {"devices": devices, "tests": tests, "mid_step": mid_step,
-                  "paper_step": paper_step, "forecast": forecast}
+STEP_FUNCTIONS = {"devices": devices, "tests": tests, "mid_step": side_by_side,
+                  "latent256_step": side_by_side, "paper_1deg": paper_step,
+                  "paper_0p25": paper_step, "forecast": forecast}
 
 
 if __name__ == "__main__":

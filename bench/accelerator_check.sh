@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A prepared accelerator check (bench/accelerator_check.py says what it runs and records).
 #
-#   bash bench/accelerator_check.sh --prepare [--python=3.12] [--reference=GRAPHCAST_CHECKOUT]
+#   bash bench/accelerator_check.sh --prepare [--python=3.11] [--reference=GRAPHCAST_CHECKOUT]
 #                                             [--from_index=NAME,...]
 #       Here, where the package registry is reachable: downloads, into .accelerator/wheels/,
 #       wheels of what the check imports (CHECKED below, at pyproject.toml's versions, and
@@ -25,7 +25,7 @@ REFERENCE="dm-haiku jraph trimesh rtree chex dm-tree"
 
 if [[ "${1:-}" == "--prepare" ]]; then
   shift
-  python_version=3.12
+  python_version=3.11
   reference=""
   from_index=""
   for arg in "$@"; do
@@ -56,6 +56,7 @@ PY
     rm -f "$HERE/wheels/${name//-/_}"-[0-9]*.whl "$HERE/wheels/$name"-[0-9]*.whl
   done
   rm -f "$HERE"/wheels/nvidia_*.whl "$HERE"/wheels/jax_cuda*.whl
+  git describe --always --dirty > "$HERE/commit.txt"  # the machine gets no .git
   rm -f "$HERE/from_index.txt"
   [[ -z "$from_index" ]] || echo "${from_index//,/ }" > "$HERE/from_index.txt"
   if [[ -n "$reference" ]]; then

@@ -46,12 +46,16 @@ def parse(description: str, repeats: int):
   parser.add_argument("--k_hop", type=int, default=4, help="transformer: attention hops")
   parser.add_argument("--repeats", type=int, default=repeats, help="timed executions")
   parser.add_argument("--only", default="", help="comma-separated variant names")
+  parser.add_argument("--aggregation", default="auto",
+                      help="model.aggregation: auto, matmul or segment_sum")
+  parser.add_argument("--profile", action="store_true",
+                      help="where the step's time goes (jax.profiler, by kind of op)")
   args = parser.parse_args()
   config = config_lib.load(CONFIG)
   config.model.update(latent_size=args.latent, mesh_levels=args.mesh_levels,
                       message_passing_steps=args.steps, processor=args.processor,
                       transformer_layers=args.steps, transformer_k_hop=args.k_hop,
-                      transformer_ffw_size=4 * args.latent)
+                      transformer_ffw_size=4 * args.latent, aggregation=args.aggregation)
   config.data.resolution = args.resolution
   points = PointSet.regular(*grid.regular_grid(args.resolution, include_poles=True))
   return args, config_lib.validate(config), points

@@ -9,9 +9,11 @@ classic `graphcast/` package (google-deepmind/graphcast), its training loss as
 its demo computes it: `GraphCast` inside `normalization.InputsAndResiduals`,
 `predictor.loss(inputs, targets, forcings)` and its gradient, jitted, on
 random fields of the same shapes (its fixed loss weights cut to the variables
-present). Its steps and wnscale's alternate, so both
-see the same machine load; printed: compiled temporary memory, the median
-step time of each, and their ratio.
+present). Its steps and wnscale's alternate, so both see the same machine load;
+printed: compiled peak memory and the median step time of each, their ratios,
+and wnscale's utilization (`step_figures`: by GraphCast's FLOP count and the
+hardware rate) with, given `--profile`, where its time goes by kind of op.
+`bench/accelerator_check.py` runs `compare` for the chip's table.
 
 Needs the reference importable next to wnscale (not a dependency of this
 project): a virtual environment with this project's requirements plus
@@ -27,6 +29,7 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import functools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -36,26 +39,31 @@ import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
 import mid_problem  # noqa: E402
+import step_figures  # noqa: E402
 from mid_problem import problems  # noqa: E402
+from wnscale import specs as specs_lib  # noqa: E402
+from wnscale.model import setup  # noqa: E402
 from wnscale.planner import xla_stats  # noqa: E402
 
 try:
   import haiku as hk  # noqa: E402
   from graphcast import graphcast, losses, normalization, xarray_jax, xarray_tree  # noqa: E402
+  REFERENCE_MISSING = ""
 except ImportError as error:
-  sys.exit(f"The reference GraphCast is not importable ({error}); see this script's docstring.")
+  REFERENCE_MISSING = (f"The reference GraphCast is not importable ({error}); see "
+                       "bench/reference_speed.py's docstring.")
 
-_weighted_mse_per_level = losses.weighted_mse_per_level
 
-
-def _present_weights_only(predictions, targets, per_variable_weights):
+def _present_weights_only(predictions, targets, per_variable_weights, weighted=None):
   """The reference's loss, its fixed per-variable weights cut to the variables present (it
   refuses a weight of a variable the task lacks, e.g. 10 m wind here)."""
-  return _weighted_mse_per_level(predictions, targets, {
+  return weighted(predictions, targets, {
       name: weight for name, weight in per_variable_weights.items() if name in targets})
 
 
-losses.weighted_mse_per_level = _present_weights_only
+if not REFERENCE_MISSING:
+  losses.weighted_mse_per_level = functools.partial(
+      _present_weights_only, weighted=losses.weighted_mse_per_level)
 
 STATS = os.path.join(mid_problem.REPO, "tests", "fixtures", "graphcast_5p625", "stats")
 FORCINGS = ("toa_incident_solar_radiation", "year_progress_sin", "year_progress_cos",
@@ -117,41 +125,84 @@ def reference_problem(config, latitude, longitude):
   return jax.jit(loss_and_grad), params, inputs, targets, forcings
 
 
-def main():
-  args, config, points = mid_problem.parse(__doc__, repeats=5)
-  print(f"grid {points.name}, mesh levels 0..{args.mesh_levels}, latent "
-        f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}, "
-        f"{mid_problem.host_pages()}")
+def compare(config, points, repeats: int, profile: bool = False, with_reference: bool = True,
+            aggregations: tuple[str, ...] = ()) -> dict:
+  """The reference's and wnscale's loss + gradient step on `config`'s problem (batch 1),
+  timed alternately.
+
+  `aggregations`: wnscale's step once per `model.aggregation` named (default: the
+  config's), side `wnscale` for the first, `wnscale_<name>` for the others. Returns
+  `{side: figures, "time_ratio", "memory_ratio"}` (the ratios: wnscale's first side to the
+  reference's, with the reference): each side's step seconds (median and all), compiled
+  peak and temporaries (GiB), compile seconds; wnscale's also its FLOP rates and, with
+  `profile`, the op breakdown (`step_figures.measure`).
+  """
+  config.train.batch_size = 1
   ours_inputs = problems.synthetic_problem(config, points, batch_size=1)
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)  # for counts
   constants, batch, params = jax.device_put(ours_inputs)
-  ours = jax.jit(lambda p, c, b: problems.loss_and_grad_fn(config, c, b)(p))
-  start = time.perf_counter()
-  ours = ours.lower(params, constants, batch).compile()
-  ours_compile = time.perf_counter() - start
-  reference, *reference_args = reference_problem(config, *points.axes())
-  start = time.perf_counter()
-  reference = reference.lower(*reference_args).compile()
-  reference_compile = time.perf_counter() - start
-  runs = {"reference": lambda: reference(*reference_args),
-          "wnscale": lambda: ours(params, constants, batch)}
-  times = {name: [] for name in runs}
-  for name, run in runs.items():
-    jax.block_until_ready(run())  # warm-up
-  for _ in range(args.repeats):
+  programs, variants = {}, {}
+  for index, name in enumerate(aggregations or (config.model.aggregation,)):
+    side = "wnscale" if index == 0 else f"wnscale_{name}"
+    variants[side] = config.copy_and_resolve_references()
+    variants[side].model.aggregation = name
+    programs[side] = (
+        jax.jit(lambda p, c, b, v=variants[side]: problems.loss_and_grad_fn(v, c, b)(p)),
+        (params, constants, batch))
+  if with_reference:
+    reference, *reference_args = reference_problem(config, *points.axes())
+    programs["reference"] = (reference, tuple(reference_args))
+  sides, runs = {}, {}
+  for name, (program, arguments) in programs.items():
+    start = time.perf_counter()
+    compiled = program.lower(*arguments).compile()
+    stats = xla_stats.compiled_stats(compiled)
+    sides[name] = {"compile_seconds": time.perf_counter() - start,
+                   "compiled_peak_gib": stats["peak_bytes"] / 2**30,
+                   "temp_gib": stats["temp_bytes"] / 2**30, "step_seconds_all": []}
+    runs[name] = functools.partial(lambda c, a: jax.block_until_ready(c(*a)), compiled,
+                                   arguments)
+    programs[name] = compiled
+  for run in runs.values():
+    run()  # warm-up
+  for _ in range(repeats):
     for name, run in runs.items():
       start = time.perf_counter()
-      jax.block_until_ready(run())
-      times[name].append(time.perf_counter() - start)
-  temps = {"reference": xla_stats.compiled_stats(reference)["temp_bytes"],
-           "wnscale": xla_stats.compiled_stats(ours)["temp_bytes"]}
-  compiles = {"reference": reference_compile, "wnscale": ours_compile}
-  print(f"{'':<12}{'temp GiB':>10}{'step s (median)':>17}{'steps s (all)':>40}{'compile s':>11}")
-  for name in runs:
-    print(f"{name:<12}{temps[name] / 2**30:>10.2f}{statistics.median(times[name]):>17.2f}"
-          f"{' '.join(f'{t:.2f}' for t in times[name]):>40}{compiles[name]:>11.1f}")
-  speed = statistics.median(times["wnscale"]) / statistics.median(times["reference"])
-  print(f"wnscale / reference: time {speed:.2f}, memory "
-        f"{temps['wnscale'] / temps['reference']:.2f}")
+      run()
+      sides[name]["step_seconds_all"].append(time.perf_counter() - start)
+  for name, side in sides.items():
+    side["step_seconds"] = statistics.median(side["step_seconds_all"])
+    if name in variants:
+      side["aggregation"] = variants[name].model.aggregation
+      side.update(step_figures.measure(
+          programs[name], runs[name], times=side["step_seconds_all"], profile=profile,
+          graphcast=step_figures.graphcast_flops(config, graphs.counts()),
+          hardware=step_figures.hardware_flops(config, graphs)))
+  if with_reference:
+    sides.update(time_ratio=sides["wnscale"]["step_seconds"]
+                 / sides["reference"]["step_seconds"],
+                 memory_ratio=(sides["wnscale"]["compiled_peak_gib"]
+                               / sides["reference"]["compiled_peak_gib"]))
+  return sides
+
+
+def main():
+  args, config, points = mid_problem.parse(__doc__, repeats=5)
+  if REFERENCE_MISSING:
+    sys.exit(REFERENCE_MISSING)
+  print(f"grid {points.name}, mesh levels 0..{args.mesh_levels}, latent "
+        f"{args.latent}, {args.steps} steps, float32, batch 1, no remat, jax {jax.__version__}, "
+        f"{jax.devices()[0].platform}, {mid_problem.host_pages()}")
+  result = compare(config, points, args.repeats, profile=args.profile)
+  print(f"{'':<12}{'peak GiB':>10}{'step s (median)':>17}{'steps s (all)':>40}{'compile s':>11}")
+  for name in ("reference", "wnscale"):
+    side = result[name]
+    print(f"{name:<12}{side['compiled_peak_gib']:>10.2f}{side['step_seconds']:>17.4f}"
+          f"{' '.join(f'{t:.4f}' for t in side['step_seconds_all']):>40}"
+          f"{side['compile_seconds']:>11.1f}")
+  print(step_figures.describe("wnscale", result["wnscale"]))
+  print(f"wnscale / reference: time {result['time_ratio']:.2f}, memory "
+        f"{result['memory_ratio']:.2f}")
 
 
 if __name__ == "__main__":

@@ -27,21 +27,17 @@ a minute). In one run it measures:
   about 1.05x at a load average of 3.6, 1.4x at 8.7); where it is much slower, the shares are
   those of a slowed step.
 
-The trace is read with `jax.profiler.ProfileData` (in jaxlib): nothing beyond the project's
-dependencies. One JSON line per run is appended to `--out`.
+The trace is read by `bench/op_profile.py` (`jax.profiler.ProfileData`, in jaxlib): nothing
+beyond the project's dependencies. One JSON line per run is appended to `--out`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import glob
 import json
 import os
-import re
 import statistics
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -50,199 +46,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import mid_problem  # noqa: E402
+import op_profile  # noqa: E402
 from mid_problem import problems  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
 from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.graphs import points as points_lib  # noqa: E402
 from wnscale.model import setup  # noqa: E402
-from wnscale.planner import buffers  # noqa: E402
 from wnscale.planner import flops as flops_lib  # noqa: E402
 
 SIZES = {"tiny": os.path.join(mid_problem.REPO, "configs", "tiny.py"), "mid": mid_problem.CONFIG}
 RESULTS = os.path.join(mid_problem.REPO, "bench", "results", "roofline_cpu.jsonl")
-
-# Op categories, in the order an op is tested for them: a fusion that holds a dot is a dot,
-# one that holds a scatter (and no dot) a scatter, and so on. "transpose/copy" is an op that
-# only moves data (transposes, copies, broadcasts, slices, a scan's stacking); "other" is
-# what is none of these, a loop's own time among them.
-CATEGORIES = ("dot/conv", "scatter/segment sum", "gather", "reduce (layer norm, sums)",
-              "transpose/copy", "fused elementwise", "other")
-_DOTS = {"dot", "convolution"}
-_REDUCES = {"reduce", "reduce-window"}
-_MOVES = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "dynamic-slice",
-          "dynamic-update-slice", "concatenate", "pad", "reverse", "iota", "parameter",
-          "constant", "tuple", "get-tuple-element", "copy-start", "copy-done"}
-_CONTROL = {"while", "conditional", "call"}
-_OPCODE = re.compile(r"\s*([\w\-]+)\(")
-_CALLED = re.compile(r"\b(?:calls|to_apply|body|condition)=%([\w.\-]+)")
-_CALLED_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
-
-
-@dataclasses.dataclass
-class Op:
-  """One instruction of a compiled module.
-
-  Attributes:
-    opcode: e.g. `fusion`, `dot`, `while`.
-    shape: its result, without layouts, e.g. `f32[6144,32]`.
-    operands: its operands' names.
-    called: the computations it calls (a fusion's body, a loop's body and condition).
-    op_name: the JAX name stack of the operation that made it.
-  """
-
-  opcode: str
-  shape: str
-  operands: list[str]
-  called: list[str]
-  op_name: str
-
-
-def parse_module(text: str) -> tuple[dict[str, Op], dict[str, list[str]]]:
-  """`(instructions by name, each computation's instruction names)` of an HLO module's text
-  (`compiled.as_text()`)."""
-  ops, computations, current = {}, {}, None
-  for line in text.splitlines():
-    header = _COMPUTATION.match(line)
-    if header:
-      current = computations.setdefault(header.group(1), [])
-      continue
-    match = buffers.INSTRUCTION.match(line)
-    if not match or current is None:
-      continue
-    rest = re.sub(r"/\*index=\d+\*/", "", match.group(2))
-    shape, rest = buffers.split_shape(rest)
-    opcode = _OPCODE.match(rest)
-    call = rest[:buffers.closing(rest, rest.find("("))] if "(" in rest else ""
-    called = _CALLED.findall(rest) + [name.strip().lstrip("%") for names in
-                                      _CALLED_LISTS.findall(rest) for name in names.split(",")]
-    op_name = buffers.OP_NAME.search(rest)
-    ops[match.group(1)] = Op(opcode.group(1) if opcode else "?", re.sub(r"\{[^}]*\}", "", shape),
-                             re.findall(r"%([\w.\-]+)", call), called,
-                             op_name.group(1) if op_name else "")
-    current.append(match.group(1))
-  return ops, computations
-
-
-def opcodes_within(name: str, ops: dict[str, Op], computations: dict[str, list[str]]) -> set:
-  """The opcodes of instruction `name` and of everything in the computations it calls (a
-  loop's body excepted: its ops run, and are timed, on their own)."""
-  op = ops[name]
-  found = {op.opcode}
-  if op.opcode in _CONTROL:
-    return found
-  pending, seen = list(op.called), set()
-  while pending:
-    computation = pending.pop()
-    if computation in seen:
-      continue
-    seen.add(computation)
-    for inner in computations.get(computation, ()):
-      found.add(ops[inner].opcode)
-      pending.extend(ops[inner].called)
-  return found
-
-
-def category(opcodes: set) -> str:
-  """The `CATEGORIES` entry of an op with these opcodes (its own and its fusion's)."""
-  if opcodes & _CONTROL:
-    return "other"
-  if opcodes & _DOTS or any("matmul" in o for o in opcodes):
-    return "dot/conv"
-  if "scatter" in opcodes:
-    return "scatter/segment sum"
-  if "gather" in opcodes:
-    return "gather"
-  if opcodes & _REDUCES:
-    return "reduce (layer norm, sums)"
-  if opcodes <= _MOVES | {"fusion"}:
-    return "transpose/copy"
-  if opcodes & {"custom-call", "sort", "rng", "rng-bit-generator", "all-reduce", "infeed",
-                "outfeed", "send", "recv", "after-all"}:
-    return "other"
-  return "fused elementwise"
-
-
-def op_seconds(xplane: str, module: str) -> dict[str, tuple[float, int]]:
-  """`{op name: (seconds, executions)}` of HLO module `module` in a profile (`.xplane.pb`).
-
-  Each op's own time: what ops nested in it on its thread took (a loop's body) is taken
-  out of it.
-  """
-  totals: dict[str, list] = {}
-  for plane in jax.profiler.ProfileData.from_file(xplane).planes:
-    for line in plane.lines:
-      events = []
-      for event in line.events:
-        stats = dict(event.stats)
-        if stats.get("hlo_module") == module and "hlo_op" in stats:
-          events.append((event.start_ns, event.start_ns + event.duration_ns, stats["hlo_op"]))
-      events.sort(key=lambda e: (e[0], -e[1]))
-      stack = []  # [end, name, own ns] of the enclosing events
-      for start, end, name in events:
-        while stack and stack[-1][0] <= start:
-          _close(stack.pop(), totals)
-        if stack:
-          stack[-1][2] -= end - start
-        stack.append([end, name, end - start])
-      while stack:
-        _close(stack.pop(), totals)
-  return {name: (ns / 1e9, count) for name, (ns, count) in totals.items()}
-
-
-def _close(entry, totals):
-  _, name, own = entry
-  total = totals.setdefault(name, [0.0, 0])
-  total[0] += own
-  total[1] += 1
-
-
-def profile(compiled, args, steps: int) -> tuple[dict[str, tuple[float, int]], float]:
-  """`(op_seconds, seconds per step)` of `steps` runs of `compiled(*args)`, traced with
-  `jax.profiler` (the step's time without the trace's start and stop)."""
-  module = compiled.as_text().split("\n", 1)[0].split()[1].rstrip(",")
-  with tempfile.TemporaryDirectory(prefix="wnscale-roofline-") as folder:
-    with jax.profiler.trace(folder):
-      start = time.perf_counter()
-      for _ in range(steps):
-        jax.block_until_ready(compiled(*args))
-      step_seconds = (time.perf_counter() - start) / steps
-    xplanes = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
-    if not xplanes:
-      raise RuntimeError(f"jax.profiler wrote no .xplane.pb into {folder}.")
-    return op_seconds(xplanes[0], module), step_seconds
-
-
-def breakdown(compiled, seconds: dict[str, tuple[float, int]], steps: int):
-  """`(seconds per step by category, by model part and category, the ops costliest first)`
-  of a profile (`op_seconds`); each op a dict of its name, category, seconds and executions
-  per step, shape, operand shapes and model part."""
-  ops, computations = parse_module(compiled.as_text())
-  by_category = dict.fromkeys(CATEGORIES, 0.0)
-  by_part: dict[str, dict[str, float]] = {}
-  rows = []
-  for name, (total, count) in seconds.items():
-    op = ops.get(name, Op("?", "?", [], [], ""))  # (every traced op has been in the text)
-    kinds = opcodes_within(name, ops, computations) if name in ops else {"?"}
-    kind = category(kinds)
-    part = model_part(op.op_name)
-    by_category[kind] += total / steps
-    part_row = by_part.setdefault(part, dict.fromkeys(CATEGORIES, 0.0))
-    part_row[kind] += total / steps
-    rows.append({"op": name, "category": kind, "seconds": total / steps,
-                 "executions": count / steps, "shape": op.shape,
-                 "operands": [ops[o].shape for o in op.operands if o in ops],
-                 "holds": sorted(kinds & (_DOTS | {"gather", "scatter", "reduce", "transpose"})),
-                 "part": part, "op_name": op.op_name})
-  by_part = dict(sorted(by_part.items(), key=lambda item: -sum(item[1].values())))
-  return by_category, by_part, sorted(rows, key=lambda r: -r["seconds"])
-
-
-def model_part(op_name: str) -> str:
-  """The model part (`buffers.part_of`) of an op's JAX name stack, its `jit(...)` root cut."""
-  return buffers.part_of(op_name.split("/", 1)[1] if op_name.startswith("jit(") and "/" in op_name
-                         else op_name)
-
 
 def timed(run, repeats: int) -> list[float]:
   """Seconds of each of `repeats` calls of `run`, after one untimed (it compiles, warms up)."""
@@ -300,8 +113,9 @@ def measure(size: str, config, points, repeats: int = 3, profile_steps: int = 2,
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   args = (params, constants, batch)
   times = timed(lambda: jax.block_until_ready(compiled(*args)), repeats)
-  seconds, profiled_step = profile(compiled, args, profile_steps)
-  by_category, by_part, ops = breakdown(compiled, seconds, profile_steps)
+  seconds, profiled_step = op_profile.profile(
+      compiled, lambda: jax.block_until_ready(compiled(*args)), profile_steps)
+  by_category, by_part, ops = op_profile.breakdown(compiled, seconds, profile_steps)
   peaks = {"float32": matmul_peak(matmul_size, jnp.float32),
            "bfloat16": matmul_peak(matmul_size, jnp.bfloat16)}
   bandwidth = memory_bandwidth(bandwidth_mib * 2**20)
@@ -356,7 +170,7 @@ def table(report: dict) -> str:
       "",
   ]
   traced = sum(r["seconds_by_category"].values())
-  short = ("dot", "scatter", "gather", "reduce", "transpose", "elementwise", "other")
+  short = ("dot", "scatter", "gather", "reduce", "transpose", "elementwise", "Pallas", "other")
   lines.append(f"{'op category':<28}{'s / step':>10}{'share':>8}")
   for name, seconds in r["seconds_by_category"].items():
     lines.append(f"{name:<28}{seconds:>10.3f}{seconds / traced:>8.1%}")

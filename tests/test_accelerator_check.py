@@ -24,25 +24,40 @@ def _results(out) -> list[dict]:
 
 
 def test_every_step_records_its_figures_on_the_cpu(tmp_path):
-  result = _check(tmp_path)
+  result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "5 steps ran, 0 failed" in result.stdout
+  assert "7 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
+  assert all(r["commit"] and r["date"] for r in records)
   by_step = {}
   for record in records:
     by_step.setdefault(record["step"], []).append(record)
-  assert list(by_step) == ["devices", "tests", "mid_step", "paper_step", "forecast"]
+  assert list(by_step) == ["devices", "tests", "mid_step", "latent256_step", "paper_1deg",
+                           "paper_0p25", "forecast"]
   assert by_step["devices"][0]["backend"] == "cpu"
   tests = by_step["tests"][0]
   assert tests["exit_status"] == 0 and tests["passed"] == 2
-  mid = by_step["mid_step"][0]  # the reference is no dependency of this project
-  assert mid.get("reference") == "not importable" or mid["time_ratio"] > 0
-  choice, plain = by_step["paper_step"]
+  for name in ("mid_step", "latent256_step"):
+    side = by_step[name][0]
+    ours = side["wnscale"]
+    assert ours["step_seconds"] > 0 and ours["compiled_peak_gib"] > 0
+    assert ours["hardware_tflops_per_second"] > 0 and ours["graphcast_tflop"] > 0
+    assert ours["device_seconds"] > 0 and sum(ours["op_seconds"].values()) > 0
+    # The reference is no dependency of this project: compared where importable.
+    assert side["reference"] == "not importable" or side["time_ratio"] > 0
+  assert by_step["latent256_step"][0]["problem"]["latent"] == 32
+  choice, planned = by_step["paper_1deg"]
   assert choice["choice"] == "none" and "cheapest remat configuration" in choice["reason"]
-  assert plain["setting"] == "plain" and plain["fits"]
-  assert plain["step_seconds"] > 0 and plain["compiled_peak_gib"] > 0
-  assert plain["tflops_per_second"] > 0
+  assert planned["remat"] == "none" and by_step["paper_0p25"][0]["remat"] == "paper"
+  for record in (planned, by_step["paper_0p25"][0]):
+    assert record["step_seconds"] > 0 and record["compiled_peak_gib"] > 0
+    assert record["hardware_tflops_per_second"] > 0 and record["graphcast_tflop"] > 0
+    assert record["op_seconds"]["dot/conv"] > 0
+  # Recomputation: the paper scheme does more arithmetic than no remat, GraphCast's count not.
+  paper = by_step["paper_0p25"][0]
+  assert paper["graphcast_tflop"] == pytest.approx(planned["graphcast_tflop"])
+  assert paper["hardware_tflop"] > planned["hardware_tflop"]
   forecast = by_step["forecast"][0]
   assert forecast["lead_steps"] == 1 and forecast["steps_per_second"] > 0
   assert "=== forecast" in open(os.path.join(tmp_path, "log.txt")).read()
@@ -55,4 +70,5 @@ def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_
                                  "seconds": pytest.approx(0, abs=5)}]
   wrong = _check(tmp_path, "--only=devices,speed")
   assert wrong.returncode == 1
-  assert "no step 'speed'; the steps are devices, tests, mid_step, paper_step" in wrong.stderr
+  assert ("no step 'speed'; the steps are devices, tests, mid_step, latent256_step, paper_1deg"
+          in wrong.stderr)

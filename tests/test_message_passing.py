@@ -16,10 +16,9 @@ from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.graphs import grid
+from wnscale.graphs import grid, receiver_blocks
 from wnscale.graphs.points import PointSet
-from wnscale.model import setup
-from wnscale.model.message_passing import float32_sum
+from wnscale.model import aggregation, setup
 from wnscale.model.mlp import MLP
 
 
@@ -133,9 +132,14 @@ def test_layer_norm_is_two_pass_with_epsilon_1e5():
                              rtol=1e-4, atol=1e-4)
 
 
-def test_messages_are_summed_in_float32():
+@pytest.mark.parametrize("by", ["index", "blocks"])
+def test_messages_are_summed_in_float32(by):
   """One message of 1 and 256 of 2^-8 into one receiver: a bfloat16 sum would stay at 1."""
   messages = jnp.concatenate([jnp.ones((1, 2)), jnp.full((256, 2), 2.0**-8)]).astype(jnp.bfloat16)
-  summed = float32_sum(messages, jnp.zeros(257, jnp.int32), 1)
+  receivers = np.zeros(257, np.int32)
+  if by == "blocks":  # 257 edges of one receiver in blocks of 64 slots (5 blocks)
+    receivers = receiver_blocks.block_edges(receivers, 1, slots=64)
+    messages = jnp.pad(messages, [(0, 5 * 64 - 257), (0, 0)])
+  summed = aggregation.sum_to_receivers(messages, receivers, 1)
   assert summed.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(summed, np.float32), [[2.0, 2.0]])

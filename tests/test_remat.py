@@ -45,7 +45,7 @@ ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_t
 # Chunk counts that divide neither edge set of the problem (checked below), so the
 # last block is padded (one such count covers it; 4 below divides evenly).
 ODD_CHUNKS = (7,)
-MESH_EDGE_CHUNKS = (8,)  # likewise for the mesh edges
+MESH_EDGE_CHUNKS = (7,)  # likewise for the mesh edges (padded to whole receiver blocks)
 NAMES = "save_only_these_names:node_latents,messages"
 # Every option, each against the plain model. A case's time is mostly its compile, so
 # options that act on different parts of the step share a case: each named policy rides
@@ -53,19 +53,25 @@ NAMES = "save_only_these_names:node_latents,messages"
 VARIANTS = {
     # One stage at a time, each under its own policy.
     "encoder_dots": dict(remat_grid_to_mesh_gnn=True, remat_policy="dots_saveable"),
-    "processor": dict(remat_mesh_gnn=True),  # one checkpoint per layer, nothing saved
+    # One checkpoint per layer, nothing saved; the mesh edges' receiver side by matrix
+    # products on their receiver blocks (model.aggregation).
+    "processor_matmul": dict(remat_mesh_gnn=True, aggregation="matmul"),
     "decoder_dots_no_batch": dict(remat_mesh_to_grid_gnn=True,
                                   remat_policy="dots_with_no_batch_dims_saveable"),
     "all_three_names": dict(ALL_STAGES, remat_policy=NAMES),
     # 4 layers: groups of 2, of 3 plus a remainder of 1, and all 4 in one group.
-    "every_2_offload_carries": dict(remat_mesh_gnn=True, mesh_remat_every=2,
-                                    remat_policy="offload_carries"),
+    "every_2_offload_carries_matmul": dict(remat_mesh_gnn=True, mesh_remat_every=2,
+                                           remat_policy="offload_carries",
+                                           aggregation="matmul"),
+    # The edge step as one kernel per receiver block (Pallas's interpreter here).
+    "every_3_dots_fused": dict(remat_mesh_gnn=True, mesh_remat_every=3,
+                               remat_policy="dots_saveable", aggregation="fused"),
     "every_3_offload_dots_grid_blocks_7": dict(remat_mesh_gnn=True, mesh_remat_every=3,
                                                remat_policy="offload_dots", grid_blocks=7),
     "every_4_everything_edge_chunks_4": dict(remat_mesh_gnn=True, mesh_remat_every=4,
                                              remat_policy="everything_saveable",
                                              edge_chunks=4),
-    "edge_chunks_7_mesh_edge_chunks_8": dict(edge_chunks=ODD_CHUNKS[0],
+    "edge_chunks_7_mesh_edge_chunks_7": dict(edge_chunks=ODD_CHUNKS[0],
                                              mesh_edge_chunks=MESH_EDGE_CHUNKS[0]),
     "all_three_grid_blocks": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3),
     # The paper's scheme, with the mesh edges in blocks too.
@@ -78,11 +84,11 @@ def test_every_option_is_covered():
   """Each policy and each blocking knob appears in some case."""
   used = {key: {str(v[key]) for v in VARIANTS.values() if key in v}
           for key in ("remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks",
-                      "mesh_edge_chunks")}
+                      "mesh_edge_chunks", "aggregation")}
   assert used["remat_policy"] >= set(remat.POLICIES) - {"nothing_saveable"} | {NAMES}
   assert used["mesh_remat_every"] == {"2", "3", "4"}
   assert {"7", "4"} <= used["edge_chunks"] and "7" in used["grid_blocks"]
-  assert "8" in used["mesh_edge_chunks"]
+  assert "7" in used["mesh_edge_chunks"] and used["aggregation"] == {"matmul", "fused"}
 
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import op_profile  # noqa: E402  pylint: disable=g-import-not-at-top
 import roofline  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from tiny_runs import process_env  # noqa: E402
@@ -36,7 +37,7 @@ def test_tiny_roofline_has_every_category_and_fractions_in_range():
   assert 0 < report["flop_fraction"] <= 1, report["flop_fraction"]
   assert 0 < report["bandwidth_fraction"] <= 1, report["bandwidth_fraction"]
   by_category = report["seconds_by_category"]
-  assert list(by_category) == list(roofline.CATEGORIES)
+  assert list(by_category) == list(op_profile.CATEGORIES)
   # The model's ops: matmuls, gathers of senders and receivers, layer norms' reductions.
   # (Under the suite's XLA flags, XLA:CPU makes scatters loops, untraced: none to count.)
   for name in ("dot/conv", "gather", "reduce (layer norm, sums)"):
@@ -44,9 +45,9 @@ def test_tiny_roofline_has_every_category_and_fractions_in_range():
   ops = report["costliest_ops"]
   assert len(ops) == 10 and [op["seconds"] for op in ops] == sorted(
       (op["seconds"] for op in ops), reverse=True)
-  assert all(op["category"] in roofline.CATEGORIES and "[" in op["shape"] for op in ops)
+  assert all(op["category"] in op_profile.CATEGORIES and "[" in op["shape"] for op in ops)
   text = roofline.table(report)
-  for name in roofline.CATEGORIES:
+  for name in op_profile.CATEGORIES:
     assert name in text
 
 
@@ -101,8 +102,8 @@ ENTRY %main (x.1: f32[8,4], i.1: s32[8]) -> f32[4] {
 
 
 def test_op_categories_from_hlo_text():
-  ops, computations = roofline.parse_module(HLO)
-  categories = {name: roofline.category(roofline.opcodes_within(name, ops, computations))
+  ops, computations = op_profile.parse_module(HLO)
+  categories = {name: op_profile.category(op_profile.opcodes_within(name, ops, computations))
                 for name in ("ynn_fusion", "copy_fusion", "loop", "reduce_fusion", "y")}
   # A fusion with a dot is a dot whatever else it holds; a loop is its own time only (its
   # body's ops are timed apart).
@@ -111,4 +112,4 @@ def test_op_categories_from_hlo_text():
                         "y": "fused elementwise"}
   assert ops["ynn_fusion"].shape == "f32[8,4]" and ops["ynn_fusion"].operands == ["x.1", "i.1"]
   assert ops["loop"].called == ["cond", "body"]
-  assert roofline.model_part(ops["ynn_fusion"].op_name) == "encoder (backward)"
+  assert op_profile.model_part(ops["ynn_fusion"].op_name) == "encoder (backward)"

@@ -107,19 +107,23 @@ REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_gri
 # halo's offsets do, so it runs at 2, 4 and 8. Data and graph shards together carry the
 # remat options (a case's time is mostly its compile); so they do on the reduced Gaussian
 # grid, with either exchange.
-CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", {}, "regular"),
-         (1, 8, "halo", {}, "regular"), (1, 4, "all_gather", {}, "regular")] + [
+# The mesh edges' sums and receiver rows by matrix products on each shard's receiver
+# blocks (the reference: by index, on one device).
+MATMUL = dict(aggregation="matmul")
+FUSED = dict(aggregation="fused")  # the edge step as one kernel per block (interpreted)
+CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", FUSED, "regular"),
+         (1, 8, "halo", MATMUL, "regular"), (1, 4, "all_gather", MATMUL, "regular")] + [
     (2, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)] + [
-    (2, 4, "halo", REMAT, "cutout")]
+    (2, 4, "halo", REMAT, "cutout"), (2, 4, "all_gather", MATMUL, "O16")]
 
 
-@pytest.mark.parametrize("data, graph, exchange, remat, grid", CASES, ids=[
-    f"{d}x{g}-{m}{'-remat' if r else ''}{'' if grid == 'regular' else '-' + grid}"
-    for d, g, m, r, grid in CASES])
-def test_sharded_matches_single_device(data, graph, exchange, remat, grid):
+@pytest.mark.parametrize("data, graph, exchange, options, grid", CASES, ids=[
+    f"{d}x{g}-{m}{'-remat' if o is REMAT else '-' + o['aggregation'] if o else ''}"
+    f"{'' if grid == 'regular' else '-' + grid}" for d, g, m, o, grid in CASES])
+def test_sharded_matches_single_device(data, graph, exchange, options, grid):
   constants, batch, params, positions = problem_on(grid)
-  result = sharded_result(small_config(**remat), constants, batch, params, positions,
-                                  data, graph, exchange)
+  result = sharded_result(small_config(**options), constants, batch, params, positions,
+                          data, graph, exchange)
   assert_same(result, reference_on(grid))
 
 

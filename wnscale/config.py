@@ -70,6 +70,12 @@ def default_config() -> ml_collections.ConfigDict:
   # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
   # to the encoder only)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
+  m.aggregation = "auto"  # how the processor's mesh edges reach their receivers (each edge's
+  # receiver row, each receiver's sum): "segment_sum" (by index: a gather and a scatter),
+  # "matmul" (products with each block of edges' 0/1 receiver matrix; no scatter:
+  # wnscale.model.aggregation), "fused" (blocks, and a layer's whole edge step one Pallas
+  # kernel per block: wnscale.model.fused_edges; a TPU's, interpreted elsewhere), "auto":
+  # matmul on an accelerator, segment_sum on a CPU. The same function each way (to rounding)
   m.grid_to_mesh_gather_from_receivers = True  # the encoder's edge MLP sees each edge's
   # receiver (mesh node) latent too (GraphCast); False: its edge and sender only (WeatherNext 2)
   m.grid_to_mesh_aggregate_normalization = 1.0  # the encoder's messages summed per mesh node
@@ -419,7 +425,7 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   """The names `config` picks from the model's, the data's and the sharding's registries
   (each defined once, with what it names), and the chosen processor's own checks."""
   from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
-  from wnscale.model import remat  # noqa: PLC0415
+  from wnscale.model import aggregation, remat  # noqa: PLC0415
   from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
@@ -427,6 +433,8 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   if m.remat_policy != "auto":
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
+  _require(m.aggregation in aggregation.METHODS,
+           f"model.aggregation={m.aggregation!r}, expected one of {aggregation.METHODS}")
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
   problem = PROCESSORS[m.processor].check(specs.model)

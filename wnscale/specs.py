@@ -46,6 +46,7 @@ class ModelSpec:
   mesh_edge_chunks: int
   grid_blocks: int
   dtype: str
+  aggregation: str
   noise_channels: int
   grid_to_mesh_gather_from_receivers: bool
   grid_to_mesh_aggregate_normalization: float

@@ -17,6 +17,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from wnscale.graphs.receiver_blocks import ReceiverBlocks
+
 
 class NodeSet(NamedTuple):
   """Nodes of one kind.
@@ -37,6 +39,8 @@ class EdgeSet:
     receivers: `[num_edges]` int32 indices into the receiver set's nodes.
     features: `[num_edges, F]` float32 static edge features (`F` may be 0).
     sender_set, receiver_set: names of the node sets (static, not leaves).
+    blocks: on a device, the edges' receiver blocks (`receiver_blocks.ReceiverBlocks`),
+      for sums and gathers by matrix products; None: by index only.
   """
 
   senders: np.ndarray
@@ -44,12 +48,14 @@ class EdgeSet:
   features: np.ndarray
   sender_set: str
   receiver_set: str
+  blocks: ReceiverBlocks | None = None
 
   def replace(self, **arrays) -> EdgeSet:
     return dataclasses.replace(self, **arrays)
 
 
-jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features"],
+jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features",
+                                                      "blocks"],
                                  meta_fields=["sender_set", "receiver_set"])
 
 

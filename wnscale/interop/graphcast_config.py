@@ -108,7 +108,7 @@ def wnscale_config(model_config: dict, task_config: dict,
 NOT_EXPORTED = {
     "model": ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
               "remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
-              "grid_blocks", "dtype",
+              "grid_blocks", "dtype", "aggregation",
               # the transformer's (model.processor itself is compared)
               "transformer_layers", "transformer_heads", "transformer_ffw_size",
               "transformer_k_hop", "transformer_edges_per_block"),

@@ -70,12 +70,14 @@ def _statistics(x, epsilon):
   return x32, mean, jax.lax.rsqrt(variance + epsilon)
 
 
+@jax.named_scope("layer_norm")  # labels its ops in profiles (bench/op_profile.py)
 def _layer_norm_forward(x, scale, bias, epsilon):
   x32, mean, inverse_std = _statistics(x, epsilon)
   y = (x32 - mean) * (inverse_std * scale.astype(x.dtype)) + bias.astype(x.dtype)
   return y.astype(x.dtype), (x, mean, inverse_std, scale, bias)
 
 
+@jax.named_scope("layer_norm")
 def _layer_norm_backward(epsilon, residuals, grad):
   del epsilon
   # The barrier keeps XLA from merging the recomputation below with the forward

@@ -10,6 +10,10 @@ blocks of mesh edges, each under its own checkpoint (`scan_edge_blocks`): a
 step's backward pass then keeps one block's edge activations, not four or so
 `[num_mesh_edges, latent]` arrays per layer of a checkpointed group. The edge
 latents are kept in blocks `[chunks, edges / chunks, latent]` through all steps.
+With one chunk, the receiver side (each edge's receiver row, each receiver's
+sum) is `model.aggregation`'s (`wnscale.model.aggregation`): by index, or by
+matrix products on the mesh edges' receiver blocks, or ("fused") with the whole
+edge step in one kernel per block (`wnscale.model.fused_edges`).
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES
 from wnscale.graphs.graph import Graphs
-from wnscale.model import remat
+from wnscale.graphs.receiver_blocks import ReceiverBlocks
+import jax
+
+from wnscale.model import aggregation, remat
 from wnscale.model.blocks import split_rows
-from wnscale.model.message_passing import InteractionNetwork, float32_sum, scan_edge_blocks
+from wnscale.model.message_passing import InteractionNetwork, scan_edge_blocks
 from wnscale.model.mlp import MLP
 from wnscale.model.varying import vary_like
 from wnscale.specs import ModelSpec
@@ -54,7 +61,13 @@ class MeshGNN(nnx.Module):
     chunks = spec.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     senders = split_rows(edges.senders, chunks)
-    receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
+    if chunks == 1:
+      receivers = jax.tree.map(lambda x: x[None],
+                               aggregation.receivers_of(edges, spec.aggregation))
+    else:
+      receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
+    fused = (aggregation.resolve(spec.aggregation) == "fused"
+             and isinstance(receivers, ReceiverBlocks))
     edge_latents = split_rows(
         self.edge_embedder(edges.features.astype(self.dtype), conditioning), chunks)
     graphdef, stacked_state = nnx.split(self.layers)
@@ -62,10 +75,15 @@ class MeshGNN(nnx.Module):
     def edge_block(edge_latents, senders, receivers, layer_state, sender_table,
                    receiver_table, conditioning):
       """One block's summed messages `[num_mesh, latent]` (float32) and updated edges."""
-      messages = nnx.merge(graphdef, layer_state).messages(
-          edge_latents, sender_table, receiver_table, senders, receivers, conditioning)
+      layer = nnx.merge(graphdef, layer_state)
+      if fused:
+        return layer.fused_edge_step(edge_latents, sender_table, senders, receiver_table,
+                                     receivers, conditioning)
+      messages = layer.messages(edge_latents, sender_table, receiver_table, senders,
+                                receivers, conditioning)
       # The edge residual comes after the node update, which saw only the messages.
-      return float32_sum(messages, receivers, num_mesh), edge_latents + messages
+      return (aggregation.sum_to_receivers(messages, receivers, num_mesh),
+              edge_latents + messages)
 
     def one_layer(carry, layer_state):
       mesh, edge_latents = carry

@@ -24,9 +24,11 @@ would lose the low bits of every term. The reference does this in its encoder;
 wnscale does it in every stage (the cost is one cast per edge).
 
 Edges are sorted by receiver (an invariant of `wnscale.graphs.Graphs`), so the
-aggregation is a sorted segment sum. Where sender rows come from is the
-caller's business: on one device the sender table is the sender node array; under
-`shard_map` it is the array extended by a collective exchange.
+aggregation is a sorted segment sum, or, on an edge set laid out in receiver
+blocks, matrix products (`wnscale.model.aggregation`): `receivers` below is
+either. Where sender rows come from is the caller's business: on one device the
+sender table is the sender node array; under `shard_map` it is the array
+extended by a collective exchange.
 """
 
 from __future__ import annotations
@@ -38,16 +40,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from wnscale.model import lean, remat
+from wnscale.model import aggregation, fused_edges, lean, remat
 from wnscale.model.blocks import split_rows
 from wnscale.model.mlp import MLP, mlp_flops
 from wnscale.model.varying import vary_like
-
-
-def float32_sum(messages: jax.Array, receivers: jax.Array, num_receivers: int) -> jax.Array:
-  """`[num_edges, D] -> [num_receivers, D]` float32 sums; receivers out of range are dropped."""
-  return jax.ops.segment_sum(messages.astype(jnp.float32), receivers,
-                             num_segments=num_receivers, indices_are_sorted=True)
 
 
 class InteractionNetwork(nnx.Module):
@@ -88,13 +84,29 @@ class InteractionNetwork(nnx.Module):
       edges: `[E, D]` edge latents.
       projected_senders, projected_receivers: `project_senders(sender table)` and
         `project_receivers(receiver table)`, `[num_senders, D]` / `[num_receivers, D]`.
-      senders, receivers: `[E]` row indices into them.
+      senders: `[E]` row indices into the sender table.
+      receivers: `[E]` row indices into the receiver table, or its receiver blocks
+        (`aggregation.Receivers`).
       conditioning: an FGN's `[conditioning_size]` norm conditioning, else None.
     """
     hidden = self.edge_mlp.hidden(edges) + projected_senders[senders]
     if projected_receivers is not None:
-      hidden = hidden + projected_receivers[receivers]
+      hidden = hidden + aggregation.gather(projected_receivers, receivers)
     return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat.EDGE_LATENTS)
+
+  def fused_edge_step(self, edges, projected_senders, senders, projected_receivers,
+                      blocks, conditioning=None):
+    """`(summed messages [num_receivers, D] float32, edges + messages [E, D])`: what
+    `messages` and their sum compute, as one kernel per receiver block
+    (`wnscale.model.fused_edges`); the arguments as `messages` takes them, the receivers
+    as their `blocks`."""
+    hidden, out, norm = self.edge_mlp.hidden, self.edge_mlp.out, self.edge_mlp.norm
+    dtype = edges.dtype
+    params = (hidden.kernel[...], hidden.bias[...], out.kernel[...], out.bias[...],
+              *norm.scale_and_offset(conditioning))
+    return fused_edges.edge_step(tuple(p.astype(dtype) for p in params), edges,
+                                 projected_senders, senders, projected_receivers, blocks,
+                                 norm.epsilon)
 
   def update_nodes(self, nodes, summed_messages, conditioning=None):
     """`[N, D]` receiver latents after the residual node MLP on their summed messages."""
@@ -122,7 +134,8 @@ def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_rece
   Args:
     block_fn: `(*one block of blocked, *shared) -> (sums [num_receivers, width] float32,
       per-edge outputs (a pytree of [edges / num_blocks, ...]))`.
-    blocked: arrays `[num_blocks, edges / num_blocks, ...]` (see `blocks.split_rows`).
+    blocked: pytrees of arrays `[num_blocks, ...]`, e.g. `[num_blocks, edges / num_blocks,
+      ...]` (see `blocks.split_rows`).
     shared: arrays every block sees whole (e.g. the node tables).
 
   Returns:
@@ -131,7 +144,7 @@ def scan_edge_blocks(block_fn: Callable, blocked: tuple, shared: tuple, num_rece
     blocks too.
   """
   if jax.tree.leaves(blocked)[0].shape[0] == 1:
-    sums, per_edge = block_fn(*(array[0] for array in blocked), *shared)
+    sums, per_edge = block_fn(*jax.tree.map(lambda array: array[0], blocked), *shared)
     return sums, jax.tree.map(lambda x: x[None], per_edge)
   block = jax.checkpoint(block_fn, policy=jax.checkpoint_policies.nothing_saveable)
 
@@ -176,7 +189,7 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
                        sender_table, receiver_table, conditioning)
     if sender_mask is not None:
       per_edge = per_edge * sender_mask[senders][:, None]
-    return float32_sum(per_edge, receivers, num_receivers), None
+    return aggregation.sum_to_receivers(per_edge, receivers, num_receivers), None
 
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))

@@ -8,7 +8,7 @@ import numpy as np
 from flax import nnx
 
 from wnscale.data import variables as variables_lib
-from wnscale.graphs import build
+from wnscale.graphs import build, receiver_blocks
 from wnscale.graphs.edge_sets import graphcast_edge_sets, modality_edge_sets
 from wnscale.graphs.graph import Graphs
 from wnscale.graphs.points import PointSet
@@ -80,7 +80,9 @@ def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
                    residual_scale: np.ndarray, variable_loss_weights=(),
                    point_sets: dict[str, PointSet] | None = None, output_stats=None,
                    point_stats: dict | None = None) -> forecast.Constants:
-  """Host (numpy) constants; the node weights are the points' cell areas (mean 1), a
+  """Host (numpy) constants of one device (the processor's edges in receiver blocks:
+  `receiver_blocks.graphs_with_blocks`; `graphs` None: none, for the weights alone); the
+  node weights are the points' cell areas (mean 1), a
   cut-out's regional points' times `data.regional_loss_weight`; `residual_scale` is
   `[C_out]` (`source.residual_scale`); `variable_loss_weights`: `(variable, weight)` pairs
   (`train.variable_loss_weights`); each target modality's point weights are its
@@ -94,7 +96,7 @@ def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
       point_weights={m.name: point_sets[m.name].area.astype(np.float32)
                      for m in d.modalities if m.targets},
       first_guesses=first_guesses(d, residual_scale, output_stats, point_stats),
-      graphs=graphs,
+      graphs=None if graphs is None else receiver_blocks.graphs_with_blocks(graphs),
       residual_scale=np.asarray(residual_scale, np.float32),
       node_weights=node_weights.astype(np.float32),
       channel_weights=variables_lib.loss_channel_weights(d.outputs, d.pressure_levels,

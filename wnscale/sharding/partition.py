@@ -6,7 +6,8 @@
   inert: no edge reads or writes them and their loss weight is zero).
 * Each edge lives on the shard that owns its receiver, with a shard-local
   receiver index; padding edges point one past the last receiver, which the
-  segment sum drops.
+  segment sum drops. The processor's edges (`receiver_blocks.BLOCKED_EDGE_SETS`)
+  are laid out in receiver blocks, every shard's alike.
 * Sender indices point into the shard's *sender table*, which the exchange
   mode plans (`wnscale.sharding.exchange.MODES`).
 
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
+from wnscale.graphs import receiver_blocks
 from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
 from wnscale.sharding.exchange import MODES
 
@@ -101,9 +104,18 @@ def partition_nodes(xyz: np.ndarray, num_shards: int) -> NodePartition:
 
 
 def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
-                     receivers_part: NodePartition, exchange: str):
-  """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], the mode's plan)."""
+                     receivers_part: NodePartition, exchange: str, blocked: bool):
+  """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], the mode's plan).
+
+  `blocked`: each shard's edges in receiver blocks (`receiver_blocks`), all shards' of
+  one shape. Padding edges of `edges` (receiver past the last node) are dropped first.
+  """
   num_shards, per_shard = receivers_part.num_shards, receivers_part.per_shard
+  real = edges.receivers < len(receivers_part.slot_of_node)
+  if not np.all(real):
+    edges = edges.replace(senders=edges.senders[real], receivers=edges.receivers[real],
+                          features=edges.features[real])
+  edges = edges.replace(blocks=None)
   receiver_slot = receivers_part.slot_of_node[edges.receivers]
   receiver_shard, receiver_local = np.divmod(receiver_slot, per_shard)
   sender_shard, sender_local = np.divmod(senders_part.slot_of_node[edges.senders],
@@ -126,7 +138,22 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
     senders[shard, :len(block)] = table_index[block]
     receivers[shard, :len(block)] = receiver_local[block]
     features[shard, :len(block)] = edges.features[block]
-  return edges.replace(senders=senders, receivers=receivers, features=features), plan
+  laid_out = edges.replace(senders=senders, receivers=receivers, features=features)
+  if blocked:
+    laid_out = _in_blocks(laid_out, per_shard)
+  return laid_out, plan
+
+
+def _in_blocks(edges: EdgeSet, per_shard: int) -> EdgeSet:
+  """Stacked `[S, E_max]` edges in receiver blocks, every shard's of the largest shape."""
+  shards = [edges.replace(senders=edges.senders[s], receivers=edges.receivers[s],
+                          features=edges.features[s]) for s in range(len(edges.senders))]
+  own = [receiver_blocks.block_edges(shard.receivers, per_shard) for shard in shards]
+  shape = dict(num_blocks=max(b.local.shape[0] for b in own), width=max(b.width for b in own),
+               spans=max(b.rows.shape[0] for b in own))
+  shards = [receiver_blocks.with_blocks(shard, per_shard, receiver_blocks.block_edges(
+      shard.receivers, per_shard, **shape)) for shard in shards]
+  return jax.tree.map(lambda *arrays: np.stack(arrays), *shards)
 
 
 def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shards: int,
@@ -145,6 +172,7 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
       num_shards, parts[name].per_shard, -1)) for name, node_set in graphs.nodes.items()}
   edges, plans = {}, {}
   for name, edge_set in graphs.edges.items():
-    edges[name], plans[name] = _partition_edges(edge_set, parts[edge_set.sender_set],
-                                                parts[edge_set.receiver_set], exchange)
+    edges[name], plans[name] = _partition_edges(
+        edge_set, parts[edge_set.sender_set], parts[edge_set.receiver_set], exchange,
+        blocked=name in receiver_blocks.BLOCKED_EDGE_SETS)
   return PartitionedGraphs(Graphs(nodes, edges), parts, plans, exchange)

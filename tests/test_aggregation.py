@@ -1,0 +1,169 @@
+"""Receiver blocks: sums and gathers by matrix products equal those by index, values and
+gradients, and the layout is what its docstring says."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from wnscale.graphs import receiver_blocks
+from wnscale.graphs.graph import EdgeSet
+from wnscale.model import aggregation
+
+
+def _sorted_receivers(rng, num_receivers, degrees):
+  """Receiver indices, sorted, receiver i appearing `degrees[i]` times."""
+  del rng
+  return np.repeat(np.arange(num_receivers), degrees).astype(np.int32)
+
+
+@pytest.mark.parametrize("slots, degrees", [
+    (16, "regular"),     # every receiver 3 edges, blocks cut receivers' runs
+    (8, "varied"),       # 0..12 edges: empty receivers inside windows, runs over 2 blocks
+    (4, "long"),         # a receiver with more edges than a block: its sum spans 4 blocks
+])
+def test_layout_rows_and_windows(slots, degrees):
+  rng = np.random.default_rng(0)
+  num_receivers = 40
+  degrees = {"regular": np.full(num_receivers, 3), "varied": rng.integers(0, 13, num_receivers),
+             "long": np.r_[np.full(10, 2), 13, np.full(29, 1)]}[degrees]
+  receivers = _sorted_receivers(rng, num_receivers, degrees)
+  blocks = receiver_blocks.block_edges(receivers, num_receivers, slots=slots)
+  num_blocks = -(-len(receivers) // slots)
+  assert blocks.local.shape == (num_blocks, slots)
+  assert blocks.width % 8 == 0
+  padded = np.full(num_blocks * slots, num_receivers)
+  padded[:len(receivers)] = receivers
+  local = blocks.local.reshape(-1)
+  real = padded < num_receivers
+  # Every real edge's receiver is its block's first plus its local index, within the window.
+  np.testing.assert_array_equal(
+      (np.repeat(blocks.first, slots) + local)[real], padded[real])
+  assert np.all(local[real] < blocks.width) and np.all(local[~real] == blocks.width)
+  # Each receiver's rows are exactly the (block, window row) pairs of its edges.
+  zero_row = num_blocks * blocks.width
+  for node in range(num_receivers):
+    edges = np.nonzero(padded == node)[0]
+    expected = sorted({(e // slots) * blocks.width + local[e] for e in edges})
+    got = sorted(r for r in blocks.rows[:, node] if r != zero_row)
+    assert got == expected, node
+  assert blocks.rows.shape[0] == (4 if degrees.max() > 2 * slots else blocks.rows.shape[0])
+
+
+def _edge_problem(num_receivers=37, seed=0, slots=8, dtype=jnp.float32, width=5):
+  rng = np.random.default_rng(seed)
+  degrees = rng.integers(0, 9, num_receivers)
+  degrees[5] = 3 * slots + 1  # one receiver spanning several blocks
+  receivers = _sorted_receivers(rng, num_receivers, degrees)
+  senders = rng.integers(0, num_receivers, len(receivers)).astype(np.int32)
+  edges = EdgeSet(senders, receivers, np.zeros((len(receivers), 0), np.float32), "n", "n")
+  laid_out = receiver_blocks.with_blocks(
+      edges, num_receivers, receiver_blocks.block_edges(receivers, num_receivers, slots))
+  values = jnp.asarray(rng.standard_normal((laid_out.senders.shape[0], width)), dtype)
+  table = jnp.asarray(rng.standard_normal((num_receivers, width)), dtype)
+  return laid_out, values, table
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_sum_and_gather_by_blocks_equal_by_index(dtype):
+  edges, values, table = _edge_problem(dtype=dtype)
+  num_receivers = table.shape[0]
+  cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(values.shape), dtype)
+  tolerance = dict(rtol=1e-6, atol=1e-6) if dtype == jnp.float32 else dict(rtol=1e-2, atol=1e-2)
+
+  def loss(method, values, table):
+    receivers = aggregation.receivers_of(edges, method)
+    sums = aggregation.sum_to_receivers(values, receivers, num_receivers)
+    gathered = aggregation.gather(table, receivers)
+    real = edges.receivers < num_receivers  # padding edges: by index any row, by blocks 0
+    return (jnp.sum(jnp.sin(sums)) + jnp.sum(jnp.where(real[:, None], gathered, 0)
+                                             .astype(jnp.float32) * cotangent)), (sums, gathered)
+
+  # The reference: by index, in float32 (a bfloat16 scatter would add in bfloat16).
+  arguments = {"segment_sum": (values.astype(jnp.float32), table.astype(jnp.float32)),
+               "matmul": (values, table)}
+  results = {method: jax.jit(jax.value_and_grad(lambda v, t, m=method: loss(m, v, t),
+                                                argnums=(0, 1), has_aux=True))(*arguments[method])
+             for method in ("segment_sum", "matmul")}
+  (value_i, (sums_i, gathered_i)), grads_i = results["segment_sum"]
+  (value_b, (sums_b, gathered_b)), grads_b = results["matmul"]
+  assert sums_b.dtype == jnp.float32 and gathered_b.dtype == dtype
+  # bfloat16 values are summed in float32 both ways: the same sums.
+  np.testing.assert_allclose(sums_b, sums_i, rtol=1e-6, atol=1e-6)
+  real = np.asarray(edges.receivers < num_receivers)
+  np.testing.assert_array_equal(np.asarray(gathered_b, np.float32)[real],
+                                np.asarray(gathered_i, np.float32)[real])
+  np.testing.assert_array_equal(np.asarray(gathered_b, np.float32)[~real], 0)
+  np.testing.assert_allclose(value_b, value_i, rtol=1e-5)
+  for grad_b, grad_i in zip(grads_b, grads_i):
+    assert grad_b.dtype == dtype
+    np.testing.assert_allclose(np.asarray(grad_b, np.float32)[:len(grad_i)],
+                               np.asarray(grad_i, np.float32), **tolerance)
+
+
+def test_blocks_under_vmap_equal_by_index():
+  edges, values, table = _edge_problem()
+  num_receivers = table.shape[0]
+  batch = jnp.stack([values, 2 * values])
+
+  def sums(method):
+    receivers = aggregation.receivers_of(edges, method)
+    return jax.vmap(lambda v: aggregation.sum_to_receivers(v, receivers, num_receivers))(batch)
+
+  np.testing.assert_allclose(sums("matmul"), sums("segment_sum"), rtol=1e-6, atol=1e-6)
+
+
+def test_auto_is_segment_sum_on_a_cpu_else_matmul_and_unknown_methods_fail():
+  edges, _, _ = _edge_problem()
+  on_cpu = jax.default_backend() == "cpu"
+  assert aggregation.receivers_of(edges, "auto") is (edges.receivers if on_cpu
+                                                     else edges.blocks)
+  assert aggregation.receivers_of(edges, "matmul") is edges.blocks
+  with pytest.raises(ValueError, match="Unknown aggregation 'scatter'"):
+    aggregation.receivers_of(edges, "scatter")
+
+
+@pytest.mark.parametrize("conditioned", [False, True])
+def test_fused_edge_step_equals_messages_and_sum(conditioned):
+  """One processor layer's edge work as one kernel per block (Pallas's interpreter on a CPU)
+  equals the interaction network's messages and their sum: values, and gradients of the
+  edges, both node tables and every parameter (a noise-conditioned norm's too)."""
+  from flax import nnx
+  from wnscale.model.message_passing import InteractionNetwork
+  width, conditioning_size = 16, 3
+  edges, values, table = _edge_problem(width=width, slots=128)
+  num_receivers = table.shape[0]
+  layer = InteractionNetwork(width, conditioning_size=conditioning_size if conditioned else 0,
+                             dtype=jnp.float32, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(layer)
+  rng = np.random.default_rng(2)
+  # Conditioning far from zero, so the conditioned norm's scale and offset matter.
+  state = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(x.dtype), state)
+  conditioning = jnp.asarray(rng.standard_normal(conditioning_size), jnp.float32)
+  senders_table = jnp.asarray(rng.standard_normal(table.shape), jnp.float32)
+  real = edges.receivers < num_receivers
+  weights = jnp.asarray(rng.standard_normal(values.shape), jnp.float32)
+
+  def loss(fused, state, values, senders_table, table):
+    layer = nnx.merge(graphdef, state)
+    c = conditioning if conditioned else None
+    if fused:
+      sums, new_edges = layer.fused_edge_step(values, senders_table, edges.senders, table,
+                                              edges.blocks, c)
+    else:
+      messages = layer.messages(values, senders_table, table, edges.senders, edges.receivers, c)
+      sums = aggregation.sum_to_receivers(messages, edges.receivers, num_receivers)
+      new_edges = values + messages
+    # Padding edges' new latents differ (their rows are never read): left out.
+    return jnp.sum(jnp.tanh(sums)) + jnp.sum(jnp.where(real[:, None], new_edges, 0) * weights)
+
+  arguments = (state, values, senders_table, table)
+  reference = jax.value_and_grad(functools.partial(loss, False), argnums=(0, 1, 2, 3))(
+      *arguments)
+  fused = jax.jit(jax.value_and_grad(functools.partial(loss, True), argnums=(0, 1, 2, 3)))(
+      *arguments)
+  np.testing.assert_allclose(fused[0], reference[0], rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(fused[1]), jax.tree.leaves(reference[1]), strict=True):
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5 * float(np.abs(want).max()))

@@ -1,0 +1,168 @@
+"""Receiver-side gathers and sums of an edge set: by index, or by matrix products on blocks.
+
+Message passing reads each edge's receiver row (`gather`) and sums each
+receiver's messages (`sum_to_receivers`). By index these are a gather and a
+`segment_sum`; their transposes (in the backward pass) a scatter and a gather.
+An accelerator's scatter is slow, so an edge set laid out in receiver blocks
+(`wnscale.graphs.receiver_blocks`) does both as products with each block's
+0/1 matrix `[width, slots]` (which edge goes to which receiver of the block's
+window), on the matrix unit:
+
+  sum_to_receivers   partial sums per block   [blocks, width, D] = onehot @ values
+                     then each receiver's row(s) of them gathered (`rows`)
+  gather             each block's window of receiver rows [blocks, width, D]
+                     (a contiguous slice per block), then onehot^T @ windows
+
+The two are each other's transposes, and their gradients are written so
+(`jax.custom_vjp`): the backward pass of either is the other's forward pass,
+with no scatter anywhere. Results equal the indexed versions' to float
+rounding: the products have one nonzero term per output element (the gather)
+or sum the same terms (the sum, in float32); float32 values are multiplied at
+full precision (`Precision.HIGHEST`; a TPU's default would round them to
+bfloat16).
+
+`Receivers` is what a stage hands these functions: the receiver indices (a
+`[num_edges]` array, padding edges `num_receivers`) or the `ReceiverBlocks`.
+`receivers_of(edge_set, method)` picks one.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import jax
+import jax.numpy as jnp
+
+from wnscale.graphs.receiver_blocks import ReceiverBlocks
+
+Receivers = Union[jax.Array, ReceiverBlocks]
+# `model.aggregation`: "matmul" (blocks, where the edge set has them), "fused" (blocks,
+# and the processor's edge step as one kernel per block: `wnscale.model.fused_edges`;
+# TPU, and CPU in Pallas's interpreter), "segment_sum" (indices), or "auto": matmul on an
+# accelerator, segment_sum on a CPU (where a scatter is cheap and the products' extra
+# arithmetic is not).
+METHODS = ("auto", "matmul", "fused", "segment_sum")
+
+
+def target_platform() -> str | None:
+  """The platform the program being traced is for, where known: inside `shard_map`, its
+  mesh's (an ahead-of-time compile for a TPU on a CPU host says "tpu"); else None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = getattr(mesh, "abstract_device", None) if not mesh.empty else None
+  return getattr(device, "platform", None)
+
+
+def resolve(method: str) -> str:
+  """`method`, with "auto" replaced by the target platform's choice (`target_platform`, else
+  this process's default backend)."""
+  if method not in METHODS:
+    raise ValueError(f"Unknown aggregation {method!r}; expected one of {METHODS}.")
+  if method == "auto":
+    platform = target_platform() or jax.default_backend()
+    return "segment_sum" if platform == "cpu" else "matmul"
+  return method
+
+
+def receivers_of(edge_set, method: str) -> Receivers:
+  """The edge set's blocks if it has them and `method` uses them, else its receiver indices."""
+  if resolve(method) in ("matmul", "fused") and edge_set.blocks is not None:
+    return edge_set.blocks
+  return edge_set.receivers
+
+
+def gather(table: jax.Array, receivers: Receivers) -> jax.Array:
+  """`table [num_receivers, D]` rows of each edge's receiver: `[num_edges, D]` (padding
+  edges: any row, by index; zeros, by blocks)."""
+  if isinstance(receivers, ReceiverBlocks):
+    return _gather_blocks(table, receivers)
+  return table[receivers]
+
+
+def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int) -> jax.Array:
+  """`values [num_edges, D]` summed over each receiver's edges: `[num_receivers, D]` float32
+  (padding edges dropped)."""
+  if isinstance(receivers, ReceiverBlocks):
+    return _sum_blocks(values, receivers)
+  return jax.ops.segment_sum(values.astype(jnp.float32), receivers, num_segments=num_receivers,
+                             indices_are_sorted=True)
+
+
+def _precision(dtype):
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def _one_hot(blocks: ReceiverBlocks, dtype) -> jax.Array:
+  """`[num_blocks, width, slots]`: 1 where the slot's edge goes to that row of the window."""
+  rows = jax.lax.broadcasted_iota(jnp.int32, (1, blocks.width, 1), 1)
+  return (blocks.local[:, None, :] == rows).astype(dtype)
+
+
+def _partials(values, blocks: ReceiverBlocks) -> jax.Array:
+  """`[num_blocks * slots, D] -> [num_blocks, width, D]` float32 sums per window row."""
+  by_block = values.reshape(blocks.local.shape + values.shape[1:])
+  return jnp.einsum("kws,ksd->kwd", _one_hot(blocks, values.dtype), by_block,
+                    precision=_precision(values.dtype), preferred_element_type=jnp.float32)
+
+
+def assemble(partials, blocks: ReceiverBlocks) -> jax.Array:
+  """`[num_blocks, width, D]` float32 partial sums -> `[num_receivers, D]`, each receiver's
+  rows (one per block its edges reach) added."""
+  flat = partials.reshape((-1,) + partials.shape[2:])
+  # The row past the last ("none") reads as 0.
+  return sum(flat.at[rows].get(mode="fill", fill_value=0) for rows in blocks.rows)
+
+
+def windows(table, blocks: ReceiverBlocks) -> jax.Array:
+  """`[num_receivers, D] -> [num_blocks, width, D]`: rows `first .. first + width` per block.
+
+  The windows lie inside the table (`block_edges` moves them so) unless the table has
+  fewer rows than a window; then it is padded.
+  """
+  padded = jnp.pad(table, [(0, max(blocks.width - table.shape[0], 0))]
+                   + [(0, 0)] * (table.ndim - 1))
+  dimensions = jax.lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(),
+                                              start_index_map=(0,))
+  return jax.lax.gather(padded, blocks.first[:, None], dimensions,
+                        slice_sizes=(blocks.width,) + table.shape[1:],
+                        mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+
+def _spread(window_rows, blocks: ReceiverBlocks, dtype) -> jax.Array:
+  """`[num_blocks, width, D]` window rows -> `[num_blocks * slots, D]`, each slot's row."""
+  spread = jnp.einsum("kws,kwd->ksd", _one_hot(blocks, window_rows.dtype), window_rows,
+                      precision=_precision(window_rows.dtype), preferred_element_type=dtype)
+  return spread.reshape((-1,) + spread.shape[2:])
+
+
+@jax.custom_vjp
+def _sum_blocks(values, blocks):
+  return assemble(_partials(values, blocks), blocks)
+
+
+def _sum_blocks_forward(values, blocks):
+  return _sum_blocks(values, blocks), (blocks, jnp.zeros((0,), values.dtype))
+
+
+def _sum_blocks_backward(residuals, grad):
+  blocks, like = residuals
+  return _spread(windows(grad, blocks), blocks, like.dtype), None
+
+
+_sum_blocks.defvjp(_sum_blocks_forward, _sum_blocks_backward)
+
+
+@jax.custom_vjp
+def _gather_blocks(table, blocks):
+  return _spread(windows(table, blocks), blocks, table.dtype)
+
+
+def _gather_blocks_forward(table, blocks):
+  return _gather_blocks(table, blocks), (blocks, jnp.zeros((0,), table.dtype))
+
+
+def _gather_blocks_backward(residuals, grad):
+  blocks, like = residuals
+  return assemble(_partials(grad, blocks), blocks).astype(like.dtype), None
+
+
+_gather_blocks.defvjp(_gather_blocks_forward, _gather_blocks_backward)
