@@ -7,7 +7,7 @@ the paper's remat scheme, and the graph sharded over 8 devices per example.
   python -m launch.train --config=configs/graphcast_0p25.py --workdir=DIR \
       --config.data.path=/path/to/era5_0p25deg_37levels.zarr
 
-Expect: graph build ~8 s on 2 CPU cores (cached on disk afterwards).
+Expect: graph build ~3 s on 2 CPU cores (cached on disk afterwards).
 """
 
 from wnscale.config import graphcast_paper_config

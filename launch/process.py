@@ -1,5 +1,6 @@
 """What every JAX launcher sets up in its process before the library runs: the platform,
-fake CPU devices, and the processes' cluster (`jax.distributed`).
+fake CPU devices, the persistent compilation cache, and the processes' cluster
+(`jax.distributed`).
 
   python -m launch.X ... --coordinator_address=host:port --num_processes=2 --process_id=0
   # on Cloud TPU no flags are needed: JAX finds its peers from the environment
@@ -21,6 +22,11 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
 COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+COMPILATION_CACHE = flags.DEFINE_bool(
+    "compilation_cache", True,
+    "Keep compiled programs in JAX's persistent compilation cache, in the cache directory "
+    "($WNSCALE_CACHE_DIR/jax, default ~/.cache/wnscale/jax), and load them from there: a run "
+    "started again does not compile again. --nocompilation_cache compiles everything.")
 
 
 def set_up(platform: str | None, num_cpu_devices: int | None):
@@ -49,11 +55,15 @@ def is_first_before_start() -> bool:
 
 
 def start():
-  """`set_up` from the flags, then joins the processes' cluster: with gloo CPU
+  """`set_up` from the flags and the persistent compilation cache (unless
+  --nocompilation_cache), then joins the processes' cluster: with gloo CPU
   collectives when the flags name it, from the environment on a Cloud TPU slice,
   none for a single process."""
   import jax  # noqa: PLC0415
+  from wnscale import compilation_cache  # noqa: PLC0415
   set_up(PLATFORM.value, NUM_CPU_DEVICES.value)
+  if COMPILATION_CACHE.value:
+    compilation_cache.enable()
   if COORDINATOR.value or NUM_PROCESSES.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,

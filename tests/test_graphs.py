@@ -7,8 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import spatial
 
-from wnscale.graphs import build, connectivity, features, grid, icosahedron
+from wnscale.graphs import blocks, build, connectivity, features, grid, icosahedron
 from wnscale.graphs.edge_sets import graphcast_edge_sets
 from wnscale.graphs.points import PointSet, named_grid
 
@@ -144,6 +145,67 @@ def test_mesh_to_grid_fast_path_is_the_closest_face(resolution, levels):
   np.testing.assert_array_equal(searched[~on_edge], chosen[~on_edge])
 
 
+@pytest.mark.parametrize("points", [PointSet.regular(*grid.regular_grid(2.8125)),
+                                    named_grid("O32")], ids=["regular", "O32"])
+def test_grid_to_mesh_edges_are_every_pair_within_the_radius(points):
+  """The radius query (the reference's `query_ball_point`, on every core) gives exactly
+  the pairs of scipy's pairwise-distance query (the path before it), in receiver, then
+  sender order: with GraphCast's one radius and with a radius of each mesh node's own."""
+  mesh = icosahedron.mesh_hierarchy(3)[-1]
+  xyz = grid.lat_lon_to_xyz(points.latitude.astype(np.float32),
+                            points.longitude.astype(np.float32))
+  radius = connectivity.max_edge_length(mesh) * np.float32(0.6)
+  wobble = 1 + 0.2 * np.abs(np.sin(np.arange(len(mesh.vertices))))
+  for chosen in (radius, (radius * wobble).astype(np.float32)):
+    senders, receivers = connectivity.grid_to_mesh_edges(xyz, mesh, chosen)
+    pairs = spatial.cKDTree(mesh.vertices).sparse_distance_matrix(
+        spatial.cKDTree(xyz), float(np.max(chosen)), output_type="ndarray")
+    pairs = pairs[pairs["v"] <= np.broadcast_to(chosen, (len(mesh.vertices),))[pairs["i"]]]
+    order = np.lexsort((pairs["j"], pairs["i"]))
+    assert len(senders) > len(mesh.vertices)
+    np.testing.assert_array_equal(senders, pairs["j"][order])
+    np.testing.assert_array_equal(receivers, pairs["i"][order])
+
+
+@pytest.mark.parametrize("regional", [0, 2], ids=["uniform", "regional"])
+def test_the_nearest_vertex_shortcut_gives_the_faces_of_the_search(monkeypatch, regional):
+  """A point clearly inside a face around its nearest vertex takes that face without the
+  nearest-centroid search; the search alone (the path before the shortcut) gives the same
+  edges and ties, for grid nodes and for points on the mesh's vertices and edges, on a
+  uniform mesh and on one refined further over a cap."""
+  lat, lon = (a.astype(np.float32) for a in grid.grid_lat_lon(*grid.regular_grid(2.8125)))
+  meshes = icosahedron.mesh_hierarchy(3, lambda xyz: xyz[:, 2] > 0.6, regional)
+  mesh = meshes[-1]
+  coarse = meshes[1]
+  on_mesh = np.concatenate([coarse.vertices, coarse.vertices[coarse.faces[:, :2]].mean(axis=1)])
+  xyz = np.concatenate([grid.lat_lon_to_xyz(lat, lon),
+                        on_mesh / np.linalg.norm(on_mesh, axis=1, keepdims=True)])
+  shortcut = connectivity.mesh_to_grid_edges(xyz, mesh), connectivity.tied_grid_nodes(xyz, mesh)
+  monkeypatch.setattr(connectivity, "_CLEARLY_INSIDE", np.inf)  # no point is: all searched
+  searched = connectivity.mesh_to_grid_edges(xyz, mesh), connectivity.tied_grid_nodes(xyz, mesh)
+  for got, expected in zip((*shortcut[0], shortcut[1]), (*searched[0], searched[1])):
+    np.testing.assert_array_equal(got, expected)
+  assert 0 < shortcut[1].sum() < len(xyz) // 4  # the points on edges are ties
+
+
+def test_blocks_in_threads_give_the_arrays_of_one_block(monkeypatch):
+  """The mesh-to-grid search and the edge features work on blocks of rows in threads:
+  small blocks on 4 threads give the arrays of one block in this thread, bit for bit."""
+  monkeypatch.setattr(blocks, "cores", lambda: 4)
+  lat, lon = (a.astype(np.float32) for a in grid.grid_lat_lon(*grid.regular_grid(2.8125)))
+  xyz = grid.lat_lon_to_xyz(lat, lon)
+  mesh = icosahedron.mesh_hierarchy(3)[-1]
+  whole = connectivity.mesh_to_grid_edges(xyz, mesh, block=len(xyz))
+  for got, expected in zip(connectivity.mesh_to_grid_edges(xyz, mesh, block=1000), whole):
+    np.testing.assert_array_equal(got, expected)
+  mesh_lat, mesh_lon = grid.xyz_to_lat_lon(mesh.vertices)
+  arguments = (grid.lat_lon_to_xyz(mesh_lat, mesh_lon), xyz, lat, lon, *whole)
+  np.testing.assert_array_equal(features.edge_features(*arguments, block=999),
+                                features.edge_features(*arguments, block=len(whole[0])))
+  with pytest.raises(ZeroDivisionError):  # a block's error reaches the caller
+    blocks.for_blocks(10, 3, lambda rows: rows.start // (rows.start - 6))
+
+
 def test_closest_points_on_triangles():
   """Against a dense sampling of each triangle, from points on every side of it."""
   rng = np.random.default_rng(0)
@@ -165,9 +227,10 @@ def test_edge_features_in_the_receiver_frame():
   plain displacement sender - receiver (and its length), / normalization."""
   lat = np.array([10.0, 0.0], np.float32)
   lon = np.array([5.0, 0.0], np.float32)
-  xyz = grid.lat_lon_to_xyz(lat, lon).astype(np.float64)
-  f = features.edge_features(lat, lon, lat, lon, np.array([0]), np.array([1]),
+  xyz = grid.lat_lon_to_xyz(lat, lon)
+  f = features.edge_features(xyz, xyz, lat, lon, np.array([0]), np.array([1]),
                              normalization=2.0)
+  xyz = xyz.astype(np.float64)
   np.testing.assert_allclose(f[0, 1:], (xyz[0] - xyz[1]) / 2.0, atol=1e-7)
   np.testing.assert_allclose(f[0, 0], np.linalg.norm(xyz[0] - xyz[1]) / 2.0, atol=1e-7)
 
@@ -181,9 +244,12 @@ def test_edge_features_are_invariant_to_longitude_shifts():
   lat = rng.uniform(-89, 89, 40).astype(np.float32)
   lon = rng.uniform(0, 360, 40).astype(np.float32)
   senders, receivers = rng.integers(0, 40, 200), rng.integers(0, 40, 200)
-  original = features.edge_features(lat, lon, lat, lon, senders, receivers)
+  def edge_features(lat, lon):  # every node both a sender and a receiver
+    xyz = grid.lat_lon_to_xyz(lat, lon)
+    return features.edge_features(xyz, xyz, lat, lon, senders, receivers)
+  original = edge_features(lat, lon)
   shifted_lon = np.mod(lon + np.float32(rng.uniform(0, 360)), 360).astype(np.float32)
-  shifted = features.edge_features(lat, shifted_lon, lat, shifted_lon, senders, receivers)
+  shifted = edge_features(lat, shifted_lon)
   np.testing.assert_allclose(shifted, original, atol=1e-5)
   # A rotation about the x axis moves the poles: the local frames turn, features change.
   xyz = grid.lat_lon_to_xyz(lat.astype(np.float64), lon.astype(np.float64))
@@ -192,8 +258,7 @@ def test_edge_features_are_invariant_to_longitude_shifts():
                        [0, np.sin(angle), np.cos(angle)]])
   rotated_lat, rotated_lon = (a.astype(np.float32)
                               for a in grid.xyz_to_lat_lon(xyz @ rotation.T))
-  rotated = features.edge_features(rotated_lat, rotated_lon, rotated_lat, rotated_lon,
-                                   senders, receivers)
+  rotated = edge_features(rotated_lat, rotated_lon)
   # Lengths are rotation invariant; the displacement components are not.
   np.testing.assert_allclose(rotated[:, 0], original[:, 0], atol=1e-5)
   assert np.abs(rotated[:, 1:] - original[:, 1:]).max() > 0.1

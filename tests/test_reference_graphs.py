@@ -114,7 +114,8 @@ def test_normalization_factors(reference):
   mesh_lat_lon = grid.xyz_to_lat_lon(icosahedron.mesh_hierarchy(2)[-1].vertices)
   for key, senders_lat_lon, receivers_lat_lon in [
       ("grid2mesh", grid_lat_lon, mesh_lat_lon), ("mesh", mesh_lat_lon, mesh_lat_lon)]:
-    raw = features.edge_features(*senders_lat_lon, *receivers_lat_lon,
+    raw = features.edge_features(grid.lat_lon_to_xyz(*senders_lat_lon),
+                                 grid.lat_lon_to_xyz(*receivers_lat_lon), *receivers_lat_lon,
                                  reference[f"{key}_senders"], reference[f"{key}_receivers"],
                                  normalization=1.0)
     np.testing.assert_allclose(raw[:, 0].max(), reference[f"{key}_edge_normalization"],
@@ -125,8 +126,9 @@ def test_normalization_factors(reference):
   graphs = build.build_graphs(PointSet.regular(latitude, longitude), mesh_levels=2,
                               use_cache=False)
   m2g = graphs.edges["mesh_to_grid"]
-  raw = features.edge_features(*mesh_lat_lon, *grid_lat_lon, m2g.senders, m2g.receivers,
-                               normalization=1.0)
+  raw = features.edge_features(grid.lat_lon_to_xyz(*mesh_lat_lon),
+                               grid.lat_lon_to_xyz(*grid_lat_lon), *grid_lat_lon,
+                               m2g.senders, m2g.receivers, normalization=1.0)
   assert m2g.features[:, 0].max() == 1.0
   np.testing.assert_allclose(m2g.features, raw / raw[:, 0].max(), rtol=0, atol=3e-7)
   ties = np.zeros(len(grid_lat_lon[0]), bool)

@@ -4,6 +4,7 @@ Graphs, synthetic stores and remat plans are expensive to make and cheap to
 keep. Each cached file is named by a hash of everything it depends on,
 including the source code that made it (`source_digest`), so a change to that
 code never reads back a stale file and nobody has to remember to bump a version.
+Compiled programs are kept here too, under JAX's own keys (`wnscale.compilation_cache`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import pathlib
 from wnscale import paths
 
 _PACKAGE = pathlib.Path(__file__).resolve().parent
+# The cache directory when `$WNSCALE_CACHE_DIR` does not name one.
+LOCAL_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "wnscale")
 
 
 def cache_dir() -> str:
   """`$WNSCALE_CACHE_DIR` (a local path or a URL such as `gs://bucket/cache`), or
-  `~/.cache/wnscale`."""
-  return paths.normalize(os.environ.get(
-      "WNSCALE_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "wnscale")))
+  `LOCAL_CACHE_DIR` (`~/.cache/wnscale`)."""
+  return paths.normalize(os.environ.get("WNSCALE_CACHE_DIR", LOCAL_CACHE_DIR))
 
 
 def cache_path(kind: str, name: str) -> str:

@@ -49,8 +49,9 @@ def _build_edge_set(spec: EdgeSetSpec, geometry: Geometry, lat_lon: dict,
   senders, receivers, *own = spec.connect(geometry, spec.senders, spec.receivers, use_cache)
   senders, receivers = (a.astype(np.int32, copy=False) for a in (senders, receivers))
   if spec.features:
-    edge_features = features.edge_features(*lat_lon[spec.senders], *lat_lon[spec.receivers],
-                                           senders, receivers, spec.normalization or None)
+    edge_features = features.edge_features(
+        geometry.xyz[spec.senders], geometry.xyz[spec.receivers], *lat_lon[spec.receivers],
+        senders, receivers, spec.normalization or None)
   elif own:  # the connectivity's (e.g. interpolation weights)
     edge_features = own[0]
   else:

@@ -19,10 +19,13 @@ Positions are float32 unit vectors (the reference's), distances float64.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from scipy import spatial
 
 from wnscale.errors import UserError
+from wnscale.graphs import blocks
 from wnscale.graphs.icosahedron import TriangularMesh, faces_to_directed_edges
 
 
@@ -46,7 +49,10 @@ def local_edge_lengths(mesh: TriangularMesh) -> np.ndarray:
 
 
 def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius):
-  """All (grid node, mesh node) pairs at distance <= `radius`, sorted by receiver.
+  """All (grid node, mesh node) pairs at distance <= `radius`, sorted by receiver, then sender.
+
+  The reference's query (`cKDTree(grid).query_ball_point(mesh vertices, radius)`), on
+  every core.
 
   Args:
     grid_xyz: `[num_grid_nodes, 3]` unit vectors.
@@ -57,17 +63,13 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius):
     `(senders [num_edges] grid indices, receivers [num_edges] mesh indices)`.
 
   Raises:
-    ValueError: if some mesh node has no grid node within the radius.
+    UserError: if some mesh node has no grid node within the radius.
   """
-  mesh_tree = spatial.cKDTree(mesh.vertices)
-  grid_tree = spatial.cKDTree(grid_xyz)
-  pairs = mesh_tree.sparse_distance_matrix(grid_tree, float(np.max(radius)),
-                                           output_type="ndarray")
-  if np.ndim(radius):
-    pairs = pairs[pairs["v"] <= np.asarray(radius)[pairs["i"]]]
-  receivers = pairs["i"].astype(np.int64)
-  senders = pairs["j"].astype(np.int64)
-  covered = np.bincount(receivers, minlength=len(mesh.vertices))
+  radius = np.broadcast_to(np.asarray(radius, np.float64), (len(mesh.vertices),))
+  # One sorted list of grid nodes per mesh node, in mesh node order.
+  found = spatial.cKDTree(grid_xyz).query_ball_point(mesh.vertices, radius, workers=-1,
+                                                     return_sorted=True)
+  covered = np.fromiter(map(len, found), np.int64, len(found))
   if np.any(covered == 0):
     lonely = int(np.sum(covered == 0))
     raise UserError(
@@ -75,8 +77,8 @@ def grid_to_mesh_edges(grid_xyz: np.ndarray, mesh: TriangularMesh, radius):
         f"no grid node within the grid-to-mesh radius ({np.max(radius):.4f} chord). Use fewer "
         "mesh refinements (model.mesh_levels) or a finer grid, or raise "
         "model.radius_fraction.")
-  order = np.lexsort((senders, receivers))
-  return senders[order], receivers[order]
+  senders = np.fromiter(itertools.chain.from_iterable(found), np.int64, covered.sum())
+  return senders, np.repeat(np.arange(len(found), dtype=np.int64), covered)
 
 
 def points_to_mesh_edges(points_xyz: np.ndarray, mesh: TriangularMesh, radius: float):
@@ -114,7 +116,7 @@ def inverse_distance_edges(senders_xyz: np.ndarray, receivers_xyz: np.ndarray, k
   Returns:
     `(senders [R k], receivers [R k] sorted, weights [R k] float64)`.
   """
-  distance, nearest = spatial.cKDTree(senders_xyz).query(receivers_xyz, k)
+  distance, nearest = spatial.cKDTree(senders_xyz).query(receivers_xyz, k, workers=-1)
   distance, nearest = np.reshape(distance, (-1, k)), np.reshape(nearest, (-1, k))
   weights = 1.0 / np.maximum(distance, 1e-9)  # a receiver on a sender: that sender alone
   weights /= weights.sum(axis=1, keepdims=True)
@@ -122,35 +124,70 @@ def inverse_distance_edges(senders_xyz: np.ndarray, receivers_xyz: np.ndarray, k
   return nearest.reshape(-1).astype(np.int64), receivers, weights.reshape(-1)
 
 
-def _containing_faces(points, corners, candidates: int, block: int) -> np.ndarray:
-  """`[num_points]` a face whose spherical triangle contains each point.
+# How far inside all three edge planes of a face (`_containing_faces`' sides) a point
+# must be for that face to be the only one containing it, even with the search's
+# tolerance of -1e-12: a thousand times that tolerance.
+_CLEARLY_INSIDE = 1e-9
 
-  Tests the `candidates` faces with the nearest centroids against the three
-  great-circle planes of each face; a point on an edge gets one of its faces. A
-  point in none of them (beside a regionally refined patch's small faces, a big
-  face's centroid can be farther) is tested against every face.
+
+def _containing_faces(points, vertices, faces, candidates: int, block: int, margin: float):
+  """`(containing [num_points], near_edge [num_points] bool)`: a face whose spherical
+  triangle contains each point, and whether the point's orthogonal projection on that
+  face's plane lies outside the flat triangle or within `margin` of an edge (relative to
+  the edge's length).
+
+  A point clearly inside one of the faces around its nearest vertex
+  (`_CLEARLY_INSIDE`) lies in that face only. Every other point (near an edge) is
+  tested against the `candidates` faces with the nearest centroids and takes the first
+  that holds it within 1e-12, so a point on an edge gets one of its faces; a point in
+  none of them (beside a regionally refined patch's small faces, a big face's centroid
+  can be farther) is tested against every face. Blocks of `block` points are worked on
+  in threads (`blocks.for_blocks`).
+
+  Args:
+    points: `[num_points, 3]` float64 unit vectors.
+    vertices: `[num_vertices, 3]` float64; faces: `[num_faces, 3]` counter-clockwise.
   """
+  corners = vertices[faces]
   # Outward normals of the planes through the origin and each face edge: a point
   # is inside a (counter-clockwise) face when it is on the inner side of all three.
   edge_normals = np.cross(corners, np.roll(corners, -1, axis=1))  # [num_faces, 3, 3]
+  fan = _faces_around_vertices(faces, len(vertices))  # [num_vertices, max degree]
+  fan_normals = edge_normals[fan]  # [num_vertices, max degree, 3, 3]
+  vertex_tree = spatial.cKDTree(vertices)
   centroid_tree = spatial.cKDTree(corners.mean(axis=1))
   containing = np.empty(len(points), dtype=np.int64)
-  for start in range(0, len(points), block):
-    chunk = points[start:start + block]
+  near_edge = np.empty(len(points), dtype=bool)
+
+  def search(chunk) -> np.ndarray:  # the first of the nearest centroids' faces holding it
     _, nearest = centroid_tree.query(chunk, k=candidates)
     # [points, candidates, 3]: signed distance of each point to each edge plane.
     sides = np.einsum("pkej,pj->pke", edge_normals[nearest], chunk)
     inside = np.all(sides >= -1e-12, axis=-1)
-    containing[start:start + block] = nearest[np.arange(len(chunk)), inside.argmax(axis=1)]
+    found = nearest[np.arange(len(chunk)), inside.argmax(axis=1)]
     for point in np.flatnonzero(~inside.any(axis=1)):
       every = np.all(np.einsum("kej,j->ke", edge_normals, chunk[point]) >= -1e-12, axis=-1)
       if not every.any():
         raise RuntimeError("A grid node lies in no mesh face: the mesh is not closed.")
-      containing[start + point] = int(np.argmax(every))
-  return containing
+      found[point] = int(np.argmax(every))
+    return found
+
+  def work(rows: slice):
+    chunk = points[rows]
+    _, nearest_vertex = vertex_tree.query(chunk)
+    sides = np.einsum("pkej,pj->pke", fan_normals[nearest_vertex], chunk)
+    clearly = np.all(sides > _CLEARLY_INSIDE, axis=-1)  # [points, max degree]
+    found = fan[nearest_vertex, clearly.argmax(axis=1)]
+    unclear = np.flatnonzero(~clearly.any(axis=1))
+    found[unclear] = search(chunk[unclear])
+    containing[rows] = found
+    near_edge[rows] = ~_foot_inside(chunk, corners[found], margin)
+
+  blocks.for_blocks(len(points), block, work)
+  return containing, near_edge
 
 
-def _foot_inside(points, corners, margin: float = 1e-9) -> np.ndarray:
+def _foot_inside(points, corners, margin: float) -> np.ndarray:
   """`[n]` bool: the orthogonal projection of each point on its face's plane lies
   inside the flat triangle, at least `margin` (relative to the edge) from every edge.
 
@@ -247,7 +284,7 @@ def _closest_faces(points, guesses, vertices, faces) -> np.ndarray:
 
 
 def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
-                       candidates: int = 8, block: int = 262144):
+                       candidates: int = 8, block: int = 65536):
   """Each grid node to the 3 vertices of the closest flat mesh face (see module doc).
 
   The face containing a grid node (on the sphere) is found first. When the
@@ -262,8 +299,7 @@ def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
   """
   vertices, faces = mesh.vertices.astype(np.float64), mesh.faces
   points = grid_xyz.astype(np.float64)
-  chosen = _containing_faces(points, vertices[faces], candidates, block)
-  near_edge = ~_foot_inside(points, vertices[faces[chosen]])
+  chosen, near_edge = _containing_faces(points, vertices, faces, candidates, block, 1e-9)
   if near_edge.any():  # a few stations may have none
     chosen[near_edge] = _closest_faces(points[near_edge], chosen[near_edge], vertices, faces)
   senders = faces[chosen].reshape(-1)
@@ -272,7 +308,7 @@ def mesh_to_grid_edges(grid_xyz: np.ndarray, mesh: TriangularMesh,
 
 
 def tied_grid_nodes(grid_xyz: np.ndarray, mesh: TriangularMesh, tolerance: float = 1e-6,
-                    candidates: int = 8, block: int = 262144) -> np.ndarray:
+                    candidates: int = 8, block: int = 65536) -> np.ndarray:
   """`[num_grid_nodes]` bool: the nodes with more than one closest mesh face.
 
   A node on an edge or vertex shared by faces (within `tolerance`, relative, of
@@ -282,9 +318,9 @@ def tied_grid_nodes(grid_xyz: np.ndarray, mesh: TriangularMesh, tolerance: float
   """
   vertices, faces = mesh.vertices.astype(np.float64), mesh.faces
   points = grid_xyz.astype(np.float64)
-  chosen = _containing_faces(points, vertices[faces], candidates, block)
   # Float32 positions sit up to ~1e-7 off the edge they lie on: look that far.
-  near_edge = np.flatnonzero(~_foot_inside(points, vertices[faces[chosen]], margin=1e-5))
+  chosen, near_edge = _containing_faces(points, vertices, faces, candidates, block, 1e-5)
+  near_edge = np.flatnonzero(near_edge)
   found, _, _, squared = _candidate_distances(points[near_edge], chosen[near_edge], vertices,
                                               faces)
   equal = squared <= squared.min(axis=1, keepdims=True) * (1 + tolerance) + 1e-15

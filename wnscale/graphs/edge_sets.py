@@ -57,7 +57,7 @@ class WithinRadius:
     finest = geometry.meshes[-1]
     # float32 radius, as the reference's: its bits decide ties at the radius.
     if geometry.regional_levels:
-      nearest, _ = spatial.cKDTree(geometry.xyz[senders]).query(finest.vertices)
+      nearest, _ = spatial.cKDTree(geometry.xyz[senders]).query(finest.vertices, workers=-1)
       radius = np.maximum(connectivity.local_edge_lengths(finest) * np.float32(self.fraction),
                           nearest.astype(np.float32) * np.float32(1 + 1e-6))
     else:

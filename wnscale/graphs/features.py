@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wnscale.graphs.grid import lat_lon_to_xyz
+from wnscale.graphs import blocks
 
 NODE_FEATURES = 3
 EDGE_FEATURES = 4
@@ -53,29 +53,32 @@ def _to_frame(points: np.ndarray, cos_lon, sin_lon, cos_lat, sin_lat) -> np.ndar
   return np.stack([cos_lat * x1 + sin_lat * z, y1, -sin_lat * x1 + cos_lat * z], axis=-1)
 
 
-def edge_features(sender_lat, sender_lon, receiver_lat, receiver_lon, senders, receivers,
-                  normalization: float | None = None, block: int = 1 << 20) -> np.ndarray:
+def edge_features(sender_xyz, receiver_xyz, receiver_lat, receiver_lon, senders, receivers,
+                  normalization: float | None = None, block: int = 1 << 18) -> np.ndarray:
   """`[num_edges, 4]` float32: length, dx, dy, dz in the receiver's frame, / normalization.
 
   Args:
-    sender_lat, sender_lon: `[num_sender_nodes]` float32 degrees.
-    receiver_lat, receiver_lon: `[num_receiver_nodes]` float32 degrees.
+    sender_xyz: `[num_sender_nodes, 3]` float32 positions (`grid.lat_lon_to_xyz` of the
+      nodes' float32 latitude and longitude).
+    receiver_xyz: `[num_receiver_nodes, 3]` likewise.
+    receiver_lat, receiver_lon: `[num_receiver_nodes]` float32 degrees (the frames).
     senders, receivers: `[num_edges]` node indices.
     normalization: what the features are divided by; None: the longest edge.
-    block: edges per step, to bound the float64 temporaries.
+    block: edges per step (`blocks.for_blocks`), to bound the float64 temporaries.
   """
-  sender_xyz = lat_lon_to_xyz(sender_lat, sender_lon)
-  receiver_xyz = lat_lon_to_xyz(receiver_lat, receiver_lon)
   frames = _frame_rotations(receiver_lat, receiver_lon)
   # The receiver in its own frame is ~(1, 0, 0), not exactly: subtract it as rotated.
   receiver_in_frame = _to_frame(receiver_xyz.astype(np.float64), *frames)
   features = np.empty((len(senders), EDGE_FEATURES), dtype=np.float64)
-  for start in range(0, len(senders), block):
-    s, r = senders[start:start + block], receivers[start:start + block]
+
+  def work(rows: slice):
+    s, r = senders[rows], receivers[rows]
     displacement = _to_frame(sender_xyz[s].astype(np.float64), *(f[r] for f in frames))
     displacement -= receiver_in_frame[r]
-    features[start:start + block, 0] = np.linalg.norm(displacement, axis=-1)
-    features[start:start + block, 1:] = displacement
+    features[rows, 0] = np.linalg.norm(displacement, axis=-1)
+    features[rows, 1:] = displacement
+
+  blocks.for_blocks(len(senders), block, work)
   if normalization is None:
     normalization = features[:, 0].max() if len(features) else 1.0
   return (features / normalization).astype(np.float32)

@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 
 from wnscale import config as config_lib
-from wnscale import interrupts, paths
+from wnscale import compilation_cache, interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
 from wnscale.data import pipeline
@@ -288,8 +288,11 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
         t.start_phase(phase)
       batch = t.next_batch()
       compile_start = time.perf_counter()
-      with run_log.phase(_compiled_text(t.phases, phase)):
+      with run_log.phase(_compiled_text(t.phases, phase)) as details:
+        loaded = compilation_cache.hits()
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
+        if compilation_cache.hits() > loaded:
+          details["text"] = "loaded from the persistent compilation cache"
       compiling = time.perf_counter() - compile_start
       times["compile"] += compiling
       timer += compiling  # compiling is not training speed
