@@ -73,7 +73,8 @@ COLUMNS = (  # printed under the table
     ("arg GiB", "per device: parameters, optimizer state, batch and graph arrays"),
     ("tmp GiB", "per device: XLA's temporaries"),
     ("peak", "per device: peak memory in GiB, as compiled (TPU: XLA's own, checked against HBM)"),
-    ("HBM", "memory of one device in GiB (cpu:N: the host's RAM / N)"),
+    ("HBM", "memory of one device in GiB: what XLA may use (v5e: 15.75 of its 16; "
+            "cpu:N: the host's RAM / N)"),
     ("fits", "peak <= HBM"),
     ("FLOPs", "per device per step: model plus recomputation (analytic)"),
     ("comp s", "compile seconds"),

@@ -76,6 +76,26 @@ def test_the_planner_compiles_a_step_with_stations():
       config, problem.graph_shapes, 1)["model"])
 
 
+def test_a_live_device_is_planned_with_the_memory_it_offers(monkeypatch):
+  """A run's own devices: the memory the first one lets XLA use (`bytes_limit`, e.g. a v5e
+  chip's 15.75 GiB); fake CPU devices, which say none, share the host's RAM."""
+
+  class Chip:
+    platform = "tpu"
+
+    def memory_stats(self):
+      return {"bytes_limit": 16_909_336_064, "bytes_in_use": 0}
+
+  monkeypatch.setattr(jax, "devices", lambda: [Chip(), Chip()])
+  target = topology.live_target()
+  assert (target.name, len(target.devices)) == ("tpu:2", 2)
+  assert target.device_memory_bytes == 16_909_336_064
+  monkeypatch.undo()
+  cpu = topology.live_target()
+  assert cpu.name == f"cpu:{len(jax.devices())}"
+  assert cpu.device_memory_bytes == topology.host_memory_bytes() // jax.local_device_count()
+
+
 def test_bad_topology_is_a_clear_error():
   with pytest.raises(ValueError, match="Unknown topology 'v5e-8'"):
     topology.resolve("v5e-8")
@@ -87,7 +107,8 @@ def test_bad_topology_is_a_clear_error():
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed: pip install -e '.[tpu]'")
 def test_tpu_topology_compile():
   target = topology.resolve("v5e:2x2")
-  assert len(target.devices) == 4 and target.device_memory_bytes == 16 * 2**30
+  # What a v5e chip lets XLA use (its memory_stats()["bytes_limit"], 15.75 GiB), not 16 GiB.
+  assert len(target.devices) == 4 and target.device_memory_bytes == 16_909_336_064
 
   def report(graph, **model):
     # The tiny model with 2 processor layers: each TPU compile takes ~2/3 of the time.

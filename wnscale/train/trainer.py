@@ -511,11 +511,7 @@ def _compiled_text(phases, phase, accumulation_steps: int) -> str:
 
 def _auto_remat(config) -> dict:
   """Chooses remat settings for this run's devices (`wnscale.planner.auto_remat`)."""
-  devices = jax.devices()
-  memory = (devices[0].memory_stats() or {}).get("bytes_limit")
-  if memory is None and devices[0].platform == "cpu":  # fake CPU devices share the host
-    memory = topology.host_memory_bytes() // jax.local_device_count()
-  target = topology.Target(f"{devices[0].platform}:{len(devices)}", tuple(devices), memory)
+  target = topology.live_target()
   budget = int(config.train.memory_budget_gib * topology.GIB) or None
   choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, budget)
   logging.info("remat_policy='auto': %s", choice["reason"])
