@@ -61,7 +61,7 @@ def main():
       layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
       device_constants, halo_indices = layout.constants(constants)
       device_batch = layout.global_batch(layout.host_batch(batch), 1)
-      step = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef))).lower(
+      step = jax.jit(sharded_model.loss_and_grad_fn(layout, graphdef)).lower(
           params, device_constants, halo_indices, device_batch).compile()
       temp = xla_stats.compiled_stats(step)["temp_bytes"]
       base_temp = base_temp or temp

@@ -8,10 +8,13 @@ per-device memory against the chip's, FLOPs and compile time; nothing is allocat
 
 The graph is split over the config's mesh.graph devices (--graph_shards to choose),
 the rest of the devices split the batch. When the config's train.batch_size does
-not divide over those data shards, each data shard gets the fewest whole examples
-that cover it (--batch_per_data_shard to choose). Any config key can be overridden
-as --config.section.key=value (wnscale/config.py lists them). TPU topologies need
-the libtpu wheel (`pip install -e '.[tpu]'`).
+not divide over those data shards (or a data shard's examples into the config's
+train.accumulation_steps micro-batches), each data shard gets the fewest whole examples
+that cover it (--batch_per_data_shard to choose). The step compiled is the one training
+runs: with train.accumulation_steps, its micro-batches one at a time. A step that does
+not fit is compiled again with more micro-batches, and the fewest that fit are named.
+Any config key can be overridden as --config.section.key=value (wnscale/config.py lists
+them). TPU topologies need the libtpu wheel (`pip install -e '.[tpu]'`).
 """
 
 import json
@@ -34,7 +37,7 @@ from absl import flags, logging  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
 from wnscale.errors import UserError  # noqa: E402
-from wnscale.planner import auto_remat, topology  # noqa: E402
+from wnscale.planner import accumulation, auto_remat, topology  # noqa: E402
 from wnscale.train import curriculum  # noqa: E402
 from wnscale.planner.compile import (Problem, batch_per_data_shard,  # noqa: E402
                                      best_setting)
@@ -60,6 +63,8 @@ COLUMNS = (  # printed under the table
     ("candidate", "the remat setting compiled (with --sweep; see wnscale/planner/auto_remat.py)"),
     ("graph", "graph shards (mesh.graph); the other devices split the batch (mesh.data)"),
     ("batch", "global batch (train.batch_size), whole examples per data shard"),
+    ("micro", "micro-batches per step (train.accumulation_steps): each data shard runs its "
+              "examples in this many, one at a time"),
     ("EPD", "stages under remat: E encoder, P processor, D decoder (- none)"),
     ("K", "processor layers per checkpoint (model.mesh_remat_every)"),
     ("blocks", "blocks of encoder/decoder edges, mesh edges, grid nodes (model.edge_chunks, "
@@ -68,7 +73,8 @@ COLUMNS = (  # printed under the table
     ("arg GiB", "per device: parameters, optimizer state, batch and graph arrays"),
     ("tmp GiB", "per device: XLA's temporaries"),
     ("peak", "per device: peak memory in GiB, as compiled (TPU: XLA's own, checked against HBM)"),
-    ("HBM", "memory of one device in GiB (cpu:N: the host's RAM / N)"),
+    ("HBM", "memory of one device in GiB: what XLA may use (v5e: 15.75 of its 16; "
+            "cpu:N: the host's RAM / N)"),
     ("fits", "peak <= HBM"),
     ("FLOPs", "per device per step: model plus recomputation (analytic)"),
     ("comp s", "compile seconds"),
@@ -81,7 +87,7 @@ def _row(report) -> str:
                                           ("remat_mesh_to_grid_gnn", "D")) if remat[key]) or "-"
   memory = report["device_memory_bytes"]
   return (f"{report.get('candidate', ''):<22}{report['mesh']['graph']:>6}"
-          f"{report['batch_size']:>6}{stages:>5}"
+          f"{report['batch_size']:>6}{report['accumulation_steps']:>6}{stages:>5}"
           f"{remat['mesh_remat_every']:>4}{_blocks(remat):>9}  {remat['remat_policy']:<34}"
           f"{report['argument_bytes'] / GIB:>8.2f}{report['temp_bytes'] / GIB:>8.2f}"
           f"{report['peak_bytes'] / GIB:>8.2f}{(memory or 0) / GIB:>8.2f}"
@@ -137,11 +143,14 @@ def main(argv):
                       f"{name}.")
     config.mesh.update(graph=graph, data=-1)
     data_shards = num_devices // graph
-    per_shard = _BATCH.value or batch_per_data_shard(config_batch, data_shards)
+    micro_batches = config.train.accumulation_steps
+    per_shard = _BATCH.value or batch_per_data_shard(config_batch, data_shards, micro_batches)
     if not _BATCH.value and per_shard * data_shards != config_batch:
-      logging.warning("train.batch_size=%d does not split over %d data shards: compiling "
+      logging.warning("train.batch_size=%d does not split over %d data shards%s: compiling "
                       "%d example(s) per data shard (batch %d); --batch_per_data_shard "
-                      "chooses.", config_batch, data_shards, per_shard, per_shard * data_shards)
+                      "chooses.", config_batch, data_shards,
+                      f" of {micro_batches} micro-batches" if micro_batches > 1 else "",
+                      per_shard, per_shard * data_shards)
     config.train.batch_size = per_shard * data_shards
     problem = Problem(config, target, lower_train_step)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
@@ -155,17 +164,11 @@ def main(argv):
       if candidate:
         report["candidate"] = candidate
       reports.append(report)
-      if not _JSON.value:
-        if len(reports) == 1:
-          print(f"{target.name}: {num_devices} devices; graphs {problem.counts}")
-          print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'EPD':>5}{'K':>4}{'blocks':>9}  "
-                f"{'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}{'fits':>6}"
-                f"{'FLOPs':>11}{'comp s':>8}")
-        print(_row(report), flush=True)
-        if not report.get("compiled", True):
-          print(f"  {report['error']}", flush=True)
-        if _BREAKDOWN.value and "peak_buffers" in report:
-          print(_breakdown(report), flush=True)
+      _print(report, problem, len(reports) == 1)
+      if not report["fits"] and report.get("compiled", True) and not _SWEEP.value:
+        fitting = accumulation.fewest_that_fit(problem, overrides, target.device_memory_bytes)
+        report["fits_with_accumulation_steps"] = (fitting or {}).get("accumulation_steps")
+        _print(fitting, problem, False)
   if _JSON.value:
     print(json.dumps(reports if _SWEEP.value else reports[0]))
     return
@@ -176,6 +179,32 @@ def main(argv):
     print(best_setting(reports))
   elif not all(r["fits"] for r in reports):
     print("Some configurations do NOT fit in device memory (fits = NO).")
+    for report in reports:
+      if report.get("fits_with_accumulation_steps"):
+        steps = report["fits_with_accumulation_steps"]
+        per_shard = report["batch_size"] // report["mesh"]["data"]
+        print(f"With {report['mesh']['graph']} graph shard(s) it fits with "
+              f"train.accumulation_steps={steps} (micro-batches of {per_shard // steps} "
+              f"example(s) per data shard; the same gradient): "
+              f"--config.train.accumulation_steps={steps}.")
+
+
+def _print(report, problem, first: bool):
+  """A compiled step's row of the table (after the header, if `first`), and what it adds:
+  why the compiler failed, the peak's buffers. Nothing for no report, or with --json."""
+  if report is None or _JSON.value:
+    return
+  if first:
+    print(f"{problem.target.name}: {len(problem.target.devices)} devices; graphs "
+          f"{problem.counts}")
+    print(f"{'candidate':<22}{'graph':>6}{'batch':>6}{'micro':>6}{'EPD':>5}{'K':>4}"
+          f"{'blocks':>9}  {'policy':<34}{'arg GiB':>8}{'tmp GiB':>8}{'peak':>8}{'HBM':>8}"
+          f"{'fits':>6}{'FLOPs':>11}{'comp s':>8}")
+  print(_row(report), flush=True)
+  if not report.get("compiled", True):
+    print(f"  {report['error']}", flush=True)
+  if _BREAKDOWN.value and "peak_buffers" in report:
+    print(_breakdown(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -129,13 +129,14 @@ def sharded_layout(config, constants, positions, data: int, graph: int, exchange
 
 def sharded_loss_and_grads(config, layout: ShardedLayout, constants, batch, params,
                            **loss_options):
-  """`(loss, grads)` of the sharded model (`sharded_model.loss_fn`, `config`'s modalities,
-  `loss_options` such as `loss="crps"`) on `layout`, the whole batch put on its mesh."""
+  """`(loss, grads)` of the sharded model (`sharded_model.loss_and_grad_fn`, `config`'s
+  modalities, `loss_options` such as `loss="crps"` or `micro_batches=2`) on `layout`, the
+  whole batch put on its mesh."""
   specs = specs_lib.from_config(config)
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(specs)
-  fn = jax.jit(jax.value_and_grad(sharded_model.loss_fn(
-      layout, graphdef, modalities=specs.data.modalities, **loss_options)))
+  fn = jax.jit(sharded_model.loss_and_grad_fn(
+      layout, graphdef, modalities=specs.data.modalities, **loss_options))
   return fn(params, device_constants, halo_indices, device_batch(layout, batch))
 
 
@@ -164,7 +165,9 @@ def mean_loss(graphdef, params, constants, batch, *, loss: str = "mse", remat_st
   total, point_sums = loss_lib.loss_terms(nnx.merge(graphdef, params), constants, batch,
                                           loss=loss, remat_steps=remat_steps)
   examples, steps, _, nodes = batch["targets"].shape
-  return loss_lib.mean_loss(total, examples * steps * nodes, point_sums, modalities)
+  return loss_lib.mean_loss(total, examples * steps * nodes, point_sums,
+                            loss_lib.point_weight_sums(batch, constants.point_weights),
+                            modalities)
 
 
 def loss_and_grad_fn(config, constants, batch):

@@ -161,6 +161,13 @@ def test_zero_edge_chunks(tmp_path):
                     "model.edge_chunks=0 must be >= 1")
 
 
+def test_micro_batches_that_do_not_split_the_batch(tmp_path):
+  result = train(tmp_path, "--config.train.accumulation_steps=3")
+  assert_user_error(result, "train.batch_size=2 does not split into "
+                    "train.accumulation_steps=3 micro-batches")
+  assert not started_jax(result)
+
+
 def test_a_value_of_the_wrong_type(tmp_path):
   assert_user_error(train(tmp_path, "--config.train.steps=many"),
                     "--config.train.steps=many", "--help")

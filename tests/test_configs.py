@@ -79,6 +79,9 @@ def test_weathernext2_configs_are_the_released_models():
     ("data", "pressure_levels", (500, 505), r"\[505\] are not ERA5 pressure levels"),
     ("train", "warmup_steps", -1, "train.warmup_steps=-1 must be >= 0"),
     ("train", "steps", 0, "train.steps=0 must be >= 1"),
+    ("train", "accumulation_steps", 0, "train.accumulation_steps=0 must be >= 1"),
+    ("train", "accumulation_steps", 3, "train.batch_size=2 does not split into "
+     "train.accumulation_steps=3 micro-batches"),
     ("train", "learning_rate", 0.0, "train.learning_rate=0.0 must be > 0"),
     ("train", "learning_rate", -1e-3, "train.learning_rate=-0.001 must be > 0"),
     ("data", "target_only_variables", ("temperature",),

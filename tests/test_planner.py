@@ -12,7 +12,7 @@ import pytest
 from wnscale import cache
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.planner import auto_remat, topology
+from wnscale.planner import accumulation, auto_remat, topology
 from wnscale.planner import buffers as buffers_lib
 from wnscale.planner import flops as flops_lib
 from wnscale.planner.compile import Problem
@@ -30,14 +30,19 @@ def tiny(**model):
 
 @pytest.mark.slow
 def test_cpu_compile_cli_reports_the_compiled_step():
+  """The step of 2 micro-batches (`train.accumulation_steps`): the batch of 2 on 2 data
+  shards is rounded up to 2 examples a shard, one per micro-batch."""
   result = subprocess.run(
       [sys.executable, "-m", "launch.compile", "--config=configs/tiny.py", "--topology=cpu:8",
-       "--config.mesh.graph=4", "--json"],
+       "--config.mesh.graph=4", "--config.train.accumulation_steps=2", "--json"],
       cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert ("train.batch_size=2 does not split over 2 data shards of 2 micro-batches: "
+          "compiling 2 example(s) per data shard (batch 4)") in result.stderr
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report["topology"] == "cpu:8" and report["num_devices"] == 8
   assert report["mesh"] == {"data": 2, "graph": 4}
+  assert report["batch_size"] == 4 and report["accumulation_steps"] == 2
   assert report["fits"] is True and report["flops"] > 0
   assert 0 < report["temp_bytes"] < report["device_memory_bytes"]
   assert report["peak_bytes"] >= report["argument_bytes"] > 0
@@ -71,6 +76,26 @@ def test_the_planner_compiles_a_step_with_stations():
       config, problem.graph_shapes, 1)["model"])
 
 
+def test_a_live_device_is_planned_with_the_memory_it_offers(monkeypatch):
+  """A run's own devices: the memory the first one lets XLA use (`bytes_limit`, e.g. a v5e
+  chip's 15.75 GiB); fake CPU devices, which say none, share the host's RAM."""
+
+  class Chip:
+    platform = "tpu"
+
+    def memory_stats(self):
+      return {"bytes_limit": 16_909_336_064, "bytes_in_use": 0}
+
+  monkeypatch.setattr(jax, "devices", lambda: [Chip(), Chip()])
+  target = topology.live_target()
+  assert (target.name, len(target.devices)) == ("tpu:2", 2)
+  assert target.device_memory_bytes == 16_909_336_064
+  monkeypatch.undo()
+  cpu = topology.live_target()
+  assert cpu.name == f"cpu:{len(jax.devices())}"
+  assert cpu.device_memory_bytes == topology.host_memory_bytes() // jax.local_device_count()
+
+
 def test_bad_topology_is_a_clear_error():
   with pytest.raises(ValueError, match="Unknown topology 'v5e-8'"):
     topology.resolve("v5e-8")
@@ -82,7 +107,8 @@ def test_bad_topology_is_a_clear_error():
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed: pip install -e '.[tpu]'")
 def test_tpu_topology_compile():
   target = topology.resolve("v5e:2x2")
-  assert len(target.devices) == 4 and target.device_memory_bytes == 16 * 2**30
+  # What a v5e chip lets XLA use (its memory_stats()["bytes_limit"], 15.75 GiB), not 16 GiB.
+  assert len(target.devices) == 4 and target.device_memory_bytes == 16_909_336_064
 
   def report(graph, **model):
     # The tiny model with 2 processor layers: each TPU compile takes ~2/3 of the time.
@@ -153,11 +179,19 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
   # One Problem for every search below, what they ask of it and what it compiles recorded:
   # a setting compiled once serves them all.
   problem = Problem(config, target, lower_train_step)
-  asked, compiled = [], []
-  for method, calls in (("compile", asked), ("_compile", compiled)):
-    original = getattr(problem, method)
-    monkeypatch.setattr(problem, method, lambda o, breakdown=False, original=original,
-                        calls=calls: calls.append(o) or original(o, breakdown))
+  asked, compiled = [], []  # (overrides, micro-batches: None for the config's)
+  original_compile, original_uncached = problem.compile, problem._compile
+
+  def compile(overrides=None, breakdown=False, accumulation_steps=None):
+    asked.append((overrides, accumulation_steps))
+    return original_compile(overrides, breakdown, accumulation_steps)
+
+  def uncached(overrides, breakdown, accumulation_steps):
+    compiled.append((overrides, accumulation_steps))
+    return original_uncached(overrides, breakdown, accumulation_steps)
+
+  monkeypatch.setattr(problem, "compile", compile)
+  monkeypatch.setattr(problem, "_compile", uncached)
   names = ["none", "edge_chunks", "all_every_1"]
   ample = auto_remat.choose_remat(config, target, lower_train_step, names=names,
                                   problem=problem)
@@ -173,17 +207,54 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
                             problem=problem)
 
   # Impossible budgets stop after the cheapest and the least-memory candidate; 'none',
-  # compiled above, is not compiled again.
+  # compiled above, is not compiled again. Then the smallest is compiled with micro-batches
+  # of one example (the batch's 2 examples in 2), to say whether they would make it fit.
   asked_before, compiled_before = len(asked), len(compiled)
-  with pytest.raises(ValueError, match=r"smallest peak is .* \('all_every_1_offload'\)"):
+  with pytest.raises(ValueError, match=r"smallest peak is .* \('all_every_1_offload'\). Use "
+                     r"more graph shards .*, or a smaller batch per data shard"):
     auto_remat.choose_remat(config, target, lower_train_step, 1024, problem=problem)
   least = auto_remat.candidate_overrides("all_every_1_offload")
-  assert asked[asked_before:] == [auto_remat.candidate_overrides("none"), least]
-  assert compiled[compiled_before:] == [least]
-  assert len({json.dumps(o, sort_keys=True) for o in compiled}) == len(compiled)  # each once
+  assert asked[asked_before:] == [(auto_remat.candidate_overrides("none"), None),
+                                  (least, None), (least, 2)]
+  assert compiled[compiled_before:] == [(least, 1), (least, 2)]
+  assert len({json.dumps(c, sort_keys=True) for c in compiled}) == len(compiled)  # each once
 
   monkeypatch.setattr(auto_remat, "Problem", None)  # cache hits compile nothing
   assert auto_remat.choose_remat(config, target, lower_train_step, names=names) == ample
+
+
+def test_the_planner_measures_the_micro_batches_and_says_how_many_fit(plan_cache):
+  """With `train.accumulation_steps` the step compiled is the one training runs, a
+  micro-batch at a time: 4 examples on one device in 4 micro-batches need less than half
+  the temporaries of all 4 at once. With a budget the config's 2 micro-batches miss,
+  `planner.accumulation` finds the fewest that fit, and remat_policy='auto', when no
+  candidate fits, says so in one line."""
+  config = tiny(remat_policy="auto")
+  config.mesh.update(data=1, graph=1)
+  config.train.update(batch_size=4, accumulation_steps=2)
+  target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
+  problem = Problem(config, target, lower_train_step)
+  none = auto_remat.candidate_overrides("none")
+  halves = problem.compile(none)  # the config's micro-batches
+  whole, singles = (problem.compile(none, accumulation_steps=n) for n in (1, 4))
+  assert [r["accumulation_steps"] for r in (whole, halves, singles)] == [1, 2, 4]
+  assert singles["temp_bytes"] < halves["temp_bytes"] < whole["temp_bytes"]
+  assert singles["temp_bytes"] < 0.5 * whole["temp_bytes"]
+  assert whole["flops"] == halves["flops"] == singles["flops"]  # the same work per step
+
+  choice = auto_remat.choose_remat(config, target, lower_train_step, halves["peak_bytes"],
+                                   names=["none"], problem=problem)
+  assert choice["name"] == "none" and choice["peak_bytes"] == halves["peak_bytes"]
+  tight = halves["peak_bytes"] - 1
+  assert accumulation.more_micro_batches(4, 2) == [4]
+  assert accumulation.fewest_that_fit(problem, none, tight)["accumulation_steps"] == 4
+  assert accumulation.fewest_that_fit(problem, none, singles["peak_bytes"] - 1) is None
+  with pytest.raises(ValueError, match=r"^No remat configuration fits .* \('none'\). 'none' "
+                     r"fits with train.accumulation_steps=4 \(.* GiB; micro-batches of 1 "
+                     r"example\(s\) per data shard") as error:
+    auto_remat.choose_remat(config, target, lower_train_step, tight, names=["none"],
+                            problem=problem)
+  assert "\n" not in str(error.value)
 
 
 def test_compile_time_out_of_memory_is_reported_as_not_fitting():
@@ -252,6 +323,9 @@ def test_plan_cache_key_follows_what_changes_the_compiled_step(plan_cache, monke
   assert key(rollout) != base
   bigger = tiny(latent_size=64)
   assert key(bigger) != base
+  micro = tiny()
+  micro.train.accumulation_steps = 2  # the step measured runs a micro-batch at a time
+  assert key(micro) != base
   monkeypatch.setattr(cache, "source_digest", lambda *parts: "other code")
   assert key(config) != base  # plans measured on other wnscale code are not reused
 

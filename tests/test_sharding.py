@@ -284,7 +284,7 @@ def test_four_graph_shards_use_much_less_memory_per_device():
   device_constants, halo_indices = layout.abstract_constants(constants)
   batch = layout.abstract_batch(batch)
   graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
-  compiled = jax.jit(jax.value_and_grad(sharded_model.loss_fn(layout, graphdef))).lower(
+  compiled = jax.jit(sharded_model.loss_and_grad_fn(layout, graphdef)).lower(
       params, device_constants, halo_indices, batch).compile()
   sharded = compiled_stats(compiled)
   assert sharded["temp_bytes"] < 0.45 * single["temp_bytes"], (sharded, single)

@@ -192,20 +192,24 @@ def test_no_store_and_no_synthetic_names_the_setting(tmp_path):
 
 
 # Three rollout phases of 4 steps (1, 2 and 3 autoregressive steps), an EMA of the
-# parameters and a frozen processor.
+# parameters, a frozen processor, and each batch of 2 in 2 micro-batches.
 RECIPE = ["--config.train.rollout_schedule=((0,1),(4,2),(8,3))",
-          "--config.train.ema_decay=0.9", "--config.train.freeze=('processor',)"]
+          "--config.train.ema_decay=0.9", "--config.train.freeze=('processor',)",
+          "--config.train.accumulation_steps=2"]
 ONE_DEVICE = dict(devices=1, data=1, graph=1)  # three phases compile: the cheapest program
-PHASE_COMPILED = r"Rollout phase (\d) of 3 .*: compiled its train step"
+PHASE_COMPILED = (r"Rollout phase (\d) of 3 .*: compiled its train step \(2 micro-batches a "
+                  r"step, their gradients summed\)")
 
 
 def test_a_rollout_curriculum_resumed_in_its_second_phase_continues_exactly(tmp_path):
-  """A run of three phases, with an EMA and a frozen processor: every metrics line names
-  its phase's `target_steps`, each phase's step is compiled when it starts, the processor
-  never changes. The run as a crash right after its checkpoint of step 6 leaves it (a
-  copy, its later checkpoints deleted) resumes there, in mid-phase, changes phase at step
-  8, and gives the uninterrupted run's losses, parameters and EMA bitwise. (A kill -9
-  itself: test_stations.py, test_remote_storage.py, conftest's trained_station_run.)"""
+  """A run of three phases, with an EMA, a frozen processor and micro-batches: every
+  metrics line names its phase's `target_steps`, each phase's step is compiled when it
+  starts, the processor never changes. The run as a crash right after its checkpoint of
+  step 6 leaves it (a copy, its later checkpoints deleted) resumes there, in mid-phase,
+  changes phase at step 8, and gives the uninterrupted run's losses, parameters and EMA
+  bitwise. (A kill -9 itself: test_stations.py, test_remote_storage.py, conftest's
+  trained_station_run. Micro-batches give the whole batch's loss and gradient:
+  test_accumulation.py.)"""
   reference = str(tmp_path / "reference")
   result = run(reference, **ONE_DEVICE, extra=RECIPE + ["--config.train.checkpoint_every=3"])
   assert re.findall(PHASE_COMPILED, result.stderr) == ["1", "2", "3"]

@@ -166,6 +166,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.train = t = ml_collections.ConfigDict()
   t.steps = 200  # optimizer steps
   t.batch_size = 2  # global batch (examples per step over all data shards)
+  t.accumulation_steps = 1  # the batch in this many micro-batches of batch_size /
+  # accumulation_steps examples, run one after another inside the step (each data shard
+  # splits its own examples, so theirs must split evenly too) and their gradients summed
+  # (wnscale.model.accumulation): the loss, the gradient the optimizer sees and the metrics
+  # are the whole batch's (to float rounding), the activation memory one micro-batch's
   t.learning_rate = 1e-3  # peak learning rate after warm-up
   t.end_learning_rate = 3e-7  # learning rate at the end of the cosine decay
   t.warmup_steps = 20  # linear warm-up steps (clipped to steps - 1 for a shorter run)
@@ -377,8 +382,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       points_lib.grid_maker(d.grid)
     except UserError as error:
       raise UserError(f"Invalid config: data.grid={d.grid!r}: {error}") from None
-  for key in ("steps", "batch_size"):
+  for key in ("steps", "batch_size", "accumulation_steps"):
     _require(t[key] >= 1, f"train.{key}={t[key]} must be >= 1")
+  _require(t.batch_size % t.accumulation_steps == 0,
+           f"train.batch_size={t.batch_size} does not split into train.accumulation_steps="
+           f"{t.accumulation_steps} micro-batches of whole examples: make the batch a multiple "
+           "of the micro-batch count")
   # A warm-up longer than the run is clipped to it (optimizer.learning_rate_schedule).
   _require(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
   _require(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")

@@ -262,6 +262,7 @@ class TrainSpec:
 
   steps: int
   batch_size: int
+  accumulation_steps: int
   learning_rate: float
   end_learning_rate: float
   warmup_steps: int

@@ -36,40 +36,50 @@ def weighted_squared_error(predictions, targets, constants: Constants):
     return per_node * constants.node_weights
 
 
-def point_error_sums(predictions, targets, point_weights):
-  """`(sum of w_p (prediction - target)^2 over present values, sum of w_p over them)` of a
-  modality: `predictions` `[M, B, T, C_t, P]` (M members; their mean squared error),
-  `targets` `[B, T, C_t, P]` normalized (NaN: missing), `point_weights` `[P]` (0 on padding
-  points)."""
-  present, weights = _present(targets, point_weights)
+def point_error_sum(predictions, targets, point_weights):
+  """The sum of w_p (prediction - target)^2 over a modality's present values: `predictions`
+  `[M, B, T, C_t, P]` (M members; their mean squared error), `targets` `[B, T, C_t, P]`
+  normalized (NaN: missing), `point_weights` `[P]` (0 on padding points). `mean_loss`
+  divides it by the modality's `point_weight_sums`."""
+  present = ~jnp.isnan(targets)
+  weights = _present_weights(targets, point_weights)
   error = jnp.where(present, predictions - jnp.where(present, targets, 0), 0)
-  return jnp.sum(weights * jnp.square(error)) / predictions.shape[0], jnp.sum(weights)
+  return jnp.sum(weights * jnp.square(error)) / predictions.shape[0]
 
 
-def point_crps_sums(predictions, targets, point_weights):
-  """`(sum of w_p x fair CRPS over present values, sum of w_p over them)` of a modality's
-  members `predictions` `[M, B, T, C_t, P]` (`point_error_sums`' arguments otherwise): the
-  fair CRPS of `wnscale.model.ensemble`, per value, in normalized units."""
-  present, weights = _present(targets, point_weights)
+def point_crps_sum(predictions, targets, point_weights):
+  """The sum of w_p x fair CRPS over a modality's present values, of its members
+  `predictions` `[M, B, T, C_t, P]` (`point_error_sum`'s arguments otherwise): the fair CRPS
+  of `wnscale.model.ensemble`, per value, in normalized units."""
+  present = ~jnp.isnan(targets)
   crps = ensemble.fair_crps(predictions, jnp.where(present, targets, 0),
                             lambda a, b: jnp.abs(a - b))
-  return jnp.sum(weights * jnp.where(present, crps, 0)), jnp.sum(weights)
+  return jnp.sum(_present_weights(targets, point_weights) * jnp.where(present, crps, 0))
 
 
-def _present(targets, point_weights):
-  """`(present [B, T, C_t, P], weights: point_weights where present, else 0)`."""
-  present = ~jnp.isnan(targets)
-  return present, jnp.where(present, point_weights.astype(jnp.float32), 0)
+def _present_weights(targets, point_weights):
+  """`[B, T, C_t, P]`: `point_weights` `[P]` where `targets` are present (not NaN), else 0."""
+  return jnp.where(jnp.isnan(targets), 0, point_weights.astype(jnp.float32))
 
 
-POINT_LOSSES = {"mse": point_error_sums, "crps": point_crps_sums}  # by train.loss
+POINT_LOSSES = {"mse": point_error_sum, "crps": point_crps_sum}  # by train.loss
+
+
+def point_weight_sums(batch, point_weights: dict) -> dict:
+  """`{target modality: the sum of w_p over its present target values}` of a batch (its
+  `<name>/targets` `[B, T, C_t, P]`; `point_weights`: `Constants.point_weights`): what
+  `mean_loss` divides each modality's `POINT_LOSSES` sum by. Local sums under shard_map,
+  like `loss_terms`'; they depend on the targets only, never on the parameters."""
+  return {key.removesuffix("/targets"): jnp.sum(_present_weights(
+      value, point_weights[key.removesuffix("/targets")]))
+          for key, value in batch.items() if key.endswith("/targets")}
 
 
 def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "mse",
                remat_steps: bool = False, exchange=local_exchange, remote_members=None):
   """`(the grid's loss summed over examples, lead times and grid nodes, {target modality:
-  its POINT_LOSSES sums})` of a batch; local sums (under shard_map, of this shard's rows),
-  combined by `mean_loss` after any psum.
+  its POINT_LOSSES sum})` of a batch; local sums (under shard_map, of this shard's rows),
+  turned into the mean by `mean_loss`.
 
   Divide the grid's by examples x lead times x grid nodes for its mean. A batch with
   `noise` `[B, M, T, K]` (an FGN's) runs `M` members per example: "mse" averages their
@@ -123,14 +133,18 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "ms
       rows["forcings"].shape[1] - inputs.shape[1])
 
 
-def mean_loss(grid_sum, grid_count, point_sums: dict, modalities) -> jax.Array:
+def mean_loss(grid_sum, grid_count, point_sums: dict, point_counts: dict,
+              modalities) -> jax.Array:
   """The mean loss: `grid_sum / grid_count` plus each target modality's (`ModalitySpec`)
   `loss_weight` x targets x its weighted mean over present values (`point_sums`: name ->
-  `POINT_LOSSES` sums, summed over every shard)."""
+  its `POINT_LOSSES` sum; `point_counts`: name -> its `point_weight_sums`).
+
+  Linear in the sums for given counts: with the whole batch's counts (summed over every
+  shard), the means of its parts (shards, micro-batches) add up to the batch's mean.
+  """
   total = grid_sum / grid_count
   for modality in modalities:
     if modality.name in point_sums:
-      summed, weights = point_sums[modality.name]
-      total = total + (modality.loss_weight * len(modality.targets)
-                       * summed / jnp.maximum(weights, jnp.finfo(jnp.float32).tiny))
+      total = total + (modality.loss_weight * len(modality.targets) * point_sums[modality.name]
+                       / jnp.maximum(point_counts[modality.name], jnp.finfo(jnp.float32).tiny))
   return total

@@ -28,3 +28,9 @@ def vary_like(x: jax.Array, *references: jax.Array) -> jax.Array:
   """
   missing = frozenset().union(*map(varying_axes, references)) - varying_axes(x)
   return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
+
+
+def summed(tree):
+  """Each array of `tree` summed over the manual mesh axes it varies over: one that varies
+  over none (a replicated parameter's gradient, which JAX has summed already) as it is."""
+  return jax.tree.map(lambda x: jax.lax.psum(x, tuple(sorted(varying_axes(x)))), tree)

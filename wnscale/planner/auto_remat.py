@@ -3,13 +3,15 @@
 Candidates are data (below), ranked by the FLOPs they add (`planner.flops`);
 each is compiled in that order until one's per-device peak memory fits the
 budget. The decision is cached on disk by a hash of everything it depends on:
-the config's model, data and mesh (less the remat keys), the batch, the
+the config's model, data and mesh (less the remat keys), the batch and its
+micro-batches (`train.accumulation_steps`: the step measured runs one at a time), the
 rollout remat, the target, the budget, the jax version and wnscale's sources
 (`wnscale.cache.source_digest`).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -19,6 +21,7 @@ import ml_collections
 
 from wnscale import cache, paths
 from wnscale.errors import UserError
+from wnscale.planner import accumulation
 from wnscale.planner import flops as flops_lib
 from wnscale.planner.compile import REMAT_KEYS, Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
@@ -62,7 +65,7 @@ def ranked_candidates(config, graphs, num_devices, names=None) -> list[tuple[str
   `graphs`: the graphs or their shapes (`flops.step_flops`)."""
   ranked = []
   for name in names or CANDIDATES:
-    trial = ml_collections.ConfigDict(config)
+    trial = copy.deepcopy(config)  # ConfigDict(config) would share its sections
     trial.model.update(candidate_overrides(name))
     cost = flops_lib.step_flops(trial, graphs, num_devices)
     ranked.append((name, cost["recompute"], cost["offloaded_bytes"]))
@@ -75,7 +78,8 @@ def _cache_path(config, target: Target, budget: int) -> str:
     fixed["model"].pop(key, None)
   # Only what changes the compiled step: a new learning rate reuses the plan.
   key = json.dumps([fixed["model"], fixed["data"], fixed["mesh"], config.train.batch_size,
-                    config.train.remat_rollout, target.name, len(target.devices), budget,
+                    config.train.accumulation_steps, config.train.remat_rollout, target.name,
+                    len(target.devices), budget,
                     jax.__version__, cache.source_digest()],
                    sort_keys=True, default=str)
   return cache.cache_path("remat_plans", hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
@@ -100,7 +104,8 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
     `{"name", "overrides", "peak_bytes", "recompute_flops", "reason"}`.
 
   Raises:
-    ValueError: when no candidate fits, naming the smallest peak found.
+    ValueError: when no candidate fits, naming the smallest peak found, and whether that
+      candidate fits in more micro-batches (`train.accumulation_steps`; compiled to say).
   """
   budget = budget_bytes or target.device_memory_bytes
   if not budget:
@@ -148,8 +153,22 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   smallest = min(compiled, key=compiled.get)
   raise UserError(
       f"No remat configuration fits {budget / GIB:.2f} GiB per device on {target.name}: the "
-      f"smallest peak is {compiled[smallest] / GIB:.2f} GiB ('{smallest}'). Use more graph shards "
-      "(mesh.graph), a smaller batch per data shard, bfloat16, or a smaller model.")
+      f"smallest peak is {compiled[smallest] / GIB:.2f} GiB ('{smallest}'). "
+      + _with_micro_batches(problem, smallest, budget))
+
+
+def _with_micro_batches(problem: Problem, name: str, budget: int) -> str:
+  """What to do when no candidate fits: the fewest micro-batches with which candidate `name`
+  fits (`planner.accumulation`), if any do; the other ways out."""
+  others = "more graph shards (mesh.graph), bfloat16, or a smaller model"
+  report = accumulation.fewest_that_fit(problem, candidate_overrides(name), budget)
+  if report is None:
+    return f"Use {others}, or a smaller batch per data shard."
+  steps = report["accumulation_steps"]
+  return (f"'{name}' fits with train.accumulation_steps={steps} ({_peak(report['peak_bytes'])}"
+          f"; micro-batches of {problem.examples_per_data_shard // steps} example(s) per data "
+          "shard, the same gradient): set it, and remat_policy='auto' picks the cheapest "
+          f"setting that fits then; or use {others}.")
 
 
 def _peak(peak: int | None) -> str:

@@ -9,6 +9,7 @@ slice on a CPU-only machine.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -43,9 +44,11 @@ REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gn
               "grid_blocks")
 
 
-def batch_per_data_shard(batch_size: int, data_shards: int) -> int:
-  """Whole examples per data shard that cover a global `batch_size`: ceil(batch / shards)."""
-  return -(-batch_size // data_shards)
+def batch_per_data_shard(batch_size: int, data_shards: int, accumulation_steps: int = 1) -> int:
+  """Whole examples per data shard that cover a global `batch_size` and split into
+  `accumulation_steps` micro-batches: ceil(batch / shards), rounded up to a multiple of it."""
+  per_shard = -(-batch_size // data_shards)
+  return -(-per_shard // accumulation_steps) * accumulation_steps
 
 
 def modality_points(config: ml_collections.ConfigDict, grid_points: points_lib.PointSet
@@ -84,7 +87,8 @@ class Problem:
     self.step_builder = step_builder
     specs = specs_lib.from_config(config)
     self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
-    mesh_lib.check_batch_size(self.mesh, config.train.batch_size)
+    mesh_lib.check_batch_size(self.mesh, config.train.batch_size,
+                              config.train.accumulation_steps)
     # No statistics: the residual scale is 1, which changes no shape; no model: the step
     # builder makes it with each compile's remat settings.
     grid_points = points_lib.standard(config.data.grid, config.data.resolution)
@@ -102,21 +106,32 @@ class Problem:
         {name: points.size for name, points in point_sets.items()}))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
-  def compile(self, model_overrides: dict | None = None, breakdown: bool = False) -> dict:
-    """Compiles the train step with `model_overrides` (remat keys); returns its figures.
+  @property
+  def examples_per_data_shard(self) -> int:
+    """The batch's rows on each data shard (what its micro-batches split)."""
+    return self.config.train.batch_size // self.mesh.shape[mesh_lib.DATA]
+
+  def compile(self, model_overrides: dict | None = None, breakdown: bool = False,
+              accumulation_steps: int | None = None) -> dict:
+    """Compiles the train step with `model_overrides` (remat keys) and `accumulation_steps`
+    micro-batches (None: the config's `train.accumulation_steps`; a divisor of
+    `examples_per_data_shard`); returns its figures.
 
     With `breakdown`, the report adds the buffers live at the peak
     (`peak_buffers`, largest first, and `peak_by_part`; see `planner.buffers`).
     A setting compiled before by this `Problem` is not compiled again.
     """
-    key = json.dumps(model_overrides or {}, sort_keys=True)
+    accumulation_steps = accumulation_steps or self.config.train.accumulation_steps
+    key = json.dumps([model_overrides or {}, accumulation_steps], sort_keys=True)
     if key not in self._reports or (breakdown and "peak_buffers" not in self._reports[key]):
-      self._reports[key] = self._compile(model_overrides, breakdown)
+      self._reports[key] = self._compile(model_overrides, breakdown, accumulation_steps)
     return dict(self._reports[key])
 
-  def _compile(self, model_overrides: dict | None, breakdown: bool) -> dict:
-    config = ml_collections.ConfigDict(self.config)
+  def _compile(self, model_overrides: dict | None, breakdown: bool,
+               accumulation_steps: int) -> dict:
+    config = copy.deepcopy(self.config)  # ConfigDict(config) would share its sections
     config.model.update(model_overrides or {})
+    config.train.accumulation_steps = accumulation_steps
     start = time.perf_counter()
     peak_buffers = None
     try:
@@ -145,6 +160,7 @@ class Problem:
         "num_devices": len(self.target.devices),
         "mesh": {"data": self.mesh.shape[mesh_lib.DATA], "graph": self.mesh.shape[mesh_lib.GRAPH]},
         "batch_size": config.train.batch_size,
+        "accumulation_steps": accumulation_steps,
         "remat": {key: config.model[key] for key in REMAT_KEYS},
         **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
         "device_memory_bytes": memory,
@@ -181,8 +197,8 @@ def best_setting(reports: list[dict]) -> str:
     smallest = min(compiled, key=lambda r: r["peak_bytes"])
     return (f"Nothing fits: the smallest peak is {smallest['peak_bytes'] / GIB:.2f} GiB per "
             f"device ('{smallest.get('candidate', '')}', {smallest['mesh']['graph']} graph "
-            "shards). Use more graph shards, fewer examples per data shard, bfloat16 or a "
-            "smaller model.")
+            "shards). Use more graph shards, fewer examples per data shard (or more "
+            "micro-batches: train.accumulation_steps), bfloat16 or a smaller model.")
 
   def per_example(report):
     return report["flops"] / report["batch_size"]

@@ -1,7 +1,10 @@
-"""Target machines for ahead-of-time compiles: TPU topologies (via libtpu) or local CPU devices.
+"""Target machines to plan for: TPU topologies for ahead-of-time compiles (via libtpu),
+local CPU devices, or the devices of this run.
 
 `--topology` strings: `v4:2x2x1`, `v5e:4x4`, `v5p:2x2x2`, `v6e:2x2`, ... (the
-generation and the chip grid), or `cpu:N` for N local (fake) CPU devices.
+generation and the chip grid), or `cpu:N` for N local (fake) CPU devices. A target's
+memory is what its devices let XLA use: a live device says (`memory_stats()`); for an
+ahead-of-time target, `CHIP_MEMORY_BYTES`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ import jax
 from wnscale.errors import UserError
 
 GIB = 2**30
-# HBM per chip, GiB.
-CHIP_MEMORY_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "TPU7x": 192}
+# Device memory per chip, bytes, for ahead-of-time targets (no device to ask). v5e: its
+# `memory_stats()["bytes_limit"]` (15.75 GiB of its 16 GiB of HBM), measured on a v5e
+# chip, jax 0.10.2. The others: their HBM as specified (not measured here); a live
+# device's own figure is used wherever there is one (`live_target`).
+CHIP_MEMORY_BYTES = {"v4": 32 * GIB, "v5e": 16_909_336_064, "v5p": 95 * GIB, "v6e": 32 * GIB,
+                     "TPU7x": 192 * GIB}
 _EXAMPLES = "v5e:2x2, v5e:4x4, v4:2x2x1, v4:2x2x2, v5p:2x2x2, v6e:2x2, TPU7x:2x2x1"
 
 
@@ -42,6 +49,17 @@ def host_memory_bytes() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def live_target() -> Target:
+  """This run's devices (every process's), with the memory the first one lets XLA use:
+  its `memory_stats()["bytes_limit"]`; fake CPU devices, which report none, share this
+  host's RAM among the process's devices."""
+  devices = jax.devices()
+  memory = (devices[0].memory_stats() or {}).get("bytes_limit")
+  if memory is None and devices[0].platform == "cpu":
+    memory = host_memory_bytes() // jax.local_device_count()
+  return Target(f"{devices[0].platform}:{len(devices)}", tuple(devices), memory)
+
+
 def resolve(topology: str) -> Target:
   """The devices and per-device memory of `topology`; a clear error for a bad name."""
   cpu = re.fullmatch(r"cpu:(\d+)", topology)
@@ -56,7 +74,7 @@ def resolve(topology: str) -> Target:
   tpu = re.fullmatch(r"(v4|v5e|v5p|v6e|TPU7x):(\d+(?:x\d+){1,2})", topology)
   if not tpu:
     raise UserError(f"Unknown topology {topology!r}: name a TPU slice <generation>:<chip grid> "
-                    f"with generation one of {', '.join(CHIP_MEMORY_GIB)} (e.g. {_EXAMPLES}), "
+                    f"with generation one of {', '.join(CHIP_MEMORY_BYTES)} (e.g. {_EXAMPLES}), "
                     "or cpu:N for N local CPU devices.")
   if importlib.util.find_spec("libtpu") is None:
     raise UserError(f"TPU topology {topology!r} needs the libtpu wheel: "
@@ -72,4 +90,4 @@ def resolve(topology: str) -> Target:
   chips = math.prod(int(n) for n in tpu.group(2).split("x"))
   # v4 topologies expose both TensorCores of a chip, each with half its memory.
   per_chip = max(1, len(devices) // chips)
-  return Target(topology, devices, CHIP_MEMORY_GIB[tpu.group(1)] * GIB // per_chip)
+  return Target(topology, devices, CHIP_MEMORY_BYTES[tpu.group(1)] // per_chip)

@@ -82,9 +82,19 @@ def process_data_group(mesh: Mesh) -> tuple[int, int]:
   return groups.index(frozenset(rows_of_process[jax.process_index()])), len(groups)
 
 
-def check_batch_size(mesh: Mesh, batch_size: int):
-  """A clear error when the global batch does not split over the `data` axis."""
-  if batch_size % mesh.shape[DATA]:
+def check_batch_size(mesh: Mesh, batch_size: int, accumulation_steps: int = 1):
+  """A clear error when the global batch (its rows) does not split over the `data` axis,
+  or a data shard's rows into `accumulation_steps` micro-batches (each shard splits its
+  own)."""
+  shards = mesh.shape[DATA]
+  if batch_size % shards:
     raise UserError(f"train.batch_size={batch_size} is not divisible by the "
-                    f"{mesh.shape[DATA]} data shards of the mesh (mesh.data); change one of "
+                    f"{shards} data shards of the mesh (mesh.data); change one of "
                     "them, or give the graph more devices (mesh.graph).")
+  per_shard = batch_size // shards
+  if per_shard % accumulation_steps:
+    raise UserError(f"train.batch_size={batch_size} gives each of the {shards} data shards "
+                    f"{per_shard} example(s), which do not split into train.accumulation_steps="
+                    f"{accumulation_steps} micro-batches (each data shard splits its own): make "
+                    f"the batch a multiple of {shards * accumulation_steps} (mesh.data x "
+                    "train.accumulation_steps), or use fewer micro-batches or data shards.")

@@ -46,7 +46,7 @@ def _stop_frozen_gradients(params, prefixes: tuple[str, ...]):
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
                     halo_indices, *, remat_steps: bool = False, loss: str = "mse",
                     members: ensemble.TrainingMembers | None = None, ema_decay: float = 0.0,
-                    freeze: tuple[str, ...] = (), modalities=()):
+                    freeze: tuple[str, ...] = (), modalities=(), accumulation_steps: int = 1):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
 
   `loss`: "mse" or "crps"; `members`: an FGN's (`ensemble.training_members`):
@@ -57,18 +57,22 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
   `freeze`: `train.freeze`'s prefixes (the optimizer leaves those parameters alone):
   their gradients are not computed, and `grad_norm` is the trained parameters' norm,
   the one the clipping sees. `modalities`: `DataSpec.modalities` (the batch holds their
-  arrays; their loss weights).
+  arrays; their loss weights). `accumulation_steps` (`train.accumulation_steps`): each
+  data shard runs its examples in that many micro-batches, one after another, and the
+  optimizer sees the gradient of the whole batch (`sharded_model.loss_and_grad_fn`); the
+  metrics are the whole batch's.
   The step is traced anew for each shape of batch (a rollout phase's targets).
   """
   on_data = members.members if members is not None and members.on_data else 0
-  loss_fn = sharded_model.loss_fn(layout, graphdef, loss=loss, remat_steps=remat_steps,
-                                  members_on_data=on_data, modalities=modalities)
+  loss_and_grads = sharded_model.loss_and_grad_fn(
+      layout, graphdef, loss=loss, remat_steps=remat_steps, members_on_data=on_data,
+      modalities=modalities, micro_batches=accumulation_steps,
+      prepare_params=lambda params: _stop_frozen_gradients(params, freeze))
 
   def train_step(state: TrainState, constants, halo_indices, batch):
+    # The whole batch's noise, drawn before it is split into micro-batches.
     batch = ensemble.with_training_noise(batch, members, state.step)
-    loss, grads = jax.value_and_grad(
-        lambda params, *args: loss_fn(_stop_frozen_gradients(params, freeze), *args))(
-            state.params, constants, halo_indices, batch)
+    loss, grads = loss_and_grads(state.params, constants, halo_indices, batch)
     with jax.named_scope("optimizer"):
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
@@ -95,7 +99,8 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
   """The train step of `config` lowered for abstract (or real) constants and batch.
 
   Nothing is allocated: the state is `jax.ShapeDtypeStruct`s. This is the
-  step builder the memory planner compiles (`wnscale.planner.compile.Problem`).
+  step builder the memory planner compiles (`wnscale.planner.compile.Problem`): with
+  `train.accumulation_steps`, the step of micro-batches that training runs.
   """
   specs = specs_lib.from_config(config)
   graphdef, params = setup.init_model_shapes(specs)
@@ -111,7 +116,8 @@ def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, c
                                members=ensemble.training_members(specs),
                                freeze=tuple(config.train.freeze),
                                ema_decay=config.train.ema_decay,
-                               modalities=specs.data.modalities)
+                               modalities=specs.data.modalities,
+                               accumulation_steps=config.train.accumulation_steps)
   return train_step.lower(state, constants, halo_indices, batch)
 
 

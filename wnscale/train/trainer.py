@@ -17,7 +17,9 @@ A rollout curriculum (`train.rollout_schedule`, `wnscale.train.curriculum`) trai
 phase by phase, each with its own compiled step and a data pipeline of its
 target length continuing the previous one's position; a moving average of the
 parameters (`train.ema_decay`) is part of the train state, and is what the
-evaluations score; `train.freeze` leaves parts of the model out of the optimizer.
+evaluations score; `train.freeze` leaves parts of the model out of the optimizer;
+`train.accumulation_steps` runs each batch as micro-batches inside the step (the
+whole batch's gradient and metrics).
 What the run logs as it goes: `wnscale.train.run_log`.
 """
 
@@ -167,7 +169,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   specs = specs_lib.from_config(config)
   members = ensemble.training_members(specs)
   rows_per_example = _check_members(config, mesh, members)
-  mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example)
+  mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example,
+                            config.train.accumulation_steps)
   warmup = optimizer_lib.warmup_steps(config.train)
   if warmup != config.train.warmup_steps and is_main:  # one warning, not one per process
     logging.warning("train.warmup_steps=%d does not fit in a run of train.steps=%d: warm-up "
@@ -249,7 +252,8 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
       layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
       device_constants, halo_indices, remat_steps=config.train.remat_rollout,
       loss=config.train.loss, members=members, ema_decay=config.train.ema_decay,
-      freeze=tuple(config.train.freeze), modalities=specs.data.modalities)
+      freeze=tuple(config.train.freeze), modalities=specs.data.modalities,
+      accumulation_steps=config.train.accumulation_steps)
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
@@ -288,7 +292,8 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
         t.start_phase(phase)
       batch = t.next_batch()
       compile_start = time.perf_counter()
-      with run_log.phase(_compiled_text(t.phases, phase)) as details:
+      with run_log.phase(_compiled_text(t.phases, phase,
+                                        config.train.accumulation_steps)) as details:
         loaded = compilation_cache.hits()
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
         if compilation_cache.hits() > loaded:
@@ -496,22 +501,21 @@ def _check_eval_range(config, eval_source, num_groups: int):
         "train.eval_every=0.")
 
 
-def _compiled_text(phases, phase) -> str:
-  """The log line of a phase's compile (naming the phase when there are several)."""
+def _compiled_text(phases, phase, accumulation_steps: int) -> str:
+  """The log line of a phase's compile (naming the phase when there are several, and the
+  micro-batches of a step that has them)."""
+  micro = (f" ({accumulation_steps} micro-batches a step, their gradients summed)"
+           if accumulation_steps > 1 else "")
   if len(phases) == 1:
-    return "Compiled the train step"
+    return f"Compiled the train step{micro}"
   return (f"Rollout phase {phase.index + 1} of {len(phases)} (steps {phase.first_step + 1}.."
           f"{phase.end_step}, {phase.target_steps} autoregressive step(s)): compiled its "
-          "train step")
+          f"train step{micro}")
 
 
 def _auto_remat(config) -> dict:
   """Chooses remat settings for this run's devices (`wnscale.planner.auto_remat`)."""
-  devices = jax.devices()
-  memory = (devices[0].memory_stats() or {}).get("bytes_limit")
-  if memory is None and devices[0].platform == "cpu":  # fake CPU devices share the host
-    memory = topology.host_memory_bytes() // jax.local_device_count()
-  target = topology.Target(f"{devices[0].platform}:{len(devices)}", tuple(devices), memory)
+  target = topology.live_target()
   budget = int(config.train.memory_budget_gib * topology.GIB) or None
   choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, budget)
   logging.info("remat_policy='auto': %s", choice["reason"])
