@@ -1,17 +1,22 @@
 """Training end to end, in real processes: loss falls, an abrupt end (a second Ctrl-C
 mid-save, as kill -9) resumes exactly, multi-process runs match one process, a Ctrl-C to
 one process of two stops both at one step, and a failing restore or another model loses
-nothing in the workdir. (Ctrl-C, a resharded resume, and a damaged newest checkpoint
-skipped by the resumed run of a full disk: test_interrupts.py.)
+nothing in the workdir. In this process: a slow store shows as input wait, and a run
+resumed while batches were prefetched continues exactly. (Ctrl-C, a resharded resume,
+and a damaged newest checkpoint skipped by the resumed run of a full disk:
+test_interrupts.py.)
 
 (That remat and one graph shard give the same training is covered at the level
 of the loss and gradients, in test_remat.py and test_sharding.py.)"""
 
 import json
+import logging
 import os
 import re
 import shutil
 import signal
+import threading
+import time
 
 import jax
 import numpy as np
@@ -21,7 +26,8 @@ pytestmark = pytest.mark.slow  # real training runs, in real processes
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import pipeline, resolve
+from wnscale.data import pipeline, prefetch, resolve
+from wnscale.data import source as source_lib
 from wnscale.model import setup
 from wnscale.train import checkpoint, optimizer, run_directory, trainer
 from tiny_runs import read_metrics
@@ -41,8 +47,10 @@ def test_end_to_end_run(reference):
   train = [m for m in metrics if "loss" in m]
   assert [m["step"] for m in train] == list(range(1, STEPS + 1))
   for m in train:
-    assert {"loss", "learning_rate", "steps_per_sec", "grad_norm"} <= set(m)
+    assert {"loss", "learning_rate", "steps_per_sec", "input_wait_fraction", "host_fraction",
+            "grad_norm"} <= set(m)
     assert np.isfinite(m["loss"]) and m["steps_per_sec"] > 0
+    assert 0 <= m["input_wait_fraction"] <= 1 and 0 <= m["host_fraction"] <= 1
   loss = [m["loss"] for m in train]
   assert np.mean(loss[-3:]) < 0.8 * np.mean(loss[:3])
   evals = [m for m in metrics if any(k.startswith("eval/rmse/") for k in m)]
@@ -88,6 +96,7 @@ def test_nonfinite_loss_stops_without_checkpointing_it(tmp_path):
   config.mesh.update(data=2, graph=4)
   with pytest.raises(trainer.NonFiniteLossError, match=r"NaN or inf at step (\d+)") as error:
     trainer.train_and_evaluate(config, str(tmp_path))
+  assert not _prefetch_threads()  # stopped on the error too
   bad_step = int(re.search(r"step (\d+)", str(error.value)).group(1))
   saved = [int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()]
   assert all(step <= bad_step for step in saved)
@@ -134,6 +143,10 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == sorted(map(str, kept))
 
 
+def _prefetch_threads() -> list[threading.Thread]:
+  return [t for t in threading.enumerate() if t.name == prefetch.THREAD_NAME]
+
+
 def _config_like_run_flags():
   """In this process, the config that `RUN_FLAGS` give (on 2 x 4 of the 8 test devices)."""
   config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
@@ -143,6 +156,68 @@ def _config_like_run_flags():
                      eval_start="2020-01-21", eval_end="2020-01-31")
   config.mesh.update(data=2, graph=4)
   return config
+
+
+def test_a_slow_store_shows_as_input_wait(tmp_path, monkeypatch, caplog):
+  """Each read of a batch takes 2 s longer (two at a time: Grain's reading threads), many
+  times the step: once the batches read ahead during the compile are used up, most of
+  the loop's time is spent waiting for the next batch, in metrics.jsonl and in the
+  progress lines."""
+  read_batch = source_lib.WeatherExampleSource.read_batch
+
+  def slow_read_batch(self, indices):
+    time.sleep(2.0)
+    return read_batch(self, indices)
+
+  monkeypatch.setattr(source_lib.WeatherExampleSource, "read_batch", slow_read_batch)
+  config = _config_like_run_flags()
+  config.train.update(steps=12, log_every=4, eval_every=0, checkpoint_every=12)
+  with caplog.at_level(logging.INFO):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  logged = [m for m in read_metrics(str(tmp_path)) if "loss" in m]
+  assert [m["step"] for m in logged] == [4, 8, 12]
+  for m in logged:
+    assert 0 <= m["input_wait_fraction"] <= 1 and 0 <= m["host_fraction"] <= 1, m
+  assert logged[-1]["input_wait_fraction"] > 0.5, logged
+  lines = re.findall(r"step \d+/12 \| .* steps/s \| input wait (\d+)% \| host (\d+)% "
+                     r"\| ETA", caplog.text)
+  assert [(int(wait), int(host)) for wait, host in lines] == [
+      (round(100 * m["input_wait_fraction"]), round(100 * m["host_fraction"])) for m in logged]
+
+
+def test_a_run_resumed_after_batches_prefetched_continues_with_the_next(tmp_path,
+                                                                        monkeypatch):
+  """Three batches placed ahead of the step: when step 4 is checkpointed, batches past the
+  fourth are already taken from the data iterator. The run as a crash right after that
+  checkpoint leaves it (a copy, the checkpoint of step 8 deleted) resumes with the fifth
+  batch: the uninterrupted run's losses, bitwise (a batch skipped or repeated changes
+  every later loss)."""
+  placed, placed_at_save = [], {}
+  place, save = trainer._place, checkpoint.Checkpointer.save
+
+  def counted_place(*args):
+    placed.append(None)
+    return place(*args)
+
+  def recorded_save(self, step, *args):
+    placed_at_save[step] = len(placed)
+    return save(self, step, *args)
+
+  monkeypatch.setattr(trainer, "_place", counted_place)
+  monkeypatch.setattr(checkpoint.Checkpointer, "save", recorded_save)
+  config = _config_like_run_flags()
+  config.train.update(steps=8, checkpoint_every=4, eval_every=0, prefetch_batches=3)
+  reference = str(tmp_path / "reference")
+  trainer.train_and_evaluate(config, reference)
+  assert placed_at_save[4] > 4  # the test's premise: the thread was ahead at the save
+  assert not _prefetch_threads()  # stopped at the end
+
+  crashed = str(tmp_path / "crashed")
+  shutil.copytree(reference, crashed)
+  shutil.rmtree(os.path.join(crashed, "checkpoints", "8"))
+  trainer.train_and_evaluate(config, crashed)
+  assert max(losses(crashed)) == 8
+  assert losses(crashed) == losses(reference)  # exact, step for step
 
 
 def test_a_failing_data_restore_keeps_the_checkpoint(reference, tmp_path, monkeypatch):

@@ -188,6 +188,8 @@ def default_config() -> ml_collections.ConfigDict:
   # examples (vmapped with the batch); True: members laid out along the data mesh axis
   # (each data shard one member; mesh.data a multiple of ensemble_members; one process)
   t.log_every = 10  # steps between progress lines / metrics.jsonl entries
+  t.prefetch_batches = 2  # batches read and placed on the devices ahead of the step by a
+  # background thread (wnscale.data.prefetch); 0: each read when the step needs it
   t.eval_every = 100  # steps between evaluations (0: never)
   t.eval_batches = 4  # an evaluation reads the first eval_batches batches of the eval range
   t.checkpoint_every = 100  # steps between asynchronous checkpoints
@@ -399,6 +401,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in ("log_every", "checkpoint_every", "max_checkpoints"):
     _require(t[key] >= 1, f"train.{key} must be >= 1")
   _require(t.eval_every >= 0, "train.eval_every must be >= 0")
+  _require(t.prefetch_batches >= 0, "train.prefetch_batches must be >= 0")
   _require(t.memory_budget_gib >= 0, "train.memory_budget_gib must be >= 0")
   _check_recipe(specs.train)
   for name, activation, _ in specs.model.output_activations:

@@ -275,6 +275,7 @@ class TrainSpec:
   ensemble_members: int
   members_on_data: bool
   log_every: int
+  prefetch_batches: int
   eval_every: int
   eval_batches: int
   checkpoint_every: int

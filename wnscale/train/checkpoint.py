@@ -75,6 +75,16 @@ class Restored:
   data_state: dict | None
 
 
+class _StateWriter:
+  """Takes the place of an iterator in Grain's save: gives the state it was made with."""
+
+  def __init__(self, state: dict):
+    self.state = json.dumps(state, indent=4).encode()
+
+  def get_state(self) -> bytes:
+    return self.state
+
+
 class _StateReader:
   """Takes the place of an iterator in Grain's restore: keeps the state it is given."""
 
@@ -106,10 +116,14 @@ class Checkpointer:
                        "metadata": ocp.JsonCheckpointHandler()})
 
   def save(self, step: int, state, iterator, metadata: dict):
-    """Starts an asynchronous save; returns once device arrays are copied out."""
+    """Starts an asynchronous save; returns once device arrays are copied out.
+
+    `iterator`: the data's position, `iterator.get_state()` (a Grain iterator's, or
+    `wnscale.data.prefetch.DevicePrefetch`'s: after the last batch trained on), read now.
+    """
     self.manager.save(step, force=True, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(iterator),
+        data=grain.checkpoint.CheckpointSave(_StateWriter(iterator.get_state())),
         metadata=ocp.args.JsonSave(metadata)))
 
   def wait(self):

@@ -13,6 +13,11 @@ resumed run must read the data its checkpoints were trained on
 (`check_same_data`). A full disk ends the run with a `NoSpaceLeft` naming the
 path; the checkpoints written before stay, and the next start removes what
 the failed save left (Orbax's temporary directories).
+Batches are read and placed on the devices ahead of the step by a background thread
+(`train.prefetch_batches`, `wnscale.data.prefetch`); a checkpoint holds the data
+position after the last batch trained on, not after those prefetched. The loop waits for
+each step's result before it takes the next batch, so that its logged shares of time
+waiting on input and on the host say how long the devices waited (`loop_time`).
 A rollout curriculum (`train.rollout_schedule`, `wnscale.train.curriculum`) trains
 phase by phase, each with its own compiled step and a data pipeline of its
 target length continuing the previous one's position; a moving average of the
@@ -28,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import logging
@@ -42,7 +48,7 @@ from wnscale import config as config_lib
 from wnscale import compilation_cache, interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
-from wnscale.data import pipeline
+from wnscale.data import pipeline, prefetch
 from wnscale.data.resolve import modality_readers as resolve_modality_readers
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.assembly import assemble
@@ -53,7 +59,7 @@ from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
 from wnscale.train import checkpoint as checkpoint_lib
 from wnscale.train import curriculum
-from wnscale.train import evaluation, optimizer as optimizer_lib
+from wnscale.train import evaluation, loop_time, optimizer as optimizer_lib
 from wnscale.train import run_directory, run_log
 from wnscale.train.run_directory import RunDirectory
 from wnscale.train import step as step_lib
@@ -132,12 +138,12 @@ class _Training:
   train_step: object  # jitted; compiled when each rollout phase starts
   evaluator: evaluation.Evaluator
   train_data: pipeline.DataPipeline
+  batches: prefetch.DevicePrefetch  # `train_data`'s batches on the devices
   data_offset: int
   phases: tuple  # the run's `specs.Phase`s
   pipeline_at: object  # `(phase, data_offset) -> DataPipeline` of the phase's examples
+  prefetch_from: object  # `DataPipeline -> DevicePrefetch` of its batches
   num_groups: int
-  rows_per_example: int
-  batch_dtype: object  # what batches are carried in on the device (`setup.batch_dtype`)
   checkpointer: checkpoint_lib.Checkpointer
   writer: MetricsWriter
   preemption: interrupts.AgreedStop
@@ -145,19 +151,23 @@ class _Training:
 
   def start_phase(self, phase: specs_lib.Phase):
     """Reads `phase`'s examples from here on: a pipeline of its target length, continuing
-    at the current one's position (the same examples, indexed alike in every phase)."""
-    position = self.train_data.iterator.get_state()
+    after the last batch trained on (the same examples, indexed alike in every phase);
+    the batches prefetched for the previous phase are dropped."""
+    position = self.batches.get_state()
+    self.batches.close()
     self.train_data.close()
     self.train_data = self.pipeline_at(phase, self.data_offset)
     self.train_data.restore(position)
+    self.batches = self.prefetch_from(self.train_data)
 
-  def next_batch(self) -> dict:
-    local = next(self.train_data.iterator)
-    if self.rows_per_example > 1:  # members on the data axis: a row per member, member-major
-      local = {key: np.concatenate([value] * self.rows_per_example)
-               for key, value in local.items()}
-    return self.layout.global_batch(local, self.config.train.batch_size * self.rows_per_example,
-                                    self.batch_dtype)
+
+def _place(layout: ShardedLayout, batch_size: int, rows_per_example: int, dtype,
+           local: dict) -> dict:
+  """A process's batch `local` as global device arrays of `batch_size` examples, each on
+  `rows_per_example` rows, carried in as `dtype` (`setup.batch_dtype`)."""
+  if rows_per_example > 1:  # members on the data axis: a row per member, member-major
+    local = {key: np.concatenate([value] * rows_per_example) for key, value in local.items()}
+  return layout.global_batch(local, batch_size * rows_per_example, dtype)
 
 
 def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Training:
@@ -239,6 +249,15 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
     closing.callback(train_data.close)
     return train_data
 
+  place = functools.partial(_place, layout, config.train.batch_size, rows_per_example,
+                            setup.batch_dtype(specs.model))
+
+  def prefetch_from(train_data: pipeline.DataPipeline) -> prefetch.DevicePrefetch:
+    batches = prefetch.DevicePrefetch(train_data.iterator, place,
+                                      config.train.prefetch_batches)
+    closing.callback(batches.close)  # before `train_data.close`: the thread reads from it
+    return batches
+
   state, train_data, data_offset = _resume(checkpointer, run, state, assembly.replicated,
                                            specs, phases, pipeline_at, num_groups)
   # The run is compatible with the workdir's checkpoints: record its resolved config.
@@ -261,9 +280,9 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   preemption = interrupts.AgreedStop("checkpointing the step reached, then stopping")
   closing.callback(preemption.restore)
   return _Training(config, run, layout, (device_constants, halo_indices), state, start_step,
-                   train_step, evaluator, train_data, data_offset, phases, pipeline_at,
-                   num_groups, rows_per_example, setup.batch_dtype(specs.model),
-                   checkpointer, writer, preemption, frozen)
+                   train_step, evaluator, train_data, prefetch_from(train_data), data_offset,
+                   phases, pipeline_at, prefetch_from, num_groups, checkpointer, writer,
+                   preemption, frozen)
 
 
 def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dict:
@@ -282,59 +301,58 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
     logging.info("Nothing to train: the checkpoint is at train.steps=%d. Raise "
                  "train.steps to train further.", total)
   loop_start = time.perf_counter()
-  timer_step, timer = start_step, loop_start
-  phase = None
+  clock, interval_start = loop_time.LoopClock(), start_step
+  phase = train_step = None
   for step in range(start_step, total):
     if phase is None or step == phase.end_step:  # a phase starts: its data, its step
-      starting = phase is not None
-      phase = curriculum.phase_at(t.phases, step)
-      if starting:  # the resumed or first phase's pipeline is made by `_resume`
-        t.start_phase(phase)
-      batch = t.next_batch()
+      starting = curriculum.phase_at(t.phases, step)
+      if phase is not None:  # the resumed or first phase's pipeline is made by `_resume`
+        t.start_phase(starting)
+      phase, train_step = starting, None
+    with clock.input_wait():
+      batch = next(t.batches)
+    if train_step is None:
       compile_start = time.perf_counter()
-      with run_log.phase(_compiled_text(t.phases, phase,
-                                        config.train.accumulation_steps)) as details:
+      with clock.left_out(), run_log.phase(_compiled_text(
+          t.phases, phase, config.train.accumulation_steps)) as details:
         loaded = compilation_cache.hits()
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
         if compilation_cache.hits() > loaded:
           details["text"] = "loaded from the persistent compilation cache"
-      compiling = time.perf_counter() - compile_start
-      times["compile"] += compiling
-      timer += compiling  # compiling is not training speed
-    else:
-      batch = t.next_batch()
-    state, metrics = train_step(state, *t.constants, batch)
+      times["compile"] += time.perf_counter() - compile_start
+    with clock.step():
+      state, metrics = train_step(state, *t.constants, batch)
+      jax.block_until_ready(metrics)  # one step in flight (`loop_time`)
     done = step + 1
     preempted = t.preemption.reached(done)
     if done % config.train.log_every == 0 or done == total:
       _check_finite(state)
-      elapsed = time.perf_counter() - timer
-      steps_per_sec = (done - timer_step) / max(elapsed, 1e-9)
-      last = {k: float(v) for k, v in metrics.items()}
-      last["steps_per_sec"] = steps_per_sec
+      last = {k: float(v) for k, v in metrics.items()} | clock.interval(done - interval_start)
       last["target_steps"] = phase.target_steps
-      last_step = done
+      last_step, interval_start = done, done
       t.writer.write(done, last)
       if is_main:
-        eta = datetime.timedelta(seconds=round((total - done) / max(steps_per_sec, 1e-9)))
-        logging.info("step %d/%d | loss %.5f | lr %.2e | %.2f steps/s | ETA %s", done, total,
-                     last["loss"], last["learning_rate"], steps_per_sec, eta)
-      timer_step, timer = done, time.perf_counter()
+        eta = datetime.timedelta(seconds=round((total - done)
+                                               / max(last["steps_per_sec"], 1e-9)))
+        logging.info("step %d/%d | loss %.5f | lr %.2e | %.2f steps/s | input wait %.0f%% | "
+                     "host %.0f%% | ETA %s", done, total, last["loss"],
+                     last["learning_rate"], last["steps_per_sec"],
+                     100 * last["input_wait_fraction"], 100 * last["host_fraction"], eta)
     if config.train.eval_every and done % config.train.eval_every == 0:
       eval_start = time.perf_counter()
-      rmse = t.evaluator.evaluate(state.params if state.ema is None else state.ema)
+      with clock.left_out():  # evaluation time is not training speed
+        rmse = t.evaluator.evaluate(state.params if state.ema is None else state.ema)
       last_eval = (done, rmse)
       t.writer.write(done, {evaluation.metric_name(k): v for k, v in rmse.items()}
                      | {"target_steps": phase.target_steps})
       if is_main:
         logging.info("eval at step %d, RMSE: %s", done, run_log.format_rmse(rmse))
       times["evaluation"] += time.perf_counter() - eval_start
-      timer = time.perf_counter()  # evaluation time is not training speed
     if done % config.train.checkpoint_every == 0 or done == total or preempted:
       _check_finite(state)
       t.writer.sync()  # metrics up to this step are stored before the checkpoint is
       save_start = time.perf_counter()
-      t.checkpointer.save(done, state, t.train_data.iterator,
+      t.checkpointer.save(done, state, t.batches,
                           {"step": done, "data_groups": t.num_groups,
                            "data_offset": t.data_offset, "process_count": jax.process_count(),
                            "config": json.loads(config.to_json_best_effort())})
