@@ -18,6 +18,12 @@ their figures, and only one process at a time holds the accelerator:
               for this device): compile time, step time, compiled and measured peak memory
   forecast    a 10-day forecast at 1 deg (`bench/forecast.py`'s mid run,
               `python -m launch.forecast`): lead steps per second
+  wn2_mini_step  WeatherNext 2's 1 deg Mini (`configs/weathernext2_1p0.py`), one example:
+              its train step with `model.transformer_attention='auto'` (on a TPU the splash
+              kernel) and, on a TPU, with edges (in blocks of 2^17 edges); with --cpu a
+              tiny transformer with 'auto' (edges there) and splash (interpreted): as
+              paper_step, the planner's choice, then the step plain and with it; and the
+              kernel's tiles with an edge
 
 `--cpu` runs every step on the CPU with the tiny problem (the suite runs it:
 tests/test_accelerator_check.py), so the script cannot rot between accelerators.
@@ -48,7 +54,7 @@ TESTS = {
     "accelerator": ["tests/test_remat.py", ONE_DEVICE_SHARDING,
                     "tests/test_graphcast_import.py::test_predictions_match_the_reference",
                     "tests/test_weathernext2.py::test_lead_one_equals_weathernext2_at_every_node"
-                    "_with_one_triangle"],
+                    "_with_one_triangle", "tests/test_splash_attention.py"],
     "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor]",
             ONE_DEVICE_SHARDING],
 }
@@ -206,6 +212,20 @@ def mid_step(args, mode, record):
 
 def paper_step(args, mode, record):
   """GraphCast's paper model, one example on one device: plain, then the planner's choice."""
+  from wnscale import config as config_lib  # noqa: PLC0415
+
+  if args.cpu:
+    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+  else:
+    config = config_lib.graphcast_paper_config(args.paper_resolution)
+  _planned_steps(args, config, record)
+
+
+def _planned_steps(args, config, record, details=lambda step: {}, **labels):
+  """`config`'s train step, one example on one device (the 1-step phase): the planner's
+  remat choice for the device's memory (`remat_policy='auto'`), then the step plain and
+  with that choice: compile and step time, compiled and measured peak memory, TFLOP/s by
+  the planner's count. Every record holds `labels`, a step's also `details(TrainStep)`."""
   import jax  # noqa: PLC0415
   sys.path.insert(0, os.path.join(REPO, "bench"))
   import mid_problem  # noqa: PLC0415: also puts tests/ on the path (problems.py)
@@ -215,10 +235,7 @@ def paper_step(args, mode, record):
   from wnscale.planner.compile import Problem  # noqa: PLC0415
   from wnscale.train import step as step_lib  # noqa: PLC0415
 
-  if args.cpu:
-    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
-  else:
-    config = config_lib.graphcast_paper_config(args.paper_resolution)
+  config = config.copy_and_resolve_references()
   # One example, the 1-step phase (the schedule's longer ones size auto remat otherwise).
   config.train.update(batch_size=1, rollout_schedule=(), phase_learning_rates=())
   config.mesh.update(data=1, graph=1)
@@ -234,7 +251,7 @@ def paper_step(args, mode, record):
   start = time.perf_counter()
   problem = Problem(config, target, step_lib.lower_train_step)  # its compiles are kept
   choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, problem=problem)
-  record(setting="planner's choice", choice=choice["name"], reason=choice["reason"],
+  record(**labels, setting="planner's choice", choice=choice["name"], reason=choice["reason"],
          planning_seconds=round(time.perf_counter() - start, 1))
   for setting, name in (("plain", "none"), ("planner's choice", choice["name"])):
     if setting == "planner's choice" and name == "none":
@@ -247,7 +264,8 @@ def paper_step(args, mode, record):
     except jax.errors.JaxRuntimeError as error:
       if "RESOURCE_EXHAUSTED" not in str(error):
         raise
-      record(setting=setting, remat=name, fits=False, error=str(error).splitlines()[0][:500])
+      record(**labels, setting=setting, remat=name, fits=False,
+             error=str(error).splitlines()[0][:500])
       continue
     step.run(timed=False)
     for _ in range(args.timed_steps):
@@ -257,13 +275,13 @@ def paper_step(args, mode, record):
     # The planner's count (recomputation included; XLA's counts a scanned layer once).
     flops = problem.compile(auto_remat.candidate_overrides(name))["flops"]
     seconds = statistics.median(step.times)
-    record(setting=setting, remat=name, fits=True, resolution=config.data.resolution,
-           dtype=config.model.dtype, compile_seconds=round(step.compile_seconds, 1),
-           step_seconds=seconds,
+    record(**labels, setting=setting, remat=name, fits=True,
+           resolution=config.data.resolution, dtype=config.model.dtype,
+           compile_seconds=round(step.compile_seconds, 1), step_seconds=seconds,
            compiled_peak_gib=stats["peak_bytes"] / 2**30,
            measured_peak_gib=(measured["peak_bytes_in_use"] / 2**30
                               if "peak_bytes_in_use" in measured else None),
-           tflops_per_second=flops / seconds / 1e12)
+           tflops_per_second=flops / seconds / 1e12, **details(step))
     del step  # its device arrays, before the next setting's are made
 
 
@@ -281,8 +299,42 @@ def forecast(args, mode, record):
          peak_live_device_gib=summary["peak_live_device_bytes"] / 2**30)
 
 
+def wn2_mini_step(args, mode, record):
+  """WeatherNext 2's Mini (a tiny transformer with --cpu), with each attention: the steps of
+  `_planned_steps`, and the graphs' figures and the splash kernel's tiles with an edge."""
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
+  from wnscale.model import mesh_transformer  # noqa: PLC0415
+
+  if args.cpu:
+    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+    config.model.processor = "transformer"
+  else:
+    config = config_lib.load(os.path.join(REPO, "configs", "weathernext2_1p0.py"))
+  platform = jax.devices()[0].platform
+
+  def details(step):
+    mask = step.constants.graphs.masks.get("mesh_neighbours")
+    return dict(mesh_nodes=step.counts["mesh_nodes"],
+                attention_edges=step.counts["mesh_neighbour_edges"],
+                tiles_with_an_edge=None if mask is None else float(np.mean(
+                    np.asarray(mask.backward.block_mask) > 0)))
+
+  others = ("edges",) if platform == "tpu" else ("splash",) if args.cpu else ()
+  for attention in ("auto",) + others:
+    attention_config = config.copy_and_resolve_references()
+    attention_config.model.transformer_attention = attention
+    if attention == "edges":  # the gathers of 8.2M edges x 512 in blocks (0.25 deg's size)
+      attention_config.model.transformer_edges_per_block = 2**17
+    runs = mesh_transformer.attention_kind(
+        specs_lib.from_config(config_lib.validate(attention_config)).model, platform, 1)
+    _planned_steps(args, attention_config, record, details, attention=attention, runs=runs)
+
+
 STEP_FUNCTIONS = {"devices": devices, "tests": tests, "mid_step": mid_step,
-                  "paper_step": paper_step, "forecast": forecast}
+                  "paper_step": paper_step, "forecast": forecast, "wn2_mini_step": wn2_mini_step}
 
 
 if __name__ == "__main__":
