@@ -22,6 +22,12 @@ their figures, and only one process at a time holds the accelerator:
   paper_0p25      the same at 0.25 deg with remat `--paper_0p25_remat` (`paper`)
   forecast        a 10-day forecast at 1 deg (`bench/forecast.py`'s mid run,
                   `python -m launch.forecast`): lead steps per second
+  wn2_mini_step   WeatherNext 2's 1 deg Mini (`configs/weathernext2_1p0.py`), one example:
+                  its train step with remat `--wn2_mini_remat` (`processor_every_3`) and
+                  `model.transformer_attention='auto'` (on a TPU the splash kernel), and on a
+                  TPU with edges (in blocks of 2^17); with --cpu a tiny transformer, 'auto'
+                  (edges there) and splash (interpreted); the splash kernel's share of
+                  tiles with an edge
 
 Each model step records its step time, compile time, compiled and measured peak memory,
 utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
@@ -60,7 +66,7 @@ TESTS = {
     "accelerator": ["tests/test_aggregation.py", "tests/test_remat.py", ONE_DEVICE_SHARDING,
                     "tests/test_graphcast_import.py::test_predictions_match_the_reference",
                     "tests/test_weathernext2.py::test_lead_one_equals_weathernext2_at_every_node"
-                    "_with_one_triangle"],
+                    "_with_one_triangle", "tests/test_splash_attention.py"],
     "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor_matmul]",
             ONE_DEVICE_SHARDING],
 }
@@ -86,6 +92,8 @@ def main():
                       help="paper_1deg's remat: a planner candidate's name, or auto")
   parser.add_argument("--paper_0p25_remat", default="paper",
                       help="paper_0p25's remat: a planner candidate's name, or auto")
+  parser.add_argument("--wn2_mini_remat", default="processor_every_3",
+                      help="wn2_mini_step's remat: a planner candidate's name, or auto")
   parser.add_argument("--aggregations", default="auto",
                       help="model.aggregation values to measure, comma-separated: each model "
                            "step runs each (side by side where there is a reference)")
@@ -118,6 +126,7 @@ def _run_step_in_a_process(name: str, args) -> bool:
   command = [sys.executable, os.path.abspath(__file__), args.out, f"--step={name}",
              f"--platform={args.platform}", f"--paper_1deg_remat={args.paper_1deg_remat}",
              f"--paper_0p25_remat={args.paper_0p25_remat}",
+             f"--wn2_mini_remat={args.wn2_mini_remat}",
              f"--aggregations={args.aggregations}",
              f"--timed_steps={args.timed_steps}"] + (["--cpu"] if args.cpu else [])
   start = time.perf_counter()
@@ -253,8 +262,22 @@ def side_by_side(args, mode, record):
 
 
 def paper_step(args, mode, record):
-  """GraphCast's paper model, one example on one device, its train step with the step's
-  remat setting (`auto`: the planner's choice, planned here)."""
+  """GraphCast's paper model, one example on one device: its train step with the step's
+  remat setting, once per `--aggregations` entry."""
+  from wnscale import config as config_lib  # noqa: PLC0415
+  if args.cpu:
+    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+  else:
+    config = config_lib.graphcast_paper_config(PAPER[args.step])
+  _train_steps(args, config, getattr(args, f"{args.step}_remat"), record,
+               [dict(aggregation=name) for name in args.aggregations.split(",")])
+
+
+def _train_steps(args, config, remat: str, record, variants, details=lambda step: {}):
+  """`config`'s train step, one example on one device (the 1-step phase), with remat
+  setting `remat` (`auto`: the planner's choice for the device's memory, planned here), once
+  per `variants` entry (model overrides): its figures (`step_figures.measure`), the set-up
+  and compile time, and `details(TrainStep)`; a step that does not fit is recorded so."""
   import jax  # noqa: PLC0415
   _bench_imports()
   import mid_problem  # noqa: PLC0415: also puts tests/ on the path (problems.py)
@@ -267,11 +290,7 @@ def paper_step(args, mode, record):
   from wnscale.planner.compile import Problem  # noqa: PLC0415
   from wnscale.train import step as step_lib  # noqa: PLC0415
 
-  remat = getattr(args, f"{args.step}_remat")
-  if args.cpu:
-    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
-  else:
-    config = config_lib.graphcast_paper_config(PAPER[args.step])
+  config = config.copy_and_resolve_references()
   # One example, the 1-step phase (the schedule's longer ones size auto remat otherwise).
   config.train.update(batch_size=1, rollout_schedule=(), phase_learning_rates=())
   config.mesh.update(data=1, graph=1)
@@ -289,20 +308,30 @@ def paper_step(args, mode, record):
     remat = choice["name"]
   config.model.update(auto_remat.candidate_overrides(remat))
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
-  for aggregation in args.aggregations.split(","):
-    config.model.aggregation = aggregation
-    config = config_lib.validate(config)
+  for overrides in variants:
+    variant = config.copy_and_resolve_references()
+    variant.model.update(overrides)
+    variant = config_lib.validate(variant)
+    labels = dict(remat=remat, resolution=variant.data.resolution, dtype=variant.model.dtype,
+                  **overrides)
     start = time.perf_counter()
-    step = mid_problem.TrainStep(config, points)
+    try:
+      step = mid_problem.TrainStep(variant, points)
+    except jax.errors.JaxRuntimeError as error:
+      if "RESOURCE_EXHAUSTED" not in str(error):
+        raise
+      record(**labels, fits=False, error=str(error).splitlines()[0][:500])
+      continue
     setup_seconds = time.perf_counter() - start - step.compile_seconds
+    graphcast = (step_figures.graphcast_flops(variant, graphs.counts())
+                 if variant.model.processor == "interaction_network" else None)
     figures = step_figures.measure(
         step.step, functools.partial(step.run, timed=False), timed=args.timed_steps,
-        graphcast=step_figures.graphcast_flops(config, graphs.counts()),
-        hardware=step_figures.hardware_flops(config, graphs))
-    print(step_figures.describe(f"{args.step} ({remat}, {aggregation})", figures))
-    record(remat=remat, resolution=config.data.resolution, dtype=config.model.dtype,
-           aggregation=aggregation, setup_seconds=round(setup_seconds, 1),
-           compile_seconds=round(step.compile_seconds, 1), **figures)
+        graphcast=graphcast, hardware=step_figures.hardware_flops(variant, graphs))
+    print(step_figures.describe(f"{args.step} ({', '.join(map(str, labels.values()))})",
+                                figures))
+    record(**labels, fits=True, setup_seconds=round(setup_seconds, 1),
+           compile_seconds=round(step.compile_seconds, 1), **figures, **details(step))
     del step  # its device arrays, before the next one's are made
 
 
@@ -320,9 +349,37 @@ def forecast(args, mode, record):
          peak_live_device_gib=summary["peak_live_device_bytes"] / 2**30)
 
 
+def wn2_mini_step(args, mode, record):
+  """WeatherNext 2's Mini (a tiny transformer with --cpu), with each attention
+  (`_train_steps`), and the share of the splash kernel's tiles that hold an edge."""
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from wnscale import config as config_lib  # noqa: PLC0415
+
+  if args.cpu:
+    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+    config.model.processor = "transformer"
+  else:
+    config = config_lib.load(os.path.join(REPO, "configs", "weathernext2_1p0.py"))
+
+  def details(step):
+    mask = step.constants.graphs.masks.get("mesh_neighbours")
+    return dict(mesh_nodes=step.counts["mesh_nodes"],
+                attention_edges=step.counts["mesh_neighbour_edges"],
+                tiles_with_an_edge=None if mask is None else float(np.mean(
+                    np.asarray(mask.backward.block_mask) > 0)))
+
+  on_tpu = jax.devices()[0].platform == "tpu"
+  # Edges in blocks of 2^17 (the 0.25 deg model's 8.2M edges x 512 gathers otherwise).
+  variants = [dict(transformer_attention="auto")] + (
+      [dict(transformer_attention="edges", transformer_edges_per_block=2**17)] if on_tpu
+      else [dict(transformer_attention="splash")] if args.cpu else [])
+  _train_steps(args, config, args.wn2_mini_remat, record, variants, details)
+
+
 STEP_FUNCTIONS = {"devices": devices, "tests": tests, "mid_step": side_by_side,
                   "latent256_step": side_by_side, "paper_1deg": paper_step,
-                  "paper_0p25": paper_step, "forecast": forecast}
+                  "paper_0p25": paper_step, "forecast": forecast, "wn2_mini_step": wn2_mini_step}
 
 
 if __name__ == "__main__":

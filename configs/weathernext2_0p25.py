@@ -31,6 +31,7 @@ DERIVED = {
     'model.remat_mesh_gnn': False,
     'model.remat_mesh_to_grid_gnn': False,
     'model.remat_policy': 'nothing_saveable',
+    'model.transformer_attention': 'auto',
     'model.transformer_edges_per_block': 131072,
     'model.transformer_ffw_size': 3072,
     'model.transformer_heads': 6,

@@ -61,7 +61,7 @@ def synthetic_problem(config, points, batch_size: int, *, seed: int = 0,
   initialized.
   """
   specs = specs_lib.from_config(config)
-  graphs = setup.graphs_for_grid(specs.model, points)
+  graphs = setup.with_masks(specs.model, setup.graphs_for_grid(specs.model, points))
   rng = np.random.default_rng(seed)
   residual_scale = rng.uniform(0.2, 1.0, len(specs.data.output_channels))
   constants = setup.make_constants(specs.data, graphs, points, residual_scale)
@@ -121,10 +121,11 @@ def device_batch(layout, batch: dict) -> dict:
 def sharded_layout(config, constants, positions, data: int, graph: int, exchange: str
                    ) -> ShardedLayout:
   """`config`'s mesh set to `data` x `graph` of the test devices, and the problem's graphs
-  laid out on it (`exchange`: the graph shards' mode)."""
+  laid out on it (`exchange`: the graph shards' mode) with the masks of `config`'s model."""
   config.mesh.data, config.mesh.graph = data, graph
   mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
-  return ShardedLayout(mesh, constants.graphs, positions, exchange)
+  return ShardedLayout(mesh, constants.graphs, positions, exchange,
+                       specs_lib.from_config(config).model)
 
 
 def sharded_loss_and_grads(config, layout: ShardedLayout, constants, batch, params,

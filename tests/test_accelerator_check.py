@@ -26,7 +26,7 @@ def _results(out) -> list[dict]:
 def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "7 steps ran, 0 failed" in result.stdout
+  assert "8 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
   assert all(r["commit"] and r["date"] for r in records)
@@ -34,7 +34,7 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   for record in records:
     by_step.setdefault(record["step"], []).append(record)
   assert list(by_step) == ["devices", "tests", "mid_step", "latent256_step", "paper_1deg",
-                           "paper_0p25", "forecast"]
+                           "paper_0p25", "forecast", "wn2_mini_step"]
   assert by_step["devices"][0]["backend"] == "cpu"
   tests = by_step["tests"][0]
   assert tests["exit_status"] == 0 and tests["passed"] == 2
@@ -61,6 +61,14 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   forecast = by_step["forecast"][0]
   assert forecast["lead_steps"] == 1 and forecast["steps_per_second"] > 0
   assert "=== forecast" in open(os.path.join(tmp_path, "log.txt")).read()
+  # The CPU's "auto" attention is edges; splash interpreted.
+  auto, splash = by_step["wn2_mini_step"]
+  assert (auto["transformer_attention"], splash["transformer_attention"]) == ("auto", "splash")
+  for record in (auto, splash):
+    assert record["fits"] and record["step_seconds"] > 0 and record["compiled_peak_gib"] > 0
+    assert record["graphcast_tflop"] is None and record["hardware_tflop"] > 0
+  # 162 mesh nodes: 2 x 2 tiles, each with an edge.
+  assert auto["tiles_with_an_edge"] is None and splash["tiles_with_an_edge"] == 1.0
 
 
 def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_path):

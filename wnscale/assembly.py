@@ -148,7 +148,7 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
   with phase(f"Partitioned the graphs over {shards} graph shard(s) ({mesh.shape[mesh_lib.DATA]} "
              f"data x {shards} graph devices)"):
     layout = ShardedLayout(mesh, graphs, setup.node_positions(specs.model, points, point_sets),
-                           specs.mesh.exchange)
+                           specs.mesh.exchange, specs.model)
   graphdef = model_params = None
   if params == "init":
     with phase("Initialized the model") as details:

@@ -53,8 +53,15 @@ def default_config() -> ml_collections.ConfigDict:
   m.transformer_ffw_size = 128  # transformer: hidden width of the feed-forward layers
   m.transformer_k_hop = 2  # transformer: a mesh node attends to the nodes at most this many
   # edges away on the finest mesh (itself included); WeatherNext 2: 32 at mesh_levels 6
-  m.transformer_edges_per_block = 0  # transformer: attention edges per block on a device,
-  # each block under its own checkpoint (bounds the [edges, latent] gathers); 0: all at once
+  m.transformer_edges_per_block = 0  # transformer, attention from the edges: edges per block
+  # on a device, each block under its own checkpoint (bounds the [edges, latent] gathers);
+  # 0: all at once
+  m.transformer_attention = "auto"  # transformer: how attention is computed: "edges"
+  # (gathers and segment sums over the neighbour lists: any backend, any graph sharding),
+  # "splash" (Pallas' block-sparse flash attention kernel, as WeatherNext 2 on TPUs: the
+  # graph on one device; off a TPU in Pallas' interpret mode, slow) or "auto": splash on a
+  # TPU with mesh.graph 1, edges otherwise. The same numbers either way
+  # (wnscale.model.splash_attention)
   m.remat_grid_to_mesh_gnn = False  # checkpoint the whole encoder
   m.remat_mesh_gnn = False  # checkpoint the processor (either kind), one checkpoint per
   # mesh_remat_every layers
@@ -439,6 +446,7 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
   from wnscale.model import aggregation, remat  # noqa: PLC0415
   from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
+  from wnscale.model.mesh_transformer import ATTENTIONS  # noqa: PLC0415
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   m, d = config.model, config.data
@@ -447,6 +455,11 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   _require(m.aggregation in aggregation.METHODS,
            f"model.aggregation={m.aggregation!r}, expected one of {aggregation.METHODS}")
+  _require(m.transformer_attention in ATTENTIONS, f"model.transformer_attention="
+           f"{m.transformer_attention!r}, expected one of {ATTENTIONS}")
+  _require(m.transformer_attention != "splash" or config.mesh.graph in (1, -1),
+           f"model.transformer_attention='splash' runs with the graph on one device, not "
+           f"mesh.graph={config.mesh.graph} (\"auto\" computes it from the edges there)")
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
   problem = PROCESSORS[m.processor].check(specs.model)

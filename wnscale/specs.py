@@ -37,6 +37,7 @@ class ModelSpec:
   transformer_ffw_size: int
   transformer_k_hop: int
   transformer_edges_per_block: int
+  transformer_attention: str
   remat_grid_to_mesh_gnn: bool
   remat_mesh_gnn: bool
   remat_mesh_to_grid_gnn: bool

@@ -2,11 +2,13 @@
 
 `Graphs` holds node sets (`grid`, `mesh`, ...) and edge sets (`grid_to_mesh`,
 `mesh`, `mesh_to_grid`, ...); each edge set names its sender and receiver node
-sets. It is a pytree of plain arrays (the names are static metadata), taken
-by the model as an argument, never closed over: the index arrays are not
-baked into the HLO. The same object describes the global graph (host numpy)
-and a partitioned one (`wnscale.sharding.partition`: every array with a
-leading shard axis and shard-local indices).
+sets. An edge set may also come as a block-sparse mask for an attention kernel
+(`masks`), made on the host for the graphs' node order. It is a pytree of
+plain arrays (the names are static metadata), taken by the model as an
+argument, never closed over: the index arrays are not baked into the HLO. The
+same object describes the global graph (host numpy) and a partitioned one
+(`wnscale.sharding.partition`: every array with a leading shard axis and
+shard-local indices).
 """
 
 from __future__ import annotations
@@ -68,10 +70,15 @@ class Graphs(NamedTuple):
     edges: `{name: EdgeSet}`; GraphCast's `grid_to_mesh`, `mesh` (the
       multi-mesh) and `mesh_to_grid`, and those a processor adds
       (the transformer's `mesh_neighbours`, `wnscale.model.processors`).
+    masks: `{edge set name: that edge set as a block-sparse attention mask}` in
+      these graphs' node order, for the attention kernels that read one
+      (`wnscale.model.splash_attention.SplashMask`); empty unless the processor's
+      attention needs one (`wnscale.model.setup.with_masks`). Never mutated.
   """
 
   nodes: dict[str, NodeSet]
   edges: dict[str, EdgeSet]
+  masks: dict = {}
 
   def num_nodes(self, node_set: str) -> int:
     return self.nodes[node_set].features.shape[-2]

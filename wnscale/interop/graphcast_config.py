@@ -111,7 +111,7 @@ NOT_EXPORTED = {
               "grid_blocks", "dtype", "aggregation",
               # the transformer's (model.processor itself is compared)
               "transformer_layers", "transformer_heads", "transformer_ffw_size",
-              "transformer_k_hop", "transformer_edges_per_block"),
+              "transformer_k_hop", "transformer_edges_per_block", "transformer_attention"),
     "data": ("path", "member", "synthetic", "stats_path", "regional_path", "region",
              "regional_loss_weight", "resolution", "grid", "target_steps", "train_start",
              "train_end", "eval_start", "eval_end", "worker_count"),

@@ -32,7 +32,8 @@ dim. How it maps onto wnscale (`wnscale.model.graphcast.GraphCast`):
 
 The attention implementation (`mha`, `triblockdiag_mha`, `splash_mha`) is the
 same function computed three ways, and the node order WeatherNext 2 chooses
-for a banded adjacency changes no result: neither is a setting here. Anything
+for a banded adjacency changes no result: neither is mapped (wnscale's own
+`model.transformer_attention` chooses how it computes where it runs). Anything
 else that does not map is an error naming the setting.
 """
 

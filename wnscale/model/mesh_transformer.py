@@ -7,8 +7,12 @@ axis (like the mesh GNN's), then a final layer norm:
   x = x + ffw_down(gelu(ffw_up(norm(x))))
 
 Attention is multi-head, over each mesh node's k-hop neighbourhood on the
-finest mesh (itself included), computed from the explicit neighbour edge list
-`graphs.edges["mesh_neighbours"]` (`wnscale.model.sparse_attention`). Queries,
+finest mesh (itself included), computed one of two ways (`model.transformer_attention`,
+resolved by `attention_kind`): from the explicit neighbour edge list
+`graphs.edges["mesh_neighbours"]` (`wnscale.model.sparse_attention`), or, where
+the graphs carry that edge set's block-sparse mask (`graphs.masks`, made on
+the host by `attention_masks`), by the splash attention kernel
+(`wnscale.model.splash_attention`): the same numbers. Queries,
 keys and values have no bias; the two output projections start at zero, so a
 fresh block is the identity (WeatherNext 2's released initialisation: the
 other matrices are truncated normal with variance 2 / (layers * fan_in)).
@@ -18,19 +22,61 @@ features), as in WeatherNext 2.
 
 Under `shard_map` keys and values are computed on the local rows, then the
 exchange brings the rows of remote neighbours (`exchange("mesh_neighbours", rows)`).
+The splash kernel runs with the graph on one device only (its rows are then the
+whole mesh); with the graph over several, "auto" computes from the edges.
 Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
 """
 
 from __future__ import annotations
 
+import logging
+
 import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from wnscale.errors import UserError
 from wnscale.graphs.graph import Graphs
 from wnscale.model import lean, norm, remat
 from wnscale.model.sparse_attention import neighbour_attention
+from wnscale.model.splash_attention import SplashMask, splash_attention, splash_mask
 from wnscale.specs import ModelSpec
+
+# `model.transformer_attention`'s values.
+ATTENTIONS = ("auto", "edges", "splash")
+
+
+def attention_kind(m: ModelSpec, platform: str, graph_shards: int) -> str:
+  """"edges" or "splash": how the transformer's attention runs on `platform` (a JAX
+  platform name, "tpu", "cpu", ...) with the graph over `graph_shards` devices.
+
+  Raises:
+    UserError: "splash" with the graph over several devices.
+  """
+  if m.transformer_attention == "auto":
+    return "splash" if platform == "tpu" and graph_shards == 1 else "edges"
+  if m.transformer_attention == "splash" and graph_shards > 1:
+    raise UserError(f"model.transformer_attention='splash' runs with the graph on one "
+                    f"device, not over {graph_shards} (mesh.graph); 'auto' or 'edges' "
+                    "compute it from the edges there.")
+  return m.transformer_attention
+
+
+def attention_masks(m: ModelSpec, graphs: Graphs, platform: str, graph_shards: int) -> dict:
+  """The masks the attention reads (`Graphs.masks`): `{"mesh_neighbours": SplashMask}`
+  where it runs as splash (`attention_kind`), else none. Host work, once per layout.
+
+  Args:
+    graphs: the graphs of one shard (`graph_shards` 1: all of them) in their node order.
+  """
+  kind = attention_kind(m, platform, graph_shards)
+  logging.info("Transformer attention: %s (model.transformer_attention=%r, %s, %d graph "
+               "shard(s))", kind, m.transformer_attention, platform, graph_shards)
+  if kind == "edges":
+    return {}
+  edges = graphs.edges["mesh_neighbours"]
+  return {"mesh_neighbours": splash_mask(edges.senders, edges.receivers,
+                                         graphs.num_nodes("mesh"), interpret=platform != "tpu")}
 
 
 class TransformerBlock(nnx.Module):
@@ -52,9 +98,10 @@ class TransformerBlock(nnx.Module):
     self.ffw_down = linear(ffw_size, width, zeros)
 
   def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0,
-               conditioning=None):
+               conditioning=None, mask: SplashMask | None = None):
     """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`;
-    `conditioning` an FGN's `[noise_channels]` noise embedding, else None."""
+    `conditioning` an FGN's `[noise_channels]` noise embedding, else None; `mask` its
+    `SplashMask` to attend by the splash kernel, else None (from the edges)."""
     num_nodes, width = nodes.shape
     head_shape = (self.heads, width // self.heads)
     normed = self.attention_norm(nodes, conditioning)
@@ -63,8 +110,11 @@ class TransformerBlock(nnx.Module):
     keys_values = exchange("mesh_neighbours", self.key_value(normed))
     keys, values = (x.reshape((-1,) + head_shape) for x in
                     (keys_values[:, :width], keys_values[:, width:]))
-    attended = neighbour_attention(queries, keys, values, neighbours.senders,
-                                   neighbours.receivers, edges_per_block)
+    if mask is None:
+      attended = neighbour_attention(queries, keys, values, neighbours.senders,
+                                     neighbours.receivers, edges_per_block)
+    else:
+      attended = splash_attention(queries, keys, values, mask)
     attended = self.attention_output(attended.reshape(num_nodes, width).astype(nodes.dtype))
     nodes = nodes + checkpoint_name(attended, remat.ATTENTION_OUTPUT)
     ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes, conditioning))))
@@ -95,11 +145,17 @@ class MeshTransformer(nnx.Module):
     if neighbours is None:
       raise ValueError("The transformer processor needs the edge set mesh_neighbours (the "
                        "k-hop neighbour lists; setup.graphs_for_grid adds them).")
+    mask = None if spec.transformer_attention == "edges" else graphs.masks.get("mesh_neighbours")
+    if mask is None and spec.transformer_attention == "splash":
+      raise ValueError("model.transformer_attention='splash' needs the graphs' splash mask of "
+                       "mesh_neighbours (graphs.masks; setup.with_masks and the sharded "
+                       "layout make it).")
     graphdef, stacked_state = nnx.split(self.layers)
 
     def one_layer(nodes, layer_state):
       return nnx.merge(graphdef, layer_state)(nodes, neighbours, exchange,
-                                              spec.transformer_edges_per_block, conditioning)
+                                              spec.transformer_edges_per_block, conditioning,
+                                              mask)
 
     mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=spec.remat_mesh_gnn,
                              every=spec.mesh_remat_every, policy=self.policy)

@@ -1,9 +1,10 @@
 """The mesh processors, one registry entry each (`model.processor` names one).
 
 An entry owns the processor's module, the edge sets it reads beyond
-GraphCast's three (`setup.graphs_for_grid` builds them), its FLOP count (for
-`wnscale.planner.flops`) and the model settings it cannot run. A new processor
-is one more entry of `PROCESSORS`.
+GraphCast's three (`setup.graphs_for_grid` builds them), the masks its
+attention kernel reads (`setup.with_masks` and the sharded layout make them
+for their node order), its FLOP count (for `wnscale.planner.flops`) and the
+model settings it cannot run. A new processor is one more entry of `PROCESSORS`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from wnscale.graphs.edge_sets import EdgeSetSpec, KHopNeighbours
 from wnscale.graphs.features import EDGE_FEATURES
 from wnscale.graphs.graph import Graphs
 from wnscale.model.mesh_gnn import MeshGNN
-from wnscale.model.mesh_transformer import MeshTransformer
+from wnscale.model.mesh_transformer import MeshTransformer, attention_masks
 from wnscale.model.message_passing import interaction_flops
 from wnscale.model.mlp import mlp_flops
 from wnscale.specs import ModelSpec
@@ -46,12 +47,16 @@ class Processor(NamedTuple):
       `(graphs, mesh latents [num_mesh_nodes, latent], exchange) -> mesh latents`.
     edge_sets: `model spec -> {name: EdgeSetSpec}`, the edge sets it needs
       beyond GraphCast's `grid_to_mesh`, `mesh` and `mesh_to_grid`.
+    masks: `(model spec, graphs, platform, graph shards) -> {edge set name: mask}`,
+      the `Graphs.masks` it reads, for `graphs` (one shard's) in their node order on
+      a JAX platform ("tpu", "cpu", ...) with the graph over that many devices.
     cost: `(model spec, graphs) -> ProcessorCost` (graphs: global counts).
     check: `model spec -> None`, or what is wrong with it for this processor.
   """
 
   module: type
   edge_sets: Callable[[ModelSpec], dict[str, EdgeSetSpec]]
+  masks: Callable[[ModelSpec, Graphs, str, int], dict]
   cost: Callable[[ModelSpec, Graphs], ProcessorCost]
   check: Callable[[ModelSpec], str | None]
 
@@ -91,10 +96,11 @@ def _transformer_check(m: ModelSpec) -> str | None:
 
 PROCESSORS = {
     "interaction_network": Processor(
-        MeshGNN, edge_sets=lambda m: {}, cost=_gnn_cost, check=lambda m: None),
+        MeshGNN, edge_sets=lambda m: {}, masks=lambda *_: {}, cost=_gnn_cost,
+        check=lambda m: None),
     "transformer": Processor(
         MeshTransformer,
         edge_sets=lambda m: {"mesh_neighbours": EdgeSetSpec(
             "mesh", "mesh", KHopNeighbours(m.transformer_k_hop), features=False)},
-        cost=_transformer_cost, check=_transformer_check),
+        masks=attention_masks, cost=_transformer_cost, check=_transformer_check),
 }

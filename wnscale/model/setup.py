@@ -70,6 +70,15 @@ def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True,
                             regional_mesh_levels=m.regional_mesh_levels, point_sets=point_sets)
 
 
+def with_masks(m: ModelSpec, graphs: Graphs, platform: str | None = None,
+               graph_shards: int = 1) -> Graphs:
+  """`graphs` (one shard's, in their node order) with the masks the processor's attention
+  reads (`Graphs.masks`) where it runs on `platform` (None: JAX's default backend) with the
+  graph over `graph_shards` devices; made on the host, once."""
+  return graphs._replace(masks=PROCESSORS[m.processor].masks(
+      m, graphs, platform or jax.default_backend(), graph_shards))
+
+
 def node_positions(m: ModelSpec, points: PointSet,
                    point_sets: dict[str, PointSet] | None = None):
   """Per node set, `[num_nodes, 3]` unit vectors (`build.node_positions`)."""

@@ -1,7 +1,9 @@
 """The graphs laid out over the mesh: partitioned once, and every array placed to match.
 
 `ShardedLayout` partitions the graphs over the mesh's `graph` axis (host side,
-once) and lays constants and batches out in the padded, sharded node order:
+once), makes the masks the model's attention reads for that node order
+(`Graphs.masks`, given the model's spec), and lays constants and batches out
+in the padded, sharded node order:
 on devices, as abstract shapes for ahead-of-time compiles, or as global
 arrays built from each process's share. What runs on that layout under
 `shard_map` is in `wnscale.sharding.sharded_model`.
@@ -14,10 +16,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from wnscale.model import setup
 from wnscale.model.forecast import Constants
 from wnscale.sharding import partition as partition_lib
 from wnscale.sharding.exchange import MODES
 from wnscale.sharding.mesh import DATA, GRAPH
+from wnscale.specs import ModelSpec
 
 # Batch arrays (see `model.forecast`): batch on `data`, grid nodes (last axis) on `graph`;
 # the optional `globals` `[B, T, F]` have no grid axis: every graph shard holds them whole;
@@ -59,12 +63,21 @@ def _node_set(key: str) -> str | None:
 class ShardedLayout:
   """The graphs partitioned over a mesh's `graph` axis, and how arrays are laid out on it."""
 
-  def __init__(self, mesh: Mesh, graphs, positions: dict, exchange: str):
-    """`positions`: per node set, `[num_nodes, 3]` (`build.node_positions`)."""
+  def __init__(self, mesh: Mesh, graphs, positions: dict, exchange: str,
+               model: ModelSpec | None = None):
+    """`positions`: per node set, `[num_nodes, 3]` (`build.node_positions`); `model`: the
+    spec of the model to run, whose processor's masks are made for this node order and the
+    mesh's platform (`setup.with_masks`; None: no masks)."""
     self.mesh = mesh
     self.num_shards = mesh.shape[GRAPH]
-    self.partitioned = partition_lib.partition_graphs(graphs, positions, self.num_shards,
-                                                      exchange)
+    partitioned = partition_lib.partition_graphs(graphs, positions, self.num_shards, exchange)
+    if model is not None:
+      one_shard = jax.tree.map(lambda x: x[0], partitioned.graphs)
+      masks = setup.with_masks(model, one_shard, mesh.devices.flat[0].platform,
+                               self.num_shards).masks
+      partitioned = partitioned._replace(graphs=partitioned.graphs._replace(
+          masks=jax.tree.map(lambda x: x[None], masks)))  # the shard axis
+    self.partitioned = partitioned
     self.num_grid_nodes = graphs.num_nodes("grid")
 
   @property
