@@ -22,6 +22,10 @@ their figures, and only one process at a time holds the accelerator:
   paper_0p25      the same at 0.25 deg with remat `--paper_0p25_remat` (`paper`)
   forecast        a 10-day forecast at 1 deg (`bench/forecast.py`'s mid run,
                   `python -m launch.forecast`): lead steps per second
+  train_loop      `python -m launch.train` on a small synthetic store: the mid config at batch 4
+                  and the 1 deg paper model (remat `--paper_1deg_remat`) at batch 1, 40 steps
+                  each (with --cpu the tiny config): steps per second and where the loop's
+                  time went, the share waiting on input and on the host (`metrics.jsonl`)
   wn2_mini_step   WeatherNext 2's 1 deg Mini (`configs/weathernext2_1p0.py`), one example:
                   its train step with remat `--wn2_mini_remat` (`processor_every_3`) and
                   `model.transformer_attention='auto'` (on a TPU the splash kernel), and on a
@@ -377,9 +381,52 @@ def wn2_mini_step(args, mode, record):
   _train_steps(args, config, args.wn2_mini_remat, record, variants, details)
 
 
+def train_loop(args, mode, record):
+  """`launch.train` for 40 steps on a synthetic store of a few days, per run in its own
+  process: the logged intervals' steps/s and input wait and host shares (the first
+  interval, with the warm-up, left out)."""
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale.data import synthetic  # noqa: PLC0415
+  from wnscale.planner import auto_remat  # noqa: PLC0415
+  runs = ({"tiny, batch 2": ("configs/tiny.py", {"train.batch_size": 2})} if args.cpu
+          else {"mid, batch 4": ("configs/mid_1p0.py", {"train.batch_size": 4}),
+                "paper 1 deg, batch 1": ("configs/graphcast_1p0.py", {
+                    "train.batch_size": 1, "train.rollout_schedule": "()",
+                    "train.phase_learning_rates": "()", **{
+                        f"model.{key}": value for key, value in
+                        auto_remat.candidate_overrides(args.paper_1deg_remat).items()}})})
+  steps, log_every = 40, 10
+  for name, (config_file, overrides) in runs.items():
+    config = config_lib.load(os.path.join(REPO, config_file))
+    with tempfile.TemporaryDirectory(prefix="wnscale-loop-") as directory:
+      store = synthetic.write_synthetic_store(
+          os.path.join(directory, "store.zarr"), resolution=config.data.resolution,
+          start="2020-01-01", end="2020-01-06", levels=config.data.pressure_levels,
+          variables=config.data.variables + config.data.target_only_variables)
+      flags = {"data.path": store, "data.train_start": "2020-01-01",
+               "data.train_end": "2020-01-05", "data.eval_start": "2020-01-06",
+               "data.eval_end": "2020-01-06", "train.steps": steps,
+               "train.log_every": log_every, "train.eval_every": 0,
+               "train.checkpoint_every": 10 * steps, **overrides}
+      workdir = os.path.join(directory, "run")
+      start = time.perf_counter()
+      subprocess.run([sys.executable, "-m", "launch.train", f"--config={config_file}",
+                      f"--workdir={workdir}", f"--platform={args.platform}",
+                      *(f"--config.{key}={value}" for key, value in flags.items())],
+                     cwd=REPO, check=True)
+      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        intervals = [m for m in map(json.loads, f) if "input_wait_fraction" in m][1:]
+    median = lambda key: sorted(m[key] for m in intervals)[len(intervals) // 2]
+    record(run=name, config=config_file, steps=steps, seconds=round(time.perf_counter() - start),
+           steps_per_second=median("steps_per_sec"),
+           input_wait_fraction=median("input_wait_fraction"),
+           host_fraction=median("host_fraction"), intervals=intervals)
+
+
 STEP_FUNCTIONS = {"devices": devices, "tests": tests, "mid_step": side_by_side,
                   "latent256_step": side_by_side, "paper_1deg": paper_step,
-                  "paper_0p25": paper_step, "forecast": forecast, "wn2_mini_step": wn2_mini_step}
+                  "paper_0p25": paper_step, "forecast": forecast, "train_loop": train_loop,
+                  "wn2_mini_step": wn2_mini_step}
 
 
 if __name__ == "__main__":

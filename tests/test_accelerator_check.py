@@ -26,7 +26,7 @@ def _results(out) -> list[dict]:
 def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "8 steps ran, 0 failed" in result.stdout
+  assert "9 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
   assert all(r["commit"] and r["date"] for r in records)
@@ -34,7 +34,7 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   for record in records:
     by_step.setdefault(record["step"], []).append(record)
   assert list(by_step) == ["devices", "tests", "mid_step", "latent256_step", "paper_1deg",
-                           "paper_0p25", "forecast", "wn2_mini_step"]
+                           "paper_0p25", "forecast", "train_loop", "wn2_mini_step"]
   assert by_step["devices"][0]["backend"] == "cpu"
   tests = by_step["tests"][0]
   assert tests["exit_status"] == 0 and tests["passed"] == 2
@@ -61,6 +61,9 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   forecast = by_step["forecast"][0]
   assert forecast["lead_steps"] == 1 and forecast["steps_per_second"] > 0
   assert "=== forecast" in open(os.path.join(tmp_path, "log.txt")).read()
+  loop = by_step["train_loop"][0]
+  assert loop["steps_per_second"] > 0 and 0 <= loop["input_wait_fraction"] <= 1
+  assert len(loop["intervals"]) == 3  # 40 steps logged every 10, the first left out
   # The CPU's "auto" attention is edges; splash interpreted.
   auto, splash = by_step["wn2_mini_step"]
   assert (auto["transformer_attention"], splash["transformer_attention"]) == ("auto", "splash")

@@ -28,6 +28,25 @@ from wnscale.sharding.layout import (BATCH_SPECS, CONSTANT_SPECS, POINTS_SPEC, S
 from wnscale.sharding.mesh import DATA, GRAPH
 
 
+def _typed(layout: ShardedLayout) -> bool:
+  """Whether `shard_map` checks how values vary over the mesh axes here.
+
+  Pallas' splash kernel (run where the layout made its masks, `Graphs.masks`) does not
+  type how its outputs vary: the check is then off (the same loss and gradients:
+  tests/test_splash_attention.py), and so is JAX's own sum of a replicated parameter's
+  gradient over the devices: `_summed` does it then.
+  """
+  return not layout.partitioned.graphs.masks
+
+
+def _summed(tree, typed: bool):
+  """Per-device shares summed over the mesh: by their types (`varying.summed`: a replicated
+  parameter's gradient JAX has summed already), or, untyped, every array over both axes."""
+  if typed:
+    return varying.summed(tree)
+  return jax.tree.map(lambda x: jax.lax.psum(x, (DATA, GRAPH)), tree)
+
+
 def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
   """`fn(params, local constants, exchange, local batch, *extra)` under shard_map.
 
@@ -38,10 +57,7 @@ def _shard_mapped(layout: ShardedLayout, fn, out_specs, extra_in_specs=()):
     return fn(params, constants._replace(graphs=local_graphs), layout.exchange(halo_indices),
               batch, *extra)
 
-  # Pallas' splash kernel (run where the layout made its masks, `Graphs.masks`) does not
-  # type how its outputs vary over the mesh axes: shard_map's check of those types is then
-  # off (the same loss and gradients: tests/test_splash_attention.py).
-  check_vma = not layout.partitioned.graphs.masks
+  check_vma = _typed(layout)
 
   def shard_mapped(params, constants, halo_indices, batch, *extra):
     return jax.shard_map(body, mesh=layout.mesh,
@@ -112,7 +128,8 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
       # parameter is used, as the backward pass goes: at the mid config compiled for
       # v5e:2x2, graph 2, a 12 % lower peak than one sum at the end.)
       params = jax.lax.pcast(params, (DATA, GRAPH), to="varying")
-    return varying.summed(accumulation.value_and_grad(share, params, batch, micro_batches))
+    return _summed(accumulation.value_and_grad(share, params, batch, micro_batches),
+                   _typed(layout))
 
   return _shard_mapped(layout, local_loss_and_grads, out_specs=(P(), P()))
 
