@@ -151,9 +151,9 @@ def default_config() -> ml_collections.ConfigDict:
   d.global_forcings = ()  # forcings without position, given to every grid and mesh node
   # embedder (WeatherNext 2's year progress), names from data.forcings.GLOBAL_FORCINGS
   d.train_start = "2020-01-01"  # training time range (inclusive)
-  d.train_end = "2020-10-31"
+  d.train_end = "2020-10-31"  # last day of the training range (inclusive)
   d.eval_start = "2020-11-01"  # held-out time range for evaluation
-  d.eval_end = "2020-12-31"
+  d.eval_end = "2020-12-31"  # last day of the evaluation range (inclusive)
   d.worker_count = 0  # Grain worker processes (0: read in the main process)
   d.fill_nan = False  # False: a NaN in a required input is an error
   d.nan_fill_values = ()  # entries "variable:value": NaN of that variable is replaced by the
@@ -184,8 +184,8 @@ def default_config() -> ml_collections.ConfigDict:
   t.end_learning_rate = 3e-7  # learning rate at the end of the cosine decay
   t.warmup_steps = 20  # linear warm-up steps (clipped to steps - 1 for a shorter run)
   t.weight_decay = 0.1  # AdamW decoupled weight decay
-  t.adam_b1 = 0.9
-  t.adam_b2 = 0.95
+  t.adam_b1 = 0.9  # AdamW: decay of the gradients' moving average (first moment)
+  t.adam_b2 = 0.95  # AdamW: decay of the squared gradients' moving average (second moment)
   t.grad_clip_norm = 32.0  # global-norm gradient clipping
   t.remat_rollout = False  # backpropagate through the rollout keeping one state a step, in
   # host memory, and running each step again (wnscale.model.rollout_loss); False: every
