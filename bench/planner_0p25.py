@@ -13,7 +13,7 @@ scheme with grid blocks.
 Each (topology, graph shards) runs in its own process (a 0.25 deg TPU compile
 takes minutes and gigabytes of host memory) and appends one JSON line per
 result to `--out`; a rerun skips what is there, so the report can be built up
-over several sessions. At the end the table for the README is printed.
+over several sessions. At the end the table for docs/benchmarks.md is printed.
 """
 
 import argparse

@@ -5,7 +5,7 @@
 
 Generated from the released fiddle config (weathernext v0.3.0) by the importer's
 mapping, `python tools/derive_weathernext2_config.py WeatherNext2.json --resolution=0.25
---out=configs/weathernext2_0p25.py`: regenerate, do not edit. Expect: README, "WeatherNext 2's checkpoints".
+--out=configs/weathernext2_0p25.py`: regenerate, do not edit. Expect: docs/interop.md, "WeatherNext 2's checkpoints".
 """
 
 from wnscale.config import derived_config

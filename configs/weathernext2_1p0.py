@@ -5,7 +5,7 @@
 
 Generated from the released fiddle config (weathernext v0.3.0) by the importer's
 mapping, `python tools/derive_weathernext2_config.py WeatherNextCyclones_Mini.json --resolution=1
---out=configs/weathernext2_1p0.py`: regenerate, do not edit. Expect: README, "WeatherNext 2's checkpoints".
+--out=configs/weathernext2_1p0.py`: regenerate, do not edit. Expect: docs/interop.md, "WeatherNext 2's checkpoints".
 """
 
 from wnscale.config import derived_config

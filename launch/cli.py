@@ -10,7 +10,8 @@ its flags, and ends with `cli.run(main, required=...)`:
     cli.run(main, required=("config", "workdir"))
 
 Before `main` runs (and before JAX's backend starts) the flags are checked:
-required flags, that the config file exists, that every `--config.<key>`
+required flags, that the config file exists (a path, or the name of an experiment of
+configs/ from any directory: `wnscale.config.config_file`), that every `--config.<key>`
 override names a key (else the nearest is suggested), the config's values
 (`wnscale.config.validate`), that the workdir can be written, and that every
 output (`define_output`, e.g. `--out`) can be written without replacing data
@@ -92,7 +93,6 @@ def _has_google_pci_device() -> bool:
 # At import: a launcher imports this module before its main starts JAX's backend.
 _quiet_libtpu()
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
 
 _TRACEBACK = flags.DEFINE_bool(
@@ -101,7 +101,8 @@ _TRACEBACK = flags.DEFINE_bool(
     "the environment variable WNSCALE_TRACEBACK=1 does the same.")
 
 CONFIG_HELP = (
-    "Experiment config file, e.g. configs/tiny.py. Every config key can be overridden as "
+    "Experiment config: a file, or the name of one in configs/ from any directory (e.g. "
+    "tiny, or configs/tiny.py). Every config key can be overridden as "
     "--config.section.key=value (e.g. --config.train.steps=500 "
     "--config.data.path=/data/era5.zarr); wnscale/config.py lists every key with its "
     "default and meaning.")
@@ -216,6 +217,9 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_h
     if not any(re.match(rf"--?{name}(=.|$)", arg) for arg in own):
       raise UserError(f"--{name} is required: {flags.FLAGS[name].help} (--help lists "
                       "every flag)")
+  if _has_config():
+    own = _resolve_config_args(own)
+    argv = [argv[0], *own, *argv[1 + len(own):]]
   config_path = _check_config_args(own) if _has_config() else None
   try:
     remaining = flags.FLAGS(argv)
@@ -278,6 +282,24 @@ def _quiet_libraries(verbose: bool):
   sys.unraisablehook, threading.excepthook = unraisable, thread
 
 
+def _resolve_config_args(args: list[str]) -> list[str]:
+  """`args` with `--config`'s value as the file it names (`config_lib.config_file`: a
+  path, or an experiment of configs/ by name, e.g. `--config=tiny`, from any working
+  directory).
+
+  Raises:
+    UserError: no such config file.
+  """
+  resolved = list(args)
+  for index, arg in enumerate(args):
+    match = re.match(r"(--?config)(=(.*))?$", arg)
+    if match and match.group(2):
+      resolved[index] = f"{match.group(1)}={config_lib.config_file(match.group(3))}"
+    elif match and index + 1 < len(args):
+      resolved[index + 1] = config_lib.config_file(args[index + 1])
+  return resolved
+
+
 def _check_config_args(args) -> str | None:
   """The config file exists and every `--config.<key>` override names a key.
 
@@ -290,12 +312,7 @@ def _check_config_args(args) -> str | None:
     if match:
       path = match.group(2) if match.group(1) else (args[index + 1] if index + 1 < len(args)
                                                      else "")
-      path = path.split(":", 1)[0]  # "file.py:argument" passes an argument to get_config
-      if not os.path.isfile(path):
-        configs = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(_REPO, "configs",
-                                                                            "*.py")))
-        raise UserError(f"Config file {path!r} not found (relative paths start at "
-                        f"{os.getcwd()}); the experiments here: {', '.join(configs)}.")
+      path = config_lib.config_file(path).split(":", 1)[0]  # ":argument": for get_config
       config_path = path
     override = re.match(r"--?(?:no)?config\.([^=]+)", arg)
     if override:

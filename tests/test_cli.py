@@ -137,7 +137,21 @@ def test_a_misspelled_config_key_suggests_the_nearest(tmp_path):
 
 def test_a_missing_config_file_is_said_before_jax_starts(tmp_path):
   result = run("train", "--config=configs/tiny_typo.py", f"--workdir={tmp_path}")
-  assert_user_error(result, "Config file 'configs/tiny_typo.py' not found", "configs/tiny.py")
+  assert_user_error(result, "error: --config=configs/tiny_typo.py: no such config file",
+                    "tiny_stations, ", "(e.g. --config=tiny, or --config=configs/tiny.py)")
+  assert not started_jax(result)
+
+
+@pytest.mark.parametrize("config", [["--config=tiny"], ["--config=configs/tiny.py"],
+                                    ["--config", "tiny"]], ids=" ".join)
+def test_a_config_by_name_from_another_directory(tmp_path, config):
+  """`--config=tiny` (or the repository's relative path) names the experiment of configs/
+  wherever the command runs; its overrides apply (here one that stops it, before JAX)."""
+  env = _env(PYTHONPATH=os.path.abspath(REPO))
+  result = subprocess.run([sys.executable, "-m", "launch.train", *config,
+                           "--config.train.steps=0", f"--workdir={tmp_path / 'run'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+  assert_user_error(result, "Invalid config: train.steps=0 must be >= 1")
   assert not started_jax(result)
 
 

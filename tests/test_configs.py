@@ -166,3 +166,51 @@ def test_the_paper_configs_carry_graphcasts_whole_schedule():
         [3e-7] * 3)
     assert curriculum.longest_phase_config(config).data.target_steps == 12
     assert config.data.target_steps == 1  # evaluation's lead times
+
+
+# --- Configs by name, from any directory -----------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny", "tiny.py", "configs/tiny.py", "./configs/tiny.py"])
+def test_a_config_is_found_by_name_from_any_directory(tmp_path, monkeypatch, name):
+  monkeypatch.chdir(tmp_path)  # no configs/ here
+  path = config_lib.config_file(name)
+  assert os.path.samefile(path, os.path.join(CONFIG_DIR, "tiny.py"))
+  assert config_lib.load(name).data.synthetic is True
+
+
+def test_a_file_in_the_working_directory_comes_first(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "tiny.py").write_text(
+      "from wnscale.config import default_config\n\n"
+      "def get_config():\n  config = default_config()\n  config.train.steps = 7\n"
+      "  return config\n")
+  assert config_lib.config_file("tiny.py") == "tiny.py"
+  assert config_lib.load("tiny.py").train.steps == 7
+  assert config_lib.load("tiny").train.steps == 200  # a name: the experiment of configs/
+
+
+def test_a_config_argument_follows_the_name(tmp_path):
+  path = config_lib.config_file(f"imported:{tmp_path}")
+  assert path == os.path.join(config_lib.CONFIGS_DIR, "imported.py") + f":{tmp_path}"
+  with pytest.raises(ValueError, match=f"No config.json in {tmp_path}"):
+    config_lib.load(f"imported:{tmp_path}")  # the argument reached get_config
+
+
+def test_an_unknown_config_names_the_experiments(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(UserError, match=r"^config=tiyn: no such config file: give a path .* or "
+                     r"the name of an experiment in .*configs: graphcast_0p25, .*tiny, .*"
+                     r"\(e\.g\. `config=tiny`"):
+    config_lib.config_file("tiyn")
+  with pytest.raises(UserError, match="config=elsewhere/tiny.py: no such config file"):
+    config_lib.config_file("elsewhere/tiny.py")  # a path that is not there stays a path
+
+
+def test_the_experiments_are_installed_where_they_are_looked_for():
+  """configs/ is installed beside the packages (pyproject.toml), where CONFIGS_DIR looks."""
+  import tomllib  # noqa: PLC0415
+  with open(os.path.join(CONFIG_DIR, "..", "pyproject.toml"), "rb") as f:
+    find = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]
+  assert "configs" in find["include"]
+  assert os.path.samefile(config_lib.CONFIGS_DIR, CONFIG_DIR)
+  assert set(config_lib.experiment_names()) >= {"tiny", "graphcast_0p25", "imported"}

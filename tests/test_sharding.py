@@ -193,7 +193,7 @@ def test_sender_tables_hold_the_right_rows(exchange, num_shards):
 
 
 def test_a_new_edge_set_is_one_entry_of_data():
-  """The README's example: a second, wider grid-to-mesh edge set, built, sharded, exchanged.
+  """docs/design.md's example: a second, wider grid-to-mesh edge set, built, sharded, exchanged.
 
   Under `shard_map` over 4 graph shards, each shard's sender table (the exchange
   of its own grid rows) read at its edges' senders gives, in both modes, the

@@ -2,7 +2,7 @@
 the library's messages name no launcher's flag.
 
 The contracts are in pyproject.toml (`[tool.importlinter]`); the layers are the
-README's layout table, top to bottom.
+layout table of docs/design.md, top to bottom.
 """
 
 import ast

@@ -18,7 +18,7 @@ the encoder. So: lead 1 is compared at every node whose triangle is unique (and
 the nodes that differ are tied ones); lead 2 is one step from WN2's own lead-1
 forecast (the example's 6 h state and WN2's 12 h), compared the same way. With
 WN2's triangles at the tied nodes, the whole forecast was measured equal
-(3.5e-4 at most over every variable, member and lead; see the README).
+(3.5e-4 at most over every variable, member and lead; see docs/interop.md).
 """
 
 import copy

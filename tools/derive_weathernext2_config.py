@@ -56,7 +56,7 @@ def module_text(source: str, resolution: float, out: str) -> str:
 
 Generated from the released fiddle config (weathernext v0.3.0) by the importer's
 mapping, `python tools/derive_weathernext2_config.py {name} --resolution={resolution:g}
---out={this}`: regenerate, do not edit. Expect: README, "WeatherNext 2's checkpoints".
+--out={this}`: regenerate, do not edit. Expect: docs/interop.md, "WeatherNext 2's checkpoints".
 """
 
 from wnscale.config import derived_config

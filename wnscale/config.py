@@ -8,14 +8,16 @@ is built or compiled.
 from __future__ import annotations
 
 import difflib
+import glob
 import json
+import os
 
 import ml_collections
 
 from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
-from wnscale.errors import UserError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.graphs import points as points_lib
 
 LOSSES = ("mse", "crps")
@@ -149,9 +151,9 @@ def default_config() -> ml_collections.ConfigDict:
   d.global_forcings = ()  # forcings without position, given to every grid and mesh node
   # embedder (WeatherNext 2's year progress), names from data.forcings.GLOBAL_FORCINGS
   d.train_start = "2020-01-01"  # training time range (inclusive)
-  d.train_end = "2020-10-31"
+  d.train_end = "2020-10-31"  # last day of the training range (inclusive)
   d.eval_start = "2020-11-01"  # held-out time range for evaluation
-  d.eval_end = "2020-12-31"
+  d.eval_end = "2020-12-31"  # last day of the evaluation range (inclusive)
   d.worker_count = 0  # Grain worker processes (0: read in the main process)
   d.fill_nan = False  # False: a NaN in a required input is an error
   d.nan_fill_values = ()  # entries "variable:value": NaN of that variable is replaced by the
@@ -182,8 +184,8 @@ def default_config() -> ml_collections.ConfigDict:
   t.end_learning_rate = 3e-7  # learning rate at the end of the cosine decay
   t.warmup_steps = 20  # linear warm-up steps (clipped to steps - 1 for a shorter run)
   t.weight_decay = 0.1  # AdamW decoupled weight decay
-  t.adam_b1 = 0.9
-  t.adam_b2 = 0.95
+  t.adam_b1 = 0.9  # AdamW: decay of the gradients' moving average (first moment)
+  t.adam_b2 = 0.95  # AdamW: decay of the squared gradients' moving average (second moment)
   t.grad_clip_norm = 32.0  # global-norm gradient clipping
   t.remat_rollout = False  # backpropagate through the rollout keeping one state a step, in
   # host memory, and running each step again (wnscale.model.rollout_loss); False: every
@@ -560,12 +562,53 @@ def _update_from_json(config, values: dict, prefix: str):
       config[key] = tuple(value) if isinstance(value, list) else value
 
 
+# The experiment files: `configs/` beside the `wnscale` package, in a checkout (an editable
+# install) and in an installed one alike (pyproject.toml installs `configs` beside it).
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def experiment_names() -> list[str]:
+  """The names of the experiment files in `CONFIGS_DIR` (`tiny` for configs/tiny.py)."""
+  return sorted(os.path.splitext(os.path.basename(path))[0]
+                for path in glob.glob(os.path.join(CONFIGS_DIR, "*.py"))
+                if not os.path.basename(path).startswith("_"))
+
+
+def config_file(config: str) -> str:
+  """The config file that `config` names, with its `:argument` (if any) kept.
+
+  `config` is a file (absolute, or from the working directory), or an experiment of
+  `configs/` by name from any working directory: `tiny`, `tiny.py` or `configs/tiny.py`
+  (`imported:RUN` passes RUN to its `get_config`). A file of that name in the working
+  directory comes first.
+
+  Raises:
+    ArgumentError: no such file, naming the experiments there are.
+  """
+  file, colon, argument = config.partition(":")
+  if os.path.isfile(file):
+    return config
+  name = os.path.normpath(file) if file else ""
+  name = name[len("configs/"):] if name.startswith("configs/") else name
+  if name and os.sep not in name and "/" not in name:
+    candidate = os.path.join(CONFIGS_DIR, name if name.endswith(".py") else name + ".py")
+    if os.path.isfile(candidate):
+      return candidate + colon + argument
+  raise ArgumentError("config", file, f"no such config file: give a path (relative paths "
+                      f"start at {os.getcwd()}) or the name of an experiment in {CONFIGS_DIR}: "
+                      f"{', '.join(experiment_names())} (e.g. `config=tiny`, or "
+                      "`config=configs/tiny.py`).")
+
+
 def load(path: str) -> ml_collections.ConfigDict:
-  """Imports the config file at `path`, calls its `get_config()` and validates it."""
+  """Imports the config file `path` names (`config_file`: a path, or an experiment's
+  name such as `tiny`), calls its `get_config()` (with the `:argument`, if any) and
+  validates it."""
   import importlib.util
-  spec = importlib.util.spec_from_file_location("wnscale_config_file", path)
+  file, colon, argument = config_file(path).partition(":")
+  spec = importlib.util.spec_from_file_location("wnscale_config_file", file)
   if spec is None:
-    raise UserError(f"Config file {path!r} is not a python file.")
+    raise UserError(f"Config file {file!r} is not a python file.")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return validate(module.get_config())
+  return validate(module.get_config(*([argument] if colon else [])))
