@@ -4,8 +4,8 @@ A tracker keeps one tracked run per workdir. `open` creates it, or reopens the o
 ids an earlier start of the same run recorded (`Where.record`), and returns the ids to
 record; the other calls log into it. `run.TrackedRun` makes the calls (from a thread of
 its own for each tracker: a slow or failing tracker never holds the training loop) and
-decides what to log: `logged_through` says which steps the tracker already holds, so that
-steps redone after a crash are not logged twice.
+decides what to log: `logged_through` says which steps of each metric the tracker already
+holds, so that steps redone after a crash are not logged twice.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import dataclasses
 
 # How a run ended (`Tracker.close`).
 FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"
+# `Tracker.logged_through`'s key for every metric name.
+EVERY = "*"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +62,12 @@ class Tracker(abc.ABC):
   def describe(self) -> str:
     """Where to see the run (one phrase, for the run's summary); after `open`."""
 
-  def logged_through(self, resume_step: int) -> int:
-    """The last step whose metrics the tracked run holds (0: none), read from the tracker's
-    own store; `resume_step`: the step the training run resumes from."""
+  def logged_through(self, resume_step: int) -> dict[str, int]:
+    """`{metric name: the last step of it the tracked run holds}`, read from the tracker's
+    own store (`EVERY` for every name: a tracker whose steps only go forward);
+    `resume_step`: the step the training run resumes from."""
     del resume_step
-    return 0
+    return {}
 
   def begin(self, resume_step: int):
     """The training loop starts after `resume_step` (after `logged_through`)."""

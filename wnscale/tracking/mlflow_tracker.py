@@ -94,11 +94,10 @@ class Tracker(base.Tracker):
               f"{self.experiment_id}/runs/{self.run_id}")
     return f"MLflow run {self.run_id} in {self.uri} (mlflow ui --backend-store-uri {self.uri})"
 
-  def logged_through(self, resume_step: int) -> int:
+  def logged_through(self, resume_step: int) -> dict[str, int]:
     del resume_step
-    keys = self.client.get_run(self.run_id).data.metrics
-    return max((metric.step for key in keys
-                for metric in self.client.get_metric_history(self.run_id, key)), default=0)
+    return {key: max(metric.step for metric in self.client.get_metric_history(self.run_id, key))
+            for key in self.client.get_run(self.run_id).data.metrics}
 
   def params(self, config: dict):
     flat = {key: str(value)[:_PARAM_LENGTH] for key, value in base.flatten(config).items()}

@@ -11,9 +11,10 @@
     processor, resolution, commit).
   * Resume. A resumed run starts from its checkpoint's step, so the steps after it that
     the crashed process had logged are trained and logged again. Each tracker says which
-    steps it already holds (`base.Tracker.logged_through`, from its own store); those are
-    not logged again, and the entries of `metrics.jsonl` up to the checkpoint's step that
-    it lacks (a tracker added to the run, or one that failed) are logged first (`begin`).
+    steps of each metric it already holds (`base.Tracker.logged_through`, from its own
+    store); those are not logged again, and the entries of `metrics.jsonl` up to the
+    checkpoint's step that it lacks (a tracker added to the run, or one that failed) are
+    logged first (`begin`).
   * Failures later. Every call to a tracker runs on a thread of its own, in order, so the
     training loop never waits for one. A tracker that fails warns once, naming it and the
     error, and gets no more calls in this process; `metrics.jsonl` keeps every value.
@@ -177,14 +178,14 @@ class TrackedRun:
 class _Worker:
   """One tracker's calls, made in order on a thread of its own; a failing one is dropped.
 
-  `logged_through` (asked in `begin`) is the last step the tracker holds: a `log` at or
-  before it is left out.
+  `held` (asked in `begin`: `base.Tracker.logged_through`) is the last step of each metric
+  that the tracker holds: a value at or before it is left out.
   """
 
   def __init__(self, name: str, tracker: base.Tracker):
     self.name, self.tracker = name, tracker
     self.failed = False
-    self.through = 0
+    self.held = {}
     self.queue = queue.Queue()
     self.thread = threading.Thread(target=self._run, name=f"wnscale-tracker-{name}",
                                    daemon=True)
@@ -221,16 +222,16 @@ class _Worker:
         done.set()
 
   def _begin(self, resume_step: int, kept: list[dict]):
-    self.through = self.tracker.logged_through(resume_step)
+    self.held = self.tracker.logged_through(resume_step)
     self.tracker.begin(resume_step)
-    for entry in kept:
-      if self.through < entry["step"] <= resume_step:
-        self.tracker.log(entry["step"], _values(entry))
-    self.through = max(self.through, resume_step)
+    for entry in kept:  # what the tracker lacks up to the step resumed from
+      self._log(entry["step"], entry)
 
   def _log(self, step: int, values: dict):
-    if step > self.through:
-      self.tracker.log(step, _values(values))
+    new = {name: value for name, value in _values(values).items()
+           if step > max(self.held.get(name, 0), self.held.get(base.EVERY, 0))}
+    if new:
+      self.tracker.log(step, new)
 
 
 def _values(entry: dict) -> dict:

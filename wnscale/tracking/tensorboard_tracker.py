@@ -51,10 +51,10 @@ class Tracker(base.Tracker):
     return (f"TensorBoard {self.directory}/ (tensorboard --logdir {self.where.workdir}"
             f"{viewer})")
 
-  def logged_through(self, resume_step: int) -> int:
+  def logged_through(self, resume_step: int) -> dict[str, int]:
     """Events of an earlier start hold the steps up to `resume_step` (those after it are
     purged by `begin`); no events, none."""
-    return resume_step if paths.exists(self.directory) else 0
+    return {base.EVERY: resume_step} if paths.exists(self.directory) else {}
 
   def begin(self, resume_step: int):
     self.step = resume_step

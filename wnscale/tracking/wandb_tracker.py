@@ -58,14 +58,16 @@ class Tracker(base.Tracker):
               f"{self.run.id})")
     return f"W&B run {self.run.url}"
 
-  def logged_through(self, resume_step: int) -> int:
+  def logged_through(self, resume_step: int) -> dict[str, int]:
+    """W&B's steps only go forward: every metric is held through the run's last step."""
     del resume_step
     if not self.offline:
-      return max(self.run.starting_step - 1, 0) if self.run.resumed else 0
+      return {base.EVERY: self.run.starting_step - 1} if self.run.resumed else {}
     this = os.path.dirname(self.run.dir)
     earlier = [path for path in glob.glob(os.path.join(
         os.path.dirname(this), f"offline-run-*-{self.run.id}")) if path != this]
-    return max((step for path in earlier for step in history_steps(path)), default=0)
+    return {base.EVERY: max((step for path in earlier for step in history_steps(path)),
+                            default=0)}
 
   def params(self, config: dict):
     self.run.config.update(config, allow_val_change=True)
