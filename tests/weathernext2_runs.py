@@ -59,11 +59,12 @@ def fine_tuned(imported: str, out: str):
 
 
 def digest(export_dir: str) -> dict:
-  """sha256 of an export's arrays (names, dtypes, shapes, bytes, in order) and of its config
-  file: what the WN2 check's predictions were made of."""
+  """sha256 of an export's parameters (names, dtypes, shapes, bytes, in order; not its
+  description, which names the run's path) and of its config file: what the WN2 check's
+  predictions were made of."""
   arrays = hashlib.sha256()
   with np.load(os.path.join(export_dir, "params.npz")) as npz:
-    for key in npz.files:
+    for key in [key for key in npz.files if key.startswith("params:")]:  # not the texts
       value = npz[key]
       arrays.update(f"{key}|{value.dtype.str}|{value.shape}|".encode() + value.tobytes())
   with open(os.path.join(export_dir, "config.json"), "rb") as f:

@@ -74,7 +74,7 @@ def export_weathernext2(workdir: str, out: str, step: int | None = None,
   imported = (weathernext2_checkpoint.read_checkpoint(paths.join(origin.path, REMAINDER))
               if origin is not None else None)
   template = fiddle_json.load(paths.join(origin.path, CONFIG)) if origin is not None else None
-  predictor = weathernext2_predictor.predictor_config(config, _statistics(config), template)
+  predictor = weathernext2_predictor.predictor_config(config, run_statistics(config), template)
 
   specs = specs_lib.from_config(config)
   _, shapes = setup.init_model_shapes(specs)
@@ -97,6 +97,6 @@ def export_weathernext2(workdir: str, out: str, step: int | None = None,
   return {"params": exported, "config": predictor}
 
 
-def _statistics(config: ml_collections.ConfigDict) -> dict:
+def run_statistics(config: ml_collections.ConfigDict) -> dict:
   """The run's statistics in GraphCast's layout (`{statistic: Dataset}`)."""
   return normalization.to_graphcast(resolve.resolve_stats(specs_lib.from_config(config).data))
