@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from matplotlib import image as matplotlib_image
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -25,6 +26,7 @@ from tiny_runs import (REPO, STEPS, Started, kill_after_checkpoint, process_env,
 from wnscale import config as config_lib
 from wnscale.errors import UserError
 from wnscale.tracking import registry
+from wnscale.tracking import run as tracking_run
 from wnscale.tracking.run import RECORD, TrackedRun
 
 ALL = "--config.train.trackers=('tensorboard', 'mlflow', 'wandb')"
@@ -242,3 +244,28 @@ def test_a_stopped_run_is_reopened_and_only_process_0_logs(tmp_path):
     assert found.info.status == status
   assert mlflow_history(client, found.info.run_id) == {
       "loss": [(step, float(step)) for step in range(1, 5)]}
+
+
+def test_an_evaluations_files_are_added_to_the_finished_runs_trackers(tmp_path):
+  """`tracking.attach` (what launch.evaluate does for a forecast of a tracked run): the files
+  under their folder, at the forecast's step, the run's status left as it was."""
+  workdir = str(tmp_path / "run")
+  with TrackedRun.open(("tensorboard", "mlflow"), workdir, {}, 2) as tracked:
+    tracked.begin(0, [])
+    tracked.log(2, {"loss": 1.0})
+  figure = tmp_path / "scores.png"
+  matplotlib_image.imsave(figure, np.zeros((8, 12, 3)))
+  metrics = tmp_path / "metrics.json"
+  metrics.write_text('{"rmse": 1}')
+  assert tracking_run.attach(workdir, [str(figure), str(metrics)], "evaluation/e", 2) == [
+      "tensorboard", "mlflow"]
+  client, found = mlflow_run(workdir)
+  assert found.info.status == "FINISHED"
+  assert sorted(item.path for item in client.list_artifacts(found.info.run_id,
+                                                            "evaluation/e")) == [
+      "evaluation/e/metrics.json", "evaluation/e/scores.png"]
+  events = EventAccumulator(os.path.join(workdir, "tensorboard"))
+  events.Reload()
+  images = events.Images("evaluation/e/scores.png")
+  assert [(image.step, image.width, image.height) for image in images] == [(2, 12, 8)]
+  assert tracking_run.attach(str(tmp_path / "untracked"), [str(figure)], "evaluation/e") == []

@@ -70,7 +70,8 @@ class Tracker(abc.ABC):
     return {}
 
   def begin(self, resume_step: int):
-    """The training loop starts after `resume_step` (after `logged_through`)."""
+    """The training loop starts after `resume_step` (after `logged_through`); not called
+    when files are only added to the run (`run.attach`)."""
 
   @abc.abstractmethod
   def params(self, config: dict):
@@ -81,8 +82,10 @@ class Tracker(abc.ABC):
     """Logs `{name: float}` at `step` (names as in metrics.jsonl)."""
 
   @abc.abstractmethod
-  def artifact(self, path: str, folder: str):
-    """Keeps the local file `path` with the run, under `folder` (e.g. "evaluation/x")."""
+  def artifact(self, path: str, folder: str, step: int | None = None):
+    """Keeps the local file `path` with the run, under `folder` (e.g. "evaluation/x");
+    `step`: the training step it is of, where the tracker shows files by step (None: the
+    last step logged)."""
 
   def flush(self):
     """Writes out what is buffered (before the workdir's files are uploaded)."""

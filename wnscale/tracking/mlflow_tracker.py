@@ -75,12 +75,11 @@ class Tracker(base.Tracker):
             "experiment_id": experiment_id, "run_id": self.run_id}
 
   def _reopen(self, record: dict, uri: str, experiment_id: str) -> str:
-    """The recorded run, RUNNING again; a new run when there is none (or it is gone)."""
+    """The recorded run; a new run when there is none (or it is gone)."""
     if record.get("run_id") and record.get("tracking_uri") == os.environ.get(
         "MLFLOW_TRACKING_URI", ""):
       try:
-        self.client.update_run(record["run_id"], status="RUNNING")
-        return record["run_id"]
+        return self.client.get_run(record["run_id"]).info.run_id
       except Exception as error:  # noqa: BLE001 (deleted, or another store's)
         logging.warning("MLflow: the run %s recorded in the workdir is not in %s (%s); "
                         "starting a new one.", record["run_id"], uri, error)
@@ -98,6 +97,10 @@ class Tracker(base.Tracker):
     del resume_step
     return {key: max(metric.step for metric in self.client.get_metric_history(self.run_id, key))
             for key in self.client.get_run(self.run_id).data.metrics}
+
+  def begin(self, resume_step: int):
+    del resume_step
+    self.client.update_run(self.run_id, status="RUNNING")
 
   def params(self, config: dict):
     flat = {key: str(value)[:_PARAM_LENGTH] for key, value in base.flatten(config).items()}
@@ -117,7 +120,8 @@ class Tracker(base.Tracker):
     self.client.log_batch(self.run_id, metrics=[Metric(name, value, now, step)
                                                 for name, value in values.items()])
 
-  def artifact(self, path: str, folder: str):
+  def artifact(self, path: str, folder: str, step: int | None = None):
+    del step
     self.client.log_artifact(self.run_id, path, folder or None)
 
   def close(self, status: str | None):

@@ -142,14 +142,15 @@ class TrackedRun:
     for worker in self.workers:
       worker.call("log", step, values)
 
-  def artifact(self, path: str, folder: str):
-    """Keeps a copy of the local file `path` with every tracked run, under `folder`."""
+  def artifact(self, path: str, folder: str, step: int | None = None):
+    """Keeps a copy of the local file `path` with every tracked run, under `folder`
+    (`base.Tracker.artifact`)."""
     if not self.workers:
       return
     local = os.path.join(tempfile.mkdtemp(dir=self.staging), os.path.basename(path))
     shutil.copyfile(path, local)
     for worker in self.workers:
-      worker.call("artifact", local, folder)
+      worker.call("artifact", local, folder, step)
 
   def flush(self):
     """Waits (at most `FLUSH_TIMEOUT_S` each) until every tracker has written what it got."""
@@ -173,6 +174,25 @@ class TrackedRun:
     else:
       status = base.FINISHED if self.last_step >= self.total_steps else base.STOPPED
     self.close(status)
+
+
+def attach(workdir: str, files, folder: str, step: int | None = None) -> list[str]:
+  """Adds the local `files` (e.g. an evaluation's figures) under `folder` to the tracked runs
+  of the training run in `workdir` (those its `RECORD` names), leaving their status as it
+  is; returns the trackers that got them. A tracker that cannot be reached is a warning
+  (the files stay where they are)."""
+  record = read_record(workdir) if paths.exists(workdir) else {}
+  if not record:
+    return []
+  try:
+    tracked = TrackedRun.open(tuple(record), workdir, {}, 0)
+  except UserError as error:
+    logging.warning("The run %s's trackers do not get %s: %s", workdir, folder, error)
+    return []
+  for path in files:
+    tracked.artifact(path, folder, step)
+  tracked.close(None)
+  return list(record)
 
 
 class _Worker:

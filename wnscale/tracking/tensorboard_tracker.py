@@ -81,14 +81,14 @@ class Tracker(base.Tracker):
         writer.add_scalar(name, value, step)
     writer.flush()
 
-  def artifact(self, path: str, folder: str):
+  def artifact(self, path: str, folder: str, step: int | None = None):
     tag = "/".join(part for part in (folder, os.path.basename(path)) if part)
+    step = self.step if step is None else step
     if path.endswith(".png"):
-      self._writer().add_image(tag, mpl_image.imread(path)[..., :3], self.step,
-                               dataformats="HWC")
+      self._writer().add_image(tag, mpl_image.imread(path)[..., :3], step, dataformats="HWC")
     else:
       with open(path) as f:
-        self._writer().add_text(tag, "```\n" + f.read() + "\n```", self.step)
+        self._writer().add_text(tag, "```\n" + f.read() + "\n```", step)
     self.flush()
 
   def flush(self):

@@ -46,7 +46,7 @@ class Tracker(base.Tracker):
         id=record.get("run_id"), resume="allow",
         project=record.get("project"), entity=record.get("entity"),
         dir=self.where.workdir if local else None, name=self.where.name, mode=mode,
-        tags=[f"{name}:{value}"[:64] for name, value in self.where.tags.items()],
+        tags=[f"{name}:{value}"[:64] for name, value in self.where.tags.items()] or None,
         settings=wandb.Settings(console="off", silent=True))
     self.offline = self.run.settings.mode == "offline"
     return {"run_id": self.run.id, "project": self.run.project, "entity": self.run.entity}
@@ -75,7 +75,8 @@ class Tracker(base.Tracker):
   def log(self, step: int, values: dict):
     self.run.log(values, step=step)
 
-  def artifact(self, path: str, folder: str):
+  def artifact(self, path: str, folder: str, step: int | None = None):
+    del step
     target = os.path.join(self.run.dir, folder, os.path.basename(path))
     os.makedirs(os.path.dirname(target), exist_ok=True)
     shutil.copyfile(path, target)
