@@ -1,4 +1,4 @@
-"""WeatherNext 2's parameters (Haiku modules of `ForwardPass`) as wnscale's.
+"""WeatherNext 2's parameters (Haiku modules of `ForwardPass`) as wnscale's, and back.
 
 Every module is under `multimodality_forward/`. The encoders take their inputs
 through `split_input_matmul`: one weight per input array, named after it,
@@ -33,6 +33,8 @@ weights are stacked in wnscale's channel order into one kernel. The decoder's
 
 A `DenseLayer`'s `mlp/linear_1` is an MLP's `out`, its
 `normalization/linear_norm_conditioning/linear` the norm's `conditioning`.
+`convert_params` reads a checkpoint's modules into wnscale's tree; `export_params` writes
+them back (the split weights named as WeatherNext 2 names them, from the config).
 """
 
 from __future__ import annotations
@@ -313,7 +315,8 @@ def export_params(params: dict, config: ml_collections.ConfigDict,
     kept: the import's `remainder` (the decoder's unused mesh MLP), or None: zeros there,
       which change nothing the model computes.
   """
-  d, m = (lambda specs: (specs.data, specs.model))(specs_lib.from_config(config))
+  specs = specs_lib.from_config(config)
+  d, m = specs.data, specs.model
   tree = _float32(params)
   seconds = d.time_step_hours * 3600
   out = {}
@@ -334,8 +337,7 @@ def export_params(params: dict, config: ml_collections.ConfigDict,
                                          for leaf, rows in _split_leaves(keys, seconds)})
     dense(f"{module}/shared_dense", node, split=True)
 
-  split_input("grid_encoder", tree["grid_embedder"], input_keys(
-      specs_lib.from_config(config)))
+  split_input("grid_encoder", tree["grid_embedder"], input_keys(specs))
   split_input("mesh_encoder", tree["mesh_embedder"], _mesh_keys(d))
   put("global_norm_conditioning_encoder/split_input_matmul", {
       leaf: tree["noise_embedding"]["kernel"][rows] for leaf, rows in _split_leaves(

@@ -62,8 +62,6 @@ class Tracker(base.Tracker):
         experiment_id = (experiment.experiment_id if experiment is not None else
                          self.client.create_experiment(name, artifact_location=artifacts))
         self.run_id = self._reopen(record, uri, experiment_id)
-      except UserError:
-        raise
       except Exception as error:  # noqa: BLE001 (MLflow's many errors: one line)
         raise UserError(f"train.trackers: mlflow cannot reach its tracking store {uri} "
                         f"({type(error).__name__}: {str(error).splitlines()[0][:300]}); start "

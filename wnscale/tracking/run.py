@@ -84,11 +84,12 @@ class TrackedRun:
   """
 
   def __init__(self, workers: list[_Worker], total_steps: int):
-    self.workers = workers
-    self.descriptions = [worker.tracker.describe() for worker in workers]
+    self.workers, self.descriptions = [], []
+    for worker in workers:
+      self.add(worker)
     self.total_steps = total_steps
     self.last_step = 0
-    self.staging = tempfile.mkdtemp(prefix="wnscale-tracking-") if workers else None
+    self.staging = None  # copies of the files given to the trackers, until they are closed
 
   @classmethod
   def open(cls, names, workdir: str, tags: dict, total_steps: int,
@@ -104,19 +105,24 @@ class TrackedRun:
     classes = {name: registry.load(name) for name in names}  # every missing package first
     record = read_record(workdir)
     name = os.path.basename(workdir.rstrip("/"))
-    workers = []
+    opened = cls([], total_steps)
     for tracker_name, tracker_class in classes.items():
       tracker = tracker_class(base.Where(workdir, name, dict(tags), record.get(tracker_name)))
       try:
         record[tracker_name] = tracker.open()
-      except UserError:
-        raise
-      except Exception as error:  # noqa: BLE001 (any client's error: one line naming it)
+      except Exception as error:
+        opened.close(base.FAILED)  # those opened before it: this start ends here
+        if isinstance(error, UserError):
+          raise
         raise UserError(f"train.trackers: {tracker_name} cannot be used: {_first_line(error)}"
                         f" (fix it, or leave {tracker_name!r} out of train.trackers).") from error
-      workers.append(_Worker(tracker_name, tracker))
+      opened.add(_Worker(tracker_name, tracker))
     paths.write_text(paths.join(workdir, RECORD), json.dumps(record, indent=2))
-    return cls(workers, total_steps)
+    return opened
+
+  def add(self, worker: _Worker):
+    self.workers.append(worker)
+    self.descriptions.append(worker.tracker.describe())
 
   def begin(self, resume_step: int, kept: list[dict]):
     """The loop starts after `resume_step`; `kept`: the `metrics.jsonl` entries up to it."""
@@ -127,14 +133,9 @@ class TrackedRun:
   def config(self, config: dict, config_file: str):
     """Logs the resolved `config` as parameters and the file `config_file` (the run's
     config.json, local or a URL) as an artifact."""
-    if not self.workers:
-      return
-    local = os.path.join(tempfile.mkdtemp(dir=self.staging), os.path.basename(config_file))
-    with open(local, "wb") as f:
-      f.write(paths.read_bytes(config_file))
     for worker in self.workers:
       worker.call("params", config)
-      worker.call("artifact", local, "")
+    self.artifact(config_file, "")
 
   def log(self, step: int, values: dict):
     """Logs a `metrics.jsonl` entry: `{name: value}` at `step`."""
@@ -143,12 +144,14 @@ class TrackedRun:
       worker.call("log", step, values)
 
   def artifact(self, path: str, folder: str, step: int | None = None):
-    """Keeps a copy of the local file `path` with every tracked run, under `folder`
-    (`base.Tracker.artifact`)."""
+    """Keeps a copy of the file `path` (local or a URL) with every tracked run, under
+    `folder` (`base.Tracker.artifact`)."""
     if not self.workers:
       return
+    self.staging = self.staging or tempfile.mkdtemp(prefix="wnscale-tracking-")
     local = os.path.join(tempfile.mkdtemp(dir=self.staging), os.path.basename(path))
-    shutil.copyfile(path, local)
+    with open(local, "wb") as f:  # as it is now: the trackers read it later
+      f.write(paths.read_bytes(path))
     for worker in self.workers:
       worker.call("artifact", local, folder, step)
 

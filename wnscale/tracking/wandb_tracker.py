@@ -30,8 +30,6 @@ import wandb
 from wnscale import paths
 from wnscale.tracking import base
 
-DIRECTORY = "wandb"
-
 
 class Tracker(base.Tracker):
   """The W&B run of a workdir (see the module docstring)."""
