@@ -79,8 +79,8 @@ class TrackedRun:
   """The trackers of one run (see the module docstring); a no-op when `open`ed disabled.
 
   Use as an exit callback (`contextlib.ExitStack.push`) or a `with` block: it closes the
-  trackers as FAILED when an exception ends the run, else FINISHED when the last step
-  logged reached the run's `total_steps`, else STOPPED.
+  trackers as FAILED when an exception ends the run (Ctrl-C aside), else FINISHED when the
+  last step logged reached the run's `total_steps`, else STOPPED.
   """
 
   def __init__(self, workers: list[_Worker], total_steps: int):
@@ -172,9 +172,9 @@ class TrackedRun:
     return self
 
   def __exit__(self, error_type, error, traceback):
-    if error_type is not None:
+    if error_type is not None and not issubclass(error_type, KeyboardInterrupt):
       status = base.FAILED
-    else:
+    else:  # a second Ctrl-C, which stops at once, is a stop too
       status = base.FINISHED if self.last_step >= self.total_steps else base.STOPPED
     self.close(status)
 
