@@ -42,6 +42,7 @@ starts and before anything is written there, and holds it until it exits.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
@@ -204,12 +205,27 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
 
 
 def _exit_with_line(error: BaseException, line: str, status: int):
-  """Prints `line` (after the traceback, if asked for) and exits with `status`."""
+  """Prints `line` (after the traceback, if asked for) and exits with `status`.
+
+  A process of a multi-process job leaves without JAX's exit handlers: they wait for
+  every peer at a shutdown barrier (minutes, while the peers work on or wait for this
+  one); its exit is what tells a launcher (`launch.local_cluster`, a scheduler) to stop
+  the others. The `finally` blocks between here and the interpreter's exit still run.
+  """
   if _traceback_wanted():
     traceback.print_exception(error)
   sys.stderr.write(line + "\n")
   sys.stderr.flush()
+  jax = sys.modules.get("jax")
+  if jax is not None and jax.distributed.is_initialized():
+    atexit.register(_leave_at_once, status)  # the last registered runs first
   sys.exit(status)
+
+
+def _leave_at_once(status: int):
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # noqa: SLF001 (see `_exit_with_line`)
 
 
 def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_hint: str,

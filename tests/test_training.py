@@ -109,7 +109,9 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   """A 2-process run, stopped by a SIGINT to one process only and continued by 2
   processes: both stop at one step (the SIGINT reaches JAX's preemption service as a
   SIGTERM would, e.g. a preemption notice to one host), and every step's loss is that
-  of the 1-process run."""
+  of the 1-process run. Two starts of the continuation are stopped first, while they set
+  up: a SIGINT to one process ends both at once; a SIGTERM to the cluster (before any
+  step of a run resumed at a later step) stops both at the first step."""
   workdir = str(tmp_path)
   trackers = ["--config.train.trackers=('tensorboard', 'mlflow')"]
   cluster = Started(train_command(workdir, devices=4, data=1, graph=4, processes=2,
@@ -132,6 +134,32 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   assert max(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
              if s.isdigit()) == stopped
 
+  command = train_command(workdir, devices=4, data=1, graph=4, processes=2, extra=trackers)
+  interrupted = Started(command)
+  try:
+    interrupted.wait_for(r"\[p1\] .*JAX process 1 of 2")
+    os.kill(cluster_process(interrupted.process.pid, 1), signal.SIGINT)
+    signalled = time.monotonic()
+    assert interrupted.finish(timeout=120) == 130
+  finally:
+    interrupted.kill()
+  # Not held at JAX's shutdown barrier, nor left waiting for its peer: the other one stops
+  # with it (the launcher's doing) before any time-out of theirs (30 s and more).
+  assert time.monotonic() - signalled < 25, interrupted.stderr[-3000:]
+  assert "[p1] Interrupted (Ctrl-C)." in interrupted.stderr
+  assert "Traceback" not in interrupted.stderr, interrupted.stderr[-3000:]
+
+  terminated = Started(command)
+  try:
+    terminated.wait_for(r"\[p0\] .*JAX process 0 of 2")
+    terminated.process.send_signal(signal.SIGTERM)
+    assert terminated.finish(timeout=300) == 0, terminated.stderr[-3000:]
+  finally:
+    terminated.kill()
+  stops = set(re.findall(r"\[p(\d)\] .*Stopped at step (\d+) after SIGTERM",
+                         terminated.stderr))
+  assert stops == {("0", str(stopped + 1)), ("1", str(stopped + 1))}, terminated.stderr[-3000:]
+
   result = run(workdir, devices=4, data=1, graph=4, processes=2, extra=trackers)
   # launch.local_cluster: every line names its process; Gloo's connection chatter is left out.
   lines = (result.stdout + result.stderr).splitlines()
@@ -142,7 +170,7 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
                              rtol=2e-4)
   # Checkpoints on schedule and at the stop, the newest 3 kept (train.max_checkpoints).
-  kept = sorted({4, 8, STEPS, stopped})[-3:]
+  kept = sorted({4, 8, STEPS, stopped, stopped + 1})[-3:]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == sorted(map(str, kept))
   # Process 0 alone logged to the trackers: one MLflow run, each step once.
   client = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow/mlflow.db")

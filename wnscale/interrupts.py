@@ -84,12 +84,18 @@ class AgreedStop:
   to each) is passed on to that service as a SIGTERM to the process itself. The
   handlers are set from construction until `restore`.
 
+  The service's sync point is a count of `reached` calls, not a step: it is set to one
+  more than the furthest process's last count, so a SIGTERM that comes before the first
+  call (during the compile) sets it to 1. Counting the calls from 1 makes that the first
+  step, whatever step a resumed run starts from.
+
   Args:
     what_happens: said in the log line on the first signal (`StopRequest`).
   """
 
   def __init__(self, what_happens: str):
     self._single = jax.process_count() == 1
+    self._calls = 0
     self.stop = StopRequest(
         what_happens,
         signals=(signal.SIGINT, signal.SIGTERM) if self._single else (signal.SIGINT,),
@@ -102,10 +108,12 @@ class AgreedStop:
     return self.stop.requested or "SIGTERM"
 
   def reached(self, step: int) -> bool:
-    """Whether to stop at `step`; every process calls it at every step, `step` increasing."""
+    """Whether to stop after `step`; every process calls it once after every step."""
+    del step  # the calls are counted instead (see the class docstring)
     if self._single:
       return self.stop.requested is not None
-    return multihost_utils.reached_preemption_sync_point(step)
+    self._calls += 1
+    return multihost_utils.reached_preemption_sync_point(self._calls)
 
   def restore(self):
     self.stop.__exit__(None, None, None)
