@@ -2,7 +2,9 @@
 
 The stores under `fixtures/anemoi_*` were written by `anemoi-datasets create` itself
 (`fixtures/anemoi_make.py`): long names from a netCDF source, ECMWF short names from a
-GRIB source on a reduced Gaussian grid (O4), and two ensemble members with a missing date.
+GRIB source on a reduced Gaussian grid (O4), two ensemble members with a missing date, and
+a netCDF source with one variable per pressure level (`temperature_500`, ...), which
+anemoi-datasets records as surface fields (`levtype: sfc`) with the level in the name.
 Beside each, `expected.npz` holds what anemoi-datasets' `open_dataset` read from it
 (anemoi-datasets needs zarr < 3, so it is not a test dependency).
 """
@@ -43,7 +45,8 @@ SHORT_NAMES = {"temperature": "t", "geopotential": "z", "u_component_of_wind": "
                "land_sea_mask": "lsm"}
 STORES = {"anemoi_netcdf": (LONG_NAMES, "sea_ice_cover"),
           "anemoi_grib": (SHORT_NAMES, "tcw"),
-          "anemoi_members": (LONG_NAMES, "sea_ice_cover")}
+          "anemoi_members": (LONG_NAMES, "sea_ice_cover"),
+          "anemoi_levels": (LONG_NAMES, "sea_ice_cover")}
 
 
 def _store(name: str) -> str:
@@ -91,7 +94,8 @@ def _check_store(store: anemoi.AnemoiStore, expected: dict, spelling: dict, unkn
 
 
 @pytest.mark.parametrize("name, member", [("anemoi_netcdf", 0), ("anemoi_grib", 0),
-                                          ("anemoi_members", 0), ("anemoi_members", 1)])
+                                          ("anemoi_members", 0), ("anemoi_members", 1),
+                                          ("anemoi_levels", 0)])
 def test_reads_what_anemoi_datasets_reads(name, member):
   """Names mapped (long and short), levels ascending, statics by name, longitudes in
   [0, 360), each member's values as anemoi-datasets reads them, missing dates marked."""
@@ -251,6 +255,26 @@ def test_older_attributes_and_other_level_types(tmp_path):
                            "temperature_850": names.index("temperature_850")}
   stats = anemoi.anemoi_statistics(store)
   assert np.isnan(stats["temperature"].sel(level=850)).all()
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="mean", level=500),
+                             expected["statistics_mean"][names.index("temperature_500")])
+
+
+def test_a_variable_per_level_recorded_as_a_surface_field_is_read_on_its_level():
+  """The store anemoi-datasets' `create` made from a netCDF of `temperature_500`, ...: every
+  such field has `levtype: sfc` and no `levelist`, yet the run's upper-air variables on
+  their levels are read from it, with statistics, as from the store with a level dim."""
+  path = _store("anemoi_levels")
+  with open(os.path.join(path, ".zattrs")) as f:
+    mars = json.load(f)["variables_metadata"]["temperature_500"]["mars"]
+  assert mars["levtype"] == "sfc" and "levelist" not in mars  # as anemoi-datasets wrote it
+  expected = _expected("anemoi_levels")
+  names = list(expected["variables"])
+  store = store_lib.open_store(path, ATMOSPHERIC + SURFACE, (850, 500))
+  state = store.read_state([0, 1])
+  assert state.shape == (2, 2 * len(ATMOSPHERIC) + len(SURFACE), 56)
+  np.testing.assert_array_equal(  # temperature at 850 hPa, the second date
+      np.sort(state[1, 0]), np.sort(expected["data"][1, names.index("temperature_850"), 0]))
+  stats = anemoi.anemoi_statistics(anemoi.open_anemoi(path))
   np.testing.assert_allclose(stats["temperature"].sel(statistic="mean", level=500),
                              expected["statistics_mean"][names.index("temperature_500")])
 

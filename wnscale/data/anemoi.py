@@ -23,6 +23,11 @@ names and levels (`variables.ECMWF_NAMES`). The land-sea mask and the surface
 geopotential are statics whether or not `constant_fields` lists them. A variable the
 catalogue lacks, or on other than pressure levels (`variables_metadata`' MARS `levtype`),
 is kept under its own name (`AnemoiStore.unknown`, logged) and read like a surface one.
+A netCDF source whose upper-air fields are one variable per level (`temperature_500`,
+with no level dimension) is recorded by anemoi-datasets with `levtype: sfc`, no
+`levelist`, and the whole name as `param`: a long catalogue name of an upper-air
+variable with a level in its name and no `levelist` is read as that variable on that
+pressure level (`tests/fixtures/anemoi_levels`).
 
 `open_anemoi` reads the attributes and the small arrays, and opens `data` once through
 tensorstore; `AnemoiStore.view` is an index transform of it in wnscale's internal order
@@ -378,7 +383,7 @@ def _catalogue(names, metadata: dict, path: str):
   seen = {}  # (catalogue name, level) -> the store's name, for duplicates
   for index, store_name in enumerate(names):
     mars = (metadata.get(store_name) or {}).get("mars") or {}
-    key = _catalogue_key(str(store_name), mars.get("levtype"))
+    key = _catalogue_key(str(store_name), mars.get("levtype"), "levelist" in mars)
     if key is None:
       unknown[store_name] = index
       continue
@@ -400,16 +405,20 @@ def _catalogue(names, metadata: dict, path: str):
   return atmospheric, surface, statics, unknown
 
 
-def _catalogue_key(store_name: str, levtype) -> tuple[str, int | None] | None:
+def _catalogue_key(store_name: str, levtype, has_levelist: bool = False
+                   ) -> tuple[str, int | None] | None:
   """`(catalogue name, level or None)` of a store's variable, or None if the catalogue
-  lacks it."""
+  lacks it (module docstring: `levtype` and `has_levelist` from its `variables_metadata`)."""
   match = _LEVELLED.fullmatch(store_name)
   param, level = (match[1], int(match[2])) if match else (store_name, None)
   name = variables_lib.ECMWF_NAMES.get(param, param)
   known = name in variables_lib.VARIABLES
   if level is not None:
     atmospheric = known and variables_lib.VARIABLES[name].atmospheric
-    return (name, level) if atmospheric and levtype in _PRESSURE_LEVTYPES else None
+    # A netCDF variable per level: anemoi-datasets says "sfc", the level is in the name.
+    per_level_variable = levtype == "sfc" and not has_levelist and name == param
+    return ((name, level) if atmospheric and (levtype in _PRESSURE_LEVTYPES
+                                              or per_level_variable) else None)
   if name == "geopotential":  # `z` without a level: the surface geopotential
     return variables_lib.SURFACE_GEOPOTENTIAL, None
   if name in variables_lib.STATIC_VARIABLES or name in variables_lib.FORCING_CHANNELS or (
