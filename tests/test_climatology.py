@@ -67,12 +67,15 @@ def test_matches_weatherbench2_explicit_method(tmp_path, memory_bytes, caplog):
     out = climatology.compute_climatology(store, str(tmp_path / "clim.zarr"),
                                           memory_bytes=memory_bytes)
   # Progress in words a user reads (not `slice(0, 2, None)`).
-  progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("climatology:")]
+  progress = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith(f"Climatology of {store}: blocks ")]
   assert progress and not any("slice(" in message for message in progress), progress
+  assert all(" | ETA " in message for message in progress), progress
   if memory_bytes == 2**30:  # one block per variable
-    assert sorted(progress) == [
-        "climatology: 2m_temperature, latitude rows 1-3 of 3 done",
-        "climatology: temperature, levels 1-2 of 2, latitude rows 1-3 of 3 done"], progress
+    assert [message.split(" | ")[0] for message in progress] == [
+        f"Climatology of {store}: blocks 1/2 (temperature, levels 1-2 of 2, latitude rows 1-3 "
+        "of 3)", f"Climatology of {store}: blocks 2/2 (2m_temperature, latitude rows 1-3 of 3)"
+    ], progress
   ours = xr.open_zarr(out, chunks=None)
   reference = wb2_explicit_climatology(xr.open_zarr(store).astype(np.float64).load(), 61)
   assert ours["temperature"].dims == ("hour", "dayofyear", "level", "latitude", "longitude")

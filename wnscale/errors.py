@@ -41,6 +41,22 @@ class ArgumentError(UserError):
     self.argument, self.value, self.problem = argument, value, problem
 
 
+class Interrupted(KeyboardInterrupt):
+  """A SIGTERM (what batch schedulers and `kill` send) outside a loop that handles it
+  itself, raised like a Ctrl-C's KeyboardInterrupt (`launch/cli.py` installs the handler).
+
+  Attributes:
+    signal_name: e.g. "SIGTERM".
+    kept: what the interrupted write left, set on the way out (`outputs.building`),
+      e.g. "nothing was left at /data/x.zarr"; None: nothing was being written.
+  """
+
+  def __init__(self, signal_name: str):
+    super().__init__(signal_name)
+    self.signal_name = signal_name
+    self.kept = None
+
+
 class NoSpaceLeft(OSError):
   """No space left on the device (or quota) holding an output; the message names the path
   and what was kept."""

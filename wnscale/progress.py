@@ -2,13 +2,18 @@
 
 On a terminal the bar is redrawn in place (at most every `REDRAW_SECONDS`); off
 one (a log file, a CI job) the work logs lines of its own choosing, so a long
-job is never silent and never floods the log. Two kinds of work report it:
-a store being written (`WriteProgress`: times, bytes, the time left) and a
-forecast (`ForecastProgress`: initial times, lead times, model steps per second).
+job is never silent and never floods the log. Three kinds of work report it:
+a store being written (`WriteProgress`: times, bytes, the time left), a
+forecast (`ForecastProgress`: initial times, lead times, model steps per second),
+and work in countable pieces (`TaskProgress`: an evaluation's initial times, a
+climatology's blocks: pieces done, time so far, the time left). A single long
+piece (a compile) is said before it starts, with how long such a piece takes, and
+after it ends, with how long it took (`long_step`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import sys
@@ -120,3 +125,45 @@ class ForecastProgress(_Bar):
       logging.info("initial time %s done (%d/%d) | %.2f model steps/s | ETA %s", label,
                    self.inits_done, self.num_inits, self.steps_per_sec,
                    self.eta(self.steps_done, self.num_inits * self.num_leads))
+
+
+class TaskProgress(_Bar):
+  """Reports `total` pieces of one piece of work, e.g. `TaskProgress("Scoring F.zarr",
+  10, "initial times")`: a bar on a terminal, else a log line per piece done (at most
+  `LOG_FRACTIONS` of them, and one at least every `LOG_SECONDS`)."""
+
+  LOG_SECONDS = 10.0
+
+  def __init__(self, what: str, total: int, unit: str, stream=None):
+    super().__init__(stream)
+    self.what, self.total, self.unit = what, total, unit
+    self.count = 0
+    self._logged_tenths, self._logged_at = 0, time.perf_counter()
+
+  def _line(self, label: str = "") -> str:
+    elapsed = datetime.timedelta(seconds=round(self.seconds))
+    return (f"{self.unit} {self.count}/{self.total}" + (f" ({label})" if label else "") +
+            f" | {elapsed} | ETA {self.eta(self.count, self.total)}")
+
+  def done(self, count: int | None = None, label: str = ""):
+    """One more piece done (or `count` in all); `label` names it, e.g. its initial time."""
+    self.count = self.count + 1 if count is None else count
+    if self.on_terminal:
+      self.draw(self.count, self.total, self._line(label), now=self.count == self.total)
+      return
+    tenths = LOG_FRACTIONS * self.count // max(self.total, 1)
+    now = time.perf_counter()
+    if tenths > self._logged_tenths or now - self._logged_at >= self.LOG_SECONDS:
+      self._logged_tenths, self._logged_at = tenths, now
+      logging.info("%s: %s", self.what, self._line(label))
+
+
+@contextlib.contextmanager
+def long_step(what: str, expected: str = ""):
+  """Says `what` is starting (and `expected`, e.g. "takes minutes at 0.25 deg") before a
+  long piece of work with no steps of its own to count, and how long it took after."""
+  logging.info("%s%s...", what, f" ({expected})" if expected else "")
+  start = time.perf_counter()
+  yield
+  logging.info("%s: done in %s.", what,
+               datetime.timedelta(seconds=round(time.perf_counter() - start)))

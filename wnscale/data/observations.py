@@ -52,7 +52,7 @@ def write_observations(path: str, times, station_id, latitude, longitude, values
     `path`.
   """
   path = paths.normalize(path)
-  outputs.check(path, outputs.STORE, argument="path", overwrite=overwrite)
+  outputs.check(path, outputs.OBSERVATIONS, argument="path", overwrite=overwrite)
   for name in values:
     variables_lib.lookup(name)
   dataset = xr.Dataset(

@@ -19,7 +19,7 @@ import jax
 import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
-from wnscale import cache, paths
+from wnscale import cache, outputs, paths
 from wnscale.data import normalization, observations, stations, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
@@ -101,6 +101,7 @@ def resolve_store(data, seed: int) -> str:
   def write_if_missing() -> bytes:
     if paths.is_complete(path):  # written whole or not at all (`paths.building`)
       return b""
+    outputs.remove_leftovers(path, outputs.DATASET)  # of a writer killed outright
     size = synthetic_store_bytes(data)
     free = paths.free_bytes(path)
     if free is not None and size > free:

@@ -368,7 +368,7 @@ def write_synthetic_store(
   if time_step_hours <= 0:
     raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = paths.normalize(path)
-  outputs.check(path, outputs.STORE, argument="path", overwrite=overwrite)
+  outputs.check(path, outputs.DATASET, argument="path", overwrite=overwrite)
   names = list(variables or DEFAULT_VARIABLES + STORED_FORCINGS)
   for name in names:
     if name not in STORED_FORCINGS:

@@ -25,7 +25,6 @@ only when asked, and stays intact until then).
 from __future__ import annotations
 
 import functools
-import logging
 
 import numpy as np
 import pandas as pd
@@ -37,6 +36,7 @@ from wnscale.data import variables as variables_lib
 from wnscale.data import writer
 from wnscale.data.store import time_range
 from wnscale.errors import UserError
+from wnscale.progress import TaskProgress
 
 DAYS = 366
 # Bytes per (hour, day of year, grid value) while a block is summed and smoothed:
@@ -127,7 +127,7 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   """
   weights = window_weights(window)
   out = paths.normalize(out)
-  outputs.check(out, outputs.STORE, argument="out", overwrite=overwrite, reads=(path,))
+  outputs.check(out, outputs.CLIMATOLOGY, argument="out", overwrite=overwrite, reads=(path,))
   dataset = store_lib.open_dataset(path)
   names = _variables(dataset, variables, path)
   level_values = _levels(dataset, names, levels, path)
@@ -143,14 +143,18 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
     writer.create_store(where, *layout)
     blocks = [(name, *block) for name in names
               for block in _blocks(dataset, name, level_values, len(hours), memory_bytes)]
-    (for_each or _in_turn)(functools.partial(_write_block, paths.normalize(path), level_values,
-                                             indices, hours, weights, where), blocks)
+    (for_each or functools.partial(_in_turn, what=f"Climatology of {path}"))(
+        functools.partial(_write_block, paths.normalize(path), level_values, indices, hours,
+                          weights, where), blocks)
   return out
 
 
-def _in_turn(function, items):
+def _in_turn(function, items, what: str = "climatology"):
+  """`function(item)` of each block in turn, with progress (`progress.TaskProgress`)."""
+  progress = TaskProgress(what, len(items), "blocks")
   for item in items:
-    function(item)
+    progress.done(label=function(item))
+  progress.close()
 
 
 def _variables(dataset, variables, path):
@@ -257,8 +261,7 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   levels_done = (f"levels {level_block.start + 1}-{level_block.stop} of {num_levels}, "
                  if atmospheric else "")
   rows_done = "points" if field.dims[2] == store_lib.POINT_DIM else "latitude rows"
-  logging.info("climatology: %s, %s%s %d-%d of %d done", name, levels_done, rows_done,
-               rows.start + 1, rows.stop, num_lat)
+  return f"{name}, {levels_done}{rows_done} {rows.start + 1}-{rows.stop} of {num_lat}"
 
 
 def at_valid_times(climatology: xr.Dataset, valid_times, dim: str = "lead_time") -> xr.Dataset:
