@@ -201,6 +201,8 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
     if kept is None and written:  # outside `outputs.building`: nothing written yet
       kept = "nothing was written to " + ", ".join(path for _, path in written)
     line = f"Interrupted ({name or 'Ctrl-C'})" + (f": {kept}." if kept else ".")
+    # An interrupted zarr or tensorstore call leaves its asyncio task pending: not news.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     _exit_with_line(error, line, 128 + (signal.Signals[name].value if name else
                                         signal.SIGINT.value))
   except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)

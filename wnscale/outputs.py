@@ -7,14 +7,15 @@ observation store, a forecast store, evaluation results, a file (and a run direc
 `wnscale.train.run_directory.KIND`; GraphCast's statistics files:
 `wnscale.interop.graphcast_export.STATS`). What is at a path is told by its files
 (`identify`): a zarr store by its coordinates (a forecast's `prediction_timedelta`, a
-climatology's `dayofyear` and `hour`, an observation store's `station`; any other zarr
+climatology's `dayofyear` and `hour`, an observation store's `station_id`; any other zarr
 store is a dataset), evaluation results by `metrics.json`, a run by `config.json`.
 `check` runs before any work (the launchers call it while parsing their flags,
 before JAX starts; the library calls it again for its own callers) and stops
 with an `ArgumentError` of the argument that gave the output:
 
   - when the output exists and `overwrite` is not given (an empty directory
-    holds nothing and does not count). A forecast store is the exception: it
+    holds nothing and does not count); when it is not of the kind the command
+    writes, the message says what it is and that `overwrite` will not replace it. A forecast store is the exception: it
     is continued, not replaced (`Kind.continues`; `forecast_store` checks that
     it is the same forecast);
   - when `overwrite` is given but what is there is not of the kind the command
@@ -129,13 +130,13 @@ def check(path: str, kind: Kind, *, argument: str, overwrite: bool = False,
                           "write the output to another path.")
   exists = _holds_data(path, kind, argument)
   if exists and not kind.continues:
-    if not overwrite:
-      raise ArgumentError(argument, path, f"exists ({_describe(path, kind)}); pass "
-                          f"`overwrite=True` to replace it, or choose another `{argument}`.")
-    if not _is_kind(path, kind):
+    if not _is_kind(path, kind):  # with or without `overwrite`: never replaced
       raise ArgumentError(argument, path, f"exists and is not {kind.noun} "
                           f"({_describe(path, kind)}); `overwrite` replaces only {kind.noun}: "
                           f"choose another `{argument}`, or remove it yourself.")
+    if not overwrite:
+      raise ArgumentError(argument, path, f"exists ({_describe(path, kind)}); pass "
+                          f"`overwrite=True` to replace it, or choose another `{argument}`.")
   # Writes go into a continued store; anything else is built beside its path.
   check_writable(path, argument, inside=exists and kind.continues)
 
@@ -212,14 +213,14 @@ def _holds_data(path: str, kind: Kind, argument: str) -> bool:
 def store_kind(path: str, names=None) -> str:
   """Which kind of zarr store is at `path` (its top-level `names`, listed if None), by its
   coordinates: "forecast" (`prediction_timedelta`), "climatology" (`dayofyear` and
-  `hour`), "observations" (`station`), else "dataset" (WeatherBench2's layout, a
+  `hour`), "observations" (`station_id`), else "dataset" (WeatherBench2's layout, a
   conversion's, a synthetic one, an anemoi-datasets store)."""
   names = set(_names(path) if names is None else names)
   if "prediction_timedelta" in names:
     return "forecast"
   if {"dayofyear", "hour"} <= names:
     return "climatology"
-  if "station" in names:
+  if "station_id" in names:
     return "observations"
   return "dataset"
 
