@@ -57,6 +57,25 @@ class Interrupted(KeyboardInterrupt):
     self.kept = None
 
 
+class StoreLacks(UserError):
+  """A data store without a variable or level the caller needs (`wnscale.data.store`,
+  `wnscale.data.anemoi`); the message says what to choose in a training config, and a
+  launcher that reads a store for another purpose says its own (`launch.forecast`).
+
+  Attributes:
+    path: the store; what: e.g. "variable(s) ['temperature']"; have: what it has, e.g.
+      "['2m_temperature', ...]".
+  """
+
+  def __init__(self, path: str, what: str, have: str, message: str):
+    self.path, self.what, self.have = path, what, have
+    self.arguments = (path, what, have, message)
+    super().__init__(message)
+
+  def __reduce__(self):
+    return type(self), self.arguments
+
+
 class NoSpaceLeft(OSError):
   """No space left on the device (or quota) holding an output; the message names the path
   and what was kept."""

@@ -49,7 +49,7 @@ import zarr
 
 from wnscale import paths
 from wnscale.data import variables as variables_lib
-from wnscale.errors import ArgumentError, UserError
+from wnscale.errors import ArgumentError, StoreLacks, UserError
 
 DIMENSIONS = ("dates", "variables", "ensembles", "values")
 ARRAYS = ("dates", "latitudes", "longitudes")
@@ -143,8 +143,9 @@ class AnemoiStore:
       if levels is not None:
         absent = [int(level) for level in levels if int(level) not in have]
         if absent:
-          raise UserError(f"Level(s) {absent} hPa of {name!r} not in store {self.path}; it "
-                          f"has {list(have)}. Choose data.pressure_levels among those.")
+          raise StoreLacks(self.path, f"level(s) {absent} hPa of {name!r}", str(list(have)), (
+              f"Level(s) {absent} hPa of {name!r} not in store {self.path}; it has "
+              f"{list(have)}. Choose data.pressure_levels among those."))
         indices = [indices[have.index(int(level))] for level in levels]
       return member[:, np.asarray(indices, np.int64)]
     if name in self.statics:
@@ -152,10 +153,10 @@ class AnemoiStore:
       return member[first, self.statics[name]]
     index = self.surface.get(name, self.unknown.get(name))
     if index is None:
-      raise UserError(
+      raise StoreLacks(self.path, f"variable {name!r}", str(self.names()), (
           f"Store {self.path} has no variable {name!r}; it has {self.names()}. Choose "
           "data.variables among those (the static fields are always needed), or use a "
-          "store that has them.")
+          "store that has them."))
     return member[:, index]
 
   def names(self) -> list[str]:
@@ -313,7 +314,11 @@ def _open_data(path: str) -> ts.TensorStore:
   if data.rank != len(DIMENSIONS) or any(size == 0 for size in data.shape):
     raise UserError(f"anemoi-datasets store {path}: array `data` has shape "
                     f"{list(data.shape)}; expected [dates, variables, ensembles, values].")
-  return data
+  dtype = np.dtype(data.dtype.numpy_dtype)
+  if not np.issubdtype(dtype, np.floating):
+    raise UserError(f"anemoi-datasets store {path}: array `data` is {dtype}; wnscale reads "
+                    "floating-point data (float32, or float64 read as float32).")
+  return data if dtype == np.float32 else ts.cast(data, ts.float32)
 
 
 def _read_small(path: str, name: str) -> np.ndarray:

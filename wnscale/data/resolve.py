@@ -101,6 +101,12 @@ def resolve_store(data, seed: int) -> str:
   def write_if_missing() -> bytes:
     if paths.is_complete(path):  # written whole or not at all (`paths.building`)
       return b""
+    try:
+      outputs.check_writable(path, "synthetic store")
+    except ArgumentError as error:
+      raise UserError(f"The synthetic store goes into the cache directory {cache.cache_dir()}, "
+                      f"which {error.problem.split(';')[0]}; set WNSCALE_CACHE_DIR to a "
+                      "directory you can write, or give `data.path` a store.") from error
     outputs.remove_leftovers(path, outputs.DATASET)  # of a writer killed outright
     size = synthetic_store_bytes(data)
     free = paths.free_bytes(path)

@@ -42,6 +42,17 @@ from wnscale.errors import ArgumentError, UserError
 from wnscale.data import variables as variables_lib
 
 
+def example_starts(store, first_time: int, num_times: int, window: int) -> np.ndarray:
+  """Offsets from `first_time` of every example of `window` consecutive times among the
+  `num_times` from there whose window holds no missing time of `store`."""
+  starts = np.arange(max(num_times - window + 1, 0))
+  if store.missing is not None:
+    missing = store.missing[first_time:first_time + num_times]
+    hit = np.convolve(missing, np.ones(window, int), "valid") > 0
+    starts = starts[~hit[:len(starts)]]
+  return starts
+
+
 class WeatherExampleSource:
   """Random-access examples of one store and time range.
 
@@ -139,11 +150,7 @@ class WeatherExampleSource:
     # Example i starts at time `_first_time + _starts[i]`: every start whose (indexed)
     # window holds no missing time.
     window = input_steps + indexed
-    self._starts = np.arange(max(num_times - window + 1, 0))
-    if self.store.missing is not None:
-      missing = self.store.missing[self._first_time:self._first_time + num_times]
-      hit = np.convolve(missing, np.ones(window, int), "valid") > 0
-      self._starts = self._starts[~hit[:len(self._starts)]]
+    self._starts = example_starts(self.store, self._first_time, num_times, window)
     self._num_examples = len(self._starts)
     if self._num_examples <= 0:
       times = self.store.times

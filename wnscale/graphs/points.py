@@ -179,7 +179,7 @@ def voronoi_areas(latitude: np.ndarray, longitude: np.ndarray) -> np.ndarray:
                     "the store a cell_area variable, or points without duplicates.") from error
   buffer = io.BytesIO()
   np.save(buffer, area)
-  paths.write_bytes(path, buffer.getvalue())  # whole or not at all
+  cache.write_bytes(path, buffer.getvalue())  # whole or not at all (or not cached)
   logging.info("Computed the Voronoi cell areas of %s points in %.1f s; cached in %s",
                f"{latitude.size:,}", time.perf_counter() - start, path)
   return area

@@ -144,7 +144,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
                         else "") + " per device per step; cheaper ones did not "
                      f"fit: {cheaper or '-'}."),
       }
-      paths.write_text(path, json.dumps(choice))  # the trainer logs its reason
+      cache.write_bytes(path, json.dumps(choice).encode())  # the trainer logs its reason
       return choice
   compiled = {n: peak for n, peak in peaks.items() if peak is not None}
   if not compiled:

@@ -49,6 +49,8 @@ from wnscale import compilation_cache, interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
 from wnscale.data import pipeline, prefetch
+from wnscale.data import source as source_lib
+from wnscale.data import store as store_lib
 from wnscale.data.resolve import modality_readers as resolve_modality_readers
 from wnscale.data.resolve import resolve_stats, resolve_store
 from wnscale.assembly import assemble
@@ -94,6 +96,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir_lib.prepare(run.path)
   _check_init_from(config.train.init_from, run)
   with workdir_lib.locked(run.path, enabled=jax.process_index() == 0):
+    saved = run.saved_steps()
+    if saved and saved[-1] >= config.train.steps:  # said before the store is opened
+      logging.info("Nothing to train: the newest checkpoint, %s, is at step %d, and "
+                   "train.steps=%d. Raise train.steps to train further.",
+                   run.checkpoint(saved[-1]), saved[-1], config.train.steps)
+      return {}
     try:
       with contextlib.ExitStack() as closing:  # whatever is opened, closed however it ends
         return _train(_set_up(config, run, closing), closing, run_start)
@@ -193,6 +201,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   with run_log.phase("Store and statistics ready") as phase:
     data = dataclasses.replace(specs.data, path=resolve_store(specs.data, config.seed))
     config.data.path = data.path
+    _check_batch_fits(data, config.train.batch_size, curriculum.longest(specs.phases))
     statistics = resolve_stats(data)
     phases = specs.phases
     source = pipeline.make_source(data, "train", stats=statistics,
@@ -468,6 +477,27 @@ def _same_store(before: str, now: str, data: specs_lib.DataSpec) -> bool:
     return describe(before) == describe(now)
   except Exception:  # noqa: BLE001 (one of them missing or unreadable: not shown the same)
     return False
+
+
+def _check_batch_fits(data: specs_lib.DataSpec, batch_size: int, target_steps: int):
+  """A batch holds distinct examples of the training range: a `train.batch_size` larger
+  than the range's examples is said now, with the numbers (before any statistics or
+  compile; not after minutes, as a batch that does not fit in memory)."""
+  store = cutout.open_store(data.path, data.outputs, data.pressure_levels,
+                            data.time_step_hours, data.resolution,
+                            forcings=data.stored_forcings, member=data.member,
+                            regional_path=data.regional_path, region=data.region_box)
+  first, count = store_lib.time_range(store.times, data.train_start, data.train_end,
+                                      data.path)
+  window = data.input_steps + max(target_steps, data.target_steps)
+  examples = len(source_lib.example_starts(store, first, count, window))
+  if 0 < examples < batch_size:
+    raise ArgumentError(
+        "train.batch_size", batch_size,
+        f"more than the {examples} example(s) of the training range {data.train_start} .. "
+        f"{data.train_end} ({count} times of {data.path} every {data.time_step_hours} h; "
+        f"an example spans {window}): lower `train.batch_size` to at most {examples}, or "
+        "widen `data.train_start` .. `data.train_end`.")
 
 
 def _check_members(config, mesh, members) -> int:
