@@ -67,14 +67,15 @@ _SERVICES = {"gs": ("Cloud Storage", "storage.googleapis.com",
                     ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")),
              "s3": ("S3", "s3.amazonaws.com", ("AWS_ENDPOINT_URL",))}
 _REACHED: dict[tuple[str, int], str | None] = {}  # (host, port) -> None, or why not
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
 def check_reachable(path: str):
   """A `UserError` unless the service of the URL `path` answers a TCP connection within
   `REACH_TIMEOUT_S` (checked once per service and process)."""
   scheme = urllib.parse.urlsplit(path).scheme
-  if scheme not in _SERVICES:
-    return
+  if scheme not in _SERVICES or any(os.environ.get(name) for name in _PROXIES):
+    return  # through a proxy: the client's own connection is the test
   name, host, variables = _SERVICES[scheme]
   port = 443
   for variable in variables:

@@ -22,6 +22,7 @@ import time
 BAR_WIDTH = 24
 REDRAW_SECONDS = 0.1
 LOG_FRACTIONS = 10  # log lines per store write, off a terminal
+LOG_SECONDS = 10.0  # and one at least this often while work is done
 
 
 def size_text(num_bytes: float) -> str:
@@ -72,6 +73,7 @@ class WriteProgress(_Bar):
     self.path, self.num_times, self.bytes_per_time = path, num_times, bytes_per_time
     self.times_done = 0
     self._logged = 0  # tenths of the work logged so far
+    self._logged_at = time.perf_counter()
     logging.info("Writing %s: %d times, %s uncompressed.", path, num_times,
                  size_text(num_times * bytes_per_time))
 
@@ -89,8 +91,10 @@ class WriteProgress(_Bar):
       self.draw(times_done, self.num_times, self._line(), now=times_done == self.num_times)
       return
     tenths = LOG_FRACTIONS * times_done // max(self.num_times, 1)
-    if tenths > self._logged:
-      self._logged = tenths
+    now = time.perf_counter()
+    if tenths > self._logged or (now - self._logged_at >= LOG_SECONDS
+                                 and times_done < self.num_times):
+      self._logged, self._logged_at = tenths, now
       logging.info("%s: %s", self.path, self._line())
 
 
@@ -132,8 +136,6 @@ class TaskProgress(_Bar):
   10, "initial times")`: a bar on a terminal, else a log line per piece done (at most
   `LOG_FRACTIONS` of them, and one at least every `LOG_SECONDS`)."""
 
-  LOG_SECONDS = 10.0
-
   def __init__(self, what: str, total: int, unit: str, stream=None):
     super().__init__(stream)
     self.what, self.total, self.unit = what, total, unit
@@ -153,7 +155,7 @@ class TaskProgress(_Bar):
       return
     tenths = LOG_FRACTIONS * self.count // max(self.total, 1)
     now = time.perf_counter()
-    if tenths > self._logged_tenths or now - self._logged_at >= self.LOG_SECONDS:
+    if tenths > self._logged_tenths or now - self._logged_at >= LOG_SECONDS:
       self._logged_tenths, self._logged_at = tenths, now
       logging.info("%s: %s", self.what, self._line(label))
 

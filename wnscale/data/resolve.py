@@ -104,8 +104,8 @@ def resolve_store(data, seed: int) -> str:
     try:
       outputs.check_writable(path, "synthetic store")
     except ArgumentError as error:
-      raise UserError(f"The synthetic store goes into the cache directory {cache.cache_dir()}, "
-                      f"which {error.problem.split(';')[0]}; set WNSCALE_CACHE_DIR to a "
+      raise UserError(f"The synthetic store goes into the cache directory {cache.cache_dir()}: "
+                      f"{error.problem.split(';')[0]}; set WNSCALE_CACHE_DIR to a "
                       "directory you can write, or give `data.path` a store.") from error
     outputs.remove_leftovers(path, outputs.DATASET)  # of a writer killed outright
     size = synthetic_store_bytes(data)
