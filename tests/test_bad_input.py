@@ -192,6 +192,12 @@ def test_evaluate_messages_name_its_own_flags(tmp_path, stores):
   with pytest.raises(UserError, match=r"^Store not found: \S+forecast.zarr \(no such file "
                      r"or directory\)\.$"):
     scoring.evaluate(str(missing), stores["good"], str(tmp_path / "scores"))
+  # A climatology given as the truth: said as such (not as a missing time or variable).
+  clim = climatology.compute_climatology(stores["good"], str(tmp_path / "clim.zarr"),
+                                         variables=["2m_temperature"])
+  with pytest.raises(ArgumentError, match=f"^truth={clim}: is a climatology store, not a "
+                     "store of states over time"):
+    scoring.evaluate(stores["other_forecast"], clim, str(tmp_path / "scores"))
 
 
 def test_local_cluster_says_where_its_flags_go():

@@ -306,7 +306,18 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   evaluation results, run directory; a forecast is continued, never replaced.)"""
   data = store(tmp_path / "data.zarr", variables=["2m_temperature"])
   clim = climatology_lib.compute_climatology(data, str(tmp_path / "clim.zarr"))
+  # A forecast store's creation killed outright (a dead pid): removed when it is made again;
+  # another kind of leftover beside it is left alone.
+  dead = subprocess.Popen(["true"])
+  dead.wait(timeout=30)
+  left = {kind: tmp_path / f"forecast.zarr.{what}-{dead.pid}" for kind, what in
+          (("forecast", "partial"), ("dataset", "replaced"))}
+  for kind, path in left.items():
+    (path / ("prediction_timedelta" if kind == "forecast" else "time")).mkdir(parents=True)
+    (path / ".zgroup").write_text("{}")
   forecast = forecast_of(tmp_path / "forecast.zarr", data)
+  assert not left["forecast"].exists() and left["dataset"].exists()
+  shutil.rmtree(left["dataset"])
   stations = observations.write_observations(
       str(tmp_path / "stations.zarr"), np.array(["2020-01-01"], "datetime64[ns]"),
       np.array(["A"]), np.zeros(1), np.zeros(1), {"2m_temperature": np.zeros((1, 1))})

@@ -48,6 +48,7 @@ import xarray as xr
 import zarr
 
 from wnscale import paths
+from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, StoreLacks, UserError
 
@@ -87,6 +88,7 @@ class AnemoiStore:
     unknown: `{store name: store variable index}`: variables the catalogue lacks.
     variables: the store's variable names, in `data`'s order.
     data: `data` as stored, `[dates, variables, ensembles, values]`.
+    units: each variable's units (`variables_metadata`' `units`), None where not given.
   """
 
   path: str
@@ -105,6 +107,7 @@ class AnemoiStore:
   unknown: dict[str, int]
   variables: tuple[str, ...]
   data: ts.TensorStore
+  units: tuple = ()
 
   def __repr__(self) -> str:
     return (f"AnemoiStore(path={self.path!r}, member={self.member}, "
@@ -158,6 +161,16 @@ class AnemoiStore:
           "data.variables among those (the static fields are always needed), or use a "
           "store that has them."))
     return member[:, index]
+
+  def units_of(self, name: str) -> str | None:
+    """The units the store gives `name` (a catalogue name: all its levels'), or None."""
+    if name in self.atmospheric:
+      indices = self.atmospheric[name][1]
+    else:
+      index = {**self.surface, **self.statics, **self.unknown}.get(name)
+      indices = () if index is None else (index,)
+    given = {self.units[i] for i in indices if i < len(self.units) and self.units[i]}
+    return given.pop() if len(given) == 1 else None
 
   def names(self) -> list[str]:
     """Every name `view` takes: catalogue names, then the unknown ones."""
@@ -230,7 +243,8 @@ def open_anemoi(path: str, member: int = 0) -> AnemoiStore:
                     "levels); kept under their own names.", path, sorted(unknown))
   return AnemoiStore(path, member, num_members, times, missing, step, latitude,
                      np.mod(longitude, 360.0), field_shape, attributes.get("resolution"),
-                     atmospheric, surface, statics, unknown, tuple(names), data)
+                     atmospheric, surface, statics, unknown, tuple(names), data,
+                     tuple((metadata.get(name) or {}).get("units") for name in names))
 
 
 def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) -> xr.Dataset:
@@ -268,6 +282,15 @@ def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) 
       raise UserError(f"anemoi-datasets store {store.path}: `{name}` {list(values.shape)} "
                       f"does not hold one value per variable ({len(store.variables)}).")
   table = np.stack([mean, std, diff_std])  # [statistic, variables]
+  for index, name in enumerate(store.variables):  # degC, hPa: as `store.open_store` reads
+    expected = variables_lib.VARIABLES.get(_catalogue_name(str(name)))
+    converted = expected and units_lib.conversion(str(name), store.units[index]
+                                                   if index < len(store.units) else None,
+                                                   expected.units, store.path)
+    if converted:
+      scale, offset = converted
+      table[:, index] *= scale
+      table[0, index] += offset
   levels = sorted({level for have, _ in store.atmospheric.values() for level in have})
   data = {}
   for name, (have, indices) in store.atmospheric.items():
@@ -430,6 +453,13 @@ def _catalogue_key(store_name: str, levtype, has_levelist: bool = False
       known and not variables_lib.VARIABLES[name].atmospheric):
     return name, None
   return None
+
+
+def _catalogue_name(store_name: str) -> str:
+  """The catalogue name a store's variable maps to, level or not (for its units)."""
+  match = _LEVELLED.fullmatch(store_name)
+  param = match[1] if match else store_name
+  return variables_lib.ECMWF_NAMES.get(param, param)
 
 
 def _describe_key(key) -> str:

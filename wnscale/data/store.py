@@ -433,7 +433,8 @@ def open_store(path: str,
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     store_levels = [int(level) for level in dataset["level"].values
                    ] if "level" in dataset.coords else []
-    convert = _unit_conversions(dataset, names, path)
+    convert = _unit_conversions({name: dataset[name].attrs.get("units") for name in names
+                                 if name in dataset}, names, path)
   if any(variables_lib.lookup(name).atmospheric for name in variables):
     level_indices = np.asarray([store_levels.index(level) for level in levels],
                                np.int64)
@@ -460,13 +461,13 @@ _SAID: set = set()  # (store, what) said once in this process
 def _check_kind(path: str):
   """A store of states over time: not a climatology, a forecast or an observation store
   (one line saying what it is instead)."""
-  kind = outputs.store_kind(path)
-  if kind == "dataset":
+  found = outputs.identify(path)
+  made_by = {outputs.CLIMATOLOGY: "launch.make_climatology", outputs.FORECAST:
+             "launch.forecast", outputs.OBSERVATIONS: "launch.make_dataset --stations"}
+  if found not in made_by:
     return
-  made_by = {"climatology": "launch.make_climatology", "forecast": "launch.forecast",
-             "observations": "launch.make_dataset --stations"}[kind]
-  raise UserError(f"{path} is a {'observation' if kind == 'observations' else kind} store "
-                  f"({made_by} writes them), not a store of states over time: give a dataset "
+  raise UserError(f"{path} is {found.noun} ({made_by[found]} writes them), not a store of "
+                  "states over time: give a dataset "
                   "store (WeatherBench2's layout, an anemoi-datasets store, or one "
                   "launch.make_dataset writes).")
 
@@ -489,15 +490,16 @@ def _check_dtypes(handles: dict, path: str):
     logging.info("Store %s: %s read as float32.", path, ", ".join(cast))
 
 
-def _unit_conversions(dataset: xr.Dataset, names, path: str) -> dict:
-  """`{name: (scale, offset)}` of the variables whose `units` attribute differs from the
-  catalogue's by an affine conversion (said once); a mismatch is a `UserError`."""
+def _unit_conversions(store_units_of: dict, names, path: str) -> dict:
+  """`{name: (scale, offset)}` of the variables whose units in the store (`store_units_of`:
+  `{name: units or None}`) differ from the catalogue's by an affine conversion (said
+  once); a mismatch is a `UserError`."""
   convert = {}
   for name in names:
     variable = variables_lib.VARIABLES.get(name)
-    if variable is None or name not in dataset:
+    if variable is None or name not in store_units_of:
       continue
-    store_units = dataset[name].attrs.get("units")
+    store_units = store_units_of[name]
     scale_offset = units_lib.conversion(name, store_units, variable.units, path)
     if scale_offset is not None:
       convert[name] = scale_offset
@@ -544,10 +546,11 @@ def _open_anemoi(path, variables, levels, time_step_hours, forcings, member) -> 
     points = PointSet.regular(source.latitude[order[:, 0]], source.longitude[order[0]])
   logging.info("Store %s: anemoi-datasets layout, member %d of %d, grid %s", path, member,
                source.num_members, source.grid)
+  convert = _unit_conversions({name: source.units_of(name) for name in views}, views, path)
   return WeatherStore(path, variables, levels, time_step_hours,
                       source.times[::stride], points, stride, level_indices,
                       {"data": source.data}, views, forcings=forcings,
-                      missing=source.missing[::stride])
+                      missing=source.missing[::stride], convert=convert)
 
 
 def _regular_order(source: anemoi.AnemoiStore) -> np.ndarray | None:

@@ -25,6 +25,7 @@ import pandas as pd
 import xarray as xr
 from scipy import spatial
 
+from wnscale import outputs
 from wnscale.data import store as store_lib
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
@@ -127,6 +128,11 @@ def open_truth(path: str) -> xr.Dataset:
   """A WeatherBench2-layout or anemoi-datasets store, lazy, latitude ascending; a
   variable whose `units` differ from the catalogue's by an affine conversion (degC, hPa)
   is marked for `at_times` to convert, any other mismatch is a `UserError`."""
+  found = outputs.identify(path)
+  if found in (outputs.CLIMATOLOGY, outputs.FORECAST, outputs.OBSERVATIONS):
+    raise ArgumentError("truth", path, f"is {found.noun}, not a store of states over time "
+                        "(the truth a forecast is scored against): give `truth` a dataset "
+                        "store, e.g. the one the run trained on.")
   dataset = store_lib.open_dataset(path)
   for name in dataset.data_vars:
     if name in variables_lib.VARIABLES:
