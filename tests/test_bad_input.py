@@ -13,6 +13,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -366,6 +367,8 @@ def test_a_forecast_of_a_minus_180_store_is_sorted_and_scores(tmp_path, trained_
                f"--out={tmp_path / 'scores'}")
   assert scored.returncode == 0, scored.stderr[-3000:]
   assert "Grids differ" not in scored.stderr
+  assert re.search(rf"Scoring {re.escape(str(out))}: initial times 1/1 \(2020-01-21 00:00\) \| "
+                   r"\d+:\d\d:\d\d \| ETA 0:00:00", scored.stderr), scored.stderr[-2000:]
   error = assert_user_error(missing, f"The store {lacking} (--data.path) lacks variable(s) "
                             "['specific_humidity'] that the run", "Give --data.path a store "
                             "with the run's variables")

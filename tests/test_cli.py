@@ -427,6 +427,11 @@ def test_compile_with_its_defaults_rounds_the_batch_and_explains_its_columns():
   assert result.returncode == 0, result.stderr[-3000:]
   assert ("train.batch_size=2 does not split over 8 data shards: compiling 1 example(s) per "
           "data shard (batch 8)") in result.stderr
+  # The compile is said before it starts (what, and how long such a compile takes) and
+  # after it ends (how long it took): a 0.25 deg compile is silent for minutes otherwise.
+  what = "Compiling the train step for cpu:8 (1 graph shard(s), batch 8, remat "
+  assert re.search(re.escape(what) + r"[\w_]+\) \(seconds to a minute\)\.\.\.", result.stderr)
+  assert re.search(re.escape(what) + r"[\w_]+\): done in \d+:\d\d:\d\d\.", result.stderr)
   header, row = result.stdout.splitlines()[1:3]
   assert header.split()[:3] == ["candidate", "graph", "batch"] and row.split()[:2] == ["1", "8"]
   legend = result.stdout.split("Columns:\n")[1]
