@@ -62,7 +62,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from wnscale import config as config_lib
-from wnscale import outputs
+from wnscale import errors, outputs
 from wnscale.errors import ArgumentError, Interrupted, UserError, no_space
 from wnscale.train import run_directory
 from wnscale.train import workdir as workdir_lib
@@ -100,6 +100,21 @@ def _has_google_pci_device() -> bool:
 
 # At import: a launcher imports this module before its main starts JAX's backend.
 _quiet_libtpu()
+
+
+def _terminated_while_starting(signum, frame):
+  """A SIGTERM while the launcher's modules are imported, before `run`: nothing is
+  written yet; one line, the exit status of a SIGTERM."""
+  del frame
+  os.write(2, f"Interrupted ({signal.Signals(signum).name}): nothing was written yet.\n"
+           .encode())
+  os._exit(128 + signum)  # noqa: SLF001 (no clean-up to run: nothing started)
+
+
+# Only in a launcher's process (`python -m launch.<name>`), not in one that imports it.
+if (threading.current_thread() is threading.main_thread() and sys.argv and
+    os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0]))) == "launch"):
+  signal.signal(signal.SIGTERM, _terminated_while_starting)
 
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
 
@@ -219,7 +234,8 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
       else:
         workdir_lib.unlock(workdir)
     if previous_sigterm is not None:
-      signal.signal(signal.SIGTERM, previous_sigterm)
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if previous_sigterm is
+                    _terminated_while_starting else previous_sigterm)
 
 
 def _handle_sigterm():
@@ -233,6 +249,7 @@ def _handle_sigterm():
   def handle(signum, frame):
     del frame
     signal.signal(signum, signal.SIG_DFL)
+    errors.note_interrupt(signal.Signals(signum).name)  # raised again if swallowed here
     raise Interrupted(signal.Signals(signum).name)
 
   return signal.signal(signal.SIGTERM, handle)

@@ -45,6 +45,12 @@ class Interrupted(KeyboardInterrupt):
   """A SIGTERM (what batch schedulers and `kill` send) outside a loop that handles it
   itself, raised like a Ctrl-C's KeyboardInterrupt (`launch/cli.py` installs the handler).
 
+  A signal handler raises wherever the main thread is, and C code that clears errors (a
+  numpy comparison, for one) can swallow it there; so the signal is also recorded
+  (`note_interrupt`), and the places where a command's work stops cleanly (a piece of
+  progress done, an output about to be renamed into place) raise it again
+  (`raise_if_interrupted`).
+
   Attributes:
     signal_name: e.g. "SIGTERM".
     kept: what the interrupted write left, set on the way out (`outputs.building`),
@@ -55,6 +61,21 @@ class Interrupted(KeyboardInterrupt):
     super().__init__(signal_name)
     self.signal_name = signal_name
     self.kept = None
+
+
+_PENDING: list[str] = []  # the signal received, until the process ends
+
+
+def note_interrupt(signal_name: str):
+  """Records that `signal_name` asked this process to stop (see `Interrupted`)."""
+  if not _PENDING:
+    _PENDING.append(signal_name)
+
+
+def raise_if_interrupted():
+  """Raises `Interrupted` if a signal asked this process to stop (`note_interrupt`)."""
+  if _PENDING:
+    raise Interrupted(_PENDING[0])
 
 
 class StoreLacks(UserError):

@@ -26,7 +26,7 @@ import urllib.parse
 
 from etils import epath
 
-from wnscale.errors import UserError
+from wnscale.errors import UserError, raise_if_interrupted
 
 # URL schemes with a tensorstore kvstore driver of their own.
 _KVSTORE_DRIVERS = {"gs": "gcs", "s3": "s3"}
@@ -225,6 +225,7 @@ def building(path: str, replace: bool = False, resumable: bool = False):
   partial = partial_path(path) if resumable else f"{path}.partial-{os.getpid()}"
   try:
     yield partial
+    raise_if_interrupted()  # never renamed into place after a SIGTERM
     # A directory can be renamed onto an empty one only: a full one is moved aside first.
     if replace and os.path.isdir(path) and os.listdir(path):
       replaced = f"{path}.replaced-{os.getpid()}"

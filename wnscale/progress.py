@@ -19,6 +19,8 @@ import logging
 import sys
 import time
 
+from wnscale.errors import raise_if_interrupted
+
 BAR_WIDTH = 24
 REDRAW_SECONDS = 0.1
 LOG_FRACTIONS = 10  # log lines per store write, off a terminal
@@ -86,6 +88,7 @@ class WriteProgress(_Bar):
 
   def done(self, times_done: int):
     """`times_done` time steps (counted from the first) are written."""
+    raise_if_interrupted()  # a SIGTERM stops the write here (`errors.Interrupted`)
     self.times_done = times_done
     if self.on_terminal:
       self.draw(times_done, self.num_times, self._line(), now=times_done == self.num_times)
@@ -149,6 +152,7 @@ class TaskProgress(_Bar):
 
   def done(self, count: int | None = None, label: str = ""):
     """One more piece done (or `count` in all); `label` names it, e.g. its initial time."""
+    raise_if_interrupted()  # a SIGTERM stops the work here (`errors.Interrupted`)
     self.count = self.count + 1 if count is None else count
     if self.on_terminal:
       self.draw(self.count, self.total, self._line(label), now=self.count == self.total)
