@@ -250,7 +250,7 @@ def test_stores_that_do_not_fit_are_one_line_before_any_compile(tmp_path, stores
                        "store of states over time"]),
       "units": (_copy_with(good, tmp_path / "units.zarr", lambda d: d.assign(
           mean_sea_level_pressure=d.mean_sea_level_pressure.assign_attrs(units="K"))),
-                ["Variable 'mean_sea_level_pressure' of store", "is in 'K' (its `units` "
+                ["Variable 'mean_sea_level_pressure' of store", "is in 'K' (its units "
                  "attribute); wnscale expects 'Pa'"]),
   }
   damaged = str(tmp_path / "damaged.zarr")

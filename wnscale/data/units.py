@@ -57,7 +57,7 @@ def conversion(name: str, store_units, expected: str, path: str
     return None
   if (have, want) in _AFFINE:
     return _AFFINE[have, want]
-  raise UserError(f"Variable {name!r} of store {path} is in {store_units!r} (its `units` "
+  raise UserError(f"Variable {name!r} of store {path} is in {store_units!r} (its units "
                   f"attribute); wnscale expects {expected!r} (its statistics and the model's "
                   f"outputs are in {expected}): convert the store's {name} to {expected}, or "
-                  "correct its `units` attribute if it is wrong.")
+                  "correct its units attribute if it is wrong.")
