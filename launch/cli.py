@@ -140,6 +140,12 @@ def define_config(what_for: str = ""):
 _CONFIG_FLAG = []  # not empty once this launcher has a wnscale `--config` (define_config)
 
 
+def config_name() -> str:
+  """The name of the `--config` file, without its folder and `.py` (e.g. "tiny")."""
+  filename = config_flags.get_config_filename(flags.FLAGS["config"]).split(":")[0]
+  return os.path.splitext(os.path.basename(filename))[0]
+
+
 def _has_config() -> bool:
   """Whether `--config` is a wnscale config file (another launcher's may be another file)."""
   return bool(_CONFIG_FLAG)

@@ -20,21 +20,27 @@ cell's) and the maps are triangulated on longitude and latitude.
 Writes DIR/forecast.nc (and persistence.nc, climatology.nc, baseline.nc) in
 WeatherBench2's results layout, DIR/metrics.json, and PNG figures (score curves,
 a scorecard with a baseline, maps with --maps), then prints the headline scores;
-results already in DIR are replaced only with --overwrite (`wnscale.outputs`).
+results already in DIR are replaced only with --overwrite (`wnscale.outputs`). A forecast
+of a training run that has trackers (`train.trackers`) gets the figures and metrics.json
+added to its tracked runs, under evaluation/<DIR's name>.
 With --observations instead of --truth: DIR/<group>.nc, grid_interpolated.nc,
 metrics.json and stations_rmse.png (`wnscale.evaluation.stations`), and a table of
 RMSE, bias and MAE per variable and lead time, both forecasts side by side.
 """
+
+import os
 
 from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 
 from wnscale import outputs
-from wnscale.errors import ArgumentError
+from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import results as results_lib
 from wnscale.evaluation import stations
 from wnscale.evaluation.scoring import HEADLINE_MAPS, evaluate
+from wnscale.inference import forecast_store
+from wnscale.tracking import run as tracking
 
 _FORECAST = flags.DEFINE_string("forecast", None, "Forecast zarr store.")
 _TRUTH = flags.DEFINE_string("truth", None, "Truth store: WeatherBench2's layout (a regular "
@@ -80,6 +86,7 @@ def main(argv):
   print("Wrote:")
   for path in result["files"]:
     print(f"  {path}")
+  _add_to_trackers(result["files"])
   print(f"Headline scores ({result['results']['forecast'].attrs['num_initial_times']} initial "
         "times; all scores in metrics.json):")
   print(results_lib.headline_table(result["results"]))
@@ -100,10 +107,30 @@ def _score_stations():
   print("Wrote:")
   for path in result["files"]:
     print(f"  {path}")
+  _add_to_trackers(result["files"])
   first = next(iter(result["results"].values()))
   print(f"Scores at {first.attrs['num_stations']} stations ({first.attrs['num_initial_times']} "
         "initial times; missing observations skipped; all lead times in metrics.json):")
   print(stations.headline_table(result["results"]))
+
+
+def _add_to_trackers(files):
+  """The figures and metrics.json, added to the tracked runs (`train.trackers`) of the
+  training run whose forecast was scored, under `evaluation/<the --out directory's name>`,
+  at the forecast's checkpoint step; nothing for another model's forecast."""
+  try:
+    settings = forecast_store.recorded_settings(_FORECAST.value, "forecast")
+  except UserError:  # not a forecast of wnscale's: no run to add to
+    return
+  if not settings:
+    return
+  folder = f"evaluation/{os.path.basename(os.path.normpath(_OUT.value))}"
+  added = tracking.attach(settings["workdir"], [path for path in files
+                                                if path.endswith((".png", ".json"))],
+                          folder, settings.get("checkpoint_step"))
+  if added:
+    print(f"Added the figures and metrics.json to the training run's trackers "
+          f"({', '.join(added)}) under {folder}.")
 
 
 if __name__ == "__main__":

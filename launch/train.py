@@ -28,7 +28,7 @@ def main(argv):
   from wnscale.train.checkpoint import ParamsOnlyError
   from wnscale.train.trainer import train_and_evaluate
   try:
-    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value, name=cli.config_name())
   except ParamsOnlyError as error:
     raise UserError(f"Checkpoint {error.checkpoint} holds model parameters only (an imported "
                     "model, not a training run): start a new run from them with "

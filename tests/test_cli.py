@@ -452,7 +452,7 @@ def _tensorboard_tags(workdir) -> set[str]:
     while offset < len(data):
       (length,) = struct.unpack("<Q", data[offset:offset + 8])
       event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-      tags.update(value.tag for value in event.summary.value)
+      tags.update(value.tag for value in event.summary.value if value.HasField("simple_value"))
       offset += 12 + length + 4
   return tags
 

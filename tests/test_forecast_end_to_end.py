@@ -220,6 +220,9 @@ def test_evaluate_equals_an_independent_computation(reference, trained, tmp_path
   for name in ("forecast.nc", "persistence.nc", "climatology.nc", "metrics.json",
                "scores.png", "map_geopotential500_6h.png", "map_temperature850_48h.png"):
     assert os.path.getsize(os.path.join(out, name)) > 0, name
+  # The training run's tracker (train.trackers: TensorBoard) has the figures too.
+  assert ("Added the figures and metrics.json to the training run's trackers (tensorboard) "
+          "under evaluation/evaluation.") in printed
   # It ends with the headline scores: RMSE of the forecast, persistence and climatology and
   # the forecast's ACC, at the first, a middle and the last lead time, as written.
   table = printed.split("Headline scores (18 initial times; all scores in metrics.json):\n")[1]

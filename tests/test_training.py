@@ -21,6 +21,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 
 pytestmark = pytest.mark.slow  # real training runs, in real processes
 
@@ -110,7 +111,9 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   SIGTERM would, e.g. a preemption notice to one host), and every step's loss is that
   of the 1-process run."""
   workdir = str(tmp_path)
-  cluster = Started(train_command(workdir, devices=4, data=1, graph=4, processes=2))
+  trackers = ["--config.train.trackers=('tensorboard', 'mlflow')"]
+  cluster = Started(train_command(workdir, devices=4, data=1, graph=4, processes=2,
+                                  extra=trackers))
   try:
     wait_for_step(cluster, workdir, 3)
     os.kill(cluster_process(cluster.process.pid, 1), signal.SIGINT)  # not the one that logs
@@ -129,7 +132,7 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   assert max(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
              if s.isdigit()) == stopped
 
-  result = run(workdir, devices=4, data=1, graph=4, processes=2)
+  result = run(workdir, devices=4, data=1, graph=4, processes=2, extra=trackers)
   # launch.local_cluster: every line names its process; Gloo's connection chatter is left out.
   lines = (result.stdout + result.stderr).splitlines()
   assert lines and all(line.startswith(("[p0] ", "[p1] ")) for line in lines)
@@ -141,6 +144,13 @@ def test_two_processes_match_one_and_a_ctrl_c_to_one_stops_both_at_one_step(
   # Checkpoints on schedule and at the stop, the newest 3 kept (train.max_checkpoints).
   kept = sorted({4, 8, STEPS, stopped})[-3:]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == sorted(map(str, kept))
+  # Process 0 alone logged to the trackers: one MLflow run, each step once.
+  client = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow/mlflow.db")
+  runs = client.search_runs([client.get_experiment_by_name(os.path.basename(workdir))
+                             .experiment_id])
+  assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+  history = client.get_metric_history(runs[0].info.run_id, "loss")
+  assert sorted(metric.step for metric in history) == sorted(got)
 
 
 def _prefetch_threads() -> list[threading.Thread]:

@@ -224,6 +224,11 @@ def default_config() -> ml_collections.ConfigDict:
   # launch.predict_example use it (--params=raw: the raw parameters); 0: none
   t.freeze = ()  # parameter-path prefixes never updated and given no optimizer state, e.g.
   # ("grid_to_mesh", "mesh_to_grid") or ("processor",) (dotted paths: "processor.layers_0")
+  t.trackers = ("tensorboard",)  # where the run's metrics, config and tags also go, besides
+  # metrics.jsonl (wnscale.tracking): any of "tensorboard" (events under tensorboard/),
+  # "mlflow" (MLFLOW_TRACKING_URI, else a SQLite store under mlflow/; pip install
+  # 'wnscale[mlflow]'), "wandb" (Weights & Biases: WANDB_MODE, WANDB_PROJECT; offline under
+  # wandb/ without credentials; pip install 'wnscale[wandb]'); (): metrics.jsonl alone
   return c
 
 
@@ -451,7 +456,8 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   from wnscale.model.mesh_transformer import ATTENTIONS  # noqa: PLC0415
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
-  m, d = config.model, config.data
+  from wnscale.tracking import registry as tracking_registry  # noqa: PLC0415
+  m, d, t = config.model, config.data, config.train
   if m.remat_policy != "auto":
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
@@ -462,6 +468,8 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   _require(m.transformer_attention != "splash" or config.mesh.graph in (1, -1),
            f"model.transformer_attention='splash' runs with the graph on one device, not "
            f"mesh.graph={config.mesh.graph} (\"auto\" computes it from the edges there)")
+  problem = tracking_registry.check(t.trackers)
+  _require(problem is None, problem)
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
   problem = PROCESSORS[m.processor].check(specs.model)

@@ -288,6 +288,7 @@ class TrainSpec:
   phase_learning_rates: tuple[tuple[float, int, float], ...]
   ema_decay: float
   freeze: tuple[str, ...]
+  trackers: tuple[str, ...]
 
   def __post_init__(self):  # the config's entries, parsed
     object.__setattr__(self, "variable_loss_weights", tuple(

@@ -161,7 +161,7 @@ def check_expressible(config: ml_collections.ConfigDict, model_config: dict,
     for key in sorted(config[section], key=lambda key: key not in _WHY):
       if key in NOT_EXPORTED[section]:
         continue
-      value, expected = _plain(config[section][key]), _plain(mapped[section][key])
+      value, expected = plain(config[section][key]), plain(mapped[section][key])
       if value != expected:
         raise UserError(
             f"GraphCast's model cannot express this run's {section}.{key}={value!r}: "
@@ -182,10 +182,10 @@ _WHY = {
 }
 
 
-def _plain(value):
+def plain(value):
   """Lists as tuples, recursively (a config read from JSON holds lists)."""
   if isinstance(value, (list, tuple)):
-    return tuple(_plain(item) for item in value)
+    return tuple(plain(item) for item in value)
   return value
 
 

@@ -38,6 +38,7 @@ from wnscale import specs as specs_lib
 from wnscale.data import netcdf, normalization, resolve
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
+from wnscale.interop import imported_origin
 from wnscale.interop.graphcast_import import REMAINDER
 from wnscale.model import setup
 from wnscale.train import checkpoint as checkpoint_lib
@@ -46,8 +47,6 @@ from wnscale.train.run_directory import RunDirectory
 # What `--stats_dir` writes.
 STATS = outputs.Kind("a directory of GraphCast's statistics files",
                      tuple(normalization.GRAPHCAST_FILES.values()))
-# How many `train.init_from` links are followed back to an import.
-_MAX_ANCESTORS = 32
 
 
 def export_graphcast(workdir: str, out: str, step: int | None = None,
@@ -79,7 +78,9 @@ def export_graphcast(workdir: str, out: str, step: int | None = None,
   if stats_dir:
     reads = (config.data.stats_path,) if config.data.stats_path else ()
     outputs.check(stats_dir, STATS, argument="stats_dir", overwrite=overwrite, reads=reads)
-  imported, origin = _import_of(run, config)
+  origin = imported_origin.find(run, config, REMAINDER)
+  imported = (graphcast_checkpoint.read_checkpoint(paths.join(origin.path, REMAINDER))
+              if origin is not None else None)
   if imported is not None and _describes(config, imported):
     model_config, task_config = imported.model_config, imported.task_config
 
@@ -91,14 +92,8 @@ def export_graphcast(workdir: str, out: str, step: int | None = None,
   tree = jax.tree.map(np.asarray, nnx.to_pure_dict(restored))
   exported = graphcast_params.export_params(
       tree, task_config, config, imported.params if imported is not None else None)
-  if origin == run.path:  # the import itself: the file it came from
-    description, license_text = imported.description, imported.license
-  else:
-    description = (f"Exported by wnscale from the run {run.path}, step {restored_step}"
-                   f"{f' ({params} parameters)' if params else ''}.")
-    if imported is not None:
-      description += f" Started from {origin}, imported from: {imported.description}"
-    license_text = imported.license if imported is not None else ""
+  description, license_text = imported_origin.texts(run, origin, imported, restored_step,
+                                                     params)
   result = graphcast_checkpoint.GraphCastCheckpoint(exported, model_config, task_config,
                                                     description, license_text)
   data = graphcast_checkpoint.to_bytes(result)
@@ -113,27 +108,6 @@ def export_graphcast(workdir: str, out: str, step: int | None = None,
   logging.info("Exported %s (step %d) to %s: %d parameters.", run.path, restored_step, out,
                sum(leaf.size for module in exported.values() for leaf in module.values()))
   return result
-
-
-def _import_of(run: RunDirectory, config: ml_collections.ConfigDict):
-  """`(remainder checkpoint, run holding it)` of the import `run` is, or started from
-  (`train.init_from`, followed back); `(None, None)` if none is found."""
-  seen = []
-  while len(seen) < _MAX_ANCESTORS and run.path not in seen:
-    seen.append(run.path)
-    file = paths.join(run.path, REMAINDER)
-    if paths.exists(file):
-      return graphcast_checkpoint.read_checkpoint(file), run.path
-    parent = config.train.init_from
-    if not parent:
-      break
-    run = RunDirectory(parent)
-    if not run.has_config():
-      logging.info("The run started from %s, which is no longer there: GraphCast's "
-                   "parameters wnscale does not hold are written as zeros.", parent)
-      break
-    config = run.read_config()
-  return None, None
 
 
 def _describes(config: ml_collections.ConfigDict,

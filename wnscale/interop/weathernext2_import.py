@@ -6,9 +6,10 @@ checkpoints are) and a fiddle JSON config naming the network, its task and
 its normalization statistics. The run directory written here holds what
 `import_graphcast`'s does (see there): `config.json` (the config derived by
 `weathernext2_config`), `stats/` (GraphCast's three files, from the config's
-statistics or from `stats_dir`) and `checkpoints/0` (the converted
-parameters). Written whole or not at all; an existing run is replaced only
-when asked.
+statistics or from `stats_dir`), `checkpoints/0` (the converted parameters), and
+what an export writes back (`REMAINDER`: the decoder's unused mesh MLP, the
+description and license; `CONFIG`: the config file). Written whole or not at all;
+an existing run is replaced only when asked.
 
 Statistics. WeatherNext 2 leaves a variable that its statistics lack as it is
 (`normalization.normalize` skips it: its cyclone targets); the run's
@@ -17,6 +18,7 @@ statistics give such a variable mean 0 and std 1, the same function.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -30,9 +32,15 @@ from wnscale import specs as specs_lib
 from wnscale.data import netcdf, normalization
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
-from wnscale.interop import fiddle_json, graphcast_checkpoint, graphcast_import
-from wnscale.interop import weathernext2_config, weathernext2_params
+from wnscale.interop import fiddle_json, graphcast_import
+from wnscale.interop import weathernext2_checkpoint, weathernext2_config, weathernext2_params
 from wnscale.train import run_directory
+
+# What an import keeps for an export to write back (`weathernext2_export`): the parameters
+# wnscale's model does not hold and the checkpoint's texts (a checkpoint file of them), and
+# the config file as it was.
+REMAINDER = "weathernext2_remainder.npz"
+CONFIG = "weathernext2_config.json"
 
 
 def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
@@ -63,20 +71,19 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
   config_path = config_file(config_path)
   predictor = fiddle_json.load(config_path)
   config = weathernext2_config.wnscale_config(predictor, paths.join(out, "stats"))
-  tree = graphcast_checkpoint.read_tree(checkpoint_path, "WeatherNext 2's checkpoint format")
-  if "params" not in tree:
-    raise UserError(f"{checkpoint_path} is not a WeatherNext 2 checkpoint: it has no params "
-                    f"(it has {sorted(tree)})")
-  params = weathernext2_params.convert_params(tree["params"], config)
+  checkpoint = weathernext2_checkpoint.read_checkpoint(checkpoint_path)
+  params = weathernext2_params.convert_params(checkpoint.params, config)
   files = _statistics(predictor, stats_dir, specs_lib.from_config(config).data)
+  kept = weathernext2_checkpoint.to_bytes(dataclasses.replace(
+      checkpoint, params=weathernext2_params.remainder(checkpoint.params)))
   graphcast_import.write_run(
       out, overwrite, config, params,
       {name: netcdf.to_bytes(files[statistic])
        for statistic, name in normalization.GRAPHCAST_FILES.items()},
       {"imported_from": paths.normalize(checkpoint_path),
        "config_from": paths.normalize(config_path),
-       "description": str(graphcast_checkpoint.to_python(tree.get("description", ""))),
-       "license": str(graphcast_checkpoint.to_python(tree.get("license", "")))})
+       "description": checkpoint.description, "license": checkpoint.license},
+      files={REMAINDER: kept, CONFIG: paths.read_bytes(paths.normalize(config_path))})
   return config
 
 

@@ -1,4 +1,4 @@
-"""WeatherNext 2's parameters (Haiku modules of `ForwardPass`) as wnscale's.
+"""WeatherNext 2's parameters (Haiku modules of `ForwardPass`) as wnscale's, and back.
 
 Every module is under `multimodality_forward/`. The encoders take their inputs
 through `split_input_matmul`: one weight per input array, named after it,
@@ -33,6 +33,8 @@ weights are stacked in wnscale's channel order into one kernel. The decoder's
 
 A `DenseLayer`'s `mlp/linear_1` is an MLP's `out`, its
 `normalization/linear_norm_conditioning/linear` the norm's `conditioning`.
+`convert_params` reads a checkpoint's modules into wnscale's tree; `export_params` writes
+them back (the split weights named as WeatherNext 2 names them, from the config).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ from wnscale.model import setup
 ROOT = "multimodality_forward/"
 # wnscale's node features (`graphs.features.node_features`) by WeatherNext 2's names.
 NODE_FEATURES = ("sin_lat", "cos_lon", "sin_lon")
+EDGE_FEATURES = ("distance", "rel_x", "rel_y", "rel_z")
+# The order of WeatherNext 2's rows of its `spatial_feature=...` weights.
+SPATIAL_ORDER = ("sin_lat", "sin_lon", "cos_lon") + EDGE_FEATURES
 UNUSED = tuple(f"{ROOT}mesh_to_grid_gnn/deep_gnn/processor_nodes_0_mesh_nodes/{part}"
                for part in ("mlp/linear_0", "mlp/linear_1",
                             "normalization/linear_norm_conditioning/linear"))
@@ -166,6 +171,25 @@ def _node_feature_keys() -> list[tuple]:
   return [(f"spatial:{feature}", None, None) for feature in NODE_FEATURES]
 
 
+def _edge_feature_keys() -> list[tuple]:
+  return [(f"spatial:{feature}", None, None) for feature in EDGE_FEATURES]
+
+
+def _mesh_keys(d: specs_lib.DataSpec) -> list[tuple]:
+  """The rows of wnscale's mesh embedder: the node features, the global forcings at each
+  input time and the target time."""
+  steps = list(range(1 - d.input_steps, 1)) + [1]
+  return _node_feature_keys() + [(f"{'forcing' if step == 1 else 'input'}_{name}", step, None)
+                                 for step in steps for name in d.global_forcings]
+
+
+def _output_keys(d: specs_lib.DataSpec) -> list[tuple]:
+  """The columns of wnscale's output layer: each output at the target time (and level)."""
+  return [key for name in d.outputs for key in (
+      [(name, 1, level) for level in d.pressure_levels] if _is_atmospheric(name)
+      else [(name, 1, None)])]
+
+
 def _is_atmospheric(name: str) -> bool:
   return variables_lib.is_atmospheric(name.removeprefix("input_").removeprefix(
       "forcing_"))
@@ -188,14 +212,7 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
   seconds = d.time_step_hours * 3600
   grid_rows = modules.split_rows("grid_encoder/split_input_matmul", seconds)
   mesh_rows = modules.split_rows("mesh_encoder/split_input_matmul", seconds)
-  steps = list(range(1 - d.input_steps, 1)) + [1]
-  mesh_keys = _node_feature_keys() + [
-      (f"{'forcing' if step == 1 else 'input'}_{name}", step, None)
-      for step in steps for name in d.global_forcings]
   noise_rows = modules.split_rows("global_norm_conditioning_encoder/split_input_matmul", seconds)
-  output_keys = [key for name in d.outputs for key in (
-      [(name, 1, level) for level in d.pressure_levels] if _is_atmospheric(name)
-      else [(name, 1, None)])]
   decoder_columns = {"w": {}, "b": {}}
   decoder = ROOT + "grid_decoder/split_output_linear"
   if decoder not in params:
@@ -210,7 +227,7 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
       "grid_embedder": modules.dense(
           "grid_encoder/shared_dense", _stacked(grid_rows, input_keys(specs), "grid_encoder")),
       "mesh_embedder": modules.dense(
-          "mesh_encoder/shared_dense", _stacked(mesh_rows, mesh_keys, "mesh_encoder")),
+          "mesh_encoder/shared_dense", _stacked(mesh_rows, _mesh_keys(d), "mesh_encoder")),
       "noise_embedding": {"kernel": _stacked(
           noise_rows, [("noise", None, c) for c in range(m.noise_channels)],
           "global_norm_conditioning_encoder")},
@@ -224,8 +241,8 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
                                    receivers=True, node_set="point_nodes", seconds=seconds),
       "output_mlp": {
           "hidden": modules.linear("grid_decoder/shared_dense/mlp/linear_0"),
-          "out": {"kernel": _stacked(decoder_columns["w"], output_keys, "grid_decoder").T,
-                  "bias": _stacked(decoder_columns["b"], output_keys, "grid_decoder")}},
+          "out": {"kernel": _stacked(decoder_columns["w"], _output_keys(d), "grid_decoder").T,
+                  "bias": _stacked(decoder_columns["b"], _output_keys(d), "grid_decoder")}},
   }
   unread = sorted(set(params) - modules.read - set(UNUSED))
   if unread:
@@ -241,8 +258,7 @@ def _edges(modules: _Modules, gnn: str, edge_set: str, *, receivers: bool, node_
            seconds: int) -> dict:
   """An encoder's or decoder's edges: the edge embedder and the interaction step."""
   edge_rows = modules.split_rows(f"{gnn}/edge_encoder/split_input_matmul", seconds)
-  edge_keys = [(f"spatial:{feature}", None, None)
-               for feature in ("distance", "rel_x", "rel_y", "rel_z")]
+  edge_keys = _edge_feature_keys()
   step = f"{gnn}/deep_gnn/processor_edges_0_"
   interaction = {
       "edge_mlp": modules.dense(f"{step}{edge_set}",
@@ -279,3 +295,150 @@ def _transformer(modules: _Modules, layers: int) -> dict:
   return {"layers": graphcast_params.stack([block(i) for i in range(layers)]),
           "final_norm": {"conditioning": modules.linear(
               f"{root}transformer_final_norm_conditioning/linear")}}
+
+
+def remainder(params: dict) -> dict:
+  """The modules of a checkpoint's `params` that wnscale's model does not hold (`UNUSED`),
+  for `export_params` to write back."""
+  return {module: dict(params[module]) for module in UNUSED if module in params}
+
+
+def export_params(params: dict, config: ml_collections.ConfigDict,
+                  kept: dict | None = None) -> dict:
+  """WeatherNext 2's `{haiku module: {leaf: float32 array}}` of wnscale's parameters: the
+  inverse of `convert_params` (the stacked first layers split back into one weight per
+  input array, k and v apart, the transformer's blocks one module each).
+
+  Args:
+    params: wnscale's parameters (`nnx.to_pure_dict` of the model's), host arrays.
+    config: the run's config (a `weathernext2_predictor.check_expressible` one).
+    kept: the import's `remainder` (the decoder's unused mesh MLP), or None: zeros there,
+      which change nothing the model computes.
+  """
+  specs = specs_lib.from_config(config)
+  d, m = specs.data, specs.model
+  tree = _float32(params)
+  seconds = d.time_step_hours * 3600
+  out = {}
+
+  def put(module: str, leaves: dict):
+    out[ROOT + module] = leaves
+
+  def dense(module: str, node: dict, split: bool = False):
+    """An MLP as a `DenseLayer`; `split`: its first kernel is written elsewhere."""
+    put(f"{module}/mlp/linear_0", {"b": node["hidden"]["bias"]} | (
+        {} if split else {"w": node["hidden"]["kernel"]}))
+    put(f"{module}/mlp/linear_1", _linear(node["out"]))
+    put(f"{module}/normalization/linear_norm_conditioning/linear",
+        _linear(node["norm"]["conditioning"]))
+
+  def split_input(module: str, node: dict, keys: list[tuple]):
+    put(f"{module}/split_input_matmul", {leaf: node["hidden"]["kernel"][rows]
+                                         for leaf, rows in _split_leaves(keys, seconds)})
+    dense(f"{module}/shared_dense", node, split=True)
+
+  split_input("grid_encoder", tree["grid_embedder"], input_keys(specs))
+  split_input("mesh_encoder", tree["mesh_embedder"], _mesh_keys(d))
+  put("global_norm_conditioning_encoder/split_input_matmul", {
+      leaf: tree["noise_embedding"]["kernel"][rows] for leaf, rows in _split_leaves(
+          [("noise", None, c) for c in range(m.noise_channels)], seconds)})
+  for gnn, edge_set, node_set, node in (
+      ("grid_to_mesh_gnn", "points_to_mesh_nodes", "mesh_nodes", tree["grid_to_mesh_edges"]),
+      ("mesh_to_grid_gnn", "mesh_to_points_nodes", "point_nodes", tree["mesh_to_grid_edges"])):
+    split_input(f"{gnn}/edge_encoder", node["embedder"], _edge_feature_keys())
+    step, interaction = f"{gnn}/deep_gnn/processor_edges_0_", node["interaction"]
+    dense(f"{step}{edge_set}", interaction["edge_mlp"], split=True)
+    put(f"{step}edge_{edge_set}", {"w": interaction["edge_mlp"]["hidden"]["kernel"]})
+    for part in ("sender", "receiver"):
+      if f"{part}_projection" in interaction:
+        put(f"{step}{part}_{edge_set}", {"w": interaction[f"{part}_projection"]["kernel"]})
+    dense(f"{gnn}/deep_gnn/processor_nodes_0_{node_set}", interaction["node_mlp"])
+  dense("grid_to_mesh_gnn/deep_gnn/processor_nodes_0_point_nodes",
+        tree["grid_to_mesh_grid_mlp"])
+  _export_transformer(tree["processor"], m.transformer_layers, put)
+  decoder = tree["output_mlp"]
+  put("grid_decoder/shared_dense/mlp/linear_0", _linear(decoder["hidden"]))
+  columns = _split_leaves(_output_keys(d), seconds)
+  put("grid_decoder/split_output_linear", {
+      **{leaf: decoder["out"]["kernel"][:, rows] for leaf, rows in columns},
+      **{"b" + leaf[1:]: decoder["out"]["bias"][rows] for leaf, rows in columns}})
+  latent, noise = m.latent_size, m.noise_channels
+  blank = {UNUSED[0]: {"w": np.zeros((latent, latent), np.float32),
+                       "b": np.zeros(latent, np.float32)},
+           UNUSED[1]: {"w": np.zeros((latent, latent), np.float32),
+                       "b": np.zeros(latent, np.float32)},
+           UNUSED[2]: {"w": np.zeros((noise, 2 * latent), np.float32),
+                       "b": np.zeros(2 * latent, np.float32)}}
+  kept = kept or {}
+  for module, leaves in blank.items():
+    same = module in kept and all(np.shape(kept[module].get(leaf)) == value.shape
+                                  for leaf, value in leaves.items())
+    out[module] = ({leaf: np.asarray(kept[module][leaf], np.float32) for leaf in leaves}
+                   if same else leaves)
+  return out
+
+
+def _export_transformer(processor: dict, layers: int, put):
+  """The stacked blocks, one module each, and the final norm (`_transformer`'s inverse)."""
+  root = "mesh_transformer/transformer/"
+  for i in range(layers):
+    block = {key: _index(value, i) for key, value in processor["layers"].items()}
+    name = f"{root}block_{i:02d}/"
+    put(f"{name}block_{i:02d}_norm_conditioning/linear",
+        _linear(block["attention_norm"]["conditioning"]))
+    put(f"{name}block_{i:02d}_norm_conditioning_1/linear",
+        _linear(block["ffw_norm"]["conditioning"]))
+    put(f"{name}mha_proj_q", {"w": block["query"]["kernel"]})
+    key, value = np.split(block["key_value"]["kernel"], 2, axis=1)
+    put(f"{name}mha_proj_k", {"w": key})
+    put(f"{name}mha_proj_v", {"w": value})
+    for part in ("attention_output", "ffw_up", "ffw_down"):
+      put(name + {"attention_output": "mha_final"}.get(part, part), _linear(block[part]))
+  put(f"{root}transformer_final_norm_conditioning/linear",
+      _linear(processor["final_norm"]["conditioning"]))
+
+
+def _split_leaves(keys: list[tuple], seconds: int) -> list[tuple[str, list[int]]]:
+  """`[(WeatherNext 2's weight name, the rows of `keys` it holds, in its order)]` of a
+  weight split per input (`_channel_keys` read backwards): one per variable and time,
+  its levels in order; one of the spatial features in WeatherNext 2's order; the noise."""
+  groups = {}
+  for row, (name, step, level) in enumerate(keys):
+    if name.startswith("spatial:"):
+      group = ("spatial", None)
+    elif name == "noise":
+      group = ("noise", None)
+    else:
+      group = (name, step)
+    groups.setdefault(group, []).append((row, name, step, level))
+  leaves = []
+  for (name, step), rows in groups.items():
+    if name == "spatial":
+      rows = sorted(rows, key=lambda row: SPATIAL_ORDER.index(row[1].removeprefix("spatial:")))
+      leaf = "spatial_feature=" + ",".join(row[1].removeprefix("spatial:") for row in rows)
+    elif name == "noise":
+      leaf = f"input_noise_noise_channels=range({len(rows)})"
+    else:
+      levels = [row[3] for row in rows if row[3] is not None]
+      leaf = name + (f"_level={','.join(map(str, levels))}" if levels else "") + (
+          f"_time={step * seconds}" if step is not None else "")
+    leaves.append((f"w_{leaf}", [row[0] for row in rows]))
+  return leaves
+
+
+def _linear(node: dict) -> dict:
+  return {"w": node["kernel"]} | ({"b": node["bias"]} if "bias" in node else {})
+
+
+def _index(tree, i: int):
+  """Layer `i` of stacked layers (a pure dict, or an array)."""
+  if isinstance(tree, dict):
+    return {key: _index(value, i) for key, value in tree.items()}
+  return tree[i]
+
+
+def _float32(tree):
+  """A nested dict of arrays as float32 numpy arrays."""
+  if isinstance(tree, dict):
+    return {key: _float32(value) for key, value in tree.items()}
+  return np.asarray(tree, np.float32)

@@ -101,10 +101,10 @@ class NeighbourMask(mask_lib.Mask):
   def __getitem__(self, index) -> np.ndarray:
     """`mask[rows, columns]`, two slices along whole tiles: `[rows, columns]` bool."""
     if len(index) != 2 or not all(isinstance(s, slice) for s in index):
-      raise NotImplementedError(f"NeighbourMask takes two slices, not {index}")
+      raise IndexError(f"NeighbourMask takes two slices, not {index}")
     rows, columns = (range(*s.indices(n)) for s, n in zip(index, self.shape))
     if any(r.step != 1 or r.start % BLOCK or r.stop % BLOCK for r in (rows, columns)):
-      raise NotImplementedError(f"NeighbourMask slices are whole {BLOCK} x {BLOCK} tiles, "
+      raise IndexError(f"NeighbourMask slices are whole {BLOCK} x {BLOCK} tiles, "
                                 f"not {index}")
     tiles = self.tile_index[rows.start // BLOCK:rows.stop // BLOCK,
                             columns.start // BLOCK:columns.stop // BLOCK]

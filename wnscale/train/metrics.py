@@ -1,11 +1,14 @@
-"""Run metrics: `metrics.jsonl` (one JSON object per logged step) and TensorBoard events.
+"""Run metrics: `metrics.jsonl` (one JSON object per logged step), and the run's trackers.
 
-In a local workdir both are written in place. In a bucket (`gs://...`), where
-objects cannot be appended to, both are written to a local staging directory
-and uploaded whole by `sync()`: every `SYNC_EVERY_S` seconds, before each
-checkpoint (so a resumed run finds every line up to its step) and at `close()`.
-(tensorboardX's own gs:// writer is not used: it keeps the whole event file in
-memory and speaks to Cloud Storage through its own client.)
+Every entry goes to `metrics.jsonl` first, then to the run's trackers
+(`wnscale.tracking`: TensorBoard, MLflow, W&B, as `train.trackers` says), which never
+hold the loop nor stop the run.
+
+In a local workdir `metrics.jsonl` is written in place. In a bucket (`gs://...`), where
+objects cannot be appended to, it is written to a local staging directory and uploaded
+whole by `sync()`: every `SYNC_EVERY_S` seconds, before each checkpoint (so a resumed run
+finds every line up to its step) and at `close()`; the trackers write out what they hold
+at the same moments (TensorBoard's events are uploaded then too).
 """
 
 from __future__ import annotations
@@ -19,13 +22,12 @@ import shutil
 import tempfile
 import time
 
-from tensorboardX import SummaryWriter
-
 from wnscale import paths
+from wnscale.tracking.run import TrackedRun
 from wnscale.train import workdir as workdir_lib
 
 SYNC_EVERY_S = 60.0
-# Names TensorBoard keeps as they are; metrics.jsonl uses the same names.
+# Names every tracker keeps as they are (TensorBoard's tags); metrics.jsonl uses the same.
 _TAG = re.compile(r"[\w./-]+")
 
 
@@ -36,17 +38,22 @@ class MetricsWriter:
   after logging steps that its last checkpoint does not include. Nothing else
   is ever removed: when no line is past the step, the file is appended to as
   it is; otherwise it is replaced, whole, by its lines up to the step.
+  `trackers`: the run's trackers, told where the run resumes (`TrackedRun.begin`,
+  with the entries kept) and given every entry written.
   """
 
-  def __init__(self, workdir: str, resume_step: int, enabled: bool = True):
+  def __init__(self, workdir: str, resume_step: int, enabled: bool = True,
+               trackers: TrackedRun | None = None):
     self.enabled = enabled
     if not enabled:
       return
     self.workdir = workdir
+    self.trackers = trackers or TrackedRun([], 0)
     self.remote = paths.is_url(workdir)
     self.local_dir = tempfile.mkdtemp(prefix="wnscale-metrics-") if self.remote else workdir
     self.path = os.path.join(self.local_dir, workdir_lib.METRICS)
     stored = paths.join(workdir, workdir_lib.METRICS)
+    kept = []
     if paths.exists(stored):
       lines = paths.read_text(stored).splitlines(keepends=True)
       kept = [line for line in lines if _step_of(line) <= resume_step]
@@ -55,7 +62,7 @@ class MetricsWriter:
       if kept != lines or self.remote:  # a remote workdir is staged locally
         paths.write_text(self.path, "".join(kept))
     self.file = open(self.path, "a")
-    self.tensorboard = SummaryWriter(os.path.join(self.local_dir, workdir_lib.TENSORBOARD))
+    self.trackers.begin(resume_step, [json.loads(line) for line in kept])
     self._synced = time.monotonic()
 
   def write(self, step: int, values: dict):
@@ -69,34 +76,28 @@ class MetricsWriter:
     with _naming(self.path):
       self.file.write(json.dumps({"step": step, **values}) + "\n")
       self.file.flush()
-    with _naming(os.path.join(self.local_dir, workdir_lib.TENSORBOARD)):
-      for name, value in values.items():
-        if isinstance(value, float) and math.isfinite(value):
-          self.tensorboard.add_scalar(name, value, step)
-      self.tensorboard.flush()
+    self.trackers.log(step, values)
     if time.monotonic() - self._synced > SYNC_EVERY_S:
       self.sync()
 
   def sync(self):
-    """Uploads the staged files to a remote workdir (nothing to do for a local one)."""
-    if not self.enabled or not self.remote:
+    """Has the trackers write out what they hold, and uploads `metrics.jsonl` to a remote
+    workdir (nothing to upload for a local one)."""
+    if not self.enabled:
+      return
+    self.trackers.flush()
+    if not self.remote:
       return
     if not self.file.closed:
       self.file.flush()
-      self.tensorboard.flush()
-    for root, _, files in os.walk(self.local_dir):
-      for name in files:
-        local = os.path.join(root, name)
-        relative = os.path.relpath(local, self.local_dir).replace(os.sep, "/")
-        paths.upload(local, paths.join(self.workdir, relative))
+    paths.upload(self.path, paths.join(self.workdir, workdir_lib.METRICS))
     self._synced = time.monotonic()
 
   def close(self):
     if self.enabled:
       self.file.close()
-      self.tensorboard.close()
+      self.sync()
       if self.remote:
-        self.sync()
         shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
@@ -117,4 +118,3 @@ def _step_of(line: str) -> float:
     return json.loads(line)["step"]
   except (json.JSONDecodeError, KeyError, TypeError):
     return math.inf
-

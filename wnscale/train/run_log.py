@@ -58,12 +58,13 @@ def describe_frozen(counts: dict) -> str:
 
 
 def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train, workdir,
-            checkpoint_steps, store, frozen=None, regional_store: str = ""):
+            checkpoint_steps, store, frozen=None, regional_store: str = "", trackers=()):
   """The end of the run in a few lines: steps, times, final figures, the store, outputs.
 
   `last_logged`: `(step, metrics)` of the last progress line (step None: there was none);
   `last_eval`: `(step, {channel: RMSE})` of the last evaluation, or None; `frozen`:
-  `optimizer.frozen_counts` of `train.freeze`.
+  `optimizer.frozen_counts` of `train.freeze`; `trackers`: where each tracker shows the run
+  (`TrackedRun.descriptions`).
   """
   logging.info("Run ended at step %d of %d (%d trained now) in %.1f s: set-up %.1f s, compile "
                "%.1f s, training %.1f s, evaluation %.1f s, checkpoint saves blocking %.1f s.",
@@ -86,14 +87,13 @@ def summary(start_step, done, wall_seconds, times, last_logged, last_eval, train
                  regional_store)
   else:
     logging.info("Data: the store %s (the truth for launch.evaluate --truth=...).", store)
-  logging.info("Outputs: %s.", _describe_outputs(workdir, checkpoint_steps))
+  logging.info("Outputs: %s.", _describe_outputs(workdir, checkpoint_steps, trackers))
 
 
-def _describe_outputs(workdir: str, checkpoint_steps) -> str:
+def _describe_outputs(workdir: str, checkpoint_steps, trackers) -> str:
   """Where every output of a run is."""
   run = RunDirectory(workdir)
   steps = ", ".join(str(step) for step in sorted(checkpoint_steps)) or "none"
-  metrics, tensorboard = (paths.join(workdir, name) for name in (workdir_lib.METRICS,
-                                                                  workdir_lib.TENSORBOARD))
-  return (f"config {run.config_path}; metrics {metrics}; TensorBoard {tensorboard}/ "
-          f"(tensorboard --logdir {workdir}); checkpoints {run.checkpoints}/ (steps {steps})")
+  return "; ".join([f"config {run.config_path}",
+                    f"metrics {paths.join(workdir, workdir_lib.METRICS)}", *trackers,
+                    f"checkpoints {run.checkpoints}/ (steps {steps})"])

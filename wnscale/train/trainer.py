@@ -59,6 +59,7 @@ from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
+from wnscale.tracking.run import TrackedRun, run_tags
 from wnscale.train import checkpoint as checkpoint_lib
 from wnscale.train import curriculum
 from wnscale.train import evaluation, loop_time, optimizer as optimizer_lib
@@ -82,8 +83,10 @@ def _check_finite(state):
         "that state. Lower train.learning_rate or check the data for bad values.")
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, name: str = "") -> dict:
   """Trains `config` in `workdir` (a directory or a URL); returns the last logged metrics.
+
+  `name`: the config's name (e.g. its file's), the `model` tag of the run's trackers.
 
   Raises:
     UserError: a mistake in the config or the data; another run holds the workdir;
@@ -104,7 +107,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       return {}
     try:
       with contextlib.ExitStack() as closing:  # whatever is opened, closed however it ends
-        return _train(_set_up(config, run, closing), closing, run_start)
+        # The trackers first: one that cannot be reached stops the run before any work.
+        trackers = TrackedRun.open(config.train.trackers, run.path, run_tags(config, name),
+                                   config.train.steps, enabled=jax.process_index() == 0)
+        closing.push(trackers)  # closed last: FAILED on an error, else by the last step
+        return _train(_set_up(config, run, closing, trackers), closing, run_start)
     except Exception as error:
       if isinstance(error, NoSpaceLeft) or no_space(error) is None:
         raise
@@ -156,6 +163,7 @@ class _Training:
   writer: MetricsWriter
   preemption: interrupts.AgreedStop
   frozen: dict  # `optimizer.frozen_counts` of `train.freeze`
+  trackers: TrackedRun
 
   def start_phase(self, phase: specs_lib.Phase):
     """Reads `phase`'s examples from here on: a pipeline of its target length, continuing
@@ -178,9 +186,11 @@ def _place(layout: ShardedLayout, batch_size: int, rows_per_example: int, dtype,
   return layout.global_batch(local, batch_size * rows_per_example, dtype)
 
 
-def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Training:
-  """Everything `train_and_evaluate` runs once the workdir is locked: the data, the model,
-  the state resumed, the steps; what needs closing is pushed onto `closing`."""
+def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack,
+            trackers: TrackedRun) -> _Training:
+  """Everything `train_and_evaluate` runs once the workdir is locked and the `trackers`
+  opened: the data, the model, the state resumed, the steps; what needs closing is pushed
+  onto `closing`."""
   check_same_data(run, config)
   is_main = jax.process_index() == 0
   mesh = mesh_lib.make_mesh(config.mesh)
@@ -273,8 +283,10 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   if is_main:
     run.write_config(config)
   start_step = int(state.step)
-  writer = MetricsWriter(run.path, resume_step=start_step, enabled=is_main)
+  writer = MetricsWriter(run.path, resume_step=start_step, enabled=is_main, trackers=trackers)
   closing.callback(writer.close)
+  if is_main:
+    trackers.config(json.loads(config.to_json_best_effort()), run.config_path)
 
   train_step = step_lib.make_train_step(
       layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
@@ -291,7 +303,7 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack) -> _Traini
   return _Training(config, run, layout, (device_constants, halo_indices), state, start_step,
                    train_step, evaluator, train_data, prefetch_from(train_data), data_offset,
                    phases, pipeline_at, prefetch_from, num_groups, checkpointer, writer,
-                   preemption, frozen)
+                   preemption, frozen, trackers)
 
 
 def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dict:
@@ -383,7 +395,8 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
                     (last_step, last), last_eval, config.train, t.run.path,
                     t.checkpointer.manager.all_steps(), config.data.path, t.frozen,
-                    regional_store=config.data.regional_path)
+                    regional_store=config.data.regional_path,
+                    trackers=t.trackers.descriptions)
   return last
 
 

@@ -4,7 +4,8 @@ The directory may be a URL (`gs://bucket/run`, `wnscale.paths`).
 
   <workdir>/config.json     the resolved config of the run (`run_directory`)
   <workdir>/metrics.jsonl   one JSON object per logged step (and per evaluation)
-  <workdir>/tensorboard/    TensorBoard events, the same names as metrics.jsonl
+  <workdir>/tensorboard/, mlflow/, wandb/, trackers.json   the trackers' runs
+                            (`wnscale.tracking`, as `train.trackers` says)
   <workdir>/checkpoints/    Orbax checkpoints, one directory per saved step (`run_directory`)
   <workdir>/lock.json       while a run lives: its host, pid, start and heartbeat (`lock`)
 
@@ -35,7 +36,6 @@ from wnscale import outputs, paths
 from wnscale.errors import ArgumentError
 
 METRICS = "metrics.jsonl"
-TENSORBOARD = "tensorboard"
 LOCK = "lock.json"
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
