@@ -225,8 +225,7 @@ def test_a_library_message_is_shown_with_this_launchers_flags():
 
 def test_batch_not_divisible_by_the_data_shards():
   """(The way out of `launch.train` of the mesh case below: checked on the library.)"""
-  mesh = config_lib.default_config().mesh
-  mesh.data = 4
+  mesh = specs_lib.MeshSpec(data=4, graph=1, exchange="all_gather")
   with pytest.raises(UserError, match="train.batch_size=3 is not divisible by the 4 data "
                      "shards"):
     mesh_lib.check_batch_size(mesh_lib.make_mesh(mesh, jax.devices()[:4]), 3)
@@ -235,8 +234,7 @@ def test_batch_not_divisible_by_the_data_shards():
 def test_a_mesh_larger_than_the_devices_suggests_num_cpu_devices(tmp_path):
   assert_user_error(train(tmp_path, "--config.mesh.graph=4"),
                     "1 devices cannot be split into groups of 4", "--num_cpu_devices=4")
-  mesh = config_lib.default_config().mesh
-  mesh.graph = 4
+  mesh = specs_lib.MeshSpec(data=1, graph=4, exchange="all_gather")
   with pytest.raises(UserError, match="`jax_num_cpu_devices=4` gives") as library:
     mesh_lib.mesh_shape(mesh, 1, "cpu")
   assert "--" not in str(library.value)
@@ -358,7 +356,8 @@ def _checkpoint_of_another_model(workdir):
   config.model.latent_size = 16
   _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
   params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  state = initial_state(params, optimizer_lib.make_optimizer(config.train))
+  state = initial_state(params, optimizer_lib.make_optimizer(
+      specs_lib.from_config(config).train))
   saver = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3)
   saver.save(4, state, iter(grain.MapDataset.range(4).to_iter_dataset()),
              {"step": 4, "data_groups": 1, "data_offset": 0})
