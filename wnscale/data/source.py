@@ -63,9 +63,6 @@ class WeatherExampleSource:
     store: the opened `store.WeatherStore`; its `variables` are the output
       variables (`variables` then `target_only_variables`).
     channel_stats: `{"mean", "std", "diff_std"}` `[output channels]` float32.
-    residual_scale: `[output channels]`: what the model's output is scaled by
-      (`model.forecast.one_step`): diff_std / std for the state, 1 for the
-      target-only channels (predicted outright, in units of their std).
     stats: the normalization statistics (`normalization.py` format).
     static_stats: `{"mean", "std"}` `[2]` float32.
     input_scales: `normalization.InputScales` of the forcings and statics.
@@ -170,8 +167,6 @@ class WeatherExampleSource:
     self.channel_stats = normalization.channel_stats(stats, outputs, self.store.levels)
     self.num_state_channels = len(variables_lib.channel_names(self.variables,
                                                               self.store.levels))
-    self.residual_scale = normalization.residual_scale(self.channel_stats,
-                                                       self.num_state_channels)
     self.static_stats = normalization.static_stats(stats)
     self.input_scales = normalization.input_scales(stats, self.forcings, input_normalization,
                                                      self.global_forcings)
