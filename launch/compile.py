@@ -199,7 +199,7 @@ def main(argv):
 
 def _expected_time(data: specs_lib.DataSpec) -> str:
   """How long a compile of a model of `data`'s grid takes, said before it starts (a 0.25
-  deg model's took 10 minutes on a CPU host: long enough to look hung)."""
+  deg model's takes minutes on a CPU host: long enough to look hung)."""
   if data.grid or data.resolution > 2.0:
     return "seconds to a minute"
   return (f"at {data.resolution:g} deg this takes minutes, up to 10 or more; a line "

@@ -12,8 +12,8 @@ Sizes: a node of a triangulated sphere has about `1 + 3k(k + 1)` nodes within
 `k` hops (fewer near the 12 five-neighbour vertices), so the list grows as
 k^2 * nodes: levels 0..6 with k = 32 give 127,019,682 edges, 3,101 per node.
 It is built ring by ring (the nodes exactly j hops away are the neighbours of
-ring j - 1 less rings j - 1 and j - 2), with scipy sparse products, in ~95 s
-and 3.7 GB on 2 CPU cores at that size, and cached on disk (~0.5 GB).
+ring j - 1 less rings j - 1 and j - 2), with scipy sparse products, and cached on
+disk (its time and memory at that size: docs/benchmarks.md, "Graphs").
 """
 
 from __future__ import annotations
