@@ -120,7 +120,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   peaks = {}  # candidate name -> compiled peak bytes (None: the compiler failed), in order
 
   def fits(name):
-    report = problem.compile(candidate_overrides(name))
+    report = problem.compile(candidate_overrides(name), name=name)
     if report.get("compiled", True):
       peaks[name] = report["peak_bytes"]
     else:  # a compiler failure: logged, and the search goes on
