@@ -41,7 +41,6 @@ from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.errors import UserError  # noqa: E402
 from wnscale.planner import accumulation, auto_remat, topology  # noqa: E402
 from wnscale.train import curriculum  # noqa: E402
-from wnscale.progress import long_step  # noqa: E402
 from wnscale.planner.compile import (Problem, batch_per_data_shard,  # noqa: E402
                                      best_setting)
 from wnscale.train.step import lower_train_step  # noqa: E402
@@ -165,10 +164,7 @@ def main(argv):
                                        problem=problem)["name"]]
     for candidate in names:
       overrides = auto_remat.candidate_overrides(candidate) if candidate else {}
-      with long_step(f"Compiling the train step for {target.name} ({graph} graph shard(s), "
-                     f"batch {specs.train.batch_size}, remat "
-                     f"{candidate or specs.model.remat_policy})", _expected_time(specs.data)):
-        report = problem.compile(overrides, breakdown=_BREAKDOWN.value)
+      report = problem.compile(overrides, breakdown=_BREAKDOWN.value, name=candidate)
       if candidate:
         report["candidate"] = candidate
       reports.append(report)
@@ -195,15 +191,6 @@ def main(argv):
               f"train.accumulation_steps={steps} (micro-batches of {per_shard // steps} "
               f"example(s) per data shard; the same gradient): "
               f"--config.train.accumulation_steps={steps}.")
-
-
-def _expected_time(data: specs_lib.DataSpec) -> str:
-  """How long a compile of a model of `data`'s grid takes, said before it starts (a 0.25
-  deg model's takes minutes on a CPU host: long enough to look hung)."""
-  if data.grid or data.resolution > 2.0:
-    return "seconds to a minute"
-  return (f"at {data.resolution:g} deg this takes minutes, up to 10 or more; a line "
-          "follows when it is done")
 
 
 def _print(report, problem, first: bool):

@@ -380,20 +380,41 @@ def test_missing_dates_are_in_no_example_and_statistics_come_from_the_store():
 @pytest.mark.slow
 def test_launch_train_on_an_anemoi_store_as_it_is(tmp_path):
   """`launch.train --config.data.path=STORE`, nothing else about the store: the members
-  store (member 1; its missing date in no example), its grid and member in the log."""
-  result = subprocess.run(
-      [sys.executable, "-m", "launch.train", "--platform=cpu", "--config=configs/tiny.py",
-       f"--config.data.path={_store('anemoi_members')}", "--config.data.member=1",
-       "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-02T06",
-       "--config.data.eval_start=2020-01-01", "--config.data.eval_end=2020-01-02T06",
-       "--config.train.steps=2", "--config.train.warmup_steps=1", "--config.train.eval_every=0",
-       "--config.train.batch_size=1", "--config.model.mesh_levels=0",
-       f"--workdir={tmp_path / 'run'}"],
-      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  log = result.stderr
-  assert "anemoi-datasets layout, member 1 of 2" in log
-  assert "grid regular 45 deg (7 x 8)" in log and "(1 examples)" in log
-  assert "Run ended at step 2 of 2" in log
-  losses = [m["loss"] for m in read_metrics(str(tmp_path / "run")) if "loss" in m]
-  assert losses and np.isfinite(losses).all()
+  store (member 1; its missing date in no example), its grid and member in the log; and,
+  at the same time, the store of one variable per level recorded as surface fields, read
+  on its levels, with a read-only cache directory (a read-only tmpfs): one warning, and
+  the run goes on."""
+  from test_existing_data import tmpfs  # noqa: PLC0415
+
+  def train(store, name, *extra, env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch.train", "--platform=cpu", "--config=configs/tiny.py",
+         f"--config.data.path={_store(store)}", *extra,
+         "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-02T06",
+         "--config.data.eval_start=2020-01-01", "--config.data.eval_end=2020-01-02T06",
+         "--config.train.steps=2", "--config.train.warmup_steps=1",
+         "--config.train.eval_every=0", "--config.train.batch_size=1",
+         "--config.model.mesh_levels=0", f"--workdir={tmp_path / name}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  with tmpfs(tmp_path / "cache", "1m", read_only=True) as cache_dir:
+    started = [train("anemoi_members", "members", "--config.data.member=1", env=process_env()),
+               train("anemoi_levels", "levels", env={**process_env(),
+                                                     "WNSCALE_CACHE_DIR": cache_dir})]
+    try:
+      logs = [process.communicate(timeout=600)[1] for process in started]
+    finally:
+      for process in started:
+        process.kill()
+        process.wait(timeout=30)
+  for process, log in zip(started, logs):
+    assert process.returncode == 0, log[-3000:]
+    assert "Run ended at step 2 of 2" in log
+  members, levels = logs
+  assert "anemoi-datasets layout, member 1 of 2" in members
+  assert "grid regular 45 deg (7 x 8)" in members and "(1 examples)" in members
+  assert levels.count(f"The cache directory {cache_dir} cannot be written (Read-only file "
+                      "system)") == 1, levels[-3000:]
+  for name in ("members", "levels"):
+    losses = [m["loss"] for m in read_metrics(str(tmp_path / name)) if "loss" in m]
+    assert losses and np.isfinite(losses).all()

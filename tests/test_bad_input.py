@@ -36,7 +36,7 @@ from wnscale.inference.forecast import run_forecast
 from wnscale.interop import graphcast_example
 
 from test_cli import TINY, _env, assert_user_error, run, train
-from tiny_runs import RUN_FLAGS, fast_compile_env, process_env
+from tiny_runs import RUN_FLAGS, fast_compile_env, process_env, read_metrics
 
 VARIABLES = tuple(config_lib.default_config().data.variables)
 LEVELS = (500, 850)
@@ -199,6 +199,17 @@ def test_evaluate_messages_name_its_own_flags(tmp_path, stores):
   with pytest.raises(ArgumentError, match=f"^truth={clim}: is a climatology store, not a "
                      "store of states over time"):
     scoring.evaluate(stores["other_forecast"], clim, str(tmp_path / "scores"))
+  # A truth, or a climatology's store, with a time twice: the first one named, not wrong
+  # rows looked up (or a time counted twice).
+  twice = _copy_with(stores["good"], tmp_path / "twice.zarr", lambda d: d.isel(
+      time=[0, 1, 2, 2, *range(3, d.sizes["time"])]))
+  for call in (lambda: scoring.evaluate(stores["other_forecast"], twice,
+                                        str(tmp_path / "scores")),
+               lambda: climatology.compute_climatology(twice, str(tmp_path / "c.zarr"))):
+    with pytest.raises(UserError, match=f"^Times of {twice} are not in order: 2020-01-01 "
+                       r"12:00:00 \(position 3\) is there twice"):
+      call()
+  assert not (tmp_path / "scores").exists() and not (tmp_path / "c.zarr").exists()
 
 
 def test_local_cluster_says_where_its_flags_go():
@@ -237,7 +248,7 @@ def test_stores_that_do_not_fit_are_one_line_before_any_compile(tmp_path, stores
   """Each a real store given to launch.train as data.path: one line naming the store and
   the problem, exit 2, before anything compiles (the damaged chunk: when the statistics
   read it; the gs:// store without a network: in seconds, not after the client's minute of
-  retries). Times out of order or repeated: test_data_store.py."""
+  retries). Times out of order here; repeated, and gaps: test_data_store.py."""
   good = stores["good"]
   cases = {
       "int16": (_copy_with(good, tmp_path / "int16.zarr", lambda d: d.assign(
@@ -248,6 +259,10 @@ def test_stores_that_do_not_fit_are_one_line_before_any_compile(tmp_path, stores
                                                       variables=["2m_temperature"]),
                       ["is a climatology store (launch.make_climatology writes them), not a "
                        "store of states over time"]),
+      "unsorted": (_copy_with(good, tmp_path / "unsorted.zarr", lambda d: d.isel(
+          time=[0, 1, 2, 3, 4, 6, 5, *range(7, d.sizes["time"])])),
+                   ["Times of", "are not in order: 2020-01-02 06:00:00 (position 6) comes "
+                    "after 2020-01-02 12:00:00; sort the store by time"]),
       "units": (_copy_with(good, tmp_path / "units.zarr", lambda d: d.assign(
           mean_sea_level_pressure=d.mean_sea_level_pressure.assign_attrs(units="K"))),
                 ["Variable 'mean_sea_level_pressure' of store", "is in 'K' (its units "
@@ -311,6 +326,34 @@ def test_stores_read_as_they_should_be(tmp_path, stores, caplog):
   np.testing.assert_array_equal(opened.read_state([0, 5]), want)
 
 
+@pytest.mark.slow  # 2 runs of 2 steps
+def test_a_store_in_degc_and_hpa_trains_as_the_same_store_in_k_and_pa(tmp_path, stores):
+  """Against statistics in K and Pa (GraphCast's files, as the issue's run had), a store
+  whose 2 m temperature is in degC and pressure in hPa (said by their units) trains with
+  the losses of the same store in K and Pa: converted on reading, and said, not trained
+  273 K off."""
+  good = stores["good"]
+  celsius = _copy_with(good, tmp_path / "celsius.zarr", lambda d: d.assign(
+      {"2m_temperature": (d["2m_temperature"] - 273.15).assign_attrs(units="degC"),
+       "mean_sea_level_pressure": (d.mean_sea_level_pressure / 100).assign_attrs(
+           units="hPa")}))
+  flags = ["--config.data.stats_path=" + os.path.join(os.path.dirname(__file__), "fixtures",
+                                                       "graphcast_5p625", "stats"),
+           "--config.train.steps=2", "--config.train.eval_every=0",
+           "--config.train.warmup_steps=1", "--config.train.log_every=1"]
+  results = _in_parallel(*(lambda name=name, path=path: train(
+      tmp_path / name, *on(path), *flags, env=_env(**fast_compile_env()))
+                           for name, path in (("kelvin", good), ("celsius", celsius))))
+  for result in results:
+    assert result.returncode == 0, result.stderr[-3000:]
+  losses = [[m["loss"] for m in read_metrics(str(tmp_path / name)) if "loss" in m]
+            for name in ("kelvin", "celsius")]
+  assert len(losses[0]) == 2
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-3)
+  assert f"Store {celsius}: 2m_temperature is in degC (its units attribute): read in K " \
+      "(+273.15)." in results[1].stderr
+
+
 def test_an_unwritable_cache_is_one_warning(tmp_path, stores, monkeypatch, caplog):
   """A read-only cache directory (a read-only tmpfs) with an explicit store: the statistics
   are computed and used, not cached, and said once."""
@@ -343,14 +386,17 @@ def test_a_finished_run_says_so_before_opening_its_store(tmp_path, trained_tiny_
 
 @pytest.mark.slow  # a forecast compiled
 def test_a_forecast_of_a_minus_180_store_is_sorted_and_scores(tmp_path, trained_tiny_run):
-  """Initial conditions from the run's store as -180 .. 180 (columns rotated): the forecast
-  is written with longitude ascending in [0, 360), and evaluate scores it against that
-  -180 .. 180 store (the same grid) without a word about grids; a --data.path without the
+  """Initial conditions from the run's store as -180 .. 180 (columns rotated), its 2 m
+  temperature in degC (said by its units): the forecast is read in K and written with
+  longitude ascending in [0, 360), and evaluate scores it against that -180 .. 180, degC
+  store (the same grid, read in K) without a word about grids; a --data.path without the
   run's variables says which store lacks what."""
   own = json.loads(open(os.path.join(trained_tiny_run, "config.json")).read())["data"]["path"]
   rolled = _copy_with(own, tmp_path / "rolled.zarr", lambda d: d.sel(
       time=slice("2020-01-20", "2020-01-23")).roll(longitude=32, roll_coords=True)
-      .assign_coords(longitude=(d.longitude.roll(longitude=32) + 180) % 360 - 180))
+      .assign_coords(longitude=(d.longitude.roll(longitude=32) + 180) % 360 - 180)
+      .pipe(lambda r: r.assign({"2m_temperature": (r["2m_temperature"] - 273.15)
+                                .assign_attrs(units="degC")})))
   lacking = _copy_with(own, tmp_path / "lacking.zarr", lambda d: d.sel(
       time=slice("2020-01-20", "2020-01-23")).drop_vars("specific_humidity"))
   out = tmp_path / "f.zarr"
@@ -361,12 +407,19 @@ def test_a_forecast_of_a_minus_180_store_is_sorted_and_scores(tmp_path, trained_
       lambda: forecast(trained_tiny_run, tmp_path / "g.zarr", f"--data.path={lacking}",
                        "--init_times=2020-01-21T00", "--lead=12h"))
   assert made.returncode == 0, made.stderr[-3000:]
-  longitude = xr.open_zarr(out).longitude.values
+  converted = f"Store {rolled}: 2m_temperature is in degC (its units attribute): read in K"
+  assert converted in made.stderr, made.stderr[-3000:]
+  written = xr.open_zarr(out)
+  longitude = written.longitude.values
   assert longitude[0] == 0 and np.all(np.diff(longitude) > 0)
+  assert 200 < float(written["2m_temperature"].mean()) < 350  # K, from degC inputs
   scored = run("evaluate", f"--forecast={out}", f"--truth={rolled}",
                f"--out={tmp_path / 'scores'}")
   assert scored.returncode == 0, scored.stderr[-3000:]
-  assert "Grids differ" not in scored.stderr
+  assert "Grids differ" not in scored.stderr and converted in scored.stderr
+  with open(tmp_path / "scores" / "metrics.json") as f:
+    rmse = json.load(f)["scores"]["forecast"]["rmse"]["2m_temperature"]
+  assert max(rmse) < 50, rmse  # against the truth in K, not 273 K off
   assert re.search(rf"Scoring {re.escape(str(out))}: initial times 1/1 \(2020-01-21 00:00\) \| "
                    r"\d+:\d\d:\d\d \| ETA 0:00:00", scored.stderr), scored.stderr[-2000:]
   error = assert_user_error(missing, f"The store {lacking} (--data.path) lacks variable(s) "

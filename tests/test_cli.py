@@ -11,6 +11,7 @@ so that they also show that libtpu prints nothing on a machine without a TPU.
 import importlib.util
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ from tensorboardX.proto import event_pb2
 
 from launch import cli, local_cluster
 from wnscale import config as config_lib
+from wnscale import progress
 from wnscale import specs as specs_lib
 from wnscale.data import resolve, synthetic
 from wnscale.errors import ArgumentError, UserError
@@ -436,6 +438,25 @@ def test_compile_with_its_defaults_rounds_the_batch_and_explains_its_columns():
   legend = result.stdout.split("Columns:\n")[1]
   assert all(f"  {column} " in legend for column in header.split()[:6])
   assert_no_libtpu_noise(result.stderr)
+
+
+def test_a_long_compile_says_how_long_it_has_taken_while_it_lasts(caplog):
+  """A real XLA compile (about a second) under `progress.long_step`, with a line every
+  0.1 s instead of every minute: the lines come while it compiles (the compiler lets go of
+  the GIL), then the one saying it is done."""
+  def chain(x):
+    for i in range(200):
+      x = jnp.sin(x @ x.T + i)
+    return x
+  lowered = jax.jit(chain).lower(jax.ShapeDtypeStruct((32, 32), jnp.float32))
+  with caplog.at_level(logging.INFO), progress.long_step("Compiling chain", "a second",
+                                                         every=0.1):
+    lowered.compile()
+  lines = [record.getMessage() for record in caplog.records]
+  assert lines[0] == "Compiling chain (a second)..."
+  assert re.fullmatch(r"Compiling chain: done in \d+:\d\d:\d\d\.", lines[-1])
+  assert all(re.fullmatch(r"Compiling chain: \d+:\d\d:\d\d so far\.\.\.", line)
+             for line in lines[1:-1]) and len(lines) >= 3, lines
 
 
 # --- A run that says what it does ---------------------------------------------------------

@@ -43,7 +43,9 @@ from wnscale.data import store as store_lib
 from wnscale.data import observations, synthetic
 from wnscale.evaluation import climatology as climatology_lib
 from wnscale.inference import forecast_store
+from wnscale.interop import weathernext2_export
 from wnscale.errors import ArgumentError, UserError
+from wnscale.train import run_directory
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")
 FORECAST = ["--platform=cpu", "--num_cpu_devices=1", "--mesh.graph=1", "--lead=12h"]
@@ -150,6 +152,10 @@ def test_existing_outputs_are_not_replaced_unasked(tmp_path, trained):
       # A forecast continues its own store, and writes into no other.
       (["forecast", f"--workdir={workdir}", f"--out={data}", *FORECAST],
        f"--out={data}: exists and is not a forecast store written by wnscale"),
+      # Nor does a training run continue anything but a run.
+      (["train", "--config=tiny", f"--workdir={clim}"],
+       f"--workdir={clim}: is a dataset store, not a run directory; give a new directory, "
+       "or that of a run, as --workdir."),
   ]
   results = run_together(*(args for args, _ in cases), env=process_env())
   for result, (_, message) in zip(results, cases):
@@ -300,10 +306,11 @@ def forecast_of(path, truth, inits=2, leads=2) -> str:
 
 
 def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
-  """Each kind of store wnscale writes, and results, refused as the --out of a command
-  that writes another kind, with --overwrite: one line saying what is there; nothing
-  changed. (The kinds a launcher writes: dataset, climatology, observation store,
-  evaluation results, run directory; a forecast is continued, never replaced.)"""
+  """Each kind of store wnscale writes, results, a run directory and a WeatherNext 2 export
+  (both hold a config.json) refused as the --out of a command that writes another kind,
+  with --overwrite: one line saying what is there; nothing changed. (The kinds a launcher
+  writes: dataset, climatology, observation store, evaluation results, run directory,
+  WeatherNext 2 export; a forecast is continued, never replaced.)"""
   data = store(tmp_path / "data.zarr", variables=["2m_temperature"])
   clim = climatology_lib.compute_climatology(data, str(tmp_path / "clim.zarr"))
   # A forecast store's creation killed outright (a dead pid): removed when it is made again;
@@ -324,6 +331,13 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   results = tmp_path / "results"
   results.mkdir()
   (results / "metrics.json").write_text("{}")
+  # A run directory and a WeatherNext 2 export both hold a config.json.
+  run_dir, export = tmp_path / "run", tmp_path / "export"
+  for path, names in ((run_dir, ("config.json", "checkpoints/0/x")),
+                      (export, ("config.json", "params.npz"))):
+    for name in names:
+      (path / name).parent.mkdir(parents=True, exist_ok=True)
+      (path / name).write_text("{}")
   everything = checksums(tmp_path)
   make = ["make_dataset", "--end=2020-01-01", "--variables=2m_temperature", "--overwrite"]
   cases = [
@@ -337,6 +351,11 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
         "--overwrite"], data, "an observation store", "it is a dataset store"),
       (["evaluate", f"--forecast={forecast}", f"--truth={data}", f"--out={clim}",
         "--overwrite"], clim, "evaluation results", "it is a climatology store"),
+      (["export_weathernext2", f"--workdir={run_dir}", f"--out={run_dir}", "--overwrite"],
+       run_dir, "a WeatherNext 2 checkpoint directory", "it is a run directory"),
+      (["import_weathernext2", f"--checkpoint={export}/params.npz",
+        f"--config={export}/config.json", f"--out={export}", "--overwrite"], export,
+       "a run directory", "it holds config.json, params.npz"),
   ]
   for result, (_, path, noun, found) in zip(run_together(*(c[0] for c in cases)), cases):
     assert_user_error(result, f"--out={path}: exists and is not {noun} ({found}); "
@@ -344,7 +363,8 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   assert checksums(tmp_path) == everything
   # The library, every pair of kinds: only the same kind is replaced.
   existing = {outputs.DATASET: data, outputs.CLIMATOLOGY: clim, outputs.FORECAST: forecast,
-              outputs.OBSERVATIONS: stations, outputs.RESULTS: str(results)}
+              outputs.OBSERVATIONS: stations, outputs.RESULTS: str(results),
+              run_directory.KIND: str(run_dir), weathernext2_export.KIND: str(export)}
   for kind, path in existing.items():
     assert outputs.identify(path) is kind
     for other in existing:
@@ -400,6 +420,31 @@ def test_sigterm_ends_a_climatology_and_an_evaluation_as_ctrl_c_would(tmp_path):
     for process in started:
       process.kill()
   assert os.listdir(tmp_path / "out") == []
+
+
+def _catches(pid: int, signum: int) -> bool:
+  """Whether process `pid` has a handler of `signum` installed (its SigCgt mask)."""
+  with open(f"/proc/{pid}/status") as f:
+    caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+  return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def test_sigterm_while_a_launcher_starts_is_one_line():
+  """SIGTERM once launch.cli has set its handler, while the launcher still imports its
+  modules (JAX, the planner): one line, exit 143, no traceback."""
+  started = Started([sys.executable, "-m", "launch.compile", "--config=tiny"])
+  try:
+    deadline = time.monotonic() + 60
+    while not _catches(started.process.pid, signal.SIGTERM):
+      assert time.monotonic() < deadline and started.process.poll() is None, started.stderr
+      time.sleep(0.002)
+    started.pause()  # where it is, however fast it imports
+    started.process.send_signal(signal.SIGTERM)
+    started.resume()
+    assert started.finish(timeout=60) == 128 + signal.SIGTERM, started.stderr[-3000:]
+  finally:
+    started.kill()
+  assert started.stderr.strip() == "Interrupted (SIGTERM): nothing was written yet."
 
 
 @pytest.mark.slow

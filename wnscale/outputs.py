@@ -76,6 +76,9 @@ class Kind:
     noun: what it is called in messages, e.g. "a dataset store".
     markers: names inside it that one of this kind holds (any of them); none
       for a file.
+    excludes: names one of this kind never holds: another kind's markers where two kinds
+      share one (a run directory's `config.json` and a WeatherNext 2 export's), so that
+      `overwrite` of one never replaces the other.
     continues: an existing one is continued rather than replaced.
     store: for a zarr store, which kind of store (`store_kind`): "dataset",
       "climatology", "observations" or "forecast"; None: any directory with a marker.
@@ -83,6 +86,7 @@ class Kind:
 
   noun: str
   markers: tuple[str, ...] = ()
+  excludes: tuple[str, ...] = ()
   continues: bool = False
   store: str | None = None
 
@@ -248,6 +252,8 @@ def identify(path: str) -> Kind | None:
 
 def _matches(path: str, kind: Kind, names) -> bool:
   if not any(marker in names for marker in kind.markers):
+    return False
+  if any(name in names for name in kind.excludes):
     return False
   return kind.store is None or store_kind(path, names) == kind.store
 

@@ -7,8 +7,9 @@ a store being written (`WriteProgress`: times, bytes, the time left), a
 forecast (`ForecastProgress`: initial times, lead times, model steps per second),
 and work in countable pieces (`TaskProgress`: an evaluation's initial times, a
 climatology's blocks: pieces done, time so far, the time left). A single long
-piece (a compile) is said before it starts, with how long such a piece takes, and
-after it ends, with how long it took (`long_step`).
+piece (a compile) is said before it starts, with how long such a piece takes, while it
+lasts, with how long it has taken so far, and after it ends, with how long it took
+(`long_step`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import datetime
 import logging
 import sys
+import threading
 import time
 
 from wnscale.errors import raise_if_interrupted
@@ -25,6 +27,7 @@ BAR_WIDTH = 24
 REDRAW_SECONDS = 0.1
 LOG_FRACTIONS = 10  # log lines per store write, off a terminal
 LOG_SECONDS = 10.0  # and one at least this often while work is done
+STILL_SECONDS = 60.0  # a line this often while one long piece (a compile) lasts, off a terminal
 
 
 def size_text(num_bytes: float) -> str:
@@ -165,11 +168,33 @@ class TaskProgress(_Bar):
 
 
 @contextlib.contextmanager
-def long_step(what: str, expected: str = ""):
+def long_step(what: str, expected: str = "", stream=None, every: float = STILL_SECONDS):
   """Says `what` is starting (and `expected`, e.g. "takes minutes at 0.25 deg") before a
-  long piece of work with no steps of its own to count, and how long it took after."""
+  long piece of work with no steps of its own to count, how long it has taken so far
+  while it lasts (redrawn in place on a terminal, else a line every `every` seconds: a
+  compile that takes ten minutes is never silent for more than one), and how long it took
+  after."""
   logging.info("%s%s...", what, f" ({expected})" if expected else "")
-  start = time.perf_counter()
-  yield
-  logging.info("%s: done in %s.", what,
-               datetime.timedelta(seconds=round(time.perf_counter() - start)))
+  clock = _Bar(stream)
+  stop, drawn = threading.Event(), threading.Event()
+
+  def tick():  # the work runs in C++ (a compile) that releases the GIL: a thread can speak
+    while not stop.wait(1.0 if clock.on_terminal else every):
+      so_far = datetime.timedelta(seconds=round(clock.seconds))
+      if clock.on_terminal:
+        clock.stream.write(f"\r{what}: {so_far} so far  ")
+        clock.stream.flush()
+        drawn.set()
+      else:
+        logging.info("%s: %s so far...", what, so_far)
+
+  ticking = threading.Thread(target=tick, name="long_step", daemon=True)
+  ticking.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    ticking.join(timeout=5)
+    if drawn.is_set():
+      clock.close()  # end the line redrawn in place
+  logging.info("%s: done in %s.", what, datetime.timedelta(seconds=round(clock.seconds)))

@@ -499,17 +499,9 @@ def _unit_conversions(store_units_of: dict, names, path: str) -> dict:
     variable = variables_lib.VARIABLES.get(name)
     if variable is None or name not in store_units_of:
       continue
-    store_units = store_units_of[name]
-    scale_offset = units_lib.conversion(name, store_units, variable.units, path)
+    scale_offset = units_lib.read_as(name, store_units_of[name], variable.units, path)
     if scale_offset is not None:
       convert[name] = scale_offset
-      if (path, name) not in _SAID:
-        _SAID.add((path, name))
-        scale, offset = scale_offset
-        how = " + ".join(part for part in (f"x {scale:g}" if scale != 1 else "",
-                                           f"{offset:+g}" if offset else "") if part)
-        logging.warning("Store %s: %s is in %s (its units attribute): read in %s (%s).",
-                        path, name, store_units, variable.units, how.strip())
   return convert
 
 
@@ -790,9 +782,12 @@ def _subsampled_times(dataset, time_step_hours, path):
   return times[::stride].astype("datetime64[ns]"), stride
 
 
-def check_times(times: np.ndarray, path: str, what: str = "Times"):
-  """`times` increase at one step, or a `UserError` naming the first that does not: a
-  duplicate, a time out of order, or a step unlike the first."""
+def check_times(times: np.ndarray, path: str, what: str = "Times", evenly: bool = True):
+  """`times` increase (at one step, if `evenly`), or a `UserError` naming the first that
+  does not: a duplicate, a time out of order, or a step unlike the first. (Times that
+  are not datetimes are the caller's to refuse.)"""
+  if not np.issubdtype(np.asarray(times).dtype, np.datetime64):
+    return
   steps = np.diff(times)
   at = lambda index: pd.Timestamp(times[index])  # noqa: E731
   bad = np.flatnonzero(steps <= np.timedelta64(0))
@@ -801,8 +796,8 @@ def check_times(times: np.ndarray, path: str, what: str = "Times"):
     how = "is there twice" if steps[i] == np.timedelta64(0) else f"comes after {at(i)}"
     raise UserError(f"{what} of {path} are not in order: {at(i + 1)} (position {i + 1}) "
                     f"{how}; sort the store by time and drop duplicates.")
-  uneven = np.flatnonzero(steps != steps[0])
-  if uneven.size:
+  uneven = np.flatnonzero(steps != steps[0]) if evenly else ()
+  if len(uneven):
     i = int(uneven[0])
     hours = lambda step: step / np.timedelta64(1, "h")  # noqa: E731
     raise UserError(f"{what} of {path} are not evenly spaced: every {hours(steps[0]):g} h "

@@ -6,10 +6,14 @@ catalogue's. `conversion` compares the two: the same units (however spelled: `m*
 s**-2`, `m^2 s^-2`, `m2 s-2`) or units it does not know need nothing; the simple
 affine cases are converted on reading (degC and K, hPa and Pa: `(scale, offset)`,
 `x * scale + offset`); any other pair it knows is a mismatch, a `UserError` naming
-the variable, the store's units and those expected.
+the variable, the store's units and those expected. `read_as` is `conversion` said in
+one warning line per store and variable (training, a forecast's initial conditions and
+an evaluation's truth say it alike).
 """
 
 from __future__ import annotations
+
+import logging
 
 from wnscale.errors import UserError
 
@@ -61,3 +65,22 @@ def conversion(name: str, store_units, expected: str, path: str
                   f"attribute); wnscale expects {expected!r} (its statistics and the model's "
                   f"outputs are in {expected}): convert the store's {name} to {expected}, or "
                   "correct its units attribute if it is wrong.")
+
+
+_SAID: set[tuple[str, str]] = set()  # (store, variable) conversions said in this process
+
+
+def read_as(name: str, store_units, expected: str, path: str
+            ) -> tuple[float, float] | None:
+  """`conversion`, and, the first time for this store and variable, one warning saying
+  it, e.g. "Store S: 2m_temperature is in degC (its units attribute): read in K
+  (+273.15)."."""
+  scale_offset = conversion(name, store_units, expected, path)
+  if scale_offset is not None and (path, name) not in _SAID:
+    _SAID.add((path, name))
+    scale, offset = scale_offset
+    how = " ".join(part for part in (f"x {scale:g}" if scale != 1 else "",
+                                     f"{offset:+g}" if offset else "") if part)
+    logging.warning("Store %s: %s is in %s (its units attribute): read in %s (%s).", path,
+                    name, store_units, expected, how)
+  return scale_offset

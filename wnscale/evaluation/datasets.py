@@ -127,17 +127,20 @@ CONVERT_ATTR = "wnscale_units_conversion"
 def open_truth(path: str) -> xr.Dataset:
   """A WeatherBench2-layout or anemoi-datasets store, lazy, latitude ascending; a
   variable whose `units` differ from the catalogue's by an affine conversion (degC, hPa)
-  is marked for `at_times` to convert, any other mismatch is a `UserError`."""
+  is marked for `at_times` to convert (and said: `units.read_as`), any other mismatch is a
+  `UserError`."""
   found = outputs.identify(path)
   if found in (outputs.CLIMATOLOGY, outputs.FORECAST, outputs.OBSERVATIONS):
     raise ArgumentError("truth", path, f"is {found.noun}, not a store of states over time "
                         "(the truth a forecast is scored against): give `truth` a dataset "
                         "store, e.g. the one the run trained on.")
   dataset = store_lib.open_dataset(path)
+  # Valid times are looked up in it: a time out of order or twice would give wrong rows.
+  store_lib.check_times(dataset["time"].values, path, evenly=False)
   for name in dataset.data_vars:
     if name in variables_lib.VARIABLES:
-      convert = units_lib.conversion(str(name), dataset[name].attrs.get("units"),
-                                     variables_lib.VARIABLES[name].units, path)
+      convert = units_lib.read_as(str(name), dataset[name].attrs.get("units"),
+                                  variables_lib.VARIABLES[name].units, path)
       if convert is not None:
         dataset[name].attrs[CONVERT_ATTR] = convert
   return canonical_grid(dataset)

@@ -121,7 +121,7 @@ def choose_remat(specs: specs_lib.Specs, target: Target, step_builder: StepBuild
   peaks = {}  # candidate name -> compiled peak bytes (None: the compiler failed), in order
 
   def fits(name):
-    report = problem.compile(candidate_overrides(name))
+    report = problem.compile(candidate_overrides(name), name=name)
     if report.get("compiled", True):
       peaks[name] = report["peak_bytes"]
     else:  # a compiler failure: logged, and the search goes on

@@ -29,6 +29,7 @@ from wnscale.planner import buffers as buffers_lib
 from wnscale.planner import flops as flops_lib
 from wnscale.planner import xla_stats
 from wnscale.planner.topology import GIB, Target
+from wnscale.progress import long_step
 from wnscale.sharding import mesh as mesh_lib
 
 # `(specs, layout, constants, halo_indices, batch) -> jax.stages.Lowered`.
@@ -109,19 +110,27 @@ class Problem:
     return self.specs.train.batch_size // self.mesh.shape[mesh_lib.DATA]
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False,
-              accumulation_steps: int | None = None) -> dict:
+              accumulation_steps: int | None = None, name: str | None = None) -> dict:
     """Compiles the train step with `model_overrides` (remat keys) and `accumulation_steps`
     micro-batches (None: the specs' `train.accumulation_steps`; a divisor of
     `examples_per_data_shard`); returns its figures.
 
     With `breakdown`, the report adds the buffers live at the peak
     (`peak_buffers`, largest first, and `peak_by_part`; see `planner.buffers`).
-    A setting compiled before by this `Problem` is not compiled again.
+    A setting compiled before by this `Problem` is not compiled again. Each compile is
+    said before it starts and while it lasts (`progress.long_step`: at 0.25 deg one takes
+    minutes), as the remat candidate `name` (else the remat policy compiled).
     """
     accumulation_steps = accumulation_steps or self.specs.train.accumulation_steps
     key = json.dumps([model_overrides or {}, accumulation_steps], sort_keys=True)
     if key not in self._reports or (breakdown and "peak_buffers" not in self._reports[key]):
-      self._reports[key] = self._compile(model_overrides, breakdown, accumulation_steps)
+      policy = (model_overrides or {}).get("remat_policy", self.specs.model.remat_policy)
+      micro = f" in {accumulation_steps} micro-batches" if accumulation_steps > 1 else ""
+      with long_step(f"Compiling the train step for {self.target.name} "
+                     f"({self.mesh.shape[mesh_lib.GRAPH]} graph shard(s), batch "
+                     f"{self.specs.train.batch_size}{micro}, remat {name or policy})",
+                     expected_time(self.specs.data)):
+        self._reports[key] = self._compile(model_overrides, breakdown, accumulation_steps)
     return dict(self._reports[key])
 
   def _compile(self, model_overrides: dict | None, breakdown: bool,
@@ -176,6 +185,15 @@ class Problem:
       report["peak_by_part"] = buffers_lib.summarize(peak_buffers)
       report["peak_buffers"] = [dataclasses.asdict(b) for b in peak_buffers[:BREAKDOWN_ROWS]]
     return report
+
+
+def expected_time(data: specs_lib.DataSpec) -> str:
+  """How long a compile of the step of a model on `data`'s grid takes, said before it
+  starts (a 0.25 deg model's takes minutes on a CPU host: long enough to look hung)."""
+  if data.grid or data.resolution > 2.0:
+    return "seconds to a minute"
+  return (f"at {data.resolution:g} deg this takes minutes, up to 10 or more; a line "
+          "follows every minute, and when it is done")
 
 
 def best_setting(reports: list[dict]) -> str:

@@ -40,8 +40,10 @@ CHECKPOINTS = "checkpoints"
 # (`state.ema`, `train.ema_decay` > 0) or the raw `state.params`.
 PARAMS = ("ema", "raw")
 
-# What `outputs.check` recognises a run directory by.
-KIND = outputs.Kind("a run directory", (CONFIG, CHECKPOINTS))
+# What `outputs.check` recognises a run directory by. A WeatherNext 2 export
+# (`interop.weathernext2_export`) holds a config.json too, beside its params.npz, which no
+# run directory holds: named here, as this kind is known wherever an export's is not.
+KIND = outputs.Kind("a run directory", (CONFIG, CHECKPOINTS), excludes=("params.npz",))
 
 
 class RunDirectory:
