@@ -4,10 +4,13 @@ The config (`wnscale.config`: ml_collections files, `--config.a.b=v`
 overrides, a run's `config.json`) is the user's interface; `validate` is the
 one place of its defaults and checks. `from_config` turns a validated config
 into `Specs`: one frozen dataclass per section, fields named as the config's
-keys, tuples for sequences. Below the launchers, code reads specs: the model
-keeps its `ModelSpec` in its graphdef (hashable, unlike a `ConfigDict`), and
-`DataSpec` owns the facts derived from the data keys (outputs, channels,
-batch shapes), computed here and nowhere else.
+keys, tuples for sequences. An entry point (`train_and_evaluate`, `run_forecast`, a
+launcher) calls it once; below it, code reads specs: the model keeps its `ModelSpec` in
+its graphdef (hashable, unlike a `ConfigDict`), and `DataSpec` owns the facts derived
+from the data keys (outputs, channels, batch shapes), computed here and nowhere else. A
+value resolved on the way (the store's path, remat_policy="auto"'s choice) is a
+`dataclasses.replace` of a spec; `recorded_config` writes it back into the config a run
+records.
 """
 
 from __future__ import annotations
