@@ -184,9 +184,9 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
   asked, compiled = [], []  # (overrides, micro-batches: None for the config's)
   original_compile, original_uncached = problem.compile, problem._compile
 
-  def compile(overrides=None, breakdown=False, accumulation_steps=None):
+  def compile(overrides=None, breakdown=False, accumulation_steps=None, name=None):
     asked.append((overrides, accumulation_steps))
-    return original_compile(overrides, breakdown, accumulation_steps)
+    return original_compile(overrides, breakdown, accumulation_steps, name)
 
   def uncached(overrides, breakdown, accumulation_steps):
     compiled.append((overrides, accumulation_steps))
