@@ -72,15 +72,22 @@ if [[ $# -lt 1 ]]; then
   exit 2
 fi
 # The carried wheels, on the accelerator's machine (a --cpu run uses this environment).
+# Installed once into .accelerator_site/ (beside .accelerator/, so that carrying that
+# again leaves it), reused by the next run on the same machine while the wheels are alike.
 if [[ -d "$HERE/wheels" && " $* " != *" --cpu "* ]]; then
-  site=$(mktemp -d)
-  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated --quiet --no-index --no-deps \
-      --no-compile --no-cache-dir --target "$site" "$HERE"/wheels/*.whl
-  if [[ -s "$HERE/from_index.txt" ]]; then
-    PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated --quiet --no-deps \
-        --only-binary=:all: --no-compile --no-cache-dir --target "$site" \
-        --index-url "${ACCELERATOR_INDEX_URL:?set it to the package index of the machine, for $(cat "$HERE/from_index.txt")}" \
-        $(cat "$HERE/from_index.txt")
+  site="$PWD/.accelerator_site"
+  stamp="$(ls "$HERE/wheels"; cat "$HERE/from_index.txt" 2>/dev/null || true)"
+  if [[ "$(cat "$site/.installed" 2>/dev/null || true)" != "$stamp" ]]; then
+    rm -rf "$site" && mkdir -p "$site"
+    PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated --quiet --no-index --no-deps \
+        --no-compile --no-cache-dir --target "$site" "$HERE"/wheels/*.whl
+    if [[ -s "$HERE/from_index.txt" ]]; then
+      PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated --quiet --no-deps \
+          --only-binary=:all: --no-compile --no-cache-dir --target "$site" \
+          --index-url "${ACCELERATOR_INDEX_URL:?set it to the package index of the machine, for $(cat "$HERE/from_index.txt")}" \
+          $(cat "$HERE/from_index.txt")
+    fi
+    echo "$stamp" > "$site/.installed"
   fi
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site"
 fi

@@ -60,7 +60,8 @@ def _edge_problem(num_receivers=37, seed=0, slots=8, dtype=jnp.float32, width=5)
   senders = rng.integers(0, num_receivers, len(receivers)).astype(np.int32)
   edges = EdgeSet(senders, receivers, np.zeros((len(receivers), 0), np.float32), "n", "n")
   laid_out = receiver_blocks.with_blocks(
-      edges, num_receivers, receiver_blocks.block_edges(receivers, num_receivers, slots))
+      edges, num_receivers, num_receivers,
+      receiver_blocks.block_edges(receivers, num_receivers, slots))
   values = jnp.asarray(rng.standard_normal((laid_out.senders.shape[0], width)), dtype)
   table = jnp.asarray(rng.standard_normal((num_receivers, width)), dtype)
   return laid_out, values, table
@@ -129,12 +130,19 @@ def test_auto_is_segment_sum_on_a_cpu_else_matmul_and_unknown_methods_fail():
 def test_fused_edge_step_equals_messages_and_sum(conditioned):
   """One processor layer's edge work as one kernel per block (Pallas's interpreter on a CPU)
   equals the interaction network's messages and their sum: values, and gradients of the
-  edges, both node tables and every parameter (a noise-conditioned norm's too)."""
+  edges, both node tables and every parameter (a noise-conditioned norm's too). The
+  senders are random: near ones from the windows and far ones both."""
   from flax import nnx
   from wnscale.model.message_passing import InteractionNetwork
   width, conditioning_size = 16, 3
-  edges, values, table = _edge_problem(width=width, slots=128)
+  edges, values, table = _edge_problem(num_receivers=150, width=width, slots=128)
   num_receivers = table.shape[0]
+  # Narrow sender windows: some senders near, the others far.
+  edges = edges.replace(sender_windows=receiver_blocks.sender_windows(
+      edges.senders, edges.blocks, num_receivers, margin=2))
+  near = edges.sender_windows.local < edges.sender_windows.width
+  far = edges.sender_windows.far_local < edges.sender_windows.far_senders.shape[1]
+  assert near.any() and far.any() and not (near & far).any()
   layer = InteractionNetwork(width, conditioning_size=conditioning_size if conditioned else 0,
                              dtype=jnp.float32, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(layer)
@@ -150,8 +158,8 @@ def test_fused_edge_step_equals_messages_and_sum(conditioned):
     layer = nnx.merge(graphdef, state)
     c = conditioning if conditioned else None
     if fused:
-      sums, new_edges = layer.fused_edge_step(values, senders_table, edges.senders, table,
-                                              edges.blocks, c)
+      sums, new_edges = layer.fused_edge_step(values, senders_table, edges.sender_windows,
+                                              table, edges.blocks, c)
     else:
       messages = layer.messages(values, senders_table, table, edges.senders, edges.receivers, c)
       sums = aggregation.sum_to_receivers(messages, edges.receivers, num_receivers)
@@ -167,3 +175,39 @@ def test_fused_edge_step_equals_messages_and_sum(conditioned):
   np.testing.assert_allclose(fused[0], reference[0], rtol=1e-5)
   for got, want in zip(jax.tree.leaves(fused[1]), jax.tree.leaves(reference[1]), strict=True):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_senders_by_windows_equal_by_index(dtype):
+  """Each edge's sender row by windows (near senders by products, far ones gathered) equals
+  the gather by index, and so does its gradient (a scatter by index)."""
+  edges, values, table = _edge_problem(dtype=dtype, slots=16)
+  rng = np.random.default_rng(3)
+  num_senders = 45
+  real = np.asarray(edges.receivers) < table.shape[0]
+  # Senders near their receivers mostly, some anywhere.
+  senders = np.where(rng.random(len(real)) < 0.8,
+                     np.clip(np.asarray(edges.receivers) + rng.integers(-6, 6, len(real)), 0,
+                             num_senders - 1), rng.integers(0, num_senders, len(real)))
+  senders = np.where(real, senders, 0).astype(np.int32)
+  windows = receiver_blocks.sender_windows(senders, edges.blocks, num_senders, margin=4)
+  assert 0 < np.mean(windows.local[edges.blocks.local < edges.blocks.width] < windows.width) < 1
+  sender_table = jnp.asarray(rng.standard_normal((num_senders, table.shape[1])), dtype)
+  weights = jnp.asarray(rng.standard_normal(values.shape), jnp.float32)
+
+  def loss(by, table):
+    gathered = aggregation.gather_senders(table, windows if by == "windows" else senders)
+    return jnp.sum(jnp.where(real[:, None], gathered, 0).astype(jnp.float32) * weights)
+
+  reference = jax.value_and_grad(functools.partial(loss, "index"))(
+      sender_table.astype(jnp.float32))
+  value, grad = jax.jit(jax.value_and_grad(functools.partial(loss, "windows")))(sender_table)
+  np.testing.assert_allclose(value, reference[0], rtol=1e-5 if dtype == jnp.float32 else 2e-2)
+  assert grad.dtype == dtype
+  # bfloat16: the incoming gradient is rounded to bfloat16 before the sums (by index too).
+  np.testing.assert_allclose(np.asarray(grad, np.float32), reference[1],
+                             **(dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32
+                                else dict(rtol=1e-2, atol=2e-2)))
+  gathered = aggregation.gather_senders(sender_table, windows)
+  np.testing.assert_array_equal(np.asarray(gathered, np.float32)[real],
+                                np.asarray(sender_table, np.float32)[senders[real]])

@@ -192,7 +192,9 @@ def test_a_killed_and_resumed_run_is_each_trackers_one_run_with_every_step_once(
       if not name.startswith("_"):
         got.setdefault(name, []).append((row["step"]["num"], value))
   assert_same_history({name: sorted(steps) for name, steps in got.items()}, want, redone)
-  assert [r["run_id"] for r in runs] == [run_id, run_id] and "model:tiny" in runs[-1]["tags"]
+  # The killed start's log may lack its last records (W&B's service process writes it and
+  # died with it); the resumed start's run record is there, and every one has the run's id.
+  assert {r["run_id"] for r in runs} == {run_id} and "model:tiny" in runs[-1]["tags"]
   assert configs[-1]["train"]["steps"] == STEPS and configs[-1]["data"]["path"].endswith(".zarr")
   assert "config.json" in files
 

@@ -64,6 +64,33 @@ def synthetic_store_bytes(data) -> int:
   return 4 * num_points * (num_times * channels + 2)
 
 
+def check_store_given(data):
+  """Checks that `data` (a `DataSpec` or the config's `data`) names its training data: a
+  store at `data.path`, or `data.synthetic`; cheap, so a run checks it before any work.
+
+  Raises:
+    ArgumentError: of `data.path`: no store there, or no path and no synthetic store
+      asked for.
+  """
+  if data.path:
+    path = paths.normalize(data.path)
+    if not paths.exists(path):
+      raise ArgumentError(
+          "data.path", path,
+          "store not found. Point it at a WeatherBench2-layout zarr store; make a synthetic "
+          "one there with python -m launch.make_dataset (or "
+          "wnscale.data.synthetic.write_synthetic_store); or, for small configs such as "
+          "configs/tiny.py, set data.synthetic=True and leave data.path empty to have a "
+          "synthetic store written into the cache.")
+  elif not data.synthetic:
+    raise ArgumentError(
+        "data.path", None,
+        "is required (no training data: data.path is empty and data.synthetic is False). "
+        "Pass a WeatherBench2-layout zarr store with `data.path=PATH_OR_URL` "
+        "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
+        "`data.synthetic=True` for a synthetic ERA5-like store.")
+
+
 def resolve_store(data, seed: int) -> str:
   """`data.path`, or the synthetic store of `seed` if `data.synthetic`.
 
@@ -77,24 +104,9 @@ def resolve_store(data, seed: int) -> str:
       asked for.
     UserError: not enough disk.
   """
+  check_store_given(data)
   if data.path:
-    path = paths.normalize(data.path)
-    if not paths.exists(path):
-      raise ArgumentError(
-          "data.path", path,
-          "store not found. Point it at a WeatherBench2-layout zarr store; make a synthetic "
-          "one there with python -m launch.make_dataset (or "
-          "wnscale.data.synthetic.write_synthetic_store); or, for small configs such as "
-          "configs/tiny.py, set data.synthetic=True and leave data.path empty to have a "
-          "synthetic store written into the cache.")
-    return path
-  if not data.synthetic:
-    raise ArgumentError(
-        "data.path", None,
-        "is required (no training data: data.path is empty and data.synthetic is False). "
-        "Pass a WeatherBench2-layout zarr store with `data.path=PATH_OR_URL` "
-        "(e.g. gs://weatherbench2/datasets/era5/...zarr), or "
-        "`data.synthetic=True` for a synthetic ERA5-like store.")
+    return paths.normalize(data.path)
   path = synthetic_store_path(data, seed)
   start, end, variables, levels = synthetic_store_contents(data)
 

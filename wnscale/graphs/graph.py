@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from wnscale.graphs.receiver_blocks import ReceiverBlocks
+from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 
 
 class NodeSet(NamedTuple):
@@ -43,6 +43,8 @@ class EdgeSet:
     sender_set, receiver_set: names of the node sets (static, not leaves).
     blocks: on a device, the edges' receiver blocks (`receiver_blocks.ReceiverBlocks`),
       for sums and gathers by matrix products; None: by index only.
+    sender_windows: with `blocks`, where each block's senders lie
+      (`receiver_blocks.SenderWindows`), for their rows by matrix products.
   """
 
   senders: np.ndarray
@@ -51,13 +53,14 @@ class EdgeSet:
   sender_set: str
   receiver_set: str
   blocks: ReceiverBlocks | None = None
+  sender_windows: SenderWindows | None = None
 
   def replace(self, **arrays) -> EdgeSet:
     return dataclasses.replace(self, **arrays)
 
 
 jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features",
-                                                      "blocks"],
+                                                      "blocks", "sender_windows"],
                                  meta_fields=["sender_set", "receiver_set"])
 
 

@@ -33,7 +33,7 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
-from wnscale.graphs.receiver_blocks import ReceiverBlocks
+from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 
 Receivers = Union[jax.Array, ReceiverBlocks]
 # `model.aggregation`: "matmul" (blocks, where the edge set has them), "fused" (blocks,
@@ -78,6 +78,19 @@ def gather(table: jax.Array, receivers: Receivers) -> jax.Array:
   return table[receivers]
 
 
+def gather_senders(table: jax.Array, senders) -> jax.Array:
+  """`table [num_senders, D]` rows of each edge's sender: `[num_edges, D]`.
+
+  `senders`: the indices (`[num_edges]`), or the edges' `SenderWindows` (of a receiver
+  block layout): the near senders' rows as products with each block's 0/1 matrix
+  `[window, slots]`, the far ones gathered and placed; its gradient the transposes (the
+  far rows' a scatter, of their share of the edges only).
+  """
+  if isinstance(senders, SenderWindows):
+    return _gather_windows(table, senders)
+  return table[senders]
+
+
 def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int) -> jax.Array:
   """`values [num_edges, D]` summed over each receiver's edges: `[num_receivers, D]` float32
   (padding edges dropped)."""
@@ -89,6 +102,11 @@ def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int
 
 def _precision(dtype):
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+# The block functions below take a `ReceiverBlocks` or a `SenderWindows` alike: both have
+# a window (`first`, `width`) per block, each slot's row of it (`local`) and each node's rows
+# of the blocks' partial sums (`rows`).
 
 
 def _one_hot(blocks: ReceiverBlocks, dtype) -> jax.Array:
@@ -166,3 +184,40 @@ def _gather_blocks_backward(residuals, grad):
 
 
 _gather_blocks.defvjp(_gather_blocks_forward, _gather_blocks_backward)
+
+
+def _far_one_hot(windows_: SenderWindows, dtype) -> jax.Array:
+  """`[num_blocks, far, slots]`: 1 where a block's slot holds that far edge."""
+  far = windows_.far_senders.shape[1]
+  rows = jax.lax.broadcasted_iota(jnp.int32, (1, far, 1), 1)
+  return (windows_.far_local[:, None, :] == rows).astype(dtype)
+
+
+@jax.custom_vjp
+def _gather_windows(table, windows_: SenderWindows):
+  near = _spread(windows(table, windows_), windows_, table.dtype)
+  far = jnp.einsum("kfs,kfd->ksd", _far_one_hot(windows_, table.dtype),
+                   table[windows_.far_senders], precision=_precision(table.dtype),
+                   preferred_element_type=table.dtype)
+  return near + far.reshape(near.shape)
+
+
+def _gather_windows_forward(table, windows_):
+  # `like`: the table's row count and dtype, in an array with no elements.
+  return _gather_windows(table, windows_), (windows_, jnp.zeros((table.shape[0], 0),
+                                                                table.dtype))
+
+
+def _gather_windows_backward(residuals, grad):
+  windows_, like = residuals
+  num_senders = like.shape[0]
+  by_block = grad.reshape(windows_.local.shape + grad.shape[1:])
+  far = jnp.einsum("kfs,ksd->kfd", _far_one_hot(windows_, grad.dtype), by_block,
+                   precision=_precision(grad.dtype), preferred_element_type=jnp.float32)
+  grad_table = assemble(_partials(grad, windows_), windows_) + jax.ops.segment_sum(
+      far.reshape((-1,) + far.shape[2:]), windows_.far_senders.reshape(-1),
+      num_segments=num_senders)
+  return grad_table.astype(like.dtype), None
+
+
+_gather_windows.defvjp(_gather_windows_forward, _gather_windows_backward)

@@ -9,23 +9,27 @@ arithmetic. Here, per block of `slots` edges of the receiver-block layout
 (`wnscale.graphs.receiver_blocks`) and its window of `width` receivers, one
 kernel keeps them all on the chip:
 
-  hidden   = e @ W_h + b_h + s + onehot^T @ window    e: edge latents [slots, D]
-                                                      s: each edge's sender row of the
-                                                         projected senders (gathered by XLA)
+  hidden   = e @ W_h + b_h + senders + onehot^T @ window     e: edge latents [slots, D]
                                                       window: the projected receivers'
                                                          rows of the block [width, D]
+  senders  = sender_onehot^T @ sender_window + far_onehot @ far_rows
+                                                      the edges' rows of the projected
+                                                      senders: the near ones from the block's
+                                                      sender window, the far ones placed
+                                                      (`receiver_blocks.SenderWindows`)
   message  = layer_norm(swish(hidden) @ W_o + b_o) * scale + offset
   e'       = e + message                              the new edge latents
   partial  = onehot @ message                         [width, D] float32, each receiver's sum
                                                       of the block's messages
 
 (`onehot` `[width, slots]`: 1 where an edge goes to a row of the window; padding
-edges go to none.) Its reads: `e` and `s` once; its writes: `e'` and the partial
-sums. The backward kernel recomputes a block's forward pass from the same inputs
-and writes the gradients of `e`, `s` and the window, accumulating the weights'
-across blocks. What lies outside the kernels is XLA's: the sender rows' gather
-and its transpose (a scatter, by sender), the receiver windows, and the
-partial sums' assembly (`wnscale.model.aggregation`).
+edges go to none.) Its reads: `e` once, the windows and the far rows; its writes:
+`e'` and the partial sums. The backward kernel recomputes a block's forward pass
+from the same inputs and writes the gradients of `e`, of both windows and of the
+far rows, accumulating the weights' across blocks. What lies outside the kernels
+is XLA's: the windows and far rows gathered, the partial sums assembled
+(`wnscale.model.aggregation`), and the far rows' gradient scattered to their
+senders (a scatter of a tenth of the edges or so, not all of them).
 
 The arithmetic is `InteractionNetwork.messages` plus the sum to the receivers:
 products of the activation dtype accumulated in float32, everything else in
@@ -43,14 +47,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from wnscale.graphs.receiver_blocks import ReceiverBlocks
+from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 from wnscale.model import aggregation
 from wnscale.model.varying import vary_like
 
 _VMEM_LIMIT = 100 * 2**20  # a v5e TensorCore has 128 MiB of VMEM
 
 
-def edge_step(params: tuple, edges, sender_table, senders, receiver_table,
+def edge_step(params: tuple, edges, sender_table, senders: SenderWindows, receiver_table,
               blocks: ReceiverBlocks, epsilon: float):
   """`(sums [num_receivers, D] float32, new edge latents [num_edges, D])` of one layer.
 
@@ -58,7 +62,8 @@ def edge_step(params: tuple, edges, sender_table, senders, receiver_table,
     params: `(W_h [D, D], b_h [D], W_o [D, D], b_o [D], scale [D], offset [D])`, the edge
       MLP's layers and its layer norm's scale and offset, in the activation dtype.
     edges: `[num_edges, D]` edge latents, in the blocks' layout (`num_blocks * slots` rows).
-    sender_table: `[num_senders, D]` the projected senders; `senders`: `[num_edges]` rows.
+    sender_table: `[num_senders, D]` the projected senders; `senders`: the edges' windows
+      of it.
     receiver_table: `[num_receivers, D]` the projected receivers.
     epsilon: the layer norm's.
   """
@@ -72,9 +77,17 @@ def _edge_step(params, edges, sender_table, senders, receiver_table, blocks, eps
                             epsilon)[0]
 
 
+def _tables(sender_table, senders, receiver_table, blocks):
+  """The kernels' table inputs: the sender windows `[num_blocks, sender width, D]`, the far
+  rows `[num_blocks, far, D]`, the receiver windows `[num_blocks, width, D]`."""
+  return (aggregation.windows(sender_table, senders), sender_table[senders.far_senders],
+          aggregation.windows(receiver_table, blocks))
+
+
 def _edge_step_forward(params, edges, sender_table, senders, receiver_table, blocks, epsilon):
-  new_edges, partials = _forward(params, edges, sender_table[senders],
-                                 aggregation.windows(receiver_table, blocks), blocks, epsilon)
+  new_edges, partials = _forward(
+      params, edges, _tables(sender_table, senders, receiver_table, blocks), senders, blocks,
+      epsilon)
   sums = aggregation.assemble(partials, blocks)
   return (sums, new_edges), (params, edges, sender_table, senders, receiver_table, blocks)
 
@@ -82,12 +95,12 @@ def _edge_step_forward(params, edges, sender_table, senders, receiver_table, blo
 def _edge_step_backward(epsilon, residuals, cotangents):
   params, edges, sender_table, senders, receiver_table, blocks = residuals
   grad_sums, grad_new_edges = cotangents
-  grad_edges, grad_senders, grad_windows, *grad_params = _backward(
-      params, edges, sender_table[senders], aggregation.windows(receiver_table, blocks),
-      blocks, epsilon, aggregation.windows(grad_sums.astype(jnp.float32), blocks),
-      grad_new_edges)
-  grad_sender_table = jax.ops.segment_sum(grad_senders.astype(jnp.float32), senders,
-                                          num_segments=sender_table.shape[0])
+  grad_edges, grad_sender_windows, grad_far, grad_windows, *grad_params = _backward(
+      params, edges, _tables(sender_table, senders, receiver_table, blocks), senders, blocks,
+      epsilon, aggregation.windows(grad_sums.astype(jnp.float32), blocks), grad_new_edges)
+  grad_sender_table = aggregation.assemble(grad_sender_windows, senders) + jax.ops.segment_sum(
+      grad_far.reshape((-1,) + grad_far.shape[2:]), senders.far_senders.reshape(-1),
+      num_segments=sender_table.shape[0])
   grad_receiver_table = aggregation.assemble(grad_windows, blocks)
   grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
   return (grad_params, grad_edges, grad_sender_table.astype(sender_table.dtype), None,
@@ -107,45 +120,58 @@ def _dot(a, b, contract=((1,), (0,)), precision=None):
                              preferred_element_type=jnp.float32)
 
 
-def _block_forward(e, s, window, rows_of_edges, edges_of_rows, w_h, b_h, w_o, b_o, scale,
-                   offset, epsilon):
-  """One block's forward pass, float32: `(onehot^T [slots, width], onehot [width, slots],
-  hidden, swish(hidden), normalized, 1/std, message)`."""
+def _one_hots(index_column, index_row, width: int, dtype):
+  """`([slots, width], [width, slots])` 0/1 matrices of each slot's row of a window, from
+  the slots' rows as a column `[slots, 1]` and as a row `[1, slots]` (`width`: none)."""
+  slots = index_column.shape[0]
+  to_rows = index_column == jax.lax.broadcasted_iota(jnp.int32, (slots, width), 1)
+  from_rows = index_row == jax.lax.broadcasted_iota(jnp.int32, (width, slots), 0)
+  return to_rows.astype(dtype), from_rows.astype(dtype)
+
+
+def _block_forward(e, refs, epsilon):
+  """One block's forward pass, float32: `(the three one-hot pairs, hidden, swish(hidden),
+  normalized, 1/std, message)`. `refs`: the kernel's block inputs after `e`."""
+  (sender_window, far_rows, window, sender_column, sender_row, far_column, far_row,
+   receiver_column, receiver_row, w_h, b_h, w_o, b_o, scale, offset) = refs
   dtype = e.dtype
-  width = window.shape[0]
-  # [slots, width] and [width, slots] one-hot matrices of the edges' window rows.
-  to_rows = (rows_of_edges == jax.lax.broadcasted_iota(jnp.int32, (e.shape[0], width), 1))
-  from_rows = (edges_of_rows == jax.lax.broadcasted_iota(jnp.int32, (width, e.shape[0]), 0))
-  to_rows, from_rows = to_rows.astype(dtype), from_rows.astype(dtype)
-  hidden = (_dot(e, w_h) + b_h.astype(jnp.float32) + s.astype(jnp.float32)
-            + _dot(to_rows, window, precision=_precision(dtype)))
+  exact = _precision(dtype)
+  senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[1], dtype)
+  far = _one_hots(far_column[0], far_row[0], far_rows.shape[1], dtype)
+  receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[1], dtype)
+  hidden = (_dot(e, w_h[...]) + b_h[...].astype(jnp.float32)
+            + _dot(senders[0], sender_window[0], precision=exact)
+            + _dot(far[0], far_rows[0], precision=exact)
+            + _dot(receivers[0], window[0], precision=exact))
   activated = hidden * jax.nn.sigmoid(hidden)
-  out = _dot(activated.astype(dtype), w_o) + b_o.astype(jnp.float32)
+  out = _dot(activated.astype(dtype), w_o[...]) + b_o[...].astype(jnp.float32)
   mean = jnp.mean(out, axis=-1, keepdims=True)
   centred = out - mean
   inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
   normalized = centred * inverse_std
-  message = normalized * scale.astype(jnp.float32) + offset.astype(jnp.float32)
-  return to_rows, from_rows, hidden, activated, normalized, inverse_std, message
+  message = normalized * scale[...].astype(jnp.float32) + offset[...].astype(jnp.float32)
+  return (senders, far, receivers), hidden, activated, normalized, inverse_std, message
 
 
-def _forward_kernel(e_ref, s_ref, window_ref, rows_of_edges_ref, edges_of_rows_ref, w_h_ref,
-                    b_h_ref, w_o_ref, b_o_ref, scale_ref, offset_ref, new_edges_ref,
-                    partial_ref, *, epsilon):
+_INPUTS = 16  # e, 2 window tables, the far rows, 6 index arrays, 6 parameters
+
+
+def _forward_kernel(*refs, epsilon):
+  e_ref, inputs, (new_edges_ref, partial_ref) = refs[0], refs[1:_INPUTS], refs[_INPUTS:]
   e = e_ref[...]
-  _, from_rows, *_, message = _block_forward(
-      e, s_ref[...], window_ref[0], rows_of_edges_ref[0], edges_of_rows_ref[0], w_h_ref[...],
-      b_h_ref[...], w_o_ref[...], b_o_ref[...], scale_ref[...], offset_ref[...], epsilon)
+  (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon)
   message = message.astype(e.dtype)
   new_edges_ref[...] = (e + message).astype(new_edges_ref.dtype)
-  partial_ref[0] = _dot(from_rows, message, precision=_precision(e.dtype))
+  partial_ref[0] = _dot(receivers[1], message, precision=_precision(e.dtype))
 
 
-def _backward_kernel(e_ref, s_ref, window_ref, rows_of_edges_ref, edges_of_rows_ref, w_h_ref,
-                     b_h_ref, w_o_ref, b_o_ref, scale_ref, offset_ref, grad_partial_ref,
-                     grad_new_edges_ref, grad_e_ref, grad_s_ref, grad_window_ref,
-                     grad_w_h_ref, grad_b_h_ref, grad_w_o_ref, grad_b_o_ref, grad_scale_ref,
-                     grad_offset_ref, *, epsilon):
+def _backward_kernel(*refs, epsilon):
+  e_ref, inputs = refs[0], refs[1:_INPUTS]
+  grad_partial_ref, grad_new_edges_ref = refs[_INPUTS:_INPUTS + 2]
+  (grad_e_ref, grad_sender_window_ref, grad_far_ref, grad_window_ref, grad_w_h_ref,
+   grad_b_h_ref, grad_w_o_ref, grad_b_o_ref, grad_scale_ref,
+   grad_offset_ref) = refs[_INPUTS + 2:]
+
   @pl.when(pl.program_id(0) == 0)
   def _():
     for ref in (grad_w_h_ref, grad_b_h_ref, grad_w_o_ref, grad_b_o_ref, grad_scale_ref,
@@ -154,13 +180,13 @@ def _backward_kernel(e_ref, s_ref, window_ref, rows_of_edges_ref, edges_of_rows_
 
   e = e_ref[...]
   dtype = e.dtype
-  w_h, w_o, scale = w_h_ref[...], w_o_ref[...], scale_ref[...]
-  to_rows, from_rows, hidden, activated, normalized, inverse_std, _ = _block_forward(
-      e, s_ref[...], window_ref[0], rows_of_edges_ref[0], edges_of_rows_ref[0], w_h,
-      b_h_ref[...], w_o, b_o_ref[...], scale, offset_ref[...], epsilon)
+  exact = _precision(dtype)
+  w_h, w_o, scale = inputs[9][...], inputs[11][...], inputs[13][...]
+  (senders, far, receivers), hidden, activated, normalized, inverse_std, _ = _block_forward(
+      e, inputs, epsilon)
   grad_new_edges = grad_new_edges_ref[...].astype(jnp.float32)
   # The message reaches the new edge latents and, by the window rows, the sums.
-  grad_message = grad_new_edges + _dot(to_rows.astype(jnp.float32), grad_partial_ref[0],
+  grad_message = grad_new_edges + _dot(receivers[0].astype(jnp.float32), grad_partial_ref[0],
                                        precision=jax.lax.Precision.HIGHEST)
   column_sum = lambda x: jnp.sum(x, axis=0, keepdims=True)
   grad_scale_ref[...] += column_sum(grad_message * normalized)
@@ -180,32 +206,29 @@ def _backward_kernel(e_ref, s_ref, window_ref, rows_of_edges_ref, edges_of_rows_
   grad_b_h_ref[...] += column_sum(grad_hidden)
   grad_e_ref[...] = (grad_new_edges + _dot(grad_hidden_d, w_h, contract=((1,), (1,)))
                      ).astype(grad_e_ref.dtype)
-  grad_s_ref[...] = grad_hidden_d
-  grad_window_ref[0] = _dot(from_rows, grad_hidden_d, precision=_precision(dtype))
+  grad_sender_window_ref[0] = _dot(senders[1], grad_hidden_d, precision=exact)
+  grad_far_ref[0] = _dot(far[1], grad_hidden_d, precision=exact)
+  grad_window_ref[0] = _dot(receivers[1], grad_hidden_d, precision=exact)
 
 
-def _specs(blocks: ReceiverBlocks, latent: int):
-  """`(BlockSpecs of the edge-row inputs and of the weights, grid)`."""
+def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlocks):
+  """`(the kernels' inputs, their BlockSpecs, the grid)`: per block its edges' rows, its
+  windows and far rows, each one-hot's indices as a column and as a row, and the
+  parameters whole."""
   num_blocks, slots = blocks.local.shape
-  width = blocks.width
-  rows = pl.BlockSpec((slots, latent), lambda k: (k, 0))
-  window = pl.BlockSpec((1, width, latent), lambda k: (k, 0, 0))
-  rows_of_edges = pl.BlockSpec((1, slots, 1), lambda k: (k, 0, 0))
-  edges_of_rows = pl.BlockSpec((1, 1, slots), lambda k: (k, 0, 0))
-  matrix = pl.BlockSpec((latent, latent), lambda k: (0, 0))
-  vector = pl.BlockSpec((1, latent), lambda k: (0, 0))
-  return (rows, window, rows_of_edges, edges_of_rows, matrix, vector), (num_blocks,)
-
-
-def _index_inputs(blocks: ReceiverBlocks):
-  """The edges' window rows as a column per block and as a row per block."""
-  return blocks.local[:, :, None], blocks.local[:, None, :]
-
-
-def _params_2d(params):
+  latent = edges.shape[-1]
   w_h, b_h, w_o, b_o, scale, offset = params
-  return (w_h, b_h.reshape(1, -1), w_o, b_o.reshape(1, -1), scale.reshape(1, -1),
-          offset.reshape(1, -1))
+  by_block = lambda table: pl.BlockSpec((1,) + table.shape[1:], lambda k: (k, 0, 0))
+  whole = lambda array: pl.BlockSpec(array.shape, lambda k: (0,) * array.ndim)
+  indices = [index for local in (senders.local, senders.far_local, blocks.local)
+             for index in (local[:, :, None], local[:, None, :])]
+  vectors = [v.reshape(1, -1) for v in (b_h, b_o, scale, offset)]
+  parameters = [w_h, vectors[0], w_o, vectors[1], vectors[2], vectors[3]]
+  inputs = [edges, *tables, *indices, *parameters]
+  specs = ([pl.BlockSpec((slots, latent), lambda k: (k, 0))]
+           + [by_block(t) for t in tables] + [by_block(i) for i in indices]
+           + [whole(p) for p in parameters])
+  return inputs, specs, (num_blocks,)
 
 
 def _call(kernel, semantics: str, **call):
@@ -236,38 +259,32 @@ def _out(shape, dtype, like) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
-def _forward(params, edges, senders_rows, windows, blocks, epsilon):
+def _forward(params, edges, tables, senders, blocks, epsilon):
   """`(new edges [E, D], partial sums [num_blocks, width, D] float32)`."""
-  latent = edges.shape[-1]
-  (rows, window, rows_of_edges, edges_of_rows, matrix, vector), grid = _specs(blocks, latent)
+  inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
+  windows = tables[2]
   return _call(
       functools.partial(_forward_kernel, epsilon=epsilon), "parallel",
       out_shape=(_out(edges.shape, edges.dtype, edges),
                  _out(windows.shape, jnp.float32, edges)),
-      grid=grid,
-      in_specs=[rows, rows, window, rows_of_edges, edges_of_rows, matrix, vector, matrix,
-                vector, vector, vector],
-      out_specs=(rows, window),
-  )(edges, senders_rows, windows, *_index_inputs(blocks), *_params_2d(params))
+      grid=grid, in_specs=specs, out_specs=(specs[0], specs[3]),
+  )(*inputs)
 
 
-def _backward(params, edges, senders_rows, windows, blocks, epsilon, grad_windows,
-              grad_new_edges):
-  """`(grad edges, grad sender rows, grad window partials [num_blocks, width, D] float32,
-  grad W_h, b_h, W_o, b_o, scale, offset (float32))`."""
+def _backward(params, edges, tables, senders, blocks, epsilon, grad_windows, grad_new_edges):
+  """`(grad edges, grad sender windows, grad far rows, grad receiver windows (float32,
+  per block), grad W_h, b_h, W_o, b_o, scale, offset (float32))`."""
+  inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
   latent = edges.shape[-1]
-  (rows, window, rows_of_edges, edges_of_rows, matrix, vector), grid = _specs(blocks, latent)
-  vector_out = _out((1, latent), jnp.float32, edges)
-  matrix_out = _out((latent, latent), jnp.float32, edges)
+  f32 = lambda shape: _out(shape, jnp.float32, edges)
+  vector, matrix = specs[-3], specs[-6]  # b_o's and W_o's: [1, D] and [D, D] whole
   # "arbitrary": the weights' gradients add up over the blocks, in order.
   return _call(
       functools.partial(_backward_kernel, epsilon=epsilon), "arbitrary",
-      out_shape=(_out(edges.shape, edges.dtype, edges), _out(edges.shape, edges.dtype, edges),
-                 _out(windows.shape, jnp.float32, edges),
-                 matrix_out, vector_out, matrix_out, vector_out, vector_out, vector_out),
-      grid=grid,
-      in_specs=[rows, rows, window, rows_of_edges, edges_of_rows, matrix, vector, matrix,
-                vector, vector, vector, window, rows],
-      out_specs=(rows, rows, window, matrix, vector, matrix, vector, vector, vector),
-  )(edges, senders_rows, windows, *_index_inputs(blocks), *_params_2d(params), grad_windows,
-    grad_new_edges)
+      out_shape=(_out(edges.shape, edges.dtype, edges), *(f32(t.shape) for t in tables),
+                 f32((latent, latent)), f32((1, latent)), f32((latent, latent)),
+                 f32((1, latent)), f32((1, latent)), f32((1, latent))),
+      grid=grid, in_specs=specs + [specs[3], specs[0]],
+      out_specs=(specs[0], specs[1], specs[2], specs[3], matrix, vector, matrix, vector,
+                 vector, vector),
+  )(*inputs, grad_windows, grad_new_edges)

@@ -60,14 +60,17 @@ class MeshGNN(nnx.Module):
     spec, edges, num_mesh = self.spec, graphs.edges["mesh"], mesh.shape[0]
     chunks = spec.mesh_edge_chunks
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
-    senders = split_rows(edges.senders, chunks)
     if chunks == 1:
-      receivers = jax.tree.map(lambda x: x[None],
-                               aggregation.receivers_of(edges, spec.aggregation))
+      receivers = aggregation.receivers_of(edges, spec.aggregation)
+      by_blocks = isinstance(receivers, ReceiverBlocks)
+      # With receiver blocks, the senders by their windows (`aggregation.gather_senders`).
+      senders, receivers = jax.tree.map(lambda x: x[None], (
+          edges.sender_windows if by_blocks else edges.senders, receivers))
     else:
+      by_blocks = False
+      senders = split_rows(edges.senders, chunks)
       receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
-    fused = (aggregation.resolve(spec.aggregation) == "fused"
-             and isinstance(receivers, ReceiverBlocks))
+    fused = by_blocks and aggregation.resolve(spec.aggregation) == "fused"
     edge_latents = split_rows(
         self.edge_embedder(edges.features.astype(self.dtype), conditioning), chunks)
     graphdef, stacked_state = nnx.split(self.layers)

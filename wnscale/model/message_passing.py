@@ -84,12 +84,14 @@ class InteractionNetwork(nnx.Module):
       edges: `[E, D]` edge latents.
       projected_senders, projected_receivers: `project_senders(sender table)` and
         `project_receivers(receiver table)`, `[num_senders, D]` / `[num_receivers, D]`.
-      senders: `[E]` row indices into the sender table.
+      senders: `[E]` row indices into the sender table, or its sender windows
+        (`aggregation.gather_senders`).
       receivers: `[E]` row indices into the receiver table, or its receiver blocks
         (`aggregation.Receivers`).
       conditioning: an FGN's `[conditioning_size]` norm conditioning, else None.
     """
-    hidden = self.edge_mlp.hidden(edges) + projected_senders[senders]
+    hidden = self.edge_mlp.hidden(edges) + aggregation.gather_senders(projected_senders,
+                                                                      senders)
     if projected_receivers is not None:
       hidden = hidden + aggregation.gather(projected_receivers, receivers)
     return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat.EDGE_LATENTS)

@@ -115,7 +115,7 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
   if not np.all(real):
     edges = edges.replace(senders=edges.senders[real], receivers=edges.receivers[real],
                           features=edges.features[real])
-  edges = edges.replace(blocks=None)
+  edges = edges.replace(blocks=None, sender_windows=None)
   receiver_slot = receivers_part.slot_of_node[edges.receivers]
   receiver_shard, receiver_local = np.divmod(receiver_slot, per_shard)
   sender_shard, sender_local = np.divmod(senders_part.slot_of_node[edges.senders],
@@ -140,20 +140,30 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
     features[shard, :len(block)] = edges.features[block]
   laid_out = edges.replace(senders=senders, receivers=receivers, features=features)
   if blocked:
-    laid_out = _in_blocks(laid_out, per_shard)
+    laid_out = _in_blocks(laid_out, per_shard,
+                          senders_part.per_shard + plan.rows_received())
   return laid_out, plan
 
 
-def _in_blocks(edges: EdgeSet, per_shard: int) -> EdgeSet:
-  """Stacked `[S, E_max]` edges in receiver blocks, every shard's of the largest shape."""
+def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int) -> EdgeSet:
+  """Stacked `[S, E_max]` edges in receiver blocks and sender windows (of sender tables of
+  `table_rows`), every shard's of the largest shape."""
   shards = [edges.replace(senders=edges.senders[s], receivers=edges.receivers[s],
                           features=edges.features[s]) for s in range(len(edges.senders))]
   own = [receiver_blocks.block_edges(shard.receivers, per_shard) for shard in shards]
   shape = dict(num_blocks=max(b.local.shape[0] for b in own), width=max(b.width for b in own),
                spans=max(b.rows.shape[0] for b in own))
-  shards = [receiver_blocks.with_blocks(shard, per_shard, receiver_blocks.block_edges(
-      shard.receivers, per_shard, **shape)) for shard in shards]
-  return jax.tree.map(lambda *arrays: np.stack(arrays), *shards)
+  blocks = [receiver_blocks.block_edges(shard.receivers, per_shard, **shape)
+            for shard in shards]
+  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b)
+              for shard, b in zip(shards, blocks)]
+  windows = [shard.sender_windows for shard in laid_out]
+  windows_shape = dict(width=max(w.width for w in windows),
+                       far=max(w.far_senders.shape[1] for w in windows),
+                       spans=max(w.rows.shape[0] for w in windows))
+  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, windows_shape)
+              for shard, b in zip(shards, blocks)]
+  return jax.tree.map(lambda *arrays: np.stack(arrays), *laid_out)
 
 
 def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shards: int,

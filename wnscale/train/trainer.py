@@ -52,7 +52,7 @@ from wnscale.data import pipeline, prefetch
 from wnscale.data import source as source_lib
 from wnscale.data import store as store_lib
 from wnscale.data.resolve import modality_readers as resolve_modality_readers
-from wnscale.data.resolve import resolve_stats, resolve_store
+from wnscale.data.resolve import check_store_given, resolve_stats, resolve_store
 from wnscale.assembly import assemble
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
 from wnscale.model import ensemble, setup
@@ -95,6 +95,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, name: st
   """
   run_start = time.perf_counter()
   config_lib.validate(config)
+  check_store_given(config.data)  # before a tracker or the workdir is touched
   run = RunDirectory(workdir)
   workdir_lib.prepare(run.path)
   _check_init_from(config.train.init_from, run)
