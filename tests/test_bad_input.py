@@ -329,14 +329,14 @@ def test_stores_read_as_they_should_be(tmp_path, stores, caplog):
 @pytest.mark.slow  # 2 runs of 2 steps
 def test_a_store_in_degc_and_hpa_trains_as_the_same_store_in_k_and_pa(tmp_path, stores):
   """Against statistics in K and Pa (GraphCast's files, as the issue's run had), a store
-  whose 2 m temperature is in degC and pressure in hPa (said by their units) trains with
-  the losses of the same store in K and Pa: converted on reading, and said, not trained
-  273 K off."""
+  whose 2 m temperature is in degC and pressure in hPa (said by their units), and whose
+  temperature is float64, trains with the losses of the same store in K, Pa and float32:
+  converted on reading, and said, not trained 273 K off."""
   good = stores["good"]
   celsius = _copy_with(good, tmp_path / "celsius.zarr", lambda d: d.assign(
       {"2m_temperature": (d["2m_temperature"] - 273.15).assign_attrs(units="degC"),
        "mean_sea_level_pressure": (d.mean_sea_level_pressure / 100).assign_attrs(
-           units="hPa")}))
+           units="hPa"), "temperature": d.temperature.astype(np.float64)}))
   flags = ["--config.data.stats_path=" + os.path.join(os.path.dirname(__file__), "fixtures",
                                                        "graphcast_5p625", "stats"),
            "--config.train.steps=2", "--config.train.eval_every=0",
@@ -352,6 +352,7 @@ def test_a_store_in_degc_and_hpa_trains_as_the_same_store_in_k_and_pa(tmp_path, 
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-3)
   assert f"Store {celsius}: 2m_temperature is in degC (its units attribute): read in K " \
       "(+273.15)." in results[1].stderr
+  assert f"Store {celsius}: temperature (float64) read as float32." in results[1].stderr
 
 
 def test_an_unwritable_cache_is_one_warning(tmp_path, stores, monkeypatch, caplog):

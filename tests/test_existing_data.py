@@ -40,7 +40,7 @@ from test_cli import assert_user_error, run, without_root
 from tiny_runs import Started, process_env
 from wnscale import outputs, paths
 from wnscale.data import store as store_lib
-from wnscale.data import observations, synthetic
+from wnscale.data import netcdf, observations, synthetic
 from wnscale.evaluation import climatology as climatology_lib
 from wnscale.inference import forecast_store
 from wnscale.interop import weathernext2_export
@@ -130,7 +130,7 @@ def test_existing_outputs_are_not_replaced_unasked(tmp_path, trained):
   run_dir = tmp_path / "run"
   shutil.copytree(workdir, run_dir)
   predictions = tmp_path / "predictions.nc"
-  predictions.write_bytes(b"earlier predictions")
+  predictions.write_bytes(netcdf.to_bytes(xr.Dataset({"earlier": ("x", [1.0])})))
   everything = checksums(tmp_path)
 
   cases = [
@@ -148,7 +148,7 @@ def test_existing_outputs_are_not_replaced_unasked(tmp_path, trained):
         f"--stats_dir={FIXTURE}/stats", f"--out={run_dir}"],
        f"--out={run_dir}: exists (a run directory)"),
       (["predict_example", f"--workdir={run_dir}", f"--example={FIXTURE}/example.nc",
-        f"--out={predictions}"], f"--out={predictions}: exists (a file)"),
+        f"--out={predictions}"], f"--out={predictions}: exists (a netCDF file)"),
       # A forecast continues its own store, and writes into no other.
       (["forecast", f"--workdir={workdir}", f"--out={data}", *FORECAST],
        f"--out={data}: exists and is not a forecast store written by wnscale"),
@@ -307,10 +307,11 @@ def forecast_of(path, truth, inits=2, leads=2) -> str:
 
 def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   """Each kind of store wnscale writes, results, a run directory and a WeatherNext 2 export
-  (both hold a config.json) refused as the --out of a command that writes another kind,
-  with --overwrite: one line saying what is there; nothing changed. (The kinds a launcher
-  writes: dataset, climatology, observation store, evaluation results, run directory,
-  WeatherNext 2 export; a forecast is continued, never replaced.)"""
+  (both hold a config.json), predictions and a checkpoint file refused as the --out of a
+  command that writes another kind, with --overwrite: one line saying what is there;
+  nothing changed. (The kinds a launcher writes: dataset, climatology, observation store,
+  evaluation results, run directory, WeatherNext 2 export, netCDF and .npz files; a
+  forecast is continued, never replaced.)"""
   data = store(tmp_path / "data.zarr", variables=["2m_temperature"])
   clim = climatology_lib.compute_climatology(data, str(tmp_path / "clim.zarr"))
   # A forecast store's creation killed outright (a dead pid): removed when it is made again;
@@ -338,6 +339,10 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
     for name in names:
       (path / name).parent.mkdir(parents=True, exist_ok=True)
       (path / name).write_text("{}")
+  # Predictions (netCDF) and a checkpoint (.npz): files told apart by their first bytes.
+  predictions, checkpoint = tmp_path / "predictions.nc", tmp_path / "params.npz"
+  predictions.write_bytes(netcdf.to_bytes(xr.Dataset({"x": ("x", [1.0])})))
+  np.savez(checkpoint, x=np.zeros(1))
   everything = checksums(tmp_path)
   make = ["make_dataset", "--end=2020-01-01", "--variables=2m_temperature", "--overwrite"]
   cases = [
@@ -356,6 +361,11 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
       (["import_weathernext2", f"--checkpoint={export}/params.npz",
         f"--config={export}/config.json", f"--out={export}", "--overwrite"], export,
        "a run directory", "it holds config.json, params.npz"),
+      (["predict_example", f"--workdir={run_dir}", f"--example={FIXTURE}/example.nc",
+        f"--out={checkpoint}", "--overwrite"], checkpoint, "a netCDF file",
+       "it is an .npz file"),
+      (["export_graphcast", f"--workdir={run_dir}", f"--out={predictions}", "--overwrite"],
+       predictions, "an .npz file", "it is a netCDF file"),
   ]
   for result, (_, path, noun, found) in zip(run_together(*(c[0] for c in cases)), cases):
     assert_user_error(result, f"--out={path}: exists and is not {noun} ({found}); "
@@ -364,11 +374,12 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   # The library, every pair of kinds: only the same kind is replaced.
   existing = {outputs.DATASET: data, outputs.CLIMATOLOGY: clim, outputs.FORECAST: forecast,
               outputs.OBSERVATIONS: stations, outputs.RESULTS: str(results),
-              run_directory.KIND: str(run_dir), weathernext2_export.KIND: str(export)}
+              run_directory.KIND: str(run_dir), weathernext2_export.KIND: str(export),
+              outputs.NETCDF: str(predictions), outputs.NPZ: str(checkpoint)}
   for kind, path in existing.items():
     assert outputs.identify(path) is kind
-    for other in existing:
-      if other is kind or other.continues:
+    for other in existing:  # (a file where a directory goes: test_a_file_in_the_way...)
+      if other is kind or other.continues or other.is_file != kind.is_file:
         continue
       with pytest.raises(ArgumentError, match=f"exists and is not {other.noun} "
                          f"\\(it is {kind.noun}\\)"):

@@ -8,7 +8,8 @@ observation store, a forecast store, evaluation results, a file (and a run direc
 `wnscale.interop.graphcast_export.STATS`). What is at a path is told by its files
 (`identify`): a zarr store by its coordinates (a forecast's `prediction_timedelta`, a
 climatology's `dayofyear` and `hour`, an observation store's `station_id`; any other zarr
-store is a dataset), evaluation results by `metrics.json`, a run by `config.json`.
+store is a dataset), evaluation results by `metrics.json`, a run by `config.json`, a
+file by its first bytes (a netCDF file, an .npz file).
 `check` runs before any work (the launchers call it while parsing their flags,
 before JAX starts; the library calls it again for its own callers) and stops
 with an `ArgumentError` of the argument that gave the output:
@@ -82,6 +83,7 @@ class Kind:
     continues: an existing one is continued rather than replaced.
     store: for a zarr store, which kind of store (`store_kind`): "dataset",
       "climatology", "observations" or "forecast"; None: any directory with a marker.
+    signatures: for a file, how one of this kind begins (any of them); none: any file.
   """
 
   noun: str
@@ -89,6 +91,7 @@ class Kind:
   excludes: tuple[str, ...] = ()
   continues: bool = False
   store: str | None = None
+  signatures: tuple[bytes, ...] = ()
 
   def __post_init__(self):
     _KINDS.append(self)
@@ -106,6 +109,10 @@ OBSERVATIONS = Kind("an observation store", _ZARR, store="observations")
 FORECAST = Kind("a forecast store", (".zgroup",), continues=True, store="forecast")
 RESULTS = Kind("evaluation results", ("metrics.json",))
 FILE = Kind("a file")
+# Files told apart by their first bytes: predictions (netCDF 3, or 4 on HDF5) and a
+# checkpoint (.npz, a zip archive), so that `overwrite` of one never replaces the other.
+NETCDF = Kind("a netCDF file", signatures=(b"CDF\x01", b"CDF\x02", b"\x89HDF\r\n\x1a\n"))
+NPZ = Kind("an .npz file", signatures=(b"PK\x03\x04", b"PK\x05\x06"))
 STORE = DATASET  # the name before the kinds of store were told apart
 
 _PROBE = ".wnscale-write-test-"
@@ -241,6 +248,10 @@ def identify(path: str) -> Kind | None:
   """The kind of output at `path` (the first defined that matches), or None: nothing
   wnscale writes, or nothing there."""
   path = paths.normalize(path)
+  if not paths.is_url(path) and os.path.isfile(path):
+    head = _head(path)
+    return next((kind for kind in _KINDS if kind.signatures and head.startswith(
+        kind.signatures)), None)
   if not paths.is_url(path) and not os.path.isdir(path):
     return None
   names = _names(path)
@@ -258,9 +269,16 @@ def _matches(path: str, kind: Kind, names) -> bool:
   return kind.store is None or store_kind(path, names) == kind.store
 
 
+def _head(path: str) -> bytes:
+  """The first bytes of the file `path` (enough for any `Kind.signatures`)."""
+  with paths.as_epath(path).open("rb") as f:
+    return f.read(8)
+
+
 def _is_kind(path: str, kind: Kind) -> bool:
-  if kind.is_file:
-    return True
+  if kind.is_file:  # an empty file holds nothing to lose
+    return not kind.signatures or not (head := _head(path)) or head.startswith(
+        kind.signatures)
   names = _names(path)
   if paths.is_url(path) and paths.exists(path + ".complete") and not names:
     return True  # paths.building's marker, the store itself not listed
@@ -276,6 +294,8 @@ def _describe(path: str, kind: Kind) -> str:
   other = identify(path)
   if other is not None:
     return f"it is {other.noun}"
+  if kind.is_file:
+    return "it is another kind of file"
   names = sorted(entry.name for entry in paths.as_epath(path).iterdir())
   shown = ", ".join(names[:_SHOWN_NAMES]) + (", ..." if len(names) > _SHOWN_NAMES else "")
   return f"it holds {shown}"
