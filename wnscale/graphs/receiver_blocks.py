@@ -3,7 +3,8 @@
 An accelerator's scatter (`segment_sum`, and the transpose of a gather) is a
 slow operation: on a TPU v5e, summing the paper model's mesh messages onto its nodes
 takes several times as long as reading and writing them once (docs/benchmarks.md,
-"Figures behind the code"). Matrix products are what the chip is built for. With edges sorted by receiver, every block of `slots`
+"Figures behind the code"). Matrix products are what the chip is built for. With edges
+sorted by receiver, every block of `slots`
 consecutive edges points at a short run of consecutive receivers; within the
 block, the sum over each receiver's edges is a product with a 0/1 matrix
 `[width, slots]` (`wnscale.model.aggregation`), and gathering the receivers'

@@ -1,4 +1,5 @@
-"""Compiles the step of an experiment's specs for a target, with abstract inputs, and reports its cost.
+"""Compiles the step of an experiment's specs for a target, with abstract inputs, and
+reports its cost.
 
 The step comes from the caller (`step_builder`; the trainer and `launch.compile`
 pass `wnscale.train.step.lower_train_step`, the step training runs), lowered

@@ -300,10 +300,10 @@ def _set_up(specs: specs_lib.Specs, given: dict, run: RunDirectory,
                                    source=eval_source, rows_per_example=rows_per_example)
   preemption = interrupts.AgreedStop("checkpointing the step reached, then stopping")
   closing.callback(preemption.restore)
-  return _Training(specs, recorded, run, layout, (device_constants, halo_indices), state, start_step,
-                   train_step, evaluator, train_data, prefetch_from(train_data), data_offset,
-                   phases, pipeline_at, prefetch_from, num_groups, checkpointer, writer,
-                   preemption, frozen, trackers)
+  return _Training(specs, recorded, run, layout, (device_constants, halo_indices), state,
+                   start_step, train_step, evaluator, train_data, prefetch_from(train_data),
+                   data_offset, phases, pipeline_at, prefetch_from, num_groups, checkpointer,
+                   writer, preemption, frozen, trackers)
 
 
 def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dict:
