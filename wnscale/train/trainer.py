@@ -102,6 +102,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, name: st
   workdir_lib.prepare(run.path)
   _check_init_from(train.init_from, run)
   with workdir_lib.locked(run.path, enabled=jax.process_index() == 0):
+    check_same_data(run, config, specs.data)  # a finished run too: on other data, it says so
     saved = run.saved_steps()
     if saved and saved[-1] >= train.steps:  # said before the store is opened
       logging.info("Nothing to train: the newest checkpoint, %s, is at step %d, and "
@@ -114,7 +115,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, name: st
         trackers = TrackedRun.open(train.trackers, run.path, run_tags(specs, name),
                                    train.steps, enabled=jax.process_index() == 0)
         closing.push(trackers)  # closed last: FAILED on an error, else by the last step
-        check_same_data(run, config, specs.data)
         training = _set_up(specs, config_lib.to_json(config), run, closing, trackers)
         return _train(training, closing, run_start)
     except Exception as error:
