@@ -305,8 +305,9 @@ def _train_steps(args, config, remat: str, record, variants, details=lambda step
     memory = (device.memory_stats() or {}).get("bytes_limit") or topology.host_memory_bytes()
     target = topology.Target(f"{device.platform}:1", (device,), memory)
     start = time.perf_counter()
-    choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step,
-                                     problem=Problem(config, target, step_lib.lower_train_step))
+    specs = specs_lib.from_config(config)
+    choice = auto_remat.choose_remat(specs, target, step_lib.lower_train_step,
+                                     problem=Problem(specs, target, step_lib.lower_train_step))
     record(setting="planner's choice", choice=choice["name"], reason=choice["reason"],
            planning_seconds=round(time.perf_counter() - start, 1))
     remat = choice["name"]

@@ -59,8 +59,9 @@ def make_run(directory: str) -> str:
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  _, params = setup.init_model(specs_lib.from_config(config))
-  state = state_lib.initial_state(params, optimizer.make_optimizer(config.train))
+  specs = specs_lib.from_config(config)
+  _, params = setup.init_model(specs)
+  state = state_lib.initial_state(params, optimizer.make_optimizer(specs.train))
   saver = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1)
   saver.save(0, state, iter(grain.MapDataset.range(1).to_iter_dataset()), {"step": 0})
   saver.close()

@@ -86,12 +86,12 @@ class TrainStep:
               batch[kind][:, :, [specs.data.state_channels.index(n) for n in names]], points,
               point_sets[m.name], noise=0.1, missing=0.1)
     self.batch = layout.global_batch(layout.host_batch(batch), config.train.batch_size)
-    optimizer = optimizer_lib.make_optimizer(config.train)
+    optimizer = optimizer_lib.make_optimizer(specs.train)
     self.state = jax.device_put(initial_state(assembly.params, optimizer),
                                 assembly.replicated)
     step = step_lib.make_train_step(
         layout, assembly.graphdef, optimizer,
-        optimizer_lib.learning_rate_schedule(config.train), self.constants, self.halo_indices,
+        optimizer_lib.learning_rate_schedule(specs.train), self.constants, self.halo_indices,
         modalities=specs.data.modalities)
     start = time.perf_counter()
     self.step = step.lower(self.state, self.constants, self.halo_indices, self.batch).compile()

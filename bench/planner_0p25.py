@@ -57,6 +57,7 @@ def scheme_overrides(scheme: str) -> dict:
 def measure(model: str, topology: str, graph: int, out: str, done: set):
   """Compiles the schemes of one (topology, graph) not yet in `done`; appends them to `out`."""
   from wnscale import config as config_lib
+  from wnscale import specs as specs_lib
   from wnscale.planner import auto_remat, topology as topology_lib
   from wnscale.planner.compile import Problem
   from wnscale.train.step import lower_train_step
@@ -68,7 +69,8 @@ def measure(model: str, topology: str, graph: int, out: str, done: set):
     config[section].update(values)
   config.mesh.update(graph=graph, data=len(target.devices) // graph)
   config.train.batch_size = config.mesh.data  # one example per data shard
-  problem = Problem(config, target, lower_train_step)
+  specs = specs_lib.from_config(config)
+  problem = Problem(specs, target, lower_train_step)
 
   def record(scheme, report):
     with open(out, "a") as f:
@@ -81,7 +83,7 @@ def measure(model: str, topology: str, graph: int, out: str, done: set):
       record(scheme, problem.compile(scheme_overrides(scheme)))
   if "best" in schemes and "best" not in done:
     try:
-      choice = auto_remat.choose_remat(config, target, lower_train_step, problem=problem)
+      choice = auto_remat.choose_remat(specs, target, lower_train_step, problem=problem)
       record("best", dict(problem.compile(choice["overrides"]), candidate=choice["name"],
                           reason=choice["reason"]))
     except ValueError as error:  # nothing fits

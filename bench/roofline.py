@@ -103,7 +103,7 @@ def measure(size: str, config, points, repeats: int = 3, profile_steps: int = 2,
   `config` on the grid `points` (`problem(size)`)."""
   specs = specs_lib.from_config(config)
   graphs = setup.graphs_for_grid(specs.model, points)
-  planner_flops = flops_lib.step_flops(config, graphs, 1)
+  planner_flops = flops_lib.step_flops(specs, graphs, 1)
   constants, batch, params = jax.device_put(problems.synthetic_problem(config, points, 1))
   step = jax.jit(lambda p, c, b: problems.loss_and_grad_fn(config, c, b)(p))
   start = time.perf_counter()

@@ -56,8 +56,8 @@ def main():
   base_temp, gathered = None, {}
   for shards in (1, 2, 4, 8):
     for exchange in ("all_gather",) if shards == 1 else ("all_gather", "halo"):
-      config.mesh.data, config.mesh.graph = 1, shards
-      mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:shards])
+      mesh = mesh_lib.make_mesh(specs_lib.MeshSpec(data=1, graph=shards, exchange=exchange),
+                                jax.devices()[:shards])
       layout = ShardedLayout(mesh, constants.graphs, positions, exchange)
       device_constants, halo_indices = layout.constants(constants)
       device_batch = layout.global_batch(layout.host_batch(batch), 1)

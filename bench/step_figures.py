@@ -76,7 +76,7 @@ def graphcast_flops(config, counts: dict) -> float:
 def hardware_flops(config, graphs) -> float:
   """The planner's count of a step of `train.batch_size` examples on one device: forward,
   backward and recomputation."""
-  cost = flops_lib.step_flops(config, graphs, num_devices=1)
+  cost = flops_lib.step_flops(specs_lib.from_config(config), graphs, num_devices=1)
   return cost["model"] + cost["recompute"]
 
 

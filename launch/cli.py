@@ -22,7 +22,11 @@ workdir, the outputs or the topology), raised while parsing the flags or by the
 library, prints `error: <what and what to do>` as one line on stderr and exits
 with status 2; a full disk (`wnscale.errors.NoSpaceLeft`, or any error that
 `errors.no_space` finds a full disk behind) prints one line too and exits with
-status 1. `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback as well.
+status 1. A SIGTERM is handled as a Ctrl-C is: a loop that catches both
+(`wnscale.interrupts`: training, a forecast) stops where nothing is lost; anywhere
+else it ends the launcher with `Interrupted (SIGTERM): <what the output was left
+as>.`, exit status 143 (as a shell shows a process ended by SIGTERM; a second SIGTERM
+ends it at once). `--traceback` (or WNSCALE_TRACEBACK=1) prints the traceback as well.
 So does a mistake inside the config file (it does not compile, `get_config`
 fails or is missing: the line names the file and line). An
 `errors.ArgumentError` about a library argument is shown as the launcher's flag
@@ -37,7 +41,10 @@ asks for them.
 
 A launcher that runs in a workdir (`lock_workdir`) takes the workdir's lock
 (`wnscale.train.workdir.lock`) as soon as its flags are read, before JAX
-starts and before anything is written there, and holds it until it exits.
+starts and before anything is written there, and holds it until it exits. So
+does a launcher of each output it replaces rather than continues (`outputs.lock`:
+a second command writing the same `--out` stops at once), which then removes what a
+killed writer of that output left beside it (`outputs.remove_leftovers`, one line).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import glob
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import traceback
@@ -55,8 +63,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from wnscale import config as config_lib
-from wnscale import outputs
-from wnscale.errors import ArgumentError, UserError, no_space
+from wnscale import errors, outputs
+from wnscale.errors import ArgumentError, Interrupted, UserError, no_space
 from wnscale.train import run_directory
 from wnscale.train import workdir as workdir_lib
 
@@ -93,6 +101,21 @@ def _has_google_pci_device() -> bool:
 
 # At import: a launcher imports this module before its main starts JAX's backend.
 _quiet_libtpu()
+
+
+def _terminated_while_starting(signum, frame):
+  """A SIGTERM while the launcher's modules are imported, before `run`: nothing is
+  written yet; one line, the exit status of a SIGTERM."""
+  del frame
+  os.write(2, f"Interrupted ({signal.Signals(signum).name}): nothing was written yet.\n"
+           .encode())
+  os._exit(128 + signum)  # noqa: SLF001 (no clean-up to run: nothing started)
+
+
+# Only in a launcher's process (`python -m launch.<name>`), not in one that imports it.
+if (threading.current_thread() is threading.main_thread() and sys.argv and
+    os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0]))) == "launch"):
+  signal.signal(signal.SIGTERM, _terminated_while_starting)
 
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
 
@@ -137,7 +160,7 @@ def define_workdir():
       "checkpoints/. Re-running with the same directory resumes.")
 
 
-_OUTPUTS = []  # (flag, outputs.Kind) of each output the launcher defines
+_OUTPUTS = []  # (flag, outputs.Kind or `() -> Kind`) of each output the launcher defines
 
 
 def define_params():
@@ -147,15 +170,17 @@ def define_params():
                            "the moving average when the run kept one, train.ema_decay).")
 
 
-def define_output(name: str, help_text: str, kind: outputs.Kind):
+def define_output(name: str, help_text: str, kind):
   """An output flag (e.g. `--out`), checked before JAX starts (`wnscale.outputs.check`).
 
   An output that is replaced rather than continued comes with `--overwrite`
   (read it with `overwrite()`); without it, an existing output is an error.
+  `kind`: an `outputs.Kind`, or `() -> Kind` when the other flags decide it (called
+  once they are parsed).
   """
   flag = flags.DEFINE_string(name, None, help_text)
   _OUTPUTS.append((flag, kind))
-  if not kind.continues and "overwrite" not in flags.FLAGS:
+  if (callable(kind) or not kind.continues) and "overwrite" not in flags.FLAGS:
     flags.DEFINE_bool(
         "overwrite", False,
         "Replace an existing output of the same kind (without it, an existing output is an "
@@ -186,12 +211,22 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
   # --help lists the flags of the launcher's own module: these are the launcher's too.
   for flag in flags.FLAGS.get_flags_for_module(sys.modules[__name__]):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  held = []  # the workdir whose lock this process took
+  held = []  # the workdir whose lock this process took, and `("out", path)` of outputs
+  previous_sigterm = _handle_sigterm()
   try:
     app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir,
                                                          unknown_flag_hint, lock_workdir, held))
   except KeyboardInterrupt as error:
-    _exit_with_line(error, "Interrupted (Ctrl-C).", 130)
+    name = error.signal_name if isinstance(error, Interrupted) else None
+    kept = getattr(error, "kept", None)
+    written = [path for path in held if isinstance(path, tuple)]
+    if kept is None and written:  # outside `outputs.building`: nothing written yet
+      kept = "nothing was written to " + ", ".join(path for _, path in written)
+    line = f"Interrupted ({name or 'Ctrl-C'})" + (f": {kept}." if kept else ".")
+    # An interrupted zarr or tensorstore call leaves its asyncio task pending: not news.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    _exit_with_line(error, line, 128 + (signal.Signals[name].value if name else
+                                        signal.SIGINT.value))
   except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)
     user_error = _user_error(error)
     full_disk = None if user_error else no_space(error)
@@ -201,7 +236,30 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
     _exit_with_line(error, f"error: {' '.join(message.split())}", 2 if user_error else 1)
   finally:
     for workdir in held:
-      workdir_lib.unlock(workdir)
+      if isinstance(workdir, tuple):
+        outputs.unlock(workdir[1])
+      else:
+        workdir_lib.unlock(workdir)
+    if previous_sigterm is not None:
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if previous_sigterm is
+                    _terminated_while_starting else previous_sigterm)
+
+
+def _handle_sigterm():
+  """Makes a SIGTERM raise `errors.Interrupted`, as a Ctrl-C raises KeyboardInterrupt
+  (a loop's own handler, `wnscale.interrupts`, takes over while it runs); a second
+  SIGTERM ends the process at once. Returns the handler replaced (None: not the main
+  thread, nothing done)."""
+  if threading.current_thread() is not threading.main_thread():
+    return None
+
+  def handle(signum, frame):
+    del frame
+    signal.signal(signum, signal.SIG_DFL)
+    errors.note_interrupt(signal.Signals(signum).name)  # raised again if swallowed here
+    raise Interrupted(signal.Signals(signum).name)
+
+  return signal.signal(signal.SIGTERM, handle)
 
 
 def _exit_with_line(error: BaseException, line: str, status: int):
@@ -264,7 +322,12 @@ def _parse_flags(argv: list[str], required, writes_workdir: bool, unknown_flag_h
       held.append(flags.FLAGS.workdir)
   for flag, kind in _OUTPUTS:
     if flag.value:
+      kind = kind() if callable(kind) and not isinstance(kind, outputs.Kind) else kind
       outputs.check(flag.value, kind, overwrite=overwrite(), argument=flag.name)
+      if not kind.continues:  # one writer at a time; then what a killed one left
+        outputs.lock(flag.value, argument=flag.name)
+        held.append(("out", flag.value))
+        outputs.remove_leftovers(flag.value, kind)
   _quiet_libraries(verbose=flags.FLAGS.verbosity >= 1)
   return remaining
 

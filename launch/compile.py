@@ -17,6 +17,7 @@ Any config key can be overridden as --config.section.key=value (wnscale/config.p
 them). TPU topologies need the libtpu wheel (`pip install -e '.[tpu]'`).
 """
 
+import dataclasses
 import json
 import os
 
@@ -36,6 +37,7 @@ import jax  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
 from wnscale import config as config_lib  # noqa: E402
+from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.errors import UserError  # noqa: E402
 from wnscale.planner import accumulation, auto_remat, topology  # noqa: E402
 from wnscale.train import curriculum  # noqa: E402
@@ -127,13 +129,14 @@ def main(argv):
 
   target = topology.resolve(name)
   num_devices = len(target.devices)
-  config = curriculum.longest_phase_config(config_lib.validate(_CONFIG.value))
-  config_batch = config.train.batch_size
+  specs = curriculum.longest_phase_specs(
+      specs_lib.from_config(config_lib.validate(_CONFIG.value)))
+  config_batch = specs.train.batch_size
   if _GRAPH_SHARDS.value and not all(g.isdigit() for g in _GRAPH_SHARDS.value):
     raise UserError(f"--graph_shards={','.join(_GRAPH_SHARDS.value)}: give shard counts, "
                     "e.g. --graph_shards=1,4,8.")
   shard_counts = ([int(g) for g in _GRAPH_SHARDS.value] if _GRAPH_SHARDS.value
-                  else [config.mesh.graph] if not _SWEEP.value
+                  else [specs.mesh.graph] if not _SWEEP.value
                   else [2**k for k in range(num_devices.bit_length())
                         if num_devices % 2**k == 0])
   reports = []
@@ -141,9 +144,8 @@ def main(argv):
     if graph < 1 or num_devices % graph:
       raise UserError(f"{graph} graph shards do not divide the {num_devices} devices of "
                       f"{name}.")
-    config.mesh.update(graph=graph, data=-1)
     data_shards = num_devices // graph
-    micro_batches = config.train.accumulation_steps
+    micro_batches = specs.train.accumulation_steps
     per_shard = _BATCH.value or batch_per_data_shard(config_batch, data_shards, micro_batches)
     if not _BATCH.value and per_shard * data_shards != config_batch:
       logging.warning("train.batch_size=%d does not split over %d data shards%s: compiling "
@@ -151,16 +153,18 @@ def main(argv):
                       "chooses.", config_batch, data_shards,
                       f" of {micro_batches} micro-batches" if micro_batches > 1 else "",
                       per_shard, per_shard * data_shards)
-    config.train.batch_size = per_shard * data_shards
-    problem = Problem(config, target, lower_train_step)
+    specs = dataclasses.replace(
+        specs, mesh=dataclasses.replace(specs.mesh, graph=graph, data=-1),
+        train=dataclasses.replace(specs.train, batch_size=per_shard * data_shards))
+    problem = Problem(specs, target, lower_train_step)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
-    if config.model.remat_policy == "auto" and not _SWEEP.value:
-      names = [auto_remat.choose_remat(config, target, lower_train_step,
-                                       int(config.train.memory_budget_gib * GIB) or None,
+    if specs.model.remat_policy == "auto" and not _SWEEP.value:
+      names = [auto_remat.choose_remat(specs, target, lower_train_step,
+                                       int(specs.train.memory_budget_gib * GIB) or None,
                                        problem=problem)["name"]]
     for candidate in names:
       overrides = auto_remat.candidate_overrides(candidate) if candidate else {}
-      report = problem.compile(overrides, breakdown=_BREAKDOWN.value)
+      report = problem.compile(overrides, breakdown=_BREAKDOWN.value, name=candidate)
       if candidate:
         report["candidate"] = candidate
       reports.append(report)

@@ -19,7 +19,7 @@ from wnscale import outputs
 from wnscale.interop.graphcast_export import STATS, export_graphcast
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory to export.")
-_OUT = cli.define_output("out", "GraphCast checkpoint file (.npz) to write.", outputs.FILE)
+_OUT = cli.define_output("out", "GraphCast checkpoint file (.npz) to write.", outputs.NPZ)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
 _STATS_DIR = cli.define_output("stats_dir", "Directory to write the run's statistics into, "
                                "as GraphCast's three files.", STATS)

@@ -35,7 +35,7 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
-from wnscale.data.store import NanError
+from wnscale.data.store import NanError, StoreLacks
 from wnscale.errors import UserError
 from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
@@ -75,6 +75,15 @@ def main(argv):
                            step=_STEP.value, data_path=_DATA_PATH.value,
                            mesh_overrides=mesh, members=_MEMBERS.value,
                            params=_PARAMS.value)
+  except StoreLacks as error:  # the store's advice (data.variables) is the training run's
+    which = ("--data.path" if _DATA_PATH.value else f"the store the run {_WORKDIR.value} "
+             "trained on")
+    raise UserError(f"The store {error.path} ({which}) lacks {error.what} that the run "
+                    f"{_WORKDIR.value} reads; it has {error.have}. Give --data.path a store "
+                    "with the run's variables and levels (data.variables and "
+                    "data.pressure_levels of its config.json)" + (
+                        ", or leave --data.path out to read the run's own store."
+                        if _DATA_PATH.value else ".")) from error
   except NanError as error:  # the store's advice (data.fill_nan) is the training run's
     raise UserError(f"{error.problem}. A forecast does not fill NaN: choose initial times "
                     "whose states are whole (--init_times, --init_start/--init_end), "

@@ -26,7 +26,8 @@ flags.adopt_module_key_flags(runner)  # --help lists --runner
 
 _STORE = flags.DEFINE_string("store", None, "Store: WeatherBench2's layout (a regular grid, "
                              "or points along `values`) or an anemoi-datasets store.")
-_OUT = cli.define_output("out", "Climatology zarr store to write.", outputs.STORE)
+_OUT = cli.define_output("out", "Climatology zarr store to write.",
+                         outputs.CLIMATOLOGY)
 _START = flags.DEFINE_string("start", None, "First day (default: the store's first).")
 _END = flags.DEFINE_string("end", None, "Last day, inclusive (default: the store's last).")
 _WINDOW = flags.DEFINE_integer("window", 61, "Smoothing window in days (odd).")

@@ -55,7 +55,10 @@ _CONFIG = cli.define_config(
     "Write the store this experiment config trains on (its data.resolution or data.grid, "
     "variables, pressure levels, time step and train/eval time ranges); a flag below that "
     "is given (e.g. --grid=O32) replaces the config's setting.")
-_OUT = cli.define_output("out", "Path of the zarr store to write.", outputs.STORE)
+# A station network (--stations) is an observation store; anything else a dataset store.
+_OUT = cli.define_output(
+    "out", "Path of the zarr store to write.",
+    lambda: outputs.OBSERVATIONS if flags.FLAGS.stations is not None else outputs.DATASET)
 _FROM = flags.DEFINE_list(
     "from", None, "ERA5 files to convert, as the Climate Data Store delivers them: GRIB or "
     "netCDF paths or globs, comma-separated (quote globs). Without it: a synthetic store.")

@@ -15,7 +15,7 @@ from wnscale import outputs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.")
 _EXAMPLE = flags.DEFINE_string("example", None, "GraphCast example file (.nc).")
-_OUT = cli.define_output("out", "Predictions file (.nc) to write.", outputs.FILE)
+_OUT = cli.define_output("out", "Predictions file (.nc) to write.", outputs.NETCDF)
 _STEPS = flags.DEFINE_integer("steps", None,
                               "Lead times to predict (default: the example's targets).")
 _MEMBERS = flags.DEFINE_integer("members", None, "An FGN's ensemble members.")

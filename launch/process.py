@@ -13,7 +13,7 @@ import os
 from absl import flags, logging
 
 # JAX is imported in the functions that start it, not with this module: a launcher's
-# flags are checked first, and a mistake in them is reported without that import (~1 s).
+# flags are checked first, and a mistake in them is reported without that slow import.
 
 PLATFORM = flags.DEFINE_string("platform", None, "Force a JAX platform, e.g. cpu.")
 NUM_CPU_DEVICES = flags.DEFINE_integer(

@@ -123,7 +123,7 @@ def sharded_layout(config, constants, positions, data: int, graph: int, exchange
   """`config`'s mesh set to `data` x `graph` of the test devices, and the problem's graphs
   laid out on it (`exchange`: the graph shards' mode) with the masks of `config`'s model."""
   config.mesh.data, config.mesh.graph = data, graph
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
+  mesh = mesh_lib.make_mesh(specs_lib.from_config(config).mesh, jax.devices()[:data * graph])
   return ShardedLayout(mesh, constants.graphs, positions, exchange,
                        specs_lib.from_config(config).model)
 

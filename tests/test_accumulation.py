@@ -163,8 +163,7 @@ def test_split_takes_consecutive_rows():
 def test_a_data_shard_whose_examples_do_not_split_is_one_clear_line():
   """8 examples over 4 data shards are 2 a shard: not 4 micro-batches. (A count that does
   not split the batch itself: test_configs.py, test_cli.py.)"""
-  mesh = config_lib.default_config().mesh
-  mesh.data = 4
+  mesh = specs_lib.MeshSpec(data=4, graph=1, exchange="all_gather")
   with pytest.raises(UserError, match=r"train.batch_size=8 gives each of the 4 data shards 2 "
                      r"example\(s\), which do not split into train.accumulation_steps=4 "
                      r"micro-batches .* a multiple of 16") as error:

@@ -2,7 +2,9 @@
 
 The stores under `fixtures/anemoi_*` were written by `anemoi-datasets create` itself
 (`fixtures/anemoi_make.py`): long names from a netCDF source, ECMWF short names from a
-GRIB source on a reduced Gaussian grid (O4), and two ensemble members with a missing date.
+GRIB source on a reduced Gaussian grid (O4), two ensemble members with a missing date, and
+a netCDF source with one variable per pressure level (`temperature_500`, ...), which
+anemoi-datasets records as surface fields (`levtype: sfc`) with the level in the name.
 Beside each, `expected.npz` holds what anemoi-datasets' `open_dataset` read from it
 (anemoi-datasets needs zarr < 3, so it is not a test dependency).
 """
@@ -43,7 +45,8 @@ SHORT_NAMES = {"temperature": "t", "geopotential": "z", "u_component_of_wind": "
                "land_sea_mask": "lsm"}
 STORES = {"anemoi_netcdf": (LONG_NAMES, "sea_ice_cover"),
           "anemoi_grib": (SHORT_NAMES, "tcw"),
-          "anemoi_members": (LONG_NAMES, "sea_ice_cover")}
+          "anemoi_members": (LONG_NAMES, "sea_ice_cover"),
+          "anemoi_levels": (LONG_NAMES, "sea_ice_cover")}
 
 
 def _store(name: str) -> str:
@@ -91,7 +94,8 @@ def _check_store(store: anemoi.AnemoiStore, expected: dict, spelling: dict, unkn
 
 
 @pytest.mark.parametrize("name, member", [("anemoi_netcdf", 0), ("anemoi_grib", 0),
-                                          ("anemoi_members", 0), ("anemoi_members", 1)])
+                                          ("anemoi_members", 0), ("anemoi_members", 1),
+                                          ("anemoi_levels", 0)])
 def test_reads_what_anemoi_datasets_reads(name, member):
   """Names mapped (long and short), levels ascending, statics by name, longitudes in
   [0, 360), each member's values as anemoi-datasets reads them, missing dates marked."""
@@ -255,6 +259,26 @@ def test_older_attributes_and_other_level_types(tmp_path):
                              expected["statistics_mean"][names.index("temperature_500")])
 
 
+def test_a_variable_per_level_recorded_as_a_surface_field_is_read_on_its_level():
+  """The store anemoi-datasets' `create` made from a netCDF of `temperature_500`, ...: every
+  such field has `levtype: sfc` and no `levelist`, yet the run's upper-air variables on
+  their levels are read from it, with statistics, as from the store with a level dim."""
+  path = _store("anemoi_levels")
+  with open(os.path.join(path, ".zattrs")) as f:
+    mars = json.load(f)["variables_metadata"]["temperature_500"]["mars"]
+  assert mars["levtype"] == "sfc" and "levelist" not in mars  # as anemoi-datasets wrote it
+  expected = _expected("anemoi_levels")
+  names = list(expected["variables"])
+  store = store_lib.open_store(path, ATMOSPHERIC + SURFACE, (850, 500))
+  state = store.read_state([0, 1])
+  assert state.shape == (2, 2 * len(ATMOSPHERIC) + len(SURFACE), 56)
+  np.testing.assert_array_equal(  # temperature at 850 hPa, the second date
+      np.sort(state[1, 0]), np.sort(expected["data"][1, names.index("temperature_850"), 0]))
+  stats = anemoi.anemoi_statistics(anemoi.open_anemoi(path))
+  np.testing.assert_allclose(stats["temperature"].sel(statistic="mean", level=500),
+                             expected["statistics_mean"][names.index("temperature_500")])
+
+
 def test_bad_requests_are_one_line(tmp_path):
   with pytest.raises(ArgumentError) as caught:
     anemoi.open_anemoi(_store("anemoi_members"), member=2)
@@ -356,20 +380,41 @@ def test_missing_dates_are_in_no_example_and_statistics_come_from_the_store():
 @pytest.mark.slow
 def test_launch_train_on_an_anemoi_store_as_it_is(tmp_path):
   """`launch.train --config.data.path=STORE`, nothing else about the store: the members
-  store (member 1; its missing date in no example), its grid and member in the log."""
-  result = subprocess.run(
-      [sys.executable, "-m", "launch.train", "--platform=cpu", "--config=configs/tiny.py",
-       f"--config.data.path={_store('anemoi_members')}", "--config.data.member=1",
-       "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-02T06",
-       "--config.data.eval_start=2020-01-01", "--config.data.eval_end=2020-01-02T06",
-       "--config.train.steps=2", "--config.train.warmup_steps=1", "--config.train.eval_every=0",
-       "--config.train.batch_size=1", "--config.model.mesh_levels=0",
-       f"--workdir={tmp_path / 'run'}"],
-      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  log = result.stderr
-  assert "anemoi-datasets layout, member 1 of 2" in log
-  assert "grid regular 45 deg (7 x 8)" in log and "(1 examples)" in log
-  assert "Run ended at step 2 of 2" in log
-  losses = [m["loss"] for m in read_metrics(str(tmp_path / "run")) if "loss" in m]
-  assert losses and np.isfinite(losses).all()
+  store (member 1; its missing date in no example), its grid and member in the log; and,
+  at the same time, the store of one variable per level recorded as surface fields, read
+  on its levels, with a read-only cache directory (a read-only tmpfs): one warning, and
+  the run goes on."""
+  from test_existing_data import tmpfs  # noqa: PLC0415
+
+  def train(store, name, *extra, env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch.train", "--platform=cpu", "--config=configs/tiny.py",
+         f"--config.data.path={_store(store)}", *extra,
+         "--config.data.train_start=2020-01-01", "--config.data.train_end=2020-01-02T06",
+         "--config.data.eval_start=2020-01-01", "--config.data.eval_end=2020-01-02T06",
+         "--config.train.steps=2", "--config.train.warmup_steps=1",
+         "--config.train.eval_every=0", "--config.train.batch_size=1",
+         "--config.model.mesh_levels=0", f"--workdir={tmp_path / name}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  with tmpfs(tmp_path / "cache", "1m", read_only=True) as cache_dir:
+    started = [train("anemoi_members", "members", "--config.data.member=1", env=process_env()),
+               train("anemoi_levels", "levels", env={**process_env(),
+                                                     "WNSCALE_CACHE_DIR": cache_dir})]
+    try:
+      logs = [process.communicate(timeout=600)[1] for process in started]
+    finally:
+      for process in started:
+        process.kill()
+        process.wait(timeout=30)
+  for process, log in zip(started, logs):
+    assert process.returncode == 0, log[-3000:]
+    assert "Run ended at step 2 of 2" in log
+  members, levels = logs
+  assert "anemoi-datasets layout, member 1 of 2" in members
+  assert "grid regular 45 deg (7 x 8)" in members and "(1 examples)" in members
+  assert levels.count(f"The cache directory {cache_dir} cannot be written (Read-only file "
+                      "system)") == 1, levels[-3000:]
+  for name in ("members", "levels"):
+    losses = [m["loss"] for m in read_metrics(str(tmp_path / name)) if "loss" in m]
+    assert losses and np.isfinite(losses).all()

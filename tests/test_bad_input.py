@@ -9,7 +9,13 @@ cases take the same way out of a launcher, the second is checked on the library 
 launcher makes (a launch costs seconds).
 """
 
+import concurrent.futures
+import json
+import logging
+import os
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +25,10 @@ import zarr
 
 from launch import local_cluster
 from wnscale import config as config_lib
-from wnscale.data import normalization, synthetic
+from wnscale import specs as specs_lib
+from wnscale.data import normalization, resolve, synthetic
+from wnscale.data import store as store_lib
+from wnscale.evaluation import climatology
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import scoring
 from wnscale.inference import forecast_store
@@ -27,7 +36,7 @@ from wnscale.inference.forecast import run_forecast
 from wnscale.interop import graphcast_example
 
 from test_cli import TINY, _env, assert_user_error, run, train
-from tiny_runs import fast_compile_env
+from tiny_runs import RUN_FLAGS, fast_compile_env, process_env, read_metrics
 
 VARIABLES = tuple(config_lib.default_config().data.variables)
 LEVELS = (500, 850)
@@ -184,6 +193,23 @@ def test_evaluate_messages_name_its_own_flags(tmp_path, stores):
   with pytest.raises(UserError, match=r"^Store not found: \S+forecast.zarr \(no such file "
                      r"or directory\)\.$"):
     scoring.evaluate(str(missing), stores["good"], str(tmp_path / "scores"))
+  # A climatology given as the truth: said as such (not as a missing time or variable).
+  clim = climatology.compute_climatology(stores["good"], str(tmp_path / "clim.zarr"),
+                                         variables=["2m_temperature"])
+  with pytest.raises(ArgumentError, match=f"^truth={clim}: is a climatology store, not a "
+                     "store of states over time"):
+    scoring.evaluate(stores["other_forecast"], clim, str(tmp_path / "scores"))
+  # A truth, or a climatology's store, with a time twice: the first one named, not wrong
+  # rows looked up (or a time counted twice).
+  twice = _copy_with(stores["good"], tmp_path / "twice.zarr", lambda d: d.isel(
+      time=[0, 1, 2, 2, *range(3, d.sizes["time"])]))
+  for call in (lambda: scoring.evaluate(stores["other_forecast"], twice,
+                                        str(tmp_path / "scores")),
+               lambda: climatology.compute_climatology(twice, str(tmp_path / "c.zarr"))):
+    with pytest.raises(UserError, match=f"^Times of {twice} are not in order: 2020-01-01 "
+                       r"12:00:00 \(position 3\) is there twice"):
+      call()
+  assert not (tmp_path / "scores").exists() and not (tmp_path / "c.zarr").exists()
 
 
 def test_local_cluster_says_where_its_flags_go():
@@ -193,3 +219,211 @@ def test_local_cluster_says_where_its_flags_go():
   assert "--num_cpu_devices" not in error
   with pytest.raises(UserError, match=r"^--num_processes=0 must be at least 1\.$"):
     local_cluster.run_cluster(0, 4, "launch.train", [TINY], timeout=1.0)
+
+
+# --- Stores that are not what training takes ---------------------------------------------
+
+def _copy_with(store, path, change):
+  """A copy of the zarr store `store` at `path` with `change(dataset)` applied (xarray)."""
+  dataset = change(xr.open_zarr(store).load())
+  dataset.drop_encoding().to_zarr(path, zarr_format=2, mode="w")
+  return str(path)
+
+
+def _damage_a_chunk(store, name, time_index):
+  """Truncates the chunk file of `name` holding time `time_index` (one time a chunk)."""
+  chunk = sorted(p for p in (Path(store) / name).iterdir() if p.name.startswith(
+      f"{time_index}."))[0]
+  chunk.write_bytes(chunk.read_bytes()[:len(chunk.read_bytes()) // 2])
+  return str(chunk)
+
+
+def _in_parallel(*calls):
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    return list(pool.map(lambda call: call(), calls))
+
+
+@pytest.mark.slow  # 6 launches
+def test_stores_that_do_not_fit_are_one_line_before_any_compile(tmp_path, stores):
+  """Each a real store given to launch.train as data.path: one line naming the store and
+  the problem, exit 2, before anything compiles (the damaged chunk: when the statistics
+  read it; the gs:// store without a network: in seconds, not after the client's minute of
+  retries). Times out of order here; repeated, and gaps: test_data_store.py."""
+  good = stores["good"]
+  cases = {
+      "int16": (_copy_with(good, tmp_path / "int16.zarr", lambda d: d.assign(
+          mean_sea_level_pressure=(d.mean_sea_level_pressure / 10).astype(np.int16))),
+                ["Variable 'mean_sea_level_pressure' of store", "is stored as int16",
+                 "write the store again as float32"]),
+      "climatology": (climatology.compute_climatology(good, str(tmp_path / "clim.zarr"),
+                                                      variables=["2m_temperature"]),
+                      ["is a climatology store (launch.make_climatology writes them), not a "
+                       "store of states over time"]),
+      "unsorted": (_copy_with(good, tmp_path / "unsorted.zarr", lambda d: d.isel(
+          time=[0, 1, 2, 3, 4, 6, 5, *range(7, d.sizes["time"])])),
+                   ["Times of", "are not in order: 2020-01-02 06:00:00 (position 6) comes "
+                    "after 2020-01-02 12:00:00; sort the store by time"]),
+      "units": (_copy_with(good, tmp_path / "units.zarr", lambda d: d.assign(
+          mean_sea_level_pressure=d.mean_sea_level_pressure.assign_attrs(units="K"))),
+                ["Variable 'mean_sea_level_pressure' of store", "is in 'K' (its units "
+                 "attribute); wnscale expects 'Pa'"]),
+  }
+  damaged = str(tmp_path / "damaged.zarr")
+  shutil.copytree(good, damaged)
+  _damage_a_chunk(damaged, "temperature", 9)
+  cases["damaged"] = (damaged, ["Cannot read variable 'temperature' at", "of store "
+                                f"{damaged}: a chunk file is damaged", "Invalid blosc"])
+  # No network for Cloud Storage: nothing listens at the emulator's address.
+  offline = _env(STORAGE_EMULATOR_HOST="http://127.0.0.1:9",
+                 TENSORSTORE_GCS_HTTP_URL="http://127.0.0.1:9")
+  for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+    offline.pop(proxy, None)
+  calls = [lambda name=name, path=path: train(tmp_path / f"run_{name}", *on(path))
+           for name, (path, _) in cases.items()]
+  calls.append(lambda: train(tmp_path / "run_gs", *on("gs://weather/era5.zarr"), env=offline))
+  # A batch larger than the training range's examples: said with the numbers.
+  calls.append(lambda: train(tmp_path / "run_batch", *on(good),
+                             "--config.data.train_end=2020-01-01",
+                             "--config.train.batch_size=8"))
+  results = _in_parallel(*calls)
+  for (name, (path, fragments)), result in zip(cases.items(), results):
+    error = assert_user_error(result, *fragments)
+    assert path in error, (name, error)
+    assert "Compiled" not in result.stderr, name
+  assert_user_error(results[-2], "Cannot reach Cloud Storage for gs://weather/era5.zarr: "
+                    "127.0.0.1:9: Connection refused")
+  assert_user_error(results[-1], "--config.train.batch_size=8: more than the 2 example(s) of "
+                    "the training range 2020-01-01 .. 2020-01-01 (4 times of",
+                    "lower --config.train.batch_size to at most 2")
+  assert "Statistics" not in results[-1].stderr and "Compiled" not in results[-1].stderr
+
+
+def test_stores_read_as_they_should_be(tmp_path, stores, caplog):
+  """A float64 store is read as float32; degC and hPa are converted into the catalogue's K
+  and Pa, with one warning; a -180 .. 180 store reads in wnscale's order (longitude
+  ascending in [0, 360)), the same values as the 0 .. 360 one."""
+  good = stores["good"]
+  names, levels = ("temperature", "2m_temperature", "mean_sea_level_pressure"), (500,)
+  want = store_lib.open_store(good, names, levels).read_state([0, 5])
+  celsius = _copy_with(good, tmp_path / "celsius.zarr", lambda d: d.assign(
+      {"2m_temperature": (d["2m_temperature"] - 273.15).assign_attrs(units="degC"),
+       "mean_sea_level_pressure": (d.mean_sea_level_pressure / 100).assign_attrs(units="hPa"),
+       "temperature": d.temperature.astype(np.float64)}))
+  rolled = _copy_with(good, tmp_path / "rolled.zarr", lambda d: d.roll(
+      longitude=32, roll_coords=True).assign_coords(
+          longitude=(d.longitude.roll(longitude=32) + 180) % 360 - 180))
+  assert xr.open_zarr(rolled).longitude.values[0] == -180
+  with caplog.at_level(logging.WARNING):
+    got = store_lib.open_store(celsius, names, levels).read_state([0, 5])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+  assert f"Store {celsius}: 2m_temperature is in degC (its units attribute): read in K " \
+      "(+273.15)." in caplog.text
+  assert "mean_sea_level_pressure is in hPa (its units attribute): read in Pa (x 100)" in \
+      caplog.text
+  opened = store_lib.open_store(rolled, names, levels)
+  np.testing.assert_array_equal(opened.points.axes()[1], store_lib.open_store(
+      good, names, levels).points.axes()[1])
+  np.testing.assert_array_equal(opened.read_state([0, 5]), want)
+
+
+@pytest.mark.slow  # 2 runs of 2 steps
+def test_a_store_in_degc_and_hpa_trains_as_the_same_store_in_k_and_pa(tmp_path, stores):
+  """Against statistics in K and Pa (GraphCast's files, as the issue's run had), a store
+  whose 2 m temperature is in degC and pressure in hPa (said by their units), and whose
+  temperature is float64, trains with the losses of the same store in K, Pa and float32:
+  converted on reading, and said, not trained 273 K off."""
+  good = stores["good"]
+  celsius = _copy_with(good, tmp_path / "celsius.zarr", lambda d: d.assign(
+      {"2m_temperature": (d["2m_temperature"] - 273.15).assign_attrs(units="degC"),
+       "mean_sea_level_pressure": (d.mean_sea_level_pressure / 100).assign_attrs(
+           units="hPa"), "temperature": d.temperature.astype(np.float64)}))
+  flags = ["--config.data.stats_path=" + os.path.join(os.path.dirname(__file__), "fixtures",
+                                                       "graphcast_5p625", "stats"),
+           "--config.train.steps=2", "--config.train.eval_every=0",
+           "--config.train.warmup_steps=1", "--config.train.log_every=1"]
+  results = _in_parallel(*(lambda name=name, path=path: train(
+      tmp_path / name, *on(path), *flags, env=_env(**fast_compile_env()))
+                           for name, path in (("kelvin", good), ("celsius", celsius))))
+  for result in results:
+    assert result.returncode == 0, result.stderr[-3000:]
+  losses = [[m["loss"] for m in read_metrics(str(tmp_path / name)) if "loss" in m]
+            for name in ("kelvin", "celsius")]
+  assert len(losses[0]) == 2
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-3)
+  assert f"Store {celsius}: 2m_temperature is in degC (its units attribute): read in K " \
+      "(+273.15)." in results[1].stderr
+  assert f"Store {celsius}: temperature (float64) read as float32." in results[1].stderr
+
+
+def test_an_unwritable_cache_is_one_warning(tmp_path, stores, monkeypatch, caplog):
+  """A read-only cache directory (a read-only tmpfs) with an explicit store: the statistics
+  are computed and used, not cached, and said once."""
+  from test_existing_data import tmpfs  # noqa: PLC0415
+  with tmpfs(tmp_path / "cache", "1m", read_only=True) as cache_dir:
+    monkeypatch.setenv("WNSCALE_CACHE_DIR", cache_dir)
+    with caplog.at_level(logging.WARNING):
+      stats = normalization.load_or_compute_stats(stores["good"], ["2m_temperature"], [],
+                                                  "2020-01-01", "2020-01-05")
+    assert "2m_temperature" in stats
+    assert caplog.text.count(f"The cache directory {cache_dir} cannot be written "
+                             "(Read-only file system)") == 1
+    # A synthetic store has nowhere else to go: one line.
+    data = specs_lib.from_config(config_lib.load(TINY.split("=", 1)[1])).data
+    with pytest.raises(UserError, match=f"^The synthetic store goes into the cache directory "
+                       f"{cache_dir}: cannot write there \\(Read-only file system"):
+      resolve.resolve_store(data, seed=0)
+
+
+def test_a_finished_run_says_so_before_opening_its_store(tmp_path, trained_tiny_run):
+  workdir = tmp_path / "run"
+  shutil.copytree(trained_tiny_run, workdir)
+  result = run("train", *RUN_FLAGS, f"--workdir={workdir}", "--platform=cpu",
+               env=process_env())
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (f"Nothing to train: the newest checkpoint, {workdir}/checkpoints/12, is at step 12, "
+          "and train.steps=12.") in result.stderr
+  assert "Store" not in result.stderr and "Compiled" not in result.stderr
+
+
+@pytest.mark.slow  # a forecast compiled
+def test_a_forecast_of_a_minus_180_store_is_sorted_and_scores(tmp_path, trained_tiny_run):
+  """Initial conditions from the run's store as -180 .. 180 (columns rotated), its 2 m
+  temperature in degC (said by its units): the forecast is read in K and written with
+  longitude ascending in [0, 360), and evaluate scores it against that -180 .. 180, degC
+  store (the same grid, read in K) without a word about grids; a --data.path without the
+  run's variables says which store lacks what."""
+  own = json.loads(open(os.path.join(trained_tiny_run, "config.json")).read())["data"]["path"]
+  rolled = _copy_with(own, tmp_path / "rolled.zarr", lambda d: d.sel(
+      time=slice("2020-01-20", "2020-01-23")).roll(longitude=32, roll_coords=True)
+      .assign_coords(longitude=(d.longitude.roll(longitude=32) + 180) % 360 - 180)
+      .pipe(lambda r: r.assign({"2m_temperature": (r["2m_temperature"] - 273.15)
+                                .assign_attrs(units="degC")})))
+  lacking = _copy_with(own, tmp_path / "lacking.zarr", lambda d: d.sel(
+      time=slice("2020-01-20", "2020-01-23")).drop_vars("specific_humidity"))
+  out = tmp_path / "f.zarr"
+  made, missing = _in_parallel(
+      lambda: forecast(trained_tiny_run, out, f"--data.path={rolled}",
+                       "--init_times=2020-01-21T00", "--lead=12h",
+                       env=_env(**fast_compile_env())),
+      lambda: forecast(trained_tiny_run, tmp_path / "g.zarr", f"--data.path={lacking}",
+                       "--init_times=2020-01-21T00", "--lead=12h"))
+  assert made.returncode == 0, made.stderr[-3000:]
+  converted = f"Store {rolled}: 2m_temperature is in degC (its units attribute): read in K"
+  assert converted in made.stderr, made.stderr[-3000:]
+  written = xr.open_zarr(out)
+  longitude = written.longitude.values
+  assert longitude[0] == 0 and np.all(np.diff(longitude) > 0)
+  assert 200 < float(written["2m_temperature"].mean()) < 350  # K, from degC inputs
+  scored = run("evaluate", f"--forecast={out}", f"--truth={rolled}",
+               f"--out={tmp_path / 'scores'}")
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  assert "Grids differ" not in scored.stderr and converted in scored.stderr
+  with open(tmp_path / "scores" / "metrics.json") as f:
+    rmse = json.load(f)["scores"]["forecast"]["rmse"]["2m_temperature"]
+  assert max(rmse) < 50, rmse  # against the truth in K, not 273 K off
+  assert re.search(rf"Scoring {re.escape(str(out))}: initial times 1/1 \(2020-01-21 00:00\) \| "
+                   r"\d+:\d\d:\d\d \| ETA 0:00:00", scored.stderr), scored.stderr[-2000:]
+  error = assert_user_error(missing, f"The store {lacking} (--data.path) lacks variable(s) "
+                            "['specific_humidity'] that the run", "Give --data.path a store "
+                            "with the run's variables")
+  assert "Choose data.variables" not in error

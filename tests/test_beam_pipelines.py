@@ -9,6 +9,7 @@ runner or an unknown Beam option is one line, exit 2, before anything is written
 
 import concurrent.futures
 import json
+import os
 import pathlib
 
 import apache_beam  # noqa: F401  (the test extra installs it: without it, fail, not skip)
@@ -110,9 +111,9 @@ def test_a_bad_runner_or_beam_option_is_one_line(tmp_path):
   cds_files.current_netcdf(["2t"], TIMES).to_netcdf(source, engine="h5netcdf")
   out = tmp_path / "out.zarr"
   common = [f"--from={source}", f"--out={out}"]
-  cases = [
-      (common + ["--runner=Dataflw"], ["--runner=Dataflw: Unexpected pipeline runner",
-                                        "DataflowRunner"]),
+  cases = [  # one --out each: one command at a time writes an output (`outputs.lock`)
+      ([f"--from={source}", f"--out={tmp_path / 'other.zarr'}", "--runner=Dataflw"],
+       ["--runner=Dataflw: Unexpected pipeline runner", "DataflowRunner"]),
       (common + [RUNNER, "--", "--direct_num_workrs=2"],
        ["--direct_num_workrs=2 is not one of Beam's pipeline options",
         "did you mean --direct_num_workers?"]),
@@ -121,7 +122,7 @@ def test_a_bad_runner_or_beam_option_is_one_line(tmp_path):
     results = list(pool.map(lambda case: run("make_dataset", *case[0]), cases))
   for (_, fragments), result in zip(cases, results):
     assert_user_error(result, *fragments)
-  assert not out.exists() and not (tmp_path / "out.zarr.partial").exists()
+  assert sorted(os.listdir(tmp_path)) == ["t2m.nc"]  # nothing written, no lock left
 
 
 def test_a_library_caller_is_told_of_its_arguments_not_of_flags():

@@ -141,9 +141,9 @@ def test_run_directory_keeps_its_config_history_and_names_what_is_missing(tmp_pa
     RunDirectory(run.path, argument="workdir").restore_params({})
   config = config_lib.default_config()
   config.train.steps = 7
-  run.write_config(config)
+  run.write_config(config_lib.to_json(config))
   config.train.steps = 8
-  run.write_config(config, history=False)  # an import's: no start to record
+  run.write_config(config_lib.to_json(config), history=False)  # an import's: no start to record
   assert run.read_config().train.steps == 8
   (history,) = os.listdir(os.path.join(run.path, "configs"))
   assert history.startswith("config-") and history.endswith("Z.json")

@@ -11,6 +11,7 @@ so that they also show that libtpu prints nothing on a machine without a TPU.
 import importlib.util
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ from tensorboardX.proto import event_pb2
 
 from launch import cli, local_cluster
 from wnscale import config as config_lib
+from wnscale import progress
 from wnscale import specs as specs_lib
 from wnscale.data import resolve, synthetic
 from wnscale.errors import ArgumentError, UserError
@@ -225,8 +227,7 @@ def test_a_library_message_is_shown_with_this_launchers_flags():
 
 def test_batch_not_divisible_by_the_data_shards():
   """(The way out of `launch.train` of the mesh case below: checked on the library.)"""
-  mesh = config_lib.default_config().mesh
-  mesh.data = 4
+  mesh = specs_lib.MeshSpec(data=4, graph=1, exchange="all_gather")
   with pytest.raises(UserError, match="train.batch_size=3 is not divisible by the 4 data "
                      "shards"):
     mesh_lib.check_batch_size(mesh_lib.make_mesh(mesh, jax.devices()[:4]), 3)
@@ -235,8 +236,7 @@ def test_batch_not_divisible_by_the_data_shards():
 def test_a_mesh_larger_than_the_devices_suggests_num_cpu_devices(tmp_path):
   assert_user_error(train(tmp_path, "--config.mesh.graph=4"),
                     "1 devices cannot be split into groups of 4", "--num_cpu_devices=4")
-  mesh = config_lib.default_config().mesh
-  mesh.graph = 4
+  mesh = specs_lib.MeshSpec(data=1, graph=4, exchange="all_gather")
   with pytest.raises(UserError, match="`jax_num_cpu_devices=4` gives") as library:
     mesh_lib.mesh_shape(mesh, 1, "cpu")
   assert "--" not in str(library.value)
@@ -358,7 +358,8 @@ def _checkpoint_of_another_model(workdir):
   config.model.latent_size = 16
   _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
   params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  state = initial_state(params, optimizer_lib.make_optimizer(config.train))
+  state = initial_state(params, optimizer_lib.make_optimizer(
+      specs_lib.from_config(config).train))
   saver = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=3)
   saver.save(4, state, iter(grain.MapDataset.range(4).to_iter_dataset()),
              {"step": 4, "data_groups": 1, "data_offset": 0})
@@ -427,11 +428,35 @@ def test_compile_with_its_defaults_rounds_the_batch_and_explains_its_columns():
   assert result.returncode == 0, result.stderr[-3000:]
   assert ("train.batch_size=2 does not split over 8 data shards: compiling 1 example(s) per "
           "data shard (batch 8)") in result.stderr
+  # The compile is said before it starts (what, and how long such a compile takes) and
+  # after it ends (how long it took): a 0.25 deg compile is silent for minutes otherwise.
+  what = "Compiling the train step for cpu:8 (1 graph shard(s), batch 8, remat "
+  assert re.search(re.escape(what) + r"[\w_]+\) \(seconds to a minute\)\.\.\.", result.stderr)
+  assert re.search(re.escape(what) + r"[\w_]+\): done in \d+:\d\d:\d\d\.", result.stderr)
   header, row = result.stdout.splitlines()[1:3]
   assert header.split()[:3] == ["candidate", "graph", "batch"] and row.split()[:2] == ["1", "8"]
   legend = result.stdout.split("Columns:\n")[1]
   assert all(f"  {column} " in legend for column in header.split()[:6])
   assert_no_libtpu_noise(result.stderr)
+
+
+def test_a_long_compile_says_how_long_it_has_taken_while_it_lasts(caplog):
+  """A real XLA compile (about a second) under `progress.long_step`, with a line every
+  0.1 s instead of every minute: the lines come while it compiles (the compiler lets go of
+  the GIL), then the one saying it is done."""
+  def chain(x):
+    for i in range(200):
+      x = jnp.sin(x @ x.T + i)
+    return x
+  lowered = jax.jit(chain).lower(jax.ShapeDtypeStruct((32, 32), jnp.float32))
+  with caplog.at_level(logging.INFO), progress.long_step("Compiling chain", "a second",
+                                                         every=0.1):
+    lowered.compile()
+  lines = [record.getMessage() for record in caplog.records]
+  assert lines[0] == "Compiling chain (a second)..."
+  assert re.fullmatch(r"Compiling chain: done in \d+:\d\d:\d\d\.", lines[-1])
+  assert all(re.fullmatch(r"Compiling chain: \d+:\d\d:\d\d so far\.\.\.", line)
+             for line in lines[1:-1]) and len(lines) >= 3, lines
 
 
 # --- A run that says what it does ---------------------------------------------------------

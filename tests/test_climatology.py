@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
+from wnscale.errors import UserError
 from wnscale.evaluation import climatology
 
 LAT, LON = [30.0, 0.0, -30.0], [0.0, 90.0, 180.0, 270.0]
@@ -67,12 +68,15 @@ def test_matches_weatherbench2_explicit_method(tmp_path, memory_bytes, caplog):
     out = climatology.compute_climatology(store, str(tmp_path / "clim.zarr"),
                                           memory_bytes=memory_bytes)
   # Progress in words a user reads (not `slice(0, 2, None)`).
-  progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("climatology:")]
+  progress = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith(f"Climatology of {store}: blocks ")]
   assert progress and not any("slice(" in message for message in progress), progress
+  assert all(" | ETA " in message for message in progress), progress
   if memory_bytes == 2**30:  # one block per variable
-    assert sorted(progress) == [
-        "climatology: 2m_temperature, latitude rows 1-3 of 3 done",
-        "climatology: temperature, levels 1-2 of 2, latitude rows 1-3 of 3 done"], progress
+    assert [message.split(" | ")[0] for message in progress] == [
+        f"Climatology of {store}: blocks 1/2 (temperature, levels 1-2 of 2, latitude rows 1-3 "
+        "of 3)", f"Climatology of {store}: blocks 2/2 (2m_temperature, latitude rows 1-3 of 3)"
+    ], progress
   ours = xr.open_zarr(out, chunks=None)
   reference = wb2_explicit_climatology(xr.open_zarr(store).astype(np.float64).load(), 61)
   assert ours["temperature"].dims == ("hour", "dayofyear", "level", "latitude", "longitude")
@@ -84,7 +88,7 @@ def test_matches_weatherbench2_explicit_method(tmp_path, memory_bytes, caplog):
                                rtol=1e-6, atol=1e-5)
 
 
-def test_day_366_missing_values_and_smoothing_by_hand(tmp_path):
+def test_day_366_missing_values_and_smoothing_by_hand(tmp_path, caplog):
   # Daily at 00 UTC through 2019 (no day 366) and the first days of 2020.
   times = pd.date_range("2019-01-01", "2020-01-05", freq="D")
   value = np.asarray(times.day_of_year + 1000 * (times.year - 2019), np.float32)
@@ -99,6 +103,20 @@ def test_day_366_missing_values_and_smoothing_by_hand(tmp_path):
   assert float(t.sel(dayofyear=2)[0, 0]) == 2.0  # 2020's value was NaN
   assert float(t.sel(dayofyear=200)[1, 1]) == 200.0  # 2019 only
   assert float(t.sel(dayofyear=366)[1, 1]) == 365.0  # 2019's day 365 stands in
+  # The same store said to be in degC: a climatology in K (what it says it is in), said;
+  # units that do not convert: refused before any work.
+  for units in ("degC", "Pa"):
+    xr.open_zarr(store).load().pipe(lambda d, units=units: d.assign({
+        "2m_temperature": d["2m_temperature"].assign_attrs(units=units)})).to_zarr(
+            tmp_path / f"{units}.zarr", zarr_format=2)
+  with caplog.at_level(logging.WARNING):
+    kelvin = xr.open_zarr(climatology.compute_climatology(
+        str(tmp_path / "degC.zarr"), str(tmp_path / "k.zarr"), window=3), chunks=None)
+  np.testing.assert_allclose(kelvin["2m_temperature"].values, unsmoothed.values + 273.15)
+  assert "2m_temperature is in degC (its units attribute): read in K (+273.15)." in caplog.text
+  with pytest.raises(UserError, match="2m_temperature' of store .* is in 'Pa'"):
+    climatology.compute_climatology(str(tmp_path / "Pa.zarr"), str(tmp_path / "pa.zarr"))
+  assert not (tmp_path / "pa.zarr").exists()
   # Window 5: weights 0, 0.5, 1, 0.5, 0 over days d-2..d+2; day 1 wraps to day 366.
   smoothed = xr.open_zarr(climatology.compute_climatology(
       store, str(tmp_path / "w5.zarr"), window=5), chunks=None)["2m_temperature"]

@@ -1,10 +1,13 @@
 """Every config file loads and validates; invalid configs fail before anything is built."""
 
+import dataclasses
+import json
 import os
 
 import pytest
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.train import optimizer
 
@@ -27,6 +30,24 @@ def test_config_loads_and_validates(path):
     docstring = f.read()
   # Each config documents how to launch it.
   assert "python -m launch." in docstring
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_a_run_records_its_config_with_the_values_its_specs_resolved(path):
+  """`specs.recorded_config`: the config as given, where the specs say nothing new; each
+  value replaced on a spec (the store's path, an auto remat's choice) in its place, which
+  reads back (`config.from_json`) as those specs."""
+  config = config_lib.load(path)
+  given = config_lib.to_json(config)
+  specs = specs_lib.from_config(config)
+  assert specs_lib.recorded_config(specs, given) == given
+  resolved = dataclasses.replace(
+      specs, data=dataclasses.replace(specs.data, path="/resolved.zarr"),
+      model=dataclasses.replace(specs.model, edge_chunks=4, remat_mesh_gnn=True))
+  recorded = specs_lib.recorded_config(resolved, given)
+  assert recorded["data"]["path"] == "/resolved.zarr" and recorded["model"]["edge_chunks"] == 4
+  assert recorded["train"] == given["train"]
+  assert specs_lib.from_config(config_lib.from_json(json.dumps(recorded))) == resolved
 
 
 def test_only_the_small_configs_ask_for_a_synthetic_store():
@@ -111,9 +132,9 @@ def test_invalid_values_are_rejected(section, key, value, message):
 def test_a_warm_up_longer_than_the_run_is_valid_and_clipped():
   config = config_lib.default_config()
   config.train.update(steps=3, warmup_steps=20)
-  config_lib.validate(config)
-  assert optimizer.warmup_steps(config.train) == 2
-  schedule = optimizer.learning_rate_schedule(config.train)
+  train = specs_lib.from_config(config_lib.validate(config)).train
+  assert optimizer.warmup_steps(train) == 2
+  schedule = optimizer.learning_rate_schedule(train)
   assert float(schedule(0)) == 0.0
   assert float(schedule(2)) == pytest.approx(config.train.learning_rate, rel=1e-6)
 
@@ -156,7 +177,8 @@ def test_the_paper_configs_carry_graphcasts_whole_schedule():
   from wnscale.train import curriculum  # noqa: PLC0415
   for name in ("graphcast_0p25.py", "graphcast_1p0.py"):
     config = config_lib.load(os.path.join(CONFIG_DIR, name))
-    train = config.train
+    specs = specs_lib.from_config(config)
+    train = specs.train
     assert train.rollout_schedule[:2] == ((0, 1), (300_000, 2))
     assert train.rollout_schedule[-1] == (310_000, 12) and train.steps == 311_000
     schedule = optimizer.learning_rate_schedule(train)
@@ -164,8 +186,8 @@ def test_the_paper_configs_carry_graphcasts_whole_schedule():
     assert float(schedule(299_999)) == pytest.approx(0, abs=1e-9)
     assert [float(schedule(step)) for step in (300_000, 305_500, 310_999)] == pytest.approx(
         [3e-7] * 3)
-    assert curriculum.longest_phase_config(config).data.target_steps == 12
-    assert config.data.target_steps == 1  # evaluation's lead times
+    assert curriculum.longest_phase_specs(specs).data.target_steps == 12
+    assert specs.data.target_steps == 1  # evaluation's lead times
 
 
 # --- Configs by name, from any directory -----------------------------------------------------

@@ -302,7 +302,7 @@ def test_a_killed_conversion_continues_and_a_converted_store_trains(tmp_path):
   other = subprocess.run([sys.executable, "-m", "launch.make_dataset",
                           f"--from={tmp_path}/sfc.nc", f"--out={whole}"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
-  assert other.returncode == 2 and "exists (a zarr store); pass --overwrite" in other.stderr
+  assert other.returncode == 2 and "exists (a dataset store); pass --overwrite" in other.stderr
 
   train = subprocess.run(
       [sys.executable, "-m", "launch.train", "--platform=cpu", "--num_cpu_devices=1",

@@ -126,7 +126,7 @@ def test_layout_ordered_batches_become_global_arrays(store_path):
   model = specs_lib.from_config(config).model
   natural = _pipeline(store_path)
   points = natural.source.store.points
-  layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:4]),
+  layout = ShardedLayout(mesh_lib.make_mesh(specs_lib.from_config(config).mesh, jax.devices()[:4]),
                          setup.graphs_for_grid(model, points),
                          setup.node_positions(model, points), "halo")
   assert (layout.grid_slots != np.arange(len(layout.grid_slots))).any()  # a real reordering

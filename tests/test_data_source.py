@@ -211,7 +211,8 @@ def test_graphcast_data_contract(store_path):
   rain = window["total_precipitation_6hr"].values[2:].reshape(2, -1)
   np.testing.assert_allclose(example["targets"][:, -1], normalized("total_precipitation_6hr",
                                                                    rain), rtol=1e-5, atol=1e-5)
-  assert source.residual_scale[-1] == 1.0 and source.residual_scale[0] != 1.0
+  scale = normalization.residual_scale(source.channel_stats, source.num_state_channels)
+  assert scale[-1] == 1.0 and scale[0] != 1.0
   # Forcings: the store's radiation, the computed progresses, all normalized.
   radiation = window["toa_incident_solar_radiation"].values.reshape(4, -1)
   np.testing.assert_allclose(example["forcings"][:, 0],

@@ -1,5 +1,7 @@
 """Reading stores of every supported shape, and each bad-input error."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -161,10 +163,18 @@ def test_wrong_dims_are_named(tmp_path):
     store_lib.open_store(path, ["temperature"], [500])
 
 
-def test_non_uniform_time_step(tmp_path):
-  times = pd.to_datetime(["2020-01-01T00", "2020-01-01T06", "2020-01-01T18"])
-  path = _custom_store(tmp_path / "uneven.zarr", times)
-  with pytest.raises(ValueError, match="not uniform"):
+@pytest.mark.parametrize("times, problem", [
+    (["2020-01-01T00", "2020-01-01T06", "2020-01-01T18"],
+     "are not evenly spaced: every 6 h up to 2020-01-01 06:00:00, then 2020-01-01 18:00:00 "
+     "(12 h later)"),
+    (["2020-01-01T00", "2020-01-01T06", "2020-01-01T06", "2020-01-01T12"],
+     "are not in order: 2020-01-01 06:00:00 (position 2) is there twice"),
+    (["2020-01-01T00", "2020-01-01T12", "2020-01-01T06", "2020-01-01T18"],
+     "are not in order: 2020-01-01 06:00:00 (position 2) comes after 2020-01-01 12:00:00"),
+], ids=["uneven", "duplicate", "unsorted"])
+def test_times_out_of_order_name_the_first_bad_one(tmp_path, times, problem):
+  path = _custom_store(tmp_path / "times.zarr", pd.to_datetime(times))
+  with pytest.raises(UserError, match=f"^Times of {path} {re.escape(problem)}"):
     store_lib.open_store(path, ["temperature"], [500])
 
 

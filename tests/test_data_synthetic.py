@@ -213,7 +213,7 @@ def test_year_progress_counts_tropical_years_as_graphcast():
 
 def test_never_deletes_a_directory_that_is_not_a_store(tmp_path):
   (tmp_path / "notes.txt").write_text("keep me")
-  with pytest.raises(ValueError, match="is not a zarr store \\(it holds notes.txt\\)"):
+  with pytest.raises(ValueError, match="is not a dataset store \\(it holds notes.txt\\)"):
     synthetic.write_synthetic_store(str(tmp_path), end="2020-01-01", overwrite=True)
   assert (tmp_path / "notes.txt").exists()
 

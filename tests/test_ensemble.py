@@ -179,18 +179,18 @@ def test_train_step_draws_noise_from_the_step_alone(problem):
   del batch["noise"]  # the step draws it
   config = small_config()
   graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
-  optimizer = optimizer_lib.make_optimizer(config.train)
+  optimizer = optimizer_lib.make_optimizer(specs_lib.from_config(config).train)
 
   def steps(on_data, state_steps):
     config.train.members_on_data = on_data
     config.mesh.data, config.mesh.graph = (2, 1) if on_data else (1, 1)
-    mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:config.mesh.data])
+    specs = specs_lib.from_config(config)
+    mesh = mesh_lib.make_mesh(specs.mesh, jax.devices()[:specs.mesh.data])
     layout = ShardedLayout(mesh, constants.graphs, positions, "all_gather")
     device_constants, halo_indices = layout.constants(constants)
     step = step_lib.make_train_step(
-        layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
-        device_constants, halo_indices, loss="crps",
-        members=ensemble.training_members(specs_lib.from_config(config)))
+        layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(specs.train),
+        device_constants, halo_indices, loss="crps", members=ensemble.training_members(specs))
     rows = ensemble.tile_members(batch, 2) if on_data else batch
     losses = []
     for state_step in state_steps:

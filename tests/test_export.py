@@ -146,7 +146,7 @@ def test_statistics_of_wnscale_format_in_graphcast_layout(imported, tmp_path):
   shutil.copytree(imported, run_dir)
   config = RunDirectory(run_dir).read_config()
   config.data.stats_path = stats_file
-  RunDirectory(run_dir).write_config(config, history=False)
+  RunDirectory(run_dir).write_config(config_lib.to_json(config), history=False)
   export_graphcast(run_dir, str(tmp_path / "params.npz"), stats_dir=str(tmp_path / "out"))
   used = STATE + FORCINGS + STATICS
   for name in STATS_FILES:
@@ -317,7 +317,7 @@ def refused_runs(imported, root):
     config = copy.deepcopy(base)
     edit(config)
     directory = RunDirectory(str(root / name))
-    directory.write_config(config_lib.validate(config), history=False)
+    directory.write_config(config_lib.to_json(config_lib.validate(config)), history=False)
     runs[name] = (directory.path, setting)
   return runs
 

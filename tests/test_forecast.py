@@ -56,7 +56,7 @@ def small_config(**data):
 
 def make_layout(config, points, graph, exchange="all_gather", data=1):
   config.mesh.update(data=data, graph=graph, exchange=exchange)
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:data * graph])
+  mesh = mesh_lib.make_mesh(specs_lib.from_config(config).mesh, jax.devices()[:data * graph])
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
   return ShardedLayout(mesh, graphs, setup.node_positions(specs_lib.from_config(config).model, points),
                        exchange), graphs
@@ -108,12 +108,12 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   results = []
   for graph in (1, 4):
     config.mesh.update(data=1, graph=graph)
-    assembly = assemble(specs_lib.from_config(config), source.store.points, source.stats,
-                        mesh_lib.make_mesh(config.mesh, jax.devices()[:graph]))
+    specs = specs_lib.from_config(config)
+    assembly = assemble(specs, source.store.points, source.stats,
+                        mesh_lib.make_mesh(specs.mesh, jax.devices()[:graph]))
     constants = assembly.constants
     np.testing.assert_allclose(constants.residual_scale, stats["diff_std"] / stats["std"])
-    forecaster = StreamingForecaster(specs_lib.from_config(config), assembly, params,
-                                     source.store)
+    forecaster = StreamingForecaster(specs, assembly, params, source.store)
     states = {lead: grid for lead, grid, _ in forecaster.run([index + 1], LEADS)}
     assert sorted(states) == list(range(LEADS))
     results.append(np.stack([states[lead][0] for lead in range(LEADS)]))
@@ -260,7 +260,8 @@ def test_init_times_and_leads(store_source):
 def test_params_only_restore_and_clear_errors(tmp_path):
   config = small_config()
   graphdef, params = setup.init_model(specs_lib.from_config(config))
-  state = initial_state(params, optimizer_lib.make_optimizer(config.train))
+  state = initial_state(params, optimizer_lib.make_optimizer(
+      specs_lib.from_config(config).train))
   saver = checkpoint.Checkpointer(str(tmp_path), max_to_keep=3)
   iterator = iter(grain.MapDataset.range(4).to_iter_dataset())
   for step in (3, 6):
@@ -289,7 +290,7 @@ def test_run_config_round_trips_through_json(tmp_path):
   config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs",
                                         "mid_1p0.py"))
   (tmp_path / "config.json").write_text(config.to_json_best_effort(indent=2))
-  loaded, path = forecast_lib.load_run_config(RunDirectory(str(tmp_path)), {"graph": 4},
+  loaded, path = forecast_lib.load_run_specs(RunDirectory(str(tmp_path)), {"graph": 4},
                                               "/other.zarr")
   assert loaded.data.variables == config.data.variables  # tuples again
   assert loaded.mesh.graph == 4 and path == "/other.zarr"
@@ -299,7 +300,7 @@ def test_run_config_round_trips_through_json(tmp_path):
     config_lib.from_json(json.dumps(data))
   with pytest.raises(ValueError, match="workdir=.*missing: not a run directory: it holds no "
                      "config.json"):
-    forecast_lib.load_run_config(RunDirectory(str(tmp_path / "missing"), argument="workdir"))
+    forecast_lib.load_run_specs(RunDirectory(str(tmp_path / "missing"), argument="workdir"))
 
 
 class _Terminal(io.StringIO):
@@ -332,7 +333,8 @@ def make_run(tmp_path, config, params=None):
   (workdir / "config.json").write_text(config.to_json_best_effort())
   params = setup.init_model(specs_lib.from_config(config))[1] if params is None else params
   saver = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=1)
-  saver.save(5, initial_state(params, optimizer_lib.make_optimizer(config.train)),
+  saver.save(5, initial_state(params, optimizer_lib.make_optimizer(
+      specs_lib.from_config(config).train)),
              iter(grain.MapDataset.range(2).to_iter_dataset()), {"step": 5})
   saver.close()
   return workdir

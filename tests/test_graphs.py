@@ -13,6 +13,8 @@ from wnscale.graphs import blocks, build, connectivity, features, grid, icosahed
 from wnscale.graphs.edge_sets import graphcast_edge_sets
 from wnscale.graphs.points import PointSet, named_grid
 
+from mesh_ties import tied_grid_nodes
+
 REPO = os.path.join(os.path.dirname(__file__), "..")
 
 
@@ -180,9 +182,9 @@ def test_the_nearest_vertex_shortcut_gives_the_faces_of_the_search(monkeypatch, 
   on_mesh = np.concatenate([coarse.vertices, coarse.vertices[coarse.faces[:, :2]].mean(axis=1)])
   xyz = np.concatenate([grid.lat_lon_to_xyz(lat, lon),
                         on_mesh / np.linalg.norm(on_mesh, axis=1, keepdims=True)])
-  shortcut = connectivity.mesh_to_grid_edges(xyz, mesh), connectivity.tied_grid_nodes(xyz, mesh)
+  shortcut = connectivity.mesh_to_grid_edges(xyz, mesh), tied_grid_nodes(xyz, mesh)
   monkeypatch.setattr(connectivity, "_CLEARLY_INSIDE", np.inf)  # no point is: all searched
-  searched = connectivity.mesh_to_grid_edges(xyz, mesh), connectivity.tied_grid_nodes(xyz, mesh)
+  searched = connectivity.mesh_to_grid_edges(xyz, mesh), tied_grid_nodes(xyz, mesh)
   for got, expected in zip((*shortcut[0], shortcut[1]), (*searched[0], searched[1])):
     np.testing.assert_array_equal(got, expected)
   assert 0 < shortcut[1].sum() < len(xyz) // 4  # the points on edges are ties

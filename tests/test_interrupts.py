@@ -27,6 +27,7 @@ from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_
                        snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
 from wnscale import interrupts
+from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.train import trainer
 from wnscale.train import workdir as workdir_lib
@@ -223,10 +224,11 @@ def test_a_copy_of_the_store_and_harmless_keys_are_the_same_data(trained_tiny_ru
   copy = str(tmp_path / "copy.zarr")
   shutil.copytree(config.data.path, copy)
   config.data.path = copy
-  trainer.check_same_data(trained_tiny_run, config)  # no error: the same data
+  data = specs_lib.from_config(config).data
+  trainer.check_same_data(trained_tiny_run, config, data)  # no error: the same data
   shutil.rmtree(os.path.join(copy, "2m_temperature"))
   with pytest.raises(UserError, match=r"trained on other data \(data.path: ") as library:
-    trainer.check_same_data(trained_tiny_run, config)
+    trainer.check_same_data(trained_tiny_run, config, data)
   assert "another `workdir` (`train.init_from=" in str(library.value)
   assert "--" not in str(library.value)
 

@@ -73,8 +73,8 @@ def np_graphcast(model, graphs, grid_inputs):
                                       mesh_nodes, g2m.senders, g2m.receivers)
   grid_nodes = grid_nodes + np_mlp(model.grid_to_mesh_grid_mlp, grid_nodes)
   # Processor: the edge latents carry over from step to step.
-  edges = np_mlp(model.mesh_edge_embedder, mesh_edges.features)
-  graphdef, stacked = nnx.split(model.mesh_layers)
+  edges = np_mlp(model.processor.edge_embedder, mesh_edges.features)
+  graphdef, stacked = nnx.split(model.processor.layers)  # [message_passing_steps]-stacked
   for step in range(model.spec.message_passing_steps):
     layer = nnx.merge(graphdef, jax.tree.map(lambda x: x[step], stacked))
     mesh_nodes, edges = np_interaction_step(layer, edges, mesh_nodes, mesh_nodes,

@@ -179,8 +179,9 @@ def test_missing_targets_leave_the_loss_and_missing_points_send_nothing():
   def without_station(station):  # its encoder edges point past every mesh node: dropped
     receivers = np.where(edges.senders == station, constants.graphs.num_nodes("mesh"),
                          edges.receivers)
-    return predict(constants._replace(graphs=constants.graphs.with_edge_sets(
-        {"stations_to_mesh": edges.replace(receivers=receivers)})))[0]
+    graphs = constants.graphs
+    return predict(constants._replace(graphs=graphs._replace(edges=dict(
+        graphs.edges, stations_to_mesh=edges.replace(receivers=receivers)))))[0]
 
   np.testing.assert_array_equal(without_station(0), grid_predictions)
   present_station = int(np.flatnonzero(~np.isnan(batch["stations/inputs"][0, -1, 0]))[0])
@@ -277,8 +278,9 @@ def test_the_forecast_step_feeds_the_station_predictions_back():
 
   config = station_config()
   config.mesh.data, config.mesh.graph = 2, 4
-  layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:8]), constants.graphs,
-                         positions, "halo")
+  layout = ShardedLayout(mesh_lib.make_mesh(specs_lib.from_config(config).mesh,
+                                            jax.devices()[:8]),
+                         constants.graphs, positions, "halo")
   device_constants, halo_indices = layout.constants(constants)
   step = jax.jit(sharded_model.forecast_step_fn(layout, graphdef, specs.data.modalities))
   inputs = device_batch(layout, window)
@@ -310,7 +312,7 @@ def test_a_run_without_the_modalitys_points_is_refused():
   """Assembling a run with modalities but without their points (the planner's, a GraphCast
   example prediction's) names what is missing (before any graph is built)."""
   specs = specs_lib.from_config(station_config())
-  mesh = mesh_lib.make_mesh(station_config().mesh, jax.devices()[:1])
+  mesh = mesh_lib.make_mesh(specs.mesh, jax.devices()[:1])
   with pytest.raises(UserError, match=r"data.modalities \['stations'\]: no points"):
     assembly.assemble(specs, POINTS, None, mesh, params=None)
 

@@ -1,6 +1,8 @@
 """The optimizer: the schedule's shape, and AdamW on the raveled parameters equals
 optax's AdamW on the parameter tree while keeping its state in a few arrays."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import optax
 import pytest
 
 from wnscale import config as config_lib
+from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.train import optimizer
 
@@ -17,6 +20,11 @@ def _train_config():
   train.update(steps=100, warmup_steps=10, learning_rate=1e-3, end_learning_rate=1e-5,
                grad_clip_norm=0.5)
   return train
+
+
+def _train_spec(train):
+  """The `TrainSpec` of a validated config's `train` section `train`."""
+  return specs_lib.from_config(config_lib.validate(_with_train(train))).train
 
 
 def _params():
@@ -41,7 +49,7 @@ def _train_both(first, second, params, steps, second_grads=lambda grads: grads):
 
 
 def test_schedule_warms_up_then_decays_to_the_end_rate():
-  schedule = optimizer.learning_rate_schedule(_train_config())
+  schedule = optimizer.learning_rate_schedule(_train_spec(_train_config()))
   assert float(schedule(0)) == 0.0
   np.testing.assert_allclose(float(schedule(5)), 5e-4, rtol=1e-6)
   np.testing.assert_allclose(float(schedule(10)), 1e-3, rtol=1e-6)
@@ -50,7 +58,7 @@ def test_schedule_warms_up_then_decays_to_the_end_rate():
 
 
 def test_raveled_adamw_matches_adamw_on_the_tree():
-  train = _train_config()
+  train = _train_spec(_train_config())
   params = _params()
   on_tree = optax.chain(
       optax.clip_by_global_norm(train.grad_clip_norm),
@@ -72,8 +80,7 @@ def test_phase_learning_rates_give_each_phase_its_own_schedule():
   train = _train_config()
   train.update(steps=40, rollout_schedule=((0, 1), (20, 2), (30, 3)),
                phase_learning_rates=("1e-3:4:0", "3e-7", "2e-4:2:1e-4"))
-  config_lib.validate(_with_train(train))
-  schedule = optimizer.learning_rate_schedule(train)
+  schedule = optimizer.learning_rate_schedule(_train_spec(train))
   rates = [float(schedule(step)) for step in range(40)]
   np.testing.assert_allclose(rates[:5], [0, 2.5e-4, 5e-4, 7.5e-4, 1e-3], rtol=1e-6)
   assert rates[4] > rates[12] > rates[19] > 0
@@ -92,11 +99,9 @@ def test_frozen_parameters_get_no_update_and_no_state():
   """`train.freeze`: the frozen leaves stay bitwise, the others follow the unfrozen
   optimizer given zero gradients for the frozen ones, and the moments hold only the
   trained parameters."""
-  train = _train_config()
-  train.freeze = ("processor",)
+  train = _train_spec(_train_config())
   params = _params()
-  frozen_tx = optimizer.make_optimizer(train)
-  train.freeze = ()
+  frozen_tx = optimizer.make_optimizer(dataclasses.replace(train, freeze=("processor",)))
   (frozen, frozen_state), (plain, _) = _train_both(
       frozen_tx, optimizer.make_optimizer(train), params, steps=6,
       second_grads=lambda grads: dict(grads, processor=jax.tree.map(jnp.zeros_like,

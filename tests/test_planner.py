@@ -1,5 +1,6 @@
 """The memory planner: AOT compiles on CPU and TPU topologies, and remat_policy='auto'."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -57,23 +58,23 @@ def test_the_planner_compiles_a_step_with_stations():
   config.mesh.update(data=1, graph=1)
   config.train.batch_size = 1
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
-  problem = Problem(config_lib.validate(config), target, lower_train_step)
-  stations = specs_lib.from_config(config).data.modalities[0].synthetic_stations
+  specs = specs_lib.from_config(config_lib.validate(config))
+  problem = Problem(specs, target, lower_train_step)
+  stations = specs.data.modalities[0].synthetic_stations
   assert problem.counts["stations_nodes"] == stations
   assert problem.counts["stations_to_mesh_edges"] > 0
   assert problem.batch["stations/targets"].shape[-1] == problem.counts["stations_nodes"]
   report = problem.compile()
   assert report["fits"] and report["peak_bytes"] > 0
-  with_points = flops_lib.forward_flops(config, problem.graph_shapes)
-  grid_only = config_lib.validate(config.copy_and_resolve_references())
-  grid_only.data.modalities = ()
+  with_points = flops_lib.forward_flops(specs, problem.graph_shapes)
+  grid_only = dataclasses.replace(specs, data=dataclasses.replace(specs.data, modalities=()))
   without = flops_lib.forward_flops(grid_only, problem.graph_shapes)
   assert without["encoder_points"] == without["decoder_points"] == 0
   assert with_points["encoder_points"] > 0 and with_points["decoder_points"] > 0
   assert {k: v for k, v in with_points.items() if not k.endswith("_points")} == {
       k: v for k, v in without.items() if not k.endswith("_points")}
   assert report["flops"] == pytest.approx(flops_lib.step_flops(
-      config, problem.graph_shapes, 1)["model"])
+      specs, problem.graph_shapes, 1)["model"])
 
 
 def test_a_live_device_is_planned_with_the_memory_it_offers(monkeypatch):
@@ -115,7 +116,7 @@ def test_tpu_topology_compile():
     config = tiny(message_passing_steps=2, **model)
     config.mesh.update(graph=graph, data=4 // graph)
     config.train.batch_size = 4 // graph  # one example per data shard
-    return Problem(config, target, lower_train_step).compile()
+    return Problem(specs_lib.from_config(config), target, lower_train_step).compile()
 
   whole, split = report(1), report(4)
   for r in (whole, split):
@@ -153,7 +154,7 @@ def test_a_checkpointed_rollout_keeps_its_states_in_host_memory_on_tpu():
 
       return Recorded()
 
-    problem = Problem(config, target, step_builder)
+    problem = Problem(specs_lib.from_config(config), target, step_builder)
     assert problem.compile()["fits"]
     batch, _, channels, grid = problem.batch["inputs"].shape
     return batch // 2 * channels * grid // 2 * 4  # one float32 state per device (2 x 2)
@@ -175,16 +176,17 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
     plan_cache, monkeypatch):
   config = tiny(remat_policy="auto")
   config.mesh.update(data=1, graph=1)
+  specs = specs_lib.from_config(config)
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
   # One Problem for every search below, what they ask of it and what it compiles recorded:
   # a setting compiled once serves them all.
-  problem = Problem(config, target, lower_train_step)
+  problem = Problem(specs, target, lower_train_step)
   asked, compiled = [], []  # (overrides, micro-batches: None for the config's)
   original_compile, original_uncached = problem.compile, problem._compile
 
-  def compile(overrides=None, breakdown=False, accumulation_steps=None):
+  def compile(overrides=None, breakdown=False, accumulation_steps=None, name=None):
     asked.append((overrides, accumulation_steps))
-    return original_compile(overrides, breakdown, accumulation_steps)
+    return original_compile(overrides, breakdown, accumulation_steps, name)
 
   def uncached(overrides, breakdown, accumulation_steps):
     compiled.append((overrides, accumulation_steps))
@@ -193,17 +195,17 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
   monkeypatch.setattr(problem, "compile", compile)
   monkeypatch.setattr(problem, "_compile", uncached)
   names = ["none", "edge_chunks", "all_every_1"]
-  ample = auto_remat.choose_remat(config, target, lower_train_step, names=names,
+  ample = auto_remat.choose_remat(specs, target, lower_train_step, names=names,
                                   problem=problem)
   assert ample["name"] == "none" and "cheapest" in ample["reason"]
 
-  tight = auto_remat.choose_remat(config, target, lower_train_step, ample["peak_bytes"] - 1,
+  tight = auto_remat.choose_remat(specs, target, lower_train_step, ample["peak_bytes"] - 1,
                                   names=names, problem=problem)
   assert tight["name"] != "none" and tight["peak_bytes"] < ample["peak_bytes"]
   assert tight["overrides"]["edge_chunks"] > 1 or tight["overrides"]["remat_mesh_gnn"]
 
   with pytest.raises(ValueError, match="No remat configuration fits 0.00 GiB per device"):
-    auto_remat.choose_remat(config, target, lower_train_step, 1024, names=["none"],
+    auto_remat.choose_remat(specs, target, lower_train_step, 1024, names=["none"],
                             problem=problem)
 
   # Impossible budgets stop after the cheapest and the least-memory candidate; 'none',
@@ -212,7 +214,7 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
   asked_before, compiled_before = len(asked), len(compiled)
   with pytest.raises(ValueError, match=r"smallest peak is .* \('all_every_1_offload'\). Use "
                      r"more graph shards .*, or a smaller batch per data shard"):
-    auto_remat.choose_remat(config, target, lower_train_step, 1024, problem=problem)
+    auto_remat.choose_remat(specs, target, lower_train_step, 1024, problem=problem)
   least = auto_remat.candidate_overrides("all_every_1_offload")
   assert asked[asked_before:] == [(auto_remat.candidate_overrides("none"), None),
                                   (least, None), (least, 2)]
@@ -220,7 +222,7 @@ def test_auto_remat_none_when_ample_remat_when_tight_clear_error_when_impossible
   assert len({json.dumps(c, sort_keys=True) for c in compiled}) == len(compiled)  # each once
 
   monkeypatch.setattr(auto_remat, "Problem", None)  # cache hits compile nothing
-  assert auto_remat.choose_remat(config, target, lower_train_step, names=names) == ample
+  assert auto_remat.choose_remat(specs, target, lower_train_step, names=names) == ample
 
 
 def test_the_planner_measures_the_micro_batches_and_says_how_many_fit(plan_cache):
@@ -232,8 +234,9 @@ def test_the_planner_measures_the_micro_batches_and_says_how_many_fit(plan_cache
   config = tiny(remat_policy="auto")
   config.mesh.update(data=1, graph=1)
   config.train.update(batch_size=4, accumulation_steps=2)
+  specs = specs_lib.from_config(config)
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
-  problem = Problem(config, target, lower_train_step)
+  problem = Problem(specs, target, lower_train_step)
   none = auto_remat.candidate_overrides("none")
   halves = problem.compile(none)  # the config's micro-batches
   whole, singles = (problem.compile(none, accumulation_steps=n) for n in (1, 4))
@@ -242,7 +245,7 @@ def test_the_planner_measures_the_micro_batches_and_says_how_many_fit(plan_cache
   assert singles["temp_bytes"] < 0.5 * whole["temp_bytes"]
   assert whole["flops"] == halves["flops"] == singles["flops"]  # the same work per step
 
-  choice = auto_remat.choose_remat(config, target, lower_train_step, halves["peak_bytes"],
+  choice = auto_remat.choose_remat(specs, target, lower_train_step, halves["peak_bytes"],
                                    names=["none"], problem=problem)
   assert choice["name"] == "none" and choice["peak_bytes"] == halves["peak_bytes"]
   tight = halves["peak_bytes"] - 1
@@ -252,7 +255,7 @@ def test_the_planner_measures_the_micro_batches_and_says_how_many_fit(plan_cache
   with pytest.raises(ValueError, match=r"^No remat configuration fits .* \('none'\). 'none' "
                      r"fits with train.accumulation_steps=4 \(.* GiB; micro-batches of 1 "
                      r"example\(s\) per data shard") as error:
-    auto_remat.choose_remat(config, target, lower_train_step, tight, names=["none"],
+    auto_remat.choose_remat(specs, target, lower_train_step, tight, names=["none"],
                             problem=problem)
   assert "\n" not in str(error.value)
 
@@ -270,7 +273,7 @@ def test_compile_time_out_of_memory_is_reported_as_not_fitting():
   config = tiny()
   config.mesh.update(graph=1, data=1)
   target = topology.Target("v5e:1x1", tuple(jax.devices()[:1]), 16 * 2**30)
-  report = Problem(config, target, lambda *args: Refused()).compile()
+  report = Problem(specs_lib.from_config(config), target, lambda *args: Refused()).compile()
   assert report["fits"] is False and "CompileTimeHbmOom" in report["error"]
   assert report["temp_bytes"] == int(21.24 * 2**30)
 
@@ -282,12 +285,12 @@ def test_a_candidate_the_compiler_fails_on_is_skipped_not_raised(plan_cache, cap
   internal = ("INTERNAL: during context [post-optimization]: Bitcast cannot have different "
               "memory spaces of output (5) and operand (0)")
 
-  def step_builder(config, *args):
-    lowered = lower_train_step(config, *args)
+  def step_builder(specs, *args):
+    lowered = lower_train_step(specs, *args)
 
     class FailsOnEdgeBlocks:
       def compile(self):
-        if config.model.edge_chunks > 1 and not config.model.remat_mesh_gnn:
+        if specs.model.edge_chunks > 1 and not specs.model.remat_mesh_gnn:
           raise jax.errors.JaxRuntimeError(internal)
         return lowered.compile()
 
@@ -295,12 +298,13 @@ def test_a_candidate_the_compiler_fails_on_is_skipped_not_raised(plan_cache, cap
 
   config = tiny(remat_policy="auto")
   config.mesh.update(data=1, graph=1)
+  specs = specs_lib.from_config(config)
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
-  problem = Problem(config, target, step_builder)
+  problem = Problem(specs, target, step_builder)
   failed = problem.compile(auto_remat.candidate_overrides("edge_chunks"))
   assert failed["fits"] is False and failed["compiled"] is False
   assert failed["error"] == "the compiler failed: " + internal
-  choice = auto_remat.choose_remat(config, target, step_builder,
+  choice = auto_remat.choose_remat(specs, target, step_builder,
                                    names=["edge_chunks", "all_every_1"], problem=problem)
   assert choice["name"] == "all_every_1"
   assert "edge_chunks (the compiler failed)" in choice["reason"]
@@ -312,7 +316,7 @@ def test_plan_cache_key_follows_what_changes_the_compiled_step(plan_cache, monke
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
 
   def key(trial):
-    return auto_remat._cache_path(trial, target, 2**30)
+    return auto_remat._cache_path(specs_lib.from_config(trial), target, 2**30)
 
   base = key(config)
   retuned = tiny()
@@ -337,7 +341,8 @@ def test_breakdown_lists_the_peak_buffers_by_part():
   config.mesh.update(graph=1, data=1)
   config.train.batch_size = 1
   target = topology.Target("cpu:1", tuple(jax.devices()[:1]), 64 * 2**30)
-  report = Problem(config, target, lower_train_step).compile(breakdown=True)
+  report = Problem(specs_lib.from_config(config), target, lower_train_step).compile(
+      breakdown=True)
   buffers, by_part = report["peak_buffers"], report["peak_by_part"]
   sizes = [b["bytes"] for b in buffers]
   assert sizes == sorted(sizes, reverse=True) and sizes[0] > 0

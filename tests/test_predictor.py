@@ -8,7 +8,7 @@ from flax import nnx
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import resolve
+from wnscale.data import normalization, resolve
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.graphs import grid
@@ -56,7 +56,8 @@ def model(store_path, request):
                                            stats=stats, **resolve.data_layout(specs.data))
   assembly = assemble(specs, source.store.points, stats, mesh_lib.single_device_mesh(),
                       params="init")
-  np.testing.assert_array_equal(assembly.constants.residual_scale, source.residual_scale)
+  np.testing.assert_array_equal(assembly.constants.residual_scale, normalization.residual_scale(
+      source.channel_stats, source.num_state_channels))
   run = predictor.Predictor(specs, assembly, assembly.params)
   return source, assembly.graphdef, assembly.params, assembly.constants, run
 

@@ -37,17 +37,17 @@ def test_ema_follows_the_parameters_and_frozen_parts_stay_bitwise():
   config = config_lib.default_config()
   config.model.update(latent_size=8, mesh_levels=0, message_passing_steps=1)
   config.train.update(ema_decay=DECAY, freeze=("processor",), warmup_steps=0)
+  config.mesh.update(data=1, graph=1)
   config = config_lib.validate(config)
   specs = specs_lib.from_config(config)
   constants, batch, params = synthetic_problem(config, POINTS, batch_size=2)
-  config.mesh.update(data=1, graph=1)
-  layout = ShardedLayout(mesh_lib.make_mesh(config.mesh, jax.devices()[:1]), constants.graphs,
+  layout = ShardedLayout(mesh_lib.make_mesh(specs.mesh, jax.devices()[:1]), constants.graphs,
                          setup.node_positions(specs.model, POINTS), "all_gather")
   device_constants, halo_indices = layout.constants(constants)
   graphdef, _ = setup.init_model_shapes(specs)
-  optimizer = optimizer_lib.make_optimizer(config.train)
+  optimizer = optimizer_lib.make_optimizer(specs.train)
   train_step = step_lib.make_train_step(
-      layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
+      layout, graphdef, optimizer, optimizer_lib.learning_rate_schedule(specs.train),
       device_constants, halo_indices, ema_decay=DECAY, freeze=("processor",))
   replicated = layout.sharding(jax.sharding.PartitionSpec())
   initial = jax.tree.map(np.array, params)

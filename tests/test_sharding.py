@@ -134,8 +134,8 @@ def test_shards_without_edges_of_a_kind(problem):
   node_lat = POINTS.latitude
   m2g = graphs.edges["mesh_to_grid"]
   keep = node_lat[m2g.receivers] > 0
-  graphs = graphs.with_edge_sets({"mesh_to_grid": m2g.replace(
-      senders=m2g.senders[keep], receivers=m2g.receivers[keep], features=m2g.features[keep])})
+  graphs = graphs._replace(edges=dict(graphs.edges, mesh_to_grid=m2g.replace(
+      senders=m2g.senders[keep], receivers=m2g.receivers[keep], features=m2g.features[keep])))
   constants = constants._replace(graphs=graphs)
   reference = reference_loss_and_grads(small_config(), constants, batch, params)
   for exchange in tuple(MODES):
@@ -208,7 +208,7 @@ def test_a_new_edge_set_is_one_entry_of_data():
   expected = np.concatenate([wide.receivers[:, None], rows[wide.senders]], 1)
   config = small_config()
   config.mesh.data, config.mesh.graph = 1, 4
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
+  mesh = mesh_lib.make_mesh(specs_lib.from_config(config).mesh, jax.devices()[:4])
   positions = build.node_positions(POINTS, mesh_levels=2)
   for mode in MODES:
     layout = ShardedLayout(mesh, graphs, positions, mode)
@@ -257,17 +257,15 @@ def test_halo_moves_less_than_all_gather_on_a_finer_graph():
 
 
 def test_mesh_shape_errors():
-  config = config_lib.default_config()
-  config.mesh.data, config.mesh.graph = -1, 4
-  assert mesh_lib.mesh_shape(config.mesh, 8) == (2, 4)
-  config.mesh.data, config.mesh.graph = 2, -1
-  assert mesh_lib.mesh_shape(config.mesh, 8) == (2, 4)
-  config.mesh.data, config.mesh.graph = -1, 3
+  def mesh(data, graph):
+    return specs_lib.MeshSpec(data=data, graph=graph, exchange="all_gather")
+
+  assert mesh_lib.mesh_shape(mesh(-1, 4), 8) == (2, 4)
+  assert mesh_lib.mesh_shape(mesh(2, -1), 8) == (2, 4)
   with pytest.raises(ValueError, match="8 devices cannot be split into groups of 3"):
-    mesh_lib.mesh_shape(config.mesh, 8)
-  config.mesh.data, config.mesh.graph = 2, 2
+    mesh_lib.mesh_shape(mesh(-1, 3), 8)
   with pytest.raises(ValueError, match="does not match the 8 available devices"):
-    mesh_lib.mesh_shape(config.mesh, 8)
+    mesh_lib.mesh_shape(mesh(2, 2), 8)
 
 
 def test_four_graph_shards_use_much_less_memory_per_device():
@@ -278,7 +276,7 @@ def test_four_graph_shards_use_much_less_memory_per_device():
   graphs = constants.graphs
   single = compiled_stats(compile_loss_and_grad(config, constants, batch, params))
   config.mesh.data, config.mesh.graph = 1, 4
-  mesh = mesh_lib.make_mesh(config.mesh, jax.devices()[:4])
+  mesh = mesh_lib.make_mesh(specs_lib.from_config(config).mesh, jax.devices()[:4])
   positions = setup.node_positions(specs_lib.from_config(config).model, points)
   layout = ShardedLayout(mesh, graphs, positions, "halo")
   device_constants, halo_indices = layout.abstract_constants(constants)

@@ -64,16 +64,17 @@ def test_end_to_end_run(reference):
   assert sorted(os.listdir(os.path.join(reference, "checkpoints"))) == ["12", "4", "8"]
 
 
-def test_a_second_ctrl_c_mid_save_ends_at_once_and_the_resumed_run_matches_uninterrupted(
+def test_a_ctrl_c_after_a_sigterm_mid_save_ends_at_once_and_the_resumed_run_matches(
     reference, tmp_path):
-  """Ctrl-C, then Ctrl-C again while the step reached is evaluated and saved: the run ends
-  at once, as kill -9 would (the kernel's default action of SIGINT), with no traceback."""
+  """A SIGTERM (a batch scheduler's), handled as a Ctrl-C is, then a Ctrl-C while the step
+  reached is evaluated and saved: the run ends at once, as kill -9 would (the kernel's
+  default action of SIGINT), with no traceback. (Ctrl-C first: test_interrupts.py.)"""
   workdir = str(tmp_path)
   started = Started(train_command(workdir))
   try:
     wait_for_step(started, workdir, 5)  # the eval compile at step 6 leaves a window
-    started.ctrl_c()
-    started.wait_for(r"Ctrl-C received: checkpointing the step reached")
+    started.process.send_signal(signal.SIGTERM)
+    started.wait_for(r"SIGTERM received: checkpointing the step reached")
     started.ctrl_c()
     assert started.finish(timeout=120) == -signal.SIGINT, started.stderr[-3000:]  # shell: 130
   finally:

@@ -38,7 +38,7 @@ from wnscale.assembly import assemble
 from wnscale.data import pipeline
 from wnscale.data import synthetic, variables as variables_lib
 from wnscale.errors import UserError
-from wnscale.graphs import connectivity, icosahedron
+from wnscale.graphs import icosahedron
 from wnscale.interop import fiddle_json, weathernext2_config, weathernext2_import
 from wnscale.inference import predictor as predictor_lib
 from wnscale.inference.predictor import Predictor
@@ -46,6 +46,7 @@ from wnscale.inference.rollout import StreamingForecaster
 from wnscale.interop.graphcast_example import predict_example
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.train import trainer
+from mesh_ties import tied_grid_nodes
 from tiny_runs import read_metrics
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "weathernext2_tiny")
@@ -79,8 +80,8 @@ def tied_nodes() -> xr.DataArray:
   lat, lon = (np.deg2rad(example[name].values.astype(np.float64)) for name in ("lat", "lon"))
   lat, lon = np.meshgrid(lat, lon, indexing="ij")
   xyz = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], -1)
-  tied = connectivity.tied_grid_nodes(xyz.reshape(-1, 3).astype(np.float32),
-                                      icosahedron.mesh_hierarchy(2)[-1])
+  tied = tied_grid_nodes(xyz.reshape(-1, 3).astype(np.float32),
+                         icosahedron.mesh_hierarchy(2)[-1])
   return xr.DataArray(tied.reshape(lat.shape), dims=("lat", "lon"),
                       coords={"lat": example["lat"], "lon": example["lon"]})
 

@@ -54,7 +54,7 @@ def fine_tuned(imported: str, out: str):
   nnx.replace_by_pure_dict(params, moved)
   run = RunDirectory(out)
   run.save_params(params, {"step": 1, "fine_tuned_from": source.path}, step=1)
-  run.write_config(config)
+  run.write_config(config_lib.to_json(config))
   return config
 
 

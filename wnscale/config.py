@@ -549,6 +549,11 @@ def _check_keys_and_types(reference, config, prefix):
                f"{name}={value!r} must be of type {type(expected).__name__}")
 
 
+def to_json(config: ml_collections.ConfigDict) -> dict:
+  """`config` as the JSON object that a run's `config.json` holds (`from_json` of its text)."""
+  return json.loads(config.to_json_best_effort())
+
+
 def from_json(text: str) -> ml_collections.ConfigDict:
   """A config saved as JSON (a run's `config.json`), validated.
 

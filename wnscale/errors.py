@@ -41,6 +41,62 @@ class ArgumentError(UserError):
     self.argument, self.value, self.problem = argument, value, problem
 
 
+class Interrupted(KeyboardInterrupt):
+  """A SIGTERM (what batch schedulers and `kill` send) outside a loop that handles it
+  itself, raised like a Ctrl-C's KeyboardInterrupt (`launch/cli.py` installs the handler).
+
+  A signal handler raises wherever the main thread is, and C code that clears errors (a
+  numpy comparison, for one) can swallow it there; so the signal is also recorded
+  (`note_interrupt`), and the places where a command's work stops cleanly (a piece of
+  progress done, an output about to be renamed into place) raise it again
+  (`raise_if_interrupted`).
+
+  Attributes:
+    signal_name: e.g. "SIGTERM".
+    kept: what the interrupted write left, set on the way out (`outputs.building`),
+      e.g. "nothing was left at /data/x.zarr"; None: nothing was being written.
+  """
+
+  def __init__(self, signal_name: str):
+    super().__init__(signal_name)
+    self.signal_name = signal_name
+    self.kept = None
+
+
+_PENDING: list[str] = []  # the signal received, until the process ends
+
+
+def note_interrupt(signal_name: str):
+  """Records that `signal_name` asked this process to stop (see `Interrupted`)."""
+  if not _PENDING:
+    _PENDING.append(signal_name)
+
+
+def raise_if_interrupted():
+  """Raises `Interrupted` if a signal asked this process to stop (`note_interrupt`)."""
+  if _PENDING:
+    raise Interrupted(_PENDING[0])
+
+
+class StoreLacks(UserError):
+  """A data store without a variable or level the caller needs (`wnscale.data.store`,
+  `wnscale.data.anemoi`); the message says what to choose in a training config, and a
+  launcher that reads a store for another purpose says its own (`launch.forecast`).
+
+  Attributes:
+    path: the store; what: e.g. "variable(s) ['temperature']"; have: what it has, e.g.
+      "['2m_temperature', ...]".
+  """
+
+  def __init__(self, path: str, what: str, have: str, message: str):
+    self.path, self.what, self.have = path, what, have
+    self.arguments = (path, what, have, message)
+    super().__init__(message)
+
+  def __reduce__(self):
+    return type(self), self.arguments
+
+
 class NoSpaceLeft(OSError):
   """No space left on the device (or quota) holding an output; the message names the path
   and what was kept."""

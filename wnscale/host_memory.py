@@ -3,9 +3,8 @@
 glibc's malloc serves every allocation over 32 MiB with a fresh `mmap` and unmaps
 it when it is freed. XLA:CPU allocates a step's temporaries (gigabytes at 1 deg)
 that way on every step, so the kernel faults them in again, 4 KiB page by 4 KiB
-page, on every step: on a 2-core virtual machine a memory-bound program over 512 MiB
-arrays took 262,000 page faults a call with them and 1,000 with huge pages, and ran
-2.7x faster.
+page, on every step (what that costs: docs/benchmarks.md, "Host memory in huge
+pages").
 
 With glibc's tunable `glibc.malloc.hugetlb=1` (glibc 2.35 and later) malloc asks
 for transparent huge pages (2 MiB, `madvise`) on its maps: 512 times fewer faults.

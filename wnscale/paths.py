@@ -7,6 +7,11 @@ may live in Cloud Storage. Files go through `etils.epath` (fsspec/gcsfs for
 
 In tests, a Cloud Storage emulator stands in for `gs://`: tensorstore finds it
 through `TENSORSTORE_GCS_HTTP_URL`, gcsfs through `STORAGE_EMULATOR_HOST`.
+
+Before the first access to a URL's service, this process checks once that the service
+can be reached (`check_reachable`: a TCP connection within `REACH_TIMEOUT_S`): without a
+network the clients retry for about a minute and then raise their own tracebacks; here
+it is one `UserError` naming the service and the reason, in seconds.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 import urllib.parse
 
 from etils import epath
+
+from wnscale.errors import UserError, raise_if_interrupted
 
 # URL schemes with a tensorstore kvstore driver of their own.
 _KVSTORE_DRIVERS = {"gs": "gcs", "s3": "s3"}
@@ -47,7 +55,48 @@ def join(base: str, *parts: str) -> str:
 
 def as_epath(path: str) -> epath.Path:
   """An `etils.epath.Path` (local or `gs://`) for file operations."""
-  return epath.Path(normalize(path))
+  path = normalize(path)
+  if is_url(path):
+    check_reachable(path)
+  return epath.Path(path)
+
+
+REACH_TIMEOUT_S = 10.0
+# Each scheme's service, and the environment variables that name an emulator instead.
+_SERVICES = {"gs": ("Cloud Storage", "storage.googleapis.com",
+                    ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")),
+             "s3": ("S3", "s3.amazonaws.com", ("AWS_ENDPOINT_URL",))}
+_REACHED: dict[tuple[str, int], str | None] = {}  # (host, port) -> None, or why not
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def check_reachable(path: str):
+  """A `UserError` unless the service of the URL `path` answers a TCP connection within
+  `REACH_TIMEOUT_S` (checked once per service and process)."""
+  scheme = urllib.parse.urlsplit(path).scheme
+  if scheme not in _SERVICES or any(os.environ.get(name) for name in _PROXIES):
+    return  # through a proxy: the client's own connection is the test
+  name, host, variables = _SERVICES[scheme]
+  port = 443
+  for variable in variables:
+    if os.environ.get(variable):
+      endpoint = os.environ[variable]
+      parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else "http://" + endpoint)
+      host, port = parts.hostname or host, parts.port or (443 if parts.scheme == "https"
+                                                          else 80)
+      break
+  if (host, port) not in _REACHED:
+    try:
+      socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+      _REACHED[host, port] = None
+    except socket.timeout:
+      _REACHED[host, port] = f"no answer within {REACH_TIMEOUT_S:g} s"
+    except OSError as error:
+      _REACHED[host, port] = (error.strerror or str(error)).split(" [")[0]
+  why = _REACHED[host, port]
+  if why is not None:
+    raise UserError(f"Cannot reach {name} for {path}: {host}:{port}: {why}. Check this "
+                    "machine's network (and proxy), or use a local copy of the data.")
 
 
 def exists(path: str) -> bool:
@@ -102,6 +151,7 @@ def kvstore_spec(path: str) -> dict:
   path = normalize(path)
   if not is_url(path):
     return {"driver": "file", "path": path + "/"}
+  check_reachable(path)
   parts = urllib.parse.urlsplit(path)
   if parts.scheme not in _KVSTORE_DRIVERS:
     raise ValueError(f"Unsupported URL scheme {parts.scheme!r} in {path}; use a local path "
@@ -175,6 +225,7 @@ def building(path: str, replace: bool = False, resumable: bool = False):
   partial = partial_path(path) if resumable else f"{path}.partial-{os.getpid()}"
   try:
     yield partial
+    raise_if_interrupted()  # never renamed into place after a SIGTERM
     # A directory can be renamed onto an empty one only: a full one is moved aside first.
     if replace and os.path.isdir(path) and os.listdir(path):
       replaced = f"{path}.replaced-{os.getpid()}"

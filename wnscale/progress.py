@@ -2,21 +2,32 @@
 
 On a terminal the bar is redrawn in place (at most every `REDRAW_SECONDS`); off
 one (a log file, a CI job) the work logs lines of its own choosing, so a long
-job is never silent and never floods the log. Two kinds of work report it:
-a store being written (`WriteProgress`: times, bytes, the time left) and a
-forecast (`ForecastProgress`: initial times, lead times, model steps per second).
+job is never silent and never floods the log. Three kinds of work report it:
+a store being written (`WriteProgress`: times, bytes, the time left), a
+forecast (`ForecastProgress`: initial times, lead times, model steps per second),
+and work in countable pieces (`TaskProgress`: an evaluation's initial times, a
+climatology's blocks: pieces done, time so far, the time left). A single long
+piece (a compile) is said before it starts, with how long such a piece takes, while it
+lasts, with how long it has taken so far, and after it ends, with how long it took
+(`long_step`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import sys
+import threading
 import time
+
+from wnscale.errors import raise_if_interrupted
 
 BAR_WIDTH = 24
 REDRAW_SECONDS = 0.1
 LOG_FRACTIONS = 10  # log lines per store write, off a terminal
+LOG_SECONDS = 10.0  # and one at least this often while work is done
+STILL_SECONDS = 60.0  # a line this often while one long piece (a compile) lasts, off a terminal
 
 
 def size_text(num_bytes: float) -> str:
@@ -67,6 +78,7 @@ class WriteProgress(_Bar):
     self.path, self.num_times, self.bytes_per_time = path, num_times, bytes_per_time
     self.times_done = 0
     self._logged = 0  # tenths of the work logged so far
+    self._logged_at = time.perf_counter()
     logging.info("Writing %s: %d times, %s uncompressed.", path, num_times,
                  size_text(num_times * bytes_per_time))
 
@@ -79,13 +91,16 @@ class WriteProgress(_Bar):
 
   def done(self, times_done: int):
     """`times_done` time steps (counted from the first) are written."""
+    raise_if_interrupted()  # a SIGTERM stops the write here (`errors.Interrupted`)
     self.times_done = times_done
     if self.on_terminal:
       self.draw(times_done, self.num_times, self._line(), now=times_done == self.num_times)
       return
     tenths = LOG_FRACTIONS * times_done // max(self.num_times, 1)
-    if tenths > self._logged:
-      self._logged = tenths
+    now = time.perf_counter()
+    if tenths > self._logged or (now - self._logged_at >= LOG_SECONDS
+                                 and times_done < self.num_times):
+      self._logged, self._logged_at = tenths, now
       logging.info("%s: %s", self.path, self._line())
 
 
@@ -120,3 +135,66 @@ class ForecastProgress(_Bar):
       logging.info("initial time %s done (%d/%d) | %.2f model steps/s | ETA %s", label,
                    self.inits_done, self.num_inits, self.steps_per_sec,
                    self.eta(self.steps_done, self.num_inits * self.num_leads))
+
+
+class TaskProgress(_Bar):
+  """Reports `total` pieces of one piece of work, e.g. `TaskProgress("Scoring F.zarr",
+  10, "initial times")`: a bar on a terminal, else a log line per piece done (at most
+  `LOG_FRACTIONS` of them, and one at least every `LOG_SECONDS`)."""
+
+  def __init__(self, what: str, total: int, unit: str, stream=None):
+    super().__init__(stream)
+    self.what, self.total, self.unit = what, total, unit
+    self.count = 0
+    self._logged_tenths, self._logged_at = 0, time.perf_counter()
+
+  def _line(self, label: str = "") -> str:
+    elapsed = datetime.timedelta(seconds=round(self.seconds))
+    return (f"{self.unit} {self.count}/{self.total}" + (f" ({label})" if label else "") +
+            f" | {elapsed} | ETA {self.eta(self.count, self.total)}")
+
+  def done(self, count: int | None = None, label: str = ""):
+    """One more piece done (or `count` in all); `label` names it, e.g. its initial time."""
+    raise_if_interrupted()  # a SIGTERM stops the work here (`errors.Interrupted`)
+    self.count = self.count + 1 if count is None else count
+    if self.on_terminal:
+      self.draw(self.count, self.total, self._line(label), now=self.count == self.total)
+      return
+    tenths = LOG_FRACTIONS * self.count // max(self.total, 1)
+    now = time.perf_counter()
+    if tenths > self._logged_tenths or now - self._logged_at >= LOG_SECONDS:
+      self._logged_tenths, self._logged_at = tenths, now
+      logging.info("%s: %s", self.what, self._line(label))
+
+
+@contextlib.contextmanager
+def long_step(what: str, expected: str = "", stream=None, every: float = STILL_SECONDS):
+  """Says `what` is starting (and `expected`, e.g. "takes minutes at 0.25 deg") before a
+  long piece of work with no steps of its own to count, how long it has taken so far
+  while it lasts (redrawn in place on a terminal, else a line every `every` seconds: a
+  compile that takes ten minutes is never silent for more than one), and how long it took
+  after."""
+  logging.info("%s%s...", what, f" ({expected})" if expected else "")
+  clock = _Bar(stream)
+  stop, drawn = threading.Event(), threading.Event()
+
+  def tick():  # the work runs in C++ (a compile) that releases the GIL: a thread can speak
+    while not stop.wait(1.0 if clock.on_terminal else every):
+      so_far = datetime.timedelta(seconds=round(clock.seconds))
+      if clock.on_terminal:
+        clock.stream.write(f"\r{what}: {so_far} so far  ")
+        clock.stream.flush()
+        drawn.set()
+      else:
+        logging.info("%s: %s so far...", what, so_far)
+
+  ticking = threading.Thread(target=tick, name="long_step", daemon=True)
+  ticking.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    ticking.join(timeout=5)
+    if drawn.is_set():
+      clock.close()  # end the line redrawn in place
+  logging.info("%s: done in %s.", what, datetime.timedelta(seconds=round(clock.seconds)))

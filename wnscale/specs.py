@@ -4,14 +4,18 @@ The config (`wnscale.config`: ml_collections files, `--config.a.b=v`
 overrides, a run's `config.json`) is the user's interface; `validate` is the
 one place of its defaults and checks. `from_config` turns a validated config
 into `Specs`: one frozen dataclass per section, fields named as the config's
-keys, tuples for sequences. Below the launchers, code reads specs: the model
-keeps its `ModelSpec` in its graphdef (hashable, unlike a `ConfigDict`), and
-`DataSpec` owns the facts derived from the data keys (outputs, channels,
-batch shapes), computed here and nowhere else.
+keys, tuples for sequences. An entry point (`train_and_evaluate`, `run_forecast`, a
+launcher) calls it once; below it, code reads specs: the model keeps its `ModelSpec` in
+its graphdef (hashable, unlike a `ConfigDict`), and `DataSpec` owns the facts derived
+from the data keys (outputs, channels, batch shapes), computed here and nowhere else. A
+value resolved on the way (the store's path, remat_policy="auto"'s choice) is a
+`dataclasses.replace` of a spec; `recorded_config` writes it back into the config a run
+records.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -350,13 +354,39 @@ def _section(cls, section):
   return cls(**values)
 
 
-def train_spec(train) -> TrainSpec:
-  """The `TrainSpec` of a validated config's `train` section alone."""
-  return _section(TrainSpec, train)
+SECTIONS = {"model": ModelSpec, "mesh": MeshSpec, "data": DataSpec, "train": TrainSpec}
 
 
 def from_config(config) -> Specs:
-  """The specs of a validated config (`wnscale.config.validate`'s `ConfigDict`)."""
-  return Specs(seed=config.seed, model=_section(ModelSpec, config.model),
-               mesh=_section(MeshSpec, config.mesh), data=_section(DataSpec, config.data),
-               train=_section(TrainSpec, config.train))
+  """The specs of a validated config (`wnscale.config.validate`'s `ConfigDict`, or its JSON
+  as a dict)."""
+  return Specs(seed=config["seed"], **{name: _section(cls, config[name])
+                                       for name, cls in SECTIONS.items()})
+
+
+def recorded_config(specs: Specs, given: dict) -> dict:
+  """The config a run records (its `config.json`) for `specs`: `given`, the JSON (a dict) of
+  the validated config the specs were made from, with each value resolved since (a
+  `dataclasses.replace` of a spec: the store's path, remat_policy="auto"'s choice) in its
+  place, in the config's form."""
+  made = from_config(given)
+  recorded = copy.deepcopy(given)
+  if specs.seed != made.seed:
+    recorded["seed"] = specs.seed
+  for name in SECTIONS:
+    spec, made_spec = getattr(specs, name), getattr(made, name)
+    for field in dataclasses.fields(spec):
+      value = getattr(spec, field.name)
+      if value != getattr(made_spec, field.name):
+        recorded[name][field.name] = _config_value(value)
+  return recorded
+
+
+def _config_value(value):
+  """A spec's field as a config's JSON holds it: tuples as lists, a nested spec (a
+  `ModalitySpec`) as its entry's list of fields."""
+  if dataclasses.is_dataclass(value):
+    value = dataclasses.astuple(value)
+  if isinstance(value, tuple):
+    return [_config_value(item) for item in value]
+  return value

@@ -23,6 +23,11 @@ names and levels (`variables.ECMWF_NAMES`). The land-sea mask and the surface
 geopotential are statics whether or not `constant_fields` lists them. A variable the
 catalogue lacks, or on other than pressure levels (`variables_metadata`' MARS `levtype`),
 is kept under its own name (`AnemoiStore.unknown`, logged) and read like a surface one.
+A netCDF source whose upper-air fields are one variable per level (`temperature_500`,
+with no level dimension) is recorded by anemoi-datasets with `levtype: sfc`, no
+`levelist`, and the whole name as `param`: a long catalogue name of an upper-air
+variable with a level in its name and no `levelist` is read as that variable on that
+pressure level (`tests/fixtures/anemoi_levels`).
 
 `open_anemoi` reads the attributes and the small arrays, and opens `data` once through
 tensorstore; `AnemoiStore.view` is an index transform of it in wnscale's internal order
@@ -43,8 +48,9 @@ import xarray as xr
 import zarr
 
 from wnscale import paths
+from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
-from wnscale.errors import ArgumentError, UserError
+from wnscale.errors import ArgumentError, StoreLacks, UserError
 
 DIMENSIONS = ("dates", "variables", "ensembles", "values")
 ARRAYS = ("dates", "latitudes", "longitudes")
@@ -82,6 +88,7 @@ class AnemoiStore:
     unknown: `{store name: store variable index}`: variables the catalogue lacks.
     variables: the store's variable names, in `data`'s order.
     data: `data` as stored, `[dates, variables, ensembles, values]`.
+    units: each variable's units (`variables_metadata`' `units`), None where not given.
   """
 
   path: str
@@ -100,6 +107,7 @@ class AnemoiStore:
   unknown: dict[str, int]
   variables: tuple[str, ...]
   data: ts.TensorStore
+  units: tuple = ()
 
   def __repr__(self) -> str:
     return (f"AnemoiStore(path={self.path!r}, member={self.member}, "
@@ -138,8 +146,9 @@ class AnemoiStore:
       if levels is not None:
         absent = [int(level) for level in levels if int(level) not in have]
         if absent:
-          raise UserError(f"Level(s) {absent} hPa of {name!r} not in store {self.path}; it "
-                          f"has {list(have)}. Choose data.pressure_levels among those.")
+          raise StoreLacks(self.path, f"level(s) {absent} hPa of {name!r}", str(list(have)), (
+              f"Level(s) {absent} hPa of {name!r} not in store {self.path}; it has "
+              f"{list(have)}. Choose data.pressure_levels among those."))
         indices = [indices[have.index(int(level))] for level in levels]
       return member[:, np.asarray(indices, np.int64)]
     if name in self.statics:
@@ -147,11 +156,21 @@ class AnemoiStore:
       return member[first, self.statics[name]]
     index = self.surface.get(name, self.unknown.get(name))
     if index is None:
-      raise UserError(
+      raise StoreLacks(self.path, f"variable {name!r}", str(self.names()), (
           f"Store {self.path} has no variable {name!r}; it has {self.names()}. Choose "
           "data.variables among those (the static fields are always needed), or use a "
-          "store that has them.")
+          "store that has them."))
     return member[:, index]
+
+  def units_of(self, name: str) -> str | None:
+    """The units the store gives `name` (a catalogue name: all its levels'), or None."""
+    if name in self.atmospheric:
+      indices = self.atmospheric[name][1]
+    else:
+      index = {**self.surface, **self.statics, **self.unknown}.get(name)
+      indices = () if index is None else (index,)
+    given = {self.units[i] for i in indices if i < len(self.units) and self.units[i]}
+    return given.pop() if len(given) == 1 else None
 
   def names(self) -> list[str]:
     """Every name `view` takes: catalogue names, then the unknown ones."""
@@ -224,7 +243,8 @@ def open_anemoi(path: str, member: int = 0) -> AnemoiStore:
                     "levels); kept under their own names.", path, sorted(unknown))
   return AnemoiStore(path, member, num_members, times, missing, step, latitude,
                      np.mod(longitude, 360.0), field_shape, attributes.get("resolution"),
-                     atmospheric, surface, statics, unknown, tuple(names), data)
+                     atmospheric, surface, statics, unknown, tuple(names), data,
+                     tuple((metadata.get(name) or {}).get("units") for name in names))
 
 
 def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) -> xr.Dataset:
@@ -262,6 +282,15 @@ def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) 
       raise UserError(f"anemoi-datasets store {store.path}: `{name}` {list(values.shape)} "
                       f"does not hold one value per variable ({len(store.variables)}).")
   table = np.stack([mean, std, diff_std])  # [statistic, variables]
+  for index, name in enumerate(store.variables):  # degC, hPa: as `store.open_store` reads
+    expected = variables_lib.VARIABLES.get(_catalogue_name(str(name)))
+    converted = expected and units_lib.conversion(str(name), store.units[index]
+                                                   if index < len(store.units) else None,
+                                                   expected.units, store.path)
+    if converted:
+      scale, offset = converted
+      table[:, index] *= scale
+      table[0, index] += offset
   levels = sorted({level for have, _ in store.atmospheric.values() for level in have})
   data = {}
   for name, (have, indices) in store.atmospheric.items():
@@ -308,7 +337,11 @@ def _open_data(path: str) -> ts.TensorStore:
   if data.rank != len(DIMENSIONS) or any(size == 0 for size in data.shape):
     raise UserError(f"anemoi-datasets store {path}: array `data` has shape "
                     f"{list(data.shape)}; expected [dates, variables, ensembles, values].")
-  return data
+  dtype = np.dtype(data.dtype.numpy_dtype)
+  if not np.issubdtype(dtype, np.floating):
+    raise UserError(f"anemoi-datasets store {path}: array `data` is {dtype}; wnscale reads "
+                    "floating-point data (float32, or float64 read as float32).")
+  return data if dtype == np.float32 else ts.cast(data, ts.float32)
 
 
 def _read_small(path: str, name: str) -> np.ndarray:
@@ -378,7 +411,7 @@ def _catalogue(names, metadata: dict, path: str):
   seen = {}  # (catalogue name, level) -> the store's name, for duplicates
   for index, store_name in enumerate(names):
     mars = (metadata.get(store_name) or {}).get("mars") or {}
-    key = _catalogue_key(str(store_name), mars.get("levtype"))
+    key = _catalogue_key(str(store_name), mars.get("levtype"), "levelist" in mars)
     if key is None:
       unknown[store_name] = index
       continue
@@ -400,22 +433,33 @@ def _catalogue(names, metadata: dict, path: str):
   return atmospheric, surface, statics, unknown
 
 
-def _catalogue_key(store_name: str, levtype) -> tuple[str, int | None] | None:
+def _catalogue_key(store_name: str, levtype, has_levelist: bool = False
+                   ) -> tuple[str, int | None] | None:
   """`(catalogue name, level or None)` of a store's variable, or None if the catalogue
-  lacks it."""
+  lacks it (module docstring: `levtype` and `has_levelist` from its `variables_metadata`)."""
   match = _LEVELLED.fullmatch(store_name)
   param, level = (match[1], int(match[2])) if match else (store_name, None)
   name = variables_lib.ECMWF_NAMES.get(param, param)
   known = name in variables_lib.VARIABLES
   if level is not None:
     atmospheric = known and variables_lib.VARIABLES[name].atmospheric
-    return (name, level) if atmospheric and levtype in _PRESSURE_LEVTYPES else None
+    # A netCDF variable per level: anemoi-datasets says "sfc", the level is in the name.
+    per_level_variable = levtype == "sfc" and not has_levelist and name == param
+    return ((name, level) if atmospheric and (levtype in _PRESSURE_LEVTYPES
+                                              or per_level_variable) else None)
   if name == "geopotential":  # `z` without a level: the surface geopotential
     return variables_lib.SURFACE_GEOPOTENTIAL, None
   if name in variables_lib.STATIC_VARIABLES or name in variables_lib.FORCING_CHANNELS or (
       known and not variables_lib.VARIABLES[name].atmospheric):
     return name, None
   return None
+
+
+def _catalogue_name(store_name: str) -> str:
+  """The catalogue name a store's variable maps to, level or not (for its units)."""
+  match = _LEVELLED.fullmatch(store_name)
+  param = match[1] if match else store_name
+  return variables_lib.ECMWF_NAMES.get(param, param)
 
 
 def _describe_key(key) -> str:

@@ -97,7 +97,7 @@ def convert_era5(sources: list[str], out: str, *, member: int | None = None,
   continuing = paths.is_url(out) and is_converting(out)
   if not continuing:
     # Before any file is opened.
-    outputs.check(out, outputs.STORE, argument="out", overwrite=overwrite)
+    outputs.check(out, outputs.DATASET, argument="out", overwrite=overwrite)
   files = expand_sources(sources)
   datasets = [era5_files.open_era5_file(path, member) for path in files]
   plan = _Plan(files, datasets, start, end)

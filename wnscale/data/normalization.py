@@ -81,7 +81,7 @@ def load_or_compute_stats(path: str, variables, levels, start: str | None = None
   begin = time.perf_counter()
   stats = compute_stats(path, variables, levels, start, end, time_step_hours, forcings,
                         stored_forcings, member)
-  paths.write_bytes(target, to_bytes(stats))  # whole or not at all
+  cache.write_bytes(target, to_bytes(stats))  # whole or not at all (or not cached)
   logging.info("Computed the statistics of %s (%s .. %s) in %.1f s (one pass); cached in %s",
                path, start, end, time.perf_counter() - begin, target)
   return stats

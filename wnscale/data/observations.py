@@ -52,7 +52,7 @@ def write_observations(path: str, times, station_id, latitude, longitude, values
     `path`.
   """
   path = paths.normalize(path)
-  outputs.check(path, outputs.STORE, argument="path", overwrite=overwrite)
+  outputs.check(path, outputs.OBSERVATIONS, argument="path", overwrite=overwrite)
   for name in values:
     variables_lib.lookup(name)
   dataset = xr.Dataset(
@@ -186,7 +186,7 @@ def load_or_compute_stats(store: ObservationStore, variables, grid_times) -> byt
   blob = normalization.to_bytes(xr.Dataset(
       {name: ("statistic", [stats["mean"][i], stats["std"][i]])
        for i, name in enumerate(variables)}, coords={"statistic": ["mean", "std"]}))
-  paths.write_bytes(target, blob)  # whole or not at all
+  cache.write_bytes(target, blob)  # whole or not at all (or not cached)
   logging.info("Computed the statistics of the observations %s; cached in %s", store.path,
                target)
   return blob

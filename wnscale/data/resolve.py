@@ -19,7 +19,7 @@ import jax
 import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
-from wnscale import cache, paths
+from wnscale import cache, outputs, paths
 from wnscale.data import normalization, observations, stations, synthetic
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
@@ -65,8 +65,8 @@ def synthetic_store_bytes(data) -> int:
 
 
 def check_store_given(data):
-  """Checks that `data` (a `DataSpec` or the config's `data`) names its training data: a
-  store at `data.path`, or `data.synthetic`; cheap, so a run checks it before any work.
+  """Checks that `data` (a `DataSpec`) names its training data: a store at `data.path`, or
+  `data.synthetic`; cheap, so a run checks it before any work.
 
   Raises:
     ArgumentError: of `data.path`: no store there, or no path and no synthetic store
@@ -113,6 +113,13 @@ def resolve_store(data, seed: int) -> str:
   def write_if_missing() -> bytes:
     if paths.is_complete(path):  # written whole or not at all (`paths.building`)
       return b""
+    try:
+      outputs.check_writable(path, "synthetic store")
+    except ArgumentError as error:
+      raise UserError(f"The synthetic store goes into the cache directory {cache.cache_dir()}: "
+                      f"{error.problem.split(';')[0]}; set WNSCALE_CACHE_DIR to a "
+                      "directory you can write, or give `data.path` a store.") from error
+    outputs.remove_leftovers(path, outputs.DATASET)  # of a writer killed outright
     size = synthetic_store_bytes(data)
     free = paths.free_bytes(path)
     if free is not None and size > free:

@@ -42,6 +42,17 @@ from wnscale.errors import ArgumentError, UserError
 from wnscale.data import variables as variables_lib
 
 
+def example_starts(store, first_time: int, num_times: int, window: int) -> np.ndarray:
+  """Offsets from `first_time` of every example of `window` consecutive times among the
+  `num_times` from there whose window holds no missing time of `store`."""
+  starts = np.arange(max(num_times - window + 1, 0))
+  if store.missing is not None:
+    missing = store.missing[first_time:first_time + num_times]
+    hit = np.convolve(missing, np.ones(window, int), "valid") > 0
+    starts = starts[~hit[:len(starts)]]
+  return starts
+
+
 class WeatherExampleSource:
   """Random-access examples of one store and time range.
 
@@ -52,9 +63,6 @@ class WeatherExampleSource:
     store: the opened `store.WeatherStore`; its `variables` are the output
       variables (`variables` then `target_only_variables`).
     channel_stats: `{"mean", "std", "diff_std"}` `[output channels]` float32.
-    residual_scale: `[output channels]`: what the model's output is scaled by
-      (`model.forecast.one_step`): diff_std / std for the state, 1 for the
-      target-only channels (predicted outright, in units of their std).
     stats: the normalization statistics (`normalization.py` format).
     static_stats: `{"mean", "std"}` `[2]` float32.
     input_scales: `normalization.InputScales` of the forcings and statics.
@@ -139,11 +147,7 @@ class WeatherExampleSource:
     # Example i starts at time `_first_time + _starts[i]`: every start whose (indexed)
     # window holds no missing time.
     window = input_steps + indexed
-    self._starts = np.arange(max(num_times - window + 1, 0))
-    if self.store.missing is not None:
-      missing = self.store.missing[self._first_time:self._first_time + num_times]
-      hit = np.convolve(missing, np.ones(window, int), "valid") > 0
-      self._starts = self._starts[~hit[:len(self._starts)]]
+    self._starts = example_starts(self.store, self._first_time, num_times, window)
     self._num_examples = len(self._starts)
     if self._num_examples <= 0:
       times = self.store.times
@@ -163,8 +167,6 @@ class WeatherExampleSource:
     self.channel_stats = normalization.channel_stats(stats, outputs, self.store.levels)
     self.num_state_channels = len(variables_lib.channel_names(self.variables,
                                                               self.store.levels))
-    self.residual_scale = normalization.residual_scale(self.channel_stats,
-                                                       self.num_state_channels)
     self.static_stats = normalization.static_stats(stats)
     self.input_scales = normalization.input_scales(stats, self.forcings, input_normalization,
                                                      self.global_forcings)

@@ -17,11 +17,22 @@ optionally `cell_area(values)` (a coordinate or a variable: the points' own
 areas; else their Voronoi cells', `graphs.points`).
 
 Internal order (see `variables.py`): a regular grid's latitude ascending
-(-90 -> 90), longitude ascending, flattened latitude-major; a point store's
+(-90 -> 90), longitude ascending in [0, 360) whatever the store's convention (a
+-180 .. 180 store's columns rotated), flattened latitude-major; a point store's
 points in the store's own order. Each variable gets a tensorstore view in that
 order (a transposed and/or latitude-flipped index transform of the stored
 array), so reordering happens inside tensorstore's copy. The store's grid
 nodes are its `points` (`graphs.points.PointSet`).
+
+What is checked when a store is opened, each a one-line `UserError`: that it is a
+store of states over time (not a climatology or a forecast, `outputs.store_kind`);
+the variables, levels and their dims; times increasing without duplicates at one
+step (naming the first time that is not); each variable's dtype (floating point:
+float64 and float16 are read as float32; an integer one, e.g. packed with
+`scale_factor`, is refused); each variable's `units` against the catalogue's
+(`units.conversion`: degC and hPa are converted on reading, with one log line; another
+mismatch is refused). A chunk that cannot be decoded (a truncated or overwritten
+file) is a `CorruptChunk` naming the variable and times when it is read.
 """
 
 from __future__ import annotations
@@ -37,11 +48,12 @@ import pandas as pd
 import tensorstore as ts
 import xarray as xr
 
-from wnscale import paths
+from wnscale import outputs, paths
 from wnscale.data import anemoi
 from wnscale.data import forcings as forcings_lib
+from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
-from wnscale.errors import UserError
+from wnscale.errors import StoreLacks, UserError
 from wnscale.graphs.points import PointSet
 
 _COPY_THREADS = None
@@ -113,6 +125,8 @@ class WeatherStore:
       channels, statics included (a NaN in a variable without one is an error).
     missing: `[num_times]` bool, times the store lacks (an anemoi-datasets store's
       `missing_dates`): never read as inputs or targets. None: none.
+    convert: `{name: (scale, offset)}` applied to a variable's values as read, before
+      any normalization (`units.conversion`: a store in degC or hPa).
   """
 
   path: str
@@ -129,6 +143,7 @@ class WeatherStore:
   forcings: tuple[str, ...] = ()
   fill: dict = dataclasses.field(default_factory=dict)
   missing: np.ndarray | None = None
+  convert: dict = dataclasses.field(default_factory=dict)
 
   @property
   def fill_nan(self) -> bool:
@@ -217,19 +232,26 @@ class WeatherStore:
           future = (target[:, channels] if atmospheric else target[:, channel]).write(view)
         else:
           future = view.read()
-        tasks.append((future, out, channels, mean, inverse_std))
+        tasks.append((future, out, channels, mean, inverse_std, name, time_indices))
         channel += width
 
     def finish(task) -> bool:
-      future, out, channels, mean, inverse_std = task
+      future, out, channels, mean, inverse_std, name, time_indices = task
       block = out[:, channels]
-      if grid_index is None:
-        future.result()
-      else:
+      try:
         data = future.result()
+      except ValueError as error:  # tensorstore: a chunk it cannot decode
+        if not _damaged(error):
+          raise
+        raise CorruptChunk(name, self.times[time_indices], self.path, error) from error
+      if grid_index is not None:
         flat = data.reshape(data.shape[0], block.shape[1], -1)
         for step in range(out.shape[0]):  # block[step] is contiguous: no buffering
           np.take(flat[step], gather, axis=-1, out=block[step], mode="clip")
+      if name in self.convert:  # into the catalogue's units
+        scale, offset = self.convert[name]
+        block *= scale
+        block += offset
       if mean is not None:
         block -= mean[channels]
         block *= inverse_std[channels]
@@ -283,8 +305,17 @@ class WeatherStore:
     NaN is handled as in `read_state`.
     """
     futures = [self.views[name].read() for name in variables_lib.STATIC_VARIABLES]
-    statics = np.stack([future.result() for future in futures]).astype(np.float32)
-    statics = statics.reshape(len(futures), -1)
+    fields = []
+    for name, future in zip(variables_lib.STATIC_VARIABLES, futures):
+      try:
+        field = future.result().astype(np.float32)
+      except ValueError as error:
+        if not _damaged(error):
+          raise
+        raise CorruptChunk(name, None, self.path, error) from error
+      scale, offset = self.convert.get(name, (1.0, 0.0))
+      fields.append(field * np.float32(scale) + np.float32(offset))
+    statics = np.stack(fields).reshape(len(futures), -1)
     if not allow_nan and np.isnan(statics).any():
       self._fill_or_raise(statics[None], self._fill_values(variables_lib.STATIC_VARIABLES),
                           list(variables_lib.STATIC_VARIABLES), None)
@@ -316,6 +347,37 @@ class NanError(UserError):
     self.problem = f"NaN in variable {channel!r}{when} of store {path}"
     super().__init__(f"{self.problem}. Set data.fill_nan=True to fill NaN with the "
                      "variable's mean, or repair the store.")
+
+  def __reduce__(self):  # pickled whole out of a Grain worker process
+    return type(self), self.arguments
+
+
+def _damaged(error: BaseException) -> bool:
+  """Whether tensorstore's `error` says a chunk's bytes could not be decoded (not, e.g.,
+  that a bucket could not be reached)."""
+  text = str(error)
+  return any(word in text for word in ("FAILED_PRECONDITION", "DATA_LOSS", "Invalid ",
+                                       "decompress", "decod"))
+
+
+class CorruptChunk(UserError):
+  """A chunk of a store that cannot be read (truncated, overwritten, not what its array's
+  compressor wrote), found when it is read; the message names it and what to do.
+
+  Args:
+    name: the variable; times: `[T]` datetime64 the read asked for (None: a static).
+    path: the store; error: tensorstore's error (its first line is kept).
+  """
+
+  def __init__(self, name: str, times, path: str, error):
+    detail = str(error).split(" [")[0]
+    self.arguments = (name, times, path, detail)
+    when = "" if times is None or len(times) == 0 else (
+        f" at {pd.Timestamp(times[0])}" + (f" .. {pd.Timestamp(times[-1])}"
+                                           if len(times) > 1 else ""))
+    super().__init__(f"Cannot read variable {name!r}{when} of store {path}: a chunk file is "
+                     f"damaged ({detail}); restore the store from a good copy or write it "
+                     "again.")
 
   def __reduce__(self):  # pickled whole out of a Grain worker process
     return type(self), self.arguments
@@ -360,16 +422,19 @@ def open_store(path: str,
   names = variables + forcings + variables_lib.STATIC_VARIABLES
   if anemoi.is_anemoi_store(path):
     return _open_anemoi(path, variables, levels, time_step_hours, forcings, member)
+  _check_kind(path)
   with open_metadata(path) as dataset:
     conversion = dataset.attrs.get(CONVERSION_ATTR)
     if conversion and not conversion.get("complete"):
       raise UserError(f"{path} is a conversion cut short ({conversion['times_written']} times "
                       "written); run the make_dataset command that made it again to continue it.")
-    points, flip, space = _grid(dataset, resolution, path)
+    points, flip, space, column_order = _grid(dataset, resolution, path)
     dims = _check_variables(dataset, variables + forcings, levels, space, path)
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     store_levels = [int(level) for level in dataset["level"].values
                    ] if "level" in dataset.coords else []
+    convert = _unit_conversions({name: dataset[name].attrs.get("units") for name in names
+                                 if name in dataset}, names, path)
   if any(variables_lib.lookup(name).atmospheric for name in variables):
     level_indices = np.asarray([store_levels.index(level) for level in levels],
                                np.int64)
@@ -382,10 +447,62 @@ def open_store(path: str,
                     read=True, context=context).result()
       for name in names
   }
-  views = {name: _internal_view(handles[name], dims[name], space, flip) for name in names}
+  _check_dtypes(handles, path)
+  views = {name: _internal_view(handles[name], dims[name], space, flip, column_order)
+           for name in names}
   return WeatherStore(path, variables, levels, time_step_hours, times, points,
                       stride, level_indices, handles, views, flip_latitude=flip,
-                      forcings=forcings)
+                      forcings=forcings, convert=convert)
+
+
+_SAID: set = set()  # (store, what) said once in this process
+
+
+def _check_kind(path: str):
+  """A store of states over time: not a climatology, a forecast or an observation store
+  (one line saying what it is instead)."""
+  found = outputs.identify(path)
+  made_by = {outputs.CLIMATOLOGY: "launch.make_climatology", outputs.FORECAST:
+             "launch.forecast", outputs.OBSERVATIONS: "launch.make_dataset --stations"}
+  if found not in made_by:
+    return
+  raise UserError(f"{path} is {found.noun} ({made_by[found]} writes them), not a store of "
+                  "states over time: give a dataset "
+                  "store (WeatherBench2's layout, an anemoi-datasets store, or one "
+                  "launch.make_dataset writes).")
+
+
+def _check_dtypes(handles: dict, path: str):
+  """Floating-point variables only; float64 (or float16) is read as float32 (said once)."""
+  cast = []
+  for name, handle in handles.items():
+    dtype = np.dtype(handle.dtype.numpy_dtype)
+    if not np.issubdtype(dtype, np.floating):
+      raise UserError(f"Variable {name!r} of store {path} is stored as {dtype}; wnscale reads "
+                      "floating-point variables (float32, or float64 read as float32). An "
+                      "integer variable packed with scale_factor/add_offset must be "
+                      "unpacked: write the store again as float32.")
+    if dtype != np.float32:
+      handles[name] = ts.cast(handle, ts.float32)
+      cast.append(f"{name} ({dtype})")
+  if cast and (path, "dtype") not in _SAID:
+    _SAID.add((path, "dtype"))
+    logging.info("Store %s: %s read as float32.", path, ", ".join(cast))
+
+
+def _unit_conversions(store_units_of: dict, names, path: str) -> dict:
+  """`{name: (scale, offset)}` of the variables whose units in the store (`store_units_of`:
+  `{name: units or None}`) differ from the catalogue's by an affine conversion (said
+  once); a mismatch is a `UserError`."""
+  convert = {}
+  for name in names:
+    variable = variables_lib.VARIABLES.get(name)
+    if variable is None or name not in store_units_of:
+      continue
+    scale_offset = units_lib.read_as(name, store_units_of[name], variable.units, path)
+    if scale_offset is not None:
+      convert[name] = scale_offset
+  return convert
 
 
 def native_time_step_hours(path: str, default: float) -> float:
@@ -421,10 +538,11 @@ def _open_anemoi(path, variables, levels, time_step_hours, forcings, member) -> 
     points = PointSet.regular(source.latitude[order[:, 0]], source.longitude[order[0]])
   logging.info("Store %s: anemoi-datasets layout, member %d of %d, grid %s", path, member,
                source.num_members, source.grid)
+  convert = _unit_conversions({name: source.units_of(name) for name in views}, views, path)
   return WeatherStore(path, variables, levels, time_step_hours,
                       source.times[::stride], points, stride, level_indices,
                       {"data": source.data}, views, forcings=forcings,
-                      missing=source.missing[::stride])
+                      missing=source.missing[::stride], convert=convert)
 
 
 def _regular_order(source: anemoi.AnemoiStore) -> np.ndarray | None:
@@ -442,15 +560,18 @@ def _regular_order(source: anemoi.AnemoiStore) -> np.ndarray | None:
 
 
 def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[str, ...],
-                   flip_latitude: bool):
+                   flip_latitude: bool, column_order: np.ndarray | None = None):
   """`handle` with its dimensions in internal order (`space` last), latitude ascending,
-  origin 0."""
+  longitude ascending in [0, 360) (`column_order`: the store's columns in that order, None:
+  as stored), origin 0."""
   order = [dim for dim in ("time", "level") + space if dim in dims]
   view = handle
   if list(dims) != order:
     view = view[ts.d[[dims.index(dim) for dim in order]].transpose[list(range(len(order)))]]
   if flip_latitude:
     view = view[ts.d[order.index("latitude")][::-1]].translate_to[0]
+  if column_order is not None:
+    view = view[ts.d[order.index("longitude")][column_order]]
   return view
 
 
@@ -546,10 +667,11 @@ def _check_variables(dataset, variables, levels, space, path) -> dict[str, tuple
     forcings = [name for name in missing if name in variables_lib.FORCING_CHANNELS]
     hint = (f" ({forcings}: forcings the config reads from the store, data.stored_forcings; "
             "leave them out of it to compute them)" if forcings else "")
-    raise UserError(
-        f"Store {path} lacks variable(s) {missing}{hint}; it has "
-        f"{sorted(str(name) for name in dataset.data_vars)}. Choose data.variables among "
-        "those (the static fields are always needed), or use a store that has them.")
+    have = str(sorted(str(name) for name in dataset.data_vars))
+    raise StoreLacks(path, f"variable(s) {missing}", have, (
+        f"Store {path} lacks variable(s) {missing}{hint}; it has {have}. Choose "
+        "data.variables among those (the static fields are always needed), or use a store "
+        "that has them."))
   dims = {}
   for name in required:
     if name in variables_lib.STATIC_VARIABLES:
@@ -566,8 +688,9 @@ def _check_variables(dataset, variables, levels, space, path) -> dict[str, tuple
     store_levels = [int(level) for level in dataset["level"].values]
     absent = [level for level in levels if level not in store_levels]
     if absent:
-      raise UserError(f"Level(s) {absent} hPa not in store {path}; it has "
-                      f"{store_levels}. Choose data.pressure_levels among those.")
+      raise StoreLacks(path, f"level(s) {absent} hPa", str(store_levels), (
+          f"Level(s) {absent} hPa not in store {path}; it has {store_levels}. Choose "
+          "data.pressure_levels among those."))
   return dims
 
 
@@ -646,13 +769,9 @@ def _subsampled_times(dataset, time_step_hours, path):
                     f"dtype {times.dtype}")
   if len(times) < 2:
     raise UserError(f"Store {path} has {len(times)} time(s); need at least 2")
+  check_times(times, path)
   steps = np.diff(times) / np.timedelta64(1, "h")
-  if not np.allclose(steps, steps[0]):
-    raise UserError(f"Time step of {path} is not uniform: steps (hours) range "
-                    f"{steps.min()} .. {steps.max()}")
   step = float(steps[0])
-  if step <= 0:
-    raise UserError(f"Times of {path} are not increasing (step {step:g} h)")
   stride = time_step_hours / step
   if not float(stride).is_integer():
     raise UserError(
@@ -663,18 +782,49 @@ def _subsampled_times(dataset, time_step_hours, path):
   return times[::stride].astype("datetime64[ns]"), stride
 
 
-def _grid(dataset, resolution, path) -> tuple[PointSet, bool, tuple[str, ...]]:
-  """`(points, flip, spatial dims)`: the store's points (a regular grid's latitude
-  ascending), whether to flip its latitude, and its spatial dimensions."""
+def check_times(times: np.ndarray, path: str, what: str = "Times", evenly: bool = True):
+  """`times` increase (at one step, if `evenly`), or a `UserError` naming the first that
+  does not: a duplicate, a time out of order, or a step unlike the first. (Times that
+  are not datetimes are the caller's to refuse.)"""
+  if not np.issubdtype(np.asarray(times).dtype, np.datetime64):
+    return
+  steps = np.diff(times)
+  at = lambda index: pd.Timestamp(times[index])  # noqa: E731
+  bad = np.flatnonzero(steps <= np.timedelta64(0))
+  if bad.size:
+    i = int(bad[0])
+    how = "is there twice" if steps[i] == np.timedelta64(0) else f"comes after {at(i)}"
+    raise UserError(f"{what} of {path} are not in order: {at(i + 1)} (position {i + 1}) "
+                    f"{how}; sort the store by time and drop duplicates.")
+  uneven = np.flatnonzero(steps != steps[0]) if evenly else ()
+  if len(uneven):
+    i = int(uneven[0])
+    hours = lambda step: step / np.timedelta64(1, "h")  # noqa: E731
+    raise UserError(f"{what} of {path} are not evenly spaced: every {hours(steps[0]):g} h "
+                    f"up to {at(i)}, then {at(i + 1)} ({hours(steps[i]):g} h later); a store "
+                    "needs one time step (fill the gap, or mark missing times as NaN).")
+
+
+def _grid(dataset, resolution, path
+          ) -> tuple[PointSet, bool, tuple[str, ...], np.ndarray | None]:
+  """`(points, flip, spatial dims, column order)`: the store's points (a regular grid's
+  latitude ascending, longitude ascending in [0, 360)), whether to flip its latitude, its
+  spatial dimensions, and the order of its longitude columns that makes longitude
+  ascending in [0, 360) (None: they are)."""
   if POINT_DIM in dataset.dims:
-    return dataset_points(dataset, path), False, (POINT_DIM,)
+    return dataset_points(dataset, path), False, (POINT_DIM,), None
   latitude = np.asarray(dataset["latitude"].values, np.float64)
-  longitude = np.asarray(dataset["longitude"].values, np.float64)
+  stored = np.asarray(dataset["longitude"].values, np.float64)
+  column_order = np.argsort(np.mod(stored, 360.0), kind="stable")
+  longitude = np.mod(stored, 360.0)[column_order]
+  if np.array_equal(column_order, np.arange(stored.size)):
+    column_order = None
   lat_steps, lon_steps = np.diff(latitude), np.diff(longitude)
   if not (np.all(lat_steps > 0) or np.all(lat_steps < 0)):
     raise UserError(f"Latitude of {path} is not monotonic")
   if not np.all(lon_steps > 0):
-    raise UserError(f"Longitude of {path} is not ascending")
+    raise UserError(f"Longitude of {path} holds a longitude twice (modulo 360 degrees): "
+                    f"{longitude[np.flatnonzero(lon_steps <= 0)[0]]:g}")
   if resolution is not None:
     spacing = (np.abs(lat_steps).mean(), lon_steps.mean())
     if any(abs(s - resolution) > RESOLUTION_TOLERANCE for s in spacing):
@@ -682,7 +832,8 @@ def _grid(dataset, resolution, path) -> tuple[PointSet, bool, tuple[str, ...]]:
           f"Store {path} has grid spacing {spacing[0]:g} x {spacing[1]:g} deg "
           f"(lat x lon); the config asks for resolution {resolution:g}")
   flip = bool(lat_steps[0] < 0)
-  return PointSet.regular(latitude[::-1] if flip else latitude, longitude), flip, STATIC_DIMS
+  return (PointSet.regular(latitude[::-1] if flip else latitude, longitude), flip, STATIC_DIMS,
+          column_order)
 
 
 def dataset_points(dataset: xr.Dataset, path: str) -> PointSet:

@@ -354,8 +354,8 @@ def write_synthetic_store(
   (`STORED_FORCINGS`); WeatherNext 2's others are written when asked for
   (sea-surface temperature NaN over land, as ERA5's); statics are always written. xarray writes the
   layout and the first time step; the rest goes in through tensorstore in time
-  blocks of ~64 MiB (zarr-python's per-chunk cost would make a 5.625 deg year
-  take ~30 s instead of ~10 s). The store is built under a temporary name and
+  blocks of ~64 MiB (zarr-python's per-chunk cost would make it several times
+  slower). The store is built under a temporary name and
   appears whole or not at all (`paths.building`); an existing zarr store at
   `path` is replaced only when `overwrite` (`outputs.check`), and stays intact
   until its replacement is whole. A full disk is an `errors.NoSpaceLeft`.
@@ -368,7 +368,7 @@ def write_synthetic_store(
   if time_step_hours <= 0:
     raise UserError(f"time_step_hours must be positive, got {time_step_hours}")
   path = paths.normalize(path)
-  outputs.check(path, outputs.STORE, argument="path", overwrite=overwrite)
+  outputs.check(path, outputs.DATASET, argument="path", overwrite=overwrite)
   names = list(variables or DEFAULT_VARIABLES + STORED_FORCINGS)
   for name in names:
     if name not in STORED_FORCINGS:
@@ -423,7 +423,7 @@ def _write_layout(path, weather, names, times, levels, grid_name, zarr_format):
 
   xarray owns the WB2/CF layout (dimension names, time encoding, fill values,
   consolidated metadata); the bulk of the data then goes in through
-  tensorstore, which writes one-time-step chunks ~10x faster than zarr-python.
+  tensorstore, which writes one-time-step chunks much faster than zarr-python.
   """
   dataset = _to_dataset(weather.fields(times[:1], names), times[:1], levels, weather.points)
   space = _spatial_dims(weather.points)

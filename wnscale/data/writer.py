@@ -102,8 +102,8 @@ def evict_written(handle, first: int, last: int):
   A conversion writes far more than memory holds and does not read it back. Left cached,
   every chunk is copied into fresh pages of the cache, which on a virtual machine cost
   more to fill than the compression (memory the host has not backed yet faults on first
-  touch: 0.4 GB/s against 1.3 GB/s into pages evicted a moment ago, writing 1.9 GB in
-  3.4 MB files here); evicted, the next chunks reuse the same pages. Eviction drops clean
+  touch: docs/benchmarks.md, "Figures behind the code"); evicted, the next chunks reuse
+  the same pages. Eviction drops clean
   pages only (tensorstore syncs each chunk it writes; a dirty page is written first, never
   lost).
   """
@@ -127,7 +127,7 @@ def evict_written(handle, first: int, last: int):
 
 def read_attrs(path: str) -> dict:
   """The store's own attributes: the group's `.zattrs` (not the consolidated copy), read as
-  the JSON it is (zarr's `open_group` took ~4 ms a call, and a conversion reads them after
+  the JSON it is (zarr's `open_group` costs far more, and a conversion reads them after
   every block)."""
   attrs = paths.join(path, ".zattrs")
   return json.loads(paths.read_text(attrs)) if paths.exists(attrs) else {}
@@ -137,8 +137,8 @@ def update_attrs(path: str, attrs: dict):
   """Sets store attributes: the group's `.zattrs`, then its copy in the consolidated
   `.zmetadata` that readers such as `xarray.open_zarr` see, each file replaced whole
   (`paths.write_text`). Edited as the JSON they are: zarr's `consolidate_metadata` reads
-  every array's metadata again (~80 ms a call), and a conversion or a forecast records
-  its progress after every block."""
+  every array's metadata again, and a conversion or a forecast records its progress
+  after every block."""
   consolidated = paths.join(path, ".zmetadata")
   current = {**read_attrs(path), **attrs}
   paths.write_text(paths.join(path, ".zattrs"), _zarr_json(current))

@@ -25,7 +25,6 @@ only when asked, and stays intact until then).
 from __future__ import annotations
 
 import functools
-import logging
 
 import numpy as np
 import pandas as pd
@@ -33,10 +32,12 @@ import xarray as xr
 
 from wnscale import outputs, paths
 from wnscale.data import store as store_lib
+from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
-from wnscale.data.store import time_range
+from wnscale.data.store import check_times, time_range
 from wnscale.errors import UserError
+from wnscale.progress import TaskProgress
 
 DAYS = 366
 # Bytes per (hour, day of year, grid value) while a block is summed and smoothed:
@@ -127,11 +128,15 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   """
   weights = window_weights(window)
   out = paths.normalize(out)
-  outputs.check(out, outputs.STORE, argument="out", overwrite=overwrite, reads=(path,))
+  outputs.check(out, outputs.CLIMATOLOGY, argument="out", overwrite=overwrite, reads=(path,))
   dataset = store_lib.open_dataset(path)
   names = _variables(dataset, variables, path)
+  for name in names:  # a store in degC or hPa: said (another mismatch refused) before work
+    units_lib.read_as(name, dataset[name].attrs.get("units"),
+                      variables_lib.lookup(name).units, path)
   level_values = _levels(dataset, names, levels, path)
   times = pd.DatetimeIndex(dataset["time"].values)
+  check_times(times.values, path, evenly=False)  # a time twice would count twice
   first, count = time_range(times.values, start, end, path)
   if count == 0:
     raise UserError(f"Store {path} has no times in {start} .. {end}; it covers "
@@ -143,14 +148,18 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
     writer.create_store(where, *layout)
     blocks = [(name, *block) for name in names
               for block in _blocks(dataset, name, level_values, len(hours), memory_bytes)]
-    (for_each or _in_turn)(functools.partial(_write_block, paths.normalize(path), level_values,
-                                             indices, hours, weights, where), blocks)
+    (for_each or functools.partial(_in_turn, what=f"Climatology of {path}"))(
+        functools.partial(_write_block, paths.normalize(path), level_values, indices, hours,
+                          weights, where), blocks)
   return out
 
 
-def _in_turn(function, items):
+def _in_turn(function, items, what: str = "climatology"):
+  """`function(item)` of each block in turn, with progress (`progress.TaskProgress`)."""
+  progress = TaskProgress(what, len(items), "blocks")
   for item in items:
-    function(item)
+    progress.done(label=function(item))
+  progress.close()
 
 
 def _variables(dataset, variables, path):
@@ -237,7 +246,11 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   by another process (a Beam worker).
   """
   name, level_block, rows = block
-  field = _field(store_lib.open_dataset(path), name, levels)
+  dataset = store_lib.open_dataset(path)
+  field = _field(dataset, name, levels)
+  # Summed in the catalogue's units, which the climatology says it is in.
+  scale, offset = units_lib.conversion(name, dataset[name].attrs.get("units"),
+                                       variables_lib.lookup(name).units, path) or (1.0, 0.0)
   atmospheric = variables_lib.lookup(name).atmospheric
   num_levels, num_lat = field.shape[1:3]
   block_field = field.isel({"level": level_block, field.dims[2]: rows})
@@ -248,6 +261,7 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   step = max(1, _READ_BYTES // (4 * int(np.prod(block_field.shape[1:]))))
   for first in range(0, len(indices), step):
     values = block_field.isel(time=indices[first:first + step]).values.astype(np.float64)
+    values = values * scale + offset
     for i, value in enumerate(values, start=first):
       sums.add(hour_index[i], years[i], days[i], value)
   result = sums.smoothed(weights)  # [hours, days, levels, rows, lon]
@@ -257,8 +271,7 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   levels_done = (f"levels {level_block.start + 1}-{level_block.stop} of {num_levels}, "
                  if atmospheric else "")
   rows_done = "points" if field.dims[2] == store_lib.POINT_DIM else "latitude rows"
-  logging.info("climatology: %s, %s%s %d-%d of %d done", name, levels_done, rows_done,
-               rows.start + 1, rows.stop, num_lat)
+  return f"{name}, {levels_done}{rows_done} {rows.start + 1}-{rows.stop} of {num_lat}"
 
 
 def at_valid_times(climatology: xr.Dataset, valid_times, dim: str = "lead_time") -> xr.Dataset:

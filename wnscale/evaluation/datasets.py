@@ -25,7 +25,9 @@ import pandas as pd
 import xarray as xr
 from scipy import spatial
 
+from wnscale import outputs
 from wnscale.data import store as store_lib
+from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import metrics
@@ -98,7 +100,7 @@ def open_forecast(path: str) -> Forecast:
     if not completed:
       raise UserError(f"Forecast {path} has no finished initial time yet.")
     dataset = dataset.isel({INIT: sorted(int(i) for i in completed)})
-  return Forecast(path, ascending_latitude(dataset[list(variables)]), variables)
+  return Forecast(path, canonical_grid(dataset[list(variables)]), variables)
 
 
 def initial_times_in(forecast: Forecast, start: str | None, end: str | None) -> Forecast:
@@ -117,9 +119,31 @@ def initial_times_in(forecast: Forecast, start: str | None, end: str | None) -> 
   return forecast.select(times[first:first + count], forecast.leads)
 
 
+# A variable's `(scale, offset)` into the catalogue's units (`units.conversion`), which
+# `at_times` applies as it loads it.
+CONVERT_ATTR = "wnscale_units_conversion"
+
+
 def open_truth(path: str) -> xr.Dataset:
-  """A WeatherBench2-layout or anemoi-datasets store, lazy, latitude ascending."""
-  return ascending_latitude(store_lib.open_dataset(path))
+  """A WeatherBench2-layout or anemoi-datasets store, lazy, latitude ascending; a
+  variable whose `units` differ from the catalogue's by an affine conversion (degC, hPa)
+  is marked for `at_times` to convert (and said: `units.read_as`), any other mismatch is a
+  `UserError`."""
+  found = outputs.identify(path)
+  if found in (outputs.CLIMATOLOGY, outputs.FORECAST, outputs.OBSERVATIONS):
+    raise ArgumentError("truth", path, f"is {found.noun}, not a store of states over time "
+                        "(the truth a forecast is scored against): give `truth` a dataset "
+                        "store, e.g. the one the run trained on.")
+  dataset = store_lib.open_dataset(path)
+  # Valid times are looked up in it: a time out of order or twice would give wrong rows.
+  store_lib.check_times(dataset["time"].values, path, evenly=False)
+  for name in dataset.data_vars:
+    if name in variables_lib.VARIABLES:
+      convert = units_lib.read_as(str(name), dataset[name].attrs.get("units"),
+                                  variables_lib.VARIABLES[name].units, path)
+      if convert is not None:
+        dataset[name].attrs[CONVERT_ATTR] = convert
+  return canonical_grid(dataset)
 
 
 def open_climatology(path: str) -> xr.Dataset:
@@ -130,15 +154,23 @@ def open_climatology(path: str) -> xr.Dataset:
       raise UserError(f"{path} is not a climatology: it has no {dim!r} dim (dims "
                        f"{dict(climatology.sizes)}); make one with python -m "
                        "launch.make_climatology.")
-  return ascending_latitude(climatology)
+  return canonical_grid(climatology)
 
 
-def ascending_latitude(dataset: xr.Dataset) -> xr.Dataset:
+def canonical_grid(dataset: xr.Dataset) -> xr.Dataset:
+  """A regular grid's `dataset` with latitude ascending and longitude ascending in [0,
+  360), whatever the store's conventions (-180 .. 180, latitude from the north), so that
+  a forecast and a truth of other conventions compare; points stay in their own order."""
   if LATITUDE not in dataset.dims:  # points: in their own order
     return dataset
   latitude = dataset[LATITUDE].values
-  return dataset.isel({LATITUDE: slice(None, None, -1)}) if latitude[0] > latitude[-1] \
-      else dataset
+  if latitude[0] > latitude[-1]:
+    dataset = dataset.isel({LATITUDE: slice(None, None, -1)})
+  longitude = np.mod(np.asarray(dataset[LONGITUDE].values, np.float64), 360.0)
+  order = np.argsort(longitude, kind="stable")
+  if np.array_equal(longitude[order], dataset[LONGITUDE].values):
+    return dataset
+  return dataset.isel({LONGITUDE: order}).assign_coords({LONGITUDE: longitude[order]})
 
 
 def restricted(forecast: Forecast, region: str) -> tuple[Forecast, xr.DataArray]:
@@ -311,7 +343,12 @@ def at_times(dataset: xr.Dataset, variables, levels, times, dim: str = LEAD) -> 
                                                               dims=dim)})
   if levels and "level" in selected.dims:
     selected = selected.sel(level=levels)
-  return selected.drop_vars(INIT).load().astype(np.float64)
+  selected = selected.drop_vars(INIT).load().astype(np.float64)
+  for name in selected.data_vars:  # a truth in degC or hPa: in the catalogue's units
+    convert = selected[name].attrs.get(CONVERT_ATTR)
+    if convert is not None:
+      selected[name] = selected[name] * convert[0] + convert[1]
+  return selected
 
 
 def channel_names(dataset: xr.Dataset) -> list[tuple[str, str, int | None]]:

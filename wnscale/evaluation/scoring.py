@@ -27,6 +27,7 @@ from wnscale.evaluation import climatology as climatology_lib
 from wnscale.evaluation import datasets, figures, metrics
 from wnscale.evaluation import results as results_lib
 from wnscale.evaluation.datasets import ENSEMBLE, LEAD
+from wnscale.progress import TaskProgress, long_step
 
 FORECAST, BASELINE, PERSISTENCE, CLIMATOLOGY = "forecast", "baseline", "persistence", \
     "climatology"
@@ -104,11 +105,15 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
   logging.info("Scoring %d initial times x %d lead times of %s.", len(forecast.init_times),
                len(forecast.leads), forecast_path)
   per_init = {}
+  progress = TaskProgress(f"Scoring {forecast_path}", len(forecast.init_times),
+                          "initial times")
   for index in range(len(forecast.init_times)):
     for name, scores in _score_init(forecast, index, truth, climatology, climatology_path,
                                     baseline, weights).items():
       for metric, values in scores.items():
         per_init.setdefault(name, {}).setdefault(metric, []).append(values)
+    progress.done(label=f"{forecast.init_times[index]:%Y-%m-%d %H:%M}")
+  progress.close()
   results = {name: results_lib.summarize(scores) for name, scores in per_init.items()}
   about = {"forecast": os.path.abspath(forecast_path), "truth": os.path.abspath(truth_path),
            "climatology": climatology_path and os.path.abspath(climatology_path),
@@ -116,7 +121,8 @@ def evaluate(forecast_path: str, truth_path: str, out_dir: str, *,
            "initial_times": [str(t) for t in forecast.init_times], "region": region}
   with outputs.building(out_dir, overwrite) as where:
     files = results_lib.write(results, where, about)
-    files += _figures(results, forecast, truth, where, maps)
+    with long_step(f"Drawing the figures into {out_dir}"):
+      files += _figures(results, forecast, truth, where, maps)
   files = [os.path.join(out_dir, os.path.relpath(path, where)) for path in files]
   for path in files:
     logging.info("wrote %s", path)

@@ -160,7 +160,7 @@ def build_graphs(points: PointSet, mesh_levels: int,
     if use_cache:  # whole or not at all: a crash never leaves a half file
       buffer = io.BytesIO()
       np.savez(buffer, **_flatten(graphs))
-      paths.write_bytes(path, buffer.getvalue())
+      cache.write_bytes(path, buffer.getvalue())
   apart = {name: _build_edge_set(spec, *geometry(), use_cache)
            for name, spec in edge_sets.items() if spec.connect.cached_apart}
   # In the declared order.

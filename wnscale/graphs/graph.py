@@ -99,7 +99,3 @@ class Graphs(NamedTuple):
     counts.update({f"{name.removesuffix('s')}_edges": self.num_edges(name)
                    for name in self.edges})
     return counts
-
-  def with_edge_sets(self, edge_sets: dict[str, EdgeSet]) -> Graphs:
-    """These graphs with `edge_sets` added (or replacing those of the same names)."""
-    return self._replace(edges={**self.edges, **edge_sets})

@@ -12,16 +12,16 @@ Sizes: a node of a triangulated sphere has about `1 + 3k(k + 1)` nodes within
 `k` hops (fewer near the 12 five-neighbour vertices), so the list grows as
 k^2 * nodes: levels 0..6 with k = 32 give 127,019,682 edges, 3,101 per node.
 It is built ring by ring (the nodes exactly j hops away are the neighbours of
-ring j - 1 less rings j - 1 and j - 2), with scipy sparse products, in ~95 s
-and 3.7 GB on 2 CPU cores at that size, and cached on disk (~0.5 GB).
+ring j - 1 less rings j - 1 and j - 2), with scipy sparse products, and cached on
+disk (its time and memory at that size: docs/benchmarks.md, "Graphs").
 """
 
 from __future__ import annotations
 
+import io
 import hashlib
 import logging
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -96,12 +96,9 @@ def build_neighbourhoods(mesh_levels: int, k: int, use_cache: bool = True):
   senders, receivers = k_hop_edges(mesh_adjacency(finest), k)
   logging.info("Built %d-hop neighbourhoods of mesh level %d in %.1f s: %d edges", k,
                mesh_levels, time.perf_counter() - start, len(senders))
-  if use_cache:
-    # Write to a temporary file and rename: a crash never leaves a half file.
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+  if use_cache:  # whole or not at all (or not cached: `cache.write_bytes`)
     counts = np.bincount(receivers, minlength=len(finest.vertices)).astype(np.int32)
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), suffix=".npz.tmp",
-                                     delete=False) as f:
-      np.savez(f, senders=senders, counts=counts)
-    os.replace(f.name, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, senders=senders, counts=counts)
+    cache.write_bytes(path, buffer.getvalue())
   return senders, receivers

@@ -140,7 +140,7 @@ class PointSet:
       covered = float(np.sum(self.area[~self.region]) / np.sum(self.area))
     spacing = np.sqrt(4 * np.pi * covered / outside)  # radians
     probes = fibonacci_sphere(min(COVERAGE_PROBES, max(1000, 4 * self.size)))
-    from scipy import spatial  # noqa: PLC0415 (0.15 s to import: a conversion
+    from scipy import spatial  # noqa: PLC0415 (slow to import: a conversion
     # imports this module through data.store, and needs no tree)
     chord, _ = spatial.cKDTree(self.xyz()).query(probes)
     farthest = int(np.argmax(chord))
@@ -159,9 +159,9 @@ class PointSet:
 def voronoi_areas(latitude: np.ndarray, longitude: np.ndarray) -> np.ndarray:
   """`[n]` float64 areas (steradians) of the points' spherical Voronoi cells.
 
-  Cached on disk (`<cache dir>/areas`), keyed by the points and this code: O320's
-  421,120 points take ~30 s. The points must be distinct (a regular grid's pole
-  rows are not: use `PointSet.regular` for those).
+  Cached on disk (`<cache dir>/areas`), keyed by the points and this code: a large
+  grid's take long (docs/benchmarks.md, "Figures behind the code"). The points must be
+  distinct (a regular grid's pole rows are not: use `PointSet.regular` for those).
   """
   latitude, longitude = (np.ascontiguousarray(a, np.float64) for a in (latitude, longitude))
   digest = hashlib.sha256(cache.source_digest("graphs/points.py").encode())
@@ -179,7 +179,7 @@ def voronoi_areas(latitude: np.ndarray, longitude: np.ndarray) -> np.ndarray:
                     "the store a cell_area variable, or points without duplicates.") from error
   buffer = io.BytesIO()
   np.save(buffer, area)
-  paths.write_bytes(path, buffer.getvalue())  # whole or not at all
+  cache.write_bytes(path, buffer.getvalue())  # whole or not at all (or not cached)
   logging.info("Computed the Voronoi cell areas of %s points in %.1f s; cached in %s",
                f"{latitude.size:,}", time.perf_counter() - start, path)
   return area

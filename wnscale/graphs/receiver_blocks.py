@@ -1,10 +1,10 @@
 """Edges cut into blocks of receivers, so that summing over a receiver's edges is a matrix product.
 
 An accelerator's scatter (`segment_sum`, and the transpose of a gather) is a
-slow operation: on a TPU v5e, summing the paper model's 327,660 mesh messages
-`[E, 512]` onto 40,962 nodes took 2.4x the time of reading and writing them
-once, and the transpose of the receiver gather 3.4x. Matrix products are what
-the chip is built for. With edges sorted by receiver, every block of `slots`
+slow operation: on a TPU v5e, summing the paper model's mesh messages onto its nodes
+takes several times as long as reading and writing them once (docs/benchmarks.md,
+"Figures behind the code"). Matrix products are what the chip is built for. With edges
+sorted by receiver, every block of `slots`
 consecutive edges points at a short run of consecutive receivers; within the
 block, the sum over each receiver's edges is a product with a 0/1 matrix
 `[width, slots]` (`wnscale.model.aggregation`), and gathering the receivers'

@@ -49,12 +49,15 @@ from wnscale.sharding import mesh as mesh_lib
 from wnscale.train.run_directory import RunDirectory
 
 
-def load_run_config(run: RunDirectory, mesh: dict | None = None, data_path: str | None = None):
-  """`(config, store path)`: the run's config with mesh overrides (`data`, `graph`,
-  `exchange`), and the store of the initial conditions (default: the run's)."""
+def load_run_specs(run: RunDirectory, mesh: dict | None = None,
+                   data_path: str | None = None) -> tuple[specs_lib.Specs, str]:
+  """`(specs, store path)`: the specs of the run's config with mesh overrides (`data`,
+  `graph`, `exchange`), made once; the store of the initial conditions (default: the
+  run's)."""
   config = run.read_config()
   config.mesh.update(mesh or {})
-  return config_lib.validate(config), data_path or config.data.path
+  specs = specs_lib.from_config(config_lib.validate(config))
+  return specs, data_path or specs.data.path
 
 
 def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=None,
@@ -98,9 +101,9 @@ def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=Non
   return np.asarray(indices, np.int64)
 
 
-def _check_members(config, members: int | None):
+def _check_members(model: specs_lib.ModelSpec, members: int | None):
   """A clear error unless an FGN run gets `members` and a deterministic one does not."""
-  noise = config.model.noise_channels
+  noise = model.noise_channels
   if noise and members is None:
     raise ArgumentError("members", None, "is required: the run is an FGN ensemble model "
                         f"(model.noise_channels={noise}); give the number of members to "
@@ -222,9 +225,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
     raise ArgumentError("out", paths.normalize(out), f"holds a forecast of another run, "
                         f"{previous['workdir']}; choose another `out`, or remove it to start "
                         "again.")
-  config, path = load_run_config(run, mesh_overrides, data_path)
-  _check_members(config, members)
-  specs = specs_lib.from_config(config)
+  specs, path = load_run_specs(run, mesh_overrides, data_path)
+  _check_members(specs.model, members)
   d = specs.data
   store = cutout.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                             d.resolution, forcings=d.stored_forcings,
@@ -238,8 +240,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
 
   # Normalized with the training run's statistics; each modality's observations (its
   # inputs at the initial times) aligned with the initial conditions' times.
-  readers = _modality_readers(specs, config.seed, store, path)
-  assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(config.mesh),
+  readers = _modality_readers(specs, store, path)
+  assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(specs.mesh),
                       point_sets={reader.name: reader.points for reader in readers},
                       point_stats={reader.name: reader.stats["targets"] for reader in readers})
   readers = tuple(reader.in_layout(assembly.layout.point_slots[reader.name])
@@ -272,7 +274,7 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
                    output, readers)
 
 
-def _modality_readers(specs, seed: int, store, path: str) -> tuple:
+def _modality_readers(specs: specs_lib.Specs, store, path: str) -> tuple:
   """`resolve.modality_readers` of the run's modalities at `store`'s times (the initial
   conditions from `path`), normalized as in training: statistics of the training range of
   the run's grid store."""
@@ -282,7 +284,7 @@ def _modality_readers(specs, seed: int, store, path: str) -> tuple:
   grid_times = store.times if paths.normalize(path) == paths.normalize(d.path) else \
       store_lib.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
   first, count = time_range(grid_times, d.train_start, d.train_end, d.path)
-  return modality_readers(d, seed, store.times, grid_times[first:first + count])
+  return modality_readers(d, specs.seed, store.times, grid_times[first:first + count])
 
 
 def _group_layout(reader) -> dict:

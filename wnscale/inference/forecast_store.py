@@ -117,6 +117,7 @@ class ForecastStore:
       raise RuntimeError(f"{self.path}: no forecast store for writer {writer_index} to open; "
                          "writer 0 makes it first.")
     if existing is None:
+      outputs.remove_leftovers(self.path, outputs.FORECAST)  # of a creation killed outright
       self._create(settings, init_times, leads, latitude, longitude, point_coords or {})
     elif existing != settings:
       changed = sorted(key for key in existing.keys() | settings.keys()

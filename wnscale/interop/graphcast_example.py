@@ -64,7 +64,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
     ValueError: the example does not fit the run's model (naming what), or
       `out_path` exists (without `overwrite`) or cannot be written.
   """
-  outputs_lib.check(out_path, outputs_lib.FILE, argument="out_path", overwrite=overwrite)
+  outputs_lib.check(out_path, outputs_lib.NETCDF, argument="out_path", overwrite=overwrite)
   example = netcdf.load(example_path)  # before the model: a wrong file is said at once
   run = RunDirectory(workdir, argument="workdir")
   specs = specs_lib.from_config(run.read_config())

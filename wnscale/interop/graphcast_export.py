@@ -71,7 +71,7 @@ def export_graphcast(workdir: str, out: str, step: int | None = None,
     UserError: the run is not one GraphCast's model can express (naming the
       setting), has no such checkpoint, or an output exists (without `overwrite`).
   """
-  outputs.check(out, outputs.FILE, argument="out", overwrite=overwrite)
+  outputs.check(out, outputs.NPZ, argument="out", overwrite=overwrite)
   run = RunDirectory(workdir, argument="workdir")
   config = run.read_config()
   model_config, task_config = graphcast_config.graphcast_configs(config)  # refusals first

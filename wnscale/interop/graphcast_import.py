@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
 from wnscale.data import normalization
@@ -95,7 +96,8 @@ def write_run(out: str, overwrite: bool, config: ml_collections.ConfigDict, para
       paths.write_bytes(paths.join(where, name), data)
     run = run_directory.RunDirectory(where)
     run.save_params(params, {"step": 0, **metadata})
-    run.write_config(config, history=False)  # last: a directory with a config is a whole run
+    # Last: a directory with a config is a whole run.
+    run.write_config(config_lib.to_json(config), history=False)
   logging.info("Imported %s into %s: %d parameters.", metadata["imported_from"], out,
                sum(x.size for x in jax.tree.leaves(params)))
 

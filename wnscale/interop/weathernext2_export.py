@@ -39,11 +39,13 @@ from wnscale.interop import weathernext2_params, weathernext2_predictor
 from wnscale.interop.weathernext2_import import CONFIG, REMAINDER
 from wnscale.model import setup
 from wnscale.train import checkpoint as checkpoint_lib
-from wnscale.train.run_directory import RunDirectory
+from wnscale.train.run_directory import CHECKPOINTS, RunDirectory
 
 PARAMS_FILE, CONFIG_FILE = "params.npz", "config.json"
-# What `--out` writes.
-KIND = outputs.Kind("a WeatherNext 2 checkpoint directory", (PARAMS_FILE, CONFIG_FILE))
+# What `--out` writes: told from a run directory (which holds a config.json too) by its
+# params.npz.
+KIND = outputs.Kind("a WeatherNext 2 checkpoint directory", (PARAMS_FILE,),
+                    excludes=(CHECKPOINTS,))
 
 
 def export_weathernext2(workdir: str, out: str, step: int | None = None,

@@ -180,16 +180,6 @@ class GraphCast(nnx.Module):
         setattr(self, f"{m.name}_output_mlp", mlp(latent, m.output_channels,
                                                   layer_norm=False))
 
-  # The interaction-network processor's parts, by the names GraphCast's own use.
-  @property
-  def mesh_edge_embedder(self) -> MLP:
-    return self.processor.edge_embedder
-
-  @property
-  def mesh_layers(self) -> InteractionNetwork:
-    """The `[message_passing_steps]`-stacked interaction networks."""
-    return self.processor.layers
-
   def __call__(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
                global_inputs: jax.Array | None = None, noise: jax.Array | None = None,
                point_inputs: dict | None = None):

@@ -25,10 +25,9 @@ variance, statistics in float32 whatever the activation dtype:
 The gradients of the layer norm's scale and bias and of a linear layer's bias are
 column sums, `[rows, features] -> [features]`. Per example (under `vmap`) XLA sees
 them as the sum over the middle axis of `[batch, rows, features]`, which XLA:CPU's
-YNNPACK reduction ran 10-30x slower than the same sum as a matrix product with a
-vector of ones (`column_sum`: 0.26 s against 0.024 s at 195,480 x 128; in the mid
-problem's step, about half of the op time). `column_sum` is that product, in full
-float32 precision on every backend.
+YNNPACK reduction runs many times slower than the same sum as a matrix product with a
+vector of ones (docs/benchmarks.md, "Figures behind the code"). `column_sum` is that
+product, in full float32 precision on every backend.
 """
 
 from __future__ import annotations
@@ -181,10 +180,10 @@ def linear(x: jax.Array, kernel: jax.Array, bias: jax.Array | None = None,
 
   Plain autodiff under the batch `vmap` contracts the kernel's gradient over two
   axes, `[batch, rows]`, which XLA:CPU feeds to its matrix product through an
-  elementwise fusion writing `[O, batch * rows]` transposed: 0.2 s a layer over
-  the mid problem's 81,900 mesh edges, a fifth of its step. Here the gradient is
-  a product over the rows of each example (`_kernel_gradient`), which needs no
-  transposed copy; the bias's a `column_sum`.
+  elementwise fusion writing `[O, batch * rows]` transposed (a large share of the mid
+  problem's step: docs/benchmarks.md). Here the gradient is a product over the rows of
+  each example (`_kernel_gradient`), which needs no transposed copy; the bias's a
+  `column_sum`.
   """
   params = (kernel, bias)
   x = vary_like(x, *jax.tree.leaves(params))  # as in `layer_norm`

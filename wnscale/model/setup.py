@@ -93,8 +93,8 @@ def make_constants(d: DataSpec, graphs: Graphs, points: PointSet,
   `receiver_blocks.graphs_with_blocks`; `graphs` None: none, for the weights alone); the
   node weights are the points' cell areas (mean 1), a
   cut-out's regional points' times `data.regional_loss_weight`; `residual_scale` is
-  `[C_out]` (`source.residual_scale`); `variable_loss_weights`: `(variable, weight)` pairs
-  (`train.variable_loss_weights`); each target modality's point weights are its
+  `[C_out]` (`normalization.residual_scale`); `variable_loss_weights`: `(variable,
+  weight)` pairs (`train.variable_loss_weights`); each target modality's point weights are its
   `point_sets` entry's areas (mean 1), its first guess `first_guesses`' (`output_stats`,
   `point_stats` are its arguments)."""
   point_sets = point_sets or {}

@@ -22,11 +22,11 @@ def more_micro_batches(examples_per_data_shard: int, accumulation_steps: int) ->
 def fewest_that_fit(problem: Problem, model_overrides: dict | None,
                     budget_bytes: int) -> dict | None:
   """The report (`Problem.compile`) of `model_overrides` compiled with the fewest more
-  micro-batches than the config's whose step fits `budget_bytes` per device; None when
+  micro-batches than the specs' whose step fits `budget_bytes` per device; None when
   even micro-batches of one example do not fit (compiled first: then nothing is searched),
   or when a data shard's examples allow no more micro-batches."""
   counts = more_micro_batches(problem.examples_per_data_shard,
-                              problem.config.train.accumulation_steps)
+                              problem.specs.train.accumulation_steps)
 
   def fits(count):
     report = problem.compile(model_overrides, accumulation_steps=count)

@@ -3,7 +3,7 @@
 Candidates are data (below), ranked by the FLOPs they add (`planner.flops`);
 each is compiled in that order until one's per-device peak memory fits the
 budget. The decision is cached on disk by a hash of everything it depends on:
-the config's model, data and mesh (less the remat keys), the batch and its
+the specs' model, data and mesh (less the remat keys), the batch and its
 micro-batches (`train.accumulation_steps`: the step measured runs one at a time), the
 rollout remat, the target, the budget, the jax version and wnscale's sources
 (`wnscale.cache.source_digest`).
@@ -11,15 +11,15 @@ rollout remat, the target, the budget, the jax version and wnscale's sources
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import hashlib
 import json
 import logging
 
 import jax
-import ml_collections
 
 from wnscale import cache, paths
+from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.planner import accumulation
 from wnscale.planner import flops as flops_lib
@@ -58,37 +58,38 @@ def candidate_overrides(name: str) -> dict:
   return dict(_NONE, **CANDIDATES[name])
 
 
-def ranked_candidates(config, graphs, num_devices, names=None) -> list[tuple[str, float, float]]:
+def ranked_candidates(specs: specs_lib.Specs, graphs, num_devices, names=None
+                      ) -> list[tuple[str, float, float]]:
   """`(name, added FLOPs, offloaded bytes)` per device and step, cheapest first: by added
   FLOPs, then by bytes moved to host memory and back (ties keep the table's order).
 
   `graphs`: the graphs or their shapes (`flops.step_flops`)."""
   ranked = []
   for name in names or CANDIDATES:
-    trial = copy.deepcopy(config)  # ConfigDict(config) would share its sections
-    trial.model.update(candidate_overrides(name))
+    trial = dataclasses.replace(specs, model=dataclasses.replace(
+        specs.model, **candidate_overrides(name)))
     cost = flops_lib.step_flops(trial, graphs, num_devices)
     ranked.append((name, cost["recompute"], cost["offloaded_bytes"]))
   return sorted(ranked, key=lambda item: item[1:])
 
 
-def _cache_path(config, target: Target, budget: int) -> str:
-  fixed = ml_collections.ConfigDict(config).to_dict()
-  for key in REMAT_KEYS:
-    fixed["model"].pop(key, None)
+def _cache_path(specs: specs_lib.Specs, target: Target, budget: int) -> str:
+  model = {key: value for key, value in dataclasses.asdict(specs.model).items()
+           if key not in REMAT_KEYS}
   # Only what changes the compiled step: a new learning rate reuses the plan.
-  key = json.dumps([fixed["model"], fixed["data"], fixed["mesh"], config.train.batch_size,
-                    config.train.accumulation_steps, config.train.remat_rollout, target.name,
+  train = specs.train
+  key = json.dumps([model, dataclasses.asdict(specs.data), dataclasses.asdict(specs.mesh),
+                    train.batch_size, train.accumulation_steps, train.remat_rollout, target.name,
                     len(target.devices), budget,
                     jax.__version__, cache.source_digest()],
                    sort_keys=True, default=str)
   return cache.cache_path("remat_plans", hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
-def choose_remat(config: ml_collections.ConfigDict, target: Target,
-                 step_builder: StepBuilder, budget_bytes: int | None = None, names=None,
+def choose_remat(specs: specs_lib.Specs, target: Target, step_builder: StepBuilder,
+                 budget_bytes: int | None = None, names=None,
                  problem: Problem | None = None) -> dict:
-  """Picks the remat settings for `config` on `target`.
+  """Picks the remat settings for `specs` on `target`.
 
   Candidates are compiled cheapest first. When the cheapest does not fit, the
   one that keeps the least memory is compiled next: if it does not fit either,
@@ -98,7 +99,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
     step_builder: lowers the step to measure (`wnscale.planner.compile.StepBuilder`).
     budget_bytes: per-device memory allowed; default the target's device memory.
     names: candidate names to consider (default: all of `CANDIDATES`).
-    problem: a `Problem` of this config and target to reuse (and its compiles).
+    problem: a `Problem` of these specs and target to reuse (and its compiles).
 
   Returns:
     `{"name", "overrides", "peak_bytes", "recompute_flops", "reason"}`.
@@ -110,17 +111,17 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
   budget = budget_bytes or target.device_memory_bytes
   if not budget:
     raise UserError("remat_policy='auto' needs a memory budget: set train.memory_budget_gib.")
-  path = _cache_path(config, target, budget)
+  path = _cache_path(specs, target, budget)
   if paths.exists(path):
     choice = json.loads(paths.read_text(path))
     logging.info("Remat plan read from the cache: %s", path)
     return choice
-  problem = problem or Problem(config, target, step_builder)
-  ranked = ranked_candidates(config, problem.graph_shapes, len(target.devices), names)
+  problem = problem or Problem(specs, target, step_builder)
+  ranked = ranked_candidates(specs, problem.graph_shapes, len(target.devices), names)
   peaks = {}  # candidate name -> compiled peak bytes (None: the compiler failed), in order
 
   def fits(name):
-    report = problem.compile(candidate_overrides(name))
+    report = problem.compile(candidate_overrides(name), name=name)
     if report.get("compiled", True):
       peaks[name] = report["peak_bytes"]
     else:  # a compiler failure: logged, and the search goes on
@@ -144,7 +145,7 @@ def choose_remat(config: ml_collections.ConfigDict, target: Target,
                         else "") + " per device per step; cheaper ones did not "
                      f"fit: {cheaper or '-'}."),
       }
-      paths.write_text(path, json.dumps(choice))  # the trainer logs its reason
+      cache.write_bytes(path, json.dumps(choice).encode())  # the trainer logs its reason
       return choice
   compiled = {n: peak for n, peak in peaks.items() if peak is not None}
   if not compiled:

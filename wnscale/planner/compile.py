@@ -1,4 +1,5 @@
-"""Compiles a config's step for a target, with abstract inputs, and reports its cost.
+"""Compiles the step of an experiment's specs for a target, with abstract inputs, and
+reports its cost.
 
 The step comes from the caller (`step_builder`; the trainer and `launch.compile`
 pass `wnscale.train.step.lower_train_step`, the step training runs), lowered
@@ -9,7 +10,6 @@ slice on a CPU-only machine.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import re
@@ -17,7 +17,6 @@ import time
 from typing import Callable
 
 import jax
-import ml_collections
 import numpy as np
 
 from wnscale import specs as specs_lib
@@ -31,9 +30,10 @@ from wnscale.planner import buffers as buffers_lib
 from wnscale.planner import flops as flops_lib
 from wnscale.planner import xla_stats
 from wnscale.planner.topology import GIB, Target
+from wnscale.progress import long_step
 from wnscale.sharding import mesh as mesh_lib
 
-# `(config, layout, constants, halo_indices, batch) -> jax.stages.Lowered`.
+# `(specs, layout, constants, halo_indices, batch) -> jax.stages.Lowered`.
 StepBuilder = Callable[..., jax.stages.Lowered]
 
 BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
@@ -51,48 +51,47 @@ def batch_per_data_shard(batch_size: int, data_shards: int, accumulation_steps: 
   return -(-per_shard // accumulation_steps) * accumulation_steps
 
 
-def modality_points(config: ml_collections.ConfigDict, grid_points: points_lib.PointSet
+def modality_points(specs: specs_lib.Specs, grid_points: points_lib.PointSet
                     ) -> dict[str, points_lib.PointSet]:
   """Each of `data.modalities`' points by name, for shapes (the planner reads no grid
   store): an observation store's stations, or for a "synthetic:N" source N points drawn
   at random on the sphere (the synthetic network's draw without a store's land mask;
   its edge counts, and so the step's memory, are those of any N points as spread)."""
   points = {}
-  for modality in specs_lib.from_config(config).data.modalities:
+  for modality in specs.data.modalities:
     count = modality.synthetic_stations
     if count is None:
       names = list(dict.fromkeys(modality.inputs + modality.targets))
-      path = resolve.resolve_observations(config.data, modality, config.seed)
+      path = resolve.resolve_observations(specs.data, modality, specs.seed)
       points[modality.name] = observations.open_observations(path, names).points
     else:
       points[modality.name] = stations_lib.random_land_biased_points(
-          count, grid_points, np.zeros(grid_points.size, bool), config.seed)
+          count, grid_points, np.zeros(grid_points.size, bool), specs.seed)
   return points
 
 
 class Problem:
-  """A config's graphs and layout on a target, built once and compiled for many remat settings.
+  """An experiment's graphs and layout on a target, built once and compiled for many remat
+  settings.
 
   Args:
-    config: the experiment; its grid is `points.standard`'s of `data.grid` and
+    specs: the experiment; its grid is `points.standard`'s of `data.grid` and
       `data.resolution`.
     target: the devices to compile for.
     step_builder: lowers the step to measure (see `StepBuilder`).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, target: Target,
-               step_builder: StepBuilder):
-    self.config = config
+  def __init__(self, specs: specs_lib.Specs, target: Target, step_builder: StepBuilder):
+    self.specs = specs
     self.target = target
     self.step_builder = step_builder
-    specs = specs_lib.from_config(config)
-    self.mesh = mesh_lib.make_mesh(config.mesh, target.devices)
-    mesh_lib.check_batch_size(self.mesh, config.train.batch_size,
-                              config.train.accumulation_steps)
+    self.mesh = mesh_lib.make_mesh(specs.mesh, target.devices)
+    mesh_lib.check_batch_size(self.mesh, specs.train.batch_size,
+                              specs.train.accumulation_steps)
     # No statistics: the residual scale is 1, which changes no shape; no model: the step
     # builder makes it with each compile's remat settings.
-    grid_points = points_lib.standard(config.data.grid, config.data.resolution)
-    point_sets = modality_points(config, grid_points)
+    grid_points = points_lib.standard(specs.data.grid, specs.data.resolution)
+    point_sets = modality_points(specs, grid_points)
     assembly = assemble(specs, grid_points, None, self.mesh, params=None,
                         point_sets=point_sets)
     self.counts = assembly.graphs.counts()
@@ -102,40 +101,48 @@ class Problem:
     self.layout = assembly.layout
     self.constants = self.layout.abstract_constants(assembly.constants)
     self.batch = self.layout.abstract_batch(setup.batch_shapes(
-        specs, assembly.graphs.num_nodes("grid"), config.train.batch_size,
+        specs, assembly.graphs.num_nodes("grid"), specs.train.batch_size,
         {name: points.size for name, points in point_sets.items()}))
     self._reports = {}  # Compiles are minutes at 0.25 deg: one per remat setting.
 
   @property
   def examples_per_data_shard(self) -> int:
     """The batch's rows on each data shard (what its micro-batches split)."""
-    return self.config.train.batch_size // self.mesh.shape[mesh_lib.DATA]
+    return self.specs.train.batch_size // self.mesh.shape[mesh_lib.DATA]
 
   def compile(self, model_overrides: dict | None = None, breakdown: bool = False,
-              accumulation_steps: int | None = None) -> dict:
+              accumulation_steps: int | None = None, name: str | None = None) -> dict:
     """Compiles the train step with `model_overrides` (remat keys) and `accumulation_steps`
-    micro-batches (None: the config's `train.accumulation_steps`; a divisor of
+    micro-batches (None: the specs' `train.accumulation_steps`; a divisor of
     `examples_per_data_shard`); returns its figures.
 
     With `breakdown`, the report adds the buffers live at the peak
     (`peak_buffers`, largest first, and `peak_by_part`; see `planner.buffers`).
-    A setting compiled before by this `Problem` is not compiled again.
+    A setting compiled before by this `Problem` is not compiled again. Each compile is
+    said before it starts and while it lasts (`progress.long_step`: at 0.25 deg one takes
+    minutes), as the remat candidate `name` (else the remat policy compiled).
     """
-    accumulation_steps = accumulation_steps or self.config.train.accumulation_steps
+    accumulation_steps = accumulation_steps or self.specs.train.accumulation_steps
     key = json.dumps([model_overrides or {}, accumulation_steps], sort_keys=True)
     if key not in self._reports or (breakdown and "peak_buffers" not in self._reports[key]):
-      self._reports[key] = self._compile(model_overrides, breakdown, accumulation_steps)
+      policy = (model_overrides or {}).get("remat_policy", self.specs.model.remat_policy)
+      micro = f" in {accumulation_steps} micro-batches" if accumulation_steps > 1 else ""
+      with long_step(f"Compiling the train step for {self.target.name} "
+                     f"({self.mesh.shape[mesh_lib.GRAPH]} graph shard(s), batch "
+                     f"{self.specs.train.batch_size}{micro}, remat {name or policy})",
+                     expected_time(self.specs.data)):
+        self._reports[key] = self._compile(model_overrides, breakdown, accumulation_steps)
     return dict(self._reports[key])
 
   def _compile(self, model_overrides: dict | None, breakdown: bool,
                accumulation_steps: int) -> dict:
-    config = copy.deepcopy(self.config)  # ConfigDict(config) would share its sections
-    config.model.update(model_overrides or {})
-    config.train.accumulation_steps = accumulation_steps
+    specs = dataclasses.replace(
+        self.specs, model=dataclasses.replace(self.specs.model, **(model_overrides or {})),
+        train=dataclasses.replace(self.specs.train, accumulation_steps=accumulation_steps))
     start = time.perf_counter()
     peak_buffers = None
     try:
-      lowered = self.step_builder(config, self.layout, *self.constants, self.batch)
+      lowered = self.step_builder(specs, self.layout, *self.constants, self.batch)
       if breakdown:
         compiled, peak_buffers = buffers_lib.compile_with_breakdown(lowered)
       else:
@@ -153,15 +160,15 @@ class Problem:
         refused = COMPILER_FAILED + str(error).strip().split("\n")[0][:300]
       stats = _stats_from_oom_message(refused)  # no figures (zeros) in an internal error
     seconds = time.perf_counter() - start
-    analytic = flops_lib.step_flops(config, self.graph_shapes, len(self.target.devices))
+    analytic = flops_lib.step_flops(specs, self.graph_shapes, len(self.target.devices))
     memory = self.target.device_memory_bytes
     report = {
         "topology": self.target.name,
         "num_devices": len(self.target.devices),
         "mesh": {"data": self.mesh.shape[mesh_lib.DATA], "graph": self.mesh.shape[mesh_lib.GRAPH]},
-        "batch_size": config.train.batch_size,
+        "batch_size": specs.train.batch_size,
         "accumulation_steps": accumulation_steps,
-        "remat": {key: config.model[key] for key in REMAT_KEYS},
+        "remat": {key: getattr(specs.model, key) for key in REMAT_KEYS},
         **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
         "device_memory_bytes": memory,
         "fits": bool(refused is None
@@ -179,6 +186,15 @@ class Problem:
       report["peak_by_part"] = buffers_lib.summarize(peak_buffers)
       report["peak_buffers"] = [dataclasses.asdict(b) for b in peak_buffers[:BREAKDOWN_ROWS]]
     return report
+
+
+def expected_time(data: specs_lib.DataSpec) -> str:
+  """How long a compile of the step of a model on `data`'s grid takes, said before it
+  starts (a 0.25 deg model's takes minutes on a CPU host: long enough to look hung)."""
+  if data.grid or data.resolution > 2.0:
+    return "seconds to a minute"
+  return (f"at {data.resolution:g} deg this takes minutes, up to 10 or more; a line "
+          "follows every minute, and when it is done")
 
 
 def best_setting(reports: list[dict]) -> str:

@@ -7,8 +7,6 @@ these counts multiply the matmul FLOPs of every MLP by the rows it runs on.
 
 from __future__ import annotations
 
-import ml_collections
-
 from wnscale import specs as specs_lib
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import Graphs
@@ -28,15 +26,14 @@ RECOMPUTE_FRACTION = {
 EDGE_STAGES = {"encoder_edges": "grid_to_mesh", "decoder_edges": "mesh_to_grid"}
 
 
-def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str, float]:
+def forward_flops(specs: specs_lib.Specs, graphs: Graphs) -> dict[str, float]:
   """Forward FLOPs of one example per stage and part of a stage (`*_points`: every
   modality's, `data.modalities`).
 
   `graphs`: the global graphs, or their shapes (only sizes are read).
   """
-  d = config.model.latent_size
-  e = config.model.edge_latent_size or d
-  specs = specs_lib.from_config(config)
+  d = specs.model.latent_size
+  e = specs.model.edge_size
   data = specs.data
   channels = len(data.output_channels)
   inputs = data.input_channels + NODE_FEATURES
@@ -72,7 +69,7 @@ def forward_flops(config: ml_collections.ConfigDict, graphs: Graphs) -> dict[str
   }
 
 
-def step_flops(config: ml_collections.ConfigDict, graphs: Graphs, num_devices: int) -> dict:
+def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict:
   """Per-device cost of one training step (`graphs`: as `forward_flops` takes them).
 
   Returns:
@@ -80,8 +77,8 @@ def step_flops(config: ml_collections.ConfigDict, graphs: Graphs, num_devices: i
     add, "offloaded_bytes": bytes the offload policy moves between device and
     host memory (out and back)}`.
   """
-  model = specs_lib.from_config(config).model
-  stages = forward_flops(config, graphs)
+  model = specs.model
+  stages = forward_flops(specs, graphs)
   processor = PROCESSORS[model.processor].cost(model, graphs)
   fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
   encoder = (stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
@@ -101,7 +98,7 @@ def step_flops(config: ml_collections.ConfigDict, graphs: Graphs, num_devices: i
     extra += stages["encoder_edges"] + (stages["decoder_edges"] if model.grid_blocks == 1
                                         else 0.0)
   extra += processor.block_recompute
-  examples = config.train.batch_size * config.data.target_steps
+  examples = specs.train.batch_size * specs.data.target_steps
   scale = examples / num_devices
   offloaded = 0.0
   if model.remat_mesh_gnn and model.remat_policy == "offload_carries":

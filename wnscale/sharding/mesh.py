@@ -1,4 +1,4 @@
-"""The device mesh: axis names, defined once, and its construction from the config.
+"""The device mesh: axis names, defined once, and its construction from a `MeshSpec`.
 
 `data` splits the batch; `graph` splits space (grid nodes, mesh nodes, edges).
 """
@@ -6,24 +6,24 @@
 from __future__ import annotations
 
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from wnscale.errors import UserError
+from wnscale.specs import MeshSpec
 
 DATA = "data"
 GRAPH = "graph"
 AXES = (DATA, GRAPH)
 
 
-def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int,
+def mesh_shape(mesh: MeshSpec, num_devices: int,
                platform: str | None = None) -> tuple[int, int]:
   """`(data, graph)` sizes; -1 takes the devices left over. A clear error if they don't fit.
 
   `platform` ("cpu", "tpu", ...) only shapes the advice in that error.
   """
-  data, graph = mesh_config.data, mesh_config.graph
+  data, graph = mesh.data, mesh.graph
   if data == -1 or graph == -1:
     fixed = graph if data == -1 else data
     if num_devices % fixed:
@@ -44,14 +44,15 @@ def _advice(wanted: int, platform: str | None) -> str:
   return " Set mesh.data and mesh.graph to fit the devices (-1: the devices left over)."
 
 
-def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
-  """A `(data, graph)` mesh over `devices` (default: all devices of all processes).
+def make_mesh(mesh: MeshSpec, devices=None) -> Mesh:
+  """The `(data, graph)` mesh of `mesh` over `devices` (default: all devices of all
+  processes).
 
   Axis types are `Auto`: shard_map then reshards inputs as needed, while
   explicit `in_specs` keep every collective visible in the model code.
   """
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_config, len(devices), getattr(devices[0], "platform", None))
+  shape = mesh_shape(mesh, len(devices), getattr(devices[0], "platform", None))
   # Graph shards of one example sit next to each other (same host where possible),
   # since the exchange between them runs every layer.
   grid = np.array(devices, dtype=object).reshape(shape)

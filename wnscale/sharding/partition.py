@@ -48,7 +48,7 @@ class NodePartition(NamedTuple):
 
   def to_slots(self, array: np.ndarray, axis: int) -> np.ndarray:
     """Reorders `axis` (length num_nodes) into the padded layout; padding rows are 0."""
-    # A gather (sequential writes) is ~3x faster than scattering into the slots.
+    # A gather (sequential writes) is faster than scattering into the slots.
     out = np.take(np.asarray(array), np.maximum(self.node_of_slot, 0), axis=axis)
     padding = self.node_of_slot < 0
     out[(slice(None),) * (axis % out.ndim) + (padding,)] = 0
@@ -123,8 +123,8 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
   table_index, plan = MODES[exchange].plan(sender_shard, sender_local, receiver_shard,
                                            num_shards, senders_part.per_shard)
   # Sorted by (shard, local receiver), i.e. by receiver slot, then by table index: each
-  # shard's block stays receiver-sorted. One int64 key sorts ~3x faster than a lexsort
-  # of three (10^8 attention edges), to the same order.
+  # shard's block stays receiver-sorted. One int64 key sorts faster than a lexsort of
+  # three, to the same order.
   order = np.argsort(receiver_slot * (int(table_index.max(initial=0)) + 1) + table_index,
                      kind="stable")
   counts = np.bincount(receiver_shard, minlength=num_shards)

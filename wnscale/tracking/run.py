@@ -30,25 +30,29 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from typing import TYPE_CHECKING
 
 from wnscale import paths
 from wnscale.tracking import base, registry
 from wnscale.errors import UserError
+
+if TYPE_CHECKING:
+  from wnscale.specs import Specs
 
 RECORD = "trackers.json"
 FLUSH_TIMEOUT_S = 60.0  # how long `flush` waits for each tracker
 CLOSE_TIMEOUT_S = 120.0  # how long the end of a run waits for each tracker's last calls
 
 
-def run_tags(config, model: str = "") -> dict[str, str]:
-  """The tags of a run of `config`: `model` (the config's name, when given), processor,
+def run_tags(specs: Specs, model: str = "") -> dict[str, str]:
+  """The tags of a run of `specs`: `model` (its config's name, when given), processor,
   resolution (the grid: `data.grid` or the regular spacing), commit (wnscale's)."""
-  d = config.data
+  d = specs.data
   tags = {"model": model} if model else {}
   resolution = d.grid or f"{d.resolution:g}deg"
   if d.regional_path:
     resolution += " with a regional cut-out"
-  return tags | {"processor": config.model.processor, "resolution": resolution,
+  return tags | {"processor": specs.model.processor, "resolution": resolution,
                  "commit": commit()}
 
 

@@ -11,9 +11,7 @@ resume, continues the data iterator at the same position.
 
 from __future__ import annotations
 
-import copy
-
-import ml_collections
+import dataclasses
 
 from wnscale import specs as specs_lib
 
@@ -28,10 +26,9 @@ def longest(all_phases: tuple[specs_lib.Phase, ...]) -> int:
   return max(phase.target_steps for phase in all_phases)
 
 
-def longest_phase_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` with its longest phase's examples: what `remat_policy="auto"` and
-  the memory planner (`launch.compile`) size, as the longest rollout needs the most memory."""
-  longest_steps = longest(specs_lib.from_config(config).phases)
-  config = copy.deepcopy(config)  # ConfigDict(config) would share its sections
-  config.data.target_steps = longest_steps
-  return config
+def longest_phase_specs(specs: specs_lib.Specs) -> specs_lib.Specs:
+  """`specs` with its longest phase's examples (`data.target_steps`): what
+  `remat_policy="auto"` and the memory planner (`launch.compile`) size, as the longest
+  rollout needs the most memory."""
+  return dataclasses.replace(specs, data=dataclasses.replace(
+      specs.data, target_steps=longest(specs.phases)))

@@ -1,4 +1,4 @@
-"""The optimizer from the config: AdamW, linear warm-up then cosine decay, clipping.
+"""The optimizer of a `TrainSpec`: AdamW, linear warm-up then cosine decay, clipping.
 
 The optimizer works on the parameters raveled into one vector (`optax.flatten`),
 so its state is two `[num_params]` moment vectors instead of two copies of the
@@ -17,33 +17,31 @@ no part in the clipping norm.
 from __future__ import annotations
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 
-from wnscale import specs as specs_lib
 from wnscale.errors import UserError
+from wnscale.specs import TrainSpec
 
 TRAINED, FROZEN = "trained", "frozen"  # the labels of `multi_transform`
 
 
-def warmup_steps(train: ml_collections.ConfigDict) -> int:
+def warmup_steps(train: TrainSpec) -> int:
   """`train.warmup_steps`, clipped to leave the run one step of decay."""
   return min(train.warmup_steps, train.steps - 1)
 
 
-def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(train: TrainSpec) -> optax.Schedule:
   """Without `phase_learning_rates`: 0 -> `learning_rate` over `warmup_steps(train)`, then
   half-cosine to `end_learning_rate` at `train.steps`. With them: each phase its own."""
-  spec = specs_lib.train_spec(train)
-  if not spec.phase_learning_rates:
+  if not train.phase_learning_rates:
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=train.learning_rate, warmup_steps=warmup_steps(train),
         decay_steps=train.steps, end_value=train.end_learning_rate)
-  phases = spec.phases(target_steps=1)  # only their steps matter here
+  phases = train.phases(target_steps=1)  # only their steps matter here
   return optax.join_schedules(
       [_phase_schedule(*rate, phase.end_step - phase.first_step)
-       for rate, phase in zip(spec.phase_learning_rates, phases)],
+       for rate, phase in zip(train.phase_learning_rates, phases)],
       [phase.first_step for phase in phases[1:]])
 
 
@@ -91,15 +89,14 @@ def frozen_counts(params, prefixes) -> dict[str, int]:
   return counts
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(train: TrainSpec) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW with the schedule above, on the raveled parameters
   (the trained ones: `train.freeze`'s get zero updates and no state)."""
   optimizer = optax.flatten(optax.chain(
       optax.clip_by_global_norm(train.grad_clip_norm),
       optax.adamw(learning_rate_schedule(train), b1=train.adam_b1, b2=train.adam_b2,
                   weight_decay=train.weight_decay)))
-  prefixes = tuple(train.freeze)  # now: the labels are made when the state is
-  if not prefixes:
+  if not train.freeze:
     return optimizer
   return optax.multi_transform({TRAINED: optimizer, FROZEN: optax.set_to_zero()},
-                               lambda params: freeze_labels(params, prefixes))
+                               lambda params: freeze_labels(params, train.freeze))

@@ -18,6 +18,7 @@ What else a training run keeps there (metrics, TensorBoard, its lock): `workdir`
 from __future__ import annotations
 
 import datetime
+import json
 from typing import TYPE_CHECKING
 
 import ml_collections
@@ -39,8 +40,10 @@ CHECKPOINTS = "checkpoints"
 # (`state.ema`, `train.ema_decay` > 0) or the raw `state.params`.
 PARAMS = ("ema", "raw")
 
-# What `outputs.check` recognises a run directory by.
-KIND = outputs.Kind("a run directory", (CONFIG, CHECKPOINTS))
+# What `outputs.check` recognises a run directory by. A WeatherNext 2 export
+# (`interop.weathernext2_export`) holds a config.json too, beside its params.npz, which no
+# run directory holds: named here, as this kind is known wherever an export's is not.
+KIND = outputs.Kind("a run directory", (CONFIG, CHECKPOINTS), excludes=("params.npz",))
 
 
 class RunDirectory:
@@ -89,9 +92,11 @@ class RunDirectory:
                             "launch.import_graphcast make one)")
     return config_lib.from_json(paths.read_text(self.config_path))
 
-  def write_config(self, config: ml_collections.ConfigDict, history: bool = True):
-    """Writes `config` as the run's config; with `history`, a dated copy too (one per start)."""
-    text = config.to_json_best_effort(indent=2)
+  def write_config(self, config: dict, history: bool = True):
+    """Writes `config` (a config's JSON object: `config_lib.to_json`,
+    `specs.recorded_config`) as the run's config; with `history`, a dated copy too (one per
+    start)."""
+    text = json.dumps(config, indent=2)
     if history:
       started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
       paths.write_text(paths.join(self.path, CONFIG_HISTORY, f"config-{started}.json"), text)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -94,30 +93,35 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
                  out_shardings=(replicated, replicated), donate_argnums=0)
 
 
-def lower_train_step(config: ml_collections.ConfigDict, layout: ShardedLayout, constants,
-                     halo_indices, batch) -> jax.stages.Lowered:
-  """The train step of `config` lowered for abstract (or real) constants and batch.
+def train_step_of(specs: specs_lib.Specs, layout: ShardedLayout, graphdef, optimizer,
+                  constants, halo_indices):
+  """`make_train_step` with the settings of `specs` (its `train` section, its members and
+  modalities)."""
+  train = specs.train
+  return make_train_step(layout, graphdef, optimizer,
+                         optimizer_lib.learning_rate_schedule(train), constants, halo_indices,
+                         remat_steps=train.remat_rollout, loss=train.loss,
+                         members=ensemble.training_members(specs), freeze=train.freeze,
+                         ema_decay=train.ema_decay, modalities=specs.data.modalities,
+                         accumulation_steps=train.accumulation_steps)
+
+
+def lower_train_step(specs: specs_lib.Specs, layout: ShardedLayout, constants, halo_indices,
+                     batch) -> jax.stages.Lowered:
+  """The train step of `specs` lowered for abstract (or real) constants and batch.
 
   Nothing is allocated: the state is `jax.ShapeDtypeStruct`s. This is the
   step builder the memory planner compiles (`wnscale.planner.compile.Problem`): with
   `train.accumulation_steps`, the step of micro-batches that training runs.
   """
-  specs = specs_lib.from_config(config)
+  train = specs.train
   graphdef, params = setup.init_model_shapes(specs)
-  optimizer = optimizer_lib.make_optimizer(config.train)
+  optimizer = optimizer_lib.make_optimizer(train)
   replicated = layout.sharding(P())
-  ema = bool(config.train.ema_decay)
+  ema = bool(train.ema_decay)
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                        jax.eval_shape(lambda p: initial_state(p, optimizer, ema), params))
-  train_step = make_train_step(layout, graphdef, optimizer,
-                               optimizer_lib.learning_rate_schedule(config.train), constants,
-                               halo_indices, remat_steps=config.train.remat_rollout,
-                               loss=config.train.loss,
-                               members=ensemble.training_members(specs),
-                               freeze=tuple(config.train.freeze),
-                               ema_decay=config.train.ema_decay,
-                               modalities=specs.data.modalities,
-                               accumulation_steps=config.train.accumulation_steps)
+  train_step = train_step_of(specs, layout, graphdef, optimizer, constants, halo_indices)
   return train_step.lower(state, constants, halo_indices, batch)
 
 

@@ -49,6 +49,8 @@ from wnscale import compilation_cache, interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
 from wnscale.data import pipeline, prefetch
+from wnscale.data import source as source_lib
+from wnscale.data import store as store_lib
 from wnscale.data.resolve import modality_readers as resolve_modality_readers
 from wnscale.data.resolve import check_store_given, resolve_stats, resolve_store
 from wnscale.assembly import assemble
@@ -92,19 +94,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, name: st
     NoSpaceLeft: the disk holding the workdir is full.
   """
   run_start = time.perf_counter()
-  config_lib.validate(config)
-  check_store_given(config.data)  # before a tracker or the workdir is touched
+  # The specs, made once: what is built below reads them, never the config.
+  specs = specs_lib.from_config(config_lib.validate(config))
+  train = specs.train
+  check_store_given(specs.data)  # before a tracker or the workdir is touched
   run = RunDirectory(workdir)
   workdir_lib.prepare(run.path)
-  _check_init_from(config.train.init_from, run)
+  _check_init_from(train.init_from, run)
   with workdir_lib.locked(run.path, enabled=jax.process_index() == 0):
+    check_same_data(run, config, specs.data)  # a finished run too: on other data, it says so
+    saved = run.saved_steps()
+    if saved and saved[-1] >= train.steps:  # said before the store is opened
+      logging.info("Nothing to train: the newest checkpoint, %s, is at step %d, and "
+                   "train.steps=%d. Raise train.steps to train further.",
+                   run.checkpoint(saved[-1]), saved[-1], train.steps)
+      return {}
     try:
       with contextlib.ExitStack() as closing:  # whatever is opened, closed however it ends
         # The trackers first: one that cannot be reached stops the run before any work.
-        trackers = TrackedRun.open(config.train.trackers, run.path, run_tags(config, name),
-                                   config.train.steps, enabled=jax.process_index() == 0)
+        trackers = TrackedRun.open(train.trackers, run.path, run_tags(specs, name),
+                                   train.steps, enabled=jax.process_index() == 0)
         closing.push(trackers)  # closed last: FAILED on an error, else by the last step
-        return _train(_set_up(config, run, closing, trackers), closing, run_start)
+        training = _set_up(specs, config_lib.to_json(config), run, closing, trackers)
+        return _train(training, closing, run_start)
     except Exception as error:
       if isinstance(error, NoSpaceLeft) or no_space(error) is None:
         raise
@@ -137,7 +149,8 @@ def _no_space_error(error: BaseException, run: RunDirectory) -> NoSpaceLeft:
 class _Training:
   """A run set up to train (`_set_up`): what its loop steps, evaluates, logs and saves."""
 
-  config: ml_collections.ConfigDict  # resolved: the store path and an auto remat chosen
+  specs: specs_lib.Specs  # resolved: the store's path, an auto remat's choice
+  recorded: dict  # the config of `specs` (`specs.recorded_config`), kept with each checkpoint
   run: RunDirectory
   layout: ShardedLayout
   constants: tuple  # device `(Constants, halo_indices)`
@@ -179,48 +192,47 @@ def _place(layout: ShardedLayout, batch_size: int, rows_per_example: int, dtype,
   return layout.global_batch(local, batch_size * rows_per_example, dtype)
 
 
-def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack,
-            trackers: TrackedRun) -> _Training:
+def _set_up(specs: specs_lib.Specs, given: dict, run: RunDirectory,
+            closing: contextlib.ExitStack, trackers: TrackedRun) -> _Training:
   """Everything `train_and_evaluate` runs once the workdir is locked and the `trackers`
   opened: the data, the model, the state resumed, the steps; what needs closing is pushed
-  onto `closing`."""
-  check_same_data(run, config)
+  onto `closing`. `given`: the JSON of the config `specs` were made from (what the run's
+  `config.json` records, with the values resolved here)."""
   is_main = jax.process_index() == 0
-  mesh = mesh_lib.make_mesh(config.mesh)
-  specs = specs_lib.from_config(config)
+  train = specs.train
+  mesh = mesh_lib.make_mesh(specs.mesh)
   members = ensemble.training_members(specs)
-  rows_per_example = _check_members(config, mesh, members)
-  mesh_lib.check_batch_size(mesh, config.train.batch_size * rows_per_example,
-                            config.train.accumulation_steps)
-  warmup = optimizer_lib.warmup_steps(config.train)
-  if warmup != config.train.warmup_steps and is_main:  # one warning, not one per process
+  rows_per_example = _check_members(mesh, members)
+  mesh_lib.check_batch_size(mesh, train.batch_size * rows_per_example,
+                            train.accumulation_steps)
+  warmup = optimizer_lib.warmup_steps(train)
+  if warmup != train.warmup_steps and is_main:  # one warning, not one per process
     logging.warning("train.warmup_steps=%d does not fit in a run of train.steps=%d: warm-up "
-                    "clipped to %d steps.", config.train.warmup_steps, config.train.steps,
-                    warmup)
+                    "clipped to %d steps.", train.warmup_steps, train.steps, warmup)
 
   # The store gives the grid; the training range gives the normalization statistics.
   # The eval range is opened now: a range the store lacks is an error before compiling.
-  config = ml_collections.ConfigDict(config)  # a copy; store path and auto remat get resolved
   with run_log.phase("Store and statistics ready") as phase:
-    data = dataclasses.replace(specs.data, path=resolve_store(specs.data, config.seed))
-    config.data.path = data.path
-    statistics = resolve_stats(data)
+    data = dataclasses.replace(specs.data, path=resolve_store(specs.data, specs.seed))
+    specs = dataclasses.replace(specs, data=data)
     phases = specs.phases
+    _check_batch_fits(data, train.batch_size, curriculum.longest(phases))
+    statistics = resolve_stats(data)
     source = pipeline.make_source(data, "train", stats=statistics,
                                   indexed_target_steps=curriculum.longest(phases))
     eval_source = (pipeline.make_source(data, "eval", stats=statistics)
-                   if config.train.eval_every else None)
+                   if train.eval_every else None)
     # Each modality's observations, at the grid store's times, with the training
     # range's statistics: the same readers for both ranges.
-    readers = resolve_modality_readers(data, config.seed, source.store.times,
+    readers = resolve_modality_readers(data, specs.seed, source.store.times,
                                        source.range_times)
     source = source.with_modalities(readers)
     if eval_source is not None:
       eval_source = eval_source.with_modalities(readers)
     phase["text"] = run_log.describe_data(source, eval_source)
-  if config.model.remat_policy == "auto":  # sized for the longest rollout phase
-    config.model.update(_auto_remat(curriculum.longest_phase_config(config))["overrides"])
-  specs = specs_lib.from_config(config)  # what the model and the steps are built from
+  if specs.model.remat_policy == "auto":  # sized for the longest rollout phase
+    chosen = _auto_remat(curriculum.longest_phase_specs(specs))["overrides"]
+    specs = dataclasses.replace(specs, model=dataclasses.replace(specs.model, **chosen))
 
   assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
                       phase=run_log.phase,
@@ -236,22 +248,22 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack,
                        else (0, 1))
   source = source.in_layout(layout.grid_slots, layout.point_slots)
   if eval_source is not None:
-    _check_eval_range(config, eval_source, num_groups)
+    _check_eval_range(specs, eval_source, num_groups)
     eval_source = eval_source.in_layout(layout.grid_slots, layout.point_slots)
-  optimizer = optimizer_lib.make_optimizer(config.train)
-  frozen = optimizer_lib.frozen_counts(assembly.params, config.train.freeze)
-  if config.train.freeze and is_main:
+  optimizer = optimizer_lib.make_optimizer(train)
+  frozen = optimizer_lib.frozen_counts(assembly.params, train.freeze)
+  if train.freeze and is_main:
     logging.info("Frozen (no update, no optimizer state): %s; %s parameters trained.",
                  run_log.describe_frozen(frozen), f"{frozen[optimizer_lib.TRAINED]:,}")
 
   # Resume (only unreadable checkpoint files count as damage, see `_resume`); a new run
   # starts from `train.init_from`'s parameters if given.
-  checkpointer = run.checkpointer(config.train.max_checkpoints)
+  checkpointer = run.checkpointer(train.max_checkpoints)
   closing.callback(checkpointer.close)
   params = assembly.params
-  if config.train.init_from and not checkpointer.manager.all_steps():
-    params = _initial_params(config.train.init_from, assembly)
-  state = jax.device_put(initial_state(params, optimizer, ema=bool(config.train.ema_decay)),
+  if train.init_from and not checkpointer.manager.all_steps():
+    params = _initial_params(train.init_from, assembly)
+  state = jax.device_put(initial_state(params, optimizer, ema=bool(train.ema_decay)),
                          assembly.replicated)
 
   def pipeline_at(phase: specs_lib.Phase, offset: int) -> pipeline.DataPipeline:
@@ -260,42 +272,38 @@ def _set_up(config, run: RunDirectory, closing: contextlib.ExitStack,
     closing.callback(train_data.close)
     return train_data
 
-  place = functools.partial(_place, layout, config.train.batch_size, rows_per_example,
+  place = functools.partial(_place, layout, train.batch_size, rows_per_example,
                             setup.batch_dtype(specs.model))
 
   def prefetch_from(train_data: pipeline.DataPipeline) -> prefetch.DevicePrefetch:
-    batches = prefetch.DevicePrefetch(train_data.iterator, place,
-                                      config.train.prefetch_batches)
+    batches = prefetch.DevicePrefetch(train_data.iterator, place, train.prefetch_batches)
     closing.callback(batches.close)  # before `train_data.close`: the thread reads from it
     return batches
 
   state, train_data, data_offset = _resume(checkpointer, run, state, assembly.replicated,
                                            specs, phases, pipeline_at, num_groups)
   # The run is compatible with the workdir's checkpoints: record its resolved config.
+  recorded = specs_lib.recorded_config(specs, given)
   if is_main:
-    run.write_config(config)
+    run.write_config(recorded)
   start_step = int(state.step)
   writer = MetricsWriter(run.path, resume_step=start_step, enabled=is_main, trackers=trackers)
   closing.callback(writer.close)
   if is_main:
-    trackers.config(json.loads(config.to_json_best_effort()), run.config_path)
+    trackers.config(recorded, run.config_path)
 
-  train_step = step_lib.make_train_step(
-      layout, assembly.graphdef, optimizer, optimizer_lib.learning_rate_schedule(config.train),
-      device_constants, halo_indices, remat_steps=config.train.remat_rollout,
-      loss=config.train.loss, members=members, ema_decay=config.train.ema_decay,
-      freeze=tuple(config.train.freeze), modalities=specs.data.modalities,
-      accumulation_steps=config.train.accumulation_steps)
+  train_step = step_lib.train_step_of(specs, layout, assembly.graphdef, optimizer,
+                                      device_constants, halo_indices)
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
                                    halo_indices, source.channel_stats,
                                    source.store.channel_names, group, num_groups,
                                    source=eval_source, rows_per_example=rows_per_example)
   preemption = interrupts.AgreedStop("checkpointing the step reached, then stopping")
   closing.callback(preemption.restore)
-  return _Training(config, run, layout, (device_constants, halo_indices), state, start_step,
-                   train_step, evaluator, train_data, prefetch_from(train_data), data_offset,
-                   phases, pipeline_at, prefetch_from, num_groups, checkpointer, writer,
-                   preemption, frozen, trackers)
+  return _Training(specs, recorded, run, layout, (device_constants, halo_indices), state,
+                   start_step, train_step, evaluator, train_data, prefetch_from(train_data),
+                   data_offset, phases, pipeline_at, prefetch_from, num_groups, checkpointer,
+                   writer, preemption, frozen, trackers)
 
 
 def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dict:
@@ -303,9 +311,9 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
 
   Closes what `closing` holds when the loop ends (the saves finished), before the summary.
   """
-  config, state, start_step = t.config, t.state, t.start_step
+  train, state, start_step = t.specs.train, t.state, t.start_step
   is_main = jax.process_index() == 0
-  total = config.train.steps
+  total = train.steps
   last, last_step, last_eval = {}, None, None
   times = {"set-up": time.perf_counter() - run_start, "compile": 0.0, "evaluation": 0.0,
            "checkpoint": 0.0}
@@ -327,7 +335,7 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
     if train_step is None:
       compile_start = time.perf_counter()
       with clock.left_out(), run_log.phase(_compiled_text(
-          t.phases, phase, config.train.accumulation_steps)) as details:
+          t.phases, phase, train.accumulation_steps)) as details:
         loaded = compilation_cache.hits()
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
         if compilation_cache.hits() > loaded:
@@ -338,7 +346,7 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
       jax.block_until_ready(metrics)  # one step in flight (`loop_time`)
     done = step + 1
     preempted = t.preemption.reached(done)
-    if done % config.train.log_every == 0 or done == total:
+    if done % train.log_every == 0 or done == total:
       _check_finite(state)
       last = {k: float(v) for k, v in metrics.items()} | clock.interval(done - interval_start)
       last["target_steps"] = phase.target_steps
@@ -351,7 +359,7 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
                      "host %.0f%% | ETA %s", done, total, last["loss"],
                      last["learning_rate"], last["steps_per_sec"],
                      100 * last["input_wait_fraction"], 100 * last["host_fraction"], eta)
-    if config.train.eval_every and done % config.train.eval_every == 0:
+    if train.eval_every and done % train.eval_every == 0:
       eval_start = time.perf_counter()
       with clock.left_out():  # evaluation time is not training speed
         rmse = t.evaluator.evaluate(state.params if state.ema is None else state.ema)
@@ -361,14 +369,14 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
       if is_main:
         logging.info("eval at step %d, RMSE: %s", done, run_log.format_rmse(rmse))
       times["evaluation"] += time.perf_counter() - eval_start
-    if done % config.train.checkpoint_every == 0 or done == total or preempted:
+    if done % train.checkpoint_every == 0 or done == total or preempted:
       _check_finite(state)
       t.writer.sync()  # metrics up to this step are stored before the checkpoint is
       save_start = time.perf_counter()
       t.checkpointer.save(done, state, t.batches,
                           {"step": done, "data_groups": t.num_groups,
                            "data_offset": t.data_offset, "process_count": jax.process_count(),
-                           "config": json.loads(config.to_json_best_effort())})
+                           "config": t.recorded})
       blocked = time.perf_counter() - save_start
       times["checkpoint"] += blocked
       if is_main:
@@ -385,9 +393,9 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
   closing.close()
   if is_main:
     run_log.summary(start_step, done, time.perf_counter() - run_start, times,
-                    (last_step, last), last_eval, config.train, t.run.path,
-                    t.checkpointer.manager.all_steps(), config.data.path, t.frozen,
-                    regional_store=config.data.regional_path,
+                    (last_step, last), last_eval, train, t.run.path,
+                    t.checkpointer.manager.all_steps(), t.specs.data.path, t.frozen,
+                    regional_store=t.specs.data.regional_path,
                     trackers=t.trackers.descriptions)
   return last
 
@@ -433,11 +441,12 @@ def _resume(checkpointer, run: RunDirectory, state, sharding, specs, phases, pip
 HARMLESS_DATA_KEYS = ("worker_count",)
 
 
-def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
+def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict,
+                    data: specs_lib.DataSpec):
   """A resumed run reads the data its checkpoints were trained on, else a `UserError`.
 
-  Compares `config.data` with the `data` of the config of the run directory
-  `run` (a `RunDirectory` or its path) when it has checkpoints to resume from.
+  Compares `config.data` (its spec: `data`) with the `data` of the config of the run
+  directory `run` (a `RunDirectory` or its path) when it has checkpoints to resume from.
   Keys in `HARMLESS_DATA_KEYS` may differ. `data.path` may name another copy of the same store (the same
   variables, levels, times and grid, opened both); with no `data.path` (a
   synthetic store) the other keys say which store it is.
@@ -446,15 +455,14 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict):
   if not run.saved_steps() or not run.has_config():
     return
   # A key the run's config.json lacks (written before it existed) had its default.
-  before = (json.loads(config_lib.default_config().data.to_json_best_effort())
+  before = (config_lib.to_json(config_lib.default_config())["data"]
             | json.loads(paths.read_text(run.config_path)).get("data", {}))
-  now = json.loads(config.data.to_json_best_effort())
+  now = config_lib.to_json(config)["data"]
   differ = [key for key in sorted(before.keys() | now.keys())
             if key not in HARMLESS_DATA_KEYS + ("path",) and before.get(key) != now.get(key)]
   if (now["path"] and before.get("path")
       and paths.normalize(now["path"]) != paths.normalize(before["path"])
-      and not _same_store(before["path"], now["path"],
-                          specs_lib.from_config(config).data)):
+      and not _same_store(before["path"], now["path"], data)):
     differ.insert(0, "path")
   if differ:
     name = run_directory.CONFIG
@@ -484,7 +492,28 @@ def _same_store(before: str, now: str, data: specs_lib.DataSpec) -> bool:
     return False
 
 
-def _check_members(config, mesh, members) -> int:
+def _check_batch_fits(data: specs_lib.DataSpec, batch_size: int, target_steps: int):
+  """A batch holds distinct examples of the training range: a `train.batch_size` larger
+  than the range's examples is said now, with the numbers (before any statistics or
+  compile; not after minutes, as a batch that does not fit in memory)."""
+  store = cutout.open_store(data.path, data.outputs, data.pressure_levels,
+                            data.time_step_hours, data.resolution,
+                            forcings=data.stored_forcings, member=data.member,
+                            regional_path=data.regional_path, region=data.region_box)
+  first, count = store_lib.time_range(store.times, data.train_start, data.train_end,
+                                      data.path)
+  window = data.input_steps + max(target_steps, data.target_steps)
+  examples = len(source_lib.example_starts(store, first, count, window))
+  if 0 < examples < batch_size:
+    raise ArgumentError(
+        "train.batch_size", batch_size,
+        f"more than the {examples} example(s) of the training range {data.train_start} .. "
+        f"{data.train_end} ({count} times of {data.path} every {data.time_step_hours} h; "
+        f"an example spans {window}): lower `train.batch_size` to at most {examples}, or "
+        "widen `data.train_start` .. `data.train_end`.")
+
+
+def _check_members(mesh, members) -> int:
   """Batch rows per example: the members when they are laid out on `data`, else 1."""
   if members is None or not members.on_data:
     return 1
@@ -521,11 +550,11 @@ def _initial_params(init_from: str, assembly) -> object:
   return params
 
 
-def _check_eval_range(config, eval_source, num_groups: int):
+def _check_eval_range(specs: specs_lib.Specs, eval_source, num_groups: int):
   """A clear error, before compiling, when the eval range cannot fill one batch."""
-  per_group = config.train.batch_size // num_groups
+  per_group = specs.train.batch_size // num_groups
   if len(eval_source) // num_groups < per_group:
-    data = config.data
+    data = specs.data
     raise UserError(
         f"The eval range {data.eval_start} .. {data.eval_end} of {data.path} holds "
         f"{len(eval_source)} example(s); one evaluation batch needs {per_group} per data "
@@ -545,11 +574,11 @@ def _compiled_text(phases, phase, accumulation_steps: int) -> str:
           f"train step{micro}")
 
 
-def _auto_remat(config) -> dict:
+def _auto_remat(specs: specs_lib.Specs) -> dict:
   """Chooses remat settings for this run's devices (`wnscale.planner.auto_remat`)."""
   target = topology.live_target()
-  budget = int(config.train.memory_budget_gib * topology.GIB) or None
-  choice = auto_remat.choose_remat(config, target, step_lib.lower_train_step, budget)
+  budget = int(specs.train.memory_budget_gib * topology.GIB) or None
+  choice = auto_remat.choose_remat(specs, target, step_lib.lower_train_step, budget)
   logging.info("remat_policy='auto': %s", choice["reason"])
   return choice
 

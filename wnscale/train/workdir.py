@@ -34,6 +34,7 @@ import uuid
 
 from wnscale import outputs, paths
 from wnscale.errors import ArgumentError
+from wnscale.train import run_directory
 
 METRICS = "metrics.jsonl"
 LOCK = "lock.json"
@@ -43,7 +44,12 @@ STALE_S = 300.0
 
 def prepare(workdir: str):
   """Makes `workdir` (and its parents) if missing; an `ArgumentError` of `workdir` if it
-  is a file or cannot be written (`outputs.check_writable`: local or `gs://`)."""
+  is a file, another kind of output (a store, evaluation results: a typo would write a
+  run into it) or cannot be written (`outputs.check_writable`: local or `gs://`)."""
+  found = outputs.identify(workdir)
+  if found is not None and found is not run_directory.KIND:
+    raise ArgumentError("workdir", workdir, f"is {found.noun}, not a run directory; give a "
+                        "new directory, or that of a run, as `workdir`.")
   outputs.check_writable(workdir, "workdir", make=True)
 
 
