@@ -12,10 +12,12 @@ for a process ended by signal N, as a shell reports it).
 
 Ctrl-C, SIGTERM and SIGHUP reach the processes as from a terminal: each is passed
 on to every process (they run in a process group of their own, so a terminal's
-Ctrl-C reaches them once, through here). The training processes then save the
+Ctrl-C reaches them once, through here); if this launcher is killed outright, each
+process gets a SIGTERM. The training processes then save the
 step they agree on and exit 0, and so does this; a second Ctrl-C stops them at once.
 """
 
+import ctypes
 import os
 import signal
 import socket
@@ -73,7 +75,7 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
       # A session of its own: a terminal's signals reach it only through `_pass_on_signals`.
       process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=_terminated_with_parent)
       for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
         forwarders.append(threading.Thread(target=_forward, daemon=True,
                                            args=(process_id, stream, out, gloo_messages)))
@@ -98,6 +100,18 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
     for forwarder in forwarders:  # the last lines of output
       forwarder.join(timeout=10)
   return 128 - code if code < 0 else code  # -N: ended by signal N
+
+
+def _terminated_with_parent():
+  """In a started process: a SIGTERM when this launcher dies (even by SIGKILL), so that
+  it stops as a preempted process does instead of training on unwatched, holding the
+  workdir (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+  if _PRCTL is not None:
+    _PRCTL(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+# Looked up here, not in the forked child (where only async-signal-safe calls belong).
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
 
 
 def _pass_on_signals(processes) -> dict:

@@ -84,10 +84,12 @@ class AgreedStop:
   to each) is passed on to that service as a SIGTERM to the process itself. The
   handlers are set from construction until `restore`.
 
-  The service's sync point is a count of `reached` calls, not a step: it is set to one
-  more than the furthest process's last count, so a SIGTERM that comes before the first
-  call (during the compile) sets it to 1. Counting the calls from 1 makes that the first
-  step, whatever step a resumed run starts from.
+  The service's sync point is a step: one more than the furthest process's last step
+  checked (here, and by Orbax at each save). A SIGTERM before any check (while a resumed
+  run sets up or compiles) makes it 1, which a run resumed at a later step never meets:
+  the first check of a resumed run also asks about step 1. (Every process computes the
+  same point, so all stop at the first step, or none; a notice that came while every
+  process was between those two checks, microseconds apart, would still be missed.)
 
   Args:
     what_happens: said in the log line on the first signal (`StopRequest`).
@@ -95,7 +97,7 @@ class AgreedStop:
 
   def __init__(self, what_happens: str):
     self._single = jax.process_count() == 1
-    self._calls = 0
+    self._checked = False
     self.stop = StopRequest(
         what_happens,
         signals=(signal.SIGINT, signal.SIGTERM) if self._single else (signal.SIGINT,),
@@ -109,11 +111,11 @@ class AgreedStop:
 
   def reached(self, step: int) -> bool:
     """Whether to stop after `step`; every process calls it once after every step."""
-    del step  # the calls are counted instead (see the class docstring)
     if self._single:
       return self.stop.requested is not None
-    self._calls += 1
-    return multihost_utils.reached_preemption_sync_point(self._calls)
+    early = not self._checked and step > 1 and multihost_utils.reached_preemption_sync_point(1)
+    self._checked = True
+    return multihost_utils.reached_preemption_sync_point(step) or early
 
   def restore(self):
     self.stop.__exit__(None, None, None)
