@@ -128,6 +128,29 @@ def test_ctrl_c_of_local_cluster_reaches_each_process_once():
   assert "Traceback" not in cluster.stderr
 
 
+def test_a_local_cluster_killed_outright_stops_its_processes(tmp_path):
+  """SIGKILL to launch.local_cluster (nothing of it runs to pass a signal on): each of its
+  processes gets a SIGTERM from the kernel (as a preempted process does; a training run
+  then saves its step) instead of running on unwatched, holding the workdir."""
+  record = tmp_path / "record"
+  env = dict(process_env(), SIGNAL_CHILD_RECORD=str(record), PYTHONPATH=os.pathsep.join(
+      [TESTS, os.environ.get("PYTHONPATH", "")]))
+  cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+                     "--num_cpu_devices=2", "--timeout=120", "--module=signal_child"], env=env)
+  try:
+    for process in (0, 1):
+      cluster.wait_for(rf"\[p{process}\] ready", timeout=120)
+    cluster.process.kill()
+    assert cluster.finish(timeout=60) == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        record.exists() and len(record.read_text().splitlines()) == 2):
+      time.sleep(0.05)
+  finally:
+    cluster.kill()
+  assert sorted(record.read_text().splitlines()) == ["0 SIGTERM", "1 SIGTERM"]
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
   """A directory on a tmpfs of `FULL_DISK_SIZE` (tests run as root to mount it)."""
