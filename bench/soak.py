@@ -249,16 +249,22 @@ class Soak:
       target = self.rng.randint(done + 1, max(done + 1, last))
       ok = wait_until(lambda: self.last_step(workdir) >= target or not started.running(),
                       self.args.bound, poll=0.1)
-    else:  # while a checkpoint is written: Orbax's temporary directory exists
+    else:  # while a checkpoint is written
       ok = wait_until(lambda: self.saving(workdir) or not started.running(), self.args.bound,
-                      poll=0.01)
+                      poll=0.2 if self.args.storage == "emulator" else 0.01)
     return ok and started.running()
 
   def saving(self, workdir: str) -> bool:
+    """Whether a checkpoint is being written: Orbax's temporary directory on a disk; in a
+    bucket (written in place), a step without its `commit_success.txt` yet."""
     from wnscale import paths  # noqa: PLC0415
     directory = paths.join(workdir, "checkpoints")
     try:
-      return any("tmp" in name for name in names(directory))
+      found = names(directory)
+      if not paths.is_url(directory):
+        return any("tmp" in name for name in found)
+      return any(name.isdigit() and not paths.exists(paths.join(
+          directory, name, "commit_success.txt")) for name in found)
     except Exception:  # noqa: BLE001 (not there yet)
       return False
 
@@ -392,6 +398,7 @@ class Soak:
         for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):
           self.env[name] = os.environ[name] = self.proxy.url
         self.env["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # this process reads too
         self.env["WNSCALE_CACHE_DIR"] = f"gs://{self.storage.bucket}/cache"  # the data too
         try:
           yield f"gs://{self.storage.bucket}/run"

@@ -268,8 +268,10 @@ def test_a_failing_data_restore_keeps_the_checkpoint(reference, tmp_path, monkey
     raise RuntimeError("injected failure while restoring the data iterator")
 
   monkeypatch.setattr(pipeline.DataPipeline, "restore", broken_restore)
+  config = _config_like_run_flags()
+  config.train.steps += 4  # steps left to train: the run restores its data state
   with pytest.raises(RuntimeError, match="injected failure"):
-    trainer.train_and_evaluate(_config_like_run_flags(), workdir)
+    trainer.train_and_evaluate(config, workdir)
   assert snapshot(workdir) == before  # no checkpoint set aside, nothing rewritten
 
 
@@ -279,6 +281,7 @@ def test_another_model_leaves_the_workdir_untouched(reference, tmp_path):
   before = snapshot(workdir)
   config = _config_like_run_flags()
   config.model.latent_size = 16
+  config.train.steps += 4  # steps left to train: the run reads its checkpoint
   with pytest.raises(checkpoint.CheckpointMismatchError, match="another model or optimizer configuration"):
     trainer.train_and_evaluate(config, workdir)
   assert snapshot(workdir) == before  # config.json, configs/, checkpoints, metrics
