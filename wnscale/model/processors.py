@@ -6,7 +6,7 @@ beyond GraphCast's three (`setup.graphs_for_grid` builds them), the masks its
 attention kernel reads (`setup.with_masks` and the sharded layout make them for
 their node order), its FLOP count (for `wnscale.planner.flops`) and the settings it
 cannot run with. A new processor is one module with its spec and one more entry of
-`PROCESSORS`.
+`PROCESSORS` (tests/test_processor_registry.py adds one).
 """
 
 from __future__ import annotations
