@@ -158,7 +158,7 @@ def main(argv):
         train=dataclasses.replace(specs.train, batch_size=per_shard * data_shards))
     problem = Problem(specs, target, lower_train_step)
     names = list(auto_remat.CANDIDATES) if _SWEEP.value else [None]
-    if specs.model.remat_policy == "auto" and not _SWEEP.value:
+    if specs.model.remat.remat_policy == "auto" and not _SWEEP.value:
       names = [auto_remat.choose_remat(specs, target, lower_train_step,
                                        int(specs.train.memory_budget_gib * GIB) or None,
                                        problem=problem)["name"]]

@@ -43,7 +43,8 @@ def test_a_run_records_its_config_with_the_values_its_specs_resolved(path):
   assert specs_lib.recorded_config(specs, given) == given
   resolved = dataclasses.replace(
       specs, data=dataclasses.replace(specs.data, path="/resolved.zarr"),
-      model=dataclasses.replace(specs.model, edge_chunks=4, remat_mesh_gnn=True))
+      model=dataclasses.replace(specs.model, remat=dataclasses.replace(
+          specs.model.remat, edge_chunks=4, remat_mesh_gnn=True)))
   recorded = specs_lib.recorded_config(resolved, given)
   assert recorded["data"]["path"] == "/resolved.zarr" and recorded["model"]["edge_chunks"] == 4
   assert recorded["train"] == given["train"]

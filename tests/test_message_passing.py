@@ -75,7 +75,7 @@ def np_graphcast(model, graphs, grid_inputs):
   # Processor: the edge latents carry over from step to step.
   edges = np_mlp(model.processor.edge_embedder, mesh_edges.features)
   graphdef, stacked = nnx.split(model.processor.layers)  # [message_passing_steps]-stacked
-  for step in range(model.spec.message_passing_steps):
+  for step in range(model.spec.processor.message_passing_steps):
     layer = nnx.merge(graphdef, jax.tree.map(lambda x: x[step], stacked))
     mesh_nodes, edges = np_interaction_step(layer, edges, mesh_nodes, mesh_nodes,
                                             mesh_edges.senders, mesh_edges.receivers)

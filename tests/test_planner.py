@@ -290,7 +290,7 @@ def test_a_candidate_the_compiler_fails_on_is_skipped_not_raised(plan_cache, cap
 
     class FailsOnEdgeBlocks:
       def compile(self):
-        if specs.model.edge_chunks > 1 and not specs.model.remat_mesh_gnn:
+        if specs.model.remat.edge_chunks > 1 and not specs.model.remat.remat_mesh_gnn:
           raise jax.errors.JaxRuntimeError(internal)
         return lowered.compile()
 

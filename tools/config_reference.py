@@ -5,8 +5,9 @@
 The keys and defaults are `wnscale.config.default_config()`'s; the meaning of a key
 is the comment beside it in wnscale/config.py (the comment on its line, or on the
 lines of a statement that spans several, and the comment lines that follow it up to
-the next blank or code line). tests/test_docs.py fails when the file is out of date,
-and when a key has no comment.
+the next blank or code line), or, for a key a component owns (a processor's, the
+remat's: `wnscale.config.owned_settings`), the meaning its settings declare.
+tests/test_docs.py fails when the file is out of date, and when a key has no meaning.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ SECTIONS = {
 }
 
 
-def key_comments(source: str) -> dict[str, str]:
+def key_comments(source: str, owned: dict[str, str]) -> dict[str, str]:
   """`{"section.key": comment}` for every key `default_config` assigns in `source`, in
-  the order of the source (top-level keys: `{"seed": ...}`)."""
+  the order of the source (top-level keys: `{"seed": ...}`); where it updates a section
+  (`m.update(...)`: the keys components own), `owned`'s keys of that section."""
   tree = ast.parse(source)
   function = next(node for node in tree.body
                   if isinstance(node, ast.FunctionDef) and node.name == "default_config")
@@ -60,6 +62,11 @@ def key_comments(source: str) -> dict[str, str]:
         if isinstance(target, ast.Name) and section is not None:
           aliases[target.id] = section
       continue
+    if _is_section_update(statement):
+      section = aliases[statement.value.func.value.id]
+      keys |= {path: meaning for path, meaning in owned.items()
+               if path.rpartition(".")[0] == section}
+      continue
     if not isinstance(statement, ast.Assign):
       continue
     text = _comment(statement, comments, code_lines)
@@ -68,6 +75,14 @@ def key_comments(source: str) -> dict[str, str]:
         if isinstance(element, ast.Attribute):
           keys[_path(element, aliases)] = text
   return keys
+
+
+def _is_section_update(statement: ast.stmt) -> bool:
+  """Whether `statement` is `<section>.update(...)`."""
+  call = getattr(statement, "value", None)
+  return (isinstance(statement, ast.Expr) and isinstance(call, ast.Call)
+          and isinstance(call.func, ast.Attribute) and call.func.attr == "update"
+          and isinstance(call.func.value, ast.Name))
 
 
 def _is_config_dict(call: ast.Call) -> bool:
@@ -122,23 +137,29 @@ def _leaf_paths(config: ml_collections.ConfigDict, prefix: str = "") -> list[str
   return paths
 
 
+def owned_meanings() -> dict[str, str]:
+  """`{"model.key": meaning}` of the keys components own (`config.owned_settings`)."""
+  return {f"model.{key}": meaning for settings in config_lib.owned_settings()
+          for key, meaning in settings.meanings().items()}
+
+
 def reference() -> dict[str, list[tuple[str, object, str]]]:
   """`{section: [(key, default, meaning), ...]}` in the source's order (section "" holds
   the top-level keys).
 
   Raises:
-    ValueError: the source and `default_config()` do not hold the same keys.
+    ValueError: the source's keys (the owned keys included) are not `default_config()`'s.
   """
   with open(SOURCE) as f:
-    comments = key_comments(f.read())
+    meanings = key_comments(f.read(), owned_meanings())
   config = config_lib.default_config()
   leaves = _leaf_paths(config)
-  if sorted(leaves) != sorted(comments):
+  if sorted(leaves) != sorted(meanings):
     raise ValueError(f"{SOURCE}: keys read from default_config's source "
-                     f"{sorted(set(comments) - set(leaves))} and keys of default_config() "
-                     f"{sorted(set(leaves) - set(comments))} differ")
+                     f"{sorted(set(meanings) - set(leaves))} and keys of default_config() "
+                     f"{sorted(set(leaves) - set(meanings))} differ")
   sections = {}
-  for path, meaning in comments.items():
+  for path, meaning in meanings.items():
     section, _, key = path.rpartition(".")
     value = config
     for name in path.split("."):
@@ -148,7 +169,7 @@ def reference() -> dict[str, list[tuple[str, object, str]]]:
 
 
 def undocumented() -> list[str]:
-  """The keys without a comment in wnscale/config.py."""
+  """The keys without a meaning (a comment in wnscale/config.py, or their settings')."""
   return [f"{section}.{key}".lstrip(".") for section, rows in reference().items()
           for key, _, meaning in rows if not meaning]
 

@@ -46,45 +46,13 @@ def default_config() -> ml_collections.ConfigDict:
   # mesh2grid_edge_normalization_factor); running one needs that value.
   m.edge_latent_size = 0  # encoder/decoder edge latents (edge embedder width, edge MLP
   # input); 0: latent_size. WeatherNext 2: 32 (its node latents: 768)
-  m.processor = "interaction_network"  # the mesh processor: "interaction_network" (GraphCast's
-  # message passing on the multi-mesh) or "transformer" (WeatherNext 2's: attention within
-  # k-hop neighbourhoods of the finest mesh, width latent_size)
-  m.message_passing_steps = 4  # interaction_network: processor (mesh GNN) layers
-  m.transformer_layers = 4  # transformer: blocks (attention + feed-forward)
-  m.transformer_heads = 4  # transformer: attention heads; must divide latent_size
-  m.transformer_ffw_size = 128  # transformer: hidden width of the feed-forward layers
-  m.transformer_k_hop = 2  # transformer: a mesh node attends to the nodes at most this many
-  # edges away on the finest mesh (itself included); WeatherNext 2: 32 at mesh_levels 6
-  m.transformer_edges_per_block = 0  # transformer, attention from the edges: edges per block
-  # on a device, each block under its own checkpoint (bounds the [edges, latent] gathers);
-  # 0: all at once
-  m.transformer_attention = "auto"  # transformer: how attention is computed: "edges"
-  # (gathers and segment sums over the neighbour lists: any backend, any graph sharding),
-  # "splash" (Pallas' block-sparse flash attention kernel, as WeatherNext 2 on TPUs: the
-  # graph on one device; off a TPU in Pallas' interpret mode, slow) or "auto": splash on a
-  # TPU with mesh.graph 1, edges otherwise. The same numbers either way
-  # (wnscale.model.splash_attention)
-  m.remat_grid_to_mesh_gnn = False  # checkpoint the whole encoder
-  m.remat_mesh_gnn = False  # checkpoint the processor (either kind), one checkpoint per
-  # mesh_remat_every layers
-  m.remat_mesh_to_grid_gnn = False  # checkpoint the whole decoder
-  m.remat_policy = "nothing_saveable"  # a name from wnscale.model.remat.POLICY_NAMES, or
-  # "auto": before training, the cheapest remat settings whose compiled step fits
-  # train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)
-  m.mesh_remat_every = 1  # layers per processor checkpoint (GraphCast: 3)
-  m.edge_chunks = 1  # encoder/decoder edges in this many blocks, each under its own checkpoint
-  m.mesh_edge_chunks = 1  # interaction-network processor: each step's mesh edges in this many
-  # blocks, each under its own checkpoint (a step's backward keeps one block's edge work)
-  m.grid_blocks = 1  # grid-node work (embedder, encoder grid update, the whole decoder) in
-  # this many blocks of grid nodes, each under its own checkpoint (then edge_chunks applies
-  # to the encoder only)
+  m.processor = "interaction_network"  # the mesh processor, a name from
+  # wnscale.model.processors.PROCESSORS: "interaction_network" (GraphCast's message passing on
+  # the multi-mesh) or "transformer" (WeatherNext 2's: attention within k-hop neighbourhoods of
+  # the finest mesh, width latent_size)
+  m.update(owned_defaults())  # each processor's keys, then the remat keys (their meanings:
+  # where they are declared, wnscale.model.mesh_gnn.GNNSpec, ...; docs/config_reference.md)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
-  m.aggregation = "auto"  # how the processor's mesh edges reach their receivers (each edge's
-  # receiver row, each receiver's sum): "segment_sum" (by index: a gather and a scatter),
-  # "matmul" (products with each block of edges' 0/1 receiver matrix; no scatter:
-  # wnscale.model.aggregation), "fused" (blocks, and a layer's whole edge step one Pallas
-  # kernel per block: wnscale.model.fused_edges; a TPU's, interpreted elsewhere), "auto":
-  # matmul on an accelerator, segment_sum on a CPU. The same function each way (to rounding)
   m.grid_to_mesh_gather_from_receivers = True  # the encoder's edge MLP sees each edge's
   # receiver (mesh node) latent too (GraphCast); False: its edge and sender only (WeatherNext 2)
   m.grid_to_mesh_aggregate_normalization = 1.0  # the encoder's messages summed per mesh node
@@ -287,6 +255,19 @@ def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
   return validate(config)
 
 
+def owned_settings() -> list[type[specs_lib.Settings]]:
+  """The settings that components declare (each registered processor's, then the remat's):
+  their keys are keys of the `model` section, with their defaults and meanings."""
+  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (imports JAX)
+  return [entry.spec for entry in PROCESSORS.values()] + [specs_lib.RematSpec]
+
+
+def owned_defaults() -> dict:
+  """`{model key: default}` of `owned_settings`."""
+  return {key: value for settings in owned_settings()
+          for key, value in settings.defaults().items()}
+
+
 def _require(condition: bool, message: str):
   if not condition:
     raise UserError(f"Invalid config: {message}.")
@@ -323,28 +304,28 @@ def check_key(path: str):
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Checks keys, types and combinations against `default_config()`; returns `config`.
 
-  The names of the registries (policies, processors, ...) are checked last
-  (`_check_registered_names`): a mistake elsewhere is found without importing
-  JAX, Flax and xarray, in a fraction of a second.
+  The processor's name and the bounds and choices of the components' own settings
+  (`owned_settings`) are checked first, so that the specs can be made; the other names
+  picked from registries (policies, dtypes, ...) and the chosen processor's own checks
+  last (`_check_registered_names`).
   """
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
+  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (default_config imported it)
+  _require(m.processor in PROCESSORS,
+           f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
+  for settings in owned_settings():
+    problem = settings.problem(m)
+    _require(problem is None, problem)
   specs = specs_lib.from_config(config)  # the keys' types are checked: parse them once
-  for key in ("latent_size", "message_passing_steps", "mesh_remat_every", "edge_chunks",
-              "mesh_edge_chunks", "grid_blocks", "transformer_layers", "transformer_heads",
-              "transformer_ffw_size"):
-    _require(m[key] >= 1, f"model.{key}={m[key]} must be >= 1")
-  for key in ("edge_latent_size", "transformer_k_hop", "transformer_edges_per_block"):
-    _require(m[key] >= 0, f"model.{key}={m[key]} must be >= 0")
+  _require(m.latent_size >= 1, f"model.latent_size={m.latent_size} must be >= 1")
+  _require(m.edge_latent_size >= 0, f"model.edge_latent_size={m.edge_latent_size} must be >= 0")
   _require(0 <= m.mesh_levels <= 8, f"model.mesh_levels={m.mesh_levels} must be in 0..8")
   _require(0 <= m.regional_mesh_levels <= 6,
            f"model.regional_mesh_levels={m.regional_mesh_levels} must be in 0..6")
   if m.regional_mesh_levels:
     _require(d.regional_path, f"model.regional_mesh_levels={m.regional_mesh_levels} refines "
              "a cut-out's region: it needs data.regional_path")
-    _require(m.processor == "interaction_network", f"model.regional_mesh_levels="
-             f"{m.regional_mesh_levels} works with the interaction_network processor, not "
-             f"model.processor={m.processor!r} (its neighbourhoods are of the uniform mesh)")
   _require(m.radius_fraction > 0, "model.radius_fraction must be > 0")
   _require(m.mesh_to_grid_edge_normalization >= 0,
            "model.mesh_to_grid_edge_normalization must be >= 0 (0: the longest edge)")
@@ -451,9 +432,8 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   """The names `config` picks from the model's, the data's and the sharding's registries
   (each defined once, with what it names), and the chosen processor's own checks."""
   from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
-  from wnscale.model import aggregation, remat  # noqa: PLC0415
+  from wnscale.model import remat  # noqa: PLC0415
   from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
-  from wnscale.model.mesh_transformer import ATTENTIONS  # noqa: PLC0415
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   from wnscale.tracking import registry as tracking_registry  # noqa: PLC0415
@@ -461,18 +441,9 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   if m.remat_policy != "auto":
     remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
-  _require(m.aggregation in aggregation.METHODS,
-           f"model.aggregation={m.aggregation!r}, expected one of {aggregation.METHODS}")
-  _require(m.transformer_attention in ATTENTIONS, f"model.transformer_attention="
-           f"{m.transformer_attention!r}, expected one of {ATTENTIONS}")
-  _require(m.transformer_attention != "splash" or config.mesh.graph in (1, -1),
-           f"model.transformer_attention='splash' runs with the graph on one device, not "
-           f"mesh.graph={config.mesh.graph} (\"auto\" computes it from the edges there)")
   problem = tracking_registry.check(t.trackers)
   _require(problem is None, problem)
-  _require(m.processor in PROCESSORS,
-           f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
-  problem = PROCESSORS[m.processor].check(specs.model)
+  problem = PROCESSORS[m.processor].check(specs)
   _require(problem is None, problem)
   _require(config.mesh.exchange in EXCHANGE_MODES,
            f"mesh.exchange={config.mesh.exchange!r}, expected one of {tuple(EXCHANGE_MODES)}")

@@ -4,8 +4,11 @@ The config (`wnscale.config`: ml_collections files, `--config.a.b=v`
 overrides, a run's `config.json`) is the user's interface; `validate` is the
 one place of its defaults and checks. `from_config` turns a validated config
 into `Specs`: one frozen dataclass per section, fields named as the config's
-keys, tuples for sequences. An entry point (`train_and_evaluate`, `run_forecast`, a
-launcher) calls it once; below it, code reads specs: the model keeps its `ModelSpec` in
+keys, tuples for sequences; the model's processor and remat settings nested
+(`ModelSpec.processor`, `ModelSpec.remat`), each a `Settings` that its component
+declares (the keys, their defaults, meanings and bounds: flat keys in the config). An
+entry point (`train_and_evaluate`, `run_forecast`, a launcher) calls it once; below
+it, code reads specs: the model keeps its `ModelSpec` in
 its graphdef (hashable, unlike a `ConfigDict`), and `DataSpec` owns the facts derived
 from the data keys (outputs, channels, batch shapes), computed here and nowhere else. A
 value resolved on the way (the store's path, remat_policy="auto"'s choice) is a
@@ -18,15 +21,142 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from typing import ClassVar
 
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import region as region_lib
 
 
+def setting(default, meaning: str, *, minimum: float | None = None, choices: tuple = (),
+            how_only: bool = False):
+  """A field of a component's `Settings`: one key of the config's `model` section.
+
+  Args:
+    default: the key's default.
+    meaning: its documentation (docs/config_reference.md lists it).
+    minimum: the least value allowed, if any.
+    choices: the values allowed, if only some are.
+    how_only: it changes how the model computes, not what (a run exported to another
+      framework may set it as it likes).
+  """
+  return dataclasses.field(default=default, metadata=dict(
+      meaning=meaning, minimum=minimum, choices=choices, how_only=how_only))
+
+
+class Settings:
+  """A component's own settings (a processor's, the remat's): a frozen dataclass of
+  `setting` fields, each the config key `KEY_PREFIX + field name` of the `model` section.
+
+  The component declares them once; the config's keys, defaults and documentation, the
+  checks of their values and the interop's key lists are read from here.
+  """
+
+  KEY_PREFIX: ClassVar[str] = ""
+
+  @classmethod
+  def config_keys(cls) -> dict[str, dataclasses.Field]:
+    """`{config key: field}`, in the fields' order."""
+    return {cls.KEY_PREFIX + field.name: field for field in dataclasses.fields(cls)}
+
+  @classmethod
+  def defaults(cls) -> dict:
+    """`{config key: default}`."""
+    return {key: field.default for key, field in cls.config_keys().items()}
+
+  @classmethod
+  def meanings(cls) -> dict[str, str]:
+    """`{config key: its documentation}`."""
+    return {key: field.metadata["meaning"] for key, field in cls.config_keys().items()}
+
+  @classmethod
+  def how_only_keys(cls) -> tuple[str, ...]:
+    """The config keys that change how the model computes, not what."""
+    return tuple(key for key, field in cls.config_keys().items() if field.metadata["how_only"])
+
+  @classmethod
+  def from_section(cls, section) -> Settings:
+    """The settings in a config's `model` section (a `ConfigDict` or a dict)."""
+    return cls(**{field.name: _frozen(section[key])
+                  for key, field in cls.config_keys().items()})
+
+  def section_values(self) -> dict:
+    """`{config key: value}`: the settings as the `model` section holds them."""
+    return {key: getattr(self, field.name) for key, field in self.config_keys().items()}
+
+  @classmethod
+  def problem(cls, section) -> str | None:
+    """What is wrong with a value of these settings in a `model` section, if anything."""
+    for key, field in cls.config_keys().items():
+      value, minimum, choices = section[key], field.metadata["minimum"], field.metadata["choices"]
+      if minimum is not None and value < minimum:
+        return f"model.{key}={value} must be >= {minimum}"
+      if choices and value not in choices:
+        return f"model.{key}={value!r}, expected one of {choices}"
+    return None
+
+
+class ProcessorSpec(Settings):
+  """A processor's settings; `name` is its `model.processor`. Each subclass is defined with
+  its processor's registry entry (`wnscale.model.processors.PROCESSORS`)."""
+
+  name: ClassVar[str]
+
+  @staticmethod
+  def named(name: str) -> type[ProcessorSpec]:
+    """The settings of the processor `name`: the subclass of that name.
+
+    Raises:
+      ValueError: none is defined (the registry, which validating a config imports, was not).
+    """
+    for kind in ProcessorSpec.__subclasses__():
+      if kind.name == name:
+        return kind
+    raise ValueError(f"No processor settings are named {name!r}: import the processors' "
+                     "registry (wnscale.model.processors) first.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RematSpec(Settings):
+  """What the model recomputes in its backward pass, and in which blocks (the `model` keys
+  of these names). What a policy costs in recomputation is its registry entry's
+  (`wnscale.model.remat.POLICIES`)."""
+
+  remat_grid_to_mesh_gnn: bool = setting(False, "checkpoint the whole encoder")
+  remat_mesh_gnn: bool = setting(
+      False, "checkpoint the processor (either kind), one checkpoint per mesh_remat_every "
+      "layers")
+  remat_mesh_to_grid_gnn: bool = setting(False, "checkpoint the whole decoder")
+  remat_policy: str = setting(
+      "nothing_saveable", "a name from wnscale.model.remat.POLICY_NAMES, or \"auto\": before "
+      "training, the cheapest remat settings whose compiled step fits "
+      "train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)")
+  mesh_remat_every: int = setting(1, "layers per processor checkpoint (GraphCast: 3)",
+                                  minimum=1)
+  edge_chunks: int = setting(
+      1, "encoder/decoder edges in this many blocks, each under its own checkpoint",
+      minimum=1)
+  mesh_edge_chunks: int = setting(
+      1, "interaction-network processor: each step's mesh edges in this many blocks, each "
+      "under its own checkpoint (a step's backward keeps one block's edge work)", minimum=1)
+  grid_blocks: int = setting(
+      1, "grid-node work (embedder, encoder grid update, the whole decoder) in this many "
+      "blocks of grid nodes, each under its own checkpoint (then edge_chunks applies to the "
+      "encoder only)", minimum=1)
+
+  # The switches of the three stages (encoder, processor, decoder), in order.
+  STAGES: ClassVar[tuple[str, ...]] = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn",
+                                       "remat_mesh_to_grid_gnn")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """The `model` section (its keys are documented in `wnscale.config.default_config`)."""
+  """The `model` section (its keys are documented in `wnscale.config.default_config`).
+
+  `processor` and `remat` hold the keys their components own (the processor's registry
+  entry, `wnscale.model.processors.PROCESSORS`; the remat's `RematSpec`): in the config,
+  keys of the section like the others.
+  """
 
   latent_size: int
   mesh_levels: int
@@ -34,33 +164,37 @@ class ModelSpec:
   radius_fraction: float
   mesh_to_grid_edge_normalization: float
   edge_latent_size: int
-  processor: str
-  message_passing_steps: int
-  transformer_layers: int
-  transformer_heads: int
-  transformer_ffw_size: int
-  transformer_k_hop: int
-  transformer_edges_per_block: int
-  transformer_attention: str
-  remat_grid_to_mesh_gnn: bool
-  remat_mesh_gnn: bool
-  remat_mesh_to_grid_gnn: bool
-  remat_policy: str
-  mesh_remat_every: int
-  edge_chunks: int
-  mesh_edge_chunks: int
-  grid_blocks: int
+  processor: ProcessorSpec  # a GNNSpec or TransformerSpec, or another registered processor's
+  remat: RematSpec
   dtype: str
-  aggregation: str
   noise_channels: int
   grid_to_mesh_gather_from_receivers: bool
   grid_to_mesh_aggregate_normalization: float
   output_activations: tuple[tuple[str, str, float], ...]
 
+  # The fields that are a component's `Settings`, the keys it owns.
+  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat")
+
   def __post_init__(self):  # the config's "variable:activation[:offset]" entries, parsed
     object.__setattr__(self, "output_activations", tuple(
         _parse_entry(entry, "model.output_activations", (str, str, float), defaults=(0.0,))
         for entry in self.output_activations))
+
+  @classmethod
+  def from_section(cls, section) -> ModelSpec:
+    """The spec of a config's `model` section; the processor's settings are those of the
+    registry entry `section["processor"]` names."""
+    own = {field.name: _frozen(section[field.name]) for field in dataclasses.fields(cls)
+           if field.name not in cls.COMPONENTS}
+    return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
+               remat=RematSpec.from_section(section), **own)
+
+  def section_values(self) -> dict:
+    """`{config key: value}`: the spec as the config's `model` section holds it."""
+    own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+           if field.name not in self.COMPONENTS}
+    return (own | {"processor": self.processor.name} | self.processor.section_values()
+            | self.remat.section_values())
 
   @property
   def edge_size(self) -> int:
@@ -347,11 +481,23 @@ def _parse_entry(entry, key: str, types: tuple, defaults: tuple = ()) -> tuple:
     raise UserError(f"Invalid config: {key} entry {entry!r}: {error}.") from error
 
 
+def _frozen(value):
+  """A config value as a spec holds it: sequences as tuples."""
+  return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 def _section(cls, section):
-  """`cls` of a config section; sequences become tuples. A key `cls` lacks is a TypeError."""
-  values = {key: tuple(value) if isinstance(value, (list, tuple)) else value
-            for key, value in section.items()}
-  return cls(**values)
+  """`cls` of a config section. A key `cls` lacks is a TypeError."""
+  if cls is ModelSpec:
+    return ModelSpec.from_section(section)
+  return cls(**{key: _frozen(value) for key, value in section.items()})
+
+
+def _section_values(spec) -> dict:
+  """`{config key: value}` of a section's spec."""
+  if isinstance(spec, ModelSpec):
+    return spec.section_values()
+  return {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)}
 
 
 SECTIONS = {"model": ModelSpec, "mesh": MeshSpec, "data": DataSpec, "train": TrainSpec}
@@ -374,11 +520,10 @@ def recorded_config(specs: Specs, given: dict) -> dict:
   if specs.seed != made.seed:
     recorded["seed"] = specs.seed
   for name in SECTIONS:
-    spec, made_spec = getattr(specs, name), getattr(made, name)
-    for field in dataclasses.fields(spec):
-      value = getattr(spec, field.name)
-      if value != getattr(made_spec, field.name):
-        recorded[name][field.name] = _config_value(value)
+    values, made_values = (_section_values(getattr(s, name)) for s in (specs, made))
+    for key, value in values.items():
+      if value != made_values.get(key):
+        recorded[name][key] = _config_value(value)
   return recorded
 
 

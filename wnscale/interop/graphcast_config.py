@@ -41,6 +41,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
+from wnscale.model import processors
 
 # Forcings GraphCast takes from its datasets rather than computing them.
 READ_FROM_DATA = ("toa_incident_solar_radiation",)
@@ -106,12 +107,10 @@ def wnscale_config(model_config: dict, task_config: dict,
 # trains on, where): a run may set them as it likes and still be exported. Every other
 # model and data key must be what GraphCast's configs map to.
 NOT_EXPORTED = {
-    "model": ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
-              "remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
-              "grid_blocks", "dtype", "aggregation",
-              # the transformer's (model.processor itself is compared)
-              "transformer_layers", "transformer_heads", "transformer_ffw_size",
-              "transformer_k_hop", "transformer_edges_per_block", "transformer_attention"),
+    # the remat's and the dtype (how it computes), and the processor keys it does not read
+    # (model.processor itself is compared)
+    "model": (tuple(specs_lib.RematSpec.config_keys()) + ("dtype",)
+              + processors.keys_not_exported("interaction_network")),
     "data": ("path", "member", "synthetic", "stats_path", "regional_path", "region",
              "regional_loss_weight", "resolution", "grid", "target_steps", "train_start",
              "train_end", "eval_start", "eval_end", "worker_count"),

@@ -236,7 +236,7 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
                                    node_set="mesh_nodes", seconds=seconds),
       "grid_to_mesh_grid_mlp": modules.dense(
           "grid_to_mesh_gnn/deep_gnn/processor_nodes_0_point_nodes"),
-      "processor": _transformer(modules, m.transformer_layers),
+      "processor": _transformer(modules, m.processor.layers),
       "mesh_to_grid_edges": _edges(modules, "mesh_to_grid_gnn", "mesh_to_points_nodes",
                                    receivers=True, node_set="point_nodes", seconds=seconds),
       "output_mlp": {
@@ -355,7 +355,7 @@ def export_params(params: dict, config: ml_collections.ConfigDict,
     dense(f"{gnn}/deep_gnn/processor_nodes_0_{node_set}", interaction["node_mlp"])
   dense("grid_to_mesh_gnn/deep_gnn/processor_nodes_0_point_nodes",
         tree["grid_to_mesh_grid_mlp"])
-  _export_transformer(tree["processor"], m.transformer_layers, put)
+  _export_transformer(tree["processor"], m.processor.layers, put)
   decoder = tree["output_mlp"]
   put("grid_decoder/shared_dense/mlp/linear_0", _linear(decoder["hidden"]))
   columns = _split_leaves(_output_keys(d), seconds)

@@ -28,6 +28,7 @@ import xarray as xr
 from wnscale import specs as specs_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
+from wnscale.model import processors
 from wnscale.interop import graphcast_config, weathernext2_config
 from wnscale.interop.fiddle_json import Buildable, Symbol
 
@@ -66,9 +67,10 @@ RELEASED = {
 }
 # Keys that do not change what the parameters compute (how a run computes, its data).
 NOT_EXPORTED = {
-    "model": ("remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
-              "grid_blocks", "dtype", "aggregation", "transformer_edges_per_block",
-              "transformer_attention", "message_passing_steps"),
+    # its config says which stages are checkpointed, not how
+    "model": (tuple(key for key in specs_lib.RematSpec.config_keys()
+                    if key not in specs_lib.RematSpec.STAGES)
+              + ("dtype",) + processors.keys_not_exported("transformer")),
     "data": graphcast_config.NOT_EXPORTED["data"],
 }
 

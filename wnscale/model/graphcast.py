@@ -158,7 +158,7 @@ class GraphCast(nnx.Module):
         gather_from_receivers=spec.grid_to_mesh_gather_from_receivers)
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
-    self.processor = PROCESSORS[spec.processor].module(spec, dtype=dtype, rngs=rngs)
+    self.processor = PROCESSORS[spec.processor.name].module(spec, dtype=dtype, rngs=rngs)
     # Decoder.
     self.mesh_to_grid_edges = edges()
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
@@ -166,7 +166,7 @@ class GraphCast(nnx.Module):
     self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
                             if conditioning else None)
     self.output_activations = tuple(output_activations)
-    self.policy = remat.resolve_policy(spec.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat.remat_policy).checkpoint_policy
     # After everything else: the grid model's parameters draw what they draw without.
     self.modalities = tuple(PointModality(*m) for m in modalities)
     for m in self.modalities:
@@ -269,7 +269,7 @@ class GraphCast(nnx.Module):
 
     def encoder(model, graphs, grid_input_parts, global_inputs, conditioning, point_inputs):
       grid, projected_grid = map_row_blocks(
-          model, embed_grid, spec.grid_blocks, (graphs.nodes["grid"].features,),
+          model, embed_grid, spec.remat.grid_blocks, (graphs.nodes["grid"].features,),
           (conditioning,),
           columns=tuple(grid_input_parts))
       mesh_inputs = graphs.nodes["mesh"].features.astype(self.dtype)
@@ -282,7 +282,7 @@ class GraphCast(nnx.Module):
       messages = sum_edge_messages(
           model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
           edges.senders, edges.receivers, exchange("grid_to_mesh", projected_grid),
-          interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks, conditioning)
+          interaction.project_receivers(mesh), mesh.shape[0], spec.remat.edge_chunks, conditioning)
       points = {}
       for m in model.modalities:
         latents, point_messages = model._encode_points(m, graphs, point_inputs.get(m.name),
@@ -291,15 +291,15 @@ class GraphCast(nnx.Module):
           messages = messages + point_messages
         if m.output_channels:
           points[m.name] = map_row_blocks(model, lambda model, x, c, name=m.name: x + getattr(
-              model, f"{name}_mlp")(x, c), spec.grid_blocks, (latents,), (conditioning,))
+              model, f"{name}_mlp")(x, c), spec.remat.grid_blocks, (latents,), (conditioning,))
       if spec.grid_to_mesh_aggregate_normalization != 1:  # WeatherNext 2's: sums / 4
         messages = messages / jnp.asarray(spec.grid_to_mesh_aggregate_normalization,
                                           messages.dtype)
       mesh = interaction.update_nodes(mesh, messages, conditioning)
-      grid = map_row_blocks(model, update_grid, spec.grid_blocks, (grid,), (conditioning,))
+      grid = map_row_blocks(model, update_grid, spec.remat.grid_blocks, (grid,), (conditioning,))
       return grid, mesh, points
 
-    return remat.checkpointed(self, encoder, spec.remat_grid_to_mesh_gnn, self.policy)(
+    return remat.checkpointed(self, encoder, spec.remat.remat_grid_to_mesh_gnn, self.policy)(
         graphs, tuple(grid_input_parts), global_inputs, conditioning, dict(point_inputs or {}))
 
   def _encode_points(self, modality: PointModality, graphs: Graphs, values, mesh, exchange,
@@ -312,7 +312,7 @@ class GraphCast(nnx.Module):
     node_features = graphs.nodes[name].features
     if values is None:  # a target-only modality: its points' positions alone
       return map_row_blocks(self, lambda model, x, c: getattr(model, f"{name}_embedder")(
-          x.astype(self.dtype), c), spec.grid_blocks, (node_features,), (conditioning,)), None
+          x.astype(self.dtype), c), spec.remat.grid_blocks, (node_features,), (conditioning,)), None
     present = ~jnp.isnan(values)
     filled, mask = jnp.where(present, values, 0), present.astype(values.dtype)
     edge_set = f"{name}_to_mesh"
@@ -322,7 +322,7 @@ class GraphCast(nnx.Module):
           [part.astype(self.dtype) for part in (filled, mask, node_features)], -1), conditioning)
       return latents, getattr(model, f"{edge_set}_edges").interaction.project_senders(latents)
 
-    latents, projected = map_row_blocks(self, embed, spec.grid_blocks, (node_features,),
+    latents, projected = map_row_blocks(self, embed, spec.remat.grid_blocks, (node_features,),
                                         (conditioning,), columns=(filled, mask))
     edges_module = getattr(self, f"{edge_set}_edges")
     edges = graphs.edges[edge_set]
@@ -331,7 +331,7 @@ class GraphCast(nnx.Module):
     messages = sum_edge_messages(
         edges_module, EncoderDecoderEdges.__call__, edges.features, edges.senders,
         edges.receivers, exchange(edge_set, projected),
-        edges_module.interaction.project_receivers(mesh), mesh.shape[0], spec.edge_chunks,
+        edges_module.interaction.project_receivers(mesh), mesh.shape[0], spec.remat.edge_chunks,
         conditioning, sender_mask=exchange(edge_set, sends)[:, 0])
     return latents, messages
 
@@ -365,20 +365,20 @@ class GraphCast(nnx.Module):
     def decoder(model, grid, mesh, conditioning):
       sender_table = exchange(
           edge_set, getattr(model, f"{edge_set}_edges").interaction.project_senders(mesh))
-      if spec.grid_blocks == 1:
+      if spec.remat.grid_blocks == 1:
         return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
-                           sender_table, spec.edge_chunks, conditioning)
-      blocked, rows = _receiver_blocks(edges, grid, spec.grid_blocks)
+                           sender_table, spec.remat.edge_chunks, conditioning)
+      blocked, rows = _receiver_blocks(edges, grid, spec.remat.grid_blocks)
 
       def decode_block(model, grid, features, senders, receivers, block, sender_table,
                        conditioning):
         return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
                            sender_table, 1, conditioning)
 
-      return map_row_blocks(model, decode_block, spec.grid_blocks, blocked,
+      return map_row_blocks(model, decode_block, spec.remat.grid_blocks, blocked,
                             (sender_table, conditioning))[:grid.shape[0]]
 
-    return remat.checkpointed(self, decoder, spec.remat_mesh_to_grid_gnn,
+    return remat.checkpointed(self, decoder, spec.remat.remat_mesh_to_grid_gnn,
                               self.policy)(grid, mesh, conditioning)
 
 

@@ -1,6 +1,6 @@
 """GraphCast's processor: interaction networks on the multi-mesh.
 
-`message_passing_steps` interaction networks, parameters stacked on a leading
+`model.message_passing_steps` interaction networks, parameters stacked on a leading
 layer axis; the mesh edge latents are embedded once from the static edge
 features and carry over from step to step. Shapes: mesh latents
 `[num_mesh_nodes, latent]`, edge latents `[num_mesh_edges, latent]`.
@@ -18,6 +18,9 @@ edge step in one kernel per block (`wnscale.model.fused_edges`).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES
@@ -30,7 +33,24 @@ from wnscale.model.blocks import split_rows
 from wnscale.model.message_passing import InteractionNetwork, scan_edge_blocks
 from wnscale.model.mlp import MLP
 from wnscale.model.varying import vary_like
-from wnscale.specs import ModelSpec
+from wnscale.specs import ModelSpec, ProcessorSpec, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class GNNSpec(ProcessorSpec):
+  """The interaction-network processor's settings (`model.processor='interaction_network'`)."""
+
+  name: ClassVar[str] = "interaction_network"
+  message_passing_steps: int = setting(4, "interaction_network: processor (mesh GNN) layers",
+                                       minimum=1)
+  aggregation: str = setting(
+      "auto", "interaction_network: how the processor's mesh edges reach their receivers "
+      "(each edge's receiver row, each receiver's sum): \"segment_sum\" (by index: a gather "
+      "and a scatter), \"matmul\" (products with each block of edges' 0/1 receiver matrix; "
+      "no scatter: wnscale.model.aggregation), \"fused\" (blocks, and a layer's whole edge "
+      "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "
+      "elsewhere), \"auto\": matmul on an accelerator, segment_sum on a CPU. The same "
+      "function each way (to rounding)", choices=aggregation.METHODS, how_only=True)
 
 
 class MeshGNN(nnx.Module):
@@ -44,13 +64,13 @@ class MeshGNN(nnx.Module):
     self.edge_embedder = MLP(EDGE_FEATURES, latent, latent, conditioning_size=conditioning,
                              dtype=dtype, rngs=rngs)
 
-    @nnx.split_rngs(splits=spec.message_passing_steps)
+    @nnx.split_rngs(splits=spec.processor.message_passing_steps)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
       return InteractionNetwork(latent, conditioning_size=conditioning, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.policy = remat.resolve_policy(spec.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat.remat_policy).checkpoint_policy
 
   def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps.
@@ -58,10 +78,10 @@ class MeshGNN(nnx.Module):
     `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
     """
     spec, edges, num_mesh = self.spec, graphs.edges["mesh"], mesh.shape[0]
-    chunks = spec.mesh_edge_chunks
+    chunks, method = spec.remat.mesh_edge_chunks, spec.processor.aggregation
     # Padding edges (a last block filled up) send from node 0 to no node: dropped.
     if chunks == 1:
-      receivers = aggregation.receivers_of(edges, spec.aggregation)
+      receivers = aggregation.receivers_of(edges, method)
       by_blocks = isinstance(receivers, ReceiverBlocks)
       # With receiver blocks, the senders by their windows (`aggregation.gather_senders`).
       senders, receivers = jax.tree.map(lambda x: x[None], (
@@ -70,7 +90,7 @@ class MeshGNN(nnx.Module):
       by_blocks = False
       senders = split_rows(edges.senders, chunks)
       receivers = split_rows(edges.receivers, chunks, fill=num_mesh)
-    fused = by_blocks and aggregation.resolve(spec.aggregation) == "fused"
+    fused = by_blocks and aggregation.resolve(method) == "fused"
     edge_latents = split_rows(
         self.edge_embedder(edges.features.astype(self.dtype), conditioning), chunks)
     graphdef, stacked_state = nnx.split(self.layers)
@@ -98,5 +118,6 @@ class MeshGNN(nnx.Module):
       return layer.update_nodes(mesh, summed.astype(mesh.dtype), conditioning), edge_latents
 
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
-    return remat.scan_layers(one_layer, carry, stacked_state, checkpoint=spec.remat_mesh_gnn,
-                             every=spec.mesh_remat_every, policy=self.policy)[0]
+    return remat.scan_layers(one_layer, carry, stacked_state,
+                             checkpoint=spec.remat.remat_mesh_gnn,
+                             every=spec.remat.mesh_remat_every, policy=self.policy)[0]

@@ -1,6 +1,6 @@
 """WeatherNext 2's processor: a transformer on the mesh, attending within k-hop neighbourhoods.
 
-`transformer_layers` pre-norm blocks, parameters stacked on a leading layer
+`model.transformer_layers` pre-norm blocks, parameters stacked on a leading layer
 axis (like the mesh GNN's), then a final layer norm:
 
   x = x + attention_output(attention(norm(x)))     # over each node's neighbours
@@ -29,7 +29,9 @@ Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import ClassVar
 
 import jax
 from flax import nnx
@@ -40,10 +42,37 @@ from wnscale.graphs.graph import Graphs
 from wnscale.model import lean, norm, remat
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.model.splash_attention import SplashMask, splash_attention, splash_mask
-from wnscale.specs import ModelSpec
+from wnscale.specs import ModelSpec, ProcessorSpec, setting
 
 # `model.transformer_attention`'s values.
 ATTENTIONS = ("auto", "edges", "splash")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerSpec(ProcessorSpec):
+  """The mesh transformer's settings (`model.processor='transformer'`), the `model` keys
+  `transformer_<field>`."""
+
+  name: ClassVar[str] = "transformer"
+  KEY_PREFIX: ClassVar[str] = "transformer_"
+  layers: int = setting(4, "transformer: blocks (attention + feed-forward)", minimum=1)
+  heads: int = setting(4, "transformer: attention heads; must divide latent_size", minimum=1)
+  ffw_size: int = setting(128, "transformer: hidden width of the feed-forward layers",
+                          minimum=1)
+  k_hop: int = setting(
+      2, "transformer: a mesh node attends to the nodes at most this many edges away on the "
+      "finest mesh (itself included); WeatherNext 2: 32 at mesh_levels 6", minimum=0)
+  edges_per_block: int = setting(
+      0, "transformer, attention from the edges: edges per block on a device, each block "
+      "under its own checkpoint (bounds the [edges, latent] gathers); 0: all at once",
+      minimum=0, how_only=True)
+  attention: str = setting(
+      "auto", "transformer: how attention is computed: \"edges\" (gathers and segment sums "
+      "over the neighbour lists: any backend, any graph sharding), \"splash\" (Pallas' "
+      "block-sparse flash attention kernel, as WeatherNext 2 on TPUs: the graph on one "
+      "device; off a TPU in Pallas' interpret mode, slow) or \"auto\": splash on a TPU with "
+      "mesh.graph 1, edges otherwise. The same numbers either way "
+      "(wnscale.model.splash_attention)", choices=ATTENTIONS, how_only=True)
 
 
 def attention_kind(m: ModelSpec, platform: str, graph_shards: int) -> str:
@@ -53,13 +82,14 @@ def attention_kind(m: ModelSpec, platform: str, graph_shards: int) -> str:
   Raises:
     UserError: "splash" with the graph over several devices.
   """
-  if m.transformer_attention == "auto":
+  attention = m.processor.attention
+  if attention == "auto":
     return "splash" if platform == "tpu" and graph_shards == 1 else "edges"
-  if m.transformer_attention == "splash" and graph_shards > 1:
+  if attention == "splash" and graph_shards > 1:
     raise UserError(f"model.transformer_attention='splash' runs with the graph on one "
                     f"device, not over {graph_shards} (mesh.graph); 'auto' or 'edges' "
                     "compute it from the edges there.")
-  return m.transformer_attention
+  return attention
 
 
 def attention_masks(m: ModelSpec, graphs: Graphs, platform: str, graph_shards: int) -> dict:
@@ -71,7 +101,7 @@ def attention_masks(m: ModelSpec, graphs: Graphs, platform: str, graph_shards: i
   """
   kind = attention_kind(m, platform, graph_shards)
   logging.info("Transformer attention: %s (model.transformer_attention=%r, %s, %d graph "
-               "shard(s))", kind, m.transformer_attention, platform, graph_shards)
+               "shard(s))", kind, m.processor.attention, platform, graph_shards)
   if kind == "edges":
     return {}
   edges = graphs.edges["mesh_neighbours"]
@@ -126,27 +156,27 @@ class MeshTransformer(nnx.Module):
 
   def __init__(self, spec: ModelSpec, *, dtype, rngs: nnx.Rngs):
     self.spec = spec
-    width, layers = spec.latent_size, spec.transformer_layers
+    own, width = spec.processor, spec.latent_size
 
-    @nnx.split_rngs(splits=layers)
+    @nnx.split_rngs(splits=own.layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
-      return TransformerBlock(width, spec.transformer_heads, spec.transformer_ffw_size,
-                              layers, conditioning_size=spec.noise_channels, dtype=dtype,
-                              rngs=rngs)
+      return TransformerBlock(width, own.heads, own.ffw_size, own.layers,
+                              conditioning_size=spec.noise_channels, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
     self.final_norm = norm.layer_norm(width, spec.noise_channels, rngs=rngs)
-    self.policy = remat.resolve_policy(spec.remat_policy)
+    self.policy = remat.resolve_policy(spec.remat.remat_policy).checkpoint_policy
 
   def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
     spec, neighbours = self.spec, graphs.edges.get("mesh_neighbours")
+    attention = spec.processor.attention
     if neighbours is None:
       raise ValueError("The transformer processor needs the edge set mesh_neighbours (the "
                        "k-hop neighbour lists; setup.graphs_for_grid adds them).")
-    mask = None if spec.transformer_attention == "edges" else graphs.masks.get("mesh_neighbours")
-    if mask is None and spec.transformer_attention == "splash":
+    mask = None if attention == "edges" else graphs.masks.get("mesh_neighbours")
+    if mask is None and attention == "splash":
       raise ValueError("model.transformer_attention='splash' needs the graphs' splash mask of "
                        "mesh_neighbours (graphs.masks; setup.with_masks and the sharded "
                        "layout make it).")
@@ -154,9 +184,10 @@ class MeshTransformer(nnx.Module):
 
     def one_layer(nodes, layer_state):
       return nnx.merge(graphdef, layer_state)(nodes, neighbours, exchange,
-                                              spec.transformer_edges_per_block, conditioning,
+                                              spec.processor.edges_per_block, conditioning,
                                               mask)
 
-    mesh = remat.scan_layers(one_layer, mesh, stacked_state, checkpoint=spec.remat_mesh_gnn,
-                             every=spec.mesh_remat_every, policy=self.policy)
+    mesh = remat.scan_layers(one_layer, mesh, stacked_state,
+                             checkpoint=spec.remat.remat_mesh_gnn,
+                             every=spec.remat.mesh_remat_every, policy=self.policy)
     return self.final_norm(mesh, conditioning)

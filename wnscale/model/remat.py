@@ -1,13 +1,15 @@
 """Rematerialization: checkpoint policies by name, and where values are tagged.
 
-Policy names are data, defined once here; configs refer to them by name.
-`save_only_these_names:<n1>,<n2>` saves the values tagged with those
-`checkpoint_name`s (see `CHECKPOINT_NAMES`) and recomputes everything else.
+Policy names are data, defined once here (each entry with what it costs in
+recomputation); configs refer to them by name. `save_only_these_names:<n1>,<n2>`
+saves the values tagged with those `checkpoint_name`s (see `CHECKPOINT_NAMES`) and
+recomputes everything else. The model's remat settings are a
+`wnscale.specs.RematSpec`.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 from flax import nnx
@@ -33,27 +35,45 @@ PROCESSOR_CARRY = "processor_carry"
 CHECKPOINT_NAMES = (EDGE_LATENTS, MESSAGES, NODE_LATENTS, ATTENTION_OUTPUT, FFW_OUTPUT,
                     PROCESSOR_CARRY)
 
+
+class RematPolicy(NamedTuple):
+  """A registry entry: a checkpoint policy `model.remat_policy` names.
+
+  Attributes:
+    checkpoint_policy: the `jax.checkpoint` policy.
+    recompute_fraction: the fraction of a checkpointed region's forward FLOPs that the
+      backward pass recomputes under it (matmuls dominate; saved dots are not redone),
+      for the planner (`wnscale.planner.flops`).
+  """
+
+  checkpoint_policy: Callable
+  recompute_fraction: float
+
+
 _policies = jax.checkpoint_policies
-POLICIES: dict[str, Callable] = {
-    "nothing_saveable": _policies.nothing_saveable,
-    "dots_saveable": _policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": _policies.dots_with_no_batch_dims_saveable,
-    "everything_saveable": _policies.everything_saveable,
+POLICIES: dict[str, RematPolicy] = {
+    "nothing_saveable": RematPolicy(_policies.nothing_saveable, 1.0),
+    "dots_saveable": RematPolicy(_policies.dots_saveable, 0.05),
+    "dots_with_no_batch_dims_saveable": RematPolicy(
+        _policies.dots_with_no_batch_dims_saveable, 0.05),
+    "everything_saveable": RematPolicy(_policies.everything_saveable, 0.0),
     # Keep matmul outputs, but in host memory (pinned_host) where the backend has it.
-    "offload_dots": _policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    "offload_dots": RematPolicy(
+        _policies.offload_dot_with_no_batch_dims("device", "pinned_host"), 0.05),
     # Recompute everything, but keep the processor groups' carries in host memory
     # (pinned_host) where the backend has it: the device holds one group's work.
     # On CPU, host and device memory are one: it compiles and changes nothing.
-    "offload_carries": _policies.save_and_offload_only_these_names(
+    "offload_carries": RematPolicy(_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=(), names_which_can_be_offloaded=(PROCESSOR_CARRY,),
-        offload_src="device", offload_dst="pinned_host"),
+        offload_src="device", offload_dst="pinned_host"), 1.0),
 }
 _SAVE_ONLY_PREFIX = "save_only_these_names:"
 POLICY_NAMES = tuple(POLICIES) + (_SAVE_ONLY_PREFIX + "<name>,...",)
 
 
-def resolve_policy(name: str) -> Callable:
-  """The `jax.checkpoint` policy called `name`; a clear error if there is none."""
+def resolve_policy(name: str) -> RematPolicy:
+  """The policy called `name`; a clear error if there is none. A
+  `save_only_these_names:...` policy is taken to recompute everything it does not save."""
   if name in POLICIES:
     return POLICIES[name]
   if name.startswith(_SAVE_ONLY_PREFIX):
@@ -63,7 +83,7 @@ def resolve_policy(name: str) -> Callable:
       raise UserError(
           f"Remat policy {name!r} names unknown checkpoint names {unknown or '(none)'}; "
           f"known names: {list(CHECKPOINT_NAMES)}.")
-    return _policies.save_only_these_names(*names)
+    return RematPolicy(_policies.save_only_these_names(*names), 1.0)
   raise UserError(f"Unknown remat policy {name!r}; known policies: {list(POLICY_NAMES)}.")
 
 

@@ -19,9 +19,9 @@ def more_micro_batches(examples_per_data_shard: int, accumulation_steps: int) ->
           if examples_per_data_shard % count == 0]
 
 
-def fewest_that_fit(problem: Problem, model_overrides: dict | None,
+def fewest_that_fit(problem: Problem, remat_overrides: dict | None,
                     budget_bytes: int) -> dict | None:
-  """The report (`Problem.compile`) of `model_overrides` compiled with the fewest more
+  """The report (`Problem.compile`) of `remat_overrides` compiled with the fewest more
   micro-batches than the specs' whose step fits `budget_bytes` per device; None when
   even micro-batches of one example do not fit (compiled first: then nothing is searched),
   or when a data shard's examples allow no more micro-batches."""
@@ -29,7 +29,7 @@ def fewest_that_fit(problem: Problem, model_overrides: dict | None,
                               problem.specs.train.accumulation_steps)
 
   def fits(count):
-    report = problem.compile(model_overrides, accumulation_steps=count)
+    report = problem.compile(remat_overrides, accumulation_steps=count)
     return report if report["fits"] and report["peak_bytes"] <= budget_bytes else None
 
   if not counts or not fits(counts[-1]):

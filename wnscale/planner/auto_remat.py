@@ -23,13 +23,11 @@ from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.planner import accumulation
 from wnscale.planner import flops as flops_lib
-from wnscale.planner.compile import REMAT_KEYS, Problem, StepBuilder
+from wnscale.planner.compile import Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
 
-_ALL = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
-_NONE = dict(remat_grid_to_mesh_gnn=False, remat_mesh_gnn=False, remat_mesh_to_grid_gnn=False,
-             remat_policy="nothing_saveable", mesh_remat_every=1, edge_chunks=1, mesh_edge_chunks=1,
-             grid_blocks=1)
+_ALL = dict.fromkeys(specs_lib.RematSpec.STAGES, True)  # every stage checkpointed
+_NONE = specs_lib.RematSpec.defaults()  # no remat: nothing checkpointed, nothing in blocks
 CANDIDATES = {
     "none": {},
     "edge_chunks": dict(edge_chunks=4),
@@ -67,15 +65,16 @@ def ranked_candidates(specs: specs_lib.Specs, graphs, num_devices, names=None
   ranked = []
   for name in names or CANDIDATES:
     trial = dataclasses.replace(specs, model=dataclasses.replace(
-        specs.model, **candidate_overrides(name)))
+        specs.model, remat=dataclasses.replace(specs.model.remat, **candidate_overrides(name))))
     cost = flops_lib.step_flops(trial, graphs, num_devices)
     ranked.append((name, cost["recompute"], cost["offloaded_bytes"]))
   return sorted(ranked, key=lambda item: item[1:])
 
 
 def _cache_path(specs: specs_lib.Specs, target: Target, budget: int) -> str:
-  model = {key: value for key, value in dataclasses.asdict(specs.model).items()
-           if key not in REMAT_KEYS}
+  remat_keys = specs_lib.RematSpec.config_keys()
+  model = {key: value for key, value in specs.model.section_values().items()
+           if key not in remat_keys}
   # Only what changes the compiled step: a new learning rate reuses the plan.
   train = specs.train
   key = json.dumps([model, dataclasses.asdict(specs.data), dataclasses.asdict(specs.mesh),

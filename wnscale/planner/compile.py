@@ -39,9 +39,6 @@ StepBuilder = Callable[..., jax.stages.Lowered]
 BREAKDOWN_ROWS = 30  # largest peak buffers kept in a report
 # How a report's error begins when the compiler failed on the setting (not out of memory).
 COMPILER_FAILED = "the compiler failed: "
-REMAT_KEYS = ("remat_grid_to_mesh_gnn", "remat_mesh_gnn", "remat_mesh_to_grid_gnn",
-              "remat_policy", "mesh_remat_every", "edge_chunks", "mesh_edge_chunks",
-              "grid_blocks")
 
 
 def batch_per_data_shard(batch_size: int, data_shards: int, accumulation_steps: int = 1) -> int:
@@ -110,9 +107,9 @@ class Problem:
     """The batch's rows on each data shard (what its micro-batches split)."""
     return self.specs.train.batch_size // self.mesh.shape[mesh_lib.DATA]
 
-  def compile(self, model_overrides: dict | None = None, breakdown: bool = False,
+  def compile(self, remat_overrides: dict | None = None, breakdown: bool = False,
               accumulation_steps: int | None = None, name: str | None = None) -> dict:
-    """Compiles the train step with `model_overrides` (remat keys) and `accumulation_steps`
+    """Compiles the train step with `remat_overrides` (`RematSpec` fields) and `accumulation_steps`
     micro-batches (None: the specs' `train.accumulation_steps`; a divisor of
     `examples_per_data_shard`); returns its figures.
 
@@ -123,21 +120,23 @@ class Problem:
     minutes), as the remat candidate `name` (else the remat policy compiled).
     """
     accumulation_steps = accumulation_steps or self.specs.train.accumulation_steps
-    key = json.dumps([model_overrides or {}, accumulation_steps], sort_keys=True)
+    key = json.dumps([remat_overrides or {}, accumulation_steps], sort_keys=True)
     if key not in self._reports or (breakdown and "peak_buffers" not in self._reports[key]):
-      policy = (model_overrides or {}).get("remat_policy", self.specs.model.remat_policy)
+      policy = (remat_overrides or {}).get("remat_policy", self.specs.model.remat.remat_policy)
       micro = f" in {accumulation_steps} micro-batches" if accumulation_steps > 1 else ""
       with long_step(f"Compiling the train step for {self.target.name} "
                      f"({self.mesh.shape[mesh_lib.GRAPH]} graph shard(s), batch "
                      f"{self.specs.train.batch_size}{micro}, remat {name or policy})",
                      expected_time(self.specs.data)):
-        self._reports[key] = self._compile(model_overrides, breakdown, accumulation_steps)
+        self._reports[key] = self._compile(remat_overrides, breakdown, accumulation_steps)
     return dict(self._reports[key])
 
-  def _compile(self, model_overrides: dict | None, breakdown: bool,
+  def _compile(self, remat_overrides: dict | None, breakdown: bool,
                accumulation_steps: int) -> dict:
+    model = self.specs.model
     specs = dataclasses.replace(
-        self.specs, model=dataclasses.replace(self.specs.model, **(model_overrides or {})),
+        self.specs, model=dataclasses.replace(
+            model, remat=dataclasses.replace(model.remat, **(remat_overrides or {}))),
         train=dataclasses.replace(self.specs.train, accumulation_steps=accumulation_steps))
     start = time.perf_counter()
     peak_buffers = None
@@ -168,7 +167,7 @@ class Problem:
         "mesh": {"data": self.mesh.shape[mesh_lib.DATA], "graph": self.mesh.shape[mesh_lib.GRAPH]},
         "batch_size": specs.train.batch_size,
         "accumulation_steps": accumulation_steps,
-        "remat": {key: getattr(specs.model, key) for key in REMAT_KEYS},
+        "remat": specs.model.remat.section_values(),
         **{k: int(v) for k, v in stats.items() if k.endswith("_bytes")},
         "device_memory_bytes": memory,
         "fits": bool(refused is None

@@ -13,13 +13,7 @@ from wnscale.graphs.graph import Graphs
 from wnscale.model.message_passing import interaction_flops
 from wnscale.model.mlp import mlp_flops
 from wnscale.model.processors import PROCESSORS
-
-# Fraction of a checkpointed region's forward FLOPs that the backward pass
-# recomputes under each policy (matmuls dominate; saved dots are not redone).
-RECOMPUTE_FRACTION = {
-    "nothing_saveable": 1.0, "dots_saveable": 0.05, "dots_with_no_batch_dims_saveable": 0.05,
-    "everything_saveable": 0.0, "offload_dots": 0.05, "offload_carries": 1.0,
-}
+from wnscale.model.remat import resolve_policy
 
 
 # The encoder's and decoder's edge sets, by the stage their edge work counts in.
@@ -62,7 +56,7 @@ def forward_flops(specs: specs_lib.Specs, graphs: Graphs) -> dict[str, float]:
       "encoder_grid": mlp_flops(grid, inputs, d, d) + mlp_flops(grid, d, d, d),
       "encoder_mesh": mlp_flops(mesh, mesh_inputs, d, d) + mlp_flops(mesh, 2 * d, d, d),
       "encoder_points": encoder_points,
-      "processor": PROCESSORS[specs.model.processor].cost(specs.model, graphs).forward,
+      "processor": PROCESSORS[specs.model.processor.name].cost(specs.model, graphs).forward,
       "decoder_edges": edge_stages["decoder_edges"],
       "decoder_nodes": mlp_flops(grid, 2 * d, d, d) + mlp_flops(grid, d, d, channels),
       "decoder_points": decoder_points,
@@ -77,32 +71,32 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
     add, "offloaded_bytes": bytes the offload policy moves between device and
     host memory (out and back)}`.
   """
-  model = specs.model
+  model, remat = specs.model, specs.model.remat
   stages = forward_flops(specs, graphs)
-  processor = PROCESSORS[model.processor].cost(model, graphs)
-  fraction = RECOMPUTE_FRACTION.get(model.remat_policy, 1.0)
+  processor = PROCESSORS[model.processor.name].cost(model, graphs)
+  fraction = resolve_policy(remat.remat_policy).recompute_fraction
   encoder = (stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
              + stages["encoder_points"])
   decoder = stages["decoder_edges"] + stages["decoder_nodes"] + stages["decoder_points"]
   extra = 0.0
-  if model.remat_grid_to_mesh_gnn:
+  if remat.remat_grid_to_mesh_gnn:
     extra += fraction * encoder
-  if model.remat_mesh_gnn:
+  if remat.remat_mesh_gnn:
     extra += fraction * stages["processor"]
-  if model.remat_mesh_to_grid_gnn:
+  if remat.remat_mesh_to_grid_gnn:
     extra += fraction * decoder
   # Each block's forward is redone inside its own checkpoint.
-  if model.grid_blocks > 1:
+  if remat.grid_blocks > 1:
     extra += stages["encoder_grid"] + decoder  # the decoder runs per grid block
-  if model.edge_chunks > 1:
-    extra += stages["encoder_edges"] + (stages["decoder_edges"] if model.grid_blocks == 1
+  if remat.edge_chunks > 1:
+    extra += stages["encoder_edges"] + (stages["decoder_edges"] if remat.grid_blocks == 1
                                         else 0.0)
   extra += processor.block_recompute
   examples = specs.train.batch_size * specs.data.target_steps
   scale = examples / num_devices
   offloaded = 0.0
-  if model.remat_mesh_gnn and model.remat_policy == "offload_carries":
-    groups = -(-processor.layers // model.mesh_remat_every)
+  if remat.remat_mesh_gnn and remat.remat_policy == "offload_carries":
+    groups = -(-processor.layers // remat.mesh_remat_every)
     width = 2 if model.dtype == "bfloat16" else 4
     carry = processor.carry_rows * model.latent_size * width
     offloaded = 2 * groups * carry  # out in the forward pass, back in the backward

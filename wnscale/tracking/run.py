@@ -52,7 +52,7 @@ def run_tags(specs: Specs, model: str = "") -> dict[str, str]:
   resolution = d.grid or f"{d.resolution:g}deg"
   if d.regional_path:
     resolution += " with a regional cut-out"
-  return tags | {"processor": specs.model.processor, "resolution": resolution,
+  return tags | {"processor": specs.model.processor.name, "resolution": resolution,
                  "commit": commit()}
 
 

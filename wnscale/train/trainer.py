@@ -230,9 +230,10 @@ def _set_up(specs: specs_lib.Specs, given: dict, run: RunDirectory,
     if eval_source is not None:
       eval_source = eval_source.with_modalities(readers)
     phase["text"] = run_log.describe_data(source, eval_source)
-  if specs.model.remat_policy == "auto":  # sized for the longest rollout phase
+  if specs.model.remat.remat_policy == "auto":  # sized for the longest rollout phase
     chosen = _auto_remat(curriculum.longest_phase_specs(specs))["overrides"]
-    specs = dataclasses.replace(specs, model=dataclasses.replace(specs.model, **chosen))
+    specs = dataclasses.replace(specs, model=dataclasses.replace(
+        specs.model, remat=dataclasses.replace(specs.model.remat, **chosen)))
 
   assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
                       phase=run_log.phase,
