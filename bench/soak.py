@@ -61,6 +61,7 @@ SIGNAL_KINDS = ("kill_one", "term_one", "int_one", "kill_all", "term_all", "int_
                 "kill_launcher")
 LOCAL_KINDS = SIGNAL_KINDS + ("corrupt", "disk_full")
 EMULATOR_KINDS = SIGNAL_KINDS + ("corrupt", "storage_errors", "storage_restart")
+ENVIRONMENT_KINDS = ("disk_full", "storage_errors", "storage_restart")
 MOMENTS = ("setup", "step", "checkpoint")
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
 PROCESSES = 2
@@ -353,18 +354,32 @@ class Soak:
       pending = [self.draw() for _ in range(a.faults)]
       while True:
         started = self.start(workdir)
-        fault = pending[0] if pending else None
-        if fault is not None and self.reach_moment(started, fault, workdir):
+        # Faults into this start while it runs: one that stops it (a signal) ends the
+        # start; one of the environment (a full disk, the bucket) may leave it running.
+        ended_by_fault = False
+        while pending and self.reach_moment(started, pending[0], workdir):
+          fault = pending.pop(0)
           fault.step, fault.at, fault.injected = self.last_step(workdir), self.now(), True
           self.say(f"fault {len(self.faults) + 1}/{a.faults}: {fault.kind} at "
                    f"{fault.moment} (step {fault.step})")
           self.inject(started, fault, workdir)
-          fault.start_code = self.finish(started, a.bound, fault.kind)
+          self.faults.append(fault)
+          if fault.kind in ENVIRONMENT_KINDS:  # the run may stop on it, or ride it out
+            wait_until(lambda: not started.running(), min(a.bound, 30), poll=0.2)
+          else:
+            self.finish(started, a.bound, fault.kind)
           self.after(fault)
-          self.faults.append(pending.pop(0))
+          fault.start_code = started.process.poll()
+          if fault.start_code is None:
+            self.say("  the run rode it out")
+            continue
+          self.finish(started, a.bound, fault.kind)  # its output read, its processes gone
           self.say(f"  that start ended with {fault.start_code}; step "
                    f"{self.last_step(workdir)} logged")
-          continue
+          ended_by_fault = True
+          break
+        if ended_by_fault:
+          continue  # the same command again, as a scheduler would
         code = self.finish(started, 3 * a.bound, "to the end")
         done = self.last_step(workdir)
         self.say(f"start {self.starts} ended with {code} at step {done}")
