@@ -107,19 +107,30 @@ def test_ctrl_c_saves_the_step_and_a_second_run_in_the_workdir_is_refused(
                              rtol=2e-4)
 
 
-def test_ctrl_c_of_local_cluster_reaches_each_process_once():
-  """The terminal's Ctrl-C reaches launch.local_cluster only (its processes run in
-  sessions of their own), which passes it on to each process once. Here process 0 stops
-  cleanly and process 1 is ended by the signal: local_cluster exits 130, as a shell
-  reports a process ended by SIGINT. (Training processes that save and exit 0, so that
-  local_cluster does: test_training.py.)"""
-  env = dict(process_env(), PYTHONPATH=os.pathsep.join(
+def signal_children(**env) -> Started:
+  """`launch.local_cluster` of 2 `tests/signal_child.py` processes (with `env` added), once
+  both are ready."""
+  env = dict(process_env(), **env, PYTHONPATH=os.pathsep.join(
       [TESTS, os.environ.get("PYTHONPATH", "")]))
   cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
                      "--num_cpu_devices=2", "--timeout=120", "--module=signal_child"], env=env)
   try:
     for process in (0, 1):
       cluster.wait_for(rf"\[p{process}\] ready", timeout=120)
+  except BaseException:
+    cluster.kill()
+    raise
+  return cluster
+
+
+def test_ctrl_c_of_local_cluster_reaches_each_process_once():
+  """The terminal's Ctrl-C reaches launch.local_cluster only (its processes run in
+  sessions of their own), which passes it on to each process once. Here process 0 stops
+  cleanly and process 1 is ended by the signal: local_cluster exits 130, as a shell
+  reports a process ended by SIGINT. (Training processes that save and exit 0, so that
+  local_cluster does: test_training.py.)"""
+  cluster = signal_children()
+  try:
     cluster.ctrl_c()
     assert cluster.finish(timeout=120) == 130, cluster.stderr[-3000:]
   finally:
@@ -133,13 +144,8 @@ def test_a_local_cluster_killed_outright_stops_its_processes(tmp_path):
   processes gets a SIGTERM from the kernel (as a preempted process does; a training run
   then saves its step) instead of running on unwatched, holding the workdir."""
   record = tmp_path / "record"
-  env = dict(process_env(), SIGNAL_CHILD_RECORD=str(record), PYTHONPATH=os.pathsep.join(
-      [TESTS, os.environ.get("PYTHONPATH", "")]))
-  cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
-                     "--num_cpu_devices=2", "--timeout=120", "--module=signal_child"], env=env)
+  cluster = signal_children(SIGNAL_CHILD_RECORD=str(record))
   try:
-    for process in (0, 1):
-      cluster.wait_for(rf"\[p{process}\] ready", timeout=120)
     cluster.process.kill()
     assert cluster.finish(timeout=60) == -signal.SIGKILL
     deadline = time.monotonic() + 60
