@@ -293,8 +293,9 @@ class Soak:
       self.corrupt_newest(workdir)
     elif kind == "disk_full":
       self.fill_disk()
-    elif kind == "storage_errors":
+    elif kind == "storage_errors":  # for 1-10 s
       self.proxy.failing = True
+      threading.Timer(self.rng.uniform(1, 10), setattr, (self.proxy, "failing", False)).start()
     elif kind == "storage_restart":
       self.storage.restart()
 
@@ -302,8 +303,7 @@ class Soak:
     """Undoes what an environmental fault left, as an operator would."""
     if fault.kind == "disk_full":
       self.free_disk()
-    elif fault.kind == "storage_errors":
-      time.sleep(self.rng.uniform(1, 10))
+    elif fault.kind == "storage_errors":  # in case the run stopped before its timer
       self.proxy.failing = False
 
   def corrupt_newest(self, workdir: str):
@@ -365,7 +365,8 @@ class Soak:
           self.inject(started, fault, workdir)
           self.faults.append(fault)
           if fault.kind in ENVIRONMENT_KINDS:  # the run may stop on it, or ride it out
-            wait_until(lambda: not started.running(), min(a.bound, 30), poll=0.2)
+            wait_until(lambda: not started.running() or (
+                self.last_step(workdir) > fault.step + 2), min(a.bound, 60), poll=0.2)
           else:
             self.finish(started, a.bound, fault.kind)
           self.after(fault)
@@ -578,6 +579,9 @@ class Proxy:
 
     class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
       daemon_threads = True
+
+      def handle_error(self, request, client_address):
+        del request, client_address  # a client killed mid-request: its connection is gone
 
     self.server = Server(("127.0.0.1", 0), Handler)
     self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
