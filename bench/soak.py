@@ -73,7 +73,6 @@ class Fault:
   moment: str
   step: int = 0  # the step reached when it was injected
   at: float = 0.0  # when (seconds since the soak began)
-  injected: bool = False
   start_code: int | None = None  # how the start it hit ended
   lost_s: float | None = None  # until a step past `step` was logged
 
@@ -81,7 +80,8 @@ class Fault:
 class Start:
   """One start of the run: the launcher in a session of its own, its output collected."""
 
-  def __init__(self, command, env, log):
+  def __init__(self, command, workdir: str, env, log):
+    self.workdir = workdir
     self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,
                                     start_new_session=True)
@@ -112,8 +112,7 @@ class Start:
           arguments = f.read().split("\0")
       except OSError:
         continue
-      if "launch.train" in arguments and any(f"--workdir={self.workdir}" == a
-                                             for a in arguments):
+      if "launch.train" in arguments and f"--workdir={self.workdir}" in arguments:
         found.append(int(pid))
     return sorted(found)
 
@@ -203,8 +202,7 @@ class Soak:
 
   def start(self, workdir: str) -> Start:
     self.starts += 1
-    started = Start(self.command(workdir), self.env, self.log)
-    started.workdir = workdir
+    started = Start(self.command(workdir), workdir, self.env, self.log)
     threading.Thread(target=self.watch, args=(started, workdir), daemon=True).start()
     return started
 
@@ -235,8 +233,8 @@ class Soak:
     if self.args.storage == "local" and not self.can_fill:
       kinds = tuple(k for k in kinds if k != "disk_full")
     kind = self.rng.choice(kinds)
-    moment = ("step" if kind in ("corrupt", "disk_full", "storage_errors",
-                                 "storage_restart") else self.rng.choice(MOMENTS))
+    moment = ("step" if kind in ("corrupt",) + ENVIRONMENT_KINDS
+              else self.rng.choice(MOMENTS))
     return Fault(kind, moment)
 
   def reach_moment(self, started: Start, fault: Fault, workdir: str) -> bool:
@@ -286,10 +284,7 @@ class Soak:
     elif kind == "kill_launcher":
       os.kill(started.process.pid, signal.SIGKILL)
     elif kind == "corrupt":
-      for pid in [started.process.pid] + workers:
-        with contextlib.suppress(ProcessLookupError):
-          os.kill(pid, signal.SIGKILL)
-      started.process.wait(timeout=60)
+      started.kill_everything()
       self.corrupt_newest(workdir)
     elif kind == "disk_full":
       self.fill_disk()
@@ -327,9 +322,12 @@ class Soak:
   def fill_disk(self):
     free = shutil.disk_usage(self.disk).free
     keep = self.rng.choice([0, 4096, 64 * 1024])
-    with open(os.path.join(self.disk, "ballast"), "wb") as f:
-      with contextlib.suppress(OSError):
-        f.write(b"\0" * max(free - keep, 0))
+    descriptor = os.open(os.path.join(self.disk, "ballast"), os.O_WRONLY | os.O_CREAT)
+    try:  # the blocks taken without writing them (a tmpfs allocates them)
+      with contextlib.suppress(OSError):  # the disk may hold a page or two less
+        os.posix_fallocate(descriptor, 0, max(free - keep, 1))
+    finally:
+      os.close(descriptor)
     self.say(f"disk filled: {shutil.disk_usage(self.disk).free} bytes left")
 
   def free_disk(self):
@@ -359,14 +357,17 @@ class Soak:
         ended_by_fault = False
         while pending and self.reach_moment(started, pending[0], workdir):
           fault = pending.pop(0)
-          fault.step, fault.at, fault.injected = self.last_step(workdir), self.now(), True
+          fault.step, fault.at = self.last_step(workdir), self.now()
           self.say(f"fault {len(self.faults) + 1}/{a.faults}: {fault.kind} at "
                    f"{fault.moment} (step {fault.step})")
           self.inject(started, fault, workdir)
           self.faults.append(fault)
           if fault.kind in ENVIRONMENT_KINDS:  # the run may stop on it, or ride it out
-            wait_until(lambda: not started.running() or (
-                self.last_step(workdir) > fault.step + 2), min(a.bound, 60), poll=0.2)
+            # A few steps on; for a full disk, past the next checkpoint (which meets it).
+            past = (fault.step // a.checkpoint_every + 1) * a.checkpoint_every if (
+                fault.kind == "disk_full") else fault.step + 2
+            wait_until(lambda: not started.running() or self.last_step(workdir) > past,
+                       min(a.bound, 60), poll=0.2)
           else:
             self.finish(started, a.bound, fault.kind)
           self.after(fault)
