@@ -9,8 +9,9 @@ in a process of its own, so that one that fails (or aborts on the device) leaves
 their figures, and only one process at a time holds the accelerator:
 
   devices         JAX's version and backend, the devices and their memory
-  tests           the aggregation, remat, one-device sharding and parity tests (GraphCast's,
-                  WeatherNext 2's) on the accelerator (`WNSCALE_TEST_PLATFORM`)
+  tests           the aggregation and remat tests on the accelerator (`WNSCALE_TEST_PLATFORM`)
+  parity_tests    the one-device sharding test and the parity tests (GraphCast's, WeatherNext
+                  2's, splash attention's) there
   mid_step        the mid problem (1 deg, mesh levels 0..5, latent 128, 8 steps, float32,
                   batch 1): wnscale's loss + gradient step against the reference
                   GraphCast's, side by side in this process (`reference_speed.compare`;
@@ -62,17 +63,19 @@ import time
 import traceback
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-# pytest selections: on an accelerator, the aggregation, remat, one-device sharding and
-# parity tests; with --cpu, one remat case and the one-device sharding case (the suite runs
-# the rest).
+# pytest selections, two steps so that each fits a limited device command: on an
+# accelerator, the aggregation and remat tests (`tests`), then the one-device sharding and
+# parity tests (`parity_tests`); with --cpu, one case of each (the suite runs the rest).
 ONE_DEVICE_SHARDING = "tests/test_sharding.py::test_sharded_matches_single_device[1x1-all_gather]"
 TESTS = {
-    "accelerator": ["tests/test_aggregation.py", "tests/test_remat.py", ONE_DEVICE_SHARDING,
-                    "tests/test_graphcast_import.py::test_predictions_match_the_reference",
-                    "tests/test_weathernext2.py::test_lead_one_equals_weathernext2_at_every_node"
-                    "_with_one_triangle", "tests/test_splash_attention.py"],
-    "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor_matmul]",
-            ONE_DEVICE_SHARDING],
+    "tests": {"accelerator": ["tests/test_aggregation.py", "tests/test_remat.py"],
+              "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor_matmul]"]},
+    "parity_tests": {
+        "accelerator": [ONE_DEVICE_SHARDING,
+                        "tests/test_graphcast_import.py::test_predictions_match_the_reference",
+                        "tests/test_weathernext2.py::test_lead_one_equals_weathernext2_at_every_"
+                        "node_with_one_triangle", "tests/test_splash_attention.py"],
+        "cpu": [ONE_DEVICE_SHARDING]},
 }
 # The reference comparisons' problems (`mid_problem.parse` flags): the table's, or tiny.
 SIDE_BY_SIDE = {
@@ -223,12 +226,12 @@ def devices(args, mode, record):
 
 def tests(args, mode, record):
   start = time.perf_counter()
-  # Test by test into OUT/pytest.txt, which keeps what ran if the step runs out of time.
-  report = os.path.join(args.out, "pytest.txt")
+  # Test by test into OUT/<step>.txt, which keeps what ran if the step runs out of time.
+  report = os.path.join(args.out, f"{args.step}.txt")
   with open(report, "w") as output:
     code = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=-ra",
-         *TESTS[mode]], cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
+         *TESTS[args.step][mode]], cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
         env=dict(os.environ, WNSCALE_TEST_PLATFORM=args.platform)).returncode
   with open(report) as output:
     summary = output.read().strip().splitlines()[-1]
@@ -424,7 +427,8 @@ def train_loop(args, mode, record):
            host_fraction=median("host_fraction"), intervals=intervals)
 
 
-STEP_FUNCTIONS = {"devices": devices, "tests": tests, "mid_step": side_by_side,
+STEP_FUNCTIONS = {"devices": devices, "tests": tests, "parity_tests": tests,
+                  "mid_step": side_by_side,
                   "latent256_step": side_by_side, "paper_1deg": paper_step,
                   "paper_0p25": paper_step, "forecast": forecast, "train_loop": train_loop,
                   "wn2_mini_step": wn2_mini_step}

@@ -26,18 +26,18 @@ def _results(out) -> list[dict]:
 def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "9 steps ran, 0 failed" in result.stdout
+  assert "10 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
   assert all(r["commit"] and r["date"] for r in records)
   by_step = {}
   for record in records:
     by_step.setdefault(record["step"], []).append(record)
-  assert list(by_step) == ["devices", "tests", "mid_step", "latent256_step", "paper_1deg",
+  assert list(by_step) == ["devices", "tests", "parity_tests", "mid_step", "latent256_step", "paper_1deg",
                            "paper_0p25", "forecast", "train_loop", "wn2_mini_step"]
   assert by_step["devices"][0]["backend"] == "cpu"
-  tests = by_step["tests"][0]
-  assert tests["exit_status"] == 0 and tests["passed"] == 2
+  for name in ("tests", "parity_tests"):
+    assert by_step[name][0]["exit_status"] == 0 and by_step[name][0]["passed"] == 1
   for name in ("mid_step", "latent256_step"):
     side = by_step[name][0]
     ours = side["wnscale"]
@@ -81,5 +81,5 @@ def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_
                                  "seconds": pytest.approx(0, abs=5)}]
   wrong = _check(tmp_path, "--only=devices,speed")
   assert wrong.returncode == 1
-  assert ("no step 'speed'; the steps are devices, tests, mid_step, latent256_step, paper_1deg"
+  assert ("no step 'speed'; the steps are devices, tests, parity_tests, mid_step, latent256_step,"
           in wrong.stderr)

@@ -34,6 +34,10 @@ def test_layout_rows_and_windows(slots, degrees):
   num_blocks = -(-len(receivers) // slots)
   assert blocks.local.shape == (num_blocks, slots)
   assert blocks.width % 8 == 0
+  # Windows start at multiples of ALIGN rows, inside the table as the device pads it.
+  assert np.all(blocks.first % receiver_blocks.ALIGN == 0)
+  assert np.all(blocks.first + blocks.width
+                <= receiver_blocks.table_rows(num_receivers, blocks.width))
   padded = np.full(num_blocks * slots, num_receivers)
   padded[:len(receivers)] = receivers
   local = blocks.local.reshape(-1)
@@ -192,6 +196,9 @@ def test_senders_by_windows_equal_by_index(dtype):
   senders = np.where(real, senders, 0).astype(np.int32)
   windows = receiver_blocks.sender_windows(senders, edges.blocks, num_senders, margin=4)
   assert 0 < np.mean(windows.local[edges.blocks.local < edges.blocks.width] < windows.width) < 1
+  assert np.all(windows.first % receiver_blocks.ALIGN == 0)
+  assert np.all(windows.first + windows.width <= receiver_blocks.table_rows(num_senders,
+                                                                            windows.width))
   sender_table = jnp.asarray(rng.standard_normal((num_senders, table.shape[1])), dtype)
   weights = jnp.asarray(rng.standard_normal(values.shape), jnp.float32)
 

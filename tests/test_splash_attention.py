@@ -27,6 +27,9 @@ from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.sharding import partition as partition_lib
 
 SPLASH = dict(transformer_attention="splash")
+EDGES = dict(transformer_attention="edges")  # not "auto": splash on a TPU
+# The train path over 2 data shards (8 fake CPU devices; one chip has 1).
+two_devices = pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices")
 
 
 def morton_neighbours(level: int, k: int):
@@ -123,7 +126,8 @@ def test_bfloat16_inputs_round_as_the_edge_path(sparse_problem):
 @pytest.fixture(scope="module")
 def problem():
   """The transformer's problem of test_transformer.py, with and without the splash mask."""
-  constants, batch, params = synthetic_problem(small_config(), POINTS, batch_size=2, seed=3)
+  constants, batch, params = synthetic_problem(small_config(**EDGES), POINTS, batch_size=2,
+                                               seed=3)
   with_mask = setup.with_masks(specs_lib.from_config(small_config(**SPLASH)).model,
                                constants.graphs)
   assert not constants.graphs.masks and "mesh_neighbours" in with_mask.masks
@@ -134,7 +138,7 @@ def problem():
 @pytest.fixture(scope="module")
 def reference(problem):
   constants, _, batch, params, _ = problem
-  return jax.jit(loss_and_grad_fn(small_config(), constants, batch))(params)
+  return jax.jit(loss_and_grad_fn(small_config(**EDGES), constants, batch))(params)
 
 
 SPLASH_VARIANTS = {
@@ -153,6 +157,7 @@ def test_the_model_with_splash_attention_equals_it_with_edges(name, problem, ref
   assert_same(jax.jit(loss_and_grad_fn(config, constants, batch))(params), reference)
 
 
+@two_devices
 def test_on_the_devices_in_the_morton_order_and_made_once(problem, reference, monkeypatch):
   """The train path: the layout makes the mask for its node order (Morton), once; the
   step, over 2 data shards, never makes one."""
@@ -161,7 +166,7 @@ def test_on_the_devices_in_the_morton_order_and_made_once(problem, reference, mo
   layout = sharded_layout(config, constants, positions, 2, 1, "all_gather")
   mask = layout.partitioned.graphs.masks["mesh_neighbours"]
   assert mask.forward.block_mask.shape[0] == 1  # the shard axis
-  assert dict(mask.options)["interpret"]  # on the CPU
+  assert dict(mask.options)["interpret"]  # on the CPU (the only platform with 2 devices here)
 
   def refuse(*args, **kwargs):
     raise AssertionError("a splash mask made in the step")
@@ -170,6 +175,7 @@ def test_on_the_devices_in_the_morton_order_and_made_once(problem, reference, mo
   assert_same(sharded_loss_and_grads(config, layout, constants, batch, params), reference)
 
 
+@two_devices
 def test_an_fgn_trained_as_weathernext2_on_the_devices():
   """WeatherNext 2's training: the CRPS of 2 members, one per data shard, over a 2-step
   rollout differentiated step by step (`train.remat_rollout`'s custom VJP)."""

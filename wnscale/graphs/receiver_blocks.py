@@ -15,15 +15,16 @@ The layout (per edge set, host numpy, once):
   edges       padded to `num_blocks * slots` rows: padding edges send from node 0
               to receiver `num_receivers`, which every sum drops
   first       `[num_blocks]` where each block's window of `width` receivers starts: its
-              run's first receiver, moved back where the window would pass the last
+              run's first receiver rounded down to a multiple of 8 (`ALIGN`), moved back
+              where the window would pass the table's last row (`table_rows`)
   local       `[num_blocks, slots]` each edge's receiver minus its block's first;
               `width` for padding edges (no row of the window)
   rows        `[spans, num_receivers]` where each receiver's partial sums lie in the
               blocks' `[num_blocks * width]` rows (one per block its edges reach;
               `num_blocks * width` where none: a zero row)
 
-`width` is the longest run of receivers a block spans, rounded up to a
-multiple of 8; `spans` the most blocks a receiver's edges reach (2 for the
+`width` is the longest run of receivers a block spans from its aligned first, rounded
+up to a multiple of 8; `spans` the most blocks a receiver's edges reach (2 for the
 multi-mesh, whose receivers have at most 36 edges).
 """
 
@@ -37,6 +38,20 @@ import numpy as np
 # Edges per block: a block of the multi-mesh (8 edges per node on average, at least 5)
 # spans about 100 receivers, at most 156.
 SLOTS = 768
+# Windows start at multiples of 8 rows: a TPU kernel then reads a block's window straight
+# from its table (`wnscale.model.fused_edges`), a copy at a row offset the chip's (8, 128)
+# tiling divides.
+ALIGN = 8
+
+
+def _round_up(count: int, multiple: int = ALIGN) -> int:
+  return -(-count // multiple) * multiple
+
+
+def table_rows(num_rows: int, width: int) -> int:
+  """The rows a table of `num_rows` is padded to on the device so that every window of
+  `width` rows lies inside it: a multiple of `ALIGN`, at least one window."""
+  return max(_round_up(num_rows), width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +98,11 @@ def block_edges(receivers: np.ndarray, num_receivers: int, slots: int = SLOTS,
   padded = np.full(num_blocks * slots, num_receivers, np.int64)
   padded[:len(real)] = real
   by_block = padded.reshape(num_blocks, slots)
-  first = np.where(by_block[:, 0] < num_receivers, by_block[:, 0], 0)
+  first = np.where(by_block[:, 0] < num_receivers, by_block[:, 0], 0) // ALIGN * ALIGN
   last = np.max(np.where(by_block < num_receivers, by_block, -1), axis=1)
-  needed_width = int(max(np.max(last - first + 1), 1))
-  width = max(width or 0, -(-needed_width // 8) * 8)
-  if num_receivers >= width:  # every window inside the receivers: no padding on the device
-    first = np.minimum(first, num_receivers - width)
+  width = max(width or 0, _round_up(int(max(np.max(last - first + 1), 1))))
+  # Moved back by whole multiples of ALIGN: the window still reaches past the block's last.
+  first = np.minimum(first, table_rows(num_receivers, width) - width)
   local = np.where(by_block < num_receivers, by_block - first[:, None], width)
   # Each receiver's partial sums: the blocks holding its first and its last edge, and any
   # between (a receiver with more edges than a block's slots).
@@ -156,20 +170,21 @@ def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int
   A block's window is as wide as its receiver window and `margin` rows on either side,
   centred on the block's median sender (the sender table need not hold the receivers at
   their own rows: under graph sharding it is the exchange's), moved to lie inside the
-  table where it fits. `width`, `far`, `spans`: at least these (several shards' windows are
+  table (`table_rows`), its first row a multiple of `ALIGN`. `width`, `far`, `spans`: at least these (several shards' windows are
   stacked with the largest of each).
   """
   num_blocks, slots = blocks.local.shape
   by_block = np.asarray(senders, np.int64).reshape(num_blocks, slots)
   real = blocks.local < blocks.width
-  width = max(width or 0, -(-(blocks.width + 2 * margin) // 8) * 8)
+  width = max(width or 0, _round_up(blocks.width + 2 * margin))
   centre = np.array([np.median(row[mask]) if mask.any() else 0
                      for row, mask in zip(by_block, real)], np.int64)
-  first = np.clip(centre - width // 2, 0, max(num_senders - width, 0))
+  first = np.clip(centre - width // 2, 0, table_rows(num_senders, width) - width)
+  first = first // ALIGN * ALIGN
   near = real & (by_block >= first[:, None]) & (by_block < first[:, None] + width)
   local = np.where(near, by_block - first[:, None], width)
   is_far = real & ~near
-  far = max(far or 0, -(-max(int(is_far.sum(axis=1).max(initial=0)), 1) // 8) * 8)
+  far = max(far or 0, _round_up(max(int(is_far.sum(axis=1).max(initial=0)), 1)))
   rank = np.cumsum(is_far, axis=1) - 1  # a far edge's row of its block's list
   far_local = np.where(is_far, rank, far)
   far_senders = np.zeros((num_blocks, far + 1), np.int64)

@@ -33,6 +33,7 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
+from wnscale.graphs import receiver_blocks
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 
 Receivers = Union[jax.Array, ReceiverBlocks]
@@ -130,17 +131,19 @@ def assemble(partials, blocks: ReceiverBlocks) -> jax.Array:
   return sum(flat.at[rows].get(mode="fill", fill_value=0) for rows in blocks.rows)
 
 
-def windows(table, blocks: ReceiverBlocks) -> jax.Array:
-  """`[num_receivers, D] -> [num_blocks, width, D]`: rows `first .. first + width` per block.
+def padded_table(table, width: int) -> jax.Array:
+  """`table [num_rows, D]` padded with zero rows to `receiver_blocks.table_rows`: the rows
+  every window of `width` lies inside (no copy where it has them already)."""
+  missing = receiver_blocks.table_rows(table.shape[0], width) - table.shape[0]
+  return jnp.pad(table, [(0, missing)] + [(0, 0)] * (table.ndim - 1)) if missing else table
 
-  The windows lie inside the table (`block_edges` moves them so) unless the table has
-  fewer rows than a window; then it is padded.
-  """
-  padded = jnp.pad(table, [(0, max(blocks.width - table.shape[0], 0))]
-                   + [(0, 0)] * (table.ndim - 1))
+
+def windows(table, blocks: ReceiverBlocks) -> jax.Array:
+  """`[num_receivers, D] -> [num_blocks, width, D]`: rows `first .. first + width` per block
+  (the windows lie inside the table padded as `padded_table` pads it)."""
   dimensions = jax.lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(),
                                               start_index_map=(0,))
-  return jax.lax.gather(padded, blocks.first[:, None], dimensions,
+  return jax.lax.gather(padded_table(table, blocks.width), blocks.first[:, None], dimensions,
                         slice_sizes=(blocks.width,) + table.shape[1:],
                         mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 

@@ -27,7 +27,7 @@ edges go to none.) Its reads: `e` once, the windows and the far rows; its writes
 `e'` and the partial sums. The backward kernel recomputes a block's forward pass
 from the same inputs and writes the gradients of `e`, of both windows and of the
 far rows, accumulating the weights' across blocks. What lies outside the kernels
-is XLA's: the windows and far rows gathered, the partial sums assembled
+is XLA's: the far rows gathered, the partial sums assembled
 (`wnscale.model.aggregation`), and the far rows' gradient scattered to their
 senders (a scatter of a tenth of the edges or so, not all of them).
 
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from wnscale.graphs import receiver_blocks
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 from wnscale.model import aggregation
 from wnscale.model.varying import vary_like
@@ -78,10 +79,12 @@ def _edge_step(params, edges, sender_table, senders, receiver_table, blocks, eps
 
 
 def _tables(sender_table, senders, receiver_table, blocks):
-  """The kernels' table inputs: the sender windows `[num_blocks, sender width, D]`, the far
-  rows `[num_blocks, far, D]`, the receiver windows `[num_blocks, width, D]`."""
-  return (aggregation.windows(sender_table, senders), sender_table[senders.far_senders],
-          aggregation.windows(receiver_table, blocks))
+  """The kernels' table inputs: the sender table `[sender rows, D]` and the receiver table
+  `[receiver rows, D]`, each padded to whole windows (`aggregation.padded_table`; the
+  kernels read each block's window from them), and the far rows `[num_blocks, far, D]`."""
+  return (aggregation.padded_table(sender_table, senders.width),
+          sender_table[senders.far_senders],
+          aggregation.padded_table(receiver_table, blocks.width))
 
 
 def _edge_step_forward(params, edges, sender_table, senders, receiver_table, blocks, epsilon):
@@ -97,7 +100,8 @@ def _edge_step_backward(epsilon, residuals, cotangents):
   grad_sums, grad_new_edges = cotangents
   grad_edges, grad_sender_windows, grad_far, grad_windows, *grad_params = _backward(
       params, edges, _tables(sender_table, senders, receiver_table, blocks), senders, blocks,
-      epsilon, aggregation.windows(grad_sums.astype(jnp.float32), blocks), grad_new_edges)
+      epsilon, aggregation.padded_table(grad_sums.astype(jnp.float32), blocks.width),
+      grad_new_edges)
   grad_sender_table = aggregation.assemble(grad_sender_windows, senders) + jax.ops.segment_sum(
       grad_far.reshape((-1,) + grad_far.shape[2:]), senders.far_senders.reshape(-1),
       num_segments=sender_table.shape[0])
@@ -131,18 +135,19 @@ def _one_hots(index_column, index_row, width: int, dtype):
 
 def _block_forward(e, refs, epsilon):
   """One block's forward pass, float32: `(the three one-hot pairs, hidden, swish(hidden),
-  normalized, 1/std, message)`. `refs`: the kernel's block inputs after `e`."""
+  normalized, 1/std, message)`. `refs`: the kernel's block inputs after `e` (the sender
+  and receiver windows `[width, D]`, the far rows `[1, far, D]`, ...)."""
   (sender_window, far_rows, window, sender_column, sender_row, far_column, far_row,
    receiver_column, receiver_row, w_h, b_h, w_o, b_o, scale, offset) = refs
   dtype = e.dtype
   exact = _precision(dtype)
-  senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[1], dtype)
+  senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[0], dtype)
   far = _one_hots(far_column[0], far_row[0], far_rows.shape[1], dtype)
-  receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[1], dtype)
+  receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[0], dtype)
   hidden = (_dot(e, w_h[...]) + b_h[...].astype(jnp.float32)
-            + _dot(senders[0], sender_window[0], precision=exact)
+            + _dot(senders[0], sender_window[...], precision=exact)
             + _dot(far[0], far_rows[0], precision=exact)
-            + _dot(receivers[0], window[0], precision=exact))
+            + _dot(receivers[0], window[...], precision=exact))
   activated = hidden * jax.nn.sigmoid(hidden)
   out = _dot(activated.astype(dtype), w_o[...]) + b_o[...].astype(jnp.float32)
   mean = jnp.mean(out, axis=-1, keepdims=True)
@@ -153,10 +158,14 @@ def _block_forward(e, refs, epsilon):
   return (senders, far, receivers), hidden, activated, normalized, inverse_std, message
 
 
-_INPUTS = 16  # e, 2 window tables, the far rows, 6 index arrays, 6 parameters
+_INPUTS = 16  # e, the sender table, the far rows, the receiver table, 6 indices, 6 parameters
+
+
+_PREFETCHED = 2  # the windows' first rows, sender and receiver: read by the index maps
 
 
 def _forward_kernel(*refs, epsilon):
+  refs = refs[_PREFETCHED:]
   e_ref, inputs, (new_edges_ref, partial_ref) = refs[0], refs[1:_INPUTS], refs[_INPUTS:]
   e = e_ref[...]
   (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon)
@@ -166,6 +175,7 @@ def _forward_kernel(*refs, epsilon):
 
 
 def _backward_kernel(*refs, epsilon):
+  refs = refs[_PREFETCHED:]
   e_ref, inputs = refs[0], refs[1:_INPUTS]
   grad_partial_ref, grad_new_edges_ref = refs[_INPUTS:_INPUTS + 2]
   (grad_e_ref, grad_sender_window_ref, grad_far_ref, grad_window_ref, grad_w_h_ref,
@@ -186,7 +196,7 @@ def _backward_kernel(*refs, epsilon):
       e, inputs, epsilon)
   grad_new_edges = grad_new_edges_ref[...].astype(jnp.float32)
   # The message reaches the new edge latents and, by the window rows, the sums.
-  grad_message = grad_new_edges + _dot(receivers[0].astype(jnp.float32), grad_partial_ref[0],
+  grad_message = grad_new_edges + _dot(receivers[0].astype(jnp.float32), grad_partial_ref[...],
                                        precision=jax.lax.Precision.HIGHEST)
   column_sum = lambda x: jnp.sum(x, axis=0, keepdims=True)
   grad_scale_ref[...] += column_sum(grad_message * normalized)
@@ -212,23 +222,33 @@ def _backward_kernel(*refs, epsilon):
 
 
 def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlocks):
-  """`(the kernels' inputs, their BlockSpecs, the grid)`: per block its edges' rows, its
-  windows and far rows, each one-hot's indices as a column and as a row, and the
+  """`(the kernels' inputs, their BlockSpecs, the grid spec's arguments)`: the windows' first
+  rows (prefetched: the index maps read them), per block its edges' rows, its sender window,
+  far rows and receiver window, each one-hot's indices as a column and as a row, and the
   parameters whole."""
   num_blocks, slots = blocks.local.shape
   latent = edges.shape[-1]
   w_h, b_h, w_o, b_o, scale, offset = params
-  by_block = lambda table: pl.BlockSpec((1,) + table.shape[1:], lambda k: (k, 0, 0))
-  whole = lambda array: pl.BlockSpec(array.shape, lambda k: (0,) * array.ndim)
+  by_block = lambda table: pl.BlockSpec((1,) + table.shape[1:], lambda k, *_: (k, 0, 0))
+  whole = lambda array: pl.BlockSpec(array.shape, lambda k, *_: (0,) * array.ndim)
   indices = [index for local in (senders.local, senders.far_local, blocks.local)
              for index in (local[:, :, None], local[:, None, :])]
   vectors = [v.reshape(1, -1) for v in (b_h, b_o, scale, offset)]
   parameters = [w_h, vectors[0], w_o, vectors[1], vectors[2], vectors[3]]
-  inputs = [edges, *tables, *indices, *parameters]
-  specs = ([pl.BlockSpec((slots, latent), lambda k: (k, 0))]
-           + [by_block(t) for t in tables] + [by_block(i) for i in indices]
-           + [whole(p) for p in parameters])
-  return inputs, specs, (num_blocks,)
+  sender_table, far_rows, receiver_table = tables
+  inputs = [senders.first, blocks.first, edges, *tables, *indices, *parameters]
+  specs = ([pl.BlockSpec((slots, latent), lambda k, *_: (k, 0)),
+            _window_spec(senders.width, latent, 0), by_block(far_rows),
+            _window_spec(blocks.width, latent, 1)]
+           + [by_block(i) for i in indices] + [whole(p) for p in parameters])
+  return inputs, specs, dict(num_scalar_prefetch=_PREFETCHED, grid=(num_blocks,))
+
+
+def _window_spec(width: int, latent: int, which: int) -> pl.BlockSpec:
+  """Block `k` reads rows `first[k] .. first[k] + width` of a table (`which`: 0, the
+  sender windows' `first`, 1 the receiver windows'), a multiple of `ALIGN` rows in."""
+  return pl.BlockSpec((pl.Element(width), pl.Element(latent)), lambda k, *first: (
+      pl.multiple_of(first[which][k], receiver_blocks.ALIGN), 0))
 
 
 def _call(kernel, semantics: str, **call):
@@ -260,31 +280,41 @@ def _out(shape, dtype, like) -> jax.ShapeDtypeStruct:
 
 
 def _forward(params, edges, tables, senders, blocks, epsilon):
-  """`(new edges [E, D], partial sums [num_blocks, width, D] float32)`."""
+  """`(new edges [E, D] (written over `edges`), partial sums [num_blocks, width, D]
+  float32)`."""
   inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
-  windows = tables[2]
+  num_blocks, width, latent = blocks.local.shape[0], blocks.width, edges.shape[-1]
+  partials = pl.BlockSpec((1, width, latent), lambda k, *_: (k, 0, 0))
   return _call(
       functools.partial(_forward_kernel, epsilon=epsilon), "parallel",
       out_shape=(_out(edges.shape, edges.dtype, edges),
-                 _out(windows.shape, jnp.float32, edges)),
-      grid=grid, in_specs=specs, out_specs=(specs[0], specs[3]),
+                 _out((num_blocks, width, latent), jnp.float32, edges)),
+      grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs,
+                                             out_specs=(specs[0], partials)),
+      input_output_aliases={_PREFETCHED: 0},
   )(*inputs)
 
 
-def _backward(params, edges, tables, senders, blocks, epsilon, grad_windows, grad_new_edges):
-  """`(grad edges, grad sender windows, grad far rows, grad receiver windows (float32,
-  per block), grad W_h, b_h, W_o, b_o, scale, offset (float32))`."""
+def _backward(params, edges, tables, senders, blocks, epsilon, grad_sums, grad_new_edges):
+  """`(grad edges (written over grad_new_edges), grad sender windows, grad far rows, grad
+  receiver windows (float32, per block), grad W_h, b_h, W_o, b_o, scale, offset
+  (float32))`. `grad_sums`: `[receiver rows, D]` float32, padded as the receiver table."""
   inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
-  latent = edges.shape[-1]
+  num_blocks, latent = blocks.local.shape[0], edges.shape[-1]
   f32 = lambda shape: _out(shape, jnp.float32, edges)
+  per_block = lambda width: pl.BlockSpec((1, width, latent), lambda k, *_: (k, 0, 0))
+  window_shapes = [(num_blocks, senders.width, latent), tables[1].shape,
+                   (num_blocks, blocks.width, latent)]
   vector, matrix = specs[-3], specs[-6]  # b_o's and W_o's: [1, D] and [D, D] whole
   # "arbitrary": the weights' gradients add up over the blocks, in order.
   return _call(
       functools.partial(_backward_kernel, epsilon=epsilon), "arbitrary",
-      out_shape=(_out(edges.shape, edges.dtype, edges), *(f32(t.shape) for t in tables),
+      out_shape=(_out(edges.shape, edges.dtype, edges), *(f32(s) for s in window_shapes),
                  f32((latent, latent)), f32((1, latent)), f32((latent, latent)),
                  f32((1, latent)), f32((1, latent)), f32((1, latent))),
-      grid=grid, in_specs=specs + [specs[3], specs[0]],
-      out_specs=(specs[0], specs[1], specs[2], specs[3], matrix, vector, matrix, vector,
-                 vector, vector),
-  )(*inputs, grad_windows, grad_new_edges)
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          **grid, in_specs=specs + [specs[3], specs[0]],
+          out_specs=(specs[0], per_block(senders.width), specs[2], per_block(blocks.width),
+                     matrix, vector, matrix, vector, vector, vector)),
+      input_output_aliases={len(inputs) + 1: 0},
+  )(*inputs, grad_sums, grad_new_edges)
