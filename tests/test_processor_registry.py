@@ -8,7 +8,9 @@ its settings, as the built-in processors' do (`wnscale.model.processors`).
 
 import dataclasses
 import json
+import logging
 import os
+import re
 from typing import ClassVar
 
 import jax
@@ -18,6 +20,7 @@ import pytest
 from flax import nnx
 
 from wnscale import config as config_lib
+from wnscale import progress
 from wnscale import specs as specs_lib
 from wnscale.errors import UserError
 from wnscale.graphs.graph import Graphs
@@ -119,14 +122,22 @@ def test_its_keys_defaults_and_checks_come_from_its_settings(mixer):
   assert "mixer_layers" in processors.keys_not_exported("interaction_network")
 
 
-def test_it_trains_a_tiny_model_one_step(mixer, tmp_path):
+def test_it_trains_a_tiny_model_one_step(mixer, tmp_path, monkeypatch, caplog):
   config = config_lib.load("tiny")
   config.model.update(processor="mixer", mixer_layers=2, mixer_hidden_size=48)
   config.train.update(steps=1, log_every=1, checkpoint_every=1, eval_every=0, trackers=())
   config.mesh.update(data=2, graph=4)  # the graph sharded: its senders come by exchange
   config.data.update(train_start="2020-01-01", train_end="2020-01-10",
                      eval_start="2020-01-11", eval_end="2020-01-20")
-  trainer.train_and_evaluate(config_lib.validate(config), str(tmp_path))
+  # While the train step compiles, a line says how long it has taken so far (every minute;
+  # here every 0.2 s), ended by the compile's own line.
+  monkeypatch.setattr(progress, "STILL_SECONDS", 0.2)
+  with caplog.at_level(logging.INFO):
+    trainer.train_and_evaluate(config_lib.validate(config), str(tmp_path))
+  lines = [record.getMessage() for record in caplog.records]
+  compiled = next(i for i, line in enumerate(lines) if line.startswith("Compiled the train step"))
+  so_far = r"Compiling the train step: \d+:\d\d:\d\d so far\.\.\."
+  assert any(re.fullmatch(so_far, line) for line in lines[:compiled])
   with open(tmp_path / "metrics.jsonl") as f:
     losses = [entry["loss"] for entry in map(json.loads, f) if "loss" in entry]
   assert len(losses) == 1 and np.isfinite(losses[0])

@@ -171,10 +171,18 @@ class TaskProgress(_Bar):
 def long_step(what: str, expected: str = "", stream=None, every: float = STILL_SECONDS):
   """Says `what` is starting (and `expected`, e.g. "takes minutes at 0.25 deg") before a
   long piece of work with no steps of its own to count, how long it has taken so far
-  while it lasts (redrawn in place on a terminal, else a line every `every` seconds: a
-  compile that takes ten minutes is never silent for more than one), and how long it took
-  after."""
+  while it lasts (`still_working`), and how long it took after."""
   logging.info("%s%s...", what, f" ({expected})" if expected else "")
+  with still_working(what, stream, every) as clock:
+    yield
+  logging.info("%s: done in %s.", what, datetime.timedelta(seconds=round(clock.seconds)))
+
+
+@contextlib.contextmanager
+def still_working(what: str, stream=None, every: float = STILL_SECONDS):
+  """While the block lasts, how long `what` has taken so far: redrawn in place on a
+  terminal, else a line every `every` seconds (a compile that takes ten minutes is never
+  silent for more than one). Yields the block's clock (`.seconds`)."""
   clock = _Bar(stream)
   stop, drawn = threading.Event(), threading.Event()
 
@@ -188,13 +196,12 @@ def long_step(what: str, expected: str = "", stream=None, every: float = STILL_S
       else:
         logging.info("%s: %s so far...", what, so_far)
 
-  ticking = threading.Thread(target=tick, name="long_step", daemon=True)
+  ticking = threading.Thread(target=tick, name="still_working", daemon=True)
   ticking.start()
   try:
-    yield
+    yield clock
   finally:
     stop.set()
     ticking.join(timeout=5)
     if drawn.is_set():
       clock.close()  # end the line redrawn in place
-  logging.info("%s: done in %s.", what, datetime.timedelta(seconds=round(clock.seconds)))

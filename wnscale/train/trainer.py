@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 
 from wnscale import config as config_lib
-from wnscale import compilation_cache, interrupts, paths
+from wnscale import compilation_cache, interrupts, paths, progress
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
 from wnscale.data import pipeline, prefetch
@@ -336,7 +336,7 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
     if train_step is None:
       compile_start = time.perf_counter()
       with clock.left_out(), run_log.phase(_compiled_text(
-          t.phases, phase, train.accumulation_steps)) as details:
+          t.phases, phase, train.accumulation_steps)) as details, _still_compiling():
         loaded = compilation_cache.hits()
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
         if compilation_cache.hits() > loaded:
@@ -561,6 +561,13 @@ def _check_eval_range(specs: specs_lib.Specs, eval_source, num_groups: int):
         f"{len(eval_source)} example(s); one evaluation batch needs {per_group} per data "
         f"group ({num_groups} group(s)). Widen data.eval_start/eval_end or set "
         "train.eval_every=0.")
+
+
+def _still_compiling():
+  """A line a minute while the train step compiles (minutes at 0.25 deg), from process 0."""
+  if jax.process_index() != 0:
+    return contextlib.nullcontext()
+  return progress.still_working("Compiling the train step", every=progress.STILL_SECONDS)
 
 
 def _compiled_text(phases, phase, accumulation_steps: int) -> str:
