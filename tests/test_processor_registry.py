@@ -1,6 +1,7 @@
 """A new processor is one module and one registry entry: this file defines one (a small
-MLP-mixer over the mesh nodes, `MeshMixer`, with its settings `MixerSpec`), registers it,
-and trains a tiny model with it through the trainer, changing no library file.
+MLP-mixer over the mesh nodes, `MeshMixer`, with its settings `MixerSpec` and its
+`ProcessorImplementation`), registers it, and trains a tiny model with it through the
+trainer, changing no library file.
 
 Its config keys (`model.mixer_layers`, ...), their defaults, checks and meanings come from
 its settings, as the built-in processors' do (`wnscale.model.processors`).
@@ -89,8 +90,10 @@ def _mixer_check(specs: specs_lib.Specs) -> str | None:
   return None
 
 
-MIXER = processors.Processor(MixerSpec, MeshMixer, edge_sets=lambda m: {},
-                             masks=lambda *_: {}, cost=_mixer_cost, check=_mixer_check)
+IMPLEMENTATION = processors.ProcessorImplementation(MeshMixer, edge_sets=lambda m: {},
+                                                   masks=lambda *_: {}, cost=_mixer_cost)
+MIXER = processors.Processor(MixerSpec, check=_mixer_check,
+                             implementation=lambda: IMPLEMENTATION)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.graphs import points as points_lib
+from wnscale.model.processors import PROCESSORS
 
 LOSSES = ("mse", "crps")
 
@@ -59,7 +60,7 @@ def default_config() -> ml_collections.ConfigDict:
   # are divided by this before the node update (WeatherNext 2: 4)
   m.output_activations = ()  # entries "variable:activation" or "variable:activation:offset":
   # the network's normalized output of that (target-only) variable plus the offset goes
-  # through the activation (wnscale.model.graphcast.OUTPUT_ACTIVATIONS), e.g. WeatherNext 2's
+  # through the activation (wnscale.model.dtypes_and_activations.OUTPUT_ACTIVATIONS), e.g. WeatherNext 2's
   # "cyclone_exists_gaussian_unit_mode:sigmoid:-2"
   m.noise_channels = 0  # 0: deterministic; > 0: an FGN (WeatherNext 2: 32): each member draws
   # this many standard-normal numbers per example and step, and every layer norm is
@@ -258,7 +259,6 @@ def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
 def owned_settings() -> list[type[specs_lib.Settings]]:
   """The settings that components declare (each registered processor's, then the remat's):
   their keys are keys of the `model` section, with their defaults and meanings."""
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (imports JAX)
   return [entry.spec for entry in PROCESSORS.values()] + [specs_lib.RematSpec]
 
 
@@ -311,7 +311,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (default_config imported it)
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
   for settings in owned_settings():
@@ -431,15 +430,15 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.Specs):
   """The names `config` picks from the model's, the data's and the sharding's registries
   (each defined once, with what it names), and the chosen processor's own checks."""
+  # Imported here: JAX and xarray, which a mistake found earlier need not wait for.
   from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
-  from wnscale.model import remat  # noqa: PLC0415
-  from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
+  from wnscale.model import remat_policies  # noqa: PLC0415
+  from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   from wnscale.tracking import registry as tracking_registry  # noqa: PLC0415
   m, d, t = config.model, config.data, config.train
   if m.remat_policy != "auto":
-    remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
+    remat_policies.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   problem = tracking_registry.check(t.trackers)
   _require(problem is None, problem)

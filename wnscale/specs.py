@@ -97,30 +97,17 @@ class Settings:
 
 
 class ProcessorSpec(Settings):
-  """A processor's settings; `name` is its `model.processor`. Each subclass is defined with
+  """A processor's settings; `name` is its `model.processor`. Each subclass is the `spec` of
   its processor's registry entry (`wnscale.model.processors.PROCESSORS`)."""
 
   name: ClassVar[str]
-
-  @staticmethod
-  def named(name: str) -> type[ProcessorSpec]:
-    """The settings of the processor `name`: the subclass of that name.
-
-    Raises:
-      ValueError: none is defined (the registry, which validating a config imports, was not).
-    """
-    for kind in ProcessorSpec.__subclasses__():
-      if kind.name == name:
-        return kind
-    raise ValueError(f"No processor settings are named {name!r}: import the processors' "
-                     "registry (wnscale.model.processors) first.")
 
 
 @dataclasses.dataclass(frozen=True)
 class RematSpec(Settings):
   """What the model recomputes in its backward pass, and in which blocks (the `model` keys
   of these names). What a policy costs in recomputation is its registry entry's
-  (`wnscale.model.remat.POLICIES`)."""
+  (`wnscale.model.remat_policies.POLICIES`)."""
 
   remat_grid_to_mesh_gnn: bool = setting(False, "checkpoint the whole encoder")
   remat_mesh_gnn: bool = setting(
@@ -128,7 +115,7 @@ class RematSpec(Settings):
       "layers")
   remat_mesh_to_grid_gnn: bool = setting(False, "checkpoint the whole decoder")
   remat_policy: str = setting(
-      "nothing_saveable", "a name from wnscale.model.remat.POLICY_NAMES, or \"auto\": before "
+      "nothing_saveable", "a name from wnscale.model.remat_policies.POLICY_NAMES, or \"auto\": before "
       "training, the cheapest remat settings whose compiled step fits "
       "train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)")
   mesh_remat_every: int = setting(1, "layers per processor checkpoint (GraphCast: 3)",
@@ -184,9 +171,11 @@ class ModelSpec:
   def from_section(cls, section) -> ModelSpec:
     """The spec of a config's `model` section; the processor's settings are those of the
     registry entry `section["processor"]` names."""
+    # Imported here: the registry declares its processors' settings with this module's classes.
+    from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
     own = {field.name: _frozen(section[field.name]) for field in dataclasses.fields(cls)
            if field.name not in cls.COMPONENTS}
-    return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
+    return cls(processor=PROCESSORS[section["processor"]].spec.from_section(section),
                remat=RematSpec.from_section(section), **own)
 
   def section_values(self) -> dict:
