@@ -75,8 +75,9 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
   """`(params, constants, halo_indices, batch) -> (loss, grads)`: the global mean loss and
   its gradient in `params`, both replicated.
 
-  `loss`: "mse" or "crps" (`loss_lib.loss_terms`). An FGN's batch holds `noise`:
-  `[B, M, T, K]`, each device running the `M` members of its examples; or,
+  `loss`: a name from `wnscale.model.loss_registry.LOSSES` (`loss_lib.loss_terms`). An
+  FGN's batch holds `noise`: `[B, M, T, K]`, each device running the `M` members of its
+  examples; or,
   with `members_on_data=M`, the members laid out along `data`: `M * B` rows,
   member-major (`ensemble.members_on_rows`), noise `[M * B, 1, T, K]`, so the
   data shards hold one member each (`mesh.data` a multiple of `M`), and each
