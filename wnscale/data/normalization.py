@@ -37,7 +37,7 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
-from wnscale.data import anemoi, netcdf
+from wnscale.data import netcdf, store_formats
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -65,7 +65,8 @@ def cached_stats_path(path: str, variables, levels, start: str | None, end: str 
                     start or "", end or "", time_step_hours, list(forcings),
                     list(stored_forcings), member,
                     cache.source_digest("data/normalization.py", "data/store.py",
-                                        "data/forcings.py", "data/anemoi.py")])
+                                        "data/forcings.py", "data/anemoi.py",
+                                        "data/store_formats.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
@@ -102,8 +103,9 @@ def read_stats(path: str, time_step_hours: int | None = None) -> xr.Dataset:
   statistics, diff_std over `time_step_hours`, the store's step if None)."""
   if paths.exists(paths.join(path, GRAPHCAST_FILES["mean"])):
     return _from_graphcast(path)
-  if anemoi.is_anemoi_store(path):
-    stats = anemoi.anemoi_statistics(anemoi.open_anemoi(path), time_step_hours)
+  carried = store_formats.format_of(path).statistics
+  if carried is not None:
+    stats = carried(path, time_step_hours)
     for name in stats.data_vars:  # as computed statistics are floored
       mean = stats[name].sel(statistic="mean").values
       for statistic in ("std", "diff_std"):
