@@ -26,7 +26,7 @@ import zarr
 from launch import local_cluster
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, resolve, synthetic
+from wnscale.data import normalization, run_data, synthetic
 from wnscale.data import store as store_lib
 from wnscale.evaluation import climatology
 from wnscale.errors import ArgumentError, UserError
@@ -371,7 +371,7 @@ def test_an_unwritable_cache_is_one_warning(tmp_path, stores, monkeypatch, caplo
     data = specs_lib.from_config(config_lib.load(TINY.split("=", 1)[1])).data
     with pytest.raises(UserError, match=f"^The synthetic store goes into the cache directory "
                        f"{cache_dir}: cannot write there \\(Read-only file system"):
-      resolve.resolve_store(data, seed=0)
+      run_data.resolve_store(data, seed=0)
 
 
 def test_a_finished_run_says_so_before_opening_its_store(tmp_path, trained_tiny_run):

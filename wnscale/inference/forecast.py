@@ -38,8 +38,8 @@ from wnscale import specs as specs_lib
 from wnscale.assembly import Assembly, assemble
 from wnscale.data import cutout
 from wnscale.data import store as store_lib
+from wnscale.data.run_data import modality_readers, resolve_stats
 from wnscale.data.source import parse_duration
-from wnscale.data.resolve import modality_readers, resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
@@ -275,7 +275,7 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
 
 
 def _modality_readers(specs: specs_lib.Specs, store, path: str) -> tuple:
-  """`resolve.modality_readers` of the run's modalities at `store`'s times (the initial
+  """`run_data.modality_readers` of the run's modalities at `store`'s times (the initial
   conditions from `path`), normalized as in training: statistics of the training range of
   the run's grid store."""
   d = specs.data

@@ -27,11 +27,11 @@ import jax
 
 from wnscale.model import aggregation, remat, remat_policies
 from wnscale.model.blocks import split_rows
+from wnscale.model.manual_axis_types import vary_like
 from wnscale.model.message_passing import (InteractionNetwork, interaction_flops,
                                            scan_edge_blocks)
 from wnscale.model.mlp import MLP, mlp_flops
 from wnscale.model.processors import ProcessorCost, ProcessorImplementation
-from wnscale.model.varying import vary_like
 from wnscale.specs import ModelSpec
 
 

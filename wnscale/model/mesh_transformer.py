@@ -38,7 +38,7 @@ from jax.ad_checkpoint import checkpoint_name
 from wnscale.errors import UserError
 from wnscale.graphs.edge_sets import EdgeSetSpec, KHopNeighbours
 from wnscale.graphs.graph import Graphs
-from wnscale.model import lean, norm, remat, remat_policies
+from wnscale.model import low_memory_layers, norm, remat, remat_policies
 from wnscale.model.processors import ProcessorCost, ProcessorImplementation
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.model.splash_attention import SplashMask, splash_attention, splash_mask
@@ -86,7 +86,7 @@ class TransformerBlock(nnx.Module):
     self.heads = heads
     init = nnx.initializers.variance_scaling(2.0 / num_layers, "fan_in", "truncated_normal")
     zeros = nnx.initializers.zeros_init()
-    linear = lambda n_in, n_out, kernel_init, **kw: lean.Linear(
+    linear = lambda n_in, n_out, kernel_init, **kw: low_memory_layers.Linear(
         n_in, n_out, kernel_init=kernel_init, dtype=dtype, rngs=rngs, **kw)
     self.attention_norm = norm.layer_norm(width, conditioning_size, rngs=rngs)
     self.query = linear(width, width, init, use_bias=False)

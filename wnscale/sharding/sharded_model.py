@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from wnscale.errors import UserError
-from wnscale.model import accumulation, forecast, varying
+from wnscale.model import accumulation, forecast, manual_axis_types
 from wnscale.model import loss as loss_lib
 from wnscale.sharding.layout import (BATCH_SPECS, CONSTANT_SPECS, POINTS_SPEC, ShardedLayout,
                                      batch_specs)
@@ -40,10 +40,11 @@ def _typed(layout: ShardedLayout) -> bool:
 
 
 def _summed(tree, typed: bool):
-  """Per-device shares summed over the mesh: by their types (`varying.summed`: a replicated
-  parameter's gradient JAX has summed already), or, untyped, every array over both axes."""
+  """Per-device shares summed over the mesh: by their types (`manual_axis_types.summed`: a
+  replicated parameter's gradient JAX has summed already), or, untyped, every array over
+  both axes."""
   if typed:
-    return varying.summed(tree)
+    return manual_axis_types.summed(tree)
   return jax.tree.map(lambda x: jax.lax.psum(x, (DATA, GRAPH)), tree)
 
 
