@@ -13,7 +13,7 @@ from wnscale import paths
 from wnscale import specs as specs_lib
 from wnscale.data import forcings, run_data
 from wnscale.data import synthetic
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import variables
 from wnscale.graphs.points import PointSet, named_grid
 
@@ -149,7 +149,7 @@ def test_make_dataset_writes_what_a_config_trains_on_and_says_how_big(tmp_path):
   assert list(dataset.level.values) == [500, 850]
   assert dataset.temperature.dims == ("time", "level", "values")
   assert dataset.land_sea_mask.dims == ("values",) and dataset.attrs["grid"] == "O16"
-  opened = store_lib.open_store(str(points_out), ["temperature"], [850], resolution=5.625)
+  opened = store_formats.open_store(str(points_out), ["temperature"], [850], resolution=5.625)
   o16 = named_grid("O16")
   assert opened.points.name == "O16 (1,600 points)" and opened.points.field_shape is None
   np.testing.assert_array_equal(opened.points.latitude, o16.latitude)

@@ -24,6 +24,7 @@ from wnscale.errors import UserError
 from wnscale.graphs.graph import Graphs
 from wnscale.model import processors
 from wnscale.model.mlp import mlp_flops
+from wnscale.model.processor_interface import ProcessorCost, ProcessorImplementation
 from wnscale.specs import ModelSpec, ProcessorSpec, setting
 from wnscale.train import trainer
 
@@ -77,11 +78,11 @@ class MeshMixer(nnx.Module):
     return mesh
 
 
-def _mixer_cost(m: ModelSpec, graphs: Graphs) -> processors.ProcessorCost:
+def _mixer_cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
   """Per layer, the neighbour mixing's product and the channel MLP (sums not counted)."""
   d, mesh = m.latent_size, graphs.num_nodes("mesh")
   layer = 2.0 * mesh * d * d + mlp_flops(mesh, d, m.processor.hidden_size, d)
-  return processors.ProcessorCost(m.processor.layers * layer, 0.0, m.processor.layers, mesh)
+  return ProcessorCost(m.processor.layers * layer, 0.0, m.processor.layers, mesh)
 
 
 def _mixer_check(specs: specs_lib.Specs) -> str | None:
@@ -90,8 +91,8 @@ def _mixer_check(specs: specs_lib.Specs) -> str | None:
   return None
 
 
-IMPLEMENTATION = processors.ProcessorImplementation(MeshMixer, edge_sets=lambda m: {},
-                                                   masks=lambda *_: {}, cost=_mixer_cost)
+IMPLEMENTATION = ProcessorImplementation(MeshMixer, edge_sets=lambda m: {}, masks=lambda *_: {},
+                                         cost=_mixer_cost)
 MIXER = processors.Processor(MixerSpec, check=_mixer_check,
                              implementation=lambda: IMPLEMENTATION)
 

@@ -1,5 +1,6 @@
 """A store format is one entry of `wnscale.data.store_formats.FORMATS`: opening a store for
-training, describing it and reading the statistics it carries ask the entry of its format.
+training, describing it and reading the statistics it carries ask the entry of its format
+(`store_formats.open_store`, `open_dataset`, `native_time_step_hours`).
 This file registers one more format (a directory that names a WeatherBench2 store beside
 it and carries its own statistics) and changes no library file.
 """
@@ -51,12 +52,12 @@ def test_a_registered_format_opens_describes_and_carries_statistics(tmp_path, mo
                      coords={"statistic": ["mean", "std", "diff_std"], "level": list(LEVELS)})
   monkeypatch.setattr(store_formats, "FORMATS",
                       (_pointer_format(stats),) + store_formats.FORMATS)
-  store = store_lib.open_store(str(pointer), ["temperature"], LEVELS)
+  store = store_formats.open_store(str(pointer), ["temperature"], LEVELS)
   np.testing.assert_array_equal(
-      store.times, store_lib.open_store(wb2, ["temperature"], LEVELS).times)
-  assert store_lib.open_dataset(str(pointer))["temperature"].shape == (
+      store.times, store_formats.open_store(wb2, ["temperature"], LEVELS).times)
+  assert store_formats.open_dataset(str(pointer))["temperature"].shape == (
       store_lib.open_metadata(wb2)["temperature"].shape)
-  assert store_lib.native_time_step_hours(str(pointer), 6.0) == 12.0
-  assert store_lib.native_time_step_hours(wb2, 6.0) == 6.0
+  assert store_formats.native_time_step_hours(str(pointer), 6.0) == 12.0
+  assert store_formats.native_time_step_hours(wb2, 6.0) == 6.0
   np.testing.assert_array_equal(
       normalization.read_stats(str(pointer))["temperature"].sel(statistic="mean"), [250, 260])

@@ -78,6 +78,21 @@ class Settings:
     return tuple(key for key, field in cls.config_keys().items() if field.metadata["how_only"])
 
   @classmethod
+  def named(cls, name: str) -> type[Settings]:
+    """The subclass of `cls` called `name` (`ProcessorSpec.named("transformer")`): the
+    settings of that registry entry.
+
+    Raises:
+      ValueError: none is defined (its registry, which validating a config imports, was
+        not: `wnscale.model.processors`, `wnscale.model.loss_registry`).
+    """
+    # Found among the subclasses, not in the registries: those import this module.
+    for kind in cls.__subclasses__():
+      if kind.name == name:
+        return kind
+    raise ValueError(f"No {cls.__name__} is named {name!r}: import its registry first.")
+
+  @classmethod
   def from_section(cls, section) -> Settings:
     """The settings in a config's `SECTION` section (a `ConfigDict` or a dict)."""
     return cls(**{field.name: _frozen(section[key])
@@ -137,8 +152,8 @@ class RematSpec(Settings):
       "layers")
   remat_mesh_to_grid_gnn: bool = setting(False, "checkpoint the whole decoder")
   remat_policy: str = setting(
-      "nothing_saveable", "a name from wnscale.model.remat_policies.POLICY_NAMES, or \"auto\": before "
-      "training, the cheapest remat settings whose compiled step fits "
+      "nothing_saveable", "a name from wnscale.model.remat_policies.POLICY_NAMES, or "
+      "\"auto\": before training, the cheapest remat settings whose compiled step fits "
       "train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)")
   mesh_remat_every: int = setting(1, "layers per processor checkpoint (GraphCast: 3)",
                                   minimum=1)
@@ -193,9 +208,7 @@ class ModelSpec:
   def from_section(cls, section) -> ModelSpec:
     """The spec of a config's `model` section; the processor's settings are those of the
     registry entry `section["processor"]` names."""
-    # Imported here: the registry declares its processors' settings with this module's classes.
-    from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
-    return cls(processor=PROCESSORS[section["processor"]].spec.from_section(section),
+    return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
                remat=RematSpec.from_section(section), **_own_fields(cls, section))
 
   def section_values(self) -> dict:
@@ -458,9 +471,7 @@ class TrainSpec:
   def from_section(cls, section) -> TrainSpec:
     """The spec of a config's `train` section; the loss's settings are those of the
     registry entry `section["loss"]` names."""
-    # Imported here: the registry declares its losses' settings with this module's classes.
-    from wnscale.model.loss_registry import LOSSES  # noqa: PLC0415
-    return cls(loss=LOSSES[section["loss"]].spec.from_section(section),
+    return cls(loss=LossSpec.named(section["loss"]).from_section(section),
                **_own_fields(cls, section))
 
   def section_values(self) -> dict:

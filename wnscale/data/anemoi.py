@@ -285,7 +285,7 @@ def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) 
       raise UserError(f"anemoi-datasets store {store.path}: `{name}` {list(values.shape)} "
                       f"does not hold one value per variable ({len(store.variables)}).")
   table = np.stack([mean, std, diff_std])  # [statistic, variables]
-  for index, name in enumerate(store.variables):  # degC, hPa: as `store.open_store` reads
+  for index, name in enumerate(store.variables):  # degC, hPa: as `store_formats.open_store` reads
     expected = variables_lib.VARIABLES.get(_catalogue_name(str(name)))
     converted = expected and units_lib.conversion(str(name), store.units[index]
                                                    if index < len(store.units) else None,
@@ -477,7 +477,7 @@ def _describe(value) -> str:
 def open_weather_store(path: str, variables: tuple[str, ...], levels: tuple[int, ...],
                        time_step_hours: int, resolution: float | None,
                        forcings: tuple[str, ...], member: int) -> store_lib.WeatherStore:
-  """`store.open_store` of an anemoi-datasets store (its arguments checked): views of its
+  """`store_formats.open_store` of an anemoi-datasets store (its arguments checked): views of its
   one `data` array for member `member`, its missing dates `missing`. Its grid is its own
   (`resolution` is not read)."""
   del resolution
@@ -542,7 +542,7 @@ class _LazyView(xr.backends.BackendArray):
 
 
 def open_as_dataset(path: str) -> xr.Dataset:
-  """`store.open_dataset` of an anemoi-datasets store: its catalogue variables
+  """`store_formats.open_dataset` of an anemoi-datasets store: its catalogue variables
   (`variables.VARIABLES`: member 0, wnscale's names, no statics) on `(time, [level,]
   values)` with `latitude(values)` and `longitude(values)`, or on `(time, [level,] latitude,
   longitude)` (latitude ascending) where its `field_shape` is a whole regular grid. Its

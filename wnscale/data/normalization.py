@@ -190,16 +190,16 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     forcings: forcings to cover too (mean and std; `diff_std` set to std):
       those in `stored_forcings` as the store holds them, the others as
       `forcings.compute_forcings` computes them at the store's times.
-    member: the ensemble member of an anemoi-datasets store (`store.open_store`).
+    member: the ensemble member of an anemoi-datasets store (`store_formats.open_store`).
   """
-  store_step = store_lib.native_time_step_hours(path, time_step_hours)
+  store_step = store_formats.native_time_step_hours(path, time_step_hours)
   lag = time_step_hours / store_step
   if not float(store_step).is_integer() or not float(lag).is_integer():
     raise UserError(f"Store {path} has a time step of {store_step:g} h, which"
                     f" does not divide time_step_hours={time_step_hours}")
   lag = int(lag)
   # Native step: every store time counts, and diffs use `lag` store steps.
-  store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step),
+  store = store_formats.open_store(path, variables, levels, time_step_hours=int(store_step),
                                forcings=stored_forcings, member=member)
   first_time, num_times = store_lib.time_range(store.times, start, end, path)
   if num_times < 1 + lag:

@@ -1,6 +1,6 @@
-"""Reads WeatherBench2 zarr stores, as published, into the wnscale channel layout; opens a
-store of any format (`open_store`, `open_dataset`) by its format's entry of
-`store_formats.FORMATS` (this module's `open_zarr` is WeatherBench2's).
+"""Reads WeatherBench2 zarr stores, as published, into the wnscale channel layout
+(`open_zarr`: the format of that entry of `store_formats.FORMATS`), as a `WeatherStore`,
+the reader every format's store opens as (`store_formats.open_store`).
 
 xarray opens metadata and coordinates only; array data is read through
 tensorstore, all variables of a batch in flight at once, decoded straight into
@@ -384,59 +384,11 @@ class CorruptChunk(UserError):
     return type(self), self.arguments
 
 
-def open_store(path: str,
-               variables,
-               levels,
-               time_step_hours: int = 6,
-               resolution: float | None = None,
-               forcings=(),
-               member: int = 0) -> WeatherStore:
-  """Opens `path` for reading `variables` on `levels` every `time_step_hours`, as its
-  format's registry entry opens it (`store_formats.format_of`).
-
-  Args:
-    path: directory or URL (`gs://bucket/era5.zarr`) of a zarr v2 or v3 store
-      in a WB2 layout, or of another format of `store_formats.FORMATS`.
-    variables: variable names (catalogue names, config order).
-    levels: pressure levels in hPa, config order; each must be in the store.
-    time_step_hours: the model's time step; the store's step must divide it.
-    resolution: if given, a regular store's lat/lon spacing must equal it (degrees);
-      a store on other points says its grid, and this is not used.
-    forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
-      names, stored like surface variables).
-    member: the ensemble member of an anemoi-datasets store (`data.anemoi`; such
-      a store is found by its layout, and its `missing_dates` are `missing`).
-
-  The store raises on NaN until its `fill` values are set.
-
-  Raises:
-    ValueError: naming the problem, for any store that does not fit.
-  """
-  path = paths.normalize(path)
-  variables = tuple(variables)
-  forcings = tuple(forcings)
-  levels = tuple(int(level) for level in levels)
-  for name in variables:
-    variables_lib.lookup(name)
-  unknown = [name for name in forcings if name not in variables_lib.FORCING_CHANNELS]
-  if unknown:
-    raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
-  return _format_of(path).open(path, variables, levels, time_step_hours, resolution,
-                               forcings, member)
-
-
-def _format_of(path: str):
-  """`store_formats.format_of(path)`."""
-  # Imported here: the formats' entries open stores as this module's `WeatherStore`.
-  from wnscale.data import store_formats  # noqa: PLC0415
-  return store_formats.format_of(path)
-
-
 def open_zarr(path: str, variables: tuple[str, ...], levels: tuple[int, ...],
               time_step_hours: int, resolution: float | None, forcings: tuple[str, ...],
               member: int) -> WeatherStore:
-  """`open_store` of a zarr store in WeatherBench2's layout (its arguments checked); it has
-  no ensemble members (`member` is not read)."""
+  """`store_formats.open_store` of a zarr store in WeatherBench2's layout (its arguments
+  checked); it has no ensemble members (`member` is not read)."""
   del member
   names = variables + forcings + variables_lib.STATIC_VARIABLES
   _check_kind(path)
@@ -522,14 +474,8 @@ def unit_conversions(store_units_of: dict, names, path: str) -> dict:
   return convert
 
 
-def native_time_step_hours(path: str, default: float) -> float:
-  """The store's own time step in hours (`default` for a store of one time), as its
-  format's registry entry reads it."""
-  return _format_of(path).time_step_hours(path, default)
-
-
 def zarr_time_step_hours(path: str, default: float) -> float:
-  """`native_time_step_hours` of a zarr store in WeatherBench2's layout."""
+  """`store_formats.native_time_step_hours` of a zarr store in WeatherBench2's layout."""
   with open_metadata(path) as dataset:
     times = dataset["time"].values
   return (times[1] - times[0]) / np.timedelta64(1, "h") if len(times) > 1 else default
@@ -554,13 +500,6 @@ def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[s
 def spatial_dims(dataset: xr.Dataset) -> tuple[str, ...]:
   """A dataset's spatial dims: `(values,)` on points, else `(latitude, longitude)`."""
   return (POINT_DIM,) if POINT_DIM in dataset.dims else STATIC_DIMS
-
-
-def open_dataset(path: str) -> xr.Dataset:
-  """Any store as a lazy xarray Dataset in WeatherBench2's layout (data read on access), as
-  its format's registry entry describes it: a zarr store as it is (`open_metadata`), an
-  anemoi-datasets store as `anemoi.open_as_dataset` lays it out."""
-  return _format_of(path).dataset(path)
 
 
 def open_metadata(path: str) -> xr.Dataset:

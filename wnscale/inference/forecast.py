@@ -38,6 +38,7 @@ from wnscale import specs as specs_lib
 from wnscale.assembly import Assembly, assemble
 from wnscale.data import cutout
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data.run_data import modality_readers, resolve_stats
 from wnscale.data.source import parse_duration
 from wnscale.data.store import TimeRangeError, time_range
@@ -282,7 +283,7 @@ def _modality_readers(specs: specs_lib.Specs, store, path: str) -> tuple:
   if not d.modalities:
     return ()
   grid_times = store.times if paths.normalize(path) == paths.normalize(d.path) else \
-      store_lib.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
+      store_formats.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
   first, count = time_range(grid_times, d.train_start, d.train_end, d.path)
   return modality_readers(d, specs.seed, store.times, grid_times[first:first + count])
 

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
-from wnscale.model.processors import AGGREGATIONS
+from wnscale.model.processor_interface import AGGREGATIONS
 
 Receivers = Union[jax.Array, ReceiverBlocks]
 

@@ -17,6 +17,8 @@ examples and lead times, as the grid's.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -24,7 +26,23 @@ from flax import nnx
 from wnscale.model import ensemble, forecast, rollout_loss
 from wnscale.model.forecast import Constants
 from wnscale.model.graphcast import GraphCast, local_exchange
-from wnscale.model.loss_registry import LOSSES, LossImplementation
+
+
+class LossImplementation(NamedTuple):
+  """What a loss of `loss_registry.LOSSES` computes (local sums under shard_map, which
+  `mean_loss` turns into the mean).
+
+  Attributes:
+    grid_sum: `(predictions [M, B, T, C, G], targets [B, T, C, G], constants, remote) ->
+      scalar`: the sum over examples, lead times and grid nodes of `M` members'
+      predictions (normalized); `remote`: the predictions `[B, T, C, G]` of the members
+      other devices hold (`specs.LossSpec.on_data`), a list, empty otherwise.
+    point_sum: `(predictions [M, B, T, C_t, P], targets [B, T, C_t, P], point weights [P])
+      -> scalar`: a target modality's sum over its present (not NaN) values.
+  """
+
+  grid_sum: Callable
+  point_sum: Callable
 
 
 def weighted_squared_error(predictions, targets, constants: Constants):
@@ -87,19 +105,20 @@ CRPS = LossImplementation(grid_sum=_grid_crps_sum, point_sum=point_crps_sum)
 def point_weight_sums(batch, point_weights: dict) -> dict:
   """`{target modality: the sum of w_p over its present target values}` of a batch (its
   `<name>/targets` `[B, T, C_t, P]`; `point_weights`: `Constants.point_weights`): what
-  `mean_loss` divides each modality's `LossImplementation.point_sum` by. Local sums under shard_map,
+  `mean_loss` divides each modality's `LossImplementation.point_sum` by. Local sums under
+  shard_map,
   like `loss_terms`'; they depend on the targets only, never on the parameters."""
   return {key.removesuffix("/targets"): jnp.sum(_present_weights(
       value, point_weights[key.removesuffix("/targets")]))
           for key, value in batch.items() if key.endswith("/targets")}
 
 
-def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "mse",
+def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: LossImplementation,
                remat_steps: bool = False, exchange=local_exchange, remote_members=None):
   """`(the grid's loss summed over examples, lead times and grid nodes, {target modality:
-  its point sum})` of a batch, for the loss named `loss` (an entry of
-  `loss_registry.LOSSES`); local sums (under shard_map, of this shard's rows), turned into
-  the mean by `mean_loss`.
+  its point sum})` of a batch, for `loss` (the implementation of an entry of
+  `loss_registry.LOSSES`: `MSE`, `CRPS`); local sums (under shard_map, of this shard's
+  rows), turned into the mean by `mean_loss`.
 
   Divide the grid's by examples x lead times x grid nodes for its mean. A batch with
   `noise` `[B, M, T, K]` (an FGN's) runs `M` members per example: "mse" averages their
@@ -109,7 +128,6 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "ms
   `remat_steps` (`train.remat_rollout`): each rollout step computes its own share of the
   sums, and the backward pass keeps one state a step (`rollout_loss`).
   """
-  implementation = LOSSES[loss].implementation()
   targets = batch["targets"]
   point_targets = {key.removesuffix("/targets"): value for key, value in batch.items()
                    if key.endswith("/targets")}
@@ -121,9 +139,9 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "ms
     `targets` `[B, T', C, G]` (and `point_targets`), T' leads."""
     predictions = by_member(predictions)
     remote = remote_members(predictions[0]) if remote_members is not None else []
-    grid = implementation.grid_sum(predictions, targets, constants, remote)
-    return grid, {name: implementation.point_sum(by_member(values), point_targets[name],
-                                                 constants.point_weights[name])
+    grid = loss.grid_sum(predictions, targets, constants, remote)
+    return grid, {name: loss.point_sum(by_member(values), point_targets[name],
+                                       constants.point_weights[name])
                   for name, values in point_predictions.items()}
 
   if not remat_steps:

@@ -5,15 +5,19 @@ An entry holds what a config needs without building a model: the loss's settings
 `TrainSpec.loss`; how many members of an FGN it compares per example) and the
 settings it cannot run with. What it computes, its sums over the grid's nodes and
 over a modality's points, is loaded from `wnscale.model.loss` when a step is
-built. A new loss is its sums and one more entry of `LOSSES`.
+built (`wnscale.sharding.sharded_model` asks the entry). A new loss is its sums and one
+more entry of `LOSSES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Callable, ClassVar, NamedTuple
 
 from wnscale.specs import LossSpec, Specs, setting
+
+if TYPE_CHECKING:
+  from wnscale.model.loss import LossImplementation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,23 +49,6 @@ class CRPSSpec(LossSpec):
     return self.members_on_data
 
 
-class LossImplementation(NamedTuple):
-  """What a loss computes, defined in `wnscale.model.loss` (local sums under shard_map,
-  which `loss.mean_loss` turns into the mean).
-
-  Attributes:
-    grid_sum: `(predictions [M, B, T, C, G], targets [B, T, C, G], constants, remote) ->
-      scalar`: the sum over examples, lead times and grid nodes of `M` members'
-      predictions (normalized); `remote`: the predictions `[B, T, C, G]` of the members
-      other devices hold (`LossSpec.on_data`), a list, empty otherwise.
-    point_sum: `(predictions [M, B, T, C_t, P], targets [B, T, C_t, P], point weights [P])
-      -> scalar`: a target modality's sum over its present (not NaN) values.
-  """
-
-  grid_sum: Callable
-  point_sum: Callable
-
-
 class Loss(NamedTuple):
   """A registry entry.
 
@@ -70,8 +57,8 @@ class Loss(NamedTuple):
       the entry's key.
     check: `specs -> None`, or what is wrong with them for this loss (beyond its
       settings' own bounds, which `wnscale.config.validate` checks).
-    implementation: `() -> LossImplementation`; imports `wnscale.model.loss` (Flax) when
-      first called.
+    implementation: `() -> loss.LossImplementation`; imports `wnscale.model.loss` (Flax)
+      when first called.
   """
 
   spec: type[LossSpec]

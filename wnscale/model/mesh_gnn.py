@@ -31,7 +31,7 @@ from wnscale.model.manual_axis_types import vary_like
 from wnscale.model.message_passing import (InteractionNetwork, interaction_flops,
                                            scan_edge_blocks)
 from wnscale.model.mlp import MLP, mlp_flops
-from wnscale.model.processors import ProcessorCost, ProcessorImplementation
+from wnscale.model.processor_interface import ProcessorCost, ProcessorImplementation
 from wnscale.specs import ModelSpec
 
 

@@ -39,7 +39,7 @@ from wnscale.errors import UserError
 from wnscale.graphs.edge_sets import EdgeSetSpec, KHopNeighbours
 from wnscale.graphs.graph import Graphs
 from wnscale.model import low_memory_layers, norm, remat, remat_policies
-from wnscale.model.processors import ProcessorCost, ProcessorImplementation
+from wnscale.model.processor_interface import ProcessorCost, ProcessorImplementation
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.model.splash_attention import SplashMask, splash_attention, splash_mask
 from wnscale.specs import ModelSpec

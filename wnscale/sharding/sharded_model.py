@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from wnscale.errors import UserError
 from wnscale.model import accumulation, forecast, manual_axis_types
 from wnscale.model import loss as loss_lib
+from wnscale.model import loss_registry
 from wnscale.sharding.layout import (BATCH_SPECS, CONSTANT_SPECS, POINTS_SPEC, ShardedLayout,
                                      batch_specs)
 from wnscale.sharding.mesh import DATA, GRAPH
@@ -96,6 +97,7 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
   `prepare_params` is applied to the parameters inside the differentiated function (the
   train step's `stop_gradient` of frozen ones).
   """
+  implementation = loss_registry.LOSSES[loss].implementation()
   data_shards = layout.mesh.shape[DATA]
   members = max(members_on_data, 1)
   if data_shards % members:
@@ -118,7 +120,8 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
 
     def share(params, micro_batch):  # this device's share of the whole batch's mean loss
       grid_sum, point_sums = loss_lib.loss_terms(
-          nnx.merge(graphdef, prepare_params(params)), constants, micro_batch, loss=loss,
+          nnx.merge(graphdef, prepare_params(params)), constants, micro_batch,
+          loss=implementation,
           remat_steps=remat_steps, exchange=exchange,
           remote_members=other_members if members_on_data else None)
       return loss_lib.mean_loss(grid_sum, grid_count, point_sums, point_counts, modalities)
