@@ -196,7 +196,7 @@ def test_a_ctrl_c_while_a_run_in_a_bucket_sets_up_stops_both_processes_at_once(t
 
 def test_a_ctrl_c_reaches_a_process_waiting_for_process_0_at_once():
   """Process 1 waits in the coordination service for what process 0 makes once (a
-  synthetic store, statistics: `resolve.once_by_process_0`), for up to 60 s here; a
+  synthetic store, statistics: `run_data.once_by_process_0`), for up to 60 s here; a
   Ctrl-C to it ends the wait within a slice of it, not when process 0 is done."""
   port = socket.socket()
   port.bind(("localhost", 0))
@@ -205,12 +205,12 @@ def test_a_ctrl_c_reaches_a_process_waiting_for_process_0_at_once():
   code = ("import os, sys, time, jax\n"
           f"jax.distributed.initialize({address!r}, 2, int(sys.argv[1]),\n"
           "                           initialization_timeout=60)\n"
-          "from wnscale.data import resolve\n"
+          "from wnscale.data import run_data\n"
           "if jax.process_index() == 0:\n"
           "  time.sleep(60)  # publishes nothing\n"
           "print('waiting', flush=True)\n"
           "try:\n"
-          "  resolve.once_by_process_0('never', lambda: b'', 'publish', timeout_s=60)\n"
+          "  run_data.once_by_process_0('never', lambda: b'', 'publish', timeout_s=60)\n"
           "except KeyboardInterrupt:\n"
           "  print('interrupted', flush=True)\n"
           "  os._exit(130)  # not JAX's shutdown barrier, which waits for process 0\n")
