@@ -126,6 +126,10 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
       `{"mean", "std"}` `[C_t]` (`observations.ModalityReader.stats["targets"]`); needed
       with `stats` (its first guess is the grid's state in its units).
   """
+  if specs.model.denoiser.noise_frequencies:
+    raise UserError(f"model.denoiser_noise_frequencies={specs.model.denoiser.noise_frequencies}"
+                    ": GenCast's denoiser is imported and runs (wnscale.model.denoiser), but "
+                    "its sampler, diffusion training and forecasts are not built yet.")
   point_sets = point_sets or {}
   missing = [m.name for m in specs.data.modalities if m.name not in point_sets]
   if missing:

@@ -259,7 +259,8 @@ def owned_settings() -> list[type[specs_lib.Settings]]:
   """The settings that components declare (each registered processor's, then the remat's):
   their keys are keys of the `model` section, with their defaults and meanings."""
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (imports JAX)
-  return [entry.spec for entry in PROCESSORS.values()] + [specs_lib.RematSpec]
+  return ([entry.spec for entry in PROCESSORS.values()]
+          + [specs_lib.RematSpec, specs_lib.DenoiserSpec])
 
 
 def owned_defaults() -> dict:
@@ -418,6 +419,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(m.grid_to_mesh_aggregate_normalization > 0,
            "model.grid_to_mesh_aggregate_normalization must be > 0")
   _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")
+  _require(not (m.noise_channels and m.denoiser_noise_frequencies),
+           f"model.noise_channels={m.noise_channels} (an FGN) and "
+           f"model.denoiser_noise_frequencies={m.denoiser_noise_frequencies} (a denoiser) "
+           "condition the layer norms on different things: set one of them")
+  _require(not (m.denoiser_noise_frequencies and d.modalities),
+           "model.denoiser_noise_frequencies > 0 (GenCast's denoiser) works on the grid alone, "
+           "not with data.modalities")
   _require(t.loss in LOSSES, f"train.loss={t.loss!r}, expected one of {LOSSES}")
   if t.loss == "crps":
     _require(m.noise_channels > 0, "train.loss='crps' needs model.noise_channels > 0 (the "

@@ -150,6 +150,27 @@ class RematSpec(Settings):
 
 
 @dataclasses.dataclass(frozen=True)
+class DenoiserSpec(Settings):
+  """GenCast's denoiser (`wnscale.model.denoiser`): the network as a diffusion model's
+  denoiser, its layer norms conditioned on the noise level (the `model` keys
+  `denoiser_<field>`; `noise_frequencies` 0: the network is a forecaster)."""
+
+  KEY_PREFIX: ClassVar[str] = "denoiser_"
+  noise_frequencies: int = setting(
+      0, "0: the network forecasts; > 0: it is GenCast's denoiser of noisy targets, the noise "
+      "level sigma encoded as this many Fourier frequencies of log(sigma) and an MLP, the "
+      "encoding conditioning every layer norm (GenCast: 32)", minimum=0)
+  noise_base_period: float = setting(
+      16.0, "denoiser: the period of the lowest Fourier frequency of log(sigma) (GenCast: 16)",
+      minimum=0.0)
+  noise_hidden_size: int = setting(
+      32, "denoiser: hidden width of the noise-level encoding's MLP (GenCast: 32)", minimum=1)
+  noise_encoding_size: int = setting(
+      16, "denoiser: width of the noise-level encoding, what the layer norms are conditioned on "
+      "(GenCast: 16)", minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """The `model` section (its keys are documented in `wnscale.config.default_config`).
 
@@ -166,6 +187,7 @@ class ModelSpec:
   edge_latent_size: int
   processor: ProcessorSpec  # a GNNSpec or TransformerSpec, or another registered processor's
   remat: RematSpec
+  denoiser: DenoiserSpec
   dtype: str
   noise_channels: int
   grid_to_mesh_gather_from_receivers: bool
@@ -173,7 +195,7 @@ class ModelSpec:
   output_activations: tuple[tuple[str, str, float], ...]
 
   # The fields that are a component's `Settings`, the keys it owns.
-  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat")
+  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat", "denoiser")
 
   def __post_init__(self):  # the config's "variable:activation[:offset]" entries, parsed
     object.__setattr__(self, "output_activations", tuple(
@@ -187,14 +209,23 @@ class ModelSpec:
     own = {field.name: _frozen(section[field.name]) for field in dataclasses.fields(cls)
            if field.name not in cls.COMPONENTS}
     return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
-               remat=RematSpec.from_section(section), **own)
+               remat=RematSpec.from_section(section),
+               denoiser=DenoiserSpec.from_section(section), **own)
 
   def section_values(self) -> dict:
     """`{config key: value}`: the spec as the config's `model` section holds it."""
     own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
            if field.name not in self.COMPONENTS}
     return (own | {"processor": self.processor.name} | self.processor.section_values()
-            | self.remat.section_values())
+            | self.remat.section_values() | self.denoiser.section_values())
+
+  @property
+  def conditioning_size(self) -> int:
+    """Width of the vector every layer norm is conditioned on: an FGN's noise embedding
+    (`noise_channels`), a denoiser's noise-level encoding, or 0 (plain norms)."""
+    if self.denoiser.noise_frequencies:
+      return self.denoiser.noise_encoding_size
+    return self.noise_channels
 
   @property
   def edge_size(self) -> int:
