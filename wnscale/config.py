@@ -260,7 +260,7 @@ def owned_settings() -> list[type[specs_lib.Settings]]:
   their keys are keys of the `model` section, with their defaults and meanings."""
   from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (imports JAX)
   return ([entry.spec for entry in PROCESSORS.values()]
-          + [specs_lib.RematSpec, specs_lib.DenoiserSpec])
+          + [specs_lib.RematSpec, specs_lib.DenoiserSpec, specs_lib.SamplerSpec])
 
 
 def owned_defaults() -> dict:

@@ -171,6 +171,32 @@ class DenoiserSpec(Settings):
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplerSpec(Settings):
+  """GenCast's sampler of a denoiser (`wnscale.model.sampler`): its noise levels and
+  stochastic churn (the `model` keys `sampler_<field>`; read with
+  `denoiser_noise_frequencies > 0`)."""
+
+  KEY_PREFIX: ClassVar[str] = "sampler_"
+  max_noise_level: float = setting(80.0, "sampler: the first noise level (GenCast: 80)",
+                                   minimum=0.0)
+  min_noise_level: float = setting(0.03, "sampler: the last noise level before 0 (GenCast: "
+                                   "0.03)", minimum=0.0)
+  noise_levels: int = setting(20, "sampler: noise levels from max to min (then 0), one "
+                              "2nd-order step each (GenCast: 20)", minimum=1)
+  rho: float = setting(7.0, "sampler: the levels' spacing, (max^(1/rho) ... min^(1/rho))^rho "
+                       "(GenCast: 7)", minimum=0.0)
+  churn_rate: float = setting(2.5, "sampler: stochastic churn S_churn, spread over the levels "
+                              "(GenCast: 2.5; 0: deterministic)", minimum=0.0)
+  churn_min_noise_level: float = setting(0.75, "sampler: churn at levels >= this (GenCast: "
+                                         "0.75)", minimum=0.0)
+  churn_max_noise_level: float = setting(float("inf"), "sampler: churn at levels <= this "
+                                         "(GenCast: inf)", minimum=0.0)
+  noise_level_inflation: float = setting(1.05, "sampler: the churn's noise is this much more "
+                                         "than the denoiser is told (GenCast: 1.05)",
+                                         minimum=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """The `model` section (its keys are documented in `wnscale.config.default_config`).
 
@@ -188,6 +214,7 @@ class ModelSpec:
   processor: ProcessorSpec  # a GNNSpec or TransformerSpec, or another registered processor's
   remat: RematSpec
   denoiser: DenoiserSpec
+  sampler: SamplerSpec
   dtype: str
   noise_channels: int
   grid_to_mesh_gather_from_receivers: bool
@@ -195,7 +222,7 @@ class ModelSpec:
   output_activations: tuple[tuple[str, str, float], ...]
 
   # The fields that are a component's `Settings`, the keys it owns.
-  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat", "denoiser")
+  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat", "denoiser", "sampler")
 
   def __post_init__(self):  # the config's "variable:activation[:offset]" entries, parsed
     object.__setattr__(self, "output_activations", tuple(
@@ -210,14 +237,16 @@ class ModelSpec:
            if field.name not in cls.COMPONENTS}
     return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
                remat=RematSpec.from_section(section),
-               denoiser=DenoiserSpec.from_section(section), **own)
+               denoiser=DenoiserSpec.from_section(section),
+               sampler=SamplerSpec.from_section(section), **own)
 
   def section_values(self) -> dict:
     """`{config key: value}`: the spec as the config's `model` section holds it."""
     own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
            if field.name not in self.COMPONENTS}
     return (own | {"processor": self.processor.name} | self.processor.section_values()
-            | self.remat.section_values() | self.denoiser.section_values())
+            | self.remat.section_values() | self.denoiser.section_values()
+            | self.sampler.section_values())
 
   @property
   def conditioning_size(self) -> int:

@@ -20,13 +20,18 @@
     num_frequencies, base_period,                 noise_frequencies, noise_base_period,
     output_sizes (hidden, encoding)               noise_hidden_size, noise_encoding_size
     apply_log_first                               True only (log(sigma) is encoded)
+  sampler_config:                                 model.sampler_*:
+    max_noise_level, min_noise_level,             max_noise_level, min_noise_level,
+    num_noise_levels, rho,                        noise_levels, rho,
+    stochastic_churn_rate, churn_min_noise_level, churn_rate, churn_min_noise_level,
+    churn_max_noise_level,                        churn_max_noise_level,
+    noise_level_inflation_factor                  noise_level_inflation
   GenCast's edges: features divided by the longest edge of their set (mesh-to-grid too:
   model.mesh_to_grid_edge_normalization 0); the encoder's edge MLP sees the receiver.
 
 The time step (12 h) is not in the checkpoint: it is GenCast's (its task's
 `input_duration` of 24 h is two 12 h steps; its precipitation is 12-hourly). The
-sampler and training-noise configs are not the network's (read later by the sampler
-and the diffusion loss). A setting wnscale cannot express is one `UserError` naming it.
+training-noise config is not mapped yet (the diffusion loss is not built). A setting wnscale cannot express is one `UserError` naming it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ from wnscale.errors import UserError
 from wnscale.interop import graphcast_config
 
 TIME_STEP_HOURS = 12
+# `model.sampler_<key>`: GenCast's `SamplerConfig` field.
+SAMPLER = {"max_noise_level": "max_noise_level", "min_noise_level": "min_noise_level",
+           "noise_levels": "num_noise_levels", "rho": "rho",
+           "churn_rate": "stochastic_churn_rate",
+           "churn_min_noise_level": "churn_min_noise_level",
+           "churn_max_noise_level": "churn_max_noise_level",
+           "noise_level_inflation": "noise_level_inflation_factor"}
 ARCHITECTURE = "denoiser_architecture_config"
 TRANSFORMER = f"{ARCHITECTURE}:sparse_transformer_config"
 
@@ -91,6 +103,9 @@ def wnscale_config(configs: dict, stats_path: str,
   m.denoiser_noise_base_period = float(encoder["base_period"])
   m.denoiser_noise_hidden_size, m.denoiser_noise_encoding_size = (
       int(size) for size in encoder["output_sizes"])
+  sampler = configs["sampler_config"]
+  for key, field in SAMPLER.items():
+    m[f"sampler_{key}"] = type(m[f"sampler_{key}"])(sampler[field])
   d.time_step_hours = TIME_STEP_HOURS
   graphcast_config.apply_task(config, configs["task_config"])
   d.nan_fill_values = tuple(nan_fill_values)
