@@ -71,6 +71,11 @@ def test_config_is_gencasts(imported):
   assert (m.denoiser_noise_frequencies, m.denoiser_noise_base_period,
           m.denoiser_noise_hidden_size, m.denoiser_noise_encoding_size) == (32, 16.0, 32, 16)
   assert m.noise_channels == 0 and m.mesh_to_grid_edge_normalization == 0
+  # GenCast's sampler defaults; its churn_max_noise_level inf is wnscale's 0 (no maximum).
+  assert (m.sampler_max_noise_level, m.sampler_min_noise_level, m.sampler_noise_levels,
+          m.sampler_rho, m.sampler_churn_rate, m.sampler_churn_min_noise_level,
+          m.sampler_churn_max_noise_level, m.sampler_noise_level_inflation) == (
+              80.0, 0.03, 20, 7.0, 2.5, 0.75, 0.0, 1.05)
   assert d.time_step_hours == 12 and d.input_steps == 2
   assert tuple(d.target_only_variables) == (PRECIP,)
   assert tuple(d.nan_fill_values) == (f"{SST}:271.46",)

@@ -189,8 +189,9 @@ class SamplerSpec(Settings):
                               "(GenCast: 2.5; 0: deterministic)", minimum=0.0)
   churn_min_noise_level: float = setting(0.75, "sampler: churn at levels >= this (GenCast: "
                                          "0.75)", minimum=0.0)
-  churn_max_noise_level: float = setting(float("inf"), "sampler: churn at levels <= this "
-                                         "(GenCast: inf)", minimum=0.0)
+  churn_max_noise_level: float = setting(0.0, "sampler: churn at levels <= this; 0: at any "
+                                         "level above churn_min_noise_level (GenCast's inf)",
+                                         minimum=0.0)
   noise_level_inflation: float = setting(1.05, "sampler: the churn's noise is this much more "
                                          "than the denoiser is told (GenCast: 1.05)",
                                          minimum=0.0)

@@ -24,7 +24,7 @@
     max_noise_level, min_noise_level,             max_noise_level, min_noise_level,
     num_noise_levels, rho,                        noise_levels, rho,
     stochastic_churn_rate, churn_min_noise_level, churn_rate, churn_min_noise_level,
-    churn_max_noise_level,                        churn_max_noise_level,
+    churn_max_noise_level,                        churn_max_noise_level (inf: 0, none),
     noise_level_inflation_factor                  noise_level_inflation
   GenCast's edges: features divided by the longest edge of their set (mesh-to-grid too:
   model.mesh_to_grid_edge_normalization 0); the encoder's edge MLP sees the receiver.
@@ -35,6 +35,8 @@ training-noise config is not mapped yet (the diffusion loss is not built). A set
 """
 
 from __future__ import annotations
+
+import math
 
 import ml_collections
 
@@ -103,7 +105,12 @@ def wnscale_config(configs: dict, stats_path: str,
   m.denoiser_noise_base_period = float(encoder["base_period"])
   m.denoiser_noise_hidden_size, m.denoiser_noise_encoding_size = (
       int(size) for size in encoder["output_sizes"])
-  sampler = configs["sampler_config"]
+  sampler = dict(configs["sampler_config"])
+  highest = float(sampler["churn_max_noise_level"])
+  if highest <= 0:
+    raise UserError(f"sampler_config:churn_max_noise_level={highest!r}: wnscale's 0 means no "
+                    "maximum; a maximum of 0 churns nowhere, as stochastic_churn_rate=0 does.")
+  sampler["churn_max_noise_level"] = 0.0 if math.isinf(highest) else highest  # 0: none
   for key, field in SAMPLER.items():
     m[f"sampler_{key}"] = type(m[f"sampler_{key}"])(sampler[field])
   d.time_step_hours = TIME_STEP_HOURS

@@ -12,7 +12,7 @@ churn, Lu et al. 2022's 2nd-order single-step solver with the geometric midpoint
   x <- (s_{i+1} / s) x + (1 - s_{i+1} / s) D(x_mid; m),   or D(x; s) when s_{i+1} = 0
 
 with `r_i` the churn rate (`churn_rate / levels` where `churn_min <= s_i <= churn_max`,
-at most sqrt(2) - 1, else 0) and `D` the denoiser (`wnscale.model.denoiser`). The
+`churn_max` 0 meaning no maximum, at most sqrt(2) - 1, else 0) and `D` the denoiser (`wnscale.model.denoiser`). The
 noise fields `n_init` and `n_i` are given (a forecast draws them; GenCast's are
 spherical white noise), so a forecast is a pure function of them. Levels and rates
 are float32, as GenCast casts them. Shapes: `x`, each noise field `[B, C, G]`
@@ -44,8 +44,8 @@ def schedule(spec: SamplerSpec) -> Schedule:
   levels = np.append((spec.min_noise_level ** power + quantiles * (
       spec.max_noise_level ** power - spec.min_noise_level ** power)) ** spec.rho, 0.0)
   rate = min(spec.churn_rate / spec.noise_levels, np.sqrt(2) - 1)
-  churning = (spec.churn_min_noise_level <= levels[:-1]) & (
-      levels[:-1] <= spec.churn_max_noise_level)
+  highest = spec.churn_max_noise_level or np.inf  # 0: no maximum
+  churning = (spec.churn_min_noise_level <= levels[:-1]) & (levels[:-1] <= highest)
   return Schedule(levels.astype(np.float32), (churning * rate).astype(np.float32))
 
 
