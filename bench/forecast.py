@@ -37,7 +37,7 @@ import grain  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
 from wnscale import host_memory  # noqa: E402
 from wnscale import specs as specs_lib
-from wnscale.data import resolve, synthetic  # noqa: E402
+from wnscale.data import run_data, synthetic  # noqa: E402
 from wnscale.model import setup  # noqa: E402
 from wnscale.train import checkpoint, optimizer, state as state_lib  # noqa: E402
 
@@ -54,7 +54,7 @@ def make_run(directory: str) -> str:
   # The store's three days: a range reaching outside it would be an error.
   config.data.update(path=store, train_start="2020-01-01", train_end="2020-01-02",
                      eval_start="2020-01-03", eval_end="2020-01-03")
-  resolve.resolve_stats(specs_lib.from_config(config).data)  # cached now: not in the runs
+  run_data.resolve_stats(specs_lib.from_config(config).data)  # cached now: not in the runs
   workdir = os.path.join(directory, "run")
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:

@@ -28,7 +28,7 @@ from flax import nnx  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
 from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.assembly import assemble  # noqa: E402
-from wnscale.data import pipeline, resolve, stations  # noqa: E402
+from wnscale.data import pipeline, run_data, stations  # noqa: E402
 from wnscale.model import forecast  # noqa: E402
 from wnscale.sharding import mesh as mesh_lib  # noqa: E402
 from wnscale.train.run_directory import RunDirectory  # noqa: E402
@@ -78,7 +78,7 @@ def main():
                                                           "config.json")).read())
   data = specs_lib.from_config(station_config).data
   training = pipeline.make_source(data, "train")
-  readers = resolve.modality_readers(data, station_config.seed, training.store.times,
+  readers = run_data.modality_readers(data, station_config.seed, training.store.times,
                                      training.range_times)
   reader = readers[0]
   source = pipeline.make_source(data, "eval").with_modalities(readers)

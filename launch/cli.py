@@ -35,9 +35,11 @@ of that name (`--init_every=24: ...`), of that config key
 library message names between backquotes (`overwrite=True` as `--overwrite`).
 Any other exception is a bug and keeps its
 traceback. `--help` exits 0. A Ctrl-C that the launcher's own loop does not
-catch (e.g. during its set-up) ends it with `Interrupted (Ctrl-C).`, exit status
-130. Orbax's INFO lines stay out of the log unless `--verbosity=1` (or more)
-asks for them.
+catch (e.g. during its set-up, or while its modules are imported) ends it with
+`Interrupted (Ctrl-C).`, exit status 130, even where its handler ran inside a callback
+that Python cannot raise from (`_raise_swallowed_interrupt`). An interrupted launcher
+leaves as soon as its line is said and its locks given back. Orbax's INFO lines stay
+out of the log unless `--verbosity=1` (or more) asks for them.
 
 A launcher that runs in a workdir (`lock_workdir`) takes the workdir's lock
 (`wnscale.train.workdir.lock`) as soon as its flags are read, before JAX
@@ -50,6 +52,7 @@ killed writer of that output left beside it (`outputs.remove_leftovers`, one lin
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import logging
 import os
@@ -104,18 +107,26 @@ _quiet_libtpu()
 
 
 def _terminated_while_starting(signum, frame):
-  """A SIGTERM while the launcher's modules are imported, before `run`: nothing is
-  written yet; one line, the exit status of a SIGTERM."""
+  """A SIGTERM or a Ctrl-C while the launcher's modules are imported, before `run`:
+  nothing is written yet; one line, the exit status of that signal."""
   del frame
-  os.write(2, f"Interrupted ({signal.Signals(signum).name}): nothing was written yet.\n"
-           .encode())
+  os.write(2, f"Interrupted ({_shown(signal.Signals(signum).name)}): nothing was written "
+           "yet.\n".encode())
   os._exit(128 + signum)  # noqa: SLF001 (no clean-up to run: nothing started)
 
+
+def _shown(signal_name: str | None) -> str:
+  """How a launcher's line names the signal that stopped it: "Ctrl-C" for a SIGINT."""
+  return "Ctrl-C" if signal_name in (None, "SIGINT") else signal_name
+
+
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 # Only in a launcher's process (`python -m launch.<name>`), not in one that imports it.
 if (threading.current_thread() is threading.main_thread() and sys.argv and
     os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0]))) == "launch"):
-  signal.signal(signal.SIGTERM, _terminated_while_starting)
+  for _signum in _INTERRUPTS:
+    signal.signal(_signum, _terminated_while_starting)
 
 _HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
 
@@ -212,21 +223,26 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
   for flag in flags.FLAGS.get_flags_for_module(sys.modules[__name__]):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   held = []  # the workdir whose lock this process took, and `("out", path)` of outputs
-  previous_sigterm = _handle_sigterm()
+  previous_handlers = _handle_interrupts()
+  previous_unraisable = sys.unraisablehook
+  sys.unraisablehook = ours = functools.partial(_raise_swallowed_interrupt,
+                                                previous_unraisable)
+  interrupted = None  # the exit status of an interrupt, once its line is said
   try:
     app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir,
                                                          unknown_flag_hint, lock_workdir, held))
   except KeyboardInterrupt as error:
+    _restore_handlers(previous_handlers)  # the interrupt is here: none to pass on
     name = error.signal_name if isinstance(error, Interrupted) else None
     kept = getattr(error, "kept", None)
     written = [path for path in held if isinstance(path, tuple)]
     if kept is None and written:  # outside `outputs.building`: nothing written yet
       kept = "nothing was written to " + ", ".join(path for _, path in written)
-    line = f"Interrupted ({name or 'Ctrl-C'})" + (f": {kept}." if kept else ".")
+    line = f"Interrupted ({_shown(name)})" + (f": {kept}." if kept else ".")
     # An interrupted zarr or tensorstore call leaves its asyncio task pending: not news.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    _exit_with_line(error, line, 128 + (signal.Signals[name].value if name else
-                                        signal.SIGINT.value))
+    _say(error, line)
+    interrupted = 128 + (signal.Signals[name].value if name else signal.SIGINT.value)
   except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)
     user_error = _user_error(error)
     full_disk = None if user_error else no_space(error)
@@ -240,26 +256,91 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
         outputs.unlock(workdir[1])
       else:
         workdir_lib.unlock(workdir)
-    if previous_sigterm is not None:
-      signal.signal(signal.SIGTERM, signal.SIG_DFL if previous_sigterm is
-                    _terminated_while_starting else previous_sigterm)
+    _restore_handlers(previous_handlers)  # ours in sys.unraisablehook passes all on now
+    if sys.unraisablehook is ours:  # not wrapped since (`_quiet_libraries`)
+      sys.unraisablehook = previous_unraisable
+  if interrupted is not None:
+    # Nothing more to keep (the lock is given back above): gone now, not after the
+    # threads' queued work (a store's pending writes to a bucket: seconds), JAX's
+    # shutdown barrier, nor by SIGINT instead of 130 (Python's way after a
+    # KeyboardInterrupt that went through an `exec`, as in dataclasses).
+    _leave_at_once(interrupted)
 
 
-def _handle_sigterm():
-  """Makes a SIGTERM raise `errors.Interrupted`, as a Ctrl-C raises KeyboardInterrupt
-  (a loop's own handler, `wnscale.interrupts`, takes over while it runs); a second
-  SIGTERM ends the process at once. Returns the handler replaced (None: not the main
-  thread, nothing done)."""
+def _restore_handlers(previous_handlers: dict):
+  """Sets the handlers `_handle_interrupts` replaced (Python's own for those set while
+  the launcher's modules were imported)."""
+  for signum, previous in previous_handlers.items():
+    if previous is _terminated_while_starting:
+      previous = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+    signal.signal(signum, previous)
+
+
+def _interrupted(signum, frame):
+  """The handler of SIGINT and SIGTERM while a launcher runs (`_handle_interrupts`)."""
+  if _SWALLOWED:  # passed on by `_raise_swallowed_interrupt`
+    if _inside_unraisable_hook(frame):  # raised here, it would be dropped again
+      _pass_on_later()
+      return
+    raise _SWALLOWED.pop().with_traceback(None)
+  name = signal.Signals(signum).name
+  errors.note_interrupt(name)  # raised again where work stops cleanly, if C code clears it
+  if signum == signal.SIGINT:
+    raise KeyboardInterrupt  # as Python's own handler: each Ctrl-C raises it
+  signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+  raise Interrupted(name)
+
+
+_SWALLOWED: list[KeyboardInterrupt] = []  # an interrupt to raise again (one at most)
+
+
+def _handle_interrupts() -> dict:
+  """Makes a Ctrl-C raise KeyboardInterrupt and a SIGTERM `errors.Interrupted` (a loop's
+  own handler, `wnscale.interrupts`, takes over while it runs), each recorded
+  (`errors.note_interrupt`); a second SIGTERM ends the process at once. Returns the
+  handlers replaced ({}: not the main thread, nothing done)."""
   if threading.current_thread() is not threading.main_thread():
-    return None
+    return {}
+  return {signum: signal.signal(signum, _interrupted) for signum in _INTERRUPTS}
 
-  def handle(signum, frame):
-    del frame
-    signal.signal(signum, signal.SIG_DFL)
-    errors.note_interrupt(signal.Signals(signum).name)  # raised again if swallowed here
-    raise Interrupted(signal.Signals(signum).name)
 
-  return signal.signal(signal.SIGTERM, handle)
+def _raise_swallowed_interrupt(previous, report):
+  """`sys.unraisablehook` while a launcher runs: an interrupt that Python could only print.
+
+  A signal's handler runs at the first check of the main thread's Python code after the
+  signal came; when that code is a callback whose exceptions Python prints and drops (a
+  garbage-collection callback, as JAX's `_xla_gc_callback` that runs at each collection;
+  a weakref callback; a `__del__`), the Ctrl-C's KeyboardInterrupt (a SIGTERM's
+  `Interrupted`) was lost there and the run went on. It is passed on to the main thread
+  instead, as a signal is, and `_interrupted` raises it at the first check outside this
+  hook; nothing printed. Any other report goes to `previous`.
+  """
+  if (not isinstance(report.exc_value, KeyboardInterrupt)
+      or signal.getsignal(signal.SIGINT) is not _interrupted):  # a loop's handler: its own
+    previous(report)
+  elif not _SWALLOWED:  # else one is on its way already: one raised, not two
+    _SWALLOWED.append(report.exc_value)
+    _pass_on_later()
+
+
+def _pass_on_later():
+  """A SIGINT to the main thread, from another thread: sent from the main thread, its
+  handler would run before the hook returns. A signal, not `_thread.interrupt_main`: it
+  also ends a wait the main thread is in (a sleep, a lock)."""
+  timer = threading.Timer(0.001, signal.pthread_kill,
+                          (threading.main_thread().ident, signal.SIGINT))
+  timer.daemon = True
+  timer.start()
+
+
+def _inside_unraisable_hook(frame) -> bool:
+  """Whether `frame` runs inside `sys.unraisablehook` (`_quiet_libraries` wraps ours)."""
+  hooks = {_raise_swallowed_interrupt.__code__, getattr(sys.unraisablehook, "__code__", None)}
+  while frame is not None:
+    if frame.f_code in hooks:
+      return True
+    frame = frame.f_back
+  return False
 
 
 def _exit_with_line(error: BaseException, line: str, status: int):
@@ -270,14 +351,19 @@ def _exit_with_line(error: BaseException, line: str, status: int):
   one); its exit is what tells a launcher (`launch.local_cluster`, a scheduler) to stop
   the others. The `finally` blocks between here and the interpreter's exit still run.
   """
-  if _traceback_wanted():
-    traceback.print_exception(error)
-  sys.stderr.write(line + "\n")
-  sys.stderr.flush()
+  _say(error, line)
   jax = sys.modules.get("jax")
   if jax is not None and jax.distributed.is_initialized():
     atexit.register(_leave_at_once, status)  # the last registered runs first
   sys.exit(status)
+
+
+def _say(error: BaseException, line: str):
+  """Prints `line` on stderr, after `error`'s traceback if asked for."""
+  if _traceback_wanted():
+    traceback.print_exception(error)
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
 
 
 def _leave_at_once(status: int):

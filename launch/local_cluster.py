@@ -15,6 +15,8 @@ on to every process (they run in a process group of their own, so a terminal's
 Ctrl-C reaches them once, through here); if this launcher is killed outright, each
 process gets a SIGTERM. The training processes then save the
 step they agree on and exit 0, and so does this; a second Ctrl-C stops them at once.
+When one process fails after a signal passed on (a Ctrl-C during set-up: each exits
+130), the others have `GRACE_S` to stop on their own before they are killed.
 """
 
 import ctypes
@@ -36,6 +38,10 @@ _NUM_CPU_DEVICES = flags.DEFINE_integer("num_cpu_devices", 4,
                                         "Fake CPU devices over all processes.")
 _MODULE = flags.DEFINE_string("module", "launch.train", "Entry point run in each process.")
 _TIMEOUT = flags.DEFINE_float("timeout", 3600.0, "Seconds before all processes are stopped.")
+# After a signal passed on, how long the others may take to stop on their own once one
+# has ended (a Ctrl-C during set-up: well under a second) before they are killed.
+GRACE_S = 5.0
+
 _GLOO_MESSAGES = flags.DEFINE_bool("gloo_messages", False,
                                    "Show Gloo's '[Gloo] Rank i is connected to ...' lines.")
 
@@ -65,7 +71,8 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
   port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   processes, forwarders = [], []
-  previous = _pass_on_signals(processes)  # also while they start
+  passed_on = []  # the signals passed on to the processes
+  previous = _pass_on_signals(processes, passed_on)  # also while they start
   code = 0
   try:
     for process_id in range(num_processes):
@@ -93,6 +100,10 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
+    if passed_on:  # each got the signal: a moment to stop on its own, saying so
+      deadline = time.monotonic() + GRACE_S
+      while None in [p.poll() for p in processes] and time.monotonic() < deadline:
+        time.sleep(0.05)
     for p in processes:  # only the processes started here
       if p.poll() is None:
         p.kill()
@@ -114,11 +125,12 @@ def _terminated_with_parent():
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
 
 
-def _pass_on_signals(processes) -> dict:
-  """Passes SIGINT, SIGTERM and SIGHUP on to every running process; returns the handlers
-  they replace."""
+def _pass_on_signals(processes, passed_on: list) -> dict:
+  """Passes SIGINT, SIGTERM and SIGHUP on to every running process (and onto
+  `passed_on`); returns the handlers they replace."""
   def pass_on(signum, frame):
     del frame
+    passed_on.append(signum)
     for process in processes:
       if process.poll() is None:
         process.send_signal(signum)

@@ -44,7 +44,7 @@ from launch import cli, runner
 from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import convert, convert_beam, resolve, stations, synthetic
+from wnscale.data import convert, convert_beam, run_data, stations, synthetic
 from wnscale.data import variables
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
@@ -160,7 +160,7 @@ def _store_settings() -> dict:
   if _CONFIG.value is None:
     return given
   data = specs_lib.from_config(config_lib.validate(_CONFIG.value)).data
-  start, end, names, levels = resolve.synthetic_store_contents(data)
+  start, end, names, levels = run_data.synthetic_store_contents(data)
   settings = dict(resolution=data.resolution, grid_name=data.grid, start=start, end=end,
                   levels=levels, variables=names, time_step_hours=data.time_step_hours,
                   seed=_CONFIG.value.seed)

@@ -2,7 +2,9 @@
 cache, set before jax is imported anywhere."""
 
 import atexit
+import fcntl
 import os
+import pickle
 import shutil
 import tempfile
 
@@ -58,47 +60,56 @@ else:
 # Grain reads absl flags in its workers; outside absl.app.run they must be parsed.
 absl.flags.FLAGS.mark_as_parsed()
 
-# Session fixtures that several files read: each one's files form one pytest-xdist group,
-# so that it is made once.
-SHARED_RUNS = ("trained_tiny_run", "trained_station_run", "graphcast_import")
 # The longest files (minutes each on 2 cores) start first, so that none starts last on a
 # worker while the others have finished; the order only changes how soon the suite ends.
-LONGEST_FIRST = ("test_remat.py", "test_sharding.py", "test_transformer.py",
-                 "test_planner.py", "test_remote_storage.py", "test_ensemble.py")
+LONGEST_FIRST = ("test_training.py", "test_bad_input.py", "test_cli.py", "test_sharding.py",
+                 "test_existing_data.py", "test_forecast_end_to_end.py", "test_modalities.py",
+                 "test_interrupts.py", "test_transformer.py", "test_remat.py", "test_planner.py",
+                 "test_remote_storage.py", "test_ensemble.py")
 
 
-# tryfirst: before pytest-xdist's own hook, which reads the groups into the test ids (run
-# after it, no test is grouped and each worker makes the shared runs it reads).
+# tryfirst: before pytest-xdist's own hook, which reads the groups into the test ids.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-  """Groups tests for pytest-xdist (`--dist loadgroup`): one group per file, so a module's
-  fixtures are made once, and one group of every file that reads a shared run
-  (`SHARED_RUNS`, the first it reads), so that it is made once. The shared groups and the
-  longest files go first."""
-  shared = {}
-  for name in SHARED_RUNS:
-    for item in items:
-      if name in item.fixturenames:
-        shared.setdefault(item.path, name)
+  """Groups tests for pytest-xdist (`--dist loadgroup`), one group per file, so that a
+  module's fixtures are made once; the longest files go first."""
   for item in items:
-    item.add_marker(pytest.mark.xdist_group(shared.get(item.path, item.path.name)))
+    item.add_marker(pytest.mark.xdist_group(item.path.name))
 
   def rank(item):
-    if item.path in shared:
-      return -1
     name = item.path.name
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
   items.sort(key=rank)  # stable: tests keep their order within a file
 
 
+def _made_once(tmp_path_factory, name: str, make):
+  """`make(directory)`'s result, made once in the test session whichever pytest-xdist worker
+  asks first; the others wait for it and read what it made. (The shared runs are read by
+  several files: a group of their own would run those files one after another.)"""
+  base = tmp_path_factory.getbasetemp()
+  # Under xdist each worker's base is a folder of the session's; without, the session's.
+  root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  result = root / f"{name}.pickle"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+    if not result.exists():
+      directory = root / name
+      shutil.rmtree(directory, ignore_errors=True)  # a worker that died making it
+      directory.mkdir()
+      result.write_bytes(pickle.dumps(make(str(directory))))
+    return pickle.loads(result.read_bytes())
+
+
 @pytest.fixture(scope="session")
 def trained_tiny_run(tmp_path_factory) -> str:
   """The workdir of one uninterrupted run of `tiny_runs.RUN_FLAGS`: 1 process x 4
   devices, graph sharded 4 ways, 12 steps. Shared: read it, copy it to write."""
-  workdir = str(tmp_path_factory.mktemp("trained_tiny_run"))
-  tiny_runs.run(workdir)
-  return workdir
+  def make(workdir):
+    tiny_runs.run(workdir)
+    return workdir
+
+  return _made_once(tmp_path_factory, "trained_tiny_run", make)
 
 
 @pytest.fixture(scope="session")
@@ -106,15 +117,15 @@ def trained_station_run(tmp_path_factory) -> tiny_runs.StationRun:
   """configs/tiny_stations.py's run of `tiny_runs.STATION_FLAGS` (2 graph shards, 12 steps),
   killed with SIGKILL after step 8 and resumed to the end. Shared: read it, copy it to
   write."""
-  return tiny_runs.killed_and_resumed_station_run(
-      str(tmp_path_factory.mktemp("trained_station_run")))
+  return _made_once(tmp_path_factory, "trained_station_run",
+                    tiny_runs.killed_and_resumed_station_run)
 
 
 @pytest.fixture(scope="session")
 def graphcast_import(tmp_path_factory) -> graphcast_runs.Imported:
   """The 5.625 deg GraphCast fixture imported, and a config to fine-tune it
   (`graphcast_runs.import_fixture`). Shared: read it, copy it to write."""
-  return graphcast_runs.import_fixture(str(tmp_path_factory.mktemp("graphcast_import")))
+  return _made_once(tmp_path_factory, "graphcast_import", graphcast_runs.import_fixture)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from wnscale.data import stations as stations_lib
 from wnscale.data import variables as variables_lib
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
+from wnscale.model import loss_registry
 from wnscale.model import setup
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
@@ -164,7 +165,8 @@ def mean_loss(graphdef, params, constants, batch, *, loss: str = "mse", remat_st
   """Mean loss of the model `nnx.merge(graphdef, params)` on one batch (pure in `params`);
   `modalities`: `DataSpec.modalities`, their loss weights."""
   total, point_sums = loss_lib.loss_terms(nnx.merge(graphdef, params), constants, batch,
-                                          loss=loss, remat_steps=remat_steps)
+                                          loss=loss_registry.LOSSES[loss].implementation(),
+                                          remat_steps=remat_steps)
   examples, steps, _, nodes = batch["targets"].shape
   return loss_lib.mean_loss(total, examples * steps * nodes, point_sums,
                             loss_lib.point_weight_sums(batch, constants.point_weights),

@@ -26,7 +26,7 @@ from wnscale import paths
 from wnscale.data import anemoi
 from wnscale.data import normalization
 from wnscale.data import source as source_lib
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.errors import ArgumentError, UserError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -269,7 +269,7 @@ def test_a_variable_per_level_recorded_as_a_surface_field_is_read_on_its_level()
   assert mars["levtype"] == "sfc" and "levelist" not in mars  # as anemoi-datasets wrote it
   expected = _expected("anemoi_levels")
   names = list(expected["variables"])
-  store = store_lib.open_store(path, ATMOSPHERIC + SURFACE, (850, 500))
+  store = store_formats.open_store(path, ATMOSPHERIC + SURFACE, (850, 500))
   state = store.read_state([0, 1])
   assert state.shape == (2, 2 * len(ATMOSPHERIC) + len(SURFACE), 56)
   np.testing.assert_array_equal(  # temperature at 850 hPa, the second date
@@ -316,7 +316,7 @@ def test_store_in_a_bucket():
         anemoi.anemoi_statistics(anemoi.open_anemoi(local))["temperature"].values)
 
 
-# --- the stores in training: `store.open_store` finds the layout --------------------------
+# --- the stores in training: `store_formats.open_store` finds the layout --------------------------
 
 
 def _expected_fields(name: str, member: int, variables, levels) -> np.ndarray:
@@ -335,7 +335,7 @@ def test_open_store_reads_points_and_a_regular_grid_member_as_anemoi_does():
   grid in internal order (latitude and longitude ascending: its longitudes start at -180),
   its missing date marked; both equal to anemoi-datasets' reading."""
   variables = ("temperature", "2m_temperature")
-  points = store_lib.open_store(_store("anemoi_grib"), variables, (850, 500))
+  points = store_formats.open_store(_store("anemoi_grib"), variables, (850, 500))
   assert points.points.field_shape is None and points.points.size == 208
   assert "O4" in points.points.name
   np.testing.assert_allclose(points.points.area.mean(), 1.0)
@@ -343,7 +343,7 @@ def test_open_store_reads_points_and_a_regular_grid_member_as_anemoi_does():
   np.testing.assert_array_equal(points.read_state(np.arange(6)), fields)
   np.testing.assert_array_equal(points.points.latitude, expected["latitudes"])
 
-  regular = store_lib.open_store(_store("anemoi_members"), variables, (500,), member=1)
+  regular = store_formats.open_store(_store("anemoi_members"), variables, (500,), member=1)
   assert regular.points.field_shape == (7, 8)
   lat, lon = regular.points.latitude, regular.points.longitude
   assert np.all(np.diff(lat.reshape(7, 8)[:, 0]) > 0) and np.all(np.diff(lon[:8]) > 0)

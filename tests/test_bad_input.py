@@ -26,8 +26,8 @@ import zarr
 from launch import local_cluster
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, resolve, synthetic
-from wnscale.data import store as store_lib
+from wnscale.data import normalization, run_data, synthetic
+from wnscale.data import store_formats
 from wnscale.evaluation import climatology
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import scoring
@@ -304,7 +304,7 @@ def test_stores_read_as_they_should_be(tmp_path, stores, caplog):
   ascending in [0, 360)), the same values as the 0 .. 360 one."""
   good = stores["good"]
   names, levels = ("temperature", "2m_temperature", "mean_sea_level_pressure"), (500,)
-  want = store_lib.open_store(good, names, levels).read_state([0, 5])
+  want = store_formats.open_store(good, names, levels).read_state([0, 5])
   celsius = _copy_with(good, tmp_path / "celsius.zarr", lambda d: d.assign(
       {"2m_temperature": (d["2m_temperature"] - 273.15).assign_attrs(units="degC"),
        "mean_sea_level_pressure": (d.mean_sea_level_pressure / 100).assign_attrs(units="hPa"),
@@ -314,14 +314,14 @@ def test_stores_read_as_they_should_be(tmp_path, stores, caplog):
           longitude=(d.longitude.roll(longitude=32) + 180) % 360 - 180))
   assert xr.open_zarr(rolled).longitude.values[0] == -180
   with caplog.at_level(logging.WARNING):
-    got = store_lib.open_store(celsius, names, levels).read_state([0, 5])
+    got = store_formats.open_store(celsius, names, levels).read_state([0, 5])
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
   assert f"Store {celsius}: 2m_temperature is in degC (its units attribute): read in K " \
       "(+273.15)." in caplog.text
   assert "mean_sea_level_pressure is in hPa (its units attribute): read in Pa (x 100)" in \
       caplog.text
-  opened = store_lib.open_store(rolled, names, levels)
-  np.testing.assert_array_equal(opened.points.axes()[1], store_lib.open_store(
+  opened = store_formats.open_store(rolled, names, levels)
+  np.testing.assert_array_equal(opened.points.axes()[1], store_formats.open_store(
       good, names, levels).points.axes()[1])
   np.testing.assert_array_equal(opened.read_state([0, 5]), want)
 
@@ -371,7 +371,7 @@ def test_an_unwritable_cache_is_one_warning(tmp_path, stores, monkeypatch, caplo
     data = specs_lib.from_config(config_lib.load(TINY.split("=", 1)[1])).data
     with pytest.raises(UserError, match=f"^The synthetic store goes into the cache directory "
                        f"{cache_dir}: cannot write there \\(Read-only file system"):
-      resolve.resolve_store(data, seed=0)
+      run_data.resolve_store(data, seed=0)
 
 
 def test_a_finished_run_says_so_before_opening_its_store(tmp_path, trained_tiny_run):

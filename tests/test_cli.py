@@ -31,7 +31,7 @@ from launch import cli, local_cluster
 from wnscale import config as config_lib
 from wnscale import progress
 from wnscale import specs as specs_lib
-from wnscale.data import resolve, synthetic
+from wnscale.data import run_data, synthetic
 from wnscale.errors import ArgumentError, UserError
 from wnscale.model import setup
 from wnscale.planner.compile import batch_per_data_shard, best_setting
@@ -304,7 +304,7 @@ def test_a_data_path_that_does_not_exist(tmp_path):
   data.path = str(missing)
   with pytest.raises(ArgumentError,
                      match=f"^data.path={re.escape(str(missing))}: store not found") as library:
-    resolve.resolve_store(data, seed=0)
+    run_data.resolve_store(data, seed=0)
   assert "--" not in str(library.value)
 
 
@@ -349,7 +349,7 @@ def test_a_time_range_reaching_outside_the_store_is_not_clipped(tmp_path, stores
   training.data.update(path=stores["good"], train_start="2019-12-25", train_end="2020-01-15")
   with pytest.raises(UserError, match="Time range 2019-12-25 .. 2020-01-15 starts before "
                      "the store .* set data.train_start/train_end inside it"):
-    resolve.resolve_stats(specs_lib.from_config(training).data)
+    run_data.resolve_stats(specs_lib.from_config(training).data)
 
 
 def _checkpoint_of_another_model(workdir):

@@ -3,6 +3,9 @@
 import dataclasses
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -153,6 +156,30 @@ def test_unknown_key_is_rejected_with_the_nearest_key():
   with pytest.raises(UserError, match="'train.step'; did you mean train.steps?"):
     config_lib.check_key("train.step")
   config_lib.check_key("train.steps")
+
+
+def test_loading_and_validating_a_config_imports_neither_flax_nor_the_model():
+  """A mistake in a config is reported without waiting for Flax (seconds of imports)."""
+  script = textwrap.dedent("""
+      import sys
+      from wnscale import config as config_lib
+      from wnscale import specs as specs_lib
+      from wnscale.errors import UserError
+      config = config_lib.load("tiny")
+      config.model.update(processor="transformer", transformer_heads=4)
+      specs_lib.from_config(config_lib.validate(config))
+      config.model.latent_size = -1
+      try:
+        config_lib.validate(config)
+      except UserError as error:
+        print(error)
+      loaded = {"flax", "wnscale.model.graphcast", "wnscale.model.mesh_gnn",
+                "wnscale.model.mesh_transformer"} & set(sys.modules)
+      print(sorted(loaded))
+  """)
+  output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, cwd=os.path.dirname(CONFIG_DIR)).stdout
+  assert output.splitlines() == ["Invalid config: model.latent_size=-1 must be >= 1.", "[]"]
 
 
 def test_both_mesh_axes_free_is_rejected():

@@ -25,6 +25,7 @@ from test_cli import assert_user_error, run
 from tiny_runs import process_env
 from wnscale import paths
 from wnscale.data import convert, era5_files, hdf5_reads, store as store_lib, writer
+from wnscale.data import store_formats
 from wnscale.errors import UserError
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -174,7 +175,7 @@ def test_a_conversion_into_a_bucket_cut_short_continues_in_place(tmp_path, monke
     assert convert.is_converting(out) and not paths.is_complete(out)
     with pytest.raises(UserError, match="is a conversion cut short \\(1 times written\\); "
                                         "run the make_dataset command that made it again"):
-      store_lib.open_store(out, ["2m_temperature"], [])
+      store_formats.open_store(out, ["2m_temperature"], [])
     caplog.set_level("INFO")
     convert.convert_era5([str(source)], out, block_bytes=one_time)
     assert "after 1 of 4 times" in caplog.text and paths.is_complete(out)
@@ -292,7 +293,7 @@ def test_a_killed_conversion_continues_and_a_converted_store_trains(tmp_path):
   assert 10 <= written < 80 and convert.is_converting(str(killed))
   assert not killed.exists()  # nothing at --out until the store is whole
   with pytest.raises(UserError, match="cut short"):  # nor can the partial one be trained on
-    store_lib.open_store(str(partial), ["2m_temperature"], [])
+    store_formats.open_store(str(partial), ["2m_temperature"], [])
   again = subprocess.run(make(killed), cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
   assert again.returncode == 0, again.stderr[-3000:]

@@ -18,7 +18,7 @@ from tiny_runs import losses, run
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import cutout
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import synthetic
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import datasets, scoring
@@ -178,8 +178,8 @@ def test_the_joined_store_reads_both_stores_at_the_times_both_hold(stores):
   outer_path, inner_path = stores
   names, levels = ["temperature", "2m_temperature"], [850, 500]
   joined = cutout.open_store(outer_path, names, levels, regional_path=inner_path)
-  outer = store_lib.open_store(outer_path, names, levels)
-  inner = store_lib.open_store(inner_path, names, levels)
+  outer = store_formats.open_store(outer_path, names, levels)
+  inner = store_formats.open_store(inner_path, names, levels)
   np.testing.assert_array_equal(joined.times, outer.times[8:])  # Jan 3 and 4
   np.testing.assert_array_equal(joined.times, inner.times[:8])
   _, outer_kept, _ = region_lib.cut_out(outer.points, inner.points, None, inner_path)

@@ -25,7 +25,7 @@ from problems import data_spec
 
 from wnscale.data import normalization, pipeline
 from wnscale.data import source as source_lib
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 GRAPHCAST_STATS = os.path.join(FIXTURES, "graphcast_5p625", "stats")
@@ -126,7 +126,7 @@ def test_state_in_every_layout_is_the_weather(stores, weather):
   fields, _, _ = weather
   level = list(STORE_LEVELS).index(500)
   for name, path in stores.items():
-    store = store_lib.open_store(path, VARIABLES, LEVELS)
+    store = store_formats.open_store(path, VARIABLES, LEVELS)
     state = store.read_state([3, 4, 9])
     np.testing.assert_array_equal(state[0, 1], fields["temperature"][3, level].reshape(-1),
                                   err_msg=name)
@@ -172,7 +172,7 @@ def test_wb2_240x121_store_with_pole_rows(tmp_path):
   fields, latitude, longitude = _weather(121, 240, include_poles=True)
   path = _write(tmp_path / "wb2_240x121.zarr", fields, latitude, longitude,
                 grid_dims=lambda name: LON_LAT, time_chunk=6)
-  store = store_lib.open_store(path, VARIABLES, LEVELS, resolution=1.5)
+  store = store_formats.open_store(path, VARIABLES, LEVELS, resolution=1.5)
   assert store.points.latitude[0] == -90 and store.points.latitude[-1] == 90
   state = store.read_state([7])
   np.testing.assert_array_equal(state[0, 0], fields["temperature"][7, 2].reshape(-1))

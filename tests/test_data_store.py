@@ -10,7 +10,7 @@ import zarr
 
 from wnscale.data import normalization
 from wnscale.data import source as source_lib
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs.points import named_grid
@@ -45,7 +45,7 @@ def stores(tmp_path_factory):
 
 
 def _read_all(path, **kwargs):
-  store = store_lib.open_store(path, VARIABLES, LEVELS, **kwargs)
+  store = store_formats.open_store(path, VARIABLES, LEVELS, **kwargs)
   return store, store.read_state(np.arange(len(store.times)))
 
 
@@ -104,8 +104,8 @@ def test_hourly_store_subsampled_equals_six_hourly(stores):
 
 
 def test_level_subset_and_order_and_extra_variables(stores):
-  store = store_lib.open_store(stores["v2"], ["temperature"], [1000, 500])
-  full = store_lib.open_store(stores["v2"], ["temperature"], LEVELS)
+  store = store_formats.open_store(stores["v2"], ["temperature"], [1000, 500])
+  full = store_formats.open_store(stores["v2"], ["temperature"], LEVELS)
   np.testing.assert_array_equal(store.read_state([1])[:, 0],
                                 full.read_state([1])[:, 2])
   np.testing.assert_array_equal(store.read_state([1])[:, 1],
@@ -113,25 +113,25 @@ def test_level_subset_and_order_and_extra_variables(stores):
 
 
 def test_resolution_check(stores):
-  store_lib.open_store(stores["v2"], VARIABLES, LEVELS, resolution=5.625)
+  store_formats.open_store(stores["v2"], VARIABLES, LEVELS, resolution=5.625)
   with pytest.raises(ValueError, match="grid spacing 5.625 x 5.625.*1"):
-    store_lib.open_store(stores["v2"], VARIABLES, LEVELS, resolution=1.0)
+    store_formats.open_store(stores["v2"], VARIABLES, LEVELS, resolution=1.0)
 
 
 def test_missing_store():
   with pytest.raises(ValueError, match="Store not found: /nonexistent"):
-    store_lib.open_store("/nonexistent.zarr", VARIABLES, LEVELS)
+    store_formats.open_store("/nonexistent.zarr", VARIABLES, LEVELS)
 
 
 def test_missing_variable_is_named(stores):
   with pytest.raises(ValueError, match=r"lacks variable\(s\) \['vertical_velo"
                      r"city'\]; it has \['2m_temperature', 'geopotential'"):
-    store_lib.open_store(stores["v2"], ["vertical_velocity"], LEVELS)
+    store_formats.open_store(stores["v2"], ["vertical_velocity"], LEVELS)
 
 
 def test_missing_level_is_named(stores):
   with pytest.raises(ValueError, match=r"Level\(s\) \[700\] hPa not in"):
-    store_lib.open_store(stores["v2"], VARIABLES, (500, 700))
+    store_formats.open_store(stores["v2"], VARIABLES, (500, 700))
 
 
 def _custom_store(path, times, dims=("time", "level", "latitude", "longitude")):
@@ -160,7 +160,7 @@ def test_wrong_dims_are_named(tmp_path):
   with pytest.raises(ValueError, match=r"'temperature' .* has dims \('time', "
                      r"'latitude', 'longitude'\); expected \('time', 'level', 'latitude', "
                      r"'longitude'\) in any order"):
-    store_lib.open_store(path, ["temperature"], [500])
+    store_formats.open_store(path, ["temperature"], [500])
 
 
 @pytest.mark.parametrize("times, problem", [
@@ -175,7 +175,7 @@ def test_wrong_dims_are_named(tmp_path):
 def test_times_out_of_order_name_the_first_bad_one(tmp_path, times, problem):
   path = _custom_store(tmp_path / "times.zarr", pd.to_datetime(times))
   with pytest.raises(UserError, match=f"^Times of {path} {re.escape(problem)}"):
-    store_lib.open_store(path, ["temperature"], [500])
+    store_formats.open_store(path, ["temperature"], [500])
 
 
 def test_too_coarse_time_step(tmp_path):
@@ -183,7 +183,7 @@ def test_too_coarse_time_step(tmp_path):
                        pd.date_range("2020-01-01", periods=4, freq="12h"))
   with pytest.raises(ValueError, match="time step of 12 h, which does not "
                      "divide time_step_hours=6"):
-    store_lib.open_store(path, ["temperature"], [500])
+    store_formats.open_store(path, ["temperature"], [500])
 
 
 @pytest.fixture()
@@ -197,7 +197,7 @@ def nan_store(tmp_path):
 
 
 def test_nan_raises_naming_variable_and_time(nan_store):
-  store = store_lib.open_store(nan_store, ["temperature"], LEVELS)
+  store = store_formats.open_store(nan_store, ["temperature"], LEVELS)
   store.read_state([0, 1])
   with pytest.raises(ValueError, match=r"NaN in variable 'temperature@850' "
                      r"at time 2020-01-01T12.*fill_nan=True"):
@@ -250,7 +250,7 @@ def test_point_store_in_its_own_order_with_voronoi_areas(tmp_path):
               "longitude": (("values",), longitude)})
   path = str(tmp_path / "points.zarr")
   dataset.to_zarr(path, zarr_format=2)
-  store = store_lib.open_store(path, ["temperature"], [500], resolution=1.0)
+  store = store_formats.open_store(path, ["temperature"], [500], resolution=1.0)
   assert store.points.name == "192 points" and store.num_grid_nodes == 192
   np.testing.assert_array_equal(store.points.latitude, latitude)
   np.testing.assert_allclose(store.points.area, 1.0, rtol=0.05)  # HEALPix: equal areas
@@ -262,4 +262,4 @@ def test_point_store_in_its_own_order_with_voronoi_areas(tmp_path):
       str(tmp_path / "bad.zarr"), zarr_format=2)
   with pytest.raises(UserError, match=r"'values' dimension but its 'latitude' is not one "
                      r"value per point along it \(dims: \('level',\)\)"):
-    store_lib.open_store(str(tmp_path / "bad.zarr"), ["temperature"], [500])
+    store_formats.open_store(str(tmp_path / "bad.zarr"), ["temperature"], [500])

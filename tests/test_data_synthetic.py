@@ -11,9 +11,9 @@ import xarray as xr
 from wnscale import config as config_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.data import forcings, resolve
+from wnscale.data import forcings, run_data
 from wnscale.data import synthetic
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import variables
 from wnscale.graphs.points import PointSet, named_grid
 
@@ -149,7 +149,7 @@ def test_make_dataset_writes_what_a_config_trains_on_and_says_how_big(tmp_path):
   assert list(dataset.level.values) == [500, 850]
   assert dataset.temperature.dims == ("time", "level", "values")
   assert dataset.land_sea_mask.dims == ("values",) and dataset.attrs["grid"] == "O16"
-  opened = store_lib.open_store(str(points_out), ["temperature"], [850], resolution=5.625)
+  opened = store_formats.open_store(str(points_out), ["temperature"], [850], resolution=5.625)
   o16 = named_grid("O16")
   assert opened.points.name == "O16 (1,600 points)" and opened.points.field_shape is None
   np.testing.assert_array_equal(opened.points.latitude, o16.latitude)
@@ -229,26 +229,26 @@ def test_synthetic_store_is_written_once_and_logged(tmp_path, monkeypatch, caplo
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
   config = _tiny_config()
   caplog.set_level("INFO")
-  path = resolve.resolve_store(specs_lib.from_config(config).data, config.seed)
+  path = run_data.resolve_store(specs_lib.from_config(config).data, config.seed)
   assert path.startswith(str(tmp_path / "datasets")) and paths.is_complete(path)
   assert os.listdir(tmp_path / "datasets") == [os.path.basename(path)]  # nothing beside it
-  size = resolve.synthetic_store_bytes(specs_lib.from_config(config).data)
+  size = run_data.synthetic_store_bytes(specs_lib.from_config(config).data)
   # 12 times of the config's 12 channels (5 variables on 2 levels, 2 surface ones) and
   # 2 statics: the store holds what the config reads, no more.
   assert size == 4 * 32 * 64 * (12 * 12 + 2)
   assert f"Writing the synthetic store {path} (2020-01-01 .. 2020-01-03" in caplog.text
   assert f"Writing {path}: 12 times, {(size - 4 * 32 * 64 * 2) / 1e6:.1f} MB" in caplog.text
   caplog.clear()
-  assert resolve.resolve_store(specs_lib.from_config(config).data, config.seed) == path
+  assert run_data.resolve_store(specs_lib.from_config(config).data, config.seed) == path
   assert "Writing" not in caplog.text
 
 
 def test_synthetic_store_that_does_not_fit_is_refused(tmp_path, monkeypatch):
   monkeypatch.setenv("WNSCALE_CACHE_DIR", str(tmp_path))
-  monkeypatch.setattr(resolve.paths, "free_bytes", lambda path: 1000)
+  monkeypatch.setattr(run_data.paths, "free_bytes", lambda path: 1000)
   with pytest.raises(ValueError, match=r"needs up to 1.2 MB but the disk holds only 0.0 MB free"):
     config = _tiny_config()
-    resolve.resolve_store(specs_lib.from_config(config).data, config.seed)
+    run_data.resolve_store(specs_lib.from_config(config).data, config.seed)
   assert not os.path.exists(tmp_path / "datasets")
 
 
@@ -257,5 +257,5 @@ def test_no_path_without_synthetic_names_the_setting():
   config.data.synthetic = False
   with pytest.raises(ValueError, match=r"^data.path is required .*`data.path=PATH_OR_URL`"
                      ) as library:
-    resolve.resolve_store(specs_lib.from_config(config).data, config.seed)
+    run_data.resolve_store(specs_lib.from_config(config).data, config.seed)
   assert "--" not in str(library.value)  # a launcher shows its flag (test_cli)

@@ -19,7 +19,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 
+import gcs
 import numpy as np
 import pytest
 
@@ -137,6 +140,132 @@ def test_ctrl_c_of_local_cluster_reaches_each_process_once():
     cluster.kill()
   assert [line for line in cluster.lines if "SIGINT" in line] == ["[p0] SIGINT 1\n"]
   assert "Traceback" not in cluster.stderr
+
+
+def bucket_names(bucket: str, prefix: str) -> list[str]:
+  """The names of the objects under `prefix` in the emulator's `bucket` (gs://...), asked
+  of its JSON API: no client's listing cache between the runs' writes and this."""
+  url = (f"{os.environ['STORAGE_EMULATOR_HOST']}/storage/v1/b/{bucket[5:]}/o?"
+         f"{urllib.parse.urlencode({'prefix': prefix})}")
+  with urllib.request.urlopen(url, timeout=10) as answer:
+    return [item["name"] for item in json.load(answer).get("items", [])]
+
+
+def test_a_ctrl_c_while_a_run_in_a_bucket_sets_up_stops_both_processes_at_once(tmp_path):
+  """The soak's finding (`bench/soak.py --storage=emulator --seed=7`): a Ctrl-C to
+  launch.local_cluster while its 2 processes set up, the data, cache and workdir in a
+  Cloud Storage emulator, was handled inside JAX's garbage-collection callback in both
+  (the import that follows JAX's start collects often), where Python dropped it: the run
+  trained to its end. Here each process is held in such a callback when the Ctrl-C comes
+  (`tests/held_in_gc.py`): both stop within seconds with one line each, local_cluster
+  exits 130, and the workdir's lock is given back, nothing else written."""
+  hold = tmp_path / "hold"
+  with gcs.emulator() as bucket:
+    workdir = f"{bucket}/run"
+    command = train_command(workdir, devices=4, data=1, graph=4, processes=2)
+    command.insert(command.index("--"), "--module=held_in_gc")
+    env = dict(process_env(), HOLD_IN_GC=str(hold), WNSCALE_CACHE_DIR=f"{bucket}/cache",
+               PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    cluster = Started(command, env=env)
+    try:
+      for process in (0, 1):
+        cluster.wait_for(rf"\[p{process}\] .*JAX process {process} of 2", timeout=120)
+      hold.touch()
+      for process in (0, 1):
+        cluster.wait_for(rf"\[p{process}\] held in a garbage collection", timeout=60)
+      cluster.ctrl_c()
+      signalled = time.monotonic()
+      try:
+        code = cluster.finish(timeout=30)
+      except subprocess.TimeoutExpired:
+        pytest.fail(f"the run went on after the Ctrl-C: {cluster.stderr[-3000:]}")
+      assert code == 130, cluster.stderr[-3000:]
+    finally:
+      cluster.kill()
+    stopped_in = time.monotonic() - signalled
+    names = bucket_names(bucket, "run/")
+  assert stopped_in < 10, cluster.stderr[-3000:]
+  said = sorted(line for line in cluster.lines if "Interrupted" in line)
+  assert said == ["[p0] Interrupted (Ctrl-C).\n", "[p1] Interrupted (Ctrl-C).\n"], (
+      cluster.stderr[-3000:])
+  assert "Exception ignored" not in cluster.stderr, cluster.stderr[-3000:]
+  assert "Traceback" not in cluster.stderr, cluster.stderr[-3000:]
+  assert not any(name.startswith(("run/checkpoints/", "run/metrics")) for name in names)
+  assert "run/lock.json" not in names, names  # given back on the way out
+
+
+def test_a_ctrl_c_reaches_a_process_waiting_for_process_0_at_once():
+  """Process 1 waits in the coordination service for what process 0 makes once (a
+  synthetic store, statistics: `resolve.once_by_process_0`), for up to 60 s here; a
+  Ctrl-C to it ends the wait within a slice of it, not when process 0 is done."""
+  port = socket.socket()
+  port.bind(("localhost", 0))
+  address = f"localhost:{port.getsockname()[1]}"
+  port.close()
+  code = ("import os, sys, time, jax\n"
+          f"jax.distributed.initialize({address!r}, 2, int(sys.argv[1]),\n"
+          "                           initialization_timeout=60)\n"
+          "from wnscale.data import resolve\n"
+          "if jax.process_index() == 0:\n"
+          "  time.sleep(60)  # publishes nothing\n"
+          "print('waiting', flush=True)\n"
+          "try:\n"
+          "  resolve.once_by_process_0('never', lambda: b'', 'publish', timeout_s=60)\n"
+          "except KeyboardInterrupt:\n"
+          "  print('interrupted', flush=True)\n"
+          "  os._exit(130)  # not JAX's shutdown barrier, which waits for process 0\n")
+  processes = [subprocess.Popen([sys.executable, "-c", code, str(index)], cwd=REPO,
+                                env=process_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True) for index in (0, 1)]
+  try:
+    assert processes[1].stdout.readline() == "waiting\n"
+    time.sleep(1.0)  # inside the wait
+    processes[1].send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    assert processes[1].wait(timeout=30) == 130
+    assert time.monotonic() - signalled < 5
+    assert processes[1].stdout.read() == "interrupted\n"
+  finally:
+    for process in processes:
+      process.kill()
+      process.wait(timeout=60)
+
+
+# Python code run from C where an exception is printed and dropped; `stop()` sends the
+# process a signal, whose handler runs at the next check: inside that code.
+DROPPING_CALLBACKS = {
+    "weakref callback": "reference = weakref.ref(Thing(), stop)",
+    "__del__": "Thing.__del__ = stop\n  Thing()",
+    "gc callback": "gc.callbacks.append(stop)\n  gc.collect()",
+}
+
+
+@pytest.mark.parametrize("signum, line", [(signal.SIGINT, "Interrupted (Ctrl-C)."),
+                                          (signal.SIGTERM, "Interrupted (SIGTERM).")])
+@pytest.mark.parametrize("callback", list(DROPPING_CALLBACKS))
+def test_a_signal_handled_inside_a_callback_still_stops_the_launcher(callback, signum, line):
+  """Whatever Python code runs when the signal's handler does, the launcher stops: one
+  line, the signal's exit status, at once (not after the 20 s of work that follows)."""
+  code = ("import gc, os, signal, sys, time, weakref\n"
+          "from launch import cli\n"
+          "sent = []\n"
+          "def stop(*_):\n"
+          "  if not sent:\n"
+          "    sent.append(True)\n"
+          f"    os.kill(os.getpid(), {int(signum)})\n"
+          "class Thing:\n"
+          "  pass\n"
+          "def main(argv):\n"
+          f"  {DROPPING_CALLBACKS[callback]}\n"
+          "  time.sleep(20)\n"
+          "  print('went on', file=sys.stderr)\n"
+          "cli.run(main)\n")
+  start = time.monotonic()
+  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=process_env(),
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 128 + signum, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [line], result.stderr[-3000:]
+  assert time.monotonic() - start < 15
 
 
 def test_a_local_cluster_killed_outright_stops_its_processes(tmp_path):

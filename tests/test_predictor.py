@@ -8,7 +8,7 @@ from flax import nnx
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import normalization, resolve
+from wnscale.data import normalization, run_data
 from wnscale.data import source as source_lib
 from wnscale.data import synthetic
 from wnscale.graphs import grid
@@ -51,9 +51,9 @@ def model(store_path, request):
   config_lib.validate(config)
   config.data.path = store_path
   specs = specs_lib.from_config(config)
-  stats = resolve.resolve_stats(specs.data)
+  stats = run_data.resolve_stats(specs.data)
   source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
-                                           stats=stats, **resolve.data_layout(specs.data))
+                                           stats=stats, **run_data.data_layout(specs.data))
   assembly = assemble(specs, source.store.points, stats, mesh_lib.single_device_mesh(),
                       params="init")
   np.testing.assert_array_equal(assembly.constants.residual_scale, normalization.residual_scale(

@@ -1,6 +1,7 @@
 """A new processor is one module and one registry entry: this file defines one (a small
-MLP-mixer over the mesh nodes, `MeshMixer`, with its settings `MixerSpec`), registers it,
-and trains a tiny model with it through the trainer, changing no library file.
+MLP-mixer over the mesh nodes, `MeshMixer`, with its settings `MixerSpec` and its
+`ProcessorImplementation`), registers it, and trains a tiny model with it through the
+trainer, changing no library file.
 
 Its config keys (`model.mixer_layers`, ...), their defaults, checks and meanings come from
 its settings, as the built-in processors' do (`wnscale.model.processors`).
@@ -26,6 +27,7 @@ from wnscale.errors import UserError
 from wnscale.graphs.graph import Graphs
 from wnscale.model import processors
 from wnscale.model.mlp import mlp_flops
+from wnscale.model.processor_interface import ProcessorCost, ProcessorImplementation
 from wnscale.specs import ModelSpec, ProcessorSpec, setting
 from wnscale.train import trainer
 
@@ -79,11 +81,11 @@ class MeshMixer(nnx.Module):
     return mesh
 
 
-def _mixer_cost(m: ModelSpec, graphs: Graphs) -> processors.ProcessorCost:
+def _mixer_cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
   """Per layer, the neighbour mixing's product and the channel MLP (sums not counted)."""
   d, mesh = m.latent_size, graphs.num_nodes("mesh")
   layer = 2.0 * mesh * d * d + mlp_flops(mesh, d, m.processor.hidden_size, d)
-  return processors.ProcessorCost(m.processor.layers * layer, 0.0, m.processor.layers, mesh)
+  return ProcessorCost(m.processor.layers * layer, 0.0, m.processor.layers, mesh)
 
 
 def _mixer_check(specs: specs_lib.Specs) -> str | None:
@@ -92,8 +94,10 @@ def _mixer_check(specs: specs_lib.Specs) -> str | None:
   return None
 
 
-MIXER = processors.Processor(MixerSpec, MeshMixer, edge_sets=lambda m: {},
-                             masks=lambda *_: {}, cost=_mixer_cost, check=_mixer_check)
+IMPLEMENTATION = ProcessorImplementation(MeshMixer, edge_sets=lambda m: {}, masks=lambda *_: {},
+                                         cost=_mixer_cost)
+MIXER = processors.Processor(MixerSpec, check=_mixer_check,
+                             implementation=lambda: IMPLEMENTATION)
 
 
 @pytest.fixture

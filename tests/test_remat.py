@@ -13,7 +13,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
-from wnscale.model import forecast, remat, setup
+from wnscale.model import forecast, remat_policies, setup
 
 
 def small_config(**model_overrides):
@@ -85,7 +85,7 @@ def test_every_option_is_covered():
   used = {key: {str(v[key]) for v in VARIANTS.values() if key in v}
           for key in ("remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks",
                       "mesh_edge_chunks", "aggregation")}
-  assert used["remat_policy"] >= set(remat.POLICIES) - {"nothing_saveable"} | {NAMES}
+  assert used["remat_policy"] >= set(remat_policies.POLICIES) - {"nothing_saveable"} | {NAMES}
   assert used["mesh_remat_every"] == {"2", "3", "4"}
   assert {"7", "4"} <= used["edge_chunks"] and "7" in used["grid_blocks"]
   assert "7" in used["mesh_edge_chunks"] and used["aggregation"] == {"matmul", "fused"}

@@ -19,7 +19,7 @@ import tensorstore as ts
 
 from wnscale import paths
 from wnscale.data import normalization
-from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import synthetic
 from tiny_runs import read_metrics
 
@@ -65,7 +65,7 @@ def test_store_and_statistics_in_a_bucket(bucket, tmp_path):
                    variables=["temperature", "2m_temperature"])
   local = synthetic.write_synthetic_store(str(tmp_path / "era.zarr"), **arguments)
   remote = synthetic.write_synthetic_store(paths.join(bucket, "era.zarr"), **arguments)
-  read = {path: store_lib.open_store(path, ["temperature", "2m_temperature"], LEVELS)
+  read = {path: store_formats.open_store(path, ["temperature", "2m_temperature"], LEVELS)
           for path in (local, remote)}
   np.testing.assert_array_equal(read[remote].read_state([1, 5]), read[local].read_state([1, 5]))
   assert read[remote].handles["temperature"].kvstore.spec().to_json()["driver"] == "gcs"

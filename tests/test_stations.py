@@ -10,7 +10,7 @@ import pytest
 
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.data import observations, resolve, stations, synthetic
+from wnscale.data import observations, run_data, stations, synthetic
 from wnscale.data.source import WeatherExampleSource
 from wnscale.errors import ArgumentError, UserError
 
@@ -101,7 +101,7 @@ def test_repeated_stations_and_a_source_without_a_store_are_refused(tmp_path):
   data = data_spec(modalities=(("obs", missing, (T2M,), ()),))
   with pytest.raises(ArgumentError, match=f"data.modalities={missing}: no observation store "
                      "there \\(modality 'obs'\\)"):
-    resolve.resolve_observations(data, data.modalities[0], seed=0)
+    run_data.resolve_observations(data, data.modalities[0], seed=0)
 
 
 def test_make_dataset_writes_a_station_network_of_a_grid_store(grid_store, tmp_path):

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # real training runs, in real processes
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import pipeline, prefetch, resolve
+from wnscale.data import pipeline, prefetch, run_data
 from wnscale.data import source as source_lib
 from wnscale.model import setup
 from wnscale.train import checkpoint, optimizer, run_directory, trainer
@@ -290,7 +290,7 @@ def test_another_model_leaves_the_workdir_untouched(reference, tmp_path):
 def test_eval_range_outside_the_store_is_an_error_before_compiling(reference, tmp_path):
   config = _config_like_run_flags()
   # The reference run's synthetic store (2020-01), named as a store of real data.
-  config.data.update(path=resolve.synthetic_store_path(specs_lib.from_config(config).data,
+  config.data.update(path=run_data.synthetic_store_path(specs_lib.from_config(config).data,
                                                        config.seed),
                      synthetic=False, eval_start="2021-06-01", eval_end="2021-06-30")
   assert os.path.exists(config.data.path)

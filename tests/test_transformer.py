@@ -19,7 +19,7 @@ from wnscale import specs as specs_lib
 from wnscale.data import forcings as forcings_lib
 from wnscale.graphs import grid, icosahedron, neighbourhoods
 from wnscale.graphs.points import PointSet
-from wnscale.model import remat, setup
+from wnscale.model import remat_policies, setup
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.sharding import partition as partition_lib
 
@@ -184,7 +184,7 @@ def test_padding_edges_and_receivers_without_edges_stay_finite():
 # --- remat and sharding: the spine ---------------------------------------------------------
 
 ALL_STAGES = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True)
-NAMES = f"save_only_these_names:{remat.ATTENTION_OUTPUT},{remat.FFW_OUTPUT}"
+NAMES = f"save_only_these_names:{remat_policies.ATTENTION_OUTPUT},{remat_policies.FFW_OUTPUT}"
 # Each named policy rides on one way of checkpointing (a case's time is mostly its
 # compile); nothing_saveable is the sharded remat case's, and everything_saveable, which
 # recomputes nothing, is covered by test_remat.py.

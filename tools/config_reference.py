@@ -6,7 +6,7 @@ The keys and defaults are `wnscale.config.default_config()`'s; the meaning of a 
 is the comment beside it in wnscale/config.py (the comment on its line, or on the
 lines of a statement that spans several, and the comment lines that follow it up to
 the next blank or code line), or, for a key a component owns (a processor's, the
-remat's: `wnscale.config.owned_settings`), the meaning its settings declare.
+remat's, a loss's: `wnscale.config.owned_settings`), the meaning its settings declare.
 tests/test_docs.py fails when the file is out of date, and when a key has no meaning.
 """
 
@@ -138,8 +138,8 @@ def _leaf_paths(config: ml_collections.ConfigDict, prefix: str = "") -> list[str
 
 
 def owned_meanings() -> dict[str, str]:
-  """`{"model.key": meaning}` of the keys components own (`config.owned_settings`)."""
-  return {f"model.{key}": meaning for settings in config_lib.owned_settings()
+  """`{"section.key": meaning}` of the keys components own (`config.owned_settings`)."""
+  return {f"{settings.SECTION}.{key}": meaning for settings in config_lib.owned_settings()
           for key, meaning in settings.meanings().items()}
 
 

@@ -9,7 +9,7 @@ Compiled programs are kept here too, under JAX's own keys (`wnscale.compilation_
 The cache only saves time: a cache directory that cannot be written (read-only, no
 permission, a full disk) is said once, in one warning, and every derived file is then
 made again by each run that needs it (`write_bytes`). A synthetic store, which a run
-cannot make without a place to keep it, is the exception (`wnscale.data.resolve`).
+cannot make without a place to keep it, is the exception (`wnscale.data.run_data`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.graphs import points as points_lib
-
-LOSSES = ("mse", "crps")
+from wnscale.model.loss_registry import LOSSES
+from wnscale.model.processors import PROCESSORS
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -50,8 +50,9 @@ def default_config() -> ml_collections.ConfigDict:
   # wnscale.model.processors.PROCESSORS: "interaction_network" (GraphCast's message passing on
   # the multi-mesh) or "transformer" (WeatherNext 2's: attention within k-hop neighbourhoods of
   # the finest mesh, width latent_size)
-  m.update(owned_defaults())  # each processor's keys, then the remat keys (their meanings:
-  # where they are declared, wnscale.model.mesh_gnn.GNNSpec, ...; docs/config_reference.md)
+  m.update(owned_defaults("model"))  # each processor's keys, then the remat keys (their
+  # meanings: where they are declared, wnscale.model.processors.GNNSpec, ...;
+  # docs/config_reference.md)
   m.dtype = "float32"  # activation dtype, "float32" or "bfloat16"; parameters stay float32
   m.grid_to_mesh_gather_from_receivers = True  # the encoder's edge MLP sees each edge's
   # receiver (mesh node) latent too (GraphCast); False: its edge and sender only (WeatherNext 2)
@@ -59,7 +60,7 @@ def default_config() -> ml_collections.ConfigDict:
   # are divided by this before the node update (WeatherNext 2: 4)
   m.output_activations = ()  # entries "variable:activation" or "variable:activation:offset":
   # the network's normalized output of that (target-only) variable plus the offset goes
-  # through the activation (wnscale.model.graphcast.OUTPUT_ACTIVATIONS), e.g. WeatherNext 2's
+  # through the activation (wnscale.model.dtypes_and_activations.OUTPUT_ACTIVATIONS), e.g. WeatherNext 2's
   # "cyclone_exists_gaussian_unit_mode:sigmoid:-2"
   m.noise_channels = 0  # 0: deterministic; > 0: an FGN (WeatherNext 2: 32): each member draws
   # this many standard-normal numbers per example and step, and every layer norm is
@@ -158,12 +159,11 @@ def default_config() -> ml_collections.ConfigDict:
   t.remat_rollout = False  # backpropagate through the rollout keeping one state a step, in
   # host memory, and running each step again (wnscale.model.rollout_loss); False: every
   # step's activations stay in device memory
-  t.loss = "mse"  # "mse": weighted MSE (GraphCast); "crps": fair CRPS over ensemble_members
-  # members per example with the same weights (WeatherNext 2; needs model.noise_channels > 0)
-  t.ensemble_members = 2  # loss="crps": members per example (a `sample` dim of the batch)
-  t.members_on_data = False  # loss="crps": False: each device runs all members of its
-  # examples (vmapped with the batch); True: members laid out along the data mesh axis
-  # (each data shard one member; mesh.data a multiple of ensemble_members; one process)
+  t.loss = "mse"  # the training loss, a name from wnscale.model.loss_registry.LOSSES:
+  # "mse": weighted MSE (GraphCast); "crps": fair CRPS over ensemble_members members per
+  # example with the same weights (WeatherNext 2; needs model.noise_channels > 0)
+  t.update(owned_defaults("train"))  # each loss's keys (their meanings: where they are
+  # declared, wnscale.model.loss_registry.CRPSSpec; docs/config_reference.md)
   t.log_every = 10  # steps between progress lines / metrics.jsonl entries
   t.prefetch_batches = 2  # batches read and placed on the devices ahead of the step by a
   # background thread (wnscale.data.prefetch); 0: each read when the step needs it
@@ -256,16 +256,17 @@ def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
 
 
 def owned_settings() -> list[type[specs_lib.Settings]]:
-  """The settings that components declare (each registered processor's, then the remat's):
-  their keys are keys of the `model` section, with their defaults and meanings."""
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (imports JAX)
+  """The settings that components declare (each registered processor's, the remat's, the
+  denoiser's and its sampler's, each registered loss's): their keys are keys of their
+  `SECTION`, with their defaults and meanings."""
   return ([entry.spec for entry in PROCESSORS.values()]
-          + [specs_lib.RematSpec, specs_lib.DenoiserSpec, specs_lib.SamplerSpec])
+          + [specs_lib.RematSpec, specs_lib.DenoiserSpec, specs_lib.SamplerSpec]
+          + [entry.spec for entry in LOSSES.values()])
 
 
-def owned_defaults() -> dict:
-  """`{model key: default}` of `owned_settings`."""
-  return {key: value for settings in owned_settings()
+def owned_defaults(section: str) -> dict:
+  """`{key: default}` of the `owned_settings` of the config section `section`."""
+  return {key: value for settings in owned_settings() if settings.SECTION == section
           for key, value in settings.defaults().items()}
 
 
@@ -312,11 +313,11 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """
   _check_keys_and_types(default_config(), config, prefix="")
   m, d, t = config.model, config.data, config.train
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415 (default_config imported it)
   _require(m.processor in PROCESSORS,
            f"model.processor={m.processor!r}, expected one of {tuple(PROCESSORS)}")
+  _require(t.loss in LOSSES, f"train.loss={t.loss!r}, expected one of {tuple(LOSSES)}")
   for settings in owned_settings():
-    problem = settings.problem(m)
+    problem = settings.problem(config[settings.SECTION])
     _require(problem is None, problem)
   specs = specs_lib.from_config(config)  # the keys' types are checked: parse them once
   _require(m.latent_size >= 1, f"model.latent_size={m.latent_size} must be >= 1")
@@ -412,10 +413,6 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _require(name in specs.data.outputs, f"data.nan_fill_values: {name!r} is not one of the "
              f"model's variables {specs.data.outputs}")
   _check_modalities(specs.data)
-  _require(not (d.modalities and t.loss == "crps" and t.members_on_data),
-           "train.members_on_data lays an FGN's members along the data axis for the grid "
-           "only: with data.modalities, set train.members_on_data=False (each device then "
-           "runs every member of its examples)")
   _require(m.grid_to_mesh_aggregate_normalization > 0,
            "model.grid_to_mesh_aggregate_normalization must be > 0")
   _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")
@@ -426,12 +423,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(not (m.denoiser_noise_frequencies and d.modalities),
            "model.denoiser_noise_frequencies > 0 (GenCast's denoiser) works on the grid alone, "
            "not with data.modalities")
-  _require(t.loss in LOSSES, f"train.loss={t.loss!r}, expected one of {LOSSES}")
-  if t.loss == "crps":
-    _require(m.noise_channels > 0, "train.loss='crps' needs model.noise_channels > 0 (the "
-             "members of a deterministic model are identical)")
-    _require(t.ensemble_members >= 2,
-             f"train.ensemble_members={t.ensemble_members} must be >= 2 for train.loss='crps'")
+  problem = LOSSES[t.loss].check(specs)
+  _require(problem is None, problem)
   _check_registered_names(config, specs)
   return config
 
@@ -439,15 +432,15 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.Specs):
   """The names `config` picks from the model's, the data's and the sharding's registries
   (each defined once, with what it names), and the chosen processor's own checks."""
+  # Imported here: JAX and xarray, which a mistake found earlier need not wait for.
   from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
-  from wnscale.model import remat  # noqa: PLC0415
-  from wnscale.model.graphcast import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
-  from wnscale.model.processors import PROCESSORS  # noqa: PLC0415
+  from wnscale.model import remat_policies  # noqa: PLC0415
+  from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415
   from wnscale.tracking import registry as tracking_registry  # noqa: PLC0415
   m, d, t = config.model, config.data, config.train
   if m.remat_policy != "auto":
-    remat.resolve_policy(m.remat_policy)  # raises naming the unknown policy
+    remat_policies.resolve_policy(m.remat_policy)  # raises naming the unknown policy
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r}, expected one of {tuple(DTYPES)}")
   problem = tracking_registry.check(t.trackers)
   _require(problem is None, problem)

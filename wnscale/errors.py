@@ -46,10 +46,10 @@ class Interrupted(KeyboardInterrupt):
   itself, raised like a Ctrl-C's KeyboardInterrupt (`launch/cli.py` installs the handler).
 
   A signal handler raises wherever the main thread is, and C code that clears errors (a
-  numpy comparison, for one) can swallow it there; so the signal is also recorded
-  (`note_interrupt`), and the places where a command's work stops cleanly (a piece of
-  progress done, an output about to be renamed into place) raise it again
-  (`raise_if_interrupted`).
+  numpy comparison, for one) can swallow it there; so the signal (a SIGTERM or a Ctrl-C)
+  is also recorded (`note_interrupt`), and the places where a command's work stops
+  cleanly (a piece of progress done, an output about to be renamed into place, a
+  training run's set-up phase done) raise it again (`raise_if_interrupted`), as this.
 
   Attributes:
     signal_name: e.g. "SIGTERM".

@@ -25,6 +25,8 @@ from typing import Callable
 import jax
 from jax.experimental import multihost_utils
 
+from wnscale import errors
+
 
 class StopRequest:
   """Catches `signals` for the life of the `with` block; see the module docstring.
@@ -82,7 +84,8 @@ class AgreedStop:
   at which every process stops, so none waits for a peer that has left; a SIGINT (a
   terminal sends it to every process of a job, `launch.local_cluster` passes it on
   to each) is passed on to that service as a SIGTERM to the process itself. The
-  handlers are set from construction until `restore`.
+  handlers are set from construction until `restore`; a signal recorded before
+  (`errors.note_interrupt`) and never raised is raised at construction (`errors.Interrupted`).
 
   The service's sync point is a step: one more than the furthest process's last step
   checked (here, and by Orbax at each save). A SIGTERM before any check (while a resumed
@@ -96,6 +99,9 @@ class AgreedStop:
   """
 
   def __init__(self, what_happens: str):
+    # A signal that stopped nothing before (its exception swallowed by C code): it stops
+    # the process now, before the loop, as it would have while the process set up.
+    errors.raise_if_interrupted()
     self._single = jax.process_count() == 1
     self._checked = False
     self.stop = StopRequest(

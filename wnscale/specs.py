@@ -4,8 +4,9 @@ The config (`wnscale.config`: ml_collections files, `--config.a.b=v`
 overrides, a run's `config.json`) is the user's interface; `validate` is the
 one place of its defaults and checks. `from_config` turns a validated config
 into `Specs`: one frozen dataclass per section, fields named as the config's
-keys, tuples for sequences; the model's processor and remat settings nested
-(`ModelSpec.processor`, `ModelSpec.remat`), each a `Settings` that its component
+keys, tuples for sequences; the model's processor and remat settings and the training
+loss's nested (`ModelSpec.processor`, `ModelSpec.remat`, `TrainSpec.loss`), each a
+`Settings` that its component
 declares (the keys, their defaults, meanings and bounds: flat keys in the config). An
 entry point (`train_and_evaluate`, `run_forecast`, a launcher) calls it once; below
 it, code reads specs: the model keeps its `ModelSpec` in
@@ -30,7 +31,7 @@ from wnscale.graphs import region as region_lib
 
 def setting(default, meaning: str, *, minimum: float | None = None, choices: tuple = (),
             how_only: bool = False):
-  """A field of a component's `Settings`: one key of the config's `model` section.
+  """A field of a component's `Settings`: one key of its config section.
 
   Args:
     default: the key's default.
@@ -45,13 +46,15 @@ def setting(default, meaning: str, *, minimum: float | None = None, choices: tup
 
 
 class Settings:
-  """A component's own settings (a processor's, the remat's): a frozen dataclass of
-  `setting` fields, each the config key `KEY_PREFIX + field name` of the `model` section.
+  """A component's own settings (a processor's, the remat's, a loss's): a frozen dataclass
+  of `setting` fields, each the config key `KEY_PREFIX + field name` of the section
+  `SECTION`.
 
   The component declares them once; the config's keys, defaults and documentation, the
   checks of their values and the interop's key lists are read from here.
   """
 
+  SECTION: ClassVar[str] = "model"
   KEY_PREFIX: ClassVar[str] = ""
 
   @classmethod
@@ -75,52 +78,73 @@ class Settings:
     return tuple(key for key, field in cls.config_keys().items() if field.metadata["how_only"])
 
   @classmethod
+  def named(cls, name: str) -> type[Settings]:
+    """The subclass of `cls` called `name` (`ProcessorSpec.named("transformer")`): the
+    settings of that registry entry.
+
+    Raises:
+      ValueError: none is defined (its registry, which validating a config imports, was
+        not: `wnscale.model.processors`, `wnscale.model.loss_registry`).
+    """
+    # Found among the subclasses, not in the registries: those import this module.
+    for kind in cls.__subclasses__():
+      if kind.name == name:
+        return kind
+    raise ValueError(f"No {cls.__name__} is named {name!r}: import its registry first.")
+
+  @classmethod
   def from_section(cls, section) -> Settings:
-    """The settings in a config's `model` section (a `ConfigDict` or a dict)."""
+    """The settings in a config's `SECTION` section (a `ConfigDict` or a dict)."""
     return cls(**{field.name: _frozen(section[key])
                   for key, field in cls.config_keys().items()})
 
   def section_values(self) -> dict:
-    """`{config key: value}`: the settings as the `model` section holds them."""
+    """`{config key: value}`: the settings as their section holds them."""
     return {key: getattr(self, field.name) for key, field in self.config_keys().items()}
 
   @classmethod
   def problem(cls, section) -> str | None:
-    """What is wrong with a value of these settings in a `model` section, if anything."""
+    """What is wrong with a value of these settings in their section, if anything."""
     for key, field in cls.config_keys().items():
       value, minimum, choices = section[key], field.metadata["minimum"], field.metadata["choices"]
       if minimum is not None and value < minimum:
-        return f"model.{key}={value} must be >= {minimum}"
+        return f"{cls.SECTION}.{key}={value} must be >= {minimum}"
       if choices and value not in choices:
-        return f"model.{key}={value!r}, expected one of {choices}"
+        return f"{cls.SECTION}.{key}={value!r}, expected one of {choices}"
     return None
 
 
 class ProcessorSpec(Settings):
-  """A processor's settings; `name` is its `model.processor`. Each subclass is defined with
+  """A processor's settings; `name` is its `model.processor`. Each subclass is the `spec` of
   its processor's registry entry (`wnscale.model.processors.PROCESSORS`)."""
 
   name: ClassVar[str]
 
-  @staticmethod
-  def named(name: str) -> type[ProcessorSpec]:
-    """The settings of the processor `name`: the subclass of that name.
 
-    Raises:
-      ValueError: none is defined (the registry, which validating a config imports, was not).
-    """
-    for kind in ProcessorSpec.__subclasses__():
-      if kind.name == name:
-        return kind
-    raise ValueError(f"No processor settings are named {name!r}: import the processors' "
-                     "registry (wnscale.model.processors) first.")
+class LossSpec(Settings):
+  """A loss's settings, keys of the `train` section; `name` is its `train.loss`. Each
+  subclass is the `spec` of its loss's registry entry
+  (`wnscale.model.loss_registry.LOSSES`)."""
+
+  SECTION: ClassVar[str] = "train"
+  name: ClassVar[str]
+
+  @property
+  def members(self) -> int:
+    """An FGN's members per example that the loss compares (a deterministic model: 1)."""
+    return 1
+
+  @property
+  def on_data(self) -> bool:
+    """Whether the members are laid out along the `data` mesh axis (one per data shard)."""
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
 class RematSpec(Settings):
   """What the model recomputes in its backward pass, and in which blocks (the `model` keys
   of these names). What a policy costs in recomputation is its registry entry's
-  (`wnscale.model.remat.POLICIES`)."""
+  (`wnscale.model.remat_policies.POLICIES`)."""
 
   remat_grid_to_mesh_gnn: bool = setting(False, "checkpoint the whole encoder")
   remat_mesh_gnn: bool = setting(
@@ -128,8 +152,8 @@ class RematSpec(Settings):
       "layers")
   remat_mesh_to_grid_gnn: bool = setting(False, "checkpoint the whole decoder")
   remat_policy: str = setting(
-      "nothing_saveable", "a name from wnscale.model.remat.POLICY_NAMES, or \"auto\": before "
-      "training, the cheapest remat settings whose compiled step fits "
+      "nothing_saveable", "a name from wnscale.model.remat_policies.POLICY_NAMES, or "
+      "\"auto\": before training, the cheapest remat settings whose compiled step fits "
       "train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)")
   mesh_remat_every: int = setting(1, "layers per processor checkpoint (GraphCast: 3)",
                                   minimum=1)
@@ -234,20 +258,16 @@ class ModelSpec:
   def from_section(cls, section) -> ModelSpec:
     """The spec of a config's `model` section; the processor's settings are those of the
     registry entry `section["processor"]` names."""
-    own = {field.name: _frozen(section[field.name]) for field in dataclasses.fields(cls)
-           if field.name not in cls.COMPONENTS}
     return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
                remat=RematSpec.from_section(section),
                denoiser=DenoiserSpec.from_section(section),
-               sampler=SamplerSpec.from_section(section), **own)
+               sampler=SamplerSpec.from_section(section), **_own_fields(cls, section))
 
   def section_values(self) -> dict:
     """`{config key: value}`: the spec as the config's `model` section holds it."""
-    own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-           if field.name not in self.COMPONENTS}
-    return (own | {"processor": self.processor.name} | self.processor.section_values()
-            | self.remat.section_values() | self.denoiser.section_values()
-            | self.sampler.section_values())
+    return (_own_values(self) | {"processor": self.processor.name}
+            | self.processor.section_values() | self.remat.section_values()
+            | self.denoiser.section_values() | self.sampler.section_values())
 
   @property
   def conditioning_size(self) -> int:
@@ -458,7 +478,11 @@ class Phase:
 
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
-  """The `train` section: optimizer, schedule, loss, logging and checkpoints."""
+  """The `train` section: optimizer, schedule, loss, logging and checkpoints.
+
+  `loss` holds the keys its registry entry owns (`wnscale.model.loss_registry.LOSSES`): in
+  the config, keys of the section like the others.
+  """
 
   steps: int
   batch_size: int
@@ -471,9 +495,7 @@ class TrainSpec:
   adam_b2: float
   grad_clip_norm: float
   remat_rollout: bool
-  loss: str
-  ensemble_members: int
-  members_on_data: bool
+  loss: LossSpec  # an MSESpec or CRPSSpec, or another registered loss's
   log_every: int
   prefetch_batches: int
   eval_every: int
@@ -489,6 +511,9 @@ class TrainSpec:
   freeze: tuple[str, ...]
   trackers: tuple[str, ...]
 
+  # The fields that are a component's `Settings`, the keys it owns.
+  COMPONENTS: ClassVar[tuple[str, ...]] = ("loss",)
+
   def __post_init__(self):  # the config's entries, parsed
     object.__setattr__(self, "variable_loss_weights", tuple(
         _parse_entry(entry, "train.variable_loss_weights", (str, float))
@@ -502,6 +527,17 @@ class TrainSpec:
                           defaults=(0, math.nan)) for entry in self.phase_learning_rates)
     object.__setattr__(self, "phase_learning_rates", tuple(
         (peak, warmup, peak if math.isnan(end) else end) for peak, warmup, end in rates))
+
+  @classmethod
+  def from_section(cls, section) -> TrainSpec:
+    """The spec of a config's `train` section; the loss's settings are those of the
+    registry entry `section["loss"]` names."""
+    return cls(loss=LossSpec.named(section["loss"]).from_section(section),
+               **_own_fields(cls, section))
+
+  def section_values(self) -> dict:
+    """`{config key: value}`: the spec as the config's `train` section holds it."""
+    return _own_values(self) | {"loss": self.loss.name} | self.loss.section_values()
 
   def phases(self, target_steps: int) -> tuple[Phase, ...]:
     """The rollout phases of the run, in order, covering steps `[0, steps)`; `target_steps`
@@ -547,16 +583,29 @@ def _frozen(value):
   return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+def _own_fields(cls, section) -> dict:
+  """`{field: value}` of a config section, for the fields of its spec `cls` that hold no
+  component's settings (those are `cls.COMPONENTS`)."""
+  return {field.name: _frozen(section[field.name]) for field in dataclasses.fields(cls)
+          if field.name not in cls.COMPONENTS}
+
+
+def _own_values(spec) -> dict:
+  """`{config key: value}` of the fields of a section's spec that hold no component's."""
+  return {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)
+          if field.name not in spec.COMPONENTS}
+
+
 def _section(cls, section):
   """`cls` of a config section. A key `cls` lacks is a TypeError."""
-  if cls is ModelSpec:
-    return ModelSpec.from_section(section)
+  if hasattr(cls, "from_section"):  # a section with components' settings
+    return cls.from_section(section)
   return cls(**{key: _frozen(value) for key, value in section.items()})
 
 
 def _section_values(spec) -> dict:
   """`{config key: value}` of a section's spec."""
-  if isinstance(spec, ModelSpec):
+  if hasattr(spec, "section_values"):
     return spec.section_values()
   return {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)}
 

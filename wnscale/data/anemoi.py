@@ -32,7 +32,8 @@ pressure level (`tests/fixtures/anemoi_levels`).
 `open_anemoi` reads the attributes and the small arrays, and opens `data` once through
 tensorstore; `AnemoiStore.view` is an index transform of it in wnscale's internal order
 for one ensemble member. `anemoi_statistics` turns the store's statistics into
-wnscale's normalization format.
+wnscale's normalization format. The format's entry of `store_formats.FORMATS` opens a store
+with `open_weather_store` (for training) and `open_as_dataset` (an xarray Dataset).
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ import xarray as xr
 import zarr
 
 from wnscale import paths
+from wnscale.data import store as store_lib
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, StoreLacks, UserError
+from wnscale.graphs.points import PointSet
 
 DIMENSIONS = ("dates", "variables", "ensembles", "values")
 ARRAYS = ("dates", "latitudes", "longitudes")
@@ -282,7 +285,7 @@ def anemoi_statistics(store: AnemoiStore, time_step_hours: float | None = None) 
       raise UserError(f"anemoi-datasets store {store.path}: `{name}` {list(values.shape)} "
                       f"does not hold one value per variable ({len(store.variables)}).")
   table = np.stack([mean, std, diff_std])  # [statistic, variables]
-  for index, name in enumerate(store.variables):  # degC, hPa: as `store.open_store` reads
+  for index, name in enumerate(store.variables):  # degC, hPa: as `store_formats.open_store` reads
     expected = variables_lib.VARIABLES.get(_catalogue_name(str(name)))
     converted = expected and units_lib.conversion(str(name), store.units[index]
                                                    if index < len(store.units) else None,
@@ -469,3 +472,103 @@ def _describe_key(key) -> str:
 
 def _describe(value) -> str:
   return f"{len(value)} names" if isinstance(value, list) else repr(value)
+
+
+def open_weather_store(path: str, variables: tuple[str, ...], levels: tuple[int, ...],
+                       time_step_hours: int, resolution: float | None,
+                       forcings: tuple[str, ...], member: int) -> store_lib.WeatherStore:
+  """`store_formats.open_store` of an anemoi-datasets store (its arguments checked): views of its
+  one `data` array for member `member`, its missing dates `missing`. Its grid is its own
+  (`resolution` is not read)."""
+  del resolution
+  source = open_anemoi(path, member)
+  stride = time_step_hours / source.time_step_hours
+  if not float(stride).is_integer() or stride < 1:
+    raise UserError(f"Store {path} has a time step of {source.time_step_hours:g} h, which "
+                    f"does not divide time_step_hours={time_step_hours}")
+  stride = int(stride)
+  order = _regular_order(source)
+  views = {}
+  for name in variables + forcings + variables_lib.STATIC_VARIABLES:
+    atmospheric = variables_lib.is_atmospheric(name)
+    view = source.view(name, levels) if atmospheric else source.view(name)
+    # A regular grid's values as `[lat, lon]`, in internal order.
+    views[name] = view if order is None else view[..., order]
+  atmospheric = any(variables_lib.is_atmospheric(name) for name in variables)
+  level_indices = np.arange(len(levels) if atmospheric else 0, dtype=np.int64)
+  if order is None:
+    points = PointSet.from_points(source.latitude, source.longitude, None,
+                                  f"{source.grid} (anemoi-datasets)")
+  else:
+    points = PointSet.regular(source.latitude[order[:, 0]], source.longitude[order[0]])
+  logging.info("Store %s: anemoi-datasets layout, member %d of %d, grid %s", path, member,
+               source.num_members, source.grid)
+  convert = store_lib.unit_conversions({name: source.units_of(name) for name in views},
+                                       views, path)
+  return store_lib.WeatherStore(path, variables, levels, time_step_hours,
+                                source.times[::stride], points, stride, level_indices,
+                                {"data": source.data}, views, forcings=forcings,
+                                missing=source.missing[::stride], convert=convert)
+
+
+def _regular_order(source: AnemoiStore) -> np.ndarray | None:
+  """`[lat, lon]` indices of the store's values in a regular grid's internal order
+  (latitude and longitude ascending) if its `field_shape` is a whole regular grid
+  flattened latitude-major; else None (the values are points)."""
+  if len(source.field_shape) != 2:
+    return None
+  latitude = source.latitude.reshape(source.field_shape)
+  longitude = source.longitude.reshape(source.field_shape)
+  if not (np.all(latitude == latitude[:, :1]) and np.all(longitude == longitude[:1])):
+    return None
+  index = np.arange(source.num_values).reshape(source.field_shape)
+  return index[np.argsort(latitude[:, 0])][:, np.argsort(longitude[0])]
+
+
+class _LazyView(xr.backends.BackendArray):
+  """A tensorstore view as the lazily indexed array of an xarray variable."""
+
+  def __init__(self, view: ts.TensorStore):
+    self.view = view
+    self.shape = tuple(view.shape)
+    self.dtype = np.dtype(view.dtype.numpy_dtype)
+
+  def __getitem__(self, key):
+    return xr.core.indexing.explicit_indexing_adapter(
+        key, self.shape, xr.core.indexing.IndexingSupport.OUTER, self._read)
+
+  def _read(self, key):
+    return self.view.oindex[key].read().result()
+
+
+def open_as_dataset(path: str) -> xr.Dataset:
+  """`store_formats.open_dataset` of an anemoi-datasets store: its catalogue variables
+  (`variables.VARIABLES`: member 0, wnscale's names, no statics) on `(time, [level,]
+  values)` with `latitude(values)` and `longitude(values)`, or on `(time, [level,] latitude,
+  longitude)` (latitude ascending) where its `field_shape` is a whole regular grid. Its
+  `missing_dates` are not among the times; `level` holds the levels every atmospheric
+  variable has."""
+  source = open_anemoi(paths.normalize(path))
+  present = np.flatnonzero(~source.missing)
+  order = _regular_order(source)
+  if order is None:
+    space = (store_lib.POINT_DIM,)
+    coords = {"latitude": (space, source.latitude), "longitude": (space, source.longitude)}
+  else:
+    space = store_lib.STATIC_DIMS
+    coords = {"latitude": source.latitude[order[:, 0]],
+              "longitude": source.longitude[order[0]]}
+  held = [set(levels) for levels, _ in source.atmospheric.values()]
+  levels = sorted(set.intersection(*held)) if held else []
+  coords.update(time=source.times[present], level=np.asarray(levels, np.int64))
+
+  def variable(name, dims, view):
+    view = view if order is None else view[..., order]
+    return xr.Variable(dims + space, xr.core.indexing.LazilyIndexedArray(_LazyView(view)),
+                       {"units": variables_lib.lookup(name).units})
+
+  data = {name: variable(name, ("time", "level"), source.view(name, levels).oindex[present])
+          for name in source.atmospheric if name in variables_lib.VARIABLES}
+  data.update({name: variable(name, ("time",), source.view(name).oindex[present])
+               for name in source.surface if name in variables_lib.VARIABLES})
+  return xr.Dataset(data, coords=coords)

@@ -14,6 +14,7 @@ import numpy as np
 import tensorstore as ts
 
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import region as region_lib
@@ -23,23 +24,23 @@ def open_store(path: str, variables, levels, time_step_hours: int = 6,
                resolution: float | None = None, forcings=(), member: int = 0,
                regional_path: str = "", region: region_lib.Box | None = None
                ) -> store_lib.WeatherStore:
-  """`store.open_store` of `path` (its arguments), with the regional store
+  """`store_formats.open_store` of `path` (its arguments), with the regional store
   `regional_path`, if any, cut into it: then on the cut-out's points, at the times both
   hold. `resolution` applies to `path`; the regional store's spacing is its own.
   `region`: the cut-out's box; None: the regional points' convex hull."""
   arguments = dict(variables=variables, levels=levels, time_step_hours=time_step_hours,
                    forcings=forcings, member=member)
-  outer = store_lib.open_store(path, resolution=resolution, **arguments)
+  outer = store_formats.open_store(path, resolution=resolution, **arguments)
   if not regional_path:
     return outer
-  return combine(outer, store_lib.open_store(regional_path, **arguments), region)
+  return combine(outer, store_formats.open_store(regional_path, **arguments), region)
 
 
 def combine(outer: store_lib.WeatherStore, inner: store_lib.WeatherStore,
             box: region_lib.Box | None) -> store_lib.WeatherStore:
   """`outer` (global) with `inner`'s (regional) points in place of its own in the region.
 
-  Both stores hold the same variables, levels and forcings (`store.open_store` of
+  Both stores hold the same variables, levels and forcings (`store_formats.open_store` of
   each with the same arguments). The result has the times both hold, the points
   of `region.cut_out` (`points.region` marks the regional ones) and each store's
   missing times.

@@ -37,7 +37,7 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
-from wnscale.data import anemoi, netcdf
+from wnscale.data import netcdf, store_formats
 from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
@@ -65,7 +65,8 @@ def cached_stats_path(path: str, variables, levels, start: str | None, end: str 
                     start or "", end or "", time_step_hours, list(forcings),
                     list(stored_forcings), member,
                     cache.source_digest("data/normalization.py", "data/store.py",
-                                        "data/forcings.py", "data/anemoi.py")])
+                                        "data/forcings.py", "data/anemoi.py",
+                                        "data/store_formats.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
@@ -102,8 +103,9 @@ def read_stats(path: str, time_step_hours: int | None = None) -> xr.Dataset:
   statistics, diff_std over `time_step_hours`, the store's step if None)."""
   if paths.exists(paths.join(path, GRAPHCAST_FILES["mean"])):
     return _from_graphcast(path)
-  if anemoi.is_anemoi_store(path):
-    stats = anemoi.anemoi_statistics(anemoi.open_anemoi(path), time_step_hours)
+  carried = store_formats.format_of(path).statistics
+  if carried is not None:
+    stats = carried(path, time_step_hours)
     for name in stats.data_vars:  # as computed statistics are floored
       mean = stats[name].sel(statistic="mean").values
       for statistic in ("std", "diff_std"):
@@ -188,16 +190,16 @@ def compute_stats(path: str, variables, levels, start: str | None = None,
     forcings: forcings to cover too (mean and std; `diff_std` set to std):
       those in `stored_forcings` as the store holds them, the others as
       `forcings.compute_forcings` computes them at the store's times.
-    member: the ensemble member of an anemoi-datasets store (`store.open_store`).
+    member: the ensemble member of an anemoi-datasets store (`store_formats.open_store`).
   """
-  store_step = store_lib.native_time_step_hours(path, time_step_hours)
+  store_step = store_formats.native_time_step_hours(path, time_step_hours)
   lag = time_step_hours / store_step
   if not float(store_step).is_integer() or not float(lag).is_integer():
     raise UserError(f"Store {path} has a time step of {store_step:g} h, which"
                     f" does not divide time_step_hours={time_step_hours}")
   lag = int(lag)
   # Native step: every store time counts, and diffs use `lag` store steps.
-  store = store_lib.open_store(path, variables, levels, time_step_hours=int(store_step),
+  store = store_formats.open_store(path, variables, levels, time_step_hours=int(store_step),
                                forcings=stored_forcings, member=member)
   first_time, num_times = store_lib.time_range(store.times, start, end, path)
   if num_times < 1 + lag:

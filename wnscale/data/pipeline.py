@@ -22,7 +22,7 @@ import grain
 import jax
 import numpy as np
 
-from wnscale.data import resolve
+from wnscale.data import run_data
 from wnscale.data import source as source_lib
 from wnscale.errors import UserError
 
@@ -112,20 +112,20 @@ def make_source(data, split: str, grid_slots: np.ndarray | None = None,
   """The example source of `split` ("train" or "eval") of `data`, a `wnscale.specs.DataSpec`.
 
   Both splits are normalized with `stats`, default the training range's
-  (`resolve.resolve_stats`). `indexed_target_steps`: examples counted as if this
+  (`run_data.resolve_stats`). `indexed_target_steps`: examples counted as if this
   long (a rollout curriculum's longest phase: `WeatherExampleSource`).
   """
   start, end = data.split_range(split)
   if stats is None:
-    stats = resolve.resolve_stats(data)
-  with resolve.config_range(split):
+    stats = run_data.resolve_stats(data)
+  with run_data.config_range(split):
     return source_lib.WeatherExampleSource(
         data.path, data.variables, data.pressure_levels, input_steps=data.input_steps,
         target_steps=data.target_steps, start=start, end=end,
         time_step_hours=data.time_step_hours, fill_nan=data.fill_nan,
         resolution=data.resolution, grid_slots=grid_slots, stats=stats, member=data.member,
         indexed_target_steps=indexed_target_steps, regional_path=data.regional_path,
-        region=data.region_box, **resolve.data_layout(data))
+        region=data.region_box, **run_data.data_layout(data))
 
 
 def make_pipeline(data,

@@ -38,6 +38,7 @@ from wnscale.data import cutout
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import normalization
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.errors import ArgumentError, UserError
 from wnscale.data import variables as variables_lib
 
@@ -99,7 +100,7 @@ class WeatherExampleSource:
 
     Args:
       path, variables, levels, time_step_hours, resolution: see
-        `store.open_store`; `variables` are the state (inputs and targets).
+        `store_formats.open_store`; `variables` are the state (inputs and targets).
       fill_nan: fill NaN with the channel's mean instead of raising.
       input_steps, target_steps: model steps per example.
       start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
@@ -125,7 +126,7 @@ class WeatherExampleSource:
       member: the ensemble member of an anemoi-datasets store. Its missing dates are
         in no example.
       regional_path, region: a regional store cut into `path`'s and the region
-        (`store.open_store`); the statistics stay `path`'s.
+        (`store_formats.open_store`); the statistics stay `path`'s.
     """
     if input_steps < 1 or target_steps < 1:
       raise UserError(f"input_steps ({input_steps}) and target_steps "

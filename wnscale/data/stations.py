@@ -15,6 +15,7 @@ from scipy import spatial
 
 from wnscale.data import observations
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, edge_sets, grid
@@ -94,8 +95,8 @@ def write_network(grid_path: str, out: str, num_stations: int, *, variables=None
   if lacking or not names:
     raise UserError(f"The grid store {grid_path} holds the surface variables {held}, not "
                     f"{lacking or 'any'}: stations observe surface variables the grid has.")
-  store = store_lib.open_store(grid_path, names, (),
-                               store_lib.native_time_step_hours(grid_path, 6))
+  store = store_formats.open_store(grid_path, names, (),
+                               store_formats.native_time_step_hours(grid_path, 6))
   land = store.read_statics(allow_nan=True)[variables_lib.STATIC_VARIABLES.index(
       "land_sea_mask")] > 0.5
   points = random_land_biased_points(num_stations, store.points, land, seed)

@@ -1,4 +1,6 @@
-"""Reads WeatherBench2 zarr stores, as published, into the wnscale channel layout.
+"""Reads WeatherBench2 zarr stores, as published, into the wnscale channel layout
+(`open_zarr`: the format of that entry of `store_formats.FORMATS`), as a `WeatherStore`,
+the reader every format's store opens as (`store_formats.open_store`).
 
 xarray opens metadata and coordinates only; array data is read through
 tensorstore, all variables of a batch in flight at once, decoded straight into
@@ -49,7 +51,6 @@ import tensorstore as ts
 import xarray as xr
 
 from wnscale import outputs, paths
-from wnscale.data import anemoi
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
@@ -383,45 +384,13 @@ class CorruptChunk(UserError):
     return type(self), self.arguments
 
 
-def open_store(path: str,
-               variables,
-               levels,
-               time_step_hours: int = 6,
-               resolution: float | None = None,
-               forcings=(),
-               member: int = 0) -> WeatherStore:
-  """Opens `path` for reading `variables` on `levels` every `time_step_hours`.
-
-  Args:
-    path: directory or URL (`gs://bucket/era5.zarr`) of a zarr v2 or v3 store
-      in a WB2 layout.
-    variables: variable names (catalogue names, config order).
-    levels: pressure levels in hPa, config order; each must be in the store.
-    time_step_hours: the model's time step; the store's step must divide it.
-    resolution: if given, a regular store's lat/lon spacing must equal it (degrees);
-      a store on other points says its grid, and this is not used.
-    forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
-      names, stored like surface variables).
-    member: the ensemble member of an anemoi-datasets store (`data.anemoi`; such
-      a store is found by its layout, and its `missing_dates` are `missing`).
-
-  The store raises on NaN until its `fill` values are set.
-
-  Raises:
-    ValueError: naming the problem, for any store that does not fit.
-  """
-  path = paths.normalize(path)
-  variables = tuple(variables)
-  forcings = tuple(forcings)
-  levels = tuple(int(level) for level in levels)
-  for name in variables:
-    variables_lib.lookup(name)
-  unknown = [name for name in forcings if name not in variables_lib.FORCING_CHANNELS]
-  if unknown:
-    raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
+def open_zarr(path: str, variables: tuple[str, ...], levels: tuple[int, ...],
+              time_step_hours: int, resolution: float | None, forcings: tuple[str, ...],
+              member: int) -> WeatherStore:
+  """`store_formats.open_store` of a zarr store in WeatherBench2's layout (its arguments
+  checked); it has no ensemble members (`member` is not read)."""
+  del member
   names = variables + forcings + variables_lib.STATIC_VARIABLES
-  if anemoi.is_anemoi_store(path):
-    return _open_anemoi(path, variables, levels, time_step_hours, forcings, member)
   _check_kind(path)
   with open_metadata(path) as dataset:
     conversion = dataset.attrs.get(CONVERSION_ATTR)
@@ -433,8 +402,8 @@ def open_store(path: str,
     times, stride = _subsampled_times(dataset, time_step_hours, path)
     store_levels = [int(level) for level in dataset["level"].values
                    ] if "level" in dataset.coords else []
-    convert = _unit_conversions({name: dataset[name].attrs.get("units") for name in names
-                                 if name in dataset}, names, path)
+    convert = unit_conversions({name: dataset[name].attrs.get("units") for name in names
+                                if name in dataset}, names, path)
   if any(variables_lib.lookup(name).atmospheric for name in variables):
     level_indices = np.asarray([store_levels.index(level) for level in levels],
                                np.int64)
@@ -490,7 +459,7 @@ def _check_dtypes(handles: dict, path: str):
     logging.info("Store %s: %s read as float32.", path, ", ".join(cast))
 
 
-def _unit_conversions(store_units_of: dict, names, path: str) -> dict:
+def unit_conversions(store_units_of: dict, names, path: str) -> dict:
   """`{name: (scale, offset)}` of the variables whose units in the store (`store_units_of`:
   `{name: units or None}`) differ from the catalogue's by an affine conversion (said
   once); a mismatch is a `UserError`."""
@@ -505,58 +474,11 @@ def _unit_conversions(store_units_of: dict, names, path: str) -> dict:
   return convert
 
 
-def native_time_step_hours(path: str, default: float) -> float:
-  """The store's own time step in hours (`default` for a store of one time)."""
-  if anemoi.is_anemoi_store(path):
-    return anemoi.open_anemoi(path).time_step_hours
+def zarr_time_step_hours(path: str, default: float) -> float:
+  """`store_formats.native_time_step_hours` of a zarr store in WeatherBench2's layout."""
   with open_metadata(path) as dataset:
     times = dataset["time"].values
   return (times[1] - times[0]) / np.timedelta64(1, "h") if len(times) > 1 else default
-
-
-def _open_anemoi(path, variables, levels, time_step_hours, forcings, member) -> WeatherStore:
-  """An anemoi-datasets store as a `WeatherStore`: views of its one `data` array."""
-  source = anemoi.open_anemoi(path, member)
-  stride = time_step_hours / source.time_step_hours
-  if not float(stride).is_integer() or stride < 1:
-    raise UserError(f"Store {path} has a time step of {source.time_step_hours:g} h, which "
-                    f"does not divide time_step_hours={time_step_hours}")
-  stride = int(stride)
-  order = _regular_order(source)
-  views = {}
-  for name in variables + forcings + variables_lib.STATIC_VARIABLES:
-    atmospheric = variables_lib.is_atmospheric(name)
-    view = source.view(name, levels) if atmospheric else source.view(name)
-    # A regular grid's values as `[lat, lon]`, in internal order.
-    views[name] = view if order is None else view[..., order]
-  atmospheric = any(variables_lib.is_atmospheric(name) for name in variables)
-  level_indices = np.arange(len(levels) if atmospheric else 0, dtype=np.int64)
-  if order is None:
-    points = PointSet.from_points(source.latitude, source.longitude, None,
-                                  f"{source.grid} (anemoi-datasets)")
-  else:
-    points = PointSet.regular(source.latitude[order[:, 0]], source.longitude[order[0]])
-  logging.info("Store %s: anemoi-datasets layout, member %d of %d, grid %s", path, member,
-               source.num_members, source.grid)
-  convert = _unit_conversions({name: source.units_of(name) for name in views}, views, path)
-  return WeatherStore(path, variables, levels, time_step_hours,
-                      source.times[::stride], points, stride, level_indices,
-                      {"data": source.data}, views, forcings=forcings,
-                      missing=source.missing[::stride], convert=convert)
-
-
-def _regular_order(source: anemoi.AnemoiStore) -> np.ndarray | None:
-  """`[lat, lon]` indices of the store's values in a regular grid's internal order
-  (latitude and longitude ascending) if its `field_shape` is a whole regular grid
-  flattened latitude-major; else None (the values are points)."""
-  if len(source.field_shape) != 2:
-    return None
-  latitude = source.latitude.reshape(source.field_shape)
-  longitude = source.longitude.reshape(source.field_shape)
-  if not (np.all(latitude == latitude[:, :1]) and np.all(longitude == longitude[:1])):
-    return None
-  index = np.arange(source.num_values).reshape(source.field_shape)
-  return index[np.argsort(latitude[:, 0])][:, np.argsort(longitude[0])]
 
 
 def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[str, ...],
@@ -578,66 +500,6 @@ def _internal_view(handle: ts.TensorStore, dims: tuple[str, ...], space: tuple[s
 def spatial_dims(dataset: xr.Dataset) -> tuple[str, ...]:
   """A dataset's spatial dims: `(values,)` on points, else `(latitude, longitude)`."""
   return (POINT_DIM,) if POINT_DIM in dataset.dims else STATIC_DIMS
-
-
-def open_dataset(path: str) -> xr.Dataset:
-  """Any store as a lazy xarray Dataset in WeatherBench2's layout (data read on access).
-
-  A zarr store as it is (`open_metadata`); an anemoi-datasets store as its catalogue
-  variables (`variables.VARIABLES`: member 0, wnscale's names, no statics) on `(time,
-  [level,] values)` with `latitude(values)` and `longitude(values)`, or on `(time,
-  [level,] latitude, longitude)` (latitude ascending) where its `field_shape` is a whole
-  regular grid.
-  Its `missing_dates` are not among the times; `level` holds the levels every
-  atmospheric variable has.
-  """
-  if anemoi.is_anemoi_store(path):
-    return _anemoi_dataset(paths.normalize(path))
-  return open_metadata(path)
-
-
-class _LazyView(xr.backends.BackendArray):
-  """A tensorstore view as the lazily indexed array of an xarray variable."""
-
-  def __init__(self, view: ts.TensorStore):
-    self.view = view
-    self.shape = tuple(view.shape)
-    self.dtype = np.dtype(view.dtype.numpy_dtype)
-
-  def __getitem__(self, key):
-    return xr.core.indexing.explicit_indexing_adapter(
-        key, self.shape, xr.core.indexing.IndexingSupport.OUTER, self._read)
-
-  def _read(self, key):
-    return self.view.oindex[key].read().result()
-
-
-def _anemoi_dataset(path: str) -> xr.Dataset:
-  """`open_dataset` of an anemoi-datasets store."""
-  source = anemoi.open_anemoi(path)
-  present = np.flatnonzero(~source.missing)
-  order = _regular_order(source)
-  if order is None:
-    space = (POINT_DIM,)
-    coords = {"latitude": (space, source.latitude), "longitude": (space, source.longitude)}
-  else:
-    space = STATIC_DIMS
-    coords = {"latitude": source.latitude[order[:, 0]],
-              "longitude": source.longitude[order[0]]}
-  held = [set(levels) for levels, _ in source.atmospheric.values()]
-  levels = sorted(set.intersection(*held)) if held else []
-  coords.update(time=source.times[present], level=np.asarray(levels, np.int64))
-
-  def variable(name, dims, view):
-    view = view if order is None else view[..., order]
-    return xr.Variable(dims + space, xr.core.indexing.LazilyIndexedArray(_LazyView(view)),
-                       {"units": variables_lib.lookup(name).units})
-
-  data = {name: variable(name, ("time", "level"), source.view(name, levels).oindex[present])
-          for name in source.atmospheric if name in variables_lib.VARIABLES}
-  data.update({name: variable(name, ("time",), source.view(name).oindex[present])
-               for name in source.surface if name in variables_lib.VARIABLES})
-  return xr.Dataset(data, coords=coords)
 
 
 def open_metadata(path: str) -> xr.Dataset:

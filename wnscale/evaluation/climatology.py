@@ -11,7 +11,7 @@ is WeatherBench2's "explicit" method. Given no leap year at all it wraps over
 365 days and has no day 366; here day 366 always exists.)
 
 `compute_climatology` reads the store (a WeatherBench2-layout one, a point store,
-or an anemoi-datasets one: `store.open_dataset`) once per variable (once per
+or an anemoi-datasets one: `store_formats.open_dataset`) once per variable (once per
 block of levels and latitude rows, or of points, when the sums would not fit
 `memory_bytes`), in blocks of times, and writes a WeatherBench2-layout zarr
 store, dims `(hour, dayofyear, [level,] latitude, longitude)`, latitude in the
@@ -32,6 +32,7 @@ import xarray as xr
 
 from wnscale import outputs, paths
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.data import writer
@@ -129,7 +130,7 @@ def compute_climatology(path: str, out: str, start: str | None = None, end: str 
   weights = window_weights(window)
   out = paths.normalize(out)
   outputs.check(out, outputs.CLIMATOLOGY, argument="out", overwrite=overwrite, reads=(path,))
-  dataset = store_lib.open_dataset(path)
+  dataset = store_formats.open_dataset(path)
   names = _variables(dataset, variables, path)
   for name in names:  # a store in degC or hPa: said (another mismatch refused) before work
     units_lib.read_as(name, dataset[name].attrs.get("units"),
@@ -246,7 +247,7 @@ def _write_block(path, levels, indices, hours, weights, out, block):
   by another process (a Beam worker).
   """
   name, level_block, rows = block
-  dataset = store_lib.open_dataset(path)
+  dataset = store_formats.open_dataset(path)
   field = _field(dataset, name, levels)
   # Summed in the catalogue's units, which the climatology says it is in.
   scale, offset = units_lib.conversion(name, dataset[name].attrs.get("units"),

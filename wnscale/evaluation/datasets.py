@@ -4,7 +4,7 @@ A forecast is in WeatherBench2's forecast layout: variables on `time` (the
 initial time), `prediction_timedelta`, [`level`,] `latitude`, `longitude`,
 optionally an ensemble `number`; a truth store is in WeatherBench2's layout
 (`time`, [`level`,] `latitude`, `longitude`), or an anemoi-datasets store
-(`store.open_dataset`). Dims are selected by name, and latitude may run either
+(`store_formats.open_dataset`). Dims are selected by name, and latitude may run either
 way: every dataset here is returned with latitude ascending. On a point set, one
 dim `values` takes the place of `(latitude, longitude)`, with `latitude(values)`
 and `longitude(values)` coordinates; the scores weigh each point by its cell's
@@ -27,6 +27,7 @@ from scipy import spatial
 
 from wnscale import outputs
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
@@ -134,7 +135,7 @@ def open_truth(path: str) -> xr.Dataset:
     raise ArgumentError("truth", path, f"is {found.noun}, not a store of states over time "
                         "(the truth a forecast is scored against): give `truth` a dataset "
                         "store, e.g. the one the run trained on.")
-  dataset = store_lib.open_dataset(path)
+  dataset = store_formats.open_dataset(path)
   # Valid times are looked up in it: a time out of order or twice would give wrong rows.
   store_lib.check_times(dataset["time"].values, path, evenly=False)
   for name in dataset.data_vars:

@@ -38,8 +38,9 @@ from wnscale import specs as specs_lib
 from wnscale.assembly import Assembly, assemble
 from wnscale.data import cutout
 from wnscale.data import store as store_lib
+from wnscale.data import store_formats
+from wnscale.data.run_data import modality_readers, resolve_stats
 from wnscale.data.source import parse_duration
-from wnscale.data.resolve import modality_readers, resolve_stats
 from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
@@ -275,14 +276,14 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
 
 
 def _modality_readers(specs: specs_lib.Specs, store, path: str) -> tuple:
-  """`resolve.modality_readers` of the run's modalities at `store`'s times (the initial
+  """`run_data.modality_readers` of the run's modalities at `store`'s times (the initial
   conditions from `path`), normalized as in training: statistics of the training range of
   the run's grid store."""
   d = specs.data
   if not d.modalities:
     return ()
   grid_times = store.times if paths.normalize(path) == paths.normalize(d.path) else \
-      store_lib.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
+      store_formats.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
   first, count = time_range(grid_times, d.train_start, d.train_end, d.path)
   return modality_readers(d, specs.seed, store.times, grid_times[first:first + count])
 

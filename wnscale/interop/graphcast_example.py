@@ -33,7 +33,7 @@ from wnscale import outputs as outputs_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import netcdf, resolve
+from wnscale.data import netcdf, run_data
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.graphs.points import PointSet
@@ -72,7 +72,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   steps = _check_example(example, d, steps, example_path)
   member_noise = _member_noise(specs, members, noise, steps)
   grid = PointSet.regular(np.sort(example["lat"].values), example["lon"].values)
-  assembly = assemble(specs, grid, resolve.resolve_stats(d), mesh_lib.single_device_mesh())
+  assembly = assemble(specs, grid, run_data.resolve_stats(d), mesh_lib.single_device_mesh())
   restored, _ = run.restore_params(assembly.params, which=params)
   predictor = Predictor(specs, assembly, restored)
   rows = []

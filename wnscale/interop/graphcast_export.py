@@ -17,7 +17,7 @@ optionally the run's statistics as GraphCast's three files.
     configs (when they still describe the run: the published variable orders), the
     parameters wnscale's do not hold, and the description and license.
   * The statistics: the run's `data.stats_path` when it is GraphCast's files
-    (copied as they are); else the run's statistics (`resolve.resolve_stats`) in
+    (copied as they are); else the run's statistics (`run_data.resolve_stats`) in
     their layout (`normalization.to_graphcast`).
 
 Each output is written whole or not at all, and an existing one is replaced only
@@ -35,7 +35,7 @@ from flax import nnx
 
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import netcdf, normalization, resolve
+from wnscale.data import netcdf, normalization, run_data
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
 from wnscale.interop import imported_origin
@@ -127,6 +127,6 @@ def _statistics(config: ml_collections.ConfigDict, specs) -> dict[str, bytes]:
                                             normalization.GRAPHCAST_FILES["mean"])):
     return {name: paths.read_bytes(paths.join(stats_path, name))
             for name in normalization.GRAPHCAST_FILES.values()}
-  files = normalization.to_graphcast(resolve.resolve_stats(specs.data))
+  files = normalization.to_graphcast(run_data.resolve_stats(specs.data))
   return {normalization.GRAPHCAST_FILES[statistic]: netcdf.to_bytes(dataset)
           for statistic, dataset in files.items()}

@@ -33,7 +33,7 @@ from flax import nnx
 
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, resolve
+from wnscale.data import normalization, run_data
 from wnscale.interop import fiddle_json, imported_origin, weathernext2_checkpoint
 from wnscale.interop import weathernext2_params, weathernext2_predictor
 from wnscale.interop.weathernext2_import import CONFIG, REMAINDER
@@ -101,4 +101,4 @@ def export_weathernext2(workdir: str, out: str, step: int | None = None,
 
 def run_statistics(config: ml_collections.ConfigDict) -> dict:
   """The run's statistics in GraphCast's layout (`{statistic: Dataset}`)."""
-  return normalization.to_graphcast(resolve.resolve_stats(specs_lib.from_config(config).data))
+  return normalization.to_graphcast(run_data.resolve_stats(specs_lib.from_config(config).data))

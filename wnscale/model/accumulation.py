@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from wnscale.model.varying import vary_like
+from wnscale.model.manual_axis_types import vary_like
 
 
 def split(batch: dict, micro_batches: int) -> dict:

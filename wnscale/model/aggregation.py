@@ -35,14 +35,9 @@ import jax.numpy as jnp
 
 from wnscale.graphs import receiver_blocks
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
+from wnscale.model.processor_interface import AGGREGATIONS
 
 Receivers = Union[jax.Array, ReceiverBlocks]
-# `model.aggregation`: "matmul" (blocks, where the edge set has them), "fused" (blocks,
-# and the processor's edge step as one kernel per block: `wnscale.model.fused_edges`;
-# TPU, and CPU in Pallas's interpreter), "segment_sum" (indices), or "auto": matmul on an
-# accelerator, segment_sum on a CPU (where a scatter is cheap and the products' extra
-# arithmetic is not).
-METHODS = ("auto", "matmul", "fused", "segment_sum")
 
 
 def target_platform() -> str | None:
@@ -56,8 +51,8 @@ def target_platform() -> str | None:
 def resolve(method: str) -> str:
   """`method`, with "auto" replaced by the target platform's choice (`target_platform`, else
   this process's default backend)."""
-  if method not in METHODS:
-    raise ValueError(f"Unknown aggregation {method!r}; expected one of {METHODS}.")
+  if method not in AGGREGATIONS:
+    raise ValueError(f"Unknown aggregation {method!r}; expected one of {AGGREGATIONS}.")
   if method == "auto":
     platform = target_platform() or jax.default_backend()
     return "segment_sum" if platform == "cpu" else "matmul"

@@ -55,16 +55,13 @@ class TrainingMembers(NamedTuple):
 def training_members(specs: Specs) -> TrainingMembers | None:
   """The FGN settings of a run (None for a deterministic model).
 
-  The CRPS runs `train.ensemble_members` members per example; an FGN trained
-  with the MSE runs one.
+  The loss says how many members of each example it compares (`LossSpec.members`: the
+  CRPS `train.ensemble_members`, the MSE one) and where they run.
   """
   if not specs.model.noise_channels:
     return None
-  crps = specs.train.loss == "crps"
-  return TrainingMembers(seed=specs.seed,
-                         members=specs.train.ensemble_members if crps else 1,
-                         channels=specs.model.noise_channels,
-                         on_data=crps and specs.train.members_on_data)
+  return TrainingMembers(seed=specs.seed, members=specs.train.loss.members,
+                         channels=specs.model.noise_channels, on_data=specs.train.loss.on_data)
 
 
 def with_training_noise(batch: dict, spec: TrainingMembers | None, step) -> dict:

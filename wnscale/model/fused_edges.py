@@ -50,7 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from wnscale.graphs import receiver_blocks
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 from wnscale.model import aggregation
-from wnscale.model.varying import vary_like
+from wnscale.model.manual_axis_types import vary_like
 
 _VMEM_LIMIT = 100 * 2**20  # a v5e TensorCore has 128 MiB of VMEM
 
@@ -68,7 +68,7 @@ def edge_step(params: tuple, edges, sender_table, senders: SenderWindows, receiv
     receiver_table: `[num_receivers, D]` the projected receivers.
     epsilon: the layer norm's.
   """
-  params = tuple(vary_like(p, edges) for p in params)  # as `lean.layer_norm` says why
+  params = tuple(vary_like(p, edges) for p in params)  # as `low_memory_layers.layer_norm` says why
   return _edge_step(params, edges, sender_table, senders, receiver_table, blocks, epsilon)
 
 

@@ -40,18 +40,12 @@ from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.model import remat
+from wnscale.model import processors, remat, remat_policies
 from wnscale.model.blocks import map_row_blocks
+from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
-from wnscale.model.processors import PROCESSORS
 from wnscale.specs import ModelSpec
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# What `model.output_activations` may apply to a normalized outright prediction.
-OUTPUT_ACTIVATIONS = {"sigmoid": jax.nn.sigmoid, "softplus": jax.nn.softplus,
-                      "relu": jax.nn.relu, "tanh": jnp.tanh}
-
 
 class PointModality(NamedTuple):
   """A modality as the network sees it (`setup.build_model` makes it from a `ModalitySpec`).
@@ -162,7 +156,7 @@ class GraphCast(nnx.Module):
         gather_from_receivers=spec.grid_to_mesh_gather_from_receivers)
     self.grid_to_mesh_grid_mlp = mlp(latent, latent)
     # Processor: parameters stacked along a leading layer axis.
-    self.processor = PROCESSORS[spec.processor.name].module(spec, dtype=dtype, rngs=rngs)
+    self.processor = processors.implementation(spec).module(spec, dtype=dtype, rngs=rngs)
     # Decoder.
     self.mesh_to_grid_edges = edges()
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
@@ -170,7 +164,7 @@ class GraphCast(nnx.Module):
     self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
                             if spec.noise_channels else None)
     self.output_activations = tuple(output_activations)
-    self.policy = remat.resolve_policy(spec.remat.remat_policy).checkpoint_policy
+    self.policy = remat_policies.resolve_policy(spec.remat.remat_policy).checkpoint_policy
     # After everything else: the grid model's parameters draw what they draw without.
     self.modalities = tuple(PointModality(*m) for m in modalities)
     for m in self.modalities:

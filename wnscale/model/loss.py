@@ -1,4 +1,5 @@
-"""The training losses: GraphCast's MSE, or an FGN ensemble's fair CRPS.
+"""The training losses' sums: GraphCast's MSE, or an FGN ensemble's fair CRPS
+(`train.loss` names one, `wnscale.model.loss_registry.LOSSES`).
 
 MSE of the predicted states against the targets, measured in units of the std
 of differences over one model step (`data.time_step_hours`), weighted per grid
@@ -16,6 +17,8 @@ examples and lead times, as the grid's.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -23,6 +26,23 @@ from flax import nnx
 from wnscale.model import ensemble, forecast, rollout_loss
 from wnscale.model.forecast import Constants
 from wnscale.model.graphcast import GraphCast, local_exchange
+
+
+class LossImplementation(NamedTuple):
+  """What a loss of `loss_registry.LOSSES` computes (local sums under shard_map, which
+  `mean_loss` turns into the mean).
+
+  Attributes:
+    grid_sum: `(predictions [M, B, T, C, G], targets [B, T, C, G], constants, remote) ->
+      scalar`: the sum over examples, lead times and grid nodes of `M` members'
+      predictions (normalized); `remote`: the predictions `[B, T, C, G]` of the members
+      other devices hold (`specs.LossSpec.on_data`), a list, empty otherwise.
+    point_sum: `(predictions [M, B, T, C_t, P], targets [B, T, C_t, P], point weights [P])
+      -> scalar`: a target modality's sum over its present (not NaN) values.
+  """
+
+  grid_sum: Callable
+  point_sum: Callable
 
 
 def weighted_squared_error(predictions, targets, constants: Constants):
@@ -62,24 +82,43 @@ def _present_weights(targets, point_weights):
   return jnp.where(jnp.isnan(targets), 0, point_weights.astype(jnp.float32))
 
 
-POINT_LOSSES = {"mse": point_error_sum, "crps": point_crps_sum}  # by train.loss
+def _grid_error_sum(predictions, targets, constants: Constants, remote):
+  """The members' mean of the weighted squared error, summed over examples, lead times and
+  grid nodes (`LossImplementation.grid_sum`)."""
+  del remote  # each device runs all members of its examples (CRPSSpec.members_on_data)
+  return jnp.sum(weighted_squared_error(predictions, targets[None], constants)) / (
+      predictions.shape[0])
+
+
+def _grid_crps_sum(predictions, targets, constants: Constants, remote):
+  """The fair CRPS over the members, here and `remote`, summed over examples, lead times
+  and grid nodes (`LossImplementation.grid_sum`)."""
+  return jnp.sum(ensemble.fair_crps_sums(predictions, targets, constants,
+                                         predictions.shape[0] + len(remote), remote))
+
+
+# The implementations of the entries of `loss_registry.LOSSES`.
+MSE = LossImplementation(grid_sum=_grid_error_sum, point_sum=point_error_sum)
+CRPS = LossImplementation(grid_sum=_grid_crps_sum, point_sum=point_crps_sum)
 
 
 def point_weight_sums(batch, point_weights: dict) -> dict:
   """`{target modality: the sum of w_p over its present target values}` of a batch (its
   `<name>/targets` `[B, T, C_t, P]`; `point_weights`: `Constants.point_weights`): what
-  `mean_loss` divides each modality's `POINT_LOSSES` sum by. Local sums under shard_map,
+  `mean_loss` divides each modality's `LossImplementation.point_sum` by. Local sums under
+  shard_map,
   like `loss_terms`'; they depend on the targets only, never on the parameters."""
   return {key.removesuffix("/targets"): jnp.sum(_present_weights(
       value, point_weights[key.removesuffix("/targets")]))
           for key, value in batch.items() if key.endswith("/targets")}
 
 
-def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "mse",
+def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: LossImplementation,
                remat_steps: bool = False, exchange=local_exchange, remote_members=None):
   """`(the grid's loss summed over examples, lead times and grid nodes, {target modality:
-  its POINT_LOSSES sum})` of a batch; local sums (under shard_map, of this shard's rows),
-  turned into the mean by `mean_loss`.
+  its point sum})` of a batch, for `loss` (the implementation of an entry of
+  `loss_registry.LOSSES`: `MSE`, `CRPS`); local sums (under shard_map, of this shard's
+  rows), turned into the mean by `mean_loss`.
 
   Divide the grid's by examples x lead times x grid nodes for its mean. A batch with
   `noise` `[B, M, T, K]` (an FGN's) runs `M` members per example: "mse" averages their
@@ -99,14 +138,10 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: str = "ms
     """The loss sums of `predictions` `[M B, T', C, G]` (and each target modality's) against
     `targets` `[B, T', C, G]` (and `point_targets`), T' leads."""
     predictions = by_member(predictions)
-    if loss == "mse":
-      grid = jnp.sum(weighted_squared_error(predictions, targets[None], constants)) / members
-    else:
-      remote = remote_members(predictions[0]) if remote_members is not None else []
-      grid = jnp.sum(ensemble.fair_crps_sums(predictions, targets, constants,
-                                             members + len(remote), remote))
-    return grid, {name: POINT_LOSSES[loss](by_member(values), point_targets[name],
-                                           constants.point_weights[name])
+    remote = remote_members(predictions[0]) if remote_members is not None else []
+    grid = loss.grid_sum(predictions, targets, constants, remote)
+    return grid, {name: loss.point_sum(by_member(values), point_targets[name],
+                                       constants.point_weights[name])
                   for name, values in point_predictions.items()}
 
   if not remat_steps:
@@ -137,7 +172,7 @@ def mean_loss(grid_sum, grid_count, point_sums: dict, point_counts: dict,
               modalities) -> jax.Array:
   """The mean loss: `grid_sum / grid_count` plus each target modality's (`ModalitySpec`)
   `loss_weight` x targets x its weighted mean over present values (`point_sums`: name ->
-  its `POINT_LOSSES` sum; `point_counts`: name -> its `point_weight_sums`).
+  its point sum; `point_counts`: name -> its `point_weight_sums`).
 
   Linear in the sums for given counts: with the whole batch's counts (summed over every
   shard), the means of its parts (shards, micro-batches) add up to the batch's mean.

@@ -18,9 +18,6 @@ edge step in one kernel per block (`wnscale.model.fused_edges`).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar
-
 from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES
@@ -28,29 +25,14 @@ from wnscale.graphs.graph import Graphs
 from wnscale.graphs.receiver_blocks import ReceiverBlocks
 import jax
 
-from wnscale.model import aggregation, remat
+from wnscale.model import aggregation, remat, remat_policies
 from wnscale.model.blocks import split_rows
-from wnscale.model.message_passing import InteractionNetwork, scan_edge_blocks
-from wnscale.model.mlp import MLP
-from wnscale.model.varying import vary_like
-from wnscale.specs import ModelSpec, ProcessorSpec, setting
-
-
-@dataclasses.dataclass(frozen=True)
-class GNNSpec(ProcessorSpec):
-  """The interaction-network processor's settings (`model.processor='interaction_network'`)."""
-
-  name: ClassVar[str] = "interaction_network"
-  message_passing_steps: int = setting(4, "interaction_network: processor (mesh GNN) layers",
-                                       minimum=1)
-  aggregation: str = setting(
-      "auto", "interaction_network: how the processor's mesh edges reach their receivers "
-      "(each edge's receiver row, each receiver's sum): \"segment_sum\" (by index: a gather "
-      "and a scatter), \"matmul\" (products with each block of edges' 0/1 receiver matrix; "
-      "no scatter: wnscale.model.aggregation), \"fused\" (blocks, and a layer's whole edge "
-      "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "
-      "elsewhere), \"auto\": matmul on an accelerator, segment_sum on a CPU. The same "
-      "function each way (to rounding)", choices=aggregation.METHODS, how_only=True)
+from wnscale.model.manual_axis_types import vary_like
+from wnscale.model.message_passing import (InteractionNetwork, interaction_flops,
+                                           scan_edge_blocks)
+from wnscale.model.mlp import MLP, mlp_flops
+from wnscale.model.processor_interface import ProcessorCost, ProcessorImplementation
+from wnscale.specs import ModelSpec
 
 
 class MeshGNN(nnx.Module):
@@ -70,7 +52,7 @@ class MeshGNN(nnx.Module):
       return InteractionNetwork(latent, conditioning_size=conditioning, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.policy = remat.resolve_policy(spec.remat.remat_policy).checkpoint_policy
+    self.policy = remat_policies.resolve_policy(spec.remat.remat_policy).checkpoint_policy
 
   def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps.
@@ -121,3 +103,20 @@ class MeshGNN(nnx.Module):
     return remat.scan_layers(one_layer, carry, stacked_state,
                              checkpoint=spec.remat.remat_mesh_gnn,
                              every=spec.remat.mesh_remat_every, policy=self.policy)[0]
+
+
+def _cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
+  d, mesh, edges = m.latent_size, graphs.num_nodes("mesh"), graphs.num_edges("mesh")
+  steps = m.processor.message_passing_steps
+  forward = mlp_flops(edges, EDGE_FEATURES, d, d) + steps * (
+      interaction_flops(edges, mesh, mesh, d, d) + mlp_flops(mesh, 2 * d, d, d))
+  # With mesh edge blocks, each redoes its edge MLP (node projections stay outside).
+  blocks = steps * mlp_flops(edges, d, d, d) if m.remat.mesh_edge_chunks > 1 else 0.0
+  # The GNN carries its mesh-edge latents too.
+  return ProcessorCost(forward, blocks, steps, mesh + edges)
+
+
+# Its entry's implementation (`wnscale.model.processors.PROCESSORS`): no edge sets or masks
+# beyond GraphCast's.
+IMPLEMENTATION = ProcessorImplementation(MeshGNN, edge_sets=lambda m: {},
+                                         masks=lambda *_: {}, cost=_cost)

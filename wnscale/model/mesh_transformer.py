@@ -29,51 +29,20 @@ Shapes: mesh latents `[num_mesh_nodes, width]`, `width = latent_size`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import ClassVar
 
 import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.errors import UserError
+from wnscale.graphs.edge_sets import EdgeSetSpec, KHopNeighbours
 from wnscale.graphs.graph import Graphs
-from wnscale.model import lean, norm, remat
+from wnscale.model import low_memory_layers, norm, remat, remat_policies
+from wnscale.model.processor_interface import ProcessorCost, ProcessorImplementation
 from wnscale.model.sparse_attention import neighbour_attention
 from wnscale.model.splash_attention import SplashMask, splash_attention, splash_mask
-from wnscale.specs import ModelSpec, ProcessorSpec, setting
-
-# `model.transformer_attention`'s values.
-ATTENTIONS = ("auto", "edges", "splash")
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerSpec(ProcessorSpec):
-  """The mesh transformer's settings (`model.processor='transformer'`), the `model` keys
-  `transformer_<field>`."""
-
-  name: ClassVar[str] = "transformer"
-  KEY_PREFIX: ClassVar[str] = "transformer_"
-  layers: int = setting(4, "transformer: blocks (attention + feed-forward)", minimum=1)
-  heads: int = setting(4, "transformer: attention heads; must divide latent_size", minimum=1)
-  ffw_size: int = setting(128, "transformer: hidden width of the feed-forward layers",
-                          minimum=1)
-  k_hop: int = setting(
-      2, "transformer: a mesh node attends to the nodes at most this many edges away on the "
-      "finest mesh (itself included); WeatherNext 2: 32 at mesh_levels 6", minimum=0)
-  edges_per_block: int = setting(
-      0, "transformer, attention from the edges: edges per block on a device, each block "
-      "under its own checkpoint (bounds the [edges, latent] gathers); 0: all at once",
-      minimum=0, how_only=True)
-  attention: str = setting(
-      "auto", "transformer: how attention is computed: \"edges\" (gathers and segment sums "
-      "over the neighbour lists: any backend, any graph sharding), \"splash\" (Pallas' "
-      "block-sparse flash attention kernel, as WeatherNext 2 on TPUs: the graph on one "
-      "device; off a TPU in Pallas' interpret mode, slow) or \"auto\": splash on a TPU with "
-      "mesh.graph 1, edges otherwise. The same numbers either way "
-      "(wnscale.model.splash_attention)", choices=ATTENTIONS, how_only=True)
-
+from wnscale.specs import ModelSpec
 
 def attention_kind(m: ModelSpec, platform: str, graph_shards: int) -> str:
   """"edges" or "splash": how the transformer's attention runs on `platform` (a JAX
@@ -117,7 +86,7 @@ class TransformerBlock(nnx.Module):
     self.heads = heads
     init = nnx.initializers.variance_scaling(2.0 / num_layers, "fan_in", "truncated_normal")
     zeros = nnx.initializers.zeros_init()
-    linear = lambda n_in, n_out, kernel_init, **kw: lean.Linear(
+    linear = lambda n_in, n_out, kernel_init, **kw: low_memory_layers.Linear(
         n_in, n_out, kernel_init=kernel_init, dtype=dtype, rngs=rngs, **kw)
     self.attention_norm = norm.layer_norm(width, conditioning_size, rngs=rngs)
     self.query = linear(width, width, init, use_bias=False)
@@ -146,9 +115,9 @@ class TransformerBlock(nnx.Module):
     else:
       attended = splash_attention(queries, keys, values, mask)
     attended = self.attention_output(attended.reshape(num_nodes, width).astype(nodes.dtype))
-    nodes = nodes + checkpoint_name(attended, remat.ATTENTION_OUTPUT)
+    nodes = nodes + checkpoint_name(attended, remat_policies.ATTENTION_OUTPUT)
     ffw = self.ffw_down(jax.nn.gelu(self.ffw_up(self.ffw_norm(nodes, conditioning))))
-    return nodes + checkpoint_name(ffw, remat.FFW_OUTPUT)
+    return nodes + checkpoint_name(ffw, remat_policies.FFW_OUTPUT)
 
 
 class MeshTransformer(nnx.Module):
@@ -166,7 +135,7 @@ class MeshTransformer(nnx.Module):
 
     self.layers = stacked_layers(rngs)
     self.final_norm = norm.layer_norm(width, spec.conditioning_size, rngs=rngs)
-    self.policy = remat.resolve_policy(spec.remat.remat_policy).checkpoint_policy
+    self.policy = remat_policies.resolve_policy(spec.remat.remat_policy).checkpoint_policy
 
   def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, width]` mesh latents after the blocks and the final norm."""
@@ -191,3 +160,26 @@ class MeshTransformer(nnx.Module):
                              checkpoint=spec.remat.remat_mesh_gnn,
                              every=spec.remat.mesh_remat_every, policy=self.policy)
     return self.final_norm(mesh, conditioning)
+
+
+def _attention_flops(m: ModelSpec, graphs: Graphs) -> float:
+  """One block's attention over the neighbour edges: q.k and weights x values."""
+  return 4.0 * graphs.num_edges("mesh_neighbours") * m.latent_size
+
+
+def _cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
+  d, mesh, own = m.latent_size, graphs.num_nodes("mesh"), m.processor
+  # Projections q, k, v, output; feed-forward; attention.
+  block = 2.0 * mesh * (4 * d * d + 2 * d * own.ffw_size)
+  attention = _attention_flops(m, graphs)
+  blocks = own.layers * attention if own.edges_per_block else 0.0
+  return ProcessorCost(own.layers * (block + attention), blocks, own.layers, mesh)
+
+
+# Its entry's implementation (`wnscale.model.processors.PROCESSORS`): attention reads the
+# k-hop neighbour edges of the finest mesh.
+IMPLEMENTATION = ProcessorImplementation(
+    MeshTransformer,
+    edge_sets=lambda m: {"mesh_neighbours": EdgeSetSpec(
+        "mesh", "mesh", KHopNeighbours(m.processor.k_hop), features=False)},
+    masks=attention_masks, cost=_cost)

@@ -40,10 +40,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from wnscale.model import aggregation, fused_edges, lean, remat
+from wnscale.model import aggregation, fused_edges, low_memory_layers, remat_policies
 from wnscale.model.blocks import split_rows
+from wnscale.model.manual_axis_types import vary_like
 from wnscale.model.mlp import MLP, mlp_flops
-from wnscale.model.varying import vary_like
 
 
 class InteractionNetwork(nnx.Module):
@@ -56,7 +56,7 @@ class InteractionNetwork(nnx.Module):
   def __init__(self, latent_size: int, *, edge_size: int | None = None,
                conditioning_size: int = 0, gather_from_receivers: bool = True, dtype,
                rngs: nnx.Rngs):
-    linear = lambda: lean.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
+    linear = lambda: low_memory_layers.Linear(latent_size, latent_size, use_bias=False, dtype=dtype,
                                  rngs=rngs)
     self.edge_mlp = MLP(edge_size or latent_size, latent_size, latent_size,
                         conditioning_size=conditioning_size, dtype=dtype, rngs=rngs)
@@ -94,7 +94,7 @@ class InteractionNetwork(nnx.Module):
                                                                       senders)
     if projected_receivers is not None:
       hidden = hidden + aggregation.gather(projected_receivers, receivers)
-    return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat.EDGE_LATENTS)
+    return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat_policies.EDGE_LATENTS)
 
   def fused_edge_step(self, edges, projected_senders, senders, projected_receivers,
                       blocks, conditioning=None):
@@ -112,10 +112,10 @@ class InteractionNetwork(nnx.Module):
 
   def update_nodes(self, nodes, summed_messages, conditioning=None):
     """`[N, D]` receiver latents after the residual node MLP on their summed messages."""
-    summed_messages = checkpoint_name(summed_messages, remat.MESSAGES)
+    summed_messages = checkpoint_name(summed_messages, remat_policies.MESSAGES)
     updated = nodes + self.node_mlp(jnp.concatenate([nodes, summed_messages], -1),
                                     conditioning)
-    return checkpoint_name(updated, remat.NODE_LATENTS)
+    return checkpoint_name(updated, remat_policies.NODE_LATENTS)
 
 
 def interaction_flops(edges: int, senders: int, receivers: int, latent_size: int,

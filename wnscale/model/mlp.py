@@ -3,9 +3,9 @@
 The LayerNorm is the reference's (Haiku's defaults): epsilon 1e-5 and the
 two-pass variance mean((x - mean)^2), not Flax's defaults (1e-6 and the
 one-pass E[x^2] - E[x]^2, which loses precision when |mean| >> std). Everything
-after the first layer is `wnscale.model.lean.mlp_tail`: the same function, whose
+after the first layer is `wnscale.model.low_memory_layers.mlp_tail`: the same function, whose
 gradient keeps only the hidden layer's pre-activation; the first layer is
-`lean.Linear` (its bias gradient a matrix product); the norm's scale and
+`low_memory_layers.Linear` (its bias gradient a matrix product); the norm's scale and
 offset come from `wnscale.model.norm`.
 """
 
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model import lean, norm
+from wnscale.model import low_memory_layers, norm
 
 
 class MLP(nnx.Module):
@@ -28,8 +28,8 @@ class MLP(nnx.Module):
   def __init__(self, in_size: int, hidden_size: int, out_size: int, *,
                layer_norm: bool = True, conditioning_size: int = 0, dtype=jnp.float32,
                rngs: nnx.Rngs):
-    self.hidden = lean.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
-    self.out = lean.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
+    self.hidden = low_memory_layers.Linear(in_size, hidden_size, dtype=dtype, rngs=rngs)
+    self.out = low_memory_layers.Linear(hidden_size, out_size, dtype=dtype, rngs=rngs)
     self.norm = (norm.layer_norm(out_size, conditioning_size, rngs=rngs) if layer_norm
                  else None)
 
@@ -45,10 +45,11 @@ class MLP(nnx.Module):
     """
     out, norm = self.out, self.norm
     dtype = out.dtype or jnp.result_type(hidden, out.kernel[...])
-    return lean.mlp_tail(
+    return low_memory_layers.mlp_tail(
         hidden.astype(dtype), out.kernel[...].astype(dtype), out.bias[...].astype(dtype),
         *(() if norm is None else norm.scale_and_offset(conditioning)),
-        epsilon=getattr(norm, "epsilon", lean.LAYER_NORM_EPSILON), precision=out.precision)
+        epsilon=getattr(norm, "epsilon", low_memory_layers.LAYER_NORM_EPSILON),
+        precision=out.precision)
 
 
 def mlp_flops(rows: int, in_size: int, hidden_size: int, out_size: int) -> float:

@@ -2,7 +2,7 @@
 
 Every layer norm of the model (the MLPs' and the mesh transformer's) comes
 from `layer_norm`: GraphCast's (epsilon 1e-5, two-pass variance, with a
-gradient that keeps only its input; `wnscale.model.lean`) with a learned scale
+gradient that keeps only its input; `wnscale.model.low_memory_layers`) with a learned scale
 and offset, or, with `conditioning_size > 0`, WeatherNext 2's noise-conditioned
 norm: no scale or offset of its own; a linear layer of the conditioning
 vector `c` (the member's noise embedding) gives both,
@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model import lean
+from wnscale.model import low_memory_layers
 
 CONDITIONING_INIT_STD = 1e-8  # WeatherNext 2's: near zero, not zero, so gradients differ
 
 
-class LayerNorm(lean.LayerNorm):
+class LayerNorm(low_memory_layers.LayerNorm):
   """GraphCast's layer norm, called like a conditioned one; the conditioning is unused."""
 
   def scale_and_offset(self, conditioning: jax.Array | None = None):
@@ -45,10 +45,11 @@ class LayerNorm(lean.LayerNorm):
 
 
 class ConditionalLayerNorm(nnx.Module):
-  """`lean.layer_norm` with scale `1 + f(c)` and offset `g(c)`, `f`, `g` linear in `c`."""
+  """`low_memory_layers.layer_norm` with scale `1 + f(c)` and offset `g(c)`, `f`, `g` linear
+  in `c`."""
 
   def __init__(self, size: int, conditioning_size: int, *, rngs: nnx.Rngs,
-               epsilon: float = lean.LAYER_NORM_EPSILON):
+               epsilon: float = low_memory_layers.LAYER_NORM_EPSILON):
     self.conditioning = nnx.Linear(
         conditioning_size, 2 * size,
         kernel_init=nnx.initializers.truncated_normal(CONDITIONING_INIT_STD), rngs=rngs)
@@ -66,7 +67,7 @@ class ConditionalLayerNorm(nnx.Module):
 
   def __call__(self, x: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
     """`x` `[..., size]` normalized with the scale and offset of `conditioning`."""
-    return lean.layer_norm(x, *self.scale_and_offset(conditioning), self.epsilon)
+    return low_memory_layers.layer_norm(x, *self.scale_and_offset(conditioning), self.epsilon)
 
 
 def layer_norm(size: int, conditioning_size: int = 0, *,

@@ -1,44 +1,70 @@
-"""The mesh processors, one registry entry each (`model.processor` names one).
+"""The mesh processors' registry (`model.processor` names one entry), Flax-free.
 
-An entry owns the processor's settings (its spec class: the config keys, their
-defaults and meanings, `ModelSpec.processor`), its module, the edge sets it reads
-beyond GraphCast's three (`setup.graphs_for_grid` builds them), the masks its
-attention kernel reads (`setup.with_masks` and the sharded layout make them for
-their node order), its FLOP count (for `wnscale.planner.flops`) and the settings it
-cannot run with. A new processor is one module with its spec and one more entry of
-`PROCESSORS` (tests/test_processor_registry.py adds one).
+An entry holds what a config needs without building a model: the processor's
+settings (its spec class: the config keys, their defaults and meanings,
+`ModelSpec.processor`) and the settings it cannot run with. Its implementation (its
+Flax module, the edge sets and masks it reads, its FLOP count) is loaded from its
+own module when a model, graphs or a cost estimate is made, so that loading and
+validating a config imports neither Flax nor the model. A new processor is one
+module (its spec, module and `processor_interface.ProcessorImplementation`) and one more
+entry of `PROCESSORS` (tests/test_processor_registry.py adds one).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import dataclasses
+from typing import Callable, ClassVar, NamedTuple
+
+from wnscale.model.processor_interface import AGGREGATIONS, ProcessorImplementation
+from wnscale.specs import ModelSpec, ProcessorSpec, Specs, setting
+
+# `model.transformer_attention`'s values (`wnscale.model.mesh_transformer.attention_kind`).
+ATTENTIONS = ("auto", "edges", "splash")
 
 
-from wnscale.graphs.edge_sets import EdgeSetSpec, KHopNeighbours
-from wnscale.graphs.features import EDGE_FEATURES
-from wnscale.graphs.graph import Graphs
-from wnscale.model.mesh_gnn import GNNSpec, MeshGNN
-from wnscale.model.mesh_transformer import MeshTransformer, TransformerSpec, attention_masks
-from wnscale.model.message_passing import interaction_flops
-from wnscale.model.mlp import mlp_flops
-from wnscale.specs import ModelSpec, ProcessorSpec, Specs
+@dataclasses.dataclass(frozen=True)
+class GNNSpec(ProcessorSpec):
+  """The interaction-network processor's settings (`model.processor='interaction_network'`,
+  `wnscale.model.mesh_gnn`)."""
+
+  name: ClassVar[str] = "interaction_network"
+  message_passing_steps: int = setting(4, "interaction_network: processor (mesh GNN) layers",
+                                       minimum=1)
+  aggregation: str = setting(
+      "auto", "interaction_network: how the processor's mesh edges reach their receivers "
+      "(each edge's receiver row, each receiver's sum): \"segment_sum\" (by index: a gather "
+      "and a scatter), \"matmul\" (products with each block of edges' 0/1 receiver matrix; "
+      "no scatter: wnscale.model.aggregation), \"fused\" (blocks, and a layer's whole edge "
+      "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "
+      "elsewhere), \"auto\": matmul on an accelerator, segment_sum on a CPU. The same "
+      "function each way (to rounding)", choices=AGGREGATIONS, how_only=True)
 
 
-class ProcessorCost(NamedTuple):
-  """What one example costs in the processor.
+@dataclasses.dataclass(frozen=True)
+class TransformerSpec(ProcessorSpec):
+  """The mesh transformer's settings (`model.processor='transformer'`,
+  `wnscale.model.mesh_transformer`), the `model` keys `transformer_<field>`."""
 
-  Attributes:
-    forward: forward FLOPs.
-    block_recompute: FLOPs its edge blocks redo in the backward pass (each block
-      under its own checkpoint; 0 without blocks).
-    layers: scanned layers (the remat groups are `mesh_remat_every` of them).
-    carry_rows: rows `latent_size` wide carried from layer to layer.
-  """
-
-  forward: float
-  block_recompute: float
-  layers: int
-  carry_rows: int
+  name: ClassVar[str] = "transformer"
+  KEY_PREFIX: ClassVar[str] = "transformer_"
+  layers: int = setting(4, "transformer: blocks (attention + feed-forward)", minimum=1)
+  heads: int = setting(4, "transformer: attention heads; must divide latent_size", minimum=1)
+  ffw_size: int = setting(128, "transformer: hidden width of the feed-forward layers",
+                          minimum=1)
+  k_hop: int = setting(
+      2, "transformer: a mesh node attends to the nodes at most this many edges away on the "
+      "finest mesh (itself included); WeatherNext 2: 32 at mesh_levels 6", minimum=0)
+  edges_per_block: int = setting(
+      0, "transformer, attention from the edges: edges per block on a device, each block "
+      "under its own checkpoint (bounds the [edges, latent] gathers); 0: all at once",
+      minimum=0, how_only=True)
+  attention: str = setting(
+      "auto", "transformer: how attention is computed: \"edges\" (gathers and segment sums "
+      "over the neighbour lists: any backend, any graph sharding), \"splash\" (Pallas' "
+      "block-sparse flash attention kernel, as WeatherNext 2 on TPUs: the graph on one "
+      "device; off a TPU in Pallas' interpret mode, slow) or \"auto\": splash on a TPU with "
+      "mesh.graph 1, edges otherwise. The same numbers either way "
+      "(wnscale.model.splash_attention)", choices=ATTENTIONS, how_only=True)
 
 
 class Processor(NamedTuple):
@@ -47,49 +73,15 @@ class Processor(NamedTuple):
   Attributes:
     spec: its settings, a frozen `ProcessorSpec` dataclass (`ModelSpec.processor`);
       `spec.name` is the entry's key.
-    module: `(model spec, *, dtype, rngs) -> nnx.Module`, called as
-      `(graphs, mesh latents [num_mesh_nodes, latent], exchange) -> mesh latents`.
-    edge_sets: `model spec -> {name: EdgeSetSpec}`, the edge sets it needs
-      beyond GraphCast's `grid_to_mesh`, `mesh` and `mesh_to_grid`.
-    masks: `(model spec, graphs, platform, graph shards) -> {edge set name: mask}`,
-      the `Graphs.masks` it reads, for `graphs` (one shard's) in their node order on
-      a JAX platform ("tpu", "cpu", ...) with the graph over that many devices.
-    cost: `(model spec, graphs) -> ProcessorCost` (graphs: global counts).
     check: `specs -> None`, or what is wrong with them for this processor (beyond
       its settings' own bounds and choices, which `wnscale.config.validate` checks).
+    implementation: `() -> ProcessorImplementation`; imports its module (Flax) when
+      first called.
   """
 
   spec: type[ProcessorSpec]
-  module: type
-  edge_sets: Callable[[ModelSpec], dict[str, EdgeSetSpec]]
-  masks: Callable[[ModelSpec, Graphs, str, int], dict]
-  cost: Callable[[ModelSpec, Graphs], ProcessorCost]
   check: Callable[[Specs], str | None]
-
-
-def _gnn_cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
-  d, mesh, edges = m.latent_size, graphs.num_nodes("mesh"), graphs.num_edges("mesh")
-  steps = m.processor.message_passing_steps
-  forward = mlp_flops(edges, EDGE_FEATURES, d, d) + steps * (
-      interaction_flops(edges, mesh, mesh, d, d) + mlp_flops(mesh, 2 * d, d, d))
-  # With mesh edge blocks, each redoes its edge MLP (node projections stay outside).
-  blocks = steps * mlp_flops(edges, d, d, d) if m.remat.mesh_edge_chunks > 1 else 0.0
-  # The GNN carries its mesh-edge latents too.
-  return ProcessorCost(forward, blocks, steps, mesh + edges)
-
-
-def _attention_flops(m: ModelSpec, graphs: Graphs) -> float:
-  """One block's attention over the neighbour edges: q.k and weights x values."""
-  return 4.0 * graphs.num_edges("mesh_neighbours") * m.latent_size
-
-
-def _transformer_cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:
-  d, mesh, own = m.latent_size, graphs.num_nodes("mesh"), m.processor
-  # Projections q, k, v, output; feed-forward; attention.
-  block = 2.0 * mesh * (4 * d * d + 2 * d * own.ffw_size)
-  attention = _attention_flops(m, graphs)
-  blocks = own.layers * attention if own.edges_per_block else 0.0
-  return ProcessorCost(own.layers * (block + attention), blocks, own.layers, mesh)
+  implementation: Callable[[], ProcessorImplementation]
 
 
 def _transformer_check(specs: Specs) -> str | None:
@@ -107,14 +99,25 @@ def _transformer_check(specs: Specs) -> str | None:
   return None
 
 
+def _mesh_gnn() -> ProcessorImplementation:
+  from wnscale.model import mesh_gnn  # noqa: PLC0415 (Flax: only once a model is made)
+  return mesh_gnn.IMPLEMENTATION
+
+
+def _mesh_transformer() -> ProcessorImplementation:
+  from wnscale.model import mesh_transformer  # noqa: PLC0415 (Flax: as _mesh_gnn)
+  return mesh_transformer.IMPLEMENTATION
+
+
 PROCESSORS = {entry.spec.name: entry for entry in (
-    Processor(GNNSpec, MeshGNN, edge_sets=lambda m: {}, masks=lambda *_: {}, cost=_gnn_cost,
-              check=lambda specs: None),
-    Processor(TransformerSpec, MeshTransformer,
-              edge_sets=lambda m: {"mesh_neighbours": EdgeSetSpec(
-                  "mesh", "mesh", KHopNeighbours(m.processor.k_hop), features=False)},
-              masks=attention_masks, cost=_transformer_cost, check=_transformer_check),
+    Processor(GNNSpec, check=lambda specs: None, implementation=_mesh_gnn),
+    Processor(TransformerSpec, check=_transformer_check, implementation=_mesh_transformer),
 )}
+
+
+def implementation(m: ModelSpec) -> ProcessorImplementation:
+  """The implementation of the processor `m` has."""
+  return PROCESSORS[m.processor.name].implementation()
 
 
 def keys_not_exported(name: str) -> tuple[str, ...]:

@@ -12,10 +12,9 @@ from wnscale.graphs import build, receiver_blocks
 from wnscale.graphs.edge_sets import graphcast_edge_sets, modality_edge_sets
 from wnscale.graphs.graph import Graphs
 from wnscale.graphs.points import PointSet
-from wnscale.model import forecast
+from wnscale.model import forecast, processors
 from wnscale.model.denoiser import Denoiser
 from wnscale.model.graphcast import GraphCast, PointModality
-from wnscale.model.processors import PROCESSORS
 from wnscale.specs import DataSpec, ModelSpec, Specs
 
 
@@ -69,7 +68,7 @@ def graphs_for_grid(m: ModelSpec, points: PointSet, use_cache: bool = True,
   """The model's graphs on a grid's points: GraphCast's edge sets, those its processor
   adds, and each modality's (`DataSpec.modalities`, on `point_sets` by name)."""
   edge_sets = dict(graphcast_edge_sets(m.radius_fraction, m.mesh_to_grid_edge_normalization),
-                   **PROCESSORS[m.processor.name].edge_sets(m),
+                   **processors.implementation(m).edge_sets(m),
                    **modality_edge_sets(modalities, m.radius_fraction))
   return build.build_graphs(points, m.mesh_levels, edge_sets, use_cache=use_cache,
                             regional_mesh_levels=m.regional_mesh_levels, point_sets=point_sets)
@@ -80,7 +79,7 @@ def with_masks(m: ModelSpec, graphs: Graphs, platform: str | None = None,
   """`graphs` (one shard's, in their node order) with the masks the processor's attention
   reads (`Graphs.masks`) where it runs on `platform` (None: JAX's default backend) with the
   graph over `graph_shards` devices; made on the host, once."""
-  return graphs._replace(masks=PROCESSORS[m.processor.name].masks(
+  return graphs._replace(masks=processors.implementation(m).masks(
       m, graphs, platform or jax.default_backend(), graph_shards))
 
 

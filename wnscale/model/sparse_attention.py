@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from wnscale.model.blocks import split_rows
-from wnscale.model.varying import vary_like
+from wnscale.model.manual_axis_types import vary_like
 
 # "Minus infinity" for masked logits: finite, so exp(NEGATIVE - max) is 0 without inf - inf.
 NEGATIVE = -1e30

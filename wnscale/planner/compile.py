@@ -22,7 +22,7 @@ import numpy as np
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
 from wnscale.data import observations
-from wnscale.data import resolve
+from wnscale.data import run_data
 from wnscale.data import stations as stations_lib
 from wnscale.graphs import points as points_lib
 from wnscale.model import setup
@@ -59,7 +59,7 @@ def modality_points(specs: specs_lib.Specs, grid_points: points_lib.PointSet
     count = modality.synthetic_stations
     if count is None:
       names = list(dict.fromkeys(modality.inputs + modality.targets))
-      path = resolve.resolve_observations(specs.data, modality, specs.seed)
+      path = run_data.resolve_observations(specs.data, modality, specs.seed)
       points[modality.name] = observations.open_observations(path, names).points
     else:
       points[modality.name] = stations_lib.random_land_biased_points(

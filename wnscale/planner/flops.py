@@ -10,10 +10,10 @@ from __future__ import annotations
 from wnscale import specs as specs_lib
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import Graphs
+from wnscale.model import processors
 from wnscale.model.message_passing import interaction_flops
 from wnscale.model.mlp import mlp_flops
-from wnscale.model.processors import PROCESSORS
-from wnscale.model.remat import resolve_policy
+from wnscale.model.remat_policies import resolve_policy
 
 
 # The encoder's and decoder's edge sets, by the stage their edge work counts in.
@@ -56,7 +56,7 @@ def forward_flops(specs: specs_lib.Specs, graphs: Graphs) -> dict[str, float]:
       "encoder_grid": mlp_flops(grid, inputs, d, d) + mlp_flops(grid, d, d, d),
       "encoder_mesh": mlp_flops(mesh, mesh_inputs, d, d) + mlp_flops(mesh, 2 * d, d, d),
       "encoder_points": encoder_points,
-      "processor": PROCESSORS[specs.model.processor.name].cost(specs.model, graphs).forward,
+      "processor": processors.implementation(specs.model).cost(specs.model, graphs).forward,
       "decoder_edges": edge_stages["decoder_edges"],
       "decoder_nodes": mlp_flops(grid, 2 * d, d, d) + mlp_flops(grid, d, d, channels),
       "decoder_points": decoder_points,
@@ -73,7 +73,7 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
   """
   model, remat = specs.model, specs.model.remat
   stages = forward_flops(specs, graphs)
-  processor = PROCESSORS[model.processor.name].cost(model, graphs)
+  processor = processors.implementation(model).cost(model, graphs)
   fraction = resolve_policy(remat.remat_policy).recompute_fraction
   encoder = (stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
              + stages["encoder_points"])

@@ -21,8 +21,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from wnscale.errors import UserError
-from wnscale.model import accumulation, forecast, varying
+from wnscale.model import accumulation, forecast, manual_axis_types
 from wnscale.model import loss as loss_lib
+from wnscale.model import loss_registry
 from wnscale.sharding.layout import (BATCH_SPECS, CONSTANT_SPECS, POINTS_SPEC, ShardedLayout,
                                      batch_specs)
 from wnscale.sharding.mesh import DATA, GRAPH
@@ -40,10 +41,11 @@ def _typed(layout: ShardedLayout) -> bool:
 
 
 def _summed(tree, typed: bool):
-  """Per-device shares summed over the mesh: by their types (`varying.summed`: a replicated
-  parameter's gradient JAX has summed already), or, untyped, every array over both axes."""
+  """Per-device shares summed over the mesh: by their types (`manual_axis_types.summed`: a
+  replicated parameter's gradient JAX has summed already), or, untyped, every array over
+  both axes."""
   if typed:
-    return varying.summed(tree)
+    return manual_axis_types.summed(tree)
   return jax.tree.map(lambda x: jax.lax.psum(x, (DATA, GRAPH)), tree)
 
 
@@ -75,8 +77,9 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
   """`(params, constants, halo_indices, batch) -> (loss, grads)`: the global mean loss and
   its gradient in `params`, both replicated.
 
-  `loss`: "mse" or "crps" (`loss_lib.loss_terms`). An FGN's batch holds `noise`:
-  `[B, M, T, K]`, each device running the `M` members of its examples; or,
+  `loss`: a name from `wnscale.model.loss_registry.LOSSES` (`loss_lib.loss_terms`). An
+  FGN's batch holds `noise`: `[B, M, T, K]`, each device running the `M` members of its
+  examples; or,
   with `members_on_data=M`, the members laid out along `data`: `M * B` rows,
   member-major (`ensemble.members_on_rows`), noise `[M * B, 1, T, K]`, so the
   data shards hold one member each (`mesh.data` a multiple of `M`), and each
@@ -94,6 +97,7 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
   `prepare_params` is applied to the parameters inside the differentiated function (the
   train step's `stop_gradient` of frozen ones).
   """
+  implementation = loss_registry.LOSSES[loss].implementation()
   data_shards = layout.mesh.shape[DATA]
   members = max(members_on_data, 1)
   if data_shards % members:
@@ -116,7 +120,8 @@ def loss_and_grad_fn(layout: ShardedLayout, graphdef, *, loss: str = "mse",
 
     def share(params, micro_batch):  # this device's share of the whole batch's mean loss
       grid_sum, point_sums = loss_lib.loss_terms(
-          nnx.merge(graphdef, prepare_params(params)), constants, micro_batch, loss=loss,
+          nnx.merge(graphdef, prepare_params(params)), constants, micro_batch,
+          loss=implementation,
           remat_steps=remat_steps, exchange=exchange,
           remote_members=other_members if members_on_data else None)
       return loss_lib.mean_loss(grid_sum, grid_count, point_sums, point_counts, modalities)

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from wnscale import paths
+from wnscale.errors import raise_if_interrupted
 from wnscale.train import workdir as workdir_lib
 from wnscale.train.optimizer import TRAINED
 from wnscale.train.run_directory import RunDirectory
@@ -27,6 +28,7 @@ def phase(what: str):
   start = time.perf_counter()
   details = {}
   yield details
+  raise_if_interrupted()  # a Ctrl-C that C code cleared meanwhile: the run stops here
   if jax.process_index() == 0:
     logging.info("%s in %.1f s%s", what, time.perf_counter() - start,
                  f": {details['text']}" if "text" in details else ".")

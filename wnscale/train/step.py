@@ -48,7 +48,7 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
                     freeze: tuple[str, ...] = (), modalities=(), accumulation_steps: int = 1):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
 
-  `loss`: "mse" or "crps"; `members`: an FGN's (`ensemble.training_members`):
+  `loss`: a name from `wnscale.model.loss_registry.LOSSES`; `members`: an FGN's (`ensemble.training_members`):
   the step draws its members' noise from the seed and `state.step`, so a
   resumed run draws what the uninterrupted run drew. With `members.on_data`
   the batch's rows are the members (`ensemble.members_on_rows` order).
@@ -100,7 +100,7 @@ def train_step_of(specs: specs_lib.Specs, layout: ShardedLayout, graphdef, optim
   train = specs.train
   return make_train_step(layout, graphdef, optimizer,
                          optimizer_lib.learning_rate_schedule(train), constants, halo_indices,
-                         remat_steps=train.remat_rollout, loss=train.loss,
+                         remat_steps=train.remat_rollout, loss=train.loss.name,
                          members=ensemble.training_members(specs), freeze=train.freeze,
                          ema_decay=train.ema_decay, modalities=specs.data.modalities,
                          accumulation_steps=train.accumulation_steps)

@@ -51,8 +51,8 @@ from wnscale.data import cutout
 from wnscale.data import pipeline, prefetch
 from wnscale.data import source as source_lib
 from wnscale.data import store as store_lib
-from wnscale.data.resolve import modality_readers as resolve_modality_readers
-from wnscale.data.resolve import check_store_given, resolve_stats, resolve_store
+from wnscale.data.run_data import modality_readers as resolve_modality_readers
+from wnscale.data.run_data import check_store_given, resolve_stats, resolve_store
 from wnscale.assembly import assemble
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
 from wnscale.model import ensemble, setup

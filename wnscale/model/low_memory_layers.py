@@ -15,7 +15,7 @@ per-row mean and reciprocal standard deviation (`[rows, 1]` float32), the tail
 from the hidden layer's pre-activation alone (one matrix product more).
 For each edge MLP that is one `[rows, latent]` array kept (besides its input)
 against the four or five of plain autodiff. Gradients equal plain autodiff's
-to float rounding (tests/test_lean.py).
+to float rounding (tests/test_low_memory_layers.py).
 
 The layer norm is GraphCast's (Haiku's defaults): epsilon 1e-5 and the two-pass
 variance, statistics in float32 whatever the activation dtype:
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model.varying import vary_like
+from wnscale.model.manual_axis_types import vary_like
 
 LAYER_NORM_EPSILON = 1e-5
 

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from wnscale.model import lean
+from wnscale.model import low_memory_layers
+
+EPSILON = low_memory_layers.LAYER_NORM_EPSILON
 
 
 def plain_layer_norm(x, scale, bias):
   """Flax's LayerNorm with GraphCast's settings, differentiated the plain way."""
-  norm = nnx.LayerNorm(x.shape[-1], epsilon=lean.LAYER_NORM_EPSILON, use_fast_variance=False,
+  norm = nnx.LayerNorm(x.shape[-1], epsilon=EPSILON, use_fast_variance=False,
                        dtype=x.dtype, rngs=nnx.Rngs(0))
   norm.scale[...], norm.bias[...] = scale, bias
   return norm(x)
@@ -34,7 +36,7 @@ def inputs(dtype, rows=300, features=64, seed=0):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_layer_norm_matches_flax_values_and_gradients(dtype):
   x, scale, bias, cotangent = inputs(dtype)
-  lean_fn = lambda x, s, b: lean.layer_norm(x, s, b, lean.LAYER_NORM_EPSILON)
+  lean_fn = lambda x, s, b: low_memory_layers.layer_norm(x, s, b, EPSILON)
   lean_y, lean_vjp = jax.vjp(lean_fn, x, scale, bias)
   plain_y, plain_vjp = jax.vjp(plain_layer_norm, x, scale, bias)
   assert lean_y.dtype == plain_y.dtype == dtype
@@ -55,7 +57,7 @@ def test_layer_norm_broadcasts_scale_and_bias():
   bias = jnp.asarray(rng.normal(0, 0.3, (3, 1, 64)), jnp.float32)
   plain = lambda x, s, b: ((x - x.mean(-1, keepdims=True))
                            * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5) * s + b)
-  lean_fn = lambda x, s, b: lean.layer_norm(x, s, b, 1e-5)
+  lean_fn = lambda x, s, b: low_memory_layers.layer_norm(x, s, b, 1e-5)
   for got, want in zip(jax.vjp(lean_fn, x, scale, bias)[1](cotangent),
                        jax.vjp(plain, x, scale, bias)[1](cotangent), strict=True):
     assert got.shape == want.shape
@@ -96,7 +98,7 @@ def test_mlp_tail_matches_plain_values_and_gradients(dtype, with_norm):
   _, scale, offset, cotangent = inputs(dtype)
   args = (hidden, kernel, bias) + ((scale, offset) if with_norm else ())
   assert_same_values_and_gradients(
-      lambda *a: lean.mlp_tail(*a, epsilon=lean.LAYER_NORM_EPSILON), plain_mlp_tail, args,
+      lambda *a: low_memory_layers.mlp_tail(*a, epsilon=EPSILON), plain_mlp_tail, args,
       cotangent)
 
 
@@ -108,7 +110,7 @@ def test_linear_matches_plain_values_and_gradients_per_example(dtype, with_bias)
   x = hidden.reshape(3, 100, 64)  # 3 examples
   cotangent = inputs(dtype)[3].reshape(3, 100, 64)
   args = (x, kernel) + ((bias,) if with_bias else ())
-  lean_fn = jax.vmap(lambda x, k, *b: lean.linear(x, k, *b), in_axes=(0,) + (None,) * (
+  lean_fn = jax.vmap(lambda x, k, *b: low_memory_layers.linear(x, k, *b), in_axes=(0,) + (None,) * (
       len(args) - 1))
   plain_fn = lambda x, k, *b: x @ k + (b[0] if b else 0)
   assert_same_values_and_gradients(lean_fn, plain_fn, args, cotangent)
@@ -125,7 +127,7 @@ def test_mlp_tail_under_jit_recomputes_rather_than_keeps_the_forward_pass():
   _, scale, offset, _ = inputs(jnp.float32)
   loss = lambda fn: jax.jit(jax.grad(lambda h: jnp.sum(jnp.sin(fn(h, kernel, bias, scale,
                                                                    offset)))))
-  lean_tail = lambda *a: lean.mlp_tail(*a, epsilon=lean.LAYER_NORM_EPSILON)
+  lean_tail = lambda *a: low_memory_layers.mlp_tail(*a, epsilon=EPSILON)
   temps = {name: loss(fn).lower(hidden).compile().memory_analysis().temp_size_in_bytes
            for name, fn in (("lean", lean_tail), ("plain", plain_mlp_tail))}
   assert temps["lean"] < 0.7 * temps["plain"], temps
@@ -149,7 +151,7 @@ def test_lean_versions_keep_only_their_inputs():
   x, scale, bias, _ = inputs(jnp.bfloat16, rows=1000, features=64)
   kernel = jnp.eye(64, dtype=x.dtype)
   row = 64 * 2  # one bfloat16 row
-  lean_tail = lambda x, k, s, b: lean.mlp_tail(x, k, b.astype(x.dtype), s, b)
+  lean_tail = lambda x, k, s, b: low_memory_layers.mlp_tail(x, k, b.astype(x.dtype), s, b)
   plain_tail = lambda x, k, s, b: plain_mlp_tail(x, k, b.astype(x.dtype), s, b)
   lean_bytes = residual_bytes(lean_tail, x, kernel, scale, bias)
   plain_bytes = residual_bytes(plain_tail, x, kernel, scale, bias)
@@ -158,6 +160,6 @@ def test_lean_versions_keep_only_their_inputs():
   assert lean_bytes <= 1000 * 2 * 4 + 1024, lean_bytes
   assert plain_bytes > 1000 * 3 * row, plain_bytes
   # The layer norm alone keeps its input (an argument here) and the statistics.
-  lean_norm = lambda x, s, b: lean.layer_norm(x, s, b, 1e-5)
+  lean_norm = lambda x, s, b: low_memory_layers.layer_norm(x, s, b, 1e-5)
   assert residual_bytes(lean_norm, x, scale, bias) <= 1000 * 2 * 4 + 1024
   assert residual_bytes(plain_layer_norm, x, scale, bias) > 1000 * 2 * row
