@@ -126,6 +126,11 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
       `{"mean", "std"}` `[C_t]` (`observations.ModalityReader.stats["targets"]`); needed
       with `stats` (its first guess is the grid's state in its units).
   """
+  if specs.model.denoiser.noise_frequencies:
+    raise UserError(f"model.denoiser_noise_frequencies={specs.model.denoiser.noise_frequencies}"
+                    ": GenCast's denoiser and sampler are imported and run (wnscale.model.denoiser, "
+                    "wnscale.model.sampler), but its diffusion training and forecasts are not "
+                    "built yet.")
   point_sets = point_sets or {}
   missing = [m.name for m in specs.data.modalities if m.name not in point_sets]
   if missing:

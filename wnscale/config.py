@@ -256,10 +256,11 @@ def derived_config(resolution: float, keys: dict) -> ml_collections.ConfigDict:
 
 
 def owned_settings() -> list[type[specs_lib.Settings]]:
-  """The settings that components declare (each registered processor's, the remat's, each
-  registered loss's): their keys are keys of their `SECTION`, with their defaults and
-  meanings."""
-  return ([entry.spec for entry in PROCESSORS.values()] + [specs_lib.RematSpec]
+  """The settings that components declare (each registered processor's, the remat's, the
+  denoiser's and its sampler's, each registered loss's): their keys are keys of their
+  `SECTION`, with their defaults and meanings."""
+  return ([entry.spec for entry in PROCESSORS.values()]
+          + [specs_lib.RematSpec, specs_lib.DenoiserSpec, specs_lib.SamplerSpec]
           + [entry.spec for entry in LOSSES.values()])
 
 
@@ -415,6 +416,13 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _require(m.grid_to_mesh_aggregate_normalization > 0,
            "model.grid_to_mesh_aggregate_normalization must be > 0")
   _require(m.noise_channels >= 0, f"model.noise_channels={m.noise_channels} must be >= 0")
+  _require(not (m.noise_channels and m.denoiser_noise_frequencies),
+           f"model.noise_channels={m.noise_channels} (an FGN) and "
+           f"model.denoiser_noise_frequencies={m.denoiser_noise_frequencies} (a denoiser) "
+           "condition the layer norms on different things: set one of them")
+  _require(not (m.denoiser_noise_frequencies and d.modalities),
+           "model.denoiser_noise_frequencies > 0 (GenCast's denoiser) works on the grid alone, "
+           "not with data.modalities")
   problem = LOSSES[t.loss].check(specs)
   _require(problem is None, problem)
   _check_registered_names(config, specs)

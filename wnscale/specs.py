@@ -174,6 +174,54 @@ class RematSpec(Settings):
 
 
 @dataclasses.dataclass(frozen=True)
+class DenoiserSpec(Settings):
+  """GenCast's denoiser (`wnscale.model.denoiser`): the network as a diffusion model's
+  denoiser, its layer norms conditioned on the noise level (the `model` keys
+  `denoiser_<field>`; `noise_frequencies` 0: the network is a forecaster)."""
+
+  KEY_PREFIX: ClassVar[str] = "denoiser_"
+  noise_frequencies: int = setting(
+      0, "0: the network forecasts; > 0: it is GenCast's denoiser of noisy targets, the noise "
+      "level sigma encoded as this many Fourier frequencies of log(sigma) and an MLP, the "
+      "encoding conditioning every layer norm (GenCast: 32)", minimum=0)
+  noise_base_period: float = setting(
+      16.0, "denoiser: the period of the lowest Fourier frequency of log(sigma) (GenCast: 16)",
+      minimum=0.0)
+  noise_hidden_size: int = setting(
+      32, "denoiser: hidden width of the noise-level encoding's MLP (GenCast: 32)", minimum=1)
+  noise_encoding_size: int = setting(
+      16, "denoiser: width of the noise-level encoding, what the layer norms are conditioned on "
+      "(GenCast: 16)", minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec(Settings):
+  """GenCast's sampler of a denoiser (`wnscale.model.sampler`): its noise levels and
+  stochastic churn (the `model` keys `sampler_<field>`; read with
+  `denoiser_noise_frequencies > 0`)."""
+
+  KEY_PREFIX: ClassVar[str] = "sampler_"
+  max_noise_level: float = setting(80.0, "sampler: the first noise level (GenCast: 80)",
+                                   minimum=0.0)
+  min_noise_level: float = setting(0.03, "sampler: the last noise level before 0 (GenCast: "
+                                   "0.03)", minimum=0.0)
+  noise_levels: int = setting(20, "sampler: noise levels from max to min (then 0), one "
+                              "2nd-order step each (GenCast: 20)", minimum=1)
+  rho: float = setting(7.0, "sampler: the levels' spacing, (max^(1/rho) ... min^(1/rho))^rho "
+                       "(GenCast: 7)", minimum=0.0)
+  churn_rate: float = setting(2.5, "sampler: stochastic churn S_churn, spread over the levels "
+                              "(GenCast: 2.5; 0: deterministic)", minimum=0.0)
+  churn_min_noise_level: float = setting(0.75, "sampler: churn at levels >= this (GenCast: "
+                                         "0.75)", minimum=0.0)
+  churn_max_noise_level: float = setting(0.0, "sampler: churn at levels <= this; 0: at any "
+                                         "level above churn_min_noise_level (GenCast's inf)",
+                                         minimum=0.0)
+  noise_level_inflation: float = setting(1.05, "sampler: the churn's noise is this much more "
+                                         "than the denoiser is told (GenCast: 1.05)",
+                                         minimum=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """The `model` section (its keys are documented in `wnscale.config.default_config`).
 
@@ -190,6 +238,8 @@ class ModelSpec:
   edge_latent_size: int
   processor: ProcessorSpec  # a GNNSpec or TransformerSpec, or another registered processor's
   remat: RematSpec
+  denoiser: DenoiserSpec
+  sampler: SamplerSpec
   dtype: str
   noise_channels: int
   grid_to_mesh_gather_from_receivers: bool
@@ -197,7 +247,7 @@ class ModelSpec:
   output_activations: tuple[tuple[str, str, float], ...]
 
   # The fields that are a component's `Settings`, the keys it owns.
-  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat")
+  COMPONENTS: ClassVar[tuple[str, ...]] = ("processor", "remat", "denoiser", "sampler")
 
   def __post_init__(self):  # the config's "variable:activation[:offset]" entries, parsed
     object.__setattr__(self, "output_activations", tuple(
@@ -209,12 +259,23 @@ class ModelSpec:
     """The spec of a config's `model` section; the processor's settings are those of the
     registry entry `section["processor"]` names."""
     return cls(processor=ProcessorSpec.named(section["processor"]).from_section(section),
-               remat=RematSpec.from_section(section), **_own_fields(cls, section))
+               remat=RematSpec.from_section(section),
+               denoiser=DenoiserSpec.from_section(section),
+               sampler=SamplerSpec.from_section(section), **_own_fields(cls, section))
 
   def section_values(self) -> dict:
     """`{config key: value}`: the spec as the config's `model` section holds it."""
     return (_own_values(self) | {"processor": self.processor.name}
-            | self.processor.section_values() | self.remat.section_values())
+            | self.processor.section_values() | self.remat.section_values()
+            | self.denoiser.section_values() | self.sampler.section_values())
+
+  @property
+  def conditioning_size(self) -> int:
+    """Width of the vector every layer norm is conditioned on: an FGN's noise embedding
+    (`noise_channels`), a denoiser's noise-level encoding, or 0 (plain norms)."""
+    if self.denoiser.noise_frequencies:
+      return self.denoiser.noise_encoding_size
+    return self.noise_channels
 
   @property
   def edge_size(self) -> int:

@@ -78,8 +78,11 @@ CYCLONE_VARIABLES = (
     Variable("cyclone_usa_rmw_disc", False, 1.0, "nmile"),
     Variable("cyclone_usa_pres_disc", False, 10.0, "hPa"),
 )
+# GenCast's 12 h precipitation (a target only; its loss weight is GenCast's).
+GENCAST_SURFACE_VARIABLES = (Variable("total_precipitation_12hr", False, 0.1, "m"),)
 VARIABLES = {v.name: v for v in (ATMOSPHERIC_VARIABLES + SURFACE_VARIABLES
-                                 + WEATHERNEXT2_SURFACE_VARIABLES + CYCLONE_VARIABLES)}
+                                 + WEATHERNEXT2_SURFACE_VARIABLES + CYCLONE_VARIABLES
+                                 + GENCAST_SURFACE_VARIABLES)}
 
 # Static fields read from the store (time-independent).
 SURFACE_GEOPOTENTIAL = "geopotential_at_surface"

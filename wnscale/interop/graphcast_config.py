@@ -62,6 +62,29 @@ def wnscale_config(model_config: dict, task_config: dict,
     raise UserError(f"The checkpoint's MLPs have hidden_layers="
                      f"{model_config['hidden_layers']}; wnscale's have 1 (GraphCast's "
                      "published models).")
+  config = config_lib.default_config()
+  m, d = config.model, config.data
+  m.latent_size = int(model_config["latent_size"])
+  m.mesh_levels = int(model_config["mesh_size"])
+  m.message_passing_steps = int(model_config["gnn_msg_steps"])
+  m.radius_fraction = float(model_config["radius_query_fraction_edge_length"])
+  # None (absent): divided by the longest mesh-to-grid edge, which is wnscale's 0.
+  m.mesh_to_grid_edge_normalization = float(
+      model_config.get("mesh2grid_edge_normalization_factor") or 0.0)
+  apply_task(config, task_config)
+  if "resolution" in model_config:
+    d.resolution = float(model_config["resolution"])
+  d.stats_path = stats_path
+  return config_lib.validate(config)
+
+
+def apply_task(config: ml_collections.ConfigDict, task_config: dict):
+  """Sets `config.data`'s variables, levels, forcings and input steps from a GraphCast
+  `TaskConfig` (the module docstring's mapping; `data.time_step_hours` as set).
+
+  Raises:
+    UserError: a variable wnscale does not know, or an input it cannot feed, named.
+  """
   inputs, targets = task_config["input_variables"], task_config["target_variables"]
   forcings = task_config["forcing_variables"]
   unknown = [name for name in inputs + targets + forcings if not _known(name)]
@@ -81,15 +104,7 @@ def wnscale_config(model_config: dict, task_config: dict,
   if others:
     raise UserError(f"Inputs {others} of the checkpoint's task are neither targets, forcings "
                      "nor statics; wnscale cannot feed them.")
-  config = config_lib.default_config()
-  m, d = config.model, config.data
-  m.latent_size = int(model_config["latent_size"])
-  m.mesh_levels = int(model_config["mesh_size"])
-  m.message_passing_steps = int(model_config["gnn_msg_steps"])
-  m.radius_fraction = float(model_config["radius_query_fraction_edge_length"])
-  # None (absent): divided by the longest mesh-to-grid edge, which is wnscale's 0.
-  m.mesh_to_grid_edge_normalization = float(
-      model_config.get("mesh2grid_edge_normalization_factor") or 0.0)
+  d = config.data
   d.variables = tuple(name for name in targets if name in inputs)
   d.target_only_variables = tuple(name for name in targets if name not in inputs)
   d.pressure_levels = tuple(int(level) for level in task_config["pressure_levels"])
@@ -97,10 +112,6 @@ def wnscale_config(model_config: dict, task_config: dict,
   d.stored_forcings = tuple(name for name in forcings if name in READ_FROM_DATA)
   d.input_normalization = "all"
   d.input_steps = input_steps(task_config["input_duration"], d.time_step_hours)
-  if "resolution" in model_config:
-    d.resolution = float(model_config["resolution"])
-  d.stats_path = stats_path
-  return config_lib.validate(config)
 
 
 # Keys that do not change what the parameters compute (how it is computed, which data it
@@ -206,7 +217,8 @@ def input_steps(duration: str, time_step_hours: int) -> int:
   return int(steps)
 
 
-def _keys(name: str, steps, levels) -> list[tuple]:
+def channel_keys(name: str, steps, levels) -> list[tuple]:
+  """`(name, step, level)` of a variable's channels at `steps` (the module docstring's keys)."""
   if name in variables_lib.STATIC_VARIABLES:
     return [(name, None, None)]
   if variables_lib.is_atmospheric(name):
@@ -219,14 +231,14 @@ def reference_input_channels(task_config: dict, time_step_hours: int = 6) -> lis
   levels = task_config["pressure_levels"]
   steps = range(1 - input_steps(task_config["input_duration"], time_step_hours), 1)
   keys = [key for name in sorted(task_config["input_variables"])
-          for key in _keys(name, steps, levels)]
+          for key in channel_keys(name, steps, levels)]
   return keys + [(name, 1, None) for name in sorted(task_config["forcing_variables"])]
 
 
 def reference_output_channels(task_config: dict) -> list[tuple]:
   levels = task_config["pressure_levels"]
   return [key for name in sorted(task_config["target_variables"])
-          for key in _keys(name, [1], levels)]
+          for key in channel_keys(name, [1], levels)]
 
 
 def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
@@ -234,7 +246,7 @@ def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
   d = config.data
   steps = list(range(1 - d.input_steps, 1))
   history = [key for step in steps for name in d.variables
-             for key in _keys(name, [step], d.pressure_levels)]
+             for key in channel_keys(name, [step], d.pressure_levels)]
   forcings = [(name, step, None) for step in steps + [1] for name in d.forcings]
   statics = [(name, None, None) for name in variables_lib.STATIC_VARIABLES]
   return history + forcings + statics
@@ -242,4 +254,4 @@ def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
 
 def wnscale_output_channels(config: ml_collections.ConfigDict) -> list[tuple]:
   d = specs_lib.from_config(config).data
-  return [key for name in d.outputs for key in _keys(name, [1], d.pressure_levels)]
+  return [key for name in d.outputs for key in channel_keys(name, [1], d.pressure_levels)]

@@ -65,7 +65,7 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
   stats_path = paths.join(out, "stats")
   config = graphcast_config.wnscale_config(checkpoint.model_config, checkpoint.task_config,
                                            stats_path)
-  _check_stats(stats_dir, config)
+  check_stats(stats_dir, config)
   params = graphcast_params.convert_params(checkpoint.params, checkpoint.task_config, config)
 
   stats = {name: paths.read_bytes(paths.join(paths.normalize(stats_dir), name))
@@ -102,7 +102,7 @@ def write_run(out: str, overwrite: bool, config: ml_collections.ConfigDict, para
                sum(x.size for x in jax.tree.leaves(params)))
 
 
-def _check_stats(stats_dir: str, config: ml_collections.ConfigDict):
+def check_stats(stats_dir: str, config: ml_collections.ConfigDict):
   """A clear error unless `stats_dir` holds GraphCast's statistics of every channel of
   `config`."""
   if not paths.exists(paths.join(paths.normalize(stats_dir),

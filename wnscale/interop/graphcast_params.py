@@ -62,7 +62,7 @@ REMAINDER = UNUSED + (f"{MESH_EMBEDDER}_mlp/~/linear_0",)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Channels:
+class Channels:
   """Where wnscale's channels sit in GraphCast's layers.
 
   Attributes:
@@ -86,20 +86,23 @@ class _Channels:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Mlp:
+class Mlp:
   """GraphCast's MLP `part` (`<part>_mlp/~/linear_{0,1}`, `<part>_layer_norm`) as wnscale's
-  `MLP` (`hidden`, `out`, `norm`); `rows`: which rows of the first layer (`_Channels`);
-  `outputs`: the last layer's columns permuted to wnscale's output channels."""
+  `MLP` (`hidden`, `out`, `norm`); `rows`: which rows of the first layer (`Channels`);
+  `outputs`: the last layer's columns permuted to wnscale's output channels;
+  `conditioned`: the norm is conditioned (GenCast's `<part>_norm_conditioning/linear`,
+  the norm's `conditioning` Linear) rather than GraphCast's `<part>_layer_norm`."""
 
   part: str
   layer_norm: bool = True
   rows: str = ""
   outputs: bool = False
+  conditioned: bool = False
 
   def linear(self, i: int) -> str:
     return f"{self.part}_mlp/~/linear_{i}"
 
-  def read(self, modules: _Modules, channels: _Channels) -> dict:
+  def read(self, modules: _Modules, channels: Channels) -> dict:
     rows, _ = channels.first_rows(self.rows)
     columns = channels.output_columns if self.outputs else slice(None)
     mlp = {"hidden": {"kernel": modules.leaf(self.linear(0), "w")[rows],
@@ -108,12 +111,16 @@ class _Mlp:
                    "bias": modules.leaf(self.linear(1), "b")[columns]}}
     if self.linear(2) in modules.params:
       raise UserError(f"{self.part} has more than one hidden layer; wnscale's MLPs have one.")
-    if self.layer_norm:
+    if self.layer_norm and self.conditioned:
+      module = f"{self.part}_norm_conditioning/linear"
+      mlp["norm"] = {"conditioning": {"kernel": modules.leaf(module, "w"),
+                                      "bias": modules.leaf(module, "b")}}
+    elif self.layer_norm:
       mlp["norm"] = {"scale": modules.leaf(f"{self.part}_layer_norm", "scale"),
                      "bias": modules.leaf(f"{self.part}_layer_norm", "offset")}
     return mlp
 
-  def write(self, mlp: dict, out: dict, channels: _Channels, remainder: dict,
+  def write(self, mlp: dict, out: dict, channels: Channels, remainder: dict,
             first_kernel=None):
     """Puts `mlp` (wnscale's, host arrays) into `out` (`{module: {leaf: array}}`);
     `first_kernel`: the first layer's whole `w` where wnscale splits it (an edge MLP)."""
@@ -136,51 +143,58 @@ class _Mlp:
       last[:, channels.output_columns] = mlp["out"]["kernel"]
       bias[channels.output_columns] = mlp["out"]["bias"]
     out[self.linear(1)] = {"w": last, "b": bias}
-    if self.layer_norm:
+    if self.layer_norm and self.conditioned:
+      conditioning = mlp["norm"]["conditioning"]
+      out[f"{self.part}_norm_conditioning/linear"] = {"w": conditioning["kernel"],
+                                                      "b": conditioning["bias"]}
+    elif self.layer_norm:
       out[f"{self.part}_layer_norm"] = {"scale": mlp["norm"]["scale"],
                                         "offset": mlp["norm"]["bias"]}
 
 
 @dataclasses.dataclass(frozen=True)
-class _Interaction:
+class Interaction:
   """An interaction network: GraphCast's edge MLP `edges` (its first layer on [edge,
   sender, receiver] split into `edge_mlp.hidden` and the two projections) and node MLP
   `nodes`."""
 
   edges: str
   nodes: str
+  conditioned: bool = False
 
-  def read(self, modules: _Modules, channels: _Channels) -> dict:
+  def read(self, modules: _Modules, channels: Channels) -> dict:
     first = modules.leaf(f"{self.edges}_mlp/~/linear_0", "w")
     latent = first.shape[1]
     if first.shape[0] != 3 * latent:
       raise UserError(f"{self.edges}'s first layer is {list(first.shape)}; expected "
                       f"[3 x {latent}, {latent}] on [edge, sender, receiver]")
-    edge_mlp = _Mlp(self.edges).read(modules, channels)
+    edge_mlp = Mlp(self.edges, conditioned=self.conditioned).read(modules, channels)
     edge_mlp["hidden"]["kernel"] = first[:latent]
     return {"edge_mlp": edge_mlp,
             "sender_projection": {"kernel": first[latent:2 * latent]},
             "receiver_projection": {"kernel": first[2 * latent:]},
-            "node_mlp": _Mlp(self.nodes).read(modules, channels)}
+            "node_mlp": Mlp(self.nodes, conditioned=self.conditioned).read(modules, channels)}
 
-  def write(self, tree: dict, out: dict, channels: _Channels, remainder: dict):
+  def write(self, tree: dict, out: dict, channels: Channels, remainder: dict):
     first = np.concatenate([tree["edge_mlp"]["hidden"]["kernel"],
                             tree["sender_projection"]["kernel"],
                             tree["receiver_projection"]["kernel"]])
-    _Mlp(self.edges).write(tree["edge_mlp"], out, channels, remainder, first_kernel=first)
-    _Mlp(self.nodes).write(tree["node_mlp"], out, channels, remainder)
+    Mlp(self.edges, conditioned=self.conditioned).write(tree["edge_mlp"], out, channels,
+                                                         remainder, first_kernel=first)
+    Mlp(self.nodes, conditioned=self.conditioned).write(tree["node_mlp"], out, channels,
+                                                         remainder)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Layers:
   """The processor's interaction networks, one per layer, stacked on axis 0 in wnscale."""
 
-  layers: tuple[_Interaction, ...]
+  layers: tuple[Interaction, ...]
 
-  def read(self, modules: _Modules, channels: _Channels) -> dict:
+  def read(self, modules: _Modules, channels: Channels) -> dict:
     return stack([layer.read(modules, channels) for layer in self.layers])
 
-  def write(self, tree: dict, out: dict, channels: _Channels, remainder: dict):
+  def write(self, tree: dict, out: dict, channels: Channels, remainder: dict):
     for i, layer in enumerate(self.layers):
       layer.write(_index(tree, i), out, channels, remainder)
 
@@ -189,20 +203,20 @@ def layout(steps: int) -> dict:
   """`{wnscale parameter path: GraphCast's modules}` of a model of `steps` processor layers
   (the module docstring's table)."""
   return {
-      ("grid_embedder",): _Mlp(ENCODER + "encoder_nodes_grid_nodes", rows="grid"),
-      ("mesh_embedder",): _Mlp(MESH_EMBEDDER, rows="mesh"),
-      ("grid_to_mesh_edges", "embedder"): _Mlp(ENCODER + "encoder_edges_grid2mesh"),
-      ("grid_to_mesh_edges", "interaction"): _Interaction(
+      ("grid_embedder",): Mlp(ENCODER + "encoder_nodes_grid_nodes", rows="grid"),
+      ("mesh_embedder",): Mlp(MESH_EMBEDDER, rows="mesh"),
+      ("grid_to_mesh_edges", "embedder"): Mlp(ENCODER + "encoder_edges_grid2mesh"),
+      ("grid_to_mesh_edges", "interaction"): Interaction(
           ENCODER + "processor_edges_0_grid2mesh", ENCODER + "processor_nodes_0_mesh_nodes"),
-      ("grid_to_mesh_grid_mlp",): _Mlp(ENCODER + "processor_nodes_0_grid_nodes"),
-      ("processor", "edge_embedder"): _Mlp(PROCESSOR + "encoder_edges_mesh"),
+      ("grid_to_mesh_grid_mlp",): Mlp(ENCODER + "processor_nodes_0_grid_nodes"),
+      ("processor", "edge_embedder"): Mlp(PROCESSOR + "encoder_edges_mesh"),
       ("processor", "layers"): _Layers(tuple(
-          _Interaction(f"{PROCESSOR}processor_edges_{i}_mesh",
+          Interaction(f"{PROCESSOR}processor_edges_{i}_mesh",
                        f"{PROCESSOR}processor_nodes_{i}_mesh_nodes") for i in range(steps))),
-      ("mesh_to_grid_edges", "embedder"): _Mlp(DECODER + "encoder_edges_mesh2grid"),
-      ("mesh_to_grid_edges", "interaction"): _Interaction(
+      ("mesh_to_grid_edges", "embedder"): Mlp(DECODER + "encoder_edges_mesh2grid"),
+      ("mesh_to_grid_edges", "interaction"): Interaction(
           DECODER + "processor_edges_0_mesh2grid", DECODER + "processor_nodes_0_grid_nodes"),
-      ("output_mlp",): _Mlp(DECODER + "decoder_nodes_grid_nodes", layer_norm=False,
+      ("output_mlp",): Mlp(DECODER + "decoder_nodes_grid_nodes", layer_norm=False,
                             outputs=True),
   }
 
@@ -239,12 +253,24 @@ def convert_params(params: dict, task_config: dict, config: ml_collections.Confi
   tree = {}
   for path, part in layout(steps).items():
     _place(tree, path, part.read(modules, channels))
-  unread = sorted(set(params) - modules.read - set(UNUSED))
+  return model_state(tree, params, modules.read, UNUSED, specs_lib.from_config(config),
+                     f" (e.g. more message-passing steps than model_config:gnn_msg_steps={steps})")
+
+
+def model_state(tree: dict, params: dict, read: set, unused: tuple, specs: specs_lib.Specs,
+                hint: str = ""):
+  """The model's parameters (`nnx.State`) holding `tree` (a pure dict converted from a
+  checkpoint's `params`, whose modules `read` were read and `unused` are not needed).
+
+  Raises:
+    UserError: a module neither read nor unused (`hint` added), or a leaf of `tree`
+      missing or shaped otherwise than the model's (naming it).
+  """
+  unread = sorted(set(params) - read - set(unused))
   if unread:
     raise UserError(f"The checkpoint has parameters wnscale's model does not use: {unread[:5]}"
-                     f"{' ...' if len(unread) > 5 else ''} (e.g. more message-passing steps "
-                     f"than model_config:gnn_msg_steps={steps})")
-  _, shapes = setup.init_model_shapes(specs_lib.from_config(config))
+                    f"{' ...' if len(unread) > 5 else ''}{hint}")
+  _, shapes = setup.init_model_shapes(specs)
   check_shapes(tree, nnx.to_pure_dict(shapes), prefix="")
   nnx.replace_by_pure_dict(shapes, tree)
   return shapes
@@ -291,7 +317,7 @@ def export_params(params: dict, task_config: dict, config: ml_collections.Config
   return out
 
 
-def _channels(task_config: dict, config: ml_collections.ConfigDict) -> _Channels:
+def _channels(task_config: dict, config: ml_collections.ConfigDict) -> Channels:
   """For each wnscale input channel, GraphCast's row of it; for each wnscale output
   channel, GraphCast's column of it."""
   time_step = config.data.time_step_hours
@@ -308,7 +334,7 @@ def _channels(task_config: dict, config: ml_collections.ConfigDict) -> _Channels
     raise UserError("The task's input channels do not map one to one onto wnscale's.")
   if len(output_columns) != len(reference):  # targets are outputs: distinct by construction
     raise UserError("The task's output channels do not map one to one onto wnscale's.")
-  return _Channels(input_rows, output_columns)
+  return Channels(input_rows, output_columns)
 
 
 def _place(tree: dict, path: tuple, value):

@@ -43,13 +43,11 @@ import re
 
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from wnscale import specs as specs_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_params
-from wnscale.model import setup
 
 ROOT = "multimodality_forward/"
 # wnscale's node features (`graphs.features.node_features`) by WeatherNext 2's names.
@@ -64,14 +62,15 @@ _SPLIT = re.compile(r"^(?P<leaf>[wb])_(?P<name>.+?)(_level=(?P<levels>[\d,]+))?"
                     r"(_time=(?P<time>-?\d+))?$")
 
 
-class _Modules:
-  """The checkpoint's `{module: {leaf: array}}`, remembering which modules were read."""
+class Modules:
+  """The checkpoint's `{module: {leaf: array}}`, remembering which modules were read;
+  module names are relative to `root` (WeatherNext 2's `ROOT`; GenCast's: "")."""
 
-  def __init__(self, params: dict):
-    self.params, self.read = params, set()
+  def __init__(self, params: dict, root: str = ROOT):
+    self.params, self.read, self.root = params, set(), root
 
   def leaf(self, module: str, leaf: str) -> np.ndarray:
-    module = ROOT + module
+    module = self.root + module
     if module not in self.params or leaf not in self.params[module]:
       raise UserError(f"The checkpoint has no parameter {module}:{leaf}")
     self.read.add(module)
@@ -85,7 +84,7 @@ class _Modules:
 
   def split_rows(self, module: str, time_step_seconds: int) -> dict:
     """`{channel key: [D] row}` of a `split_input_matmul` (see `_channel_keys`)."""
-    module_name = ROOT + module
+    module_name = self.root + module
     if module_name not in self.params:
       raise UserError(f"The checkpoint has no module {module_name}")
     self.read.add(module_name)
@@ -104,7 +103,7 @@ class _Modules:
     hidden = {"kernel": (self.leaf(f"{module}/mlp/linear_0", "w") if first_kernel is None
                          else first_kernel),
               "bias": self.leaf(f"{module}/mlp/linear_0", "b")}
-    if f"{ROOT}{module}/mlp/linear_2" in self.params:
+    if f"{self.root}{module}/mlp/linear_2" in self.params:
       raise UserError(f"{module} has more than one hidden layer; wnscale's MLPs have one.")
     return {"hidden": hidden, "out": self.linear(f"{module}/mlp/linear_1"),
             "norm": {"conditioning": self.linear(
@@ -208,7 +207,7 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
   """
   specs = specs_lib.from_config(config)
   d, m = specs.data, specs.model
-  modules = _Modules(params)
+  modules = Modules(params)
   seconds = d.time_step_hours * 3600
   grid_rows = modules.split_rows("grid_encoder/split_input_matmul", seconds)
   mesh_rows = modules.split_rows("mesh_encoder/split_input_matmul", seconds)
@@ -236,7 +235,7 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
                                    node_set="mesh_nodes", seconds=seconds),
       "grid_to_mesh_grid_mlp": modules.dense(
           "grid_to_mesh_gnn/deep_gnn/processor_nodes_0_point_nodes"),
-      "processor": _transformer(modules, m.processor.layers),
+      "processor": transformer(modules, m.processor.layers),
       "mesh_to_grid_edges": _edges(modules, "mesh_to_grid_gnn", "mesh_to_points_nodes",
                                    receivers=True, node_set="point_nodes", seconds=seconds),
       "output_mlp": {
@@ -244,17 +243,10 @@ def convert_params(params: dict, config: ml_collections.ConfigDict):
           "out": {"kernel": _stacked(decoder_columns["w"], _output_keys(d), "grid_decoder").T,
                   "bias": _stacked(decoder_columns["b"], _output_keys(d), "grid_decoder")}},
   }
-  unread = sorted(set(params) - modules.read - set(UNUSED))
-  if unread:
-    raise UserError(f"The checkpoint has parameters wnscale's model does not use: {unread[:5]}"
-                    f"{' ...' if len(unread) > 5 else ''}")
-  _, shapes = setup.init_model_shapes(specs)
-  graphcast_params.check_shapes(tree, nnx.to_pure_dict(shapes), prefix="")
-  nnx.replace_by_pure_dict(shapes, tree)
-  return shapes
+  return graphcast_params.model_state(tree, params, modules.read, UNUSED, specs)
 
 
-def _edges(modules: _Modules, gnn: str, edge_set: str, *, receivers: bool, node_set: str,
+def _edges(modules: Modules, gnn: str, edge_set: str, *, receivers: bool, node_set: str,
            seconds: int) -> dict:
   """An encoder's or decoder's edges: the edge embedder and the interaction step."""
   edge_rows = modules.split_rows(f"{gnn}/edge_encoder/split_input_matmul", seconds)
@@ -273,9 +265,10 @@ def _edges(modules: _Modules, gnn: str, edge_set: str, *, receivers: bool, node_
           "interaction": interaction}
 
 
-def _transformer(modules: _Modules, layers: int) -> dict:
-  """The mesh transformer's blocks, stacked on a leading layer axis, and its final norm."""
-  root = "mesh_transformer/transformer/"
+def transformer(modules: Modules, layers: int, root: str = "mesh_transformer/transformer/"
+                ) -> dict:
+  """The mesh transformer's blocks, stacked on a leading layer axis, and its final norm;
+  `root`: the transformer's module (GenCast's: `mesh_transformer/~/transformer/`)."""
 
   def block(i: int) -> dict:
     name = f"{root}block_{i:02d}/"
@@ -290,7 +283,7 @@ def _transformer(modules: _Modules, layers: int) -> dict:
         "attention_output": modules.linear(f"{name}mha_final"),
         "ffw_up": modules.linear(f"{name}ffw_up"), "ffw_down": modules.linear(f"{name}ffw_down")}
 
-  if f"{ROOT}{root}block_{layers:02d}/mha_final" in modules.params:
+  if f"{modules.root}{root}block_{layers:02d}/mha_final" in modules.params:
     raise UserError(f"The checkpoint has more transformer blocks than the config's {layers}")
   return {"layers": graphcast_params.stack([block(i) for i in range(layers)]),
           "final_norm": {"conditioning": modules.linear(

@@ -129,7 +129,11 @@ class GraphCast(nnx.Module):
   per example (one ensemble member), a bias-free linear layer embeds it
   (`[noise_channels] -> [noise_channels]`), and every layer norm of encoder,
   processor and decoder is conditioned on that embedding (`norm.layer_norm`),
-  passed to each stage as its `conditioning` argument.
+  passed to each stage as its `conditioning` argument. With
+  `spec.denoiser.noise_frequencies > 0` it is the network of GenCast's denoiser
+  (`wnscale.model.denoiser`): the layer norms are conditioned the same way on a
+  vector each call is given outright (`conditioning`, the noise-level encoding),
+  and there is no noise embedding.
   """
 
   def __init__(self, input_channels: int, output_channels: int,
@@ -139,7 +143,7 @@ class GraphCast(nnx.Module):
     latent = spec.latent_size
     dtype = DTYPES[spec.dtype]
     self.dtype = dtype
-    conditioning = spec.noise_channels  # 0: the deterministic model, plain norms
+    conditioning = spec.conditioning_size  # 0: the deterministic model, plain norms
     mlp = lambda n_in, n_out, **kw: MLP(n_in, latent, n_out, conditioning_size=conditioning,
                                         dtype=dtype, rngs=rngs, **kw)
     edge_size = spec.edge_size
@@ -158,7 +162,7 @@ class GraphCast(nnx.Module):
     self.output_mlp = mlp(latent, output_channels, layer_norm=False)
     # Made last, so a deterministic model's other parameters draw the same random numbers.
     self.noise_embedding = (nnx.Linear(conditioning, conditioning, use_bias=False, rngs=rngs)
-                            if conditioning else None)
+                            if spec.noise_channels else None)
     self.output_activations = tuple(output_activations)
     self.policy = remat_policies.resolve_policy(spec.remat.remat_policy).checkpoint_policy
     # After everything else: the grid model's parameters draw what they draw without.
@@ -176,15 +180,15 @@ class GraphCast(nnx.Module):
 
   def __call__(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
                global_inputs: jax.Array | None = None, noise: jax.Array | None = None,
-               point_inputs: dict | None = None):
+               point_inputs: dict | None = None, conditioning: jax.Array | None = None):
     """`grid inputs [batch, input_channels, num_grid_nodes] -> [batch, num_grid_nodes,
     output_channels]` (`predict`'s grid outputs)."""
     return self.predict(graphs, grid_input_parts, exchange, global_inputs, noise,
-                        point_inputs)[0]
+                        point_inputs, conditioning)[0]
 
   def predict(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
               global_inputs: jax.Array | None = None, noise: jax.Array | None = None,
-              point_inputs: dict | None = None):
+              point_inputs: dict | None = None, conditioning: jax.Array | None = None):
     """`(grid outputs [batch, num_grid_nodes, output_channels], {modality: [batch,
     num_points, output_channels]} of the target modalities)`.
 
@@ -199,17 +203,24 @@ class GraphCast(nnx.Module):
     (an FGN's, required then) conditions every layer norm; outputs are float32
     whatever the compute dtype. `point_inputs`: per input modality, `[batch,
     input_steps * inputs, num_points]` channel-major, NaN where missing; a
-    modality left out is missing everywhere.
+    modality left out is missing everywhere. `conditioning` `[batch,
+    conditioning_size]`: a denoiser's noise-level encoding (required then), what
+    the layer norms are conditioned on.
     """
     if (noise is None) != (self.noise_embedding is None):
       raise ValueError(f"model.noise_channels={self.spec.noise_channels} but noise was "
                        f"{'not ' if noise is None else ''}given.")
+    denoiser = self.spec.denoiser.noise_frequencies > 0
+    if (conditioning is not None) != denoiser:
+      raise ValueError(f"model.denoiser_noise_frequencies={self.spec.denoiser.noise_frequencies}"
+                       f" but a conditioning vector was {'not ' if denoiser else ''}given.")
 
     point_inputs = self._all_point_inputs(graphs, point_inputs,
                                           jax.tree.leaves(grid_input_parts)[0].shape[0])
 
-    def one_example(inputs, global_inputs, noise, point_inputs):
-      conditioning = None if noise is None else self.noise_embedding(noise)
+    def one_example(inputs, global_inputs, noise, point_inputs, conditioning):
+      if noise is not None:
+        conditioning = self.noise_embedding(noise)
       # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
       with jax.named_scope("encoder"):
         grid, mesh, points = self.encode(graphs, inputs, exchange, global_inputs,
@@ -227,7 +238,8 @@ class GraphCast(nnx.Module):
             OUTPUT_ACTIVATIONS[activation](outputs[:, channel] + offset))
       return outputs, point_outputs
 
-    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise, point_inputs)
+    return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise, point_inputs,
+                                 conditioning)
 
   def _all_point_inputs(self, graphs: Graphs, point_inputs, batch: int) -> dict:
     """`point_inputs` with every input modality's entry (all NaN: missing, where left out)."""
@@ -244,8 +256,9 @@ class GraphCast(nnx.Module):
 
     The grid-node work (the embedder, the sender projection, the grid MLP) runs
     in `grid_blocks` blocks of grid nodes, each under its own checkpoint, and so
-    does each modality's point work. `conditioning`: an FGN's `[noise_channels]`
-    noise embedding, else None. `point_inputs`: per input modality, `[C, P]`.
+    does each modality's point work. `conditioning`: the `[conditioning_size]`
+    vector the layer norms are conditioned on (an FGN's noise embedding, a
+    denoiser's noise-level encoding), else None. `point_inputs`: per input modality, `[C, P]`.
 
     Returns `(grid latents, mesh latents, {target modality: point latents [P, D]})`.
     """

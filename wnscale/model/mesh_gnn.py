@@ -42,7 +42,7 @@ class MeshGNN(nnx.Module):
     self.spec = spec
     self.dtype = dtype
     latent = spec.latent_size
-    conditioning = spec.noise_channels  # 0: plain layer norms
+    conditioning = spec.conditioning_size  # 0: plain layer norms
     self.edge_embedder = MLP(EDGE_FEATURES, latent, latent, conditioning_size=conditioning,
                              dtype=dtype, rngs=rngs)
 
@@ -57,7 +57,7 @@ class MeshGNN(nnx.Module):
   def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):
     """`[num_mesh_nodes, latent]` mesh latents after the message-passing steps.
 
-    `conditioning`: an FGN's `[noise_channels]` noise embedding, else None.
+    `conditioning`: the `[conditioning_size]` vector the norms are conditioned on, else None.
     """
     spec, edges, num_mesh = self.spec, graphs.edges["mesh"], mesh.shape[0]
     chunks, method = spec.remat.mesh_edge_chunks, spec.processor.aggregation

@@ -99,7 +99,7 @@ class TransformerBlock(nnx.Module):
   def __call__(self, nodes, neighbours, exchange, edges_per_block: int = 0,
                conditioning=None, mask: SplashMask | None = None):
     """`[N, width] -> [N, width]`; `neighbours` is the (shard-local) attention `EdgeSet`;
-    `conditioning` an FGN's `[noise_channels]` noise embedding, else None; `mask` its
+    `conditioning` the `[conditioning_size]` vector the norms are conditioned on, else None; `mask` its
     `SplashMask` to attend by the splash kernel, else None (from the edges)."""
     num_nodes, width = nodes.shape
     head_shape = (self.heads, width // self.heads)
@@ -131,10 +131,10 @@ class MeshTransformer(nnx.Module):
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def stacked_layers(rngs):
       return TransformerBlock(width, own.heads, own.ffw_size, own.layers,
-                              conditioning_size=spec.noise_channels, dtype=dtype, rngs=rngs)
+                              conditioning_size=spec.conditioning_size, dtype=dtype, rngs=rngs)
 
     self.layers = stacked_layers(rngs)
-    self.final_norm = norm.layer_norm(width, spec.noise_channels, rngs=rngs)
+    self.final_norm = norm.layer_norm(width, spec.conditioning_size, rngs=rngs)
     self.policy = remat_policies.resolve_policy(spec.remat.remat_policy).checkpoint_policy
 
   def __call__(self, graphs: Graphs, mesh, exchange, conditioning=None):

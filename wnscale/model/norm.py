@@ -13,6 +13,9 @@ with `W` initialised near zero (truncated normal, std 1e-8) and `b` at zero,
 so a fresh conditioned norm is the plain norm at its initial scale 1 and
 offset 0, and a fresh FGN computes what the deterministic model computes.
 
+GenCast's denoiser conditions the same norms on its noise-level encoding
+(`wnscale.model.noise_level_encoder`) instead of a noise embedding.
+
 The conditioning vector is an input of the whole network: every norm is called
 as `norm(x, conditioning)`, and the modules between the network and its norms
 pass it on as an argument (inside the batch `vmap`, so it is one example's
@@ -56,7 +59,8 @@ class ConditionalLayerNorm(nnx.Module):
     """The `[size]` scale `1 + f(c)` and offset `g(c)` of `conditioning` `[conditioning_size]`."""
     if conditioning is None:
       raise ValueError("A noise-conditioned layer norm ran without its conditioning: the "
-                       "model with model.noise_channels > 0 needs noise inputs.")
+                       "model with model.noise_channels > 0 needs noise inputs, a denoiser "
+                       "(model.denoiser_noise_frequencies > 0) noise levels.")
     scale_minus_one, offset = jnp.split(
         self.conditioning(conditioning.astype(jnp.float32)), 2, axis=-1)
     return 1.0 + scale_minus_one, offset

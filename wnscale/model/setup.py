@@ -13,13 +13,18 @@ from wnscale.graphs.edge_sets import graphcast_edge_sets, modality_edge_sets
 from wnscale.graphs.graph import Graphs
 from wnscale.graphs.points import PointSet
 from wnscale.model import forecast, processors
+from wnscale.model.denoiser import Denoiser
 from wnscale.model.graphcast import GraphCast, PointModality
 from wnscale.specs import DataSpec, ModelSpec, Specs
 
 
-def build_model(specs: Specs) -> GraphCast:
-  """A freshly initialized model (parameters from `specs.seed`), built eagerly."""
+def build_model(specs: Specs) -> GraphCast | Denoiser:
+  """A freshly initialized model (parameters from `specs.seed`), built eagerly: the
+  forecaster, or with `model.denoiser_noise_frequencies > 0` GenCast's denoiser."""
   d = specs.data
+  if specs.model.denoiser.noise_frequencies:
+    return Denoiser(d.input_channels, len(d.output_channels), specs.model,
+                    global_channels=d.global_channels, rngs=nnx.Rngs(specs.seed))
   return GraphCast(d.input_channels, len(d.output_channels), specs.model,
                    rngs=nnx.Rngs(specs.seed), global_channels=d.global_channels,
                    output_activations=output_activations(specs),

@@ -1,0 +1,71 @@
+"""`import_gencast`: a GenCast checkpoint file and its statistics -> a wnscale run directory.
+
+The run directory is `import_graphcast`'s (`graphcast_import.write_run`): `config.json`
+(`gencast_config.wnscale_config`: the denoiser, `model.denoiser_*`), `stats/` (GenCast's
+statistics files, `min_by_level.nc` too) and `checkpoints/0` (the converted parameters,
+`gencast_params`), with the checkpoint's description and license in its metadata.
+
+GenCast fills the sea-surface temperature's NaNs (land) with its `min_by_level` before
+normalizing (its demo's `NaNCleaner`), and puts them back in the forecasts: the run's
+`data.nan_fill_values` is that value, read from `min_by_level.nc`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from wnscale import outputs, paths
+from wnscale.data import netcdf, normalization
+from wnscale.errors import UserError
+from wnscale.interop import gencast_checkpoint, gencast_config, gencast_params, graphcast_import
+from wnscale.train import run_directory
+
+MIN_FILE = "min_by_level.nc"
+# The variables GenCast's NaNCleaner fills (with their min_by_level).
+NAN_FILLED = ("sea_surface_temperature",)
+
+
+def import_gencast(checkpoint_path: str, stats_dir: str, out: str,
+                   overwrite: bool = False) -> ml_collections.ConfigDict:
+  """Writes the run directory `out` for the GenCast checkpoint file `checkpoint_path`.
+
+  Args:
+    checkpoint_path: a `.npz` of GenCast's `CheckPoint` (local or URL).
+    stats_dir: a directory of GenCast's `mean_by_level.nc`, `stddev_by_level.nc`,
+      `diffs_stddev_by_level.nc` and `min_by_level.nc` (local or URL).
+    out: the run directory to create; must not exist (an empty directory is fine)
+      unless `overwrite`.
+    overwrite: replace the run at `out` (checked first: `outputs.check`).
+
+  Returns:
+    The run's config.
+
+  Raises:
+    UserError: naming the problem (a file that is not what it should be, a setting
+      wnscale cannot express, statistics lacking a variable, `out` holding something).
+      Nothing is written then.
+  """
+  out = paths.normalize(out)
+  outputs.check(out, run_directory.KIND, argument="out", overwrite=overwrite)
+  checkpoint = gencast_checkpoint.read_checkpoint(checkpoint_path)
+  stats_dir = paths.normalize(stats_dir)
+  task = checkpoint.configs["task_config"]
+  filled = [name for name in NAN_FILLED if name in task["input_variables"]]
+  fill_values = ()
+  if filled:
+    min_path = paths.join(stats_dir, MIN_FILE)
+    if not paths.exists(min_path):
+      raise UserError(f"{stats_dir} has no {MIN_FILE}: GenCast fills {filled}'s NaNs with it")
+    minima = netcdf.load(min_path)
+    fill_values = tuple(f"{name}:{float(minima[name])!r}" for name in filled)
+  config = gencast_config.wnscale_config(checkpoint.configs, paths.join(out, "stats"),
+                                         fill_values)
+  graphcast_import.check_stats(stats_dir, config)
+  params = gencast_params.convert_params(checkpoint.params, task, config)
+  stats = {name: paths.read_bytes(paths.join(stats_dir, name))
+           for name in tuple(normalization.GRAPHCAST_FILES.values()) + (MIN_FILE,)
+           if name != MIN_FILE or filled}
+  graphcast_import.write_run(out, overwrite, config, params, stats, {
+      "imported_from": paths.normalize(checkpoint_path), "description": checkpoint.description,
+      "license": checkpoint.license, "statistics_from": stats_dir})
+  return config

@@ -1,0 +1,79 @@
+"""GenCast's sampler: DPM-Solver++ 2S with stochastic churn, from noise to a forecast.
+
+The noise levels (`schedule`) descend from `max` to `min` as the quantiles of
+(min^(1/rho) + q (max^(1/rho) - min^(1/rho)))^rho at q = 1 .. 0, then 0. Step `i`
+takes the noisy targets `x` from level `s_i` to `s_{i+1}` (Karras et al. 2022's
+churn, Lu et al. 2022's 2nd-order single-step solver with the geometric midpoint):
+
+  x <- x + s_0 n_init                            (i = 0 only: x starts at 0)
+  s <- s_i (1 + r_i);  x <- x + sqrt(s^2 - s_i^2) inflation n_i    (churn)
+  m = sqrt(s s_{i+1})
+  x_mid = (m / s) x + (1 - m / s) D(x; s)
+  x <- (s_{i+1} / s) x + (1 - s_{i+1} / s) D(x_mid; m),   or D(x; s) when s_{i+1} = 0
+
+with `r_i` the churn rate (`churn_rate / levels` where `churn_min <= s_i <= churn_max`,
+`churn_max` 0 meaning no maximum, at most sqrt(2) - 1, else 0) and `D` the denoiser (`wnscale.model.denoiser`). The
+noise fields `n_init` and `n_i` are given (a forecast draws them; GenCast's are
+spherical white noise), so a forecast is a pure function of them. Levels and rates
+are float32, as GenCast casts them. Shapes: `x`, each noise field `[B, C, G]`
+(the denoiser's noisy-target layout); `D` returns `[B, C, G]` here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wnscale.specs import SamplerSpec
+
+
+class Schedule(NamedTuple):
+  """`levels` `[N + 1]` (descending, the last 0) and `churn_rates` `[N]`, float32."""
+
+  levels: np.ndarray
+  churn_rates: np.ndarray
+
+
+def schedule(spec: SamplerSpec) -> Schedule:
+  """The noise levels and per-step churn rates of `spec` (computed in float64)."""
+  power = 1 / spec.rho
+  quantiles = np.linspace(1, 0, spec.noise_levels)
+  levels = np.append((spec.min_noise_level ** power + quantiles * (
+      spec.max_noise_level ** power - spec.min_noise_level ** power)) ** spec.rho, 0.0)
+  rate = min(spec.churn_rate / spec.noise_levels, np.sqrt(2) - 1)
+  highest = spec.churn_max_noise_level or np.inf  # 0: no maximum
+  churning = (spec.churn_min_noise_level <= levels[:-1]) & (levels[:-1] <= highest)
+  return Schedule(levels.astype(np.float32), (churning * rate).astype(np.float32))
+
+
+def sample(denoise: Callable[[jax.Array, jax.Array], jax.Array], init_noise: jax.Array,
+           churn_noise: Callable[[jax.Array], jax.Array], spec: SamplerSpec) -> jax.Array:
+  """The sampled targets `[B, C, G]` (the module docstring's loop).
+
+  Args:
+    denoise: `(x [B, C, G], noise levels [B]) -> D(x) [B, C, G]`.
+    init_noise: `[B, C, G]` standard-normal fields, scaled by the first level.
+    churn_noise: `step i (traced) -> [B, C, G]` standard-normal fields of step `i`'s churn.
+    spec: the sampler's settings.
+  """
+  levels, rates = (jnp.asarray(a) for a in schedule(spec))
+  inflation = jnp.float32(spec.noise_level_inflation)
+  batch = init_noise.shape[0]
+  at = lambda level: jnp.full((batch,), level, jnp.float32)
+
+  def step(i, x):
+    x = x + levels[0] * init_noise * (i == 0).astype(jnp.float32)
+    level = levels[i] * (1 + rates[i])
+    added = jnp.sqrt(jnp.maximum(level ** 2 - levels[i] ** 2, 0))
+    x = x + churn_noise(i) * (added * inflation)
+    following = levels[i + 1]
+    middle = jnp.sqrt(level * following)
+    denoised = denoise(x, at(level))
+    x_mid = (middle / level) * x + (1 - middle / level) * denoised
+    x_next = (following / level) * x + (1 - following / level) * denoise(x_mid, at(middle))
+    return jnp.where(following == 0, denoised, x_next)
+
+  return jax.lax.fori_loop(0, len(levels) - 1, step, jnp.zeros_like(init_noise))
