@@ -40,10 +40,13 @@ def station_run(trained_station_run):
 
 
 @pytest.fixture(scope="module")
-def station_forecast(station_run, tmp_path_factory):
-  """`(forecast store, its observation store)`: the uninterrupted single-device forecast."""
+def station_forecast(station_run, trained_station_run, tmp_path_factory):
+  """`(forecast store, its observation store)`: the uninterrupted single-device forecast,
+  with the cache the run was trained with (its statistics are read there, not made)."""
   out = str(tmp_path_factory.mktemp("station_forecast") / "F.zarr")
-  result = run("forecast", f"--workdir={station_run}", f"--out={out}", *INITS, LEAD)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("WNSCALE_CACHE_DIR", trained_station_run.cache_dir)
+    result = run("forecast", f"--workdir={station_run}", f"--out={out}", *INITS, LEAD)
   assert json.loads(result.stdout.strip().splitlines()[-1])["written"] == NUM_INITS
   assert "Computed the statistics of the observations" not in result.stderr  # training's
   settings = xr.open_zarr(out).attrs["wnscale_forecast"]

@@ -242,6 +242,8 @@ class StationRun(NamedTuple):
   before: dict  # {step: loss} logged after the checkpoint of step 6, before the kill
   first_stderr: str
   resumed_stderr: str
+  # The cache its statistics went to (the making pytest-xdist worker's: conftest.py).
+  cache_dir: str
 
 
 def killed_and_resumed_station_run(workdir: str) -> StationRun:
@@ -256,4 +258,5 @@ def killed_and_resumed_station_run(workdir: str) -> StationRun:
   before = {step: loss for step, loss in losses(workdir).items() if step > 6}
   resumed = train()
   assert resumed.finish(timeout=600) == 0, resumed.stderr[-3000:]
-  return StationRun(workdir, before, started.stderr, resumed.stderr)
+  return StationRun(workdir, before, started.stderr, resumed.stderr,
+                    os.environ["WNSCALE_CACHE_DIR"])
