@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HERE=.accelerator
 # What the check's steps import, beyond the image's JAX stack (names as in pyproject.toml).
-CHECKED="flax optax orbax-checkpoint grain tensorstore xarray h5netcdf zarr absl-py ml-collections tensorboardX etils"
+CHECKED="flax optax orbax-checkpoint grain tensorstore xarray h5netcdf zarr absl-py ml-collections tensorboardX etils matplotlib"
 REFERENCE="dm-haiku jraph trimesh rtree chex dm-tree"
 
 if [[ "${1:-}" == "--prepare" ]]; then

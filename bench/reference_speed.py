@@ -9,7 +9,8 @@ classic `graphcast/` package (google-deepmind/graphcast), its training loss as
 its demo computes it: `GraphCast` inside `normalization.InputsAndResiduals`,
 `predictor.loss(inputs, targets, forcings)` and its gradient, jitted, on
 random fields of the same shapes (its fixed loss weights cut to the variables
-present). Its steps and wnscale's alternate, so both see the same machine load;
+present); wnscale's step is its loss and gradient as `launch.train` computes them on one
+device (the graphs laid out by `ShardedLayout`). Its steps and wnscale's alternate, so both see the same machine load;
 printed: compiled peak memory and the median step time of each, their ratios,
 and wnscale's utilization (`step_figures`: by GraphCast's FLOP count and the
 hardware rate) with, given `--profile`, where its time goes by kind of op.
@@ -37,6 +38,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import mid_problem  # noqa: E402
 import step_figures  # noqa: E402
@@ -44,6 +46,7 @@ from mid_problem import problems  # noqa: E402
 from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.model import setup  # noqa: E402
 from wnscale.planner import xla_stats  # noqa: E402
+from wnscale.sharding import sharded_model  # noqa: E402
 
 try:
   import haiku as hk  # noqa: E402
@@ -125,6 +128,19 @@ def reference_problem(config, latitude, longitude):
   return jax.jit(loss_and_grad), params, inputs, targets, forcings
 
 
+def _one_device_training_step(config, constants, positions, batch, params):
+  """`(jitted loss and grad, its arguments)`: wnscale's step as `launch.train` runs it on
+  one device (the graphs laid out by `ShardedLayout` on a 1 x 1 mesh: nodes in the
+  space-filling order that keeps each receiver block's senders near), equal to the plain
+  model's (`tests/test_sharding.py`)."""
+  layout = problems.sharded_layout(config, constants, positions, 1, 1, "all_gather")
+  device_constants, halo_indices = layout.constants(constants)
+  graphdef, _ = setup.init_model_shapes(specs_lib.from_config(config))
+  program = jax.jit(sharded_model.loss_and_grad_fn(layout, graphdef))
+  return program, (jax.device_put(params, layout.sharding(P())), device_constants,
+                   halo_indices, problems.device_batch(layout, batch))
+
+
 def compare(config, points, repeats: int, profile: bool = False, with_reference: bool = True,
             aggregations: tuple[str, ...] = ()) -> dict:
   """The reference's and wnscale's loss + gradient step on `config`'s problem (batch 1),
@@ -138,17 +154,17 @@ def compare(config, points, repeats: int, profile: bool = False, with_reference:
   `profile`, the op breakdown (`step_figures.measure`).
   """
   config.train.batch_size = 1
-  ours_inputs = problems.synthetic_problem(config, points, batch_size=1)
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)  # for counts
-  constants, batch, params = jax.device_put(ours_inputs)
+  constants, batch, params = problems.synthetic_problem(config, points, batch_size=1)
+  model = specs_lib.from_config(config).model
+  graphs = setup.graphs_for_grid(model, points)  # for counts
+  positions = setup.node_positions(model, points, None)
   programs, variants = {}, {}
   for index, name in enumerate(aggregations or (config.model.aggregation,)):
     side = "wnscale" if index == 0 else f"wnscale_{name}"
     variants[side] = config.copy_and_resolve_references()
     variants[side].model.aggregation = name
-    programs[side] = (
-        jax.jit(lambda p, c, b, v=variants[side]: problems.loss_and_grad_fn(v, c, b)(p)),
-        (params, constants, batch))
+    programs[side] = _one_device_training_step(variants[side], constants, positions, batch,
+                                               params)
   if with_reference:
     reference, *reference_args = reference_problem(config, *points.axes())
     programs["reference"] = (reference, tuple(reference_args))

@@ -220,11 +220,15 @@ def test_auto_on_a_tpu_makes_a_compiled_kernels_mask_and_none_over_graph_shards(
   assert setup.with_masks(auto, graphs, "cpu").masks == {}
 
 
-def test_splash_over_graph_shards_or_without_its_mask_is_refused(problem):
-  constants, _, batch, params, positions = problem
+@two_devices
+def test_splash_over_graph_shards_is_refused(problem):
+  constants, _, _, _, positions = problem
   with pytest.raises(UserError, match="'splash' runs with the graph on one device"):
     sharded_layout(small_config(**SPLASH), constants, positions, 1, 2, "all_gather")
-  # Graphs without the mask: the model says what makes it.
+
+
+def test_splash_without_its_mask_says_what_makes_it(problem):
+  constants, _, batch, params, _ = problem
   with pytest.raises(ValueError, match="needs the graphs' splash mask of mesh_neighbours"):
     jax.eval_shape(loss_and_grad_fn(small_config(**SPLASH), constants, batch), params)
 
