@@ -217,6 +217,35 @@ def test_the_import_maps_gencasts_noise_config():
     gencast_config.wnscale_config(configs, os.path.join(FIXTURE, "stats"))
 
 
+def test_the_1p0_config_is_gencasts_released_model():
+  """configs/gencast_1p0.py: 16 blocks, width 512, 4 heads, feed-forward 2048, 16 hops on a
+  mesh of 5 refinements, GenCast's noise encoding, sampler and training noise, 12 h steps
+  from two input times, 13 levels; with a statistics directory, its statistics and the
+  sea-surface temperature's fill (the fixture's min_by_level: 271.46)."""
+  path = os.path.join(REPO, "configs", "gencast_1p0.py")
+  config = config_lib.load(path)
+  m, d, t = config.model, config.data, config.train
+  assert (m.processor, m.transformer_layers, m.latent_size, m.transformer_heads,
+          m.transformer_ffw_size, m.transformer_k_hop, m.mesh_levels, m.radius_fraction) == (
+              "transformer", 16, 512, 4, 2048, 16, 5, 0.6)
+  assert (m.denoiser_noise_frequencies, m.denoiser_noise_base_period,
+          m.denoiser_noise_hidden_size, m.denoiser_noise_encoding_size) == (32, 16.0, 32, 16)
+  assert (m.sampler_max_noise_level, m.sampler_min_noise_level, m.sampler_noise_levels,
+          m.sampler_churn_rate, m.sampler_churn_max_noise_level) == (80.0, 0.03, 20, 2.5, 0.0)
+  assert (t.loss, t.training_noise_level_rho, t.training_min_noise_level,
+          t.training_max_noise_level) == ("diffusion", 7.0, 0.02, 88.0)
+  assert (d.resolution, d.time_step_hours, d.input_steps, len(d.pressure_levels)) == (
+      1.0, 12, 2, 13)
+  assert d.target_only_variables == ("total_precipitation_12hr",)
+  assert "sea_surface_temperature" in d.variables and "toa_incident_solar_radiation" not in (
+      d.forcings)
+  assert d.nan_fill_values == () and d.stats_path == ""
+  stats = os.path.join(FIXTURE, "stats")
+  with_stats = config_lib.load(f"{path}:{stats}")
+  assert with_stats.data.nan_fill_values == ("sea_surface_temperature:271.46",)
+  assert with_stats.data.stats_path == stats
+
+
 # --- training runs -----------------------------------------------------------------------
 
 def tiny_run_config(**train):
