@@ -149,7 +149,7 @@ def test_the_noise_levels_follow_gencasts_distribution():
 # --- the spine: sharded and rematerialized equal one device --------------------------------
 
 REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_grid_gnn=True,
-             edge_chunks=2)
+             mesh_remat_every=2, edge_chunks=2, grid_blocks=3)
 CASES = [(1, 2, "halo", {}, 1), (2, 2, "all_gather", REMAT, 1), (1, 4, "halo", REMAT, 2)]
 
 
