@@ -57,7 +57,8 @@ def test_a_run_records_its_config_with_the_values_its_specs_resolved(path):
 def test_only_the_small_configs_ask_for_a_synthetic_store():
   synthetic = {os.path.basename(path): config_lib.load(path).data.synthetic
                for path in CONFIG_FILES}
-  assert synthetic == {"graphcast_0p25.py": False, "graphcast_1p0.py": False,
+  assert synthetic == {"gencast_1p0.py": False, "graphcast_0p25.py": False,
+                       "graphcast_1p0.py": False,
                        "mid_1p0.py": True, "tiny.py": True, "tiny_stations.py": True,
                        "weathernext2_0p25.py": False,
                        "weathernext2_1p0.py": False}
@@ -249,7 +250,8 @@ def test_a_config_argument_follows_the_name(tmp_path):
 def test_an_unknown_config_names_the_experiments(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   with pytest.raises(UserError, match=r"^config=tiyn: no such config file: give a path .* or "
-                     r"the name of an experiment in .*configs: graphcast_0p25, .*tiny, .*"
+                     r"the name of an experiment in .*configs: gencast_1p0, graphcast_0p25, "
+                     r".*tiny, .*"
                      r"\(e\.g\. `config=tiny`"):
     config_lib.config_file("tiyn")
   with pytest.raises(UserError, match="config=elsewhere/tiny.py: no such config file"):

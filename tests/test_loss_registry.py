@@ -47,7 +47,7 @@ def small_config(loss: str, **train):
 
 def test_an_unregistered_loss_is_refused_and_a_registered_one_is_its_entrys(monkeypatch):
   with pytest.raises(UserError, match=r"train.loss='half_mse', expected one of "
-                     r"\('mse', 'crps'\)"):
+                     r"\('mse', 'crps', 'diffusion'\)"):
     config_lib.validate(small_config("half_mse"))
   monkeypatch.setitem(loss_registry.LOSSES, HalfSpec.name, HALF)
   specs = specs_lib.from_config(config_lib.validate(small_config("half_mse")))

@@ -99,6 +99,15 @@ class Assembly:
                                                        sharding=self.replicated), self.params)
 
 
+def refuse_denoiser(specs: Specs, what: str):
+  """Raises `UserError` for `what` (e.g. "forecasts": not built for a denoiser yet) when
+  `specs`' model is GenCast's denoiser; a denoiser trains (`train.loss='diffusion'`)."""
+  if specs.model.denoiser.noise_frequencies:
+    raise UserError(f"model.denoiser_noise_frequencies={specs.model.denoiser.noise_frequencies}"
+                    f": {what} of GenCast's denoiser (its sampler over the lead times) are not "
+                    "built yet; it trains (train.loss='diffusion') and fine-tunes.")
+
+
 def _silent(_: str) -> ContextManager[dict]:
   return contextlib.nullcontext({})
 
@@ -126,11 +135,6 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
       `{"mean", "std"}` `[C_t]` (`observations.ModalityReader.stats["targets"]`); needed
       with `stats` (its first guess is the grid's state in its units).
   """
-  if specs.model.denoiser.noise_frequencies:
-    raise UserError(f"model.denoiser_noise_frequencies={specs.model.denoiser.noise_frequencies}"
-                    ": GenCast's denoiser and sampler are imported and run (wnscale.model.denoiser, "
-                    "wnscale.model.sampler), but its diffusion training and forecasts are not "
-                    "built yet.")
   point_sets = point_sets or {}
   missing = [m.name for m in specs.data.modalities if m.name not in point_sets]
   if missing:

@@ -161,9 +161,11 @@ def default_config() -> ml_collections.ConfigDict:
   # step's activations stay in device memory
   t.loss = "mse"  # the training loss, a name from wnscale.model.loss_registry.LOSSES:
   # "mse": weighted MSE (GraphCast); "crps": fair CRPS over ensemble_members members per
-  # example with the same weights (WeatherNext 2; needs model.noise_channels > 0)
+  # example with the same weights (WeatherNext 2; needs model.noise_channels > 0);
+  # "diffusion": GenCast's denoising loss of a denoiser (model.denoiser_noise_frequencies
+  # > 0; one step, wnscale.model.diffusion)
   t.update(owned_defaults("train"))  # each loss's keys (their meanings: where they are
-  # declared, wnscale.model.loss_registry.CRPSSpec; docs/config_reference.md)
+  # declared, wnscale.model.loss_registry.CRPSSpec, DiffusionSpec; docs/config_reference.md)
   t.log_every = 10  # steps between progress lines / metrics.jsonl entries
   t.prefetch_batches = 2  # batches read and placed on the devices ahead of the step by a
   # background thread (wnscale.data.prefetch); 0: each read when the step needs it

@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
-from wnscale.assembly import Assembly, assemble
+from wnscale.assembly import Assembly, assemble, refuse_denoiser
 from wnscale.data import cutout
 from wnscale.data import store as store_lib
 from wnscale.data import store_formats
@@ -228,6 +228,7 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
                         "again.")
   specs, path = load_run_specs(run, mesh_overrides, data_path)
   _check_members(specs.model, members)
+  refuse_denoiser(specs, "forecasts")
   d = specs.data
   store = cutout.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                             d.resolution, forcings=d.stored_forcings,

@@ -30,8 +30,10 @@
   model.mesh_to_grid_edge_normalization 0); the encoder's edge MLP sees the receiver.
 
 The time step (12 h) is not in the checkpoint: it is GenCast's (its task's
-`input_duration` of 24 h is two 12 h steps; its precipitation is 12-hourly). The
-training-noise config is not mapped yet (the diffusion loss is not built). A setting wnscale cannot express is one `UserError` naming it.
+`input_duration` of 24 h is two 12 h steps; its precipitation is 12-hourly). Its
+`noise_config` (training_noise_level_rho, training_min_noise_level,
+training_max_noise_level) is `train.loss='diffusion'`'s keys of those names. A setting
+wnscale cannot express is one `UserError` naming it.
 """
 
 from __future__ import annotations
@@ -113,6 +115,14 @@ def wnscale_config(configs: dict, stats_path: str,
   sampler["churn_max_noise_level"] = 0.0 if math.isinf(highest) else highest  # 0: none
   for key, field in SAMPLER.items():
     m[f"sampler_{key}"] = type(m[f"sampler_{key}"])(sampler[field])
+  t = config.train
+  t.loss = "diffusion"
+  t.eval_every = 0  # a denoiser's evaluation is not built yet
+  for key, value in configs["noise_config"].items():  # DiffusionSpec's keys are its names
+    if key not in t:
+      raise UserError(f"noise_config:{key}={value!r}: wnscale's diffusion loss has no such "
+                      "setting (train.loss='diffusion').")
+    t[key] = float(value)
   d.time_step_hours = TIME_STEP_HOURS
   graphcast_config.apply_task(config, configs["task_config"])
   d.nan_fill_values = tuple(nan_fill_values)

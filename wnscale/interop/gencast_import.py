@@ -50,22 +50,32 @@ def import_gencast(checkpoint_path: str, stats_dir: str, out: str,
   checkpoint = gencast_checkpoint.read_checkpoint(checkpoint_path)
   stats_dir = paths.normalize(stats_dir)
   task = checkpoint.configs["task_config"]
-  filled = [name for name in NAN_FILLED if name in task["input_variables"]]
-  fill_values = ()
-  if filled:
-    min_path = paths.join(stats_dir, MIN_FILE)
-    if not paths.exists(min_path):
-      raise UserError(f"{stats_dir} has no {MIN_FILE}: GenCast fills {filled}'s NaNs with it")
-    minima = netcdf.load(min_path)
-    fill_values = tuple(f"{name}:{float(minima[name])!r}" for name in filled)
+  fill_values = nan_fill_values(stats_dir, task)
   config = gencast_config.wnscale_config(checkpoint.configs, paths.join(out, "stats"),
                                          fill_values)
   graphcast_import.check_stats(stats_dir, config)
   params = gencast_params.convert_params(checkpoint.params, task, config)
   stats = {name: paths.read_bytes(paths.join(stats_dir, name))
            for name in tuple(normalization.GRAPHCAST_FILES.values()) + (MIN_FILE,)
-           if name != MIN_FILE or filled}
+           if name != MIN_FILE or fill_values}
   graphcast_import.write_run(out, overwrite, config, params, stats, {
       "imported_from": paths.normalize(checkpoint_path), "description": checkpoint.description,
       "license": checkpoint.license, "statistics_from": stats_dir})
   return config
+
+
+def nan_fill_values(stats_dir: str, task_config: dict) -> tuple[str, ...]:
+  """`data.nan_fill_values` of GenCast's task (`task_config`) with its statistics directory
+  `stats_dir`: each of `NAN_FILLED` among its inputs filled with its `min_by_level`.
+
+  Raises:
+    UserError: `stats_dir` has no `min_by_level.nc` where a variable needs it.
+  """
+  filled = [name for name in NAN_FILLED if name in task_config["input_variables"]]
+  if not filled:
+    return ()
+  min_path = paths.join(stats_dir, MIN_FILE)
+  if not paths.exists(min_path):
+    raise UserError(f"{stats_dir} has no {MIN_FILE}: GenCast fills {filled}'s NaNs with it")
+  minima = netcdf.load(min_path)
+  return tuple(f"{name}:{float(minima[name])!r}" for name in filled)

@@ -32,7 +32,7 @@ import xarray as xr
 from wnscale import outputs as outputs_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.assembly import assemble
+from wnscale.assembly import assemble, refuse_denoiser
 from wnscale.data import netcdf, run_data
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
@@ -68,6 +68,7 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   example = netcdf.load(example_path)  # before the model: a wrong file is said at once
   run = RunDirectory(workdir, argument="workdir")
   specs = specs_lib.from_config(run.read_config())
+  refuse_denoiser(specs, "example predictions")
   d = specs.data
   steps = _check_example(example, d, steps, example_path)
   member_noise = _member_noise(specs, members, noise, steps)

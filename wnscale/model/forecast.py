@@ -113,12 +113,7 @@ def one_step_with_points(model: GraphCast, constants: Constants, history, forcin
   A target modality's outputs are a change on its first guess (`point_first_guess`): the
   grid's predicted state at its points.
   """
-  parts = (_stack_steps(history), _stack_steps(forcings), statics)
-  global_inputs = None
-  if global_forcings is not None:  # [B, T * F_global], also a part on every grid node
-    global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
-    parts += (jnp.broadcast_to(global_inputs[:, :, None], global_inputs.shape
-                               + statics.shape[-1:]),)
+  parts, global_inputs = grid_input_parts(history, forcings, statics, global_forcings)
   outputs, point_outputs = model.predict(
       constants.graphs, parts, exchange, global_inputs, noise,
       {name: _stack_steps(values) for name, values in (point_history or {}).items()})
@@ -134,6 +129,18 @@ def one_step_with_points(model: GraphCast, constants: Constants, history, forcin
           values * constants.first_guesses[name].residual_scale, -1, -2)
       for name, values in point_outputs.items()}
   return outputs, point_outputs
+
+
+def grid_input_parts(history, forcings, statics, global_forcings=None):
+  """`(the network's grid input parts, channel-major [B, C_i, G] each; global inputs
+  [B, T * F_global] or None)` of one step (`one_step_with_points`' arguments)."""
+  parts = (_stack_steps(history), _stack_steps(forcings), statics)
+  if global_forcings is None:
+    return parts, None
+  global_inputs = global_forcings.reshape(global_forcings.shape[0], -1)
+  # Also a part on every grid node.
+  return parts + (jnp.broadcast_to(global_inputs[:, :, None], global_inputs.shape
+                                   + statics.shape[-1:]),), global_inputs
 
 
 def point_first_guess(constants: Constants, name: str, outputs, exchange=local_exchange):

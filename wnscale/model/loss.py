@@ -1,5 +1,6 @@
-"""The training losses' sums: GraphCast's MSE, or an FGN ensemble's fair CRPS
-(`train.loss` names one, `wnscale.model.loss_registry.LOSSES`).
+"""The training losses' sums: GraphCast's MSE, an FGN ensemble's fair CRPS, or GenCast's
+diffusion loss of a denoiser (`wnscale.model.diffusion`) (`train.loss` names one,
+`wnscale.model.loss_registry.LOSSES`).
 
 MSE of the predicted states against the targets, measured in units of the std
 of differences over one model step (`data.time_step_hours`), weighted per grid
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model import ensemble, forecast, rollout_loss
+from wnscale.model import diffusion, ensemble, forecast, rollout_loss
 from wnscale.model.forecast import Constants
 from wnscale.model.graphcast import GraphCast, local_exchange
 
@@ -39,10 +40,14 @@ class LossImplementation(NamedTuple):
       other devices hold (`specs.LossSpec.on_data`), a list, empty otherwise.
     point_sum: `(predictions [M, B, T, C_t, P], targets [B, T, C_t, P], point weights [P])
       -> scalar`: a target modality's sum over its present (not NaN) values.
+    terms: `(model, constants, batch, exchange) -> scalar`: the whole grid sum of a loss
+      that calls the model itself (the diffusion loss: a denoiser of noisy targets,
+      `wnscale.model.diffusion`), or None: the sums above, of a forecaster's rollout.
   """
 
-  grid_sum: Callable
-  point_sum: Callable
+  grid_sum: Callable | None
+  point_sum: Callable | None
+  terms: Callable | None = None
 
 
 def weighted_squared_error(predictions, targets, constants: Constants):
@@ -100,6 +105,7 @@ def _grid_crps_sum(predictions, targets, constants: Constants, remote):
 # The implementations of the entries of `loss_registry.LOSSES`.
 MSE = LossImplementation(grid_sum=_grid_error_sum, point_sum=point_error_sum)
 CRPS = LossImplementation(grid_sum=_grid_crps_sum, point_sum=point_crps_sum)
+DIFFUSION = LossImplementation(grid_sum=None, point_sum=None, terms=diffusion.loss_sum)
 
 
 def point_weight_sums(batch, point_weights: dict) -> dict:
@@ -117,7 +123,7 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: LossImple
                remat_steps: bool = False, exchange=local_exchange, remote_members=None):
   """`(the grid's loss summed over examples, lead times and grid nodes, {target modality:
   its point sum})` of a batch, for `loss` (the implementation of an entry of
-  `loss_registry.LOSSES`: `MSE`, `CRPS`); local sums (under shard_map, of this shard's
+  `loss_registry.LOSSES`: `MSE`, `CRPS`, `DIFFUSION`); local sums (under shard_map, of this shard's
   rows), turned into the mean by `mean_loss`.
 
   Divide the grid's by examples x lead times x grid nodes for its mean. A batch with
@@ -128,6 +134,8 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: LossImple
   `remat_steps` (`train.remat_rollout`): each rollout step computes its own share of the
   sums, and the backward pass keeps one state a step (`rollout_loss`).
   """
+  if loss.terms is not None:  # the diffusion loss: one step, the grid alone
+    return loss.terms(model, constants, batch, exchange), {}
   targets = batch["targets"]
   point_targets = {key.removesuffix("/targets"): value for key, value in batch.items()
                    if key.endswith("/targets")}

@@ -49,6 +49,24 @@ class CRPSSpec(LossSpec):
     return self.members_on_data
 
 
+@dataclasses.dataclass(frozen=True)
+class DiffusionSpec(LossSpec):
+  """GenCast's denoising loss of a denoiser (`train.loss='diffusion'`,
+  `wnscale.model.diffusion`): its noise levels drawn from the rho distribution on
+  [training_min_noise_level, training_max_noise_level] (GenCast's `NoiseConfig`)."""
+
+  name: ClassVar[str] = "diffusion"
+  training_noise_level_rho: float = setting(
+      7.0, "loss=\"diffusion\": the training noise levels' rho (GenCast: 7; higher: more "
+      "levels near the minimum)", minimum=1e-6)
+  training_min_noise_level: float = setting(
+      0.02, "loss=\"diffusion\": the least training noise level (GenCast: 0.02)",
+      minimum=1e-6)
+  training_max_noise_level: float = setting(
+      88.0, "loss=\"diffusion\": the greatest training noise level (GenCast: 88)",
+      minimum=1e-6)
+
+
 class Loss(NamedTuple):
   """A registry entry.
 
@@ -77,6 +95,25 @@ def _crps_check(specs: Specs) -> str | None:
   return None
 
 
+def _diffusion_check(specs: Specs) -> str | None:
+  t = specs.train
+  if not specs.model.denoiser.noise_frequencies:
+    return ("train.loss='diffusion' trains a denoiser: set model.denoiser_noise_frequencies "
+            "> 0 (GenCast: 32)")
+  if t.loss.training_min_noise_level >= t.loss.training_max_noise_level:
+    return (f"train.training_min_noise_level={t.loss.training_min_noise_level} must be below "
+            f"train.training_max_noise_level={t.loss.training_max_noise_level}")
+  if specs.data.target_steps != 1 or any(steps != 1 for _, steps in t.rollout_schedule):
+    return ("train.loss='diffusion' trains one step (GenCast's 12 h step, no rollout): set "
+            "data.target_steps=1 and no train.rollout_schedule phase of more steps")
+  if t.remat_rollout:
+    return "train.loss='diffusion' has no rollout to remat: set train.remat_rollout=False"
+  if t.eval_every:
+    return ("train.loss='diffusion': a denoiser's evaluation (of its sampled forecasts) is "
+            "not built yet: set train.eval_every=0")
+  return None
+
+
 def _mse() -> LossImplementation:
   from wnscale.model import loss  # noqa: PLC0415 (Flax: only once a step is built)
   return loss.MSE
@@ -87,7 +124,22 @@ def _crps() -> LossImplementation:
   return loss.CRPS
 
 
+def _diffusion() -> LossImplementation:
+  from wnscale.model import loss  # noqa: PLC0415 (Flax: as _mse)
+  return loss.DIFFUSION
+
+
+def _forecaster_check(specs: Specs) -> str | None:
+  """A forecaster's loss (of its rollout's predictions): not a denoiser's."""
+  if specs.model.denoiser.noise_frequencies:
+    return (f"train.loss={specs.train.loss.name!r} scores a forecaster's predictions; a "
+            "denoiser (model.denoiser_noise_frequencies > 0) trains with "
+            "train.loss='diffusion'")
+  return None
+
+
 LOSSES = {entry.spec.name: entry for entry in (
-    Loss(MSESpec, check=lambda specs: None, implementation=_mse),
+    Loss(MSESpec, check=_forecaster_check, implementation=_mse),
     Loss(CRPSSpec, check=_crps_check, implementation=_crps),
+    Loss(DiffusionSpec, check=_diffusion_check, implementation=_diffusion),
 )}

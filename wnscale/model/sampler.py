@@ -37,12 +37,18 @@ class Schedule(NamedTuple):
   churn_rates: np.ndarray
 
 
+def level_quantiles(min_level: float, max_level: float, rho: float, quantiles):
+  """The noise levels at `quantiles` (in [0, 1], numpy or JAX, any shape) of GenCast's rho
+  distribution on [min_level, max_level]: (min^(1/rho) + q (max^(1/rho) - min^(1/rho)))^rho.
+  The sampler's schedule and the training levels (`wnscale.model.diffusion`) draw from it."""
+  power = 1 / rho
+  return (min_level ** power + quantiles * (max_level ** power - min_level ** power)) ** rho
+
+
 def schedule(spec: SamplerSpec) -> Schedule:
   """The noise levels and per-step churn rates of `spec` (computed in float64)."""
-  power = 1 / spec.rho
-  quantiles = np.linspace(1, 0, spec.noise_levels)
-  levels = np.append((spec.min_noise_level ** power + quantiles * (
-      spec.max_noise_level ** power - spec.min_noise_level ** power)) ** spec.rho, 0.0)
+  levels = np.append(level_quantiles(spec.min_noise_level, spec.max_noise_level, spec.rho,
+                                     np.linspace(1, 0, spec.noise_levels)), 0.0)
   rate = min(spec.churn_rate / spec.noise_levels, np.sqrt(2) - 1)
   highest = spec.churn_max_noise_level or np.inf  # 0: no maximum
   churning = (spec.churn_min_noise_level <= levels[:-1]) & (levels[:-1] <= highest)

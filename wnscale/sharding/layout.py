@@ -25,7 +25,9 @@ from wnscale.specs import ModelSpec
 
 # Batch arrays (see `model.forecast`): batch on `data`, grid nodes (last axis) on `graph`;
 # the optional `globals` `[B, T, F]` have no grid axis: every graph shard holds them whole;
-# nor has an FGN's `noise` (`[B, T, K]` for a rollout, `[B, M, T, K]` with M members).
+# nor has an FGN's `noise` (`[B, T, K]` for a rollout, `[B, M, T, K]` with M members), nor
+# a denoiser's training `noise_levels` `[B]`; its `diffusion_noise` `[B, C_out, G]` has
+# (`wnscale.model.diffusion`).
 BATCH_SPECS = {
     "inputs": P(DATA, None, None, GRAPH),
     "targets": P(DATA, None, None, GRAPH),
@@ -33,6 +35,8 @@ BATCH_SPECS = {
     "statics": P(DATA, None, GRAPH),
     "globals": P(DATA, None, None),
     "noise": P(DATA),
+    "noise_levels": P(DATA),
+    "diffusion_noise": P(DATA, None, GRAPH),
 }
 # A modality's `<name>/inputs` and `<name>/targets`: its points (last axis) on `graph`.
 POINTS_SPEC = P(DATA, None, None, GRAPH)

@@ -13,9 +13,10 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from wnscale import specs as specs_lib
-from wnscale.model import ensemble, setup
+from wnscale.model import diffusion, ensemble, setup
+from wnscale.model.loss_registry import DiffusionSpec
 from wnscale.sharding import sharded_model
-from wnscale.sharding.layout import ShardedLayout
+from wnscale.sharding.layout import ShardedLayout, batch_spec
 from wnscale.train import optimizer as optimizer_lib
 from wnscale.train.state import TrainState, initial_state
 
@@ -45,7 +46,8 @@ def _stop_frozen_gradients(params, prefixes: tuple[str, ...]):
 def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, constants,
                     halo_indices, *, remat_steps: bool = False, loss: str = "mse",
                     members: ensemble.TrainingMembers | None = None, ema_decay: float = 0.0,
-                    freeze: tuple[str, ...] = (), modalities=(), accumulation_steps: int = 1):
+                    freeze: tuple[str, ...] = (), modalities=(), accumulation_steps: int = 1,
+                    diffusion_noise: diffusion.TrainingNoise | None = None):
   """Compiles-on-first-call train step; `constants`/`halo_indices` fix their shardings.
 
   `loss`: a name from `wnscale.model.loss_registry.LOSSES`; `members`: an FGN's (`ensemble.training_members`):
@@ -59,7 +61,9 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
   arrays; their loss weights). `accumulation_steps` (`train.accumulation_steps`): each
   data shard runs its examples in that many micro-batches, one after another, and the
   optimizer sees the gradient of the whole batch (`sharded_model.loss_and_grad_fn`); the
-  metrics are the whole batch's.
+  metrics are the whole batch's. `diffusion_noise` (`loss="diffusion"`): the step draws its
+  denoiser's noise levels and fields from it and `state.step`
+  (`diffusion.with_training_noise`), as it draws an FGN's members' noise.
   The step is traced anew for each shape of batch (a rollout phase's targets).
   """
   on_data = members.members if members is not None and members.on_data else 0
@@ -71,6 +75,8 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
   def train_step(state: TrainState, constants, halo_indices, batch):
     # The whole batch's noise, drawn before it is split into micro-batches.
     batch = ensemble.with_training_noise(batch, members, state.step)
+    batch = diffusion.with_training_noise(batch, diffusion_noise, state.step,
+                                          lambda key: layout.sharding(batch_spec(key)))
     loss, grads = loss_and_grads(state.params, constants, halo_indices, batch)
     with jax.named_scope("optimizer"):
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -95,15 +101,20 @@ def make_train_step(layout: ShardedLayout, graphdef, optimizer, schedule, consta
 
 def train_step_of(specs: specs_lib.Specs, layout: ShardedLayout, graphdef, optimizer,
                   constants, halo_indices):
-  """`make_train_step` with the settings of `specs` (its `train` section, its members and
-  modalities)."""
+  """`make_train_step` with the settings of `specs` (its `train` section, its members,
+  modalities and a denoiser's training noise)."""
   train = specs.train
+  diffusion_noise = None
+  if isinstance(train.loss, DiffusionSpec):
+    diffusion_noise = diffusion.TrainingNoise(specs.seed, train.loss,
+                                              len(specs.data.output_channels), layout.grid_slots)
   return make_train_step(layout, graphdef, optimizer,
                          optimizer_lib.learning_rate_schedule(train), constants, halo_indices,
                          remat_steps=train.remat_rollout, loss=train.loss.name,
                          members=ensemble.training_members(specs), freeze=train.freeze,
                          ema_decay=train.ema_decay, modalities=specs.data.modalities,
-                         accumulation_steps=train.accumulation_steps)
+                         accumulation_steps=train.accumulation_steps,
+                         diffusion_noise=diffusion_noise)
 
 
 def lower_train_step(specs: specs_lib.Specs, layout: ShardedLayout, constants, halo_indices,
