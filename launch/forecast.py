@@ -7,6 +7,9 @@ r"""Forecasts from a trained run into a WeatherBench2-layout zarr store.
       --step=100 --data.path=/data/era5.zarr --mesh.graph=4 --platform=cpu --num_cpu_devices=4
   # an FGN run (model.noise_channels > 0): an 8-member ensemble (a `number` dim)
   python -m launch.forecast --workdir=DIR --out=ENS.zarr --members=8 --lead=5d
+  # GenCast's denoiser (imported or trained): 8 members, each lead time one run of its sampler
+  python -m launch.forecast --workdir=RUN --out=ENS.zarr --members=8 --lead=15d \
+      --data.path=/data/era5_1deg_13levels.zarr --data.resolution=1.0 --init_times=2022-01-01T12
   # one process of several, as launch.train (on Cloud TPU no flags are needed)
   python -m launch.forecast --coordinator_address=host:port --num_processes=2 --process_id=0 ...
   python -m launch.local_cluster --num_processes=2 --num_cpu_devices=4 --module=launch.forecast \
@@ -52,13 +55,17 @@ _INIT_EVERY = flags.DEFINE_string("init_every", "12h", "Interval between initial
 _LEAD = flags.DEFINE_string("lead", "10d", "Longest lead time, a multiple of the model step.")
 _DATA_PATH = flags.DEFINE_string("data.path", None,
                                  "Initial conditions from this store (same variables).")
+_RESOLUTION = flags.DEFINE_float("data.resolution", None,
+                                  "Their grid spacing in degrees (default: the run's "
+                                  "data.resolution; an imported run's grid is not in its "
+                                  "checkpoint).")
 _MESH_DATA = flags.DEFINE_integer("mesh.data", None, "Devices along the batch axis (-1: rest).")
 _MESH_GRAPH = flags.DEFINE_integer("mesh.graph", None, "Devices along the space axis.")
 _MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"],
                                    "How graph shards exchange rows.")
 _MEMBERS = flags.DEFINE_integer(
-    "members", None, "An FGN run's ensemble size: members 0..N-1 along a `number` dim, "
-    "member k's noise fixed by (the run's seed, initial time, k).")
+    "members", None, "An ensemble run's size (an FGN, or GenCast's denoiser): members "
+    "0..N-1 along a `number` dim, member k's noise fixed by (the run's seed, initial time, k).")
 _PARAMS = cli.define_params()
 
 
@@ -73,6 +80,7 @@ def main(argv):
                            init_times=_INIT_TIMES.value, init_start=_INIT_START.value,
                            init_end=_INIT_END.value, init_every=_INIT_EVERY.value,
                            step=_STEP.value, data_path=_DATA_PATH.value,
+                           resolution=_RESOLUTION.value,
                            mesh_overrides=mesh, members=_MEMBERS.value,
                            params=_PARAMS.value)
   except StoreLacks as error:  # the store's advice (data.variables) is the training run's

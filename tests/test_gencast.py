@@ -317,11 +317,12 @@ def test_sampled_forecast_equals_gencasts(case, lead):
   assert max(worst.values()) < TOLERANCE, worst
 
 
-def test_forecasts_of_the_denoiser_are_refused_in_one_line(imported, tmp_path):
-  """The denoiser trains (tests/test_gencast_training.py); its forecasts are not built yet:
-  `launch.forecast` says so on one line, before reading any store."""
+def test_example_predictions_of_the_denoiser_are_refused_in_one_line(imported, tmp_path):
+  """The denoiser trains (tests/test_gencast_training.py) and forecasts
+  (tests/test_gencast_forecast.py); `launch.predict_example` of it is not built yet and
+  says so on one line, before building the model."""
   run, _ = imported
-  result = run_launcher("forecast", f"--workdir={run}", f"--out={tmp_path}/forecast.zarr",
-                        "--init_times=2022-01-01T12", "--lead=1d")
-  assert_user_error(result, "model.denoiser_noise_frequencies=32: forecasts of GenCast's "
-                    "denoiser", "are not built yet")
+  result = run_launcher("predict_example", f"--workdir={run}", f"--example={FIXTURE}/example.nc",
+                        f"--out={tmp_path}/predictions.nc")
+  assert_user_error(result, "model.denoiser_noise_frequencies=32: example predictions of "
+                    "GenCast's denoiser are not built yet", "launch.forecast --members=N")

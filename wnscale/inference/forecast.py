@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
-from wnscale.assembly import Assembly, assemble, refuse_denoiser
+from wnscale.assembly import Assembly, assemble
 from wnscale.data import cutout
 from wnscale.data import store as store_lib
 from wnscale.data import store_formats
@@ -51,12 +51,16 @@ from wnscale.train.run_directory import RunDirectory
 
 
 def load_run_specs(run: RunDirectory, mesh: dict | None = None,
-                   data_path: str | None = None) -> tuple[specs_lib.Specs, str]:
+                   data_path: str | None = None,
+                   resolution: float | None = None) -> tuple[specs_lib.Specs, str]:
   """`(specs, store path)`: the specs of the run's config with mesh overrides (`data`,
-  `graph`, `exchange`), made once; the store of the initial conditions (default: the
-  run's)."""
+  `graph`, `exchange`) and the initial conditions' grid spacing `resolution` (an imported
+  run's config does not know its grid), made once; the store of the initial conditions
+  (default: the run's)."""
   config = run.read_config()
   config.mesh.update(mesh or {})
+  if resolution is not None:
+    config.data.resolution = resolution
   specs = specs_lib.from_config(config_lib.validate(config))
   return specs, data_path or specs.data.path
 
@@ -103,15 +107,22 @@ def select_init_times(times: np.ndarray, *, init_times=None, start=None, end=Non
 
 
 def _check_members(model: specs_lib.ModelSpec, members: int | None):
-  """A clear error unless an FGN run gets `members` and a deterministic one does not."""
-  noise = model.noise_channels
-  if noise and members is None:
-    raise ArgumentError("members", None, "is required: the run is an FGN ensemble model "
-                        f"(model.noise_channels={noise}); give the number of members to "
-                        "forecast (N >= 1).")
-  if members is not None and not noise:
-    raise ArgumentError("members", members, "is for FGN runs (model.noise_channels > 0); "
-                        "this run's model is deterministic: its members would all be the same.")
+  """A clear error unless an ensemble run (an FGN, GenCast's denoiser) gets `members` and a
+  deterministic one does not."""
+  ensemble = None
+  if model.noise_channels:
+    ensemble = f"an FGN ensemble model (model.noise_channels={model.noise_channels})"
+  elif model.denoiser.noise_frequencies:
+    ensemble = ("GenCast's denoiser, sampled into an ensemble (model.denoiser_noise_frequencies"
+                f"={model.denoiser.noise_frequencies})")
+  if ensemble and members is None:
+    raise ArgumentError("members", None, f"is required: the run is {ensemble}; give the "
+                        "number of members to forecast (N >= 1).")
+  if members is not None and not ensemble:
+    raise ArgumentError("members", members, "is for ensemble runs (an FGN: "
+                        "model.noise_channels > 0; GenCast's denoiser: "
+                        "model.denoiser_noise_frequencies > 0); this run's model is "
+                        "deterministic: its members would all be the same.")
   if members is not None and members < 1:
     raise ArgumentError("members", members, "must be >= 1.")
 
@@ -128,9 +139,9 @@ def lead_steps(lead: str, time_step_hours: int) -> int:
 def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
                  init_start: str | None = None, init_end: str | None = None,
                  init_every: str = "12h", step: int | None = None,
-                 data_path: str | None = None, mesh_overrides: dict | None = None,
-                 members: int | None = None, params: str | None = None,
-                 stream=None) -> dict:
+                 data_path: str | None = None, resolution: float | None = None,
+                 mesh_overrides: dict | None = None, members: int | None = None,
+                 params: str | None = None, stream=None) -> dict:
   """Forecasts every initial time not yet in `out`; returns a summary (speed, memory).
 
   Args:
@@ -141,16 +152,18 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
       `select_init_times`); default: every `init_every` over the run's eval range.
     step: the checkpoint; default: the newest (or, continuing `out`, the one it used).
     data_path: initial conditions from this store instead of the run's.
+    resolution: their grid spacing in degrees, instead of the run's `data.resolution`.
     mesh_overrides: overrides of the config's `mesh` section (`data`, `graph`, `exchange`).
-    members: an FGN run's ensemble size (required then): members 0..N-1, a `number`
-      dim; member k's noise depends on (run seed, initial time, k, lead) only.
+    members: an ensemble run's size (an FGN's or a denoiser's; required then): members
+      0..N-1, a `number` dim; member k's noise depends on (run seed, initial time, k,
+      lead) only (a denoiser's also on the grid node: `wnscale.model.sampler`).
     params: `run_directory.PARAMS`: "ema" (the moving average of the parameters) or
       "raw"; default: the moving average if the run kept one.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).
   """
   ready = _set_up(RunDirectory(workdir, argument="workdir"), out, lead, init_times,
-                  init_start, init_end, init_every, step, data_path, mesh_overrides, members,
-                  params)
+                  init_start, init_end, init_every, step, data_path, resolution,
+                  mesh_overrides, members, params)
   indices, init_datetimes = ready.indices, ready.init_datetimes
   num_leads, output = ready.num_leads, ready.output
   remaining = [i for i in range(len(indices)) if i not in set(output.completed)]
@@ -218,7 +231,7 @@ class _Forecast:
 
 def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init_end,
             init_every: str, step: int | None, data_path: str | None,
-            mesh_overrides: dict | None, members: int | None,
+            resolution: float | None, mesh_overrides: dict | None, members: int | None,
             params: str | None) -> _Forecast:
   """Everything `run_forecast` checks and builds before its loop (see its arguments)."""
   previous = forecast_store.recorded_settings(out, "out")  # first: one not ours stops all
@@ -226,9 +239,8 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
     raise ArgumentError("out", paths.normalize(out), f"holds a forecast of another run, "
                         f"{previous['workdir']}; choose another `out`, or remove it to start "
                         "again.")
-  specs, path = load_run_specs(run, mesh_overrides, data_path)
+  specs, path = load_run_specs(run, mesh_overrides, data_path, resolution)
   _check_members(specs.model, members)
-  refuse_denoiser(specs, "forecasts")
   d = specs.data
   store = cutout.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
                             d.resolution, forcings=d.stored_forcings,

@@ -6,9 +6,9 @@ time is one call of the jitted, sharded model step (`ShardedStep`, which the
 xarray `predictor.Predictor` steps too), with the history kept on the devices
 (donated, so updated in place) and the new state copied to the host while
 the next step runs. Device memory therefore holds one step's arrays however
-many lead times are forecast. Initial times (with an FGN: pairs of initial
-time and ensemble member) are batched over the mesh's `data` axis, one per
-data shard.
+many lead times are forecast. Initial times (with an ensemble, an FGN's or a
+denoiser's: pairs of initial time and member) are batched over the mesh's `data`
+axis, one per data shard.
 
 On several JAX processes every process runs the same calls in lockstep: each
 reads the initial conditions (and computes the forcings and noise) of the batch
@@ -16,7 +16,9 @@ rows its devices hold, and every lead time comes back to every host whole.
 
 An FGN's member `k` from initial time `t` draws its noise for lead `l` from
 `(run seed, t in hours since 1970, k, l)` (`ensemble.member_noise`): a rerun
-gives the same members, and member `k` is the same whatever the ensemble size.
+gives the same members, and member `k` is the same whatever the ensemble size. A
+denoiser's (GenCast's) step runs its sampler, whose noise fields are drawn likewise from
+`(run seed, t, k, l)` and each grid node's index (`wnscale.model.sampler`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from wnscale.data.store import WeatherStore
 from wnscale.errors import UserError
 from wnscale.inference.nan_fill import NanFill
 from wnscale.model import ensemble
+from wnscale.model import sampler as sampler_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS
 from wnscale.sharding.mesh import DATA
@@ -52,12 +55,14 @@ class ShardedStep:
     assembly: the model on the grid and mesh (`wnscale.assembly.assemble`).
     params: its parameters, replicated on the mesh.
     modalities: the run's `DataSpec.modalities` (their point sets in `assembly`).
+    sampler: a denoiser's sampler settings (`ModelSpec.sampler`; None: a forecaster): the
+      step samples, `extra` holding `sampler_keys` and `grid_nodes` (`forecast_step_fn`).
   """
 
-  def __init__(self, assembly: Assembly, params, modalities=()):
+  def __init__(self, assembly: Assembly, params, modalities=(), sampler=None):
     self.layout, self.params = assembly.layout, params
     self.constants, self.halo_indices = self.layout.constants(assembly.constants)
-    step = sharded_model.forecast_step_fn(self.layout, assembly.graphdef, modalities)
+    step = sharded_model.forecast_step_fn(self.layout, assembly.graphdef, modalities, sampler)
 
     def step_fn(params, constants, halo_indices, history, forcings, statics, extra):
       return step(params, constants, halo_indices,
@@ -93,7 +98,7 @@ class StreamingForecaster:
   Args:
     specs: the run's specs (`data`: variables, target-only variables, levels,
       forcings computed or stored, global forcings, steps; the seed and
-      `model.noise_channels` of an FGN).
+      `model.noise_channels` of an FGN, or a denoiser's `model.sampler`).
     assembly: the model on the store's grid and the mesh, its normalization
       from the training run's statistics (`wnscale.assembly.assemble`).
     params: the model's parameters, replicated on the mesh.
@@ -121,13 +126,17 @@ class StreamingForecaster:
     self.nan_fill = NanFill(d, norm.mean[:norm.num_state], norm.std[:norm.num_state])
     self.noise_channels = specs.model.noise_channels
     self.noise_key = ensemble.noise_key(specs.seed)
-    self.step = ShardedStep(assembly, params, self.modalities)
+    self.seed = specs.seed
+    self.sampler = specs.model.sampler if specs.model.denoiser.noise_frequencies else None
+    self.step = ShardedStep(assembly, params, self.modalities, self.sampler)
     self.rows = self._local_rows()
     statics = self.layout.grid.to_slots(
         norm.input_scales.statics(store.read_statics()), -1)
     self.num_local_rows = self.rows.stop - self.rows.start
-    self.statics = self._put("statics", np.broadcast_to(
-        statics, (self.num_local_rows,) + statics.shape))
+    self.statics = self._put("statics", self._each_row(statics))
+    # A denoiser's noise is a function of each slot's grid node (`sampler.forecast_noise`).
+    self.grid_nodes = (self._put("grid_nodes", self._each_row(self.layout.grid_slots), np.int32)
+                       if self.sampler is not None else None)
     # Several processes: outputs made whole on every device, so each host reads them whole.
     self._whole = jax.jit(lambda x: x, out_shardings=NamedSharding(self.layout.mesh, P()))
 
@@ -138,10 +147,14 @@ class StreamingForecaster:
     return slice(min(block[0].start or 0 for block in blocks),
                  max(block[0].stop or self.batch_size for block in blocks))
 
-  def _put(self, key: str, array: np.ndarray) -> jax.Array:
+  def _put(self, key: str, array: np.ndarray, dtype=np.float32) -> jax.Array:
     """This process's rows `array` of a batch (grid axis in slots, all of it) as the
-    global array of `batch_size` rows, laid out as `BATCH_SPECS[key]` says."""
-    return self.layout.global_batch({key: array}, self.batch_size, np.float32)[key]
+    global array of `batch_size` rows of `dtype`, laid out as `BATCH_SPECS[key]` says."""
+    return self.layout.global_batch({key: array}, self.batch_size, dtype)[key]
+
+  def _each_row(self, array: np.ndarray) -> np.ndarray:
+    """`array` repeated for each of this process's rows (a view)."""
+    return np.broadcast_to(array, (self.num_local_rows,) + array.shape)
 
   def _to_whole(self, array: jax.Array) -> jax.Array:
     """`array`, whole on this process's devices (a copy only where it spans processes)."""
@@ -202,15 +215,20 @@ class StreamingForecaster:
         for times in self._window_times(init_times, lead)]))
 
   def _extra(self, init_times, members, lead: int) -> dict:
-    """The step's `globals` `[B, input_steps + 1, F]` and `noise` `[B, K]`, where needed."""
+    """The step's `globals` `[B, input_steps + 1, F]`, an FGN's `noise` `[B, K]`, a
+    denoiser's `sampler_keys` `[B, 2]` and `grid_nodes`, where needed (device arrays)."""
     extra = {}
+    hours = np.array([init_hours(t) for t in init_times], np.int32)
     if self.global_forcings:
-      extra["globals"] = self._global_forcings(init_times, lead)
+      extra["globals"] = self._put("globals", self._global_forcings(init_times, lead))
     if self.noise_channels:
-      extra["noise"] = np.asarray(ensemble.forecast_noise(
-          self.noise_key, np.array([init_hours(t) for t in init_times], np.int32),
-          np.asarray(members, np.int32), lead, self.noise_channels))
-    return {key: self._put(key, value) for key, value in extra.items()}
+      extra["noise"] = self._put("noise", np.asarray(ensemble.forecast_noise(
+          self.noise_key, hours, np.asarray(members, np.int32), lead, self.noise_channels)))
+    if self.sampler is not None:
+      extra["sampler_keys"] = self._put("sampler_keys", np.asarray(sampler_lib.forecast_keys(
+          self.seed, hours, np.asarray(members, np.int32), lead)), np.uint32)
+      extra["grid_nodes"] = self.grid_nodes
+    return extra
 
   def compile(self) -> dict:
     """Compiles the step; returns its memory figures (bytes, per device)."""
@@ -224,7 +242,7 @@ class StreamingForecaster:
     forcings = abstract("forcings", self.input_steps + 1, len(self.forcings))
     extra = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        self._extra(self.store.times[self.rows], [0] * self.num_local_rows, 0))
+        self._extra(self.store.times[[0] * self.num_local_rows], [0] * self.num_local_rows, 0))
     extra.update(self.layout.abstract_batch({
         f"{m.name}/inputs": jax.ShapeDtypeStruct(
             (self.batch_size, self.input_steps, len(m.inputs), 0), np.float32)
@@ -244,8 +262,8 @@ class StreamingForecaster:
     States are float32 in physical units, latitude ascending (the store's
     internal order). `init_indices` index `store.times`, at most `batch_size`
     of them; each needs `input_steps - 1` earlier times in the store.
-    `members`: an FGN's member of each row (same length). On several processes every
-    process calls this with the same arguments.
+    `members`: an ensemble's (FGN, denoiser) member of each row (same length). On several
+    processes every process calls this with the same arguments.
     """
     if not self.step.is_compiled:
       self.compile()

@@ -34,7 +34,7 @@ import numpy as np
 from wnscale.model import forecast
 from wnscale.model.graphcast import local_exchange
 from wnscale.model.loss_registry import DiffusionSpec
-from wnscale.model.sampler import level_quantiles
+from wnscale.model.sampler import level_quantiles, node_noise
 
 # Folded into the seed so these draws never coincide with other uses of the seed.
 _STREAM_TAG = 0x444946  # "DIF"
@@ -71,10 +71,7 @@ def training_noise(noise: TrainingNoise, step, examples: int) -> tuple[jax.Array
     level = level_quantiles(spec.training_min_noise_level, spec.training_max_noise_level,
                             spec.training_noise_level_rho,
                             jax.random.uniform(level_key, (), jnp.float32))
-    field = jax.vmap(lambda node: jax.random.normal(jax.random.fold_in(field_key, node),
-                                                    (noise.channels,), jnp.float32))(
-        jnp.maximum(slots, 0))  # [G_slots, C_out]
-    return level, jnp.where(slots[:, None] >= 0, field, 0).T
+    return level, node_noise(field_key, slots, noise.channels)
 
   return jax.vmap(one)(jnp.arange(examples))
 

@@ -117,18 +117,24 @@ def one_step_with_points(model: GraphCast, constants: Constants, history, forcin
   outputs, point_outputs = model.predict(
       constants.graphs, parts, exchange, global_inputs, noise,
       {name: _stack_steps(values) for name, values in (point_history or {}).items()})
-  outputs = jnp.swapaxes(outputs * constants.residual_scale, -1, -2)  # [B, C_out, G]
-  num_state = history.shape[2]
-  if outputs.shape[1] == num_state:
-    outputs = history[:, -1] + outputs
-  else:
-    outputs = jnp.concatenate([history[:, -1] + outputs[:, :num_state],
-                               outputs[:, num_state:]], axis=1)
+  outputs = from_residuals(history, jnp.swapaxes(outputs, -1, -2), constants.residual_scale)
   point_outputs = {
       name: point_first_guess(constants, name, outputs, exchange) + jnp.swapaxes(
           values * constants.first_guesses[name].residual_scale, -1, -2)
       for name, values in point_outputs.items()}
   return outputs, point_outputs
+
+
+def from_residuals(history, residuals, residual_scale):
+  """`[B, C_out, G]` the next outputs from the network's `residuals` `[B, C_out, G]` (in
+  units of `residual_scale` `[C_out]`): the last state of `history` `[B, input_steps, C, G]`
+  plus the change for the state's `C` channels, the value itself for target-only ones."""
+  outputs = residuals * residual_scale[:, None]
+  num_state = history.shape[2]
+  if outputs.shape[1] == num_state:
+    return history[:, -1] + outputs
+  return jnp.concatenate([history[:, -1] + outputs[:, :num_state], outputs[:, num_state:]],
+                         axis=1)
 
 
 def grid_input_parts(history, forcings, statics, global_forcings=None):

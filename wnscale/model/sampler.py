@@ -13,21 +13,37 @@ churn, Lu et al. 2022's 2nd-order single-step solver with the geometric midpoint
 
 with `r_i` the churn rate (`churn_rate / levels` where `churn_min <= s_i <= churn_max`,
 `churn_max` 0 meaning no maximum, at most sqrt(2) - 1, else 0) and `D` the denoiser (`wnscale.model.denoiser`). The
-noise fields `n_init` and `n_i` are given (a forecast draws them; GenCast's are
-spherical white noise), so a forecast is a pure function of them. Levels and rates
-are float32, as GenCast casts them. Shapes: `x`, each noise field `[B, C, G]`
+noise fields `n_init` and `n_i` are given, so a sample is a pure function of them. Levels
+and rates are float32, as GenCast casts them. Shapes: `x`, each noise field `[B, C, G]`
 (the denoiser's noisy-target layout); `D` returns `[B, C, G]` here.
+
+A forecast (`forecast_step`) samples the normalized residual of each lead time and adds it to
+the state as GenCast does (`forecast.from_residuals`), autoregressively. Its noise fields are
+drawn from the run's seed: row `b`'s key depends on (seed, initial time, member, lead) alone
+(`forecast_keys`), field `f` (0: `n_init`, `i + 1`: step `i`'s churn) and each grid node's
+value on the node's index (`node_noise`): a resumed forecast draws what the first one drew,
+member `k` is the same whatever the ensemble size, and every layout of members and grid
+nodes over devices draws the same numbers. GenCast draws spherical white noise (isotropic,
+through spherical harmonics of its equiangular grid); this noise is independent per grid
+node (any grid), also of variance 1 (as the diffusion loss's, `wnscale.model.diffusion`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wnscale.graphs.graph import Graphs
+from wnscale.model import forecast
+from wnscale.model.graphcast import local_exchange
 from wnscale.specs import SamplerSpec
+
+# Folded into the seed so a forecast's noise never coincides with other uses of the seed.
+_FORECAST_STREAM_TAG = 0x47454E  # "GEN"
 
 
 class Schedule(NamedTuple):
@@ -83,3 +99,58 @@ def sample(denoise: Callable[[jax.Array, jax.Array], jax.Array], init_noise: jax
     return jnp.where(following == 0, denoised, x_next)
 
   return jax.lax.fori_loop(0, len(levels) - 1, step, jnp.zeros_like(init_noise))
+
+
+def node_noise(key: jax.Array, grid_slots: jax.Array, channels: int) -> jax.Array:
+  """`[channels, G_slots]` float32 standard-normal noise: slot `s`'s values depend on `key`
+  and its grid node `grid_slots[s]` alone (-1, padding: 0)."""
+  field = jax.vmap(lambda node: jax.random.normal(jax.random.fold_in(key, node),
+                                                  (channels,), jnp.float32))(
+      jnp.maximum(grid_slots, 0))  # [G_slots, channels]
+  return jnp.where(grid_slots[:, None] >= 0, field, 0).T
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forecast_keys(seed: int, init_hours: jax.Array, members: jax.Array, lead) -> jax.Array:
+  """`[B, 2]` uint32 key data (`jax.random.key_data`) of the rows' noise at lead index
+  `lead`: row `b` member `members[b]` of the initial time `init_hours[b]` (hours since 1970,
+  `[B]` int32), from the run's `seed`."""
+  base = jax.random.fold_in(jax.random.key(seed), _FORECAST_STREAM_TAG)
+
+  def row(hours, member):
+    return jax.random.key_data(jax.random.fold_in(
+        jax.random.fold_in(jax.random.fold_in(base, hours), member), lead))
+
+  return jax.vmap(row)(init_hours, members)
+
+
+def forecast_noise(keys: jax.Array, field, grid_slots: jax.Array, channels: int) -> jax.Array:
+  """`[B, channels, G_slots]` noise field `field` (0: the initial noise, `i + 1`: sampler
+  step `i`'s churn; may be traced) of the rows with key data `keys` `[B, 2]`
+  (`forecast_keys`), at grid nodes `grid_slots` `[G_slots]` (-1, padding: 0)."""
+  return jax.vmap(lambda key: node_noise(
+      jax.random.fold_in(jax.random.wrap_key_data(key), field), grid_slots, channels))(keys)
+
+
+def forecast_step(denoiser, graphs: Graphs, residual_scale: jax.Array, history, forcings,
+                  statics, keys: jax.Array, grid_slots: jax.Array, spec: SamplerSpec,
+                  exchange=local_exchange, global_forcings=None) -> jax.Array:
+  """The next normalized outputs `[B, C_out, G]` (the state, then target-only channels) of
+  one lead time: the residual sampled (`sample`) with `denoiser`
+  (`wnscale.model.denoiser.Denoiser`) given the inputs, added to the last state.
+
+  Args:
+    graphs, residual_scale: `forecast.Constants`' (this shard's graphs under `shard_map`).
+    history, forcings, statics, global_forcings: as `forecast.one_step`'s.
+    keys: `[B, 2]` the rows' noise keys at this lead (`forecast_keys`).
+    grid_slots: `[G]` the grid node of each slot of the grid axis (-1: padding).
+  """
+  parts, global_inputs = forecast.grid_input_parts(history, forcings, statics, global_forcings)
+  channels = residual_scale.shape[0]
+
+  def denoise(noisy, levels):
+    return jnp.swapaxes(denoiser(graphs, parts, noisy, levels, exchange, global_inputs), 1, 2)
+
+  noise = lambda field: forecast_noise(keys, field, grid_slots, channels)  # noqa: E731
+  residuals = sample(denoise, noise(0), lambda i: noise(i + 1), spec)
+  return forecast.from_residuals(history, residuals, residual_scale)

@@ -27,7 +27,8 @@ from wnscale.specs import ModelSpec
 # the optional `globals` `[B, T, F]` have no grid axis: every graph shard holds them whole;
 # nor has an FGN's `noise` (`[B, T, K]` for a rollout, `[B, M, T, K]` with M members), nor
 # a denoiser's training `noise_levels` `[B]`; its `diffusion_noise` `[B, C_out, G]` has
-# (`wnscale.model.diffusion`).
+# (`wnscale.model.diffusion`). A denoiser's forecast: `sampler_keys` `[B, 2]` each row's noise
+# key, `grid_nodes` `[B, G]` each slot's grid node (`wnscale.model.sampler.forecast_step`).
 BATCH_SPECS = {
     "inputs": P(DATA, None, None, GRAPH),
     "targets": P(DATA, None, None, GRAPH),
@@ -37,6 +38,8 @@ BATCH_SPECS = {
     "noise": P(DATA),
     "noise_levels": P(DATA),
     "diffusion_noise": P(DATA, None, GRAPH),
+    "sampler_keys": P(DATA),
+    "grid_nodes": P(DATA, GRAPH),
 }
 # A modality's `<name>/inputs` and `<name>/targets`: its points (last axis) on `graph`.
 POINTS_SPEC = P(DATA, None, None, GRAPH)

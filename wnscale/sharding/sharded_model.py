@@ -24,9 +24,11 @@ from wnscale.errors import UserError
 from wnscale.model import accumulation, forecast, manual_axis_types
 from wnscale.model import loss as loss_lib
 from wnscale.model import loss_registry
+from wnscale.model import sampler as sampler_lib
 from wnscale.sharding.layout import (BATCH_SPECS, CONSTANT_SPECS, POINTS_SPEC, ShardedLayout,
                                      batch_specs)
 from wnscale.sharding.mesh import DATA, GRAPH
+from wnscale.specs import SamplerSpec
 
 
 def _typed(layout: ShardedLayout) -> bool:
@@ -176,7 +178,8 @@ def fed_back(modality, history, outputs):
   return jnp.concatenate([history[:, 1:], jnp.stack(channels, axis=1)[:, None]], axis=1)
 
 
-def forecast_step_fn(layout: ShardedLayout, graphdef, modalities=()):
+def forecast_step_fn(layout: ShardedLayout, graphdef, modalities=(),
+                     sampler: SamplerSpec | None = None):
   """`step(params, constants, halo_indices, inputs) -> (history, outputs, point_history,
   point_outputs)`: one model step.
 
@@ -191,14 +194,25 @@ def forecast_step_fn(layout: ShardedLayout, graphdef, modalities=()):
   (`STATE_SPEC`: the state, then target-only channels), each input modality's history
   moved on (`fed_back`), by its `<name>/inputs` key, and each target modality's
   outputs `[B, C_t, P]` by name. The same arithmetic as one step of `forecast.rollout`.
+
+  With `sampler`, the model is GenCast's denoiser and the step samples (its
+  `sampler.forecast_step`): `inputs` also hold `sampler_keys` `[B, 2]` (each row's noise
+  key at this lead) and `grid_nodes` `[B, G]` (each slot's grid node, the same every row).
   """
   with_inputs = [m for m in modalities if m.inputs]
   with_targets = [m for m in modalities if m.targets]
 
   def local_step(params, constants, exchange, inputs):
+    model = nnx.merge(graphdef, params)
+    if sampler is not None:  # a denoiser works on the grid alone (config.validate)
+      outputs = sampler_lib.forecast_step(
+          model, constants.graphs, constants.residual_scale, inputs["inputs"],
+          inputs["forcings"], inputs["statics"], inputs["sampler_keys"],
+          inputs["grid_nodes"][0], sampler, exchange, inputs.get("globals"))
+      return forecast.advance_history(inputs["inputs"], outputs), outputs, {}, {}
     point_history = {m.name: inputs[f"{m.name}/inputs"] for m in with_inputs}
     outputs, point_outputs = forecast.one_step_with_points(
-        nnx.merge(graphdef, params), constants, inputs["inputs"], inputs["forcings"],
+        model, constants, inputs["inputs"], inputs["forcings"],
         inputs["statics"], exchange, inputs.get("globals"), inputs.get("noise"),
         point_history)
     moved = {f"{m.name}/inputs": fed_back(m, point_history[m.name],
