@@ -95,6 +95,20 @@ def test_lead_one_is_the_sampler_on_the_same_inputs_and_noise(case, one_device):
     assert np.isfinite(field).all() or name == SST, name
 
 
+def test_member_k_is_the_same_whatever_the_ensemble_size(imported, example_store,  # noqa: F811
+                                                         tmp_path):
+  """On the same 2 x 4 devices, `--members=1` writes member 0 of `--members=2` bitwise: a
+  member's noise depends on (seed, initial time, member, lead) alone, so a rerun, or a
+  resumed forecast recomputing an unfinished initial time, writes the same numbers."""
+  one, two = (forecast_lib.run_forecast(
+      imported[0], str(tmp_path / f"{members}.zarr"), lead="1d", init_times=[INIT],
+      data_path=example_store, resolution=12.0, members=members,
+      mesh_overrides={"data": 2, "graph": 4})["out"] for members in (1, 2))
+  one, two = (xr.open_zarr(path, chunks=None) for path in (one, two))
+  for name in two.data_vars:
+    np.testing.assert_array_equal(one[name].values, two[name].isel(number=[0]).values)
+
+
 @pytest.mark.parametrize("data, graph", [(8, 1), (2, 4)],
                          ids=["members-over-8-devices", "members-and-grid-over-2x4"])
 def test_split_over_devices_equals_one_device(imported, example_store, one_device,  # noqa: F811
