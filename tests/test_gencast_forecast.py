@@ -10,6 +10,8 @@ levels) forecasts from its example, written as a store (2022-01-01T00 .. 2022-01
 
 import json
 import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,7 @@ import pytest
 import xarray as xr
 
 from test_cli import run as run_launcher
-from tiny_runs import process_env
+from tiny_runs import REPO, process_env
 from test_gencast import FIXTURE, PRECIP, SST, case, imported, stats  # noqa: F401 (fixtures)
 from wnscale.errors import ArgumentError
 from wnscale.inference import forecast as forecast_lib
@@ -123,14 +125,35 @@ def test_split_over_devices_equals_one_device(imported, example_store, one_devic
   forecast_lib.run_forecast(imported[0], split, lead="1d", init_times=[INIT],
                             data_path=example_store, resolution=12.0, members=MEMBERS,
                             mesh_overrides={"data": data, "graph": graph})
-  ours, reference = (xr.open_zarr(p, chunks=None) for p in (split, one_device))
+  assert worst_differences(split, one_device, stats) < TOLERANCE
+
+
+def worst_differences(path, reference_path, stats) -> float:
+  """The largest |forecast - reference| / diffs_stddev (stddev for precipitation) of two
+  forecast stores, NaN at the same places."""
+  ours, reference = (xr.open_zarr(p, chunks=None) for p in (path, reference_path))
   worst = {}
   for name in reference.data_vars:
     kind = "stddev_by_level" if name == PRECIP else "diffs_stddev_by_level"
-    error = np.abs(ours[name] - reference[name]) / stats[kind][name]
     assert (np.isnan(ours[name]) == np.isnan(reference[name])).all(), name
-    worst[name] = float(error.max())
-  assert max(worst.values()) < TOLERANCE, worst
+    worst[name] = float((np.abs(ours[name] - reference[name]) / stats[kind][name]).max())
+  return max(worst.values())
+
+
+def test_members_over_two_processes_equal_one_device(imported, example_store,  # noqa: F811
+                                                     one_device, stats, tmp_path):  # noqa: F811
+  """2 processes x 2 devices, `--mesh.data=2 --mesh.graph=2`: each process draws and
+  samples its own member, each writes its share of the store; equal to one device's."""
+  out = str(tmp_path / "two_processes.zarr")
+  launched = subprocess.run(
+      [sys.executable, "-m", "launch.local_cluster", "--num_processes=2", "--num_cpu_devices=4",
+       "--timeout=300", "--module=launch.forecast", "--", f"--workdir={imported[0]}",
+       f"--out={out}", f"--data.path={example_store}", "--data.resolution=12.0",
+       f"--init_times={INIT}", "--lead=1d", f"--members={MEMBERS}", "--mesh.data=2",
+       "--mesh.graph=2"],
+      cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=400)
+  assert launched.returncode == 0, launched.stderr[-3000:]
+  assert worst_differences(out, one_device, stats) < TOLERANCE
 
 
 def test_launch_evaluate_scores_crps_and_spread_skill(example_store, one_device, tmp_path):
