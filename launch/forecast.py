@@ -38,7 +38,7 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
-from wnscale.data.store import NanError, StoreLacks
+from wnscale.data.store import NanError, SpacingError, StoreLacks
 from wnscale.errors import UserError
 from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
@@ -92,6 +92,10 @@ def main(argv):
                     "data.pressure_levels of its config.json)" + (
                         ", or leave --data.path out to read the run's own store."
                         if _DATA_PATH.value else ".")) from error
+  except SpacingError as error:  # an imported run's config holds the default resolution
+    raise UserError(f"{error}: give the store's spacing, --data.resolution="
+                    f"{error.spacing[0]:g} (an imported run's config does not know its "
+                    "grid).") from error
   except NanError as error:  # the store's advice (data.fill_nan) is the training run's
     raise UserError(f"{error.problem}. A forecast does not fill NaN: choose initial times "
                     "whose states are whole (--init_times, --init_start/--init_end), "

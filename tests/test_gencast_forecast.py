@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from test_cli import assert_user_error
 from test_cli import run as run_launcher
 from tiny_runs import REPO, process_env
 from test_gencast import FIXTURE, PRECIP, SST, case, imported, stats  # noqa: F401 (fixtures)
@@ -169,6 +170,20 @@ def test_launch_evaluate_scores_crps_and_spread_skill(example_store, one_device,
   for name in ("2m_temperature", "geopotential"):
     values = scores[name].sel(metric=["crps", "rmse", "spread", "spread_skill"]).values
     assert np.isfinite(values).all() and (values > 0).all(), (name, values)
+
+
+def test_another_grid_spacing_says_data_resolution(imported, example_store,  # noqa: F811
+                                                   tmp_path):
+  """The imported run's config holds the default resolution (GenCast's checkpoint does not
+  say its grid): `launch.forecast` on the 12 deg store without `--data.resolution` says
+  which to give, on one line."""
+  result = run_launcher("forecast", "--platform=cpu", "--num_cpu_devices=1",
+                        f"--workdir={imported[0]}", f"--out={tmp_path / 'f.zarr'}",
+                        f"--data.path={example_store}", f"--init_times={INIT}", "--lead=1d",
+                        f"--members={MEMBERS}", env=process_env())
+  assert_user_error(result, "has grid spacing 12 x 12 deg (lat x lon); the config asks for "
+                    "resolution 5.625: give the store's spacing, --data.resolution=12")
+  assert not (tmp_path / "f.zarr").exists()
 
 
 def test_members_are_required_in_one_line(imported, example_store, tmp_path):  # noqa: F811

@@ -556,6 +556,14 @@ def _check_variables(dataset, variables, levels, space, path) -> dict[str, tuple
   return dims
 
 
+class SpacingError(UserError):
+  """A regular store whose grid `spacing` `(lat, lon)` degrees is not `data.resolution`."""
+
+  def __init__(self, message: str, spacing: tuple[float, float]):
+    super().__init__(message)
+    self.spacing = spacing
+
+
 class TimeRangeError(UserError):
   """A time range that reaches outside its store's times (`time_range`).
 
@@ -690,9 +698,9 @@ def _grid(dataset, resolution, path
   if resolution is not None:
     spacing = (np.abs(lat_steps).mean(), lon_steps.mean())
     if any(abs(s - resolution) > RESOLUTION_TOLERANCE for s in spacing):
-      raise UserError(
+      raise SpacingError(
           f"Store {path} has grid spacing {spacing[0]:g} x {spacing[1]:g} deg "
-          f"(lat x lon); the config asks for resolution {resolution:g}")
+          f"(lat x lon); the config asks for resolution {resolution:g}", spacing)
   flip = bool(lat_steps[0] < 0)
   return (PointSet.regular(latitude[::-1] if flip else latitude, longitude), flip, STATIC_DIMS,
           column_order)
