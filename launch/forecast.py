@@ -35,7 +35,7 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
-from wnscale.data.store import NanError, StoreLacks
+from wnscale.data.reading.store import NanError, StoreLacks
 from wnscale.errors import UserError
 from wnscale import outputs
 from wnscale.inference.forecast import run_forecast

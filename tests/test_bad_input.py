@@ -26,8 +26,10 @@ import zarr
 from launch import local_cluster
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, run_data, synthetic
-from wnscale.data import store_formats
+from wnscale.data import run_data
+from wnscale.data.reading import normalization
+from wnscale.data.making import synthetic
+from wnscale.data.reading import store_formats
 from wnscale.evaluation import climatology
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import scoring

@@ -23,7 +23,7 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
 from wnscale.data import source as source_lib
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet

@@ -11,7 +11,7 @@ from problems import (assert_same, compile_loss_and_grad, loss_and_grad_fn, shar
                       sharded_loss_and_grads, synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import stations as stations_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.graphs import build, grid
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.graphs import region as region_lib

@@ -1,4 +1,4 @@
-"""A store format is one entry of `wnscale.data.store_formats.FORMATS`: opening a store for
+"""A store format is one entry of `wnscale.data.reading.store_formats.FORMATS`: opening a store for
 training, describing it and reading the statistics it carries ask the entry of its format
 (`store_formats.open_store`, `open_dataset`, `native_time_step_hours`).
 This file registers one more format (a directory that names a WeatherBench2 store beside
@@ -10,8 +10,9 @@ import os
 import numpy as np
 import xarray as xr
 
-from wnscale.data import normalization, store_formats, synthetic
-from wnscale.data import store as store_lib
+from wnscale.data.reading import normalization, store_formats
+from wnscale.data.making import synthetic
+from wnscale.data.reading import store as store_lib
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 LEVELS = (500, 850)

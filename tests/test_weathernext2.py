@@ -36,7 +36,8 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
 from wnscale.data import pipeline
-from wnscale.data import synthetic, variables as variables_lib
+from wnscale.data import variables as variables_lib
+from wnscale.data.making import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs import icosahedron
 from wnscale.interop import fiddle_json, weathernext2_config, weathernext2_import

@@ -21,7 +21,7 @@ import xarray as xr
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from wnscale.data import normalization
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.graphs.build import Graphs
 from wnscale.graphs.points import PointSet

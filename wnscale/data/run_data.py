@@ -20,8 +20,9 @@ import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
 from wnscale import cache, outputs, paths
-from wnscale.data import normalization, observations, stations, synthetic
-from wnscale.data import store as store_lib
+from wnscale.data.reading import normalization, observations
+from wnscale.data.making import stations, synthetic
+from wnscale.data.reading import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
@@ -38,7 +39,7 @@ def synthetic_store_path(data, seed: int) -> str:
   # The contents and the code in the name: a store of other contents or written by
   # other synthetic code is not reused.
   contents = hashlib.sha256(json.dumps([variables, levels]).encode()).hexdigest()[:8]
-  code = cache.source_digest("data/synthetic.py", "data/forcings.py", "graphs/grid.py",
+  code = cache.source_digest("data/making/synthetic.py", "data/forcings.py", "graphs/grid.py",
                              "graphs/points.py")
   grid = data.grid or f"{data.resolution}deg"
   name = f"synthetic-{grid}-{start}-{end}-seed{seed}-{contents}-{code}.zarr"
@@ -80,7 +81,7 @@ def check_store_given(data):
           "data.path", path,
           "store not found. Point it at a WeatherBench2-layout zarr store; make a synthetic "
           "one there with python -m launch.make_dataset (or "
-          "wnscale.data.synthetic.write_synthetic_store); or, for small configs such as "
+          "wnscale.data.making.synthetic.write_synthetic_store); or, for small configs such as "
           "configs/tiny.py, set data.synthetic=True and leave data.path empty to have a "
           "synthetic store written into the cache.")
   elif not data.synthetic:
@@ -181,12 +182,12 @@ def resolve_observations(data, modality, seed: int) -> str:
           "data.modalities", modality.source,
           f"no observation store there (modality {modality.name!r}). Make a synthetic "
           "network of a grid store with python -m launch.make_dataset (or "
-          "wnscale.data.stations.write_network), or give the source 'synthetic' for one of "
+          "wnscale.data.making.stations.write_network), or give the source 'synthetic' for one of "
           "data.path's grid.")
     return path
   grid = paths.normalize(data.path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
   digest = hashlib.sha256(paths.normalize(data.path).encode()).hexdigest()[:8]
-  code = cache.source_digest("data/stations.py", "data/observations.py")
+  code = cache.source_digest("data/making/stations.py", "data/reading/observations.py")
   path = cache.cache_path("datasets", f"stations-{count}-{grid}-{digest}-seed{seed}-"
                                       f"{code}.zarr")
 

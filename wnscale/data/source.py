@@ -34,11 +34,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wnscale.data import cutout
+from wnscale.data.reading import cutout
 from wnscale.data import forcings as forcings_lib
-from wnscale.data import normalization
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
 from wnscale.data import variables as variables_lib
 

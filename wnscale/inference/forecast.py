@@ -36,12 +36,12 @@ from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.assembly import Assembly, assemble
-from wnscale.data import cutout
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
+from wnscale.data.reading import cutout
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.data.run_data import modality_readers, resolve_stats
 from wnscale.data.source import parse_duration
-from wnscale.data.store import TimeRangeError, time_range
+from wnscale.data.reading.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes

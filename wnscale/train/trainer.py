@@ -47,10 +47,10 @@ import numpy as np
 from wnscale import config as config_lib
 from wnscale import compilation_cache, interrupts, paths, progress
 from wnscale import specs as specs_lib
-from wnscale.data import cutout
+from wnscale.data.reading import cutout
 from wnscale.data import pipeline, prefetch
 from wnscale.data import source as source_lib
-from wnscale.data import store as store_lib
+from wnscale.data.reading import store as store_lib
 from wnscale.data.run_data import modality_readers as resolve_modality_readers
 from wnscale.data.run_data import check_store_given, resolve_stats, resolve_store
 from wnscale.assembly import assemble

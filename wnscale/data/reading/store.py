@@ -77,7 +77,7 @@ GRID_ATTR = "grid"
 # A point store's own cell areas (a coordinate or a variable along `values`).
 CELL_AREA = "cell_area"
 REGION = "region"  # a cut-out forecast's mask of its regional points, along `values`
-# The attribute of a store made by `wnscale.data.convert`: its sources and progress.
+# The attribute of a store made by `wnscale.data.making.convert`: its sources and progress.
 CONVERSION_ATTR = "conversion"
 # Coordinates are compared to a resolution with this tolerance, in degrees.
 RESOLUTION_TOLERANCE = 1e-3

@@ -34,9 +34,9 @@ import pandas as pd
 import xarray as xr
 
 from wnscale import outputs, paths
-from wnscale.data import era5_files, hdf5_reads, writer
-from wnscale.data import store as store_lib
-from wnscale.data.store import CONVERSION_ATTR as CONVERSION
+from wnscale.data.making import era5_files, hdf5_reads, writer
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.progress import WriteProgress

@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple
 import xarray as xr
 
 from wnscale import paths
-from wnscale.data import anemoi
-from wnscale.data import store as store_lib
+from wnscale.data.reading import anemoi
+from wnscale.data.reading import store as store_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 
@@ -35,7 +35,7 @@ class StoreFormat(NamedTuple):
     time_step_hours: `(path, default) -> float`: the store's own time step (`default` for
       a store of one time).
     statistics: `(path, time_step_hours) -> xr.Dataset`: the statistics the store carries,
-      in `wnscale.data.normalization`'s layout, diff_std over `time_step_hours` (None: the
+      in `wnscale.data.reading.normalization`'s layout, diff_std over `time_step_hours` (None: the
       store's step), as stored (not floored); None: a format that carries none.
   """
 
@@ -89,7 +89,7 @@ def open_store(path: str,
       a store on other points says its grid, and this is not used.
     forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
       names, stored like surface variables).
-    member: the ensemble member of an anemoi-datasets store (`data.anemoi`; such
+    member: the ensemble member of an anemoi-datasets store (`data.reading.anemoi`; such
       a store is found by its layout, and its `missing_dates` are `missing`).
 
   The store raises on NaN until its `fill` values are set.
@@ -108,13 +108,6 @@ def open_store(path: str,
     raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
   return format_of(path).open(path, variables, levels, time_step_hours, resolution,
                             forcings, member)
-def _format_of(path: str):
-  """`store_formats.format_of(path)`."""
-  # Imported here: the formats' entries open stores as this module's `WeatherStore`.
-  from wnscale.data import store_formats  # noqa: PLC0415
-  return store_formats.format_of(path)
-
-
 
 
 def open_dataset(path: str) -> xr.Dataset:

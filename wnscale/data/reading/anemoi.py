@@ -49,7 +49,7 @@ import xarray as xr
 import zarr
 
 from wnscale import paths
-from wnscale.data import store as store_lib
+from wnscale.data.reading import store as store_lib
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, StoreLacks, UserError
