@@ -35,8 +35,8 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
-from wnscale.data.reading.store import NanError, StoreLacks
-from wnscale.errors import UserError
+from wnscale.data.reading.store import NanError
+from wnscale.errors import StoreLacks, UserError
 from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
 

@@ -67,6 +67,7 @@ def cached_stats_path(path: str, variables, levels, start: str | None, end: str 
                     list(stored_forcings), member,
                     cache.source_digest("data/reading/normalization.py", "data/reading/store.py",
                                         "data/forcings.py", "data/reading/anemoi.py",
+                                        "data/reading/weatherbench2_zarr.py",
                                         "data/reading/store_formats.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
