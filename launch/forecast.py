@@ -35,9 +35,9 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
+from wnscale import outputs
 from wnscale.data.reading.store import NanError
 from wnscale.errors import StoreLacks, UserError
-from wnscale import outputs
 from wnscale.inference.forecast import run_forecast
 from wnscale.sharding.exchange import MODES as EXCHANGE_MODES
 

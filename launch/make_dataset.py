@@ -45,8 +45,8 @@ from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
 from wnscale.data import run_data
-from wnscale.data.making import convert, convert_beam, stations, synthetic
 from wnscale.data import variables
+from wnscale.data.making import convert, convert_beam, stations, synthetic
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
 

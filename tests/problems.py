@@ -11,8 +11,8 @@ from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data.making import stations as stations_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import loss_registry

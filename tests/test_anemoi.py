@@ -24,9 +24,9 @@ import zarr
 from tiny_runs import REPO, process_env, read_metrics
 
 from wnscale import paths
+from wnscale.data import source as source_lib
 from wnscale.data.reading import anemoi
 from wnscale.data.reading import normalization
-from wnscale.data import source as source_lib
 from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
 

@@ -17,9 +17,9 @@ from test_forecast_end_to_end import run as launch
 from tiny_runs import losses, run
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
+from wnscale.data.making import synthetic
 from wnscale.data.reading import cutout
 from wnscale.data.reading import store_formats
-from wnscale.data.making import synthetic
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import datasets, scoring
 from wnscale.graphs import build, connectivity, grid, icosahedron

@@ -24,8 +24,8 @@ import xarray as xr
 from problems import data_spec
 
 from wnscale.data import pipeline
-from wnscale.data.reading import normalization
 from wnscale.data import source as source_lib
+from wnscale.data.reading import normalization
 from wnscale.data.reading import store_formats
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")

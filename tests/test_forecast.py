@@ -29,9 +29,9 @@ from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.forecast_store import ForecastStore, forecast_settings
-from wnscale.progress import ForecastProgress
 from wnscale.inference.rollout import StreamingForecaster
 from wnscale.model import forecast, setup
+from wnscale.progress import ForecastProgress
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout

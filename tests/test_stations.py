@@ -11,8 +11,8 @@ import pytest
 from wnscale import paths
 from wnscale import specs as specs_lib
 from wnscale.data import run_data
-from wnscale.data.reading import observations
 from wnscale.data.making import stations, synthetic
+from wnscale.data.reading import observations
 from wnscale.data.source import WeatherExampleSource
 from wnscale.errors import ArgumentError, UserError
 

@@ -23,11 +23,11 @@ import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
 from wnscale import cache, outputs, paths
-from wnscale.data.reading import normalization, observations
+from wnscale.data import variables as variables_lib
 from wnscale.data.making import stations, synthetic
 from wnscale.data.reading import cutout
+from wnscale.data.reading import normalization, observations
 from wnscale.data.reading import store as store_lib
-from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
 

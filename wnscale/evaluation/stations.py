@@ -26,8 +26,8 @@ import xarray as xr
 import zarr
 
 from wnscale import outputs
-from wnscale.data.reading import observations
 from wnscale.data.making import stations as stations_lib
+from wnscale.data.reading import observations
 from wnscale.data.reading import store as store_lib
 from wnscale.errors import UserError
 from wnscale.evaluation import datasets, figures

@@ -37,9 +37,9 @@ from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
 from wnscale.assembly import Assembly, assemble_run
 from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.store import TimeRangeError, time_range
 from wnscale.data.run_data import open_run_data
 from wnscale.data.source import parse_duration
-from wnscale.data.reading.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes

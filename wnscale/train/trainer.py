@@ -44,8 +44,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from wnscale import config as config_lib
 from wnscale import compilation_cache, interrupts, paths, progress
+from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline, prefetch
 from wnscale.data import source as source_lib

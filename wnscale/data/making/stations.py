@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 from scipy import spatial
 
+from wnscale.data import variables as variables_lib
 from wnscale.data.reading import observations
 from wnscale.data.reading import store as store_lib
 from wnscale.data.reading import store_formats
-from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, edge_sets, grid
 from wnscale.graphs.points import PointSet

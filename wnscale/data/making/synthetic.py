@@ -35,9 +35,9 @@ import zarr
 
 from wnscale import outputs, paths
 from wnscale.data import forcings
+from wnscale.data import variables as variables_lib
 from wnscale.data.making import writer
 from wnscale.data.reading import store as store_lib
-from wnscale.data import variables as variables_lib
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs import points as points_lib

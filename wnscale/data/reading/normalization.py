@@ -38,9 +38,9 @@ import xarray as xr
 
 from wnscale import cache, paths
 from wnscale.data import netcdf
-from wnscale.data.reading import store_formats
-from wnscale.data.reading import store as store_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 
 STATISTICS = ("mean", "std", "diff_std")

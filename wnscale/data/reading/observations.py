@@ -29,8 +29,8 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, outputs, paths
-from wnscale.data.reading import normalization
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.graphs.points import PointSet
 
