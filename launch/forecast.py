@@ -35,10 +35,11 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
-from wnscale.data.store import NanError, StoreLacks
-from wnscale.errors import UserError
 from wnscale import outputs
+from wnscale.data.reading.store import NanError
+from wnscale.errors import StoreLacks, UserError
 from wnscale.inference.forecast import run_forecast
+from wnscale.sharding.exchange import MODES as EXCHANGE_MODES
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.")
 _OUT = cli.define_output("out", "Forecast zarr store to write (or to continue: the same "
@@ -54,7 +55,7 @@ _DATA_PATH = flags.DEFINE_string("data.path", None,
                                  "Initial conditions from this store (same variables).")
 _MESH_DATA = flags.DEFINE_integer("mesh.data", None, "Devices along the batch axis (-1: rest).")
 _MESH_GRAPH = flags.DEFINE_integer("mesh.graph", None, "Devices along the space axis.")
-_MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"],
+_MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, list(EXCHANGE_MODES),
                                    "How graph shards exchange rows.")
 _MEMBERS = flags.DEFINE_integer(
     "members", None, "An FGN run's ensemble size: members 0..N-1 along a `number` dim, "
