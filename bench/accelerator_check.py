@@ -390,7 +390,7 @@ def train_loop(args, mode, record):
   process: the logged intervals' steps/s and input wait and host shares (the first
   interval, with the warm-up, left out)."""
   from wnscale import config as config_lib  # noqa: PLC0415
-  from wnscale.data import synthetic  # noqa: PLC0415
+  from wnscale.data.making import synthetic  # noqa: PLC0415
   from wnscale.planner import auto_remat  # noqa: PLC0415
   runs = ({"tiny, batch 2": ("configs/tiny.py", {"train.batch_size": 2})} if args.cpu
           else {"mid, batch 4": ("configs/mid_1p0.py", {"train.batch_size": 4}),

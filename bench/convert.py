@@ -73,7 +73,7 @@ def write_inputs(directory: str, gb: float) -> list[str]:
 
 
 def _wnscale(files, out):
-  from wnscale.data import convert  # noqa: PLC0415
+  from wnscale.data.making import convert  # noqa: PLC0415
   convert.convert_era5(files, out)
 
 

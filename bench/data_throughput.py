@@ -29,11 +29,11 @@ import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from wnscale.data import forcings  # noqa: E402
-from wnscale.data import normalization  # noqa: E402
 from wnscale.data import pipeline  # noqa: E402
 from wnscale.data import source as source_lib  # noqa: E402
-from wnscale.data import synthetic  # noqa: E402
 from wnscale.data import variables  # noqa: E402
+from wnscale.data.making import synthetic  # noqa: E402
+from wnscale.data.reading import normalization  # noqa: E402
 from wnscale.graphs.points import PointSet  # noqa: E402
 
 VARIABLES = tuple(variables.VARIABLES)

@@ -37,7 +37,8 @@ import grain  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
 from wnscale import host_memory  # noqa: E402
 from wnscale import specs as specs_lib
-from wnscale.data import run_data, synthetic  # noqa: E402
+from wnscale.data import run_data  # noqa: E402
+from wnscale.data.making import synthetic  # noqa: E402
 from wnscale.model import setup  # noqa: E402
 from wnscale.train import checkpoint, optimizer, state as state_lib  # noqa: E402
 

@@ -16,7 +16,7 @@ import jax  # noqa: E402
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import stations as stations_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.planner import xla_stats

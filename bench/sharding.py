@@ -31,6 +31,7 @@ from mid_problem import problems  # noqa: E402
 from wnscale import specs as specs_lib
 from wnscale.model import setup  # noqa: E402
 from wnscale.planner import xla_stats  # noqa: E402
+from wnscale.sharding import exchange as exchange_lib  # noqa: E402
 from wnscale.sharding import mesh as mesh_lib  # noqa: E402
 from wnscale.sharding import sharded_model  # noqa: E402
 from wnscale.sharding.layout import ShardedLayout  # noqa: E402
@@ -55,7 +56,7 @@ def main():
   print("-" * len(header))
   base_temp, gathered = None, {}
   for shards in (1, 2, 4, 8):
-    for exchange in ("all_gather",) if shards == 1 else ("all_gather", "halo"):
+    for exchange in ("all_gather",) if shards == 1 else tuple(exchange_lib.MODES):
       mesh = mesh_lib.make_mesh(specs_lib.MeshSpec(data=1, graph=shards, exchange=exchange),
                                 jax.devices()[:shards])
       layout = ShardedLayout(mesh, constants.graphs, positions, exchange)

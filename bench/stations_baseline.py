@@ -28,7 +28,8 @@ from flax import nnx  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
 from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.assembly import assemble  # noqa: E402
-from wnscale.data import pipeline, run_data, stations  # noqa: E402
+from wnscale.data import pipeline, run_data  # noqa: E402
+from wnscale.data.making import stations  # noqa: E402
 from wnscale.model import forecast  # noqa: E402
 from wnscale.sharding import mesh as mesh_lib  # noqa: E402
 from wnscale.train.run_directory import RunDirectory  # noqa: E402

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import mid_problem  # noqa: E402
 from wnscale import config as config_lib  # noqa: E402
-from wnscale.data import stations as stations_lib  # noqa: E402
+from wnscale.data.making import stations as stations_lib  # noqa: E402
 from wnscale.graphs import points as points_lib  # noqa: E402
 
 PROBLEMS = {"tiny": os.path.join(mid_problem.REPO, "configs", "tiny.py"),

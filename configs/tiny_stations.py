@@ -2,7 +2,7 @@
 
 500 synthetic stations (80% on land) observe the synthetic grid store's
 2 m temperature and mean sea-level pressure, interpolated plus noise (10% of each
-quantity's std), 10% of the values missing (`wnscale.data.stations`). They are
+quantity's std), 10% of the values missing (`wnscale.data.making.stations`). They are
 inputs (their own embedder and encoder onto the shared mesh; a missing value enters
 as 0 with a mask channel) and targets (their own decoder and output MLP, predicting a
 change on the grid's forecast interpolated to the stations), with loss weight 1
@@ -19,7 +19,7 @@ make it with
   python -m launch.make_dataset --stations=500 --from_store=GRID_STORE --out=OBS_STORE
 
 and give --config.data.path=GRID_STORE and the modality's source OBS_STORE (or any
-observation store of the same layout: `wnscale.data.observations`).
+observation store of the same layout: `wnscale.data.reading.observations`).
 
 Expect (2 CPU cores, loaded by other work): the network is written in about a second,
 the step compiles in 20-45 s, then 3-6 steps/s; the loss (grid plus stations) is 11.4 at

@@ -38,10 +38,11 @@ from absl import flags
 
 from launch import cli  # before JAX's backend starts: it quiets libtpu
 from launch import process
-from wnscale.data.store import NanError, SpacingError, StoreLacks
-from wnscale.errors import UserError
 from wnscale import outputs
+from wnscale.data.reading.store import NanError, SpacingError
+from wnscale.errors import StoreLacks, UserError
 from wnscale.inference.forecast import run_forecast
+from wnscale.sharding.exchange import MODES as EXCHANGE_MODES
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory.")
 _OUT = cli.define_output("out", "Forecast zarr store to write (or to continue: the same "
@@ -61,7 +62,7 @@ _RESOLUTION = flags.DEFINE_float("data.resolution", None,
                                   "checkpoint).")
 _MESH_DATA = flags.DEFINE_integer("mesh.data", None, "Devices along the batch axis (-1: rest).")
 _MESH_GRAPH = flags.DEFINE_integer("mesh.graph", None, "Devices along the space axis.")
-_MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, ["all_gather", "halo"],
+_MESH_EXCHANGE = flags.DEFINE_enum("mesh.exchange", None, list(EXCHANGE_MODES),
                                    "How graph shards exchange rows.")
 _MEMBERS = flags.DEFINE_integer(
     "members", None, "An ensemble run's size (an FGN, or GenCast's denoiser): members "

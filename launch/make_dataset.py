@@ -1,6 +1,6 @@
 r"""Writes a WeatherBench2-layout zarr store: ERA5 files from the Climate Data Store
 converted (`--from`), or a synthetic one; or an observation store of synthetic stations
-observing a grid store (`--stations`, `wnscale.data.observations`).
+observing a grid store (`--stations`, `wnscale.data.reading.observations`).
 
   # ERA5 as the CDS delivers it (GRIB 1/2, netCDF in either CDS layout), merged
   python -m launch.make_dataset --from='era5_pl_*.grib,era5_sfc_2020.nc' --out=era5.zarr
@@ -19,10 +19,10 @@ observing a grid store (`--stations`, `wnscale.data.observations`).
       --out=/tmp/stations.zarr
 
 A conversion killed midway continues where it stopped when the same command runs
-again (`wnscale.data.convert`).
+again (`wnscale.data.making.convert`).
 
 With --runner, the blocks of times are written by an Apache Beam pipeline
-(`wnscale.data.convert_beam`; the same store), here or on Dataflow, Flink or Spark,
+(`wnscale.data.making.convert_beam`; the same store), here or on Dataflow, Flink or Spark,
 Beam's own options after `--` (`launch.runner`):
 
   python -m launch.make_dataset --from='gs://B/era5/*.nc' --out=gs://B/era5.zarr \
@@ -44,8 +44,9 @@ from launch import cli, runner
 from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import convert, convert_beam, run_data, stations, synthetic
+from wnscale.data import run_data
 from wnscale.data import variables
+from wnscale.data.making import convert, convert_beam, stations, synthetic
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
 
@@ -88,7 +89,7 @@ _ZARR_FORMAT = flags.DEFINE_enum("zarr_format", "2", ["2", "3"],
 _TIME_STEP_HOURS = flags.DEFINE_integer("time_step_hours", 6,
                                         "Hours between time steps.")
 _STATIONS = flags.DEFINE_integer("stations", None, "Write an observation store instead "
-                                 "(wnscale.data.observations): a synthetic network of this "
+                                 "(wnscale.data.reading.observations): a synthetic network of this "
                                  "many stations observing the grid store --from_store.")
 _FROM_STORE = flags.DEFINE_string("from_store", None, "With --stations: the grid store the "
                                   "stations observe (its surface variables, or --variables).")

@@ -7,12 +7,12 @@ options after `--`.
 Without `--runner` the work runs in the launcher's process. `--runner=DirectRunner`
 runs the pipeline here; DataflowRunner, FlinkRunner, SparkRunner (or a runner's full
 class name) run it there, configured by Beam's pipeline options, which follow `--`
-as Beam's own commands take them (`wnscale.data.beam_pipelines`).
+as Beam's own commands take them (`wnscale.data.making.beam_pipelines`).
 """
 
 from absl import flags
 
-from wnscale.data import beam_pipelines
+from wnscale.data.making import beam_pipelines
 from wnscale.errors import UserError
 
 RUNNER = flags.DEFINE_string(

@@ -11,8 +11,8 @@ from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import stations as stations_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.model import ensemble
 from wnscale.model import loss as loss_lib
 from wnscale.model import loss_registry
@@ -76,8 +76,8 @@ def synthetic_problem(config, points, batch_size: int, *, seed: int = 0,
 def station_problem(config, points, batch_size: int, *, num_stations: int, seed: int = 0,
                     missing: float = 0.2):
   """`(constants, batch, params, point_sets, positions)` of `config`, whose every modality is
-  a synthetic station network of `num_stations` points (`wnscale.data.stations`) observing the
-  batch's grid fields (its variables are grid state variables), a fraction `missing` NaN.
+  a synthetic station network of `num_stations` points (`wnscale.data.making.stations`)
+  observing the batch's grid fields (its variables are grid state variables), a fraction `missing` NaN.
 
   Station 0 misses every input (it sends nothing), station 1 every target.
   """

@@ -1,4 +1,5 @@
-"""anemoi-datasets stores (`wnscale.data.anemoi`), read against anemoi-datasets' own reading.
+"""anemoi-datasets stores (`wnscale.data.reading.anemoi`), read against anemoi-datasets' own
+reading.
 
 The stores under `fixtures/anemoi_*` were written by `anemoi-datasets create` itself
 (`fixtures/anemoi_make.py`): long names from a netCDF source, ECMWF short names from a
@@ -23,10 +24,10 @@ import zarr
 from tiny_runs import REPO, process_env, read_metrics
 
 from wnscale import paths
-from wnscale.data import anemoi
-from wnscale.data import normalization
 from wnscale.data import source as source_lib
-from wnscale.data import store_formats
+from wnscale.data.reading import anemoi
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")

@@ -26,10 +26,12 @@ import zarr
 from launch import local_cluster
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, run_data, synthetic
-from wnscale.data import store_formats
-from wnscale.evaluation import climatology
+from wnscale.data import run_data
+from wnscale.data.making import synthetic
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
+from wnscale.evaluation import climatology
 from wnscale.evaluation import scoring
 from wnscale.inference import forecast_store
 from wnscale.inference.forecast import run_forecast

@@ -22,7 +22,7 @@ import zarr
 import cds_files
 import page_cache
 from test_cli import assert_user_error, run
-from wnscale.data import beam_pipelines, convert
+from wnscale.data.making import beam_pipelines, convert
 from wnscale.errors import UserError
 from wnscale.evaluation import climatology
 

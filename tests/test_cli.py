@@ -31,7 +31,8 @@ from launch import cli, local_cluster
 from wnscale import config as config_lib
 from wnscale import progress
 from wnscale import specs as specs_lib
-from wnscale.data import run_data, synthetic
+from wnscale.data import run_data
+from wnscale.data.making import synthetic
 from wnscale.errors import ArgumentError, UserError
 from wnscale.model import setup
 from wnscale.planner.compile import batch_per_data_shard, best_setting

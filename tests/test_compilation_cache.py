@@ -16,7 +16,7 @@ import gcs
 import pytest
 
 from wnscale import config as config_lib
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
 from test_existing_data import tmpfs
 from tiny_runs import REPO, losses, process_env
 

@@ -24,8 +24,8 @@ from cds_files import LATITUDE, LONGITUDE
 from test_cli import assert_user_error, run
 from tiny_runs import process_env
 from wnscale import paths
-from wnscale.data import convert, era5_files, hdf5_reads, store as store_lib, writer
-from wnscale.data import store_formats
+from wnscale.data.making import convert, era5_files, hdf5_reads, writer
+from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 
 REPO = os.path.join(os.path.dirname(__file__), "..")

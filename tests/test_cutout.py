@@ -1,5 +1,5 @@
 """Limited-area cut-outs: a fine regional store cut into a global one (`graphs.region`,
-`data.cutout`): which points are kept, the mask, the areas and loss weights, the joined
+`data.reading.cutout`): which points are kept, the mask, the areas and loss weights, the joined
 store's reads, bad input; then a 1 deg box cut into the tiny run's 5.625 deg store trains,
 forecasts on the joined points and is scored on its region (launch.train, launch.forecast,
 launch.evaluate --region). Sharded equals plain on a cut-out: test_sharding.py."""
@@ -17,9 +17,9 @@ from test_forecast_end_to_end import run as launch
 from tiny_runs import losses, run
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import cutout
-from wnscale.data import store_formats
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
+from wnscale.data.reading import cutout
+from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import datasets, scoring
 from wnscale.graphs import build, connectivity, grid, icosahedron

@@ -23,9 +23,10 @@ import pytest
 import xarray as xr
 from problems import data_spec
 
-from wnscale.data import normalization, pipeline
+from wnscale.data import pipeline
 from wnscale.data import source as source_lib
-from wnscale.data import store_formats
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store_formats
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 GRAPHCAST_STATS = os.path.join(FIXTURES, "graphcast_5p625", "stats")

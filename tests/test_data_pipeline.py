@@ -8,7 +8,7 @@ from problems import data_spec
 
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
 
 LEVELS = (500, 1000)
 VARIABLES = ("temperature", "2m_temperature")

@@ -8,9 +8,9 @@ import pytest
 import xarray as xr
 
 from wnscale.data import forcings
-from wnscale.data import normalization
 from wnscale.data import source as source_lib
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
+from wnscale.data.reading import normalization
 from wnscale.graphs.points import PointSet
 
 LEVELS = (500, 850, 1000)

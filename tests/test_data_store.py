@@ -8,10 +8,10 @@ import pytest
 import xarray as xr
 import zarr
 
-from wnscale.data import normalization
 from wnscale.data import source as source_lib
-from wnscale.data import store_formats
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 from wnscale.graphs.points import named_grid
 

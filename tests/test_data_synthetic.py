@@ -12,9 +12,9 @@ from wnscale import config as config_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
 from wnscale.data import forcings, run_data
-from wnscale.data import synthetic
-from wnscale.data import store_formats
 from wnscale.data import variables
+from wnscale.data.making import synthetic
+from wnscale.data.reading import store_formats
 from wnscale.graphs.points import PointSet, named_grid
 
 LEVELS = (500, 850, 1000)

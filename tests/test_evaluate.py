@@ -12,7 +12,7 @@ import pytest
 import scores
 import xarray as xr
 
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
 from wnscale.evaluation import climatology as climatology_lib
 from wnscale.evaluation import results as results_lib
 from wnscale.evaluation.scoring import evaluate

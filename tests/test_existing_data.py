@@ -39,12 +39,14 @@ import gcs
 from test_cli import assert_user_error, run, without_root
 from tiny_runs import Started, process_env
 from wnscale import outputs, paths
-from wnscale.data import store as store_lib
-from wnscale.data import netcdf, observations, synthetic
+from wnscale.data import netcdf
+from wnscale.data.making import synthetic
+from wnscale.data.reading import observations
+from wnscale.data.reading import store as store_lib
+from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import climatology as climatology_lib
 from wnscale.inference import forecast_store
 from wnscale.interop import weathernext2_export
-from wnscale.errors import ArgumentError, UserError
 from wnscale.train import run_directory
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625")

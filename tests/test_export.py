@@ -21,7 +21,7 @@ from flax import nnx
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import normalization
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint
 from wnscale.interop.graphcast_export import export_graphcast

@@ -12,7 +12,8 @@ import pytest
 
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, pipeline
+from wnscale.data import pipeline
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.model import setup
 from wnscale.train import checkpoint, trainer

@@ -23,15 +23,15 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
 from wnscale.data import source as source_lib
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.forecast_store import ForecastStore, forecast_settings
-from wnscale.progress import ForecastProgress
 from wnscale.inference.rollout import StreamingForecaster
 from wnscale.model import forecast, setup
+from wnscale.progress import ForecastProgress
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout

@@ -18,7 +18,7 @@ from problems import (assert_same, device_batch, loss_and_grad_fn, sharded_layou
 from wnscale import assembly
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import stations as stations_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, grid, icosahedron
 from wnscale.graphs.points import PointSet

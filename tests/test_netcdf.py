@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from wnscale.data import netcdf, normalization
+from wnscale.data import netcdf
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 
 

@@ -8,9 +8,10 @@ from flax import nnx
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import normalization, run_data
+from wnscale.data import run_data
 from wnscale.data import source as source_lib
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
+from wnscale.data.reading import normalization
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.inference import predictor

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from problems import data_spec
 
-from wnscale.data import pipeline, prefetch, synthetic
+from wnscale.data import pipeline, prefetch
+from wnscale.data.making import synthetic
 from wnscale.train import checkpoint
 from wnscale.train.loop_time import LoopClock
 

@@ -18,9 +18,9 @@ import pytest
 import tensorstore as ts
 
 from wnscale import paths
-from wnscale.data import normalization
-from wnscale.data import store_formats
-from wnscale.data import synthetic
+from wnscale.data.making import synthetic
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store_formats
 from tiny_runs import read_metrics
 
 from tiny_runs import REPO, process_env

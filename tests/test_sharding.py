@@ -11,17 +11,17 @@ from problems import (assert_same, compile_loss_and_grad, loss_and_grad_fn, shar
                       sharded_loss_and_grads, synthetic_problem)
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import stations as stations_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.graphs import build, grid
-from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.graphs import region as region_lib
+from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.graphs.points import PointSet, named_grid
 from wnscale.model import setup
 from wnscale.planner.xla_stats import compiled_stats
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import partition as partition_lib
-from wnscale.sharding.exchange import MODES
 from wnscale.sharding import sharded_model
+from wnscale.sharding.exchange import MODES
 from wnscale.sharding.layout import ShardedLayout
 
 # 19 x 36 = 684 grid nodes and 162 mesh nodes: neither divides 4 or 8 shards.

@@ -19,7 +19,7 @@ import zarr
 
 from test_cli import assert_user_error, run as run_launcher
 from test_forecast_end_to_end import cluster_command, completed, kill_9_after, run, run_command
-from wnscale.data import stations as stations_lib
+from wnscale.data.making import stations as stations_lib
 from wnscale.evaluation import stations as station_eval
 from wnscale.graphs.points import PointSet
 

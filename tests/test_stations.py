@@ -10,7 +10,9 @@ import pytest
 
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.data import observations, run_data, stations, synthetic
+from wnscale.data import run_data
+from wnscale.data.making import stations, synthetic
+from wnscale.data.reading import observations
 from wnscale.data.source import WeatherExampleSource
 from wnscale.errors import ArgumentError, UserError
 

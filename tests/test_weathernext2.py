@@ -36,13 +36,14 @@ from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
 from wnscale.data import pipeline
-from wnscale.data import synthetic, variables as variables_lib
+from wnscale.data import variables as variables_lib
+from wnscale.data.making import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs import icosahedron
-from wnscale.interop import fiddle_json, weathernext2_config, weathernext2_import
 from wnscale.inference import predictor as predictor_lib
 from wnscale.inference.predictor import Predictor
 from wnscale.inference.rollout import StreamingForecaster
+from wnscale.interop import fiddle_json, weathernext2_config, weathernext2_import
 from wnscale.interop.graphcast_example import predict_example
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.train import trainer

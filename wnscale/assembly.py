@@ -6,7 +6,8 @@ need the same pieces for a config on a grid: the graphs, the host constants
 laid out over the mesh, and the model (graphdef and parameters). `assemble`
 builds them, in that order, and returns them together; how a run then uses
 them (a training loop, a streamed rollout, an ahead-of-time compile) is the
-caller's.
+caller's. A training run and a forecast open what they read the same way
+(`run_data.open_run_data`) and assemble it with `assemble_run`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import xarray as xr
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from wnscale.data import normalization
+from wnscale.data.reading import normalization
+from wnscale.data.run_data import RunData
 from wnscale.errors import UserError
 from wnscale.graphs.build import Graphs
 from wnscale.graphs.points import PointSet
@@ -172,3 +174,13 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
   elif params is not None:
     raise ValueError(f"params={params!r}: 'init', 'shapes' or None")
   return Assembly(graphs, constants, layout, graphdef, model_params, norm)
+
+
+def assemble_run(specs: Specs, data: RunData, mesh: Mesh, **kwargs) -> Assembly:
+  """`assemble` on the grid store's points, normalized with the run's statistics, with each
+  modality's points and target statistics from its reader (`run_data.open_run_data`).
+  `kwargs`: `assemble`'s `params` and `phase`."""
+  return assemble(specs, data.store.points, data.stats, mesh,
+                  point_sets={reader.name: reader.points for reader in data.readers},
+                  point_stats={reader.name: reader.stats["targets"] for reader in data.readers},
+                  **kwargs)

@@ -45,7 +45,7 @@ def source_digest(*parts: str) -> str:
 
   Args:
     parts: paths relative to the package, subpackages (`"graphs"`) or modules
-      (`"data/synthetic.py"`).
+      (`"data/making/synthetic.py"`).
   """
   digest = hashlib.sha256()
   for root in [_PACKAGE / part for part in parts] or [_PACKAGE]:

@@ -132,10 +132,10 @@ def default_config() -> ml_collections.ConfigDict:
   d.modalities = ()  # point sets beside the grid, on the same mesh: entries (name, source,
   # inputs, targets[, loss_weight]), e.g. ("stations", "obs.zarr", ("2m_temperature",),
   # ("2m_temperature", "mean_sea_level_pressure"), 1.0); source: an observation store
-  # (wnscale.data.observations: dims (time, station), NaN missing; its statistics from the
-  # training range) or "synthetic[:N]": N stations (default 500) of data.path's grid
-  # written once into the cache directory (wnscale.data.stations); node set `name` with its own
-  # embedder, encoder edges `name_to_mesh` (radius query; a point with no mesh node in range
+  # (wnscale.data.reading.observations: dims (time, station), NaN missing; its statistics
+  # from the training range) or "synthetic[:N]": N stations (default 500) of data.path's
+  # grid written once into the cache directory (wnscale.data.making.stations); node set
+  # `name` with its own embedder, encoder edges `name_to_mesh` (radius query; a point with no mesh node in range
   # joins its nearest) if it has inputs, decoder edges `mesh_to_name` and output MLP if it
   # has targets; inputs and targets are WeatherBench2 surface variables, NaN where missing
   # (a missing input enters as 0 with a mask channel, a missing target leaves the loss);
@@ -435,7 +435,7 @@ def _check_registered_names(config: ml_collections.ConfigDict, specs: specs_lib.
   """The names `config` picks from the model's, the data's and the sharding's registries
   (each defined once, with what it names), and the chosen processor's own checks."""
   # Imported here: JAX and xarray, which a mistake found earlier need not wait for.
-  from wnscale.data.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
+  from wnscale.data.reading.normalization import INPUT_NORMALIZATIONS  # noqa: PLC0415
   from wnscale.model import remat_policies  # noqa: PLC0415
   from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS  # noqa: PLC0415
   from wnscale.sharding.exchange import MODES as EXCHANGE_MODES  # noqa: PLC0415

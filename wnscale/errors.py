@@ -79,8 +79,8 @@ def raise_if_interrupted():
 
 
 class StoreLacks(UserError):
-  """A data store without a variable or level the caller needs (`wnscale.data.store`,
-  `wnscale.data.anemoi`); the message says what to choose in a training config, and a
+  """A data store without a variable or level the caller needs (`wnscale.data.reading.store`,
+  `wnscale.data.reading.anemoi`); the message says what to choose in a training config, and a
   launcher that reads a store for another purpose says its own (`launch.forecast`).
 
   Attributes:

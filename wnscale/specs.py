@@ -303,7 +303,7 @@ class ModalitySpec:
   Attributes:
     name: the node set's name (`<name>_to_mesh`, `mesh_to_<name>` its edge sets).
     source: where its points and values come from: an observation store's path
-      (`wnscale.data.observations`), or "synthetic[:N]": a synthetic network of N
+      (`wnscale.data.reading.observations`), or "synthetic[:N]": a synthetic network of N
       stations (`SYNTHETIC_STATIONS` without ":N") of the grid store.
     inputs: variables it feeds the encoder (WeatherBench2 surface names), may be ().
     targets: variables the model predicts at its points, may be ().

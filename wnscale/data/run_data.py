@@ -1,5 +1,7 @@
 """The run's data: its store (the configured one, or a synthetic one when the config asks
-for it) and its normalization statistics, each made once by process 0.
+for it) and its normalization statistics, each made once by process 0, and what a run opens
+of them (`open_run_data`: the grid store, the statistics, each modality's observations),
+the same for training and forecasts.
 
 The other processes wait for process 0 through the coordination service's
 key-value store, with a bound (`WAIT_FOR_PROCESS_0_S`); if process 0 fails, they
@@ -10,6 +12,7 @@ fail at once with its error instead of waiting. A `data` argument is the run's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,9 +23,11 @@ import xarray as xr
 from jax._src import distributed  # the coordination service client, as Orbax uses it
 
 from wnscale import cache, outputs, paths
-from wnscale.data import normalization, observations, stations, synthetic
-from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.making import stations, synthetic
+from wnscale.data.reading import cutout
+from wnscale.data.reading import normalization, observations
+from wnscale.data.reading import store as store_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
 
@@ -38,7 +43,7 @@ def synthetic_store_path(data, seed: int) -> str:
   # The contents and the code in the name: a store of other contents or written by
   # other synthetic code is not reused.
   contents = hashlib.sha256(json.dumps([variables, levels]).encode()).hexdigest()[:8]
-  code = cache.source_digest("data/synthetic.py", "data/forcings.py", "graphs/grid.py",
+  code = cache.source_digest("data/making/synthetic.py", "data/forcings.py", "graphs/grid.py",
                              "graphs/points.py")
   grid = data.grid or f"{data.resolution}deg"
   name = f"synthetic-{grid}-{start}-{end}-seed{seed}-{contents}-{code}.zarr"
@@ -80,7 +85,7 @@ def check_store_given(data):
           "data.path", path,
           "store not found. Point it at a WeatherBench2-layout zarr store; make a synthetic "
           "one there with python -m launch.make_dataset (or "
-          "wnscale.data.synthetic.write_synthetic_store); or, for small configs such as "
+          "wnscale.data.making.synthetic.write_synthetic_store); or, for small configs such as "
           "configs/tiny.py, set data.synthetic=True and leave data.path empty to have a "
           "synthetic store written into the cache.")
   elif not data.synthetic:
@@ -181,12 +186,12 @@ def resolve_observations(data, modality, seed: int) -> str:
           "data.modalities", modality.source,
           f"no observation store there (modality {modality.name!r}). Make a synthetic "
           "network of a grid store with python -m launch.make_dataset (or "
-          "wnscale.data.stations.write_network), or give the source 'synthetic' for one of "
+          "wnscale.data.making.stations.write_network), or give the source 'synthetic' for one of "
           "data.path's grid.")
     return path
   grid = paths.normalize(data.path).rstrip("/").rsplit("/", 1)[-1].removesuffix(".zarr")
   digest = hashlib.sha256(paths.normalize(data.path).encode()).hexdigest()[:8]
-  code = cache.source_digest("data/stations.py", "data/observations.py")
+  code = cache.source_digest("data/making/stations.py", "data/reading/observations.py")
   path = cache.cache_path("datasets", f"stations-{count}-{grid}-{digest}-seed{seed}-"
                                       f"{code}.zarr")
 
@@ -219,6 +224,53 @@ def modality_readers(data, seed: int, grid_times, training_times
     readers.append(observations.ModalityReader(
         modality, store, grid_times, observations.stats_from_bytes(blob, names)))
   return tuple(readers)
+
+
+def open_grid_store(data, path: str | None = None, *, variables=None,
+                    member: int = 0) -> store_lib.WeatherStore:
+  """The grid store `data` reads (`cutout.open_store`: its stored forcings, its regional
+  store cut in) at `path` (default `data.path`), of `variables` (default the state's,
+  `data.variables`) and ensemble member `member`."""
+  return cutout.open_store(path or data.path, data.variables if variables is None else variables,
+                           data.pressure_levels, data.time_step_hours, data.resolution,
+                           forcings=data.stored_forcings, member=member,
+                           regional_path=data.regional_path, region=data.region_box)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+  """What a run reads beside its model (`open_run_data`).
+
+  Attributes:
+    store: the grid store (`store.WeatherStore`): training's, or a forecast's initial
+      conditions.
+    stats: the normalization statistics (`resolve_stats`: the training range's, or
+      `data.stats_path`'s).
+    readers: each `data.modalities` entry's `observations.ModalityReader`, aligned with
+      `store`'s times, normalized with statistics of the training range.
+  """
+
+  store: store_lib.WeatherStore
+  stats: xr.Dataset
+  readers: tuple[observations.ModalityReader, ...]
+
+
+def open_run_data(data, seed: int, *, path: str | None = None,
+                  store: store_lib.WeatherStore | None = None,
+                  stats: xr.Dataset | None = None) -> RunData:
+  """Opens what a run of `data` (a `DataSpec`, its path resolved) reads: the grid store at
+  `path` (default `data.path`; `store`: already open, e.g. by the example source), its
+  statistics (`stats`: already resolved) and each modality's observations, normalized as in
+  training (the training range of `data.path`'s times, whichever store `path` is)."""
+  store = store or open_grid_store(data, path)
+  stats = resolve_stats(data) if stats is None else stats
+  if not data.modalities:
+    return RunData(store, stats, ())
+  same_store = path is None or paths.normalize(path) == paths.normalize(data.path)
+  grid_times = store.times if same_store else open_grid_store(data).times
+  first, count = store_lib.time_range(grid_times, data.train_start, data.train_end, data.path)
+  readers = modality_readers(data, seed, store.times, grid_times[first:first + count])
+  return RunData(store, stats, readers)
 
 
 @contextlib.contextmanager

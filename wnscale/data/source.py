@@ -34,13 +34,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wnscale.data import cutout
 from wnscale.data import forcings as forcings_lib
-from wnscale.data import normalization
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
-from wnscale.errors import ArgumentError, UserError
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import cutout
+from wnscale.data.reading import normalization
+from wnscale.data.reading import store as store_lib
+from wnscale.errors import ArgumentError, UserError
 
 
 def example_starts(store, first_time: int, num_times: int, window: int) -> np.ndarray:

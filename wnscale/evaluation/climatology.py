@@ -31,12 +31,12 @@ import pandas as pd
 import xarray as xr
 
 from wnscale import outputs, paths
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
-from wnscale.data import writer
-from wnscale.data.store import check_times, time_range
+from wnscale.data.making import writer
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
+from wnscale.data.reading.store import check_times, time_range
 from wnscale.errors import UserError
 from wnscale.progress import TaskProgress
 

@@ -26,10 +26,10 @@ import xarray as xr
 from scipy import spatial
 
 from wnscale import outputs
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import metrics
 from wnscale.evaluation.metrics import LATITUDE, LONGITUDE

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from wnscale.data.store import POINT_DIM, spatial_dims
+from wnscale.data.reading.store import POINT_DIM, spatial_dims
 from wnscale.graphs.grid import cell_area_weights
 
 LATITUDE, LONGITUDE = "latitude", "longitude"

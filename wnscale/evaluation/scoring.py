@@ -20,7 +20,7 @@ import pandas as pd
 import xarray as xr
 
 from wnscale import outputs
-from wnscale.data import store as store_lib
+from wnscale.data.reading import store as store_lib
 from wnscale.data.source import parse_duration
 from wnscale.errors import UserError
 from wnscale.evaluation import climatology as climatology_lib

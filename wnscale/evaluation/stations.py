@@ -3,10 +3,10 @@
 A forecast written by `launch.forecast` for a run with a target modality holds it as a
 zarr group (`F.zarr/stations`: dims `time`, [`number`,] `prediction_timedelta`,
 `station`; `inference.forecast_store`). Each of its variables the observation store
-(`data.observations`) also holds is scored against the observations at the valid
+(`data.reading.observations`) also holds is scored against the observations at the valid
 times, per lead time: RMSE, bias (forecast - observed) and MAE over every (initial time,
 station) pair observed. Beside it, as a baseline, the grid forecast interpolated to the
-same stations (`data.stations.interpolate`) on the same pairs: a value enters the scores
+same stations (`data.making.stations.interpolate`) on the same pairs: a value enters the scores
 only where the observation and both forecasts are present (an ensemble by its mean).
 Without a station group, only the baseline is scored, at every station of the store.
 
@@ -26,9 +26,9 @@ import xarray as xr
 import zarr
 
 from wnscale import outputs
-from wnscale.data import observations
-from wnscale.data import stations as stations_lib
-from wnscale.data import store as store_lib
+from wnscale.data.making import stations as stations_lib
+from wnscale.data.reading import observations
+from wnscale.data.reading import store as store_lib
 from wnscale.errors import UserError
 from wnscale.evaluation import datasets, figures
 from wnscale.evaluation import results as results_lib

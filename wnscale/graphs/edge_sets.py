@@ -174,7 +174,7 @@ def graphcast_edge_sets(radius_fraction: float = 0.6,
 
 # Grid nodes a target modality's first guess is interpolated from (`InverseDistance`);
 # the synthetic station networks observe the grid through the same nodes
-# (`wnscale.data.stations.NEIGHBOURS`).
+# (`wnscale.data.making.stations.NEIGHBOURS`).
 FIRST_GUESS_NEIGHBOURS = 4
 
 

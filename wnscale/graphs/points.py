@@ -141,7 +141,7 @@ class PointSet:
     spacing = np.sqrt(4 * np.pi * covered / outside)  # radians
     probes = fibonacci_sphere(min(COVERAGE_PROBES, max(1000, 4 * self.size)))
     from scipy import spatial  # noqa: PLC0415 (slow to import: a conversion
-    # imports this module through data.store, and needs no tree)
+    # imports this module through data.reading.store, and needs no tree)
     chord, _ = spatial.cKDTree(self.xyz()).query(probes)
     farthest = int(np.argmax(chord))
     gap = 2 * np.arcsin(min(chord[farthest] / 2, 1.0))

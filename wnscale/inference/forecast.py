@@ -35,13 +35,11 @@ from jax.experimental import multihost_utils
 from wnscale import config as config_lib
 from wnscale import interrupts, paths
 from wnscale import specs as specs_lib
-from wnscale.assembly import Assembly, assemble
-from wnscale.data import cutout
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
-from wnscale.data.run_data import modality_readers, resolve_stats
+from wnscale.assembly import Assembly, assemble_run
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.store import TimeRangeError, time_range
+from wnscale.data.run_data import open_run_data
 from wnscale.data.source import parse_duration
-from wnscale.data.store import TimeRangeError, time_range
 from wnscale.errors import ArgumentError, UserError
 from wnscale.inference import forecast_store
 from wnscale.inference.rollout import StreamingForecaster, live_device_bytes
@@ -242,9 +240,10 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   specs, path = load_run_specs(run, mesh_overrides, data_path, resolution)
   _check_members(specs.model, members)
   d = specs.data
-  store = cutout.open_store(path, d.variables, d.pressure_levels, d.time_step_hours,
-                            d.resolution, forcings=d.stored_forcings,
-                            regional_path=d.regional_path, region=d.region_box)
+  # The initial conditions, normalized with the training run's statistics; each modality's
+  # observations (its inputs at the initial times) aligned with their times.
+  run_data = open_run_data(d, specs.seed, path=path)
+  store = run_data.store
   indices = _init_indices(store, d, path, init_times, init_start, init_end, init_every)
   num_leads = lead_steps(lead, d.time_step_hours)
   leads = pd.timedelta_range(pd.Timedelta(hours=d.time_step_hours), periods=num_leads,
@@ -252,14 +251,9 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
   if step is None and previous is not None:
     step = previous["checkpoint_step"]  # continue with the parameters it was started with
 
-  # Normalized with the training run's statistics; each modality's observations (its
-  # inputs at the initial times) aligned with the initial conditions' times.
-  readers = _modality_readers(specs, store, path)
-  assembly = assemble(specs, store.points, resolve_stats(d), mesh_lib.make_mesh(specs.mesh),
-                      point_sets={reader.name: reader.points for reader in readers},
-                      point_stats={reader.name: reader.stats["targets"] for reader in readers})
+  assembly = assemble_run(specs, run_data, mesh_lib.make_mesh(specs.mesh))
   readers = tuple(reader.in_layout(assembly.layout.point_slots[reader.name])
-                  for reader in readers)
+                  for reader in run_data.readers)
   which = params
   params, step = run.restore_params(assembly.params, step, which)
   logging.info("Restored the parameters of step %d from %s.", step, run.path)
@@ -286,19 +280,6 @@ def _set_up(run: RunDirectory, out: str, lead: str, init_times, init_start, init
       modalities={reader.name: _group_layout(reader) for reader in readers if reader.targets})
   return _Forecast(specs, store, indices, init_datetimes, num_leads, assembly, params, step,
                    output, readers)
-
-
-def _modality_readers(specs: specs_lib.Specs, store, path: str) -> tuple:
-  """`run_data.modality_readers` of the run's modalities at `store`'s times (the initial
-  conditions from `path`), normalized as in training: statistics of the training range of
-  the run's grid store."""
-  d = specs.data
-  if not d.modalities:
-    return ()
-  grid_times = store.times if paths.normalize(path) == paths.normalize(d.path) else \
-      store_formats.open_store(d.path, d.variables, d.pressure_levels, d.time_step_hours).times
-  first, count = time_range(grid_times, d.train_start, d.train_end, d.path)
-  return modality_readers(d, specs.seed, store.times, grid_times[first:first + count])
 
 
 def _group_layout(reader) -> dict:

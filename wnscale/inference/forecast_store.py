@@ -40,10 +40,10 @@ import numpy as np
 import pandas as pd
 
 from wnscale import outputs, paths
-from wnscale.data import observations
 from wnscale.data import variables as variables_lib
-from wnscale.data import writer
-from wnscale.data.store import POINT_DIM, STATIC_DIMS
+from wnscale.data.making import writer
+from wnscale.data.reading import observations
+from wnscale.data.reading.store import POINT_DIM, STATIC_DIMS
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation.datasets import COMPLETED_ATTR, ENSEMBLE, INIT, LEAD
 

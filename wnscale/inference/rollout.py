@@ -29,8 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wnscale.assembly import Assembly
 from wnscale.data import forcings as forcings_lib
-from wnscale.data import store as store_lib
-from wnscale.data.store import WeatherStore
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.store import WeatherStore
 from wnscale.errors import UserError
 from wnscale.inference.nan_fill import NanFill
 from wnscale.model import ensemble

@@ -15,7 +15,8 @@ from __future__ import annotations
 import ml_collections
 
 from wnscale import outputs, paths
-from wnscale.data import netcdf, normalization
+from wnscale.data import netcdf
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.interop import gencast_checkpoint, gencast_config, gencast_params, graphcast_import
 from wnscale.train import run_directory

@@ -35,7 +35,8 @@ from flax import nnx
 
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import netcdf, normalization, run_data
+from wnscale.data import netcdf, run_data
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
 from wnscale.interop import imported_origin

@@ -31,7 +31,7 @@ import ml_collections
 from wnscale import config as config_lib
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import normalization
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.interop import graphcast_checkpoint, graphcast_config, graphcast_params
 from wnscale.train import run_directory

@@ -33,7 +33,8 @@ from flax import nnx
 
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import normalization, run_data
+from wnscale.data import run_data
+from wnscale.data.reading import normalization
 from wnscale.interop import fiddle_json, imported_origin, weathernext2_checkpoint
 from wnscale.interop import weathernext2_params, weathernext2_predictor
 from wnscale.interop.weathernext2_import import CONFIG, REMAINDER

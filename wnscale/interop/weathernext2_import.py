@@ -29,8 +29,9 @@ import xarray as xr
 
 from wnscale import outputs, paths
 from wnscale import specs as specs_lib
-from wnscale.data import netcdf, normalization
+from wnscale.data import netcdf
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import normalization
 from wnscale.errors import ArgumentError, UserError
 from wnscale.interop import fiddle_json, graphcast_import
 from wnscale.interop import weathernext2_checkpoint, weathernext2_config, weathernext2_params

@@ -21,9 +21,9 @@ import numpy as np
 
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import observations
 from wnscale.data import run_data
-from wnscale.data import stations as stations_lib
+from wnscale.data.making import stations as stations_lib
+from wnscale.data.reading import observations
 from wnscale.graphs import points as points_lib
 from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib

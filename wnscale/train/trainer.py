@@ -44,16 +44,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from wnscale import config as config_lib
 from wnscale import compilation_cache, interrupts, paths, progress
+from wnscale import config as config_lib
 from wnscale import specs as specs_lib
-from wnscale.data import cutout
 from wnscale.data import pipeline, prefetch
 from wnscale.data import source as source_lib
-from wnscale.data import store as store_lib
-from wnscale.data.run_data import modality_readers as resolve_modality_readers
-from wnscale.data.run_data import check_store_given, resolve_stats, resolve_store
-from wnscale.assembly import assemble
+from wnscale.data.reading import store as store_lib
+from wnscale.data.run_data import (check_store_given, open_grid_store, open_run_data,
+                                   resolve_stats, resolve_store)
+from wnscale.assembly import assemble_run
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
 from wnscale.model import ensemble, setup
 from wnscale.planner import auto_remat, topology
@@ -224,21 +223,17 @@ def _set_up(specs: specs_lib.Specs, given: dict, run: RunDirectory,
                    if train.eval_every else None)
     # Each modality's observations, at the grid store's times, with the training
     # range's statistics: the same readers for both ranges.
-    readers = resolve_modality_readers(data, specs.seed, source.store.times,
-                                       source.range_times)
-    source = source.with_modalities(readers)
+    run_data = open_run_data(data, specs.seed, store=source.store, stats=statistics)
+    source = source.with_modalities(run_data.readers)
     if eval_source is not None:
-      eval_source = eval_source.with_modalities(readers)
+      eval_source = eval_source.with_modalities(run_data.readers)
     phase["text"] = run_log.describe_data(source, eval_source)
   if specs.model.remat.remat_policy == "auto":  # sized for the longest rollout phase
     chosen = _auto_remat(curriculum.longest_phase_specs(specs))["overrides"]
     specs = dataclasses.replace(specs, model=dataclasses.replace(
         specs.model, remat=dataclasses.replace(specs.model.remat, **chosen)))
 
-  assembly = assemble(specs, source.store.points, source.stats, mesh, params="init",
-                      phase=run_log.phase,
-                      point_sets={reader.name: reader.points for reader in readers},
-                      point_stats={reader.name: reader.stats["targets"] for reader in readers})
+  assembly = assemble_run(specs, run_data, mesh, params="init", phase=run_log.phase)
   layout = assembly.layout
   device_constants, halo_indices = layout.constants(assembly.constants)
   # Data: this process's share (processes holding the same batch rows read the same
@@ -481,11 +476,7 @@ def check_same_data(run: RunDirectory | str, config: ml_collections.ConfigDict,
 def _same_store(before: str, now: str, data: specs_lib.DataSpec) -> bool:
   """Whether the stores at `before` and `now` hold the same variables, levels, times, grid."""
   def describe(path):
-    store = cutout.open_store(path, data.variables, data.pressure_levels,
-                              data.time_step_hours, data.resolution,
-                              forcings=data.stored_forcings,
-                              regional_path=data.regional_path,
-                              region=data.region_box)
+    store = open_grid_store(data, path)
     return store.channel_names, store.times.tolist(), store.points.digest()
   try:
     return describe(before) == describe(now)
@@ -497,10 +488,7 @@ def _check_batch_fits(data: specs_lib.DataSpec, batch_size: int, target_steps: i
   """A batch holds distinct examples of the training range: a `train.batch_size` larger
   than the range's examples is said now, with the numbers (before any statistics or
   compile; not after minutes, as a batch that does not fit in memory)."""
-  store = cutout.open_store(data.path, data.outputs, data.pressure_levels,
-                            data.time_step_hours, data.resolution,
-                            forcings=data.stored_forcings, member=data.member,
-                            regional_path=data.regional_path, region=data.region_box)
+  store = open_grid_store(data, variables=data.outputs, member=data.member)
   first, count = store_lib.time_range(store.times, data.train_start, data.train_end,
                                       data.path)
   window = data.input_steps + max(target_steps, data.target_steps)

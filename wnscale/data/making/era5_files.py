@@ -23,7 +23,8 @@ import numpy as np
 import xarray as xr
 
 from wnscale import paths
-from wnscale.data import hdf5_reads, netcdf
+from wnscale.data import netcdf
+from wnscale.data.making import hdf5_reads
 from wnscale.data.variables import ECMWF_NAMES, SURFACE_GEOPOTENTIAL
 from wnscale.errors import ArgumentError, UserError
 

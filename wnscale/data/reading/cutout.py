@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import tensorstore as ts
 
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 from wnscale.graphs import region as region_lib
 

@@ -10,58 +10,18 @@ code tests for a format itself. A new format is one module and one more entry of
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 import xarray as xr
 
 from wnscale import paths
-from wnscale.data import anemoi
-from wnscale.data import store as store_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import anemoi, weatherbench2_zarr
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.format_interface import StoreFormat
 from wnscale.errors import UserError
 
 
-class StoreFormat(NamedTuple):
-  """A registry entry.
-
-  Attributes:
-    name: the format, as messages and logs name it.
-    recognises: `path -> bool`: the store at `path` (local or a URL) is of this format.
-    open: `(path, variables, levels, time_step_hours, resolution, forcings, member) ->
-      store.WeatherStore`, `open_store`'s arguments (a format without ensemble
-      members or of its own grid leaves `member` or `resolution` unread).
-    dataset: `path -> xr.Dataset`: the store's variables in WeatherBench2's layout, data
-      read on access (`open_dataset`).
-    time_step_hours: `(path, default) -> float`: the store's own time step (`default` for
-      a store of one time).
-    statistics: `(path, time_step_hours) -> xr.Dataset`: the statistics the store carries,
-      in `wnscale.data.normalization`'s layout, diff_std over `time_step_hours` (None: the
-      store's step), as stored (not floored); None: a format that carries none.
-  """
-
-  name: str
-  recognises: Callable[[str], bool]
-  open: Callable[..., store_lib.WeatherStore]
-  dataset: Callable[[str], xr.Dataset]
-  time_step_hours: Callable[[str, float], float]
-  statistics: Callable[[str, float | None], xr.Dataset] | None
-
-
-ANEMOI = StoreFormat(
-    "anemoi-datasets", recognises=anemoi.is_anemoi_store, open=anemoi.open_weather_store,
-    dataset=anemoi.open_as_dataset,
-    time_step_hours=lambda path, default: anemoi.open_anemoi(path).time_step_hours,
-    statistics=lambda path, time_step_hours: anemoi.anemoi_statistics(
-        anemoi.open_anemoi(path), time_step_hours))
-# WeatherBench2's layout, which wnscale writes (launch.make_dataset, the synthetic store):
-# the format of any store no other entry recognises (opening one says what is wrong).
-ZARR = StoreFormat(
-    "zarr (WeatherBench2 layout)", recognises=lambda path: True, open=store_lib.open_zarr,
-    dataset=store_lib.open_metadata, time_step_hours=store_lib.zarr_time_step_hours,
-    statistics=None)
-
 # In the order tried: a store's format is the first entry that recognises it.
-FORMATS = (ANEMOI, ZARR)
+FORMATS = (anemoi.FORMAT, weatherbench2_zarr.FORMAT)
 
 
 def format_of(path: str) -> StoreFormat:
@@ -89,7 +49,7 @@ def open_store(path: str,
       a store on other points says its grid, and this is not used.
     forcings: forcings to read from the store (`variables.FORCING_CHANNELS`
       names, stored like surface variables).
-    member: the ensemble member of an anemoi-datasets store (`data.anemoi`; such
+    member: the ensemble member of an anemoi-datasets store (`data.reading.anemoi`; such
       a store is found by its layout, and its `missing_dates` are `missing`).
 
   The store raises on NaN until its `fill` values are set.
@@ -108,18 +68,11 @@ def open_store(path: str,
     raise UserError(f"Unknown forcing(s) {unknown}; known: {variables_lib.FORCING_CHANNELS}")
   return format_of(path).open(path, variables, levels, time_step_hours, resolution,
                             forcings, member)
-def _format_of(path: str):
-  """`store_formats.format_of(path)`."""
-  # Imported here: the formats' entries open stores as this module's `WeatherStore`.
-  from wnscale.data import store_formats  # noqa: PLC0415
-  return store_formats.format_of(path)
-
-
 
 
 def open_dataset(path: str) -> xr.Dataset:
   """Any store as a lazy xarray Dataset in WeatherBench2's layout (data read on access), as
-  its format's entry describes it: a zarr store as it is (`store.open_metadata`), an
+  its format's entry describes it: a zarr store as it is (`weatherbench2_zarr`), an
   anemoi-datasets store as `anemoi.open_as_dataset` lays it out."""
   return format_of(path).dataset(path)
 

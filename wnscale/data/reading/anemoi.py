@@ -32,8 +32,9 @@ pressure level (`tests/fixtures/anemoi_levels`).
 `open_anemoi` reads the attributes and the small arrays, and opens `data` once through
 tensorstore; `AnemoiStore.view` is an index transform of it in wnscale's internal order
 for one ensemble member. `anemoi_statistics` turns the store's statistics into
-wnscale's normalization format. The format's entry of `store_formats.FORMATS` opens a store
-with `open_weather_store` (for training) and `open_as_dataset` (an xarray Dataset).
+wnscale's normalization format. The format (`FORMAT`, an entry of `store_formats.FORMATS`)
+opens a store with `open_weather_store` (for training) and `open_as_dataset` (an xarray
+Dataset).
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ import xarray as xr
 import zarr
 
 from wnscale import paths
-from wnscale.data import store as store_lib
 from wnscale.data import units as units_lib
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.format_interface import StoreFormat
 from wnscale.errors import ArgumentError, StoreLacks, UserError
 from wnscale.graphs.points import PointSet
 
@@ -572,3 +574,11 @@ def open_as_dataset(path: str) -> xr.Dataset:
   data.update({name: variable(name, ("time",), source.view(name).oindex[present])
                for name in source.surface if name in variables_lib.VARIABLES})
   return xr.Dataset(data, coords=coords)
+
+
+FORMAT = StoreFormat(
+    "anemoi-datasets", recognises=is_anemoi_store, open=open_weather_store,
+    dataset=open_as_dataset,
+    time_step_hours=lambda path, default: open_anemoi(path).time_step_hours,
+    statistics=lambda path, time_step_hours: anemoi_statistics(open_anemoi(path),
+                                                               time_step_hours))

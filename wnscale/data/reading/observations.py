@@ -29,8 +29,8 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, outputs, paths
-from wnscale.data import normalization
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.graphs.points import PointSet
 
@@ -101,7 +101,7 @@ def open_observations(path: str, variables) -> ObservationStore:
   if not paths.exists(path):
     raise UserError(f"Observation store not found: {path}. Make a synthetic network of a "
                     "grid store with python -m launch.make_dataset (or "
-                    "wnscale.data.stations.write_network).")
+                    "wnscale.data.making.stations.write_network).")
   try:
     dataset = xr.open_zarr(path, consolidated=None, decode_timedelta=False)
   except Exception as error:  # noqa: BLE001 (whatever zarr says of a directory that is no store)
@@ -172,7 +172,8 @@ def cached_stats_path(path: str, variables, grid_times) -> str:
   grid_times = np.asarray(grid_times, "datetime64[ns]")
   key = json.dumps([paths.normalize(path), list(variables), str(grid_times[0]),
                     str(grid_times[-1]), int(grid_times.size),
-                    cache.source_digest("data/observations.py", "data/normalization.py")])
+                    cache.source_digest("data/reading/observations.py",
+                                        "data/reading/normalization.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 

@@ -22,7 +22,7 @@ import functools
 
 import pandas as pd
 
-from wnscale.data import convert, era5_files, writer
+from wnscale.data.making import convert, era5_files, writer
 
 # `convert._Plan.read`: total_precipitation_6hr sums the hours t-5 .. t of each time t.
 _SUMMED_HOURS = 6

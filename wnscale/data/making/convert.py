@@ -34,10 +34,10 @@ import pandas as pd
 import xarray as xr
 
 from wnscale import outputs, paths
-from wnscale.data import era5_files, hdf5_reads, writer
-from wnscale.data import store as store_lib
-from wnscale.data.store import CONVERSION_ATTR as CONVERSION
 from wnscale.data import variables as variables_lib
+from wnscale.data.making import era5_files, hdf5_reads, writer
+from wnscale.data.reading import weatherbench2_zarr
+from wnscale.data.reading.weatherbench2_zarr import CONVERSION_ATTR as CONVERSION
 from wnscale.errors import UserError
 from wnscale.progress import WriteProgress
 
@@ -203,7 +203,7 @@ class _Plan:
       for dim, ours, theirs in (("latitude", latitude, grids[0][0]),
                                 ("longitude", longitude, grids[0][1])):
         if ours.shape != theirs.shape or not np.allclose(
-            ours, theirs, rtol=0, atol=store_lib.RESOLUTION_TOLERANCE):
+            ours, theirs, rtol=0, atol=weatherbench2_zarr.RESOLUTION_TOLERANCE):
           raise UserError(f"{path} and {files[0]} have other {dim}s; every file must be on "
                           "the same grid.")
     self.latitude, self.longitude = min(grids, key=_unevenness)

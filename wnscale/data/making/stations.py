@@ -5,7 +5,7 @@ points on the sphere, a share of them on land (a station network is mostly
 there), and values of the grid's fields interpolated to them (inverse-distance
 over the nearest grid nodes) plus Gaussian noise, a fraction missing (NaN).
 `write_network` writes such a network of a grid store as an observation store
-(`wnscale.data.observations`).
+(`wnscale.data.reading.observations`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 from scipy import spatial
 
-from wnscale.data import observations
-from wnscale.data import store as store_lib
-from wnscale.data import store_formats
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import observations
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, edge_sets, grid
 from wnscale.graphs.points import PointSet

@@ -21,7 +21,7 @@ stores it, J m^-2 accumulated over the hour (here the instantaneous proxy of
 (`data.stored_forcings`).
 
 On other points (`grid_name`, e.g. the octahedral reduced Gaussian "O32"): the
-same fields at each point, in the point layout of `store.py` (a `values`
+same fields at each point, in the point layout of `weatherbench2_zarr` (a `values`
 dimension in place of `latitude, longitude`).
 """
 
@@ -34,9 +34,10 @@ import xarray as xr
 import zarr
 
 from wnscale import outputs, paths
-from wnscale.data import forcings, writer
-from wnscale.data import store as store_lib
+from wnscale.data import forcings
 from wnscale.data import variables as variables_lib
+from wnscale.data.making import writer
+from wnscale.data.reading import store as store_lib
 from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs import points as points_lib
@@ -344,8 +345,8 @@ def write_synthetic_store(
 
   On the regular grid of `resolution` (`include_poles`: see `grid.regular_grid`),
   or with `grid_name` (e.g. "O32", "H16": `points.named_grid`) on those points, in
-  the point layout (`store.py`: a `values` dimension, `latitude`, `longitude` and
-  `cell_area` along it; the attribute `grid` names it). With `region`
+  the point layout (`weatherbench2_zarr`: a `values` dimension, `latitude`, `longitude`
+  and `cell_area` along it; the attribute `grid` names it). With `region`
   ("lat0,lat1,lon0,lon1"): a regional store, the regular grid of `resolution`
   inside that box (`store_points`), for a cut-out (`data.regional_path`).
 
@@ -458,7 +459,8 @@ def _chunks(array: xr.DataArray):
 
 
 def _spatial_dims(points: PointSet) -> tuple[str, ...]:
-  """A regular grid's `(latitude, longitude)`, other points' `(values,)` (`store.py`)."""
+  """A regular grid's `(latitude, longitude)`, other points' `(values,)`
+  (`weatherbench2_zarr`)."""
   return store_lib.STATIC_DIMS if points.field_shape else (store_lib.POINT_DIM,)
 
 

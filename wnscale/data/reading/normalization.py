@@ -37,9 +37,10 @@ import numpy as np
 import xarray as xr
 
 from wnscale import cache, paths
-from wnscale.data import netcdf, store_formats
-from wnscale.data import store as store_lib
+from wnscale.data import netcdf
 from wnscale.data import variables as variables_lib
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 
 STATISTICS = ("mean", "std", "diff_std")
@@ -64,9 +65,10 @@ def cached_stats_path(path: str, variables, levels, start: str | None, end: str 
   key = json.dumps([paths.normalize(path), list(variables), [int(v) for v in levels],
                     start or "", end or "", time_step_hours, list(forcings),
                     list(stored_forcings), member,
-                    cache.source_digest("data/normalization.py", "data/store.py",
-                                        "data/forcings.py", "data/anemoi.py",
-                                        "data/store_formats.py")])
+                    cache.source_digest("data/reading/normalization.py", "data/reading/store.py",
+                                        "data/forcings.py", "data/reading/anemoi.py",
+                                        "data/reading/weatherbench2_zarr.py",
+                                        "data/reading/store_formats.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
