@@ -25,7 +25,7 @@ independent per grid node (any grid), also of variance 1.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,11 @@ import numpy as np
 
 from wnscale.model import forecast
 from wnscale.model.graphcast import local_exchange
-from wnscale.model.loss_registry import DiffusionSpec
+from wnscale.model.loss import LossImplementation
 from wnscale.model.sampler import level_quantiles, node_noise
+
+if TYPE_CHECKING:  # the registry imports this module for its entry's implementation
+  from wnscale.model.loss_registry import DiffusionSpec
 
 # Folded into the seed so these draws never coincide with other uses of the seed.
 _STREAM_TAG = 0x444946  # "DIF"
@@ -122,3 +125,7 @@ def loss_sum(model, constants: forecast.Constants, batch: dict,
     per_node = jnp.sum(constants.channel_weights[:, None] * jnp.square(denoised - residuals),
                        axis=1) * constants.node_weights
     return jnp.sum(loss_weighting(levels)[:, None] * per_node)
+
+
+# The implementation of `loss_registry.LOSSES['diffusion']`.
+IMPLEMENTATION = LossImplementation(grid_sum=None, point_sum=None, terms=loss_sum)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wnscale.model import diffusion, ensemble, forecast, rollout_loss
+from wnscale.model import ensemble, forecast, rollout_loss
 from wnscale.model.forecast import Constants
 from wnscale.model.graphcast import GraphCast, local_exchange
 
@@ -105,7 +105,6 @@ def _grid_crps_sum(predictions, targets, constants: Constants, remote):
 # The implementations of the entries of `loss_registry.LOSSES`.
 MSE = LossImplementation(grid_sum=_grid_error_sum, point_sum=point_error_sum)
 CRPS = LossImplementation(grid_sum=_grid_crps_sum, point_sum=point_crps_sum)
-DIFFUSION = LossImplementation(grid_sum=None, point_sum=None, terms=diffusion.loss_sum)
 
 
 def point_weight_sums(batch, point_weights: dict) -> dict:
@@ -123,8 +122,8 @@ def loss_terms(model: GraphCast, constants: Constants, batch, *, loss: LossImple
                remat_steps: bool = False, exchange=local_exchange, remote_members=None):
   """`(the grid's loss summed over examples, lead times and grid nodes, {target modality:
   its point sum})` of a batch, for `loss` (the implementation of an entry of
-  `loss_registry.LOSSES`: `MSE`, `CRPS`, `DIFFUSION`); local sums (under shard_map, of this shard's
-  rows), turned into the mean by `mean_loss`.
+  `loss_registry.LOSSES`: `MSE`, `CRPS`, `diffusion.IMPLEMENTATION`); local sums (under
+  shard_map, of this shard's rows), turned into the mean by `mean_loss`.
 
   Divide the grid's by examples x lead times x grid nodes for its mean. A batch with
   `noise` `[B, M, T, K]` (an FGN's) runs `M` members per example: "mse" averages their

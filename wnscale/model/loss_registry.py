@@ -125,8 +125,8 @@ def _crps() -> LossImplementation:
 
 
 def _diffusion() -> LossImplementation:
-  from wnscale.model import loss  # noqa: PLC0415 (Flax: as _mse)
-  return loss.DIFFUSION
+  from wnscale.model import diffusion  # noqa: PLC0415 (Flax: as _mse)
+  return diffusion.IMPLEMENTATION
 
 
 def _forecaster_check(specs: Specs) -> str | None:
