@@ -9,6 +9,7 @@ A second Ctrl-C during the save, and Ctrl-C to one process of two, are in
 test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -229,6 +230,77 @@ def test_a_ctrl_c_reaches_a_process_waiting_for_process_0_at_once():
     for process in processes:
       process.kill()
       process.wait(timeout=60)
+
+
+def run_late_peers(within: float, **env) -> tuple[Started, int]:
+  """`launch.local_cluster` of 2 `tests/late_peer.py` processes (with `env` added: process 1
+  comes `LATE_S` seconds late to their first collective), run to its end; the launcher
+  and its exit status, once it ends within `within` seconds (else the test fails)."""
+  env = dict(process_env(), **env, PYTHONPATH=os.pathsep.join(
+      [TESTS, os.environ.get("PYTHONPATH", "")]))
+  cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+                     "--num_cpu_devices=4", "--timeout=120", "--module=late_peer"], env=env)
+  try:
+    return cluster, cluster.finish(timeout=within)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"still running {within:.0f} s on: {cluster.stderr[-3000:]}")
+  finally:
+    stop_cluster(cluster)
+
+
+def stop_cluster(cluster: Started):
+  """SIGKILL to the launcher and to the processes it started (one held at JAX's shutdown
+  barrier would not hear the SIGTERM its launcher's death sends)."""
+  try:
+    with open(f"/proc/{cluster.process.pid}/task/{cluster.process.pid}/children") as f:
+      children = [int(pid) for pid in f.read().split()]
+  except OSError:  # the launcher is gone (its processes with it)
+    children = []
+  for pid in children:
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(pid, signal.SIGKILL)
+  cluster.kill()
+
+
+def test_a_process_whose_peer_misses_a_collective_stops_every_process_at_once():
+  """The soak's fault under load (`bench/soak.py --storage=emulator --seed=7`): process 0
+  ran its first step while process 1 was still compiling it; the Gloo rendezvous gave up
+  after 30 s, and process 0 was then held at JAX's shutdown barrier, waiting for process
+  1, for 5 minutes. Here process 1 comes 120 s late: process 0 says so in one line and
+  exits 1 at once, and local_cluster stops process 1 with it (seconds after the 30 s)."""
+  cluster, code = run_late_peers(55, LATE_S="120")
+  assert code == 1, cluster.stderr[-3000:]
+  errors = [line for line in cluster.lines if "error:" in line]
+  assert len(errors) == 1 and errors[0].startswith(
+      "[p0] error: process 0 of 2 stopped: another process did not come to a collective in "
+      "time (UNKNOWN: Gloo context initialization failed"), cluster.stderr[-3000:]
+  assert "type.googleapis.com" not in errors[0]  # gRPC's payload names left out
+  assert "Traceback" not in cluster.stderr and "Shutdown barrier" not in cluster.stderr
+  assert not [line for line in cluster.stdout if "sum" in line]
+
+
+def test_an_unexpected_error_in_one_process_stops_every_process_at_once():
+  """A bug in process 1 (here its `LATE_S` cannot be read) while process 0 waits for it
+  in a collective: process 1 prints its traceback and one line and exits 1 at once
+  (not after JAX's shutdown barrier, which waits for process 0); local_cluster stops
+  process 0, well before its collective would give up (30 s)."""
+  started = time.monotonic()
+  cluster, code = run_late_peers(55, LATE_S="soon")
+  assert code == 1, cluster.stderr[-3000:]
+  errors = [line for line in cluster.lines if "error:" in line]
+  assert errors == ["[p1] error: process 1 of 2 stopped on an unexpected error, ValueError: "
+                    "could not convert string to float: 'soon' (the traceback above); the "
+                    "other processes stop with it.\n"], cluster.stderr[-3000:]
+  assert "[p1] Traceback" in cluster.stderr  # a bug: where it happened
+  assert time.monotonic() - started < 25, cluster.stderr[-3000:]
+
+
+def test_processes_meet_before_their_first_collective():
+  """`coordination.all_reach`, as the trainer does after each compile: process 1 comes
+  33 s late, longer than the Gloo rendezvous waits, and the collective succeeds."""
+  cluster, code = run_late_peers(58, LATE_S="33", MEET="1")
+  assert code == 0, cluster.stderr[-3000:]
+  assert sorted(cluster.stdout) == ["[p0] sum 4\n", "[p1] sum 4\n"], cluster.stderr[-3000:]
 
 
 # Python code run from C where an exception is printed and dropped; `stop()` sends the
