@@ -38,8 +38,9 @@ traceback; in one process of several (`jax.distributed` started) it is followed 
 line, `error: process i of n stopped on an unexpected error, ...`, and the process exits
 1 at once, as it does after a user error, a full disk or an interrupt: not held at JAX's
 shutdown barrier, which waits for every peer (minutes), while its exit is what tells a
-launcher or a scheduler to stop the others. A collective that a peer did not come to
-(JAX's Gloo rendezvous gives up after 30 s) is that line alone: the peer's log says why.
+launcher or a scheduler to stop the others. A collective that a peer left (killed) or
+did not come to (JAX's Gloo rendezvous gives up after 30 s) is that line alone: the
+peer's log says why.
 `--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up, or while its modules are imported) ends it with
 `Interrupted (Ctrl-C).`, exit status 130, even where its handler ran inside a callback
@@ -363,11 +364,10 @@ def _in_a_cluster() -> bool:
   return jax is not None and jax.distributed.is_initialized()
 
 
-# What JAX raises in a process whose peer did not come to a collective or to the
-# coordination service (it failed, was stopped, or is far behind).
-_PEER_MISSING = re.compile(r"Gloo context initialization failed|DEADLINE_EXCEEDED|"
-                           r"Connection closed by peer|another task died|"
-                           r"distributed service detected fatal errors")
+# What JAX raises in a process whose peer left a collective or did not come to it, or
+# to the coordination service (the peer failed, was stopped, or is far behind).
+_PEER_MISSING = re.compile(r"Gloo [\w -]+ failed|DEADLINE_EXCEEDED|Connection (closed|reset) "
+                           r"by peer|another task died|distributed service detected fatal")
 
 
 def _unexpected_in_a_cluster(error: BaseException) -> str:
@@ -378,8 +378,9 @@ def _unexpected_in_a_cluster(error: BaseException) -> str:
   first = (str(error).strip().splitlines() or [""])[0]
   first = re.sub(r"\s*\[type\.googleapis\.com[^\]]*\]", "", first)  # gRPC's payload names
   if isinstance(error, jax.errors.JaxRuntimeError) and _PEER_MISSING.search(str(error)):
-    return (f"error: {who} stopped: another process did not come to a collective in time "
-            f"({first[:160]}); its log says why (a failure, a signal, or far behind). "
+    return (f"error: {who} stopped: another process left a collective or did not come to "
+            f"it in time ({first[:160]}); its log says why (a failure, a signal, or far "
+            "behind). "
             "The run stops; run the same command again to resume from its last checkpoint.")
   if not _traceback_wanted():  # a bug: where it happened, always
     traceback.print_exception(error)

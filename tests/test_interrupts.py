@@ -27,6 +27,7 @@ import gcs
 import numpy as np
 import pytest
 
+from launch import cli
 from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_env, run,
                        snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
@@ -272,8 +273,8 @@ def test_a_process_whose_peer_misses_a_collective_stops_every_process_at_once():
   assert code == 1, cluster.stderr[-3000:]
   errors = [line for line in cluster.lines if "error:" in line]
   assert len(errors) == 1 and errors[0].startswith(
-      "[p0] error: process 0 of 2 stopped: another process did not come to a collective in "
-      "time (UNKNOWN: Gloo context initialization failed"), cluster.stderr[-3000:]
+      "[p0] error: process 0 of 2 stopped: another process left a collective or did not "
+      "come to it in time (UNKNOWN: Gloo context initialization failed"), cluster.stderr[-3000:]
   assert "type.googleapis.com" not in errors[0]  # gRPC's payload names left out
   assert "Traceback" not in cluster.stderr and "Shutdown barrier" not in cluster.stderr
   assert not [line for line in cluster.stdout if "sum" in line]
@@ -293,6 +294,23 @@ def test_an_unexpected_error_in_one_process_stops_every_process_at_once():
                     "other processes stop with it.\n"], cluster.stderr[-3000:]
   assert "[p1] Traceback" in cluster.stderr  # a bug: where it happened
   assert time.monotonic() - started < 25, cluster.stderr[-3000:]
+
+
+@pytest.mark.parametrize("message, peer", [
+    # The soak's (`--seed=1`): process 1 killed outright while process 0 ran a step.
+    ("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "
+     "error [127.0.0.1]:56490: Connection reset by peer", True),
+    ("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed "
+     "out with key: cpu:gloo/0,1,2048,2049/2 and duration: 29.99999996s", True),
+    ("INVALID_ARGUMENT: Executable expected parameter 0 of size 8 but got 4", False)])
+def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
+  """A collective a peer left or never came to is said in one line (the peer's log says
+  why); any other error of JAX's keeps its traceback, as a bug."""
+  import jax  # noqa: PLC0415
+  line = cli._unexpected_in_a_cluster(jax.errors.JaxRuntimeError(message))  # noqa: SLF001
+  assert line.startswith("error: process 0 of 1 stopped")
+  assert ("another process left a collective or did not come to it in time" in line) == peer
+  assert ("(the traceback above)" in line) == (not peer)
 
 
 def test_processes_meet_before_their_first_collective():
