@@ -117,11 +117,15 @@ class Start:
     return sorted(found)
 
   def kill_everything(self):
-    """SIGKILL to the launcher and the training processes of this start."""
-    for pid in [self.process.pid] + self.workers():
+    """SIGKILL to the launcher and the training processes of this start; returns once they
+    are gone, as a scheduler restarts a job (a start right after would find process 0,
+    still exiting, holding the workdir's lock)."""
+    workers = self.workers()
+    for pid in [self.process.pid] + workers:
       with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     self.process.wait(timeout=60)
+    wait_until(lambda: not self.workers(), 60)
 
 
 def names(directory: str) -> list[str]:

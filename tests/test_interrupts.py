@@ -537,9 +537,16 @@ def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path
 
   dead = subprocess.Popen(["true"])
   dead.wait(timeout=30)
+  # Ended, not yet reaped (as a killed run's process 0 whose launcher was killed too, seen
+  # by the soak's restart right after a kill -9): a zombie holds nothing.
+  zombie = subprocess.Popen(["true"])
+  deadline = time.monotonic() + 30
+  while time.monotonic() < deadline and " Z " not in open(f"/proc/{zombie.pid}/stat").read():
+    time.sleep(0.01)
   for record, why in (({"host": "elsewhere", "heartbeat": time.time() - workdir_lib.STALE_S - 1},
                        "its last heartbeat was"),
-                      ({"pid": dead.pid}, "that process is no longer running")):
+                      ({"pid": dead.pid}, "that process is no longer running"),
+                      ({"pid": zombie.pid}, "that process is no longer running")):
     _write_lock(workdir, **record)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -552,6 +559,7 @@ def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path
     assert os.path.exists(lock)
     workdir_lib.unlock(workdir)
     assert not os.path.exists(lock)
+  zombie.wait(timeout=30)
 
 
 def test_metrics_are_appended_and_only_lines_past_the_restored_step_dropped(tmp_path):
