@@ -117,11 +117,15 @@ class Start:
     return sorted(found)
 
   def kill_everything(self):
-    """SIGKILL to the launcher and the training processes of this start."""
-    for pid in [self.process.pid] + self.workers():
+    """SIGKILL to the launcher and the training processes of this start; returns once they
+    are gone, as a scheduler restarts a job (a start right after would find process 0,
+    still exiting, holding the workdir's lock)."""
+    workers = self.workers()
+    for pid in [self.process.pid] + workers:
       with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     self.process.wait(timeout=60)
+    wait_until(lambda: not self.workers(), 60)
 
 
 def names(directory: str) -> list[str]:
@@ -248,27 +252,31 @@ class Soak:
       target = self.rng.randint(done + 1, max(done + 1, last))
       ok = wait_until(lambda: self.last_step(workdir) >= target or not started.running(),
                       self.args.bound, poll=0.1)
-    else:  # while a checkpoint is written
-      ok = wait_until(lambda: self.saving(workdir) or not started.running(), self.args.bound,
-                      poll=0.2 if self.args.storage == "emulator" else 0.01)
+    else:  # while a checkpoint of this start's is written (not one a killed start left)
+      left = self.saving(workdir)
+      ok = wait_until(lambda: self.saving(workdir) - left or not started.running(),
+                      self.args.bound, poll=0.2 if self.args.storage == "emulator" else 0.01)
     return ok and started.running()
 
-  def saving(self, workdir: str) -> bool:
-    """Whether a checkpoint is being written: Orbax's temporary directory on a disk; in a
-    bucket (written in place), a step without its `commit_success.txt` yet."""
+  def saving(self, workdir: str) -> set[str]:
+    """The checkpoints being written, or left unfinished: Orbax's temporary directories on
+    a disk; in a bucket (written in place), the steps without their `commit_success.txt`."""
     from wnscale import paths  # noqa: PLC0415
     directory = paths.join(workdir, "checkpoints")
     try:
       found = names(directory)
       if not paths.is_url(directory):
-        return any("tmp" in name for name in found)
-      return any(name.isdigit() and not paths.exists(paths.join(
-          directory, name, "commit_success.txt")) for name in found)
+        return {name for name in found if "tmp" in name}
+      return {name for name in found if name.isdigit() and not paths.exists(paths.join(
+          directory, name, "commit_success.txt"))}
     except Exception:  # noqa: BLE001 (not there yet)
-      return False
+      return set()
 
   def inject(self, started: Start, fault: Fault, workdir: str):
     kind = fault.kind
+    # The training processes, once the launcher has started them (a fault to one of them
+    # is not to be lost on a start that has only just begun).
+    wait_until(lambda: len(started.workers()) == PROCESSES or not started.running(), 60)
     workers = started.workers()
     if kind.startswith(("kill", "term", "int")) and kind != "kill_launcher":
       signum = SIGNALS[kind.split("_")[0]]

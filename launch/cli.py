@@ -34,7 +34,14 @@ of that name (`--init_every=24: ...`), of that config key
 (`--config.train.init_from=...`), or of `_FLAG_NAMES`; so is each argument a
 library message names between backquotes (`overwrite=True` as `--overwrite`).
 Any other exception is a bug and keeps its
-traceback. `--help` exits 0. A Ctrl-C that the launcher's own loop does not
+traceback; in one process of several (`jax.distributed` started) it is followed by one
+line, `error: process i of n stopped on an unexpected error, ...`, and the process exits
+1 at once, as it does after a user error, a full disk or an interrupt: not held at JAX's
+shutdown barrier, which waits for every peer (minutes), while its exit is what tells a
+launcher or a scheduler to stop the others. A collective that a peer left (killed) or
+did not come to (JAX's Gloo rendezvous gives up after 30 s) is that line alone: the
+peer's log says why.
+`--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up, or while its modules are imported) ends it with
 `Interrupted (Ctrl-C).`, exit status 130, even where its handler ran inside a callback
 that Python cannot raise from (`_raise_swallowed_interrupt`). An interrupted launcher
@@ -51,7 +58,6 @@ killed writer of that output left beside it (`outputs.remove_leftovers`, one lin
 
 from __future__ import annotations
 
-import atexit
 import functools
 import glob
 import logging
@@ -227,7 +233,7 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
   previous_unraisable = sys.unraisablehook
   sys.unraisablehook = ours = functools.partial(_raise_swallowed_interrupt,
                                                 previous_unraisable)
-  interrupted = None  # the exit status of an interrupt, once its line is said
+  leave_with = None  # the exit status to leave with at once, once its line is said
   try:
     app.run(main, flags_parser=lambda argv: _parse_flags(argv, required, writes_workdir,
                                                          unknown_flag_hint, lock_workdir, held))
@@ -242,14 +248,21 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
     # An interrupted zarr or tensorstore call leaves its asyncio task pending: not news.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     _say(error, line)
-    interrupted = 128 + (signal.Signals[name].value if name else signal.SIGINT.value)
+    leave_with = 128 + (signal.Signals[name].value if name else signal.SIGINT.value)
   except Exception as error:  # noqa: BLE001 (re-raised unless the user's mistake or a full disk)
     user_error = _user_error(error)
     full_disk = None if user_error else no_space(error)
+    if user_error is None and full_disk is None and not _in_a_cluster():
+      raise  # a bug: its traceback, as Python shows it
     if user_error is None and full_disk is None:
-      raise
-    message = _message(user_error) if user_error else str(full_disk)
-    _exit_with_line(error, f"error: {' '.join(message.split())}", 2 if user_error else 1)
+      line, status = _unexpected_in_a_cluster(error), 1
+    else:
+      message = _message(user_error) if user_error else str(full_disk)
+      line, status = f"error: {' '.join(message.split())}", 2 if user_error else 1
+    _say(error, line)
+    if not _in_a_cluster():
+      sys.exit(status)
+    leave_with = status
   finally:
     for workdir in held:
       if isinstance(workdir, tuple):
@@ -259,12 +272,14 @@ def run(main, required: tuple[str, ...] = (), writes_workdir: bool = True,
     _restore_handlers(previous_handlers)  # ours in sys.unraisablehook passes all on now
     if sys.unraisablehook is ours:  # not wrapped since (`_quiet_libraries`)
       sys.unraisablehook = previous_unraisable
-  if interrupted is not None:
+  if leave_with is not None:
     # Nothing more to keep (the lock is given back above): gone now, not after the
     # threads' queued work (a store's pending writes to a bucket: seconds), JAX's
-    # shutdown barrier, nor by SIGINT instead of 130 (Python's way after a
-    # KeyboardInterrupt that went through an `exec`, as in dataclasses).
-    _leave_at_once(interrupted)
+    # shutdown barrier (minutes: it waits for every peer, while they work on or wait for
+    # this one; this exit is what tells a launcher or a scheduler to stop them), nor by
+    # SIGINT instead of 130 (Python's way after a KeyboardInterrupt that went through an
+    # `exec`, as in dataclasses).
+    _leave_at_once(leave_with)
 
 
 def _restore_handlers(previous_handlers: dict):
@@ -343,19 +358,34 @@ def _inside_unraisable_hook(frame) -> bool:
   return False
 
 
-def _exit_with_line(error: BaseException, line: str, status: int):
-  """Prints `line` (after the traceback, if asked for) and exits with `status`.
-
-  A process of a multi-process job leaves without JAX's exit handlers: they wait for
-  every peer at a shutdown barrier (minutes, while the peers work on or wait for this
-  one); its exit is what tells a launcher (`launch.local_cluster`, a scheduler) to stop
-  the others. The `finally` blocks between here and the interpreter's exit still run.
-  """
-  _say(error, line)
+def _in_a_cluster() -> bool:
+  """Whether this process is one of a multi-process job (`jax.distributed` started)."""
   jax = sys.modules.get("jax")
-  if jax is not None and jax.distributed.is_initialized():
-    atexit.register(_leave_at_once, status)  # the last registered runs first
-  sys.exit(status)
+  return jax is not None and jax.distributed.is_initialized()
+
+
+# What JAX raises in a process whose peer left a collective or did not come to it, or
+# to the coordination service (the peer failed, was stopped, or is far behind).
+_PEER_MISSING = re.compile(r"Gloo [\w -]+ failed|DEADLINE_EXCEEDED|Connection (closed|reset) "
+                           r"by peer|another task died|distributed service detected fatal")
+
+
+def _unexpected_in_a_cluster(error: BaseException) -> str:
+  """The line of an unexpected error in one process of several: its traceback is kept
+  (printed above the line) unless a peer's absence caused it, which only its log tells."""
+  import jax  # noqa: PLC0415 (in a cluster, imported already)
+  who = f"process {jax.process_index()} of {jax.process_count()}"
+  first = (str(error).strip().splitlines() or [""])[0]
+  first = re.sub(r"\s*\[type\.googleapis\.com[^\]]*\]", "", first)  # gRPC's payload names
+  if isinstance(error, jax.errors.JaxRuntimeError) and _PEER_MISSING.search(str(error)):
+    return (f"error: {who} stopped: another process left a collective or did not come to "
+            f"it in time ({first[:160]}); its log says why (a failure, a signal, or far "
+            "behind). "
+            "The run stops; run the same command again to resume from its last checkpoint.")
+  if not _traceback_wanted():  # a bug: where it happened, always
+    traceback.print_exception(error)
+  return (f"error: {who} stopped on an unexpected error, {type(error).__name__}: "
+          f"{first[:200]} (the traceback above); the other processes stop with it.")
 
 
 def _say(error: BaseException, line: str):

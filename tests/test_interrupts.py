@@ -9,6 +9,7 @@ A second Ctrl-C during the save, and Ctrl-C to one process of two, are in
 test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import gcs
 import numpy as np
 import pytest
 
+from launch import cli
 from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_env, run,
                        snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
@@ -229,6 +231,94 @@ def test_a_ctrl_c_reaches_a_process_waiting_for_process_0_at_once():
     for process in processes:
       process.kill()
       process.wait(timeout=60)
+
+
+def run_late_peers(within: float, **env) -> tuple[Started, int]:
+  """`launch.local_cluster` of 2 `tests/late_peer.py` processes (with `env` added: process 1
+  comes `LATE_S` seconds late to their first collective), run to its end; the launcher
+  and its exit status, once it ends within `within` seconds (else the test fails)."""
+  env = dict(process_env(), **env, PYTHONPATH=os.pathsep.join(
+      [TESTS, os.environ.get("PYTHONPATH", "")]))
+  cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+                     "--num_cpu_devices=4", "--timeout=120", "--module=late_peer"], env=env)
+  try:
+    return cluster, cluster.finish(timeout=within)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"still running {within:.0f} s on: {cluster.stderr[-3000:]}")
+  finally:
+    stop_cluster(cluster)
+
+
+def stop_cluster(cluster: Started):
+  """SIGKILL to the launcher and to the processes it started (one held at JAX's shutdown
+  barrier would not hear the SIGTERM its launcher's death sends)."""
+  try:
+    with open(f"/proc/{cluster.process.pid}/task/{cluster.process.pid}/children") as f:
+      children = [int(pid) for pid in f.read().split()]
+  except OSError:  # the launcher is gone (its processes with it)
+    children = []
+  for pid in children:
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(pid, signal.SIGKILL)
+  cluster.kill()
+
+
+def test_a_process_whose_peer_misses_a_collective_stops_every_process_at_once():
+  """The soak's fault under load (`bench/soak.py --storage=emulator --seed=7`): process 0
+  ran its first step while process 1 was still compiling it; the Gloo rendezvous gave up
+  after 30 s, and process 0 was then held at JAX's shutdown barrier, waiting for process
+  1, for 5 minutes. Here process 1 comes 120 s late: process 0 says so in one line and
+  exits 1 at once, and local_cluster stops process 1 with it (seconds after the 30 s)."""
+  cluster, code = run_late_peers(55, LATE_S="120")
+  assert code == 1, cluster.stderr[-3000:]
+  errors = [line for line in cluster.lines if "error:" in line]
+  assert len(errors) == 1 and errors[0].startswith(
+      "[p0] error: process 0 of 2 stopped: another process left a collective or did not "
+      "come to it in time (UNKNOWN: Gloo context initialization failed"), cluster.stderr[-3000:]
+  assert "type.googleapis.com" not in errors[0]  # gRPC's payload names left out
+  assert "Traceback" not in cluster.stderr and "Shutdown barrier" not in cluster.stderr
+  assert not [line for line in cluster.stdout if "sum" in line]
+
+
+def test_an_unexpected_error_in_one_process_stops_every_process_at_once():
+  """A bug in process 1 (here its `LATE_S` cannot be read) while process 0 waits for it
+  in a collective: process 1 prints its traceback and one line and exits 1 at once
+  (not after JAX's shutdown barrier, which waits for process 0); local_cluster stops
+  process 0, well before its collective would give up (30 s)."""
+  started = time.monotonic()
+  cluster, code = run_late_peers(55, LATE_S="soon")
+  assert code == 1, cluster.stderr[-3000:]
+  errors = [line for line in cluster.lines if "error:" in line]
+  assert errors == ["[p1] error: process 1 of 2 stopped on an unexpected error, ValueError: "
+                    "could not convert string to float: 'soon' (the traceback above); the "
+                    "other processes stop with it.\n"], cluster.stderr[-3000:]
+  assert "[p1] Traceback" in cluster.stderr  # a bug: where it happened
+  assert time.monotonic() - started < 25, cluster.stderr[-3000:]
+
+
+@pytest.mark.parametrize("message, peer", [
+    # The soak's (`--seed=1`): process 1 killed outright while process 0 ran a step.
+    ("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "
+     "error [127.0.0.1]:56490: Connection reset by peer", True),
+    ("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed "
+     "out with key: cpu:gloo/0,1,2048,2049/2 and duration: 29.99999996s", True),
+    ("INVALID_ARGUMENT: Executable expected parameter 0 of size 8 but got 4", False)])
+def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
+  """A collective a peer left or never came to is said in one line (the peer's log says
+  why); any other error of JAX's keeps its traceback, as a bug."""
+  import jax  # noqa: PLC0415
+  line = cli._unexpected_in_a_cluster(jax.errors.JaxRuntimeError(message))  # noqa: SLF001
+  assert line.startswith("error: process 0 of 1 stopped")
+  assert ("another process left a collective or did not come to it in time" in line) == peer
+  assert ("(the traceback above)" in line) == (not peer)
+
+
+def test_processes_meet_before_their_first_collective():
+  """`coordination.all_reach`, as the trainer does after each compile: process 1 comes
+  33 s late, longer than the Gloo rendezvous waits, and the collective succeeds."""
+  cluster, code = run_late_peers(58, LATE_S="33", MEET="1")
+  assert code == 0, cluster.stderr[-3000:]
+  assert sorted(cluster.stdout) == ["[p0] sum 4\n", "[p1] sum 4\n"], cluster.stderr[-3000:]
 
 
 # Python code run from C where an exception is printed and dropped; `stop()` sends the
@@ -447,9 +537,16 @@ def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path
 
   dead = subprocess.Popen(["true"])
   dead.wait(timeout=30)
+  # Ended, not yet reaped (as a killed run's process 0 whose launcher was killed too, seen
+  # by the soak's restart right after a kill -9): a zombie holds nothing.
+  zombie = subprocess.Popen(["true"])
+  deadline = time.monotonic() + 30
+  while time.monotonic() < deadline and " Z " not in open(f"/proc/{zombie.pid}/stat").read():
+    time.sleep(0.01)
   for record, why in (({"host": "elsewhere", "heartbeat": time.time() - workdir_lib.STALE_S - 1},
                        "its last heartbeat was"),
-                      ({"pid": dead.pid}, "that process is no longer running")):
+                      ({"pid": dead.pid}, "that process is no longer running"),
+                      ({"pid": zombie.pid}, "that process is no longer running")):
     _write_lock(workdir, **record)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -462,6 +559,7 @@ def test_the_workdir_lock_names_a_live_holder_and_takes_over_a_gone_one(tmp_path
     assert os.path.exists(lock)
     workdir_lib.unlock(workdir)
     assert not os.path.exists(lock)
+  zombie.wait(timeout=30)
 
 
 def test_metrics_are_appended_and_only_lines_past_the_restored_step_dropped(tmp_path):

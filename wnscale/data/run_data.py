@@ -20,9 +20,8 @@ import time
 
 import jax
 import xarray as xr
-from jax._src import distributed  # the coordination service client, as Orbax uses it
 
-from wnscale import cache, outputs, paths
+from wnscale import cache, coordination, outputs, paths
 from wnscale.data import variables as variables_lib
 from wnscale.data.making import stations, synthetic
 from wnscale.data.reading import cutout
@@ -34,7 +33,6 @@ from wnscale.progress import size_text
 # How long a process waits for process 0 to write a synthetic store or compute
 # statistics (a 0.25 deg training range can take a while) before giving up.
 WAIT_FOR_PROCESS_0_S = 3 * 3600.0
-WAIT_SLICE_S = 0.5  # the longest a Ctrl-C waits while the others wait for process 0
 
 
 def synthetic_store_path(data, seed: int) -> str:
@@ -308,7 +306,7 @@ def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PRO
   """
   if jax.process_count() == 1:
     return make()
-  client = distributed.global_state.client
+  client = coordination.client()
   key = f"wnscale/{key}"
   if jax.process_index() == 0:
     try:
@@ -319,17 +317,7 @@ def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PRO
     blob = encode(result) if encode else result
     client.key_value_set_bytes(key, b"ok " + blob, allow_overwrite=True)
     return decode(blob) if decode else result  # what the others decode, to the bit
-  deadline = time.monotonic() + timeout_s
-  while True:  # in slices: the wait holds off this process's Ctrl-C until it returns
-    try:
-      reply = client.blocking_key_value_get_bytes(
-          key, max(1, int(1000 * min(WAIT_SLICE_S, deadline - time.monotonic()))))
-      break
-    except Exception as error:  # the client raises a generic error on a deadline
-      if "DEADLINE_EXCEEDED" in str(error) and time.monotonic() < deadline:
-        continue
-      raise TimeoutError(f"Process {jax.process_index()} waited {timeout_s:.0f} s for "
-                         f"process 0 to {what}; it did not finish: {error}") from error
+  reply = coordination.wait_for_key(key, timeout_s, f"process 0 to {what}")
   status, _, result = reply.partition(b" ")
   if status != b"ok":
     raise RuntimeError(f"Process 0 could not {what}: {result.decode()}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from wnscale import coordination
 from wnscale.data import pipeline
 from wnscale.model import setup
 from wnscale.sharding.layout import BATCH_SPECS, ShardedLayout
@@ -76,8 +77,11 @@ class Evaluator:
                                          setup.batch_dtype(self.specs.model))
         if self.noise is not None:
           batch["noise"] = self.noise
-        grid, points = self.eval_step(params, self.constants, self.halo_indices, batch,
-                                      self.std)
+        arguments = (params, self.constants, self.halo_indices, batch, self.std)
+        if not isinstance(self.eval_step, jax.stages.Compiled):  # the first evaluation
+          self.eval_step = self.eval_step.lower(*arguments).compile()
+          coordination.all_reach("eval step compiled")  # as the train step's
+        grid, points = self.eval_step(*arguments)
         sums = sums + grid
         point_sums = {name: (point_sums[name][0] + squared, point_sums[name][1] + count)
                       if name in point_sums else (squared, count)

@@ -44,7 +44,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from wnscale import compilation_cache, interrupts, paths, progress
+from wnscale import compilation_cache, coordination, interrupts, paths, progress
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline, prefetch
@@ -336,6 +336,8 @@ def _train(t: _Training, closing: contextlib.ExitStack, run_start: float) -> dic
         train_step = t.train_step.lower(state, *t.constants, batch).compile()
         if compilation_cache.hits() > loaded:
           details["text"] = "loaded from the persistent compilation cache"
+      with clock.left_out():  # all compiled before the step's collectives (`coordination`)
+        coordination.all_reach("train step compiled")
       times["compile"] += time.perf_counter() - compile_start
     with clock.step():
       state, metrics = train_step(state, *t.constants, batch)

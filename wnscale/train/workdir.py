@@ -162,13 +162,19 @@ def _why_gone(holder: dict) -> str | None:
 
 
 def _running(pid) -> bool:
+  """Whether process `pid` of this host runs (a zombie, ended but not yet reaped by its
+  parent, does not: a killed run's process 0 whose launcher was killed too)."""
   try:
     os.kill(int(pid), 0)
   except (ProcessLookupError, TypeError, ValueError):
     return False
   except PermissionError:  # another user's process
     return True
-  return True
+  try:
+    with open(f"/proc/{int(pid)}/stat") as f:  # "pid (name) state ...", Linux only
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return True
 
 
 _HELD: dict[str, _Lock] = {}
