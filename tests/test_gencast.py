@@ -325,4 +325,4 @@ def test_example_predictions_of_the_denoiser_are_refused_in_one_line(imported, t
   result = run_launcher("predict_example", f"--workdir={run}", f"--example={FIXTURE}/example.nc",
                         f"--out={tmp_path}/predictions.nc")
   assert_user_error(result, "model.denoiser_noise_frequencies=32: example predictions of "
-                    "GenCast's denoiser are not built yet", "launch.forecast --members=N")
+                    "GenCast's denoiser are not built yet", "launch.forecast with members")
