@@ -8,7 +8,9 @@ coordinator port, `--platform=cpu` and each process's share of
 process id (`[p0] ...`, stdout to stdout, stderr to stderr), leaving out Gloo's
 connection messages unless `--gloo_messages`; if one process fails, stops the
 others; exits with the first failure's code (2: a mistake in the input; 128 + N
-for a process ended by signal N, as a shell reports it).
+for a process ended by signal N, as a shell reports it). Of failures seen at once, a
+signal from outside or a mistake in the input is the cause; another process's exit 1
+(a peer left) or abort followed it.
 
 Ctrl-C, SIGTERM and SIGHUP reach the processes as from a terminal: each is passed
 on to every process (they run in a process group of their own, so a terminal's
@@ -60,6 +62,14 @@ def _forward(process_id: int, stream, out, gloo_messages: bool):
       out.flush()
 
 
+def _cause_first(returncode: int) -> int:
+  """Sort key of exit codes seen in one poll: a signal from outside (a kill, SIGTERM,
+  SIGINT, SIGHUP) or a mistake in the input (2) caused the run's end; an exit 1 (another
+  process left) or an abort (the coordination service gone) followed it."""
+  external = (-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
+  return 0 if returncode in external else 1 if returncode == 2 else 2
+
+
 def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: list[str],
                 timeout: float, gloo_messages: bool = False) -> int:
   """Starts the processes, waits for all, returns 0 or the first nonzero exit code."""
@@ -92,11 +102,12 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
     while None in [p.poll() for p in processes]:  # each polled: any() would stop at one
       failed = [p.returncode for p in processes if p.returncode not in (None, 0)]
       if failed or time.monotonic() > deadline:
-        code = failed[0] if failed else 124
+        code = min(failed, key=_cause_first) if failed else 124
         break
       time.sleep(0.2)
-    else:
-      code = next((p.returncode for p in processes if p.returncode), 0)
+    else:  # all ended between two polls
+      code = min((p.returncode for p in processes if p.returncode), key=_cause_first,
+                 default=0)
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
