@@ -102,8 +102,10 @@ def main():
   parser.add_argument("--wn2_mini_remat", default="processor_every_3",
                       help="wn2_mini_step's remat: a planner candidate's name, or auto")
   parser.add_argument("--aggregations", default="auto",
-                      help="model.aggregation values to measure, comma-separated: each model "
-                           "step runs each (side by side where there is a reference)")
+                      help="variants to measure, comma-separated, each a model.aggregation "
+                           "value maybe followed by /key=value of other model keys that change "
+                           "how the step computes (fused/scan_layers=false): each model step "
+                           "runs each (side by side where there is a reference)")
   parser.add_argument("--timed_steps", type=int, default=5, help="timed runs of each step")
   parser.add_argument("--step_timeout", type=float, default=1800,
                       help="seconds each step may take")
@@ -271,13 +273,16 @@ def side_by_side(args, mode, record):
 def paper_step(args, mode, record):
   """GraphCast's paper model, one example on one device: its train step with the step's
   remat setting, once per `--aggregations` entry."""
+  _bench_imports()
+  import reference_speed  # noqa: PLC0415
   from wnscale import config as config_lib  # noqa: PLC0415
   if args.cpu:
     config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
   else:
     config = config_lib.graphcast_paper_config(PAPER[args.step])
   _train_steps(args, config, getattr(args, f"{args.step}_remat"), record,
-               [dict(aggregation=name) for name in args.aggregations.split(",")])
+               [reference_speed.variant_overrides(name, config.model)
+                for name in args.aggregations.split(",")])
 
 
 def _train_steps(args, config, remat: str, record, variants, details=lambda step: {}):

@@ -141,13 +141,29 @@ def _one_device_training_step(config, constants, positions, batch, params):
                    halo_indices, problems.device_batch(layout, batch))
 
 
+def variant_overrides(variant: str, model) -> dict:
+  """The `model` overrides of a variant: an aggregation name, then any `/key=value` of other
+  keys that change how the step computes, e.g. `fused/scan_layers=false` (values of the
+  type of `model`'s, the config section)."""
+  name, *others = variant.split("/")
+  overrides = {"aggregation": name}
+  for entry in others:
+    key, _, text = entry.partition("=")
+    if key not in model:
+      raise SystemExit(f"variant {variant!r}: model has no key {key!r}")
+    kind = type(model[key])
+    overrides[key] = text.lower() in ("1", "true") if kind is bool else kind(text)
+  return overrides
+
+
 def compare(config, points, repeats: int, profile: bool = False, with_reference: bool = True,
             aggregations: tuple[str, ...] = ()) -> dict:
   """The reference's and wnscale's loss + gradient step on `config`'s problem (batch 1),
   timed alternately.
 
-  `aggregations`: wnscale's step once per `model.aggregation` named (default: the
-  config's), side `wnscale` for the first, `wnscale_<name>` for the others. Returns
+  `aggregations`: wnscale's step once per variant named (`variant_overrides`: a
+  `model.aggregation`, maybe with other model keys; default: the config's aggregation),
+  side `wnscale` for the first, `wnscale_<variant>` for the others. Returns
   `{side: figures, "time_ratio", "memory_ratio"}` (the ratios: wnscale's first side to the
   reference's, with the reference): each side's step seconds (median and all), compiled
   peak and temporaries (GiB), compile seconds; wnscale's also its FLOP rates and, with
@@ -162,7 +178,7 @@ def compare(config, points, repeats: int, profile: bool = False, with_reference:
   for index, name in enumerate(aggregations or (config.model.aggregation,)):
     side = "wnscale" if index == 0 else f"wnscale_{name}"
     variants[side] = config.copy_and_resolve_references()
-    variants[side].model.aggregation = name
+    variants[side].model.update(variant_overrides(name, config.model))
     programs[side] = _one_device_training_step(variants[side], constants, positions, batch,
                                                params)
   if with_reference:
@@ -190,6 +206,7 @@ def compare(config, points, repeats: int, profile: bool = False, with_reference:
     side["step_seconds"] = statistics.median(side["step_seconds_all"])
     if name in variants:
       side["aggregation"] = variants[name].model.aggregation
+      side["scan_layers"] = variants[name].model.scan_layers
       side.update(step_figures.measure(
           programs[name], runs[name], times=side["step_seconds_all"], profile=profile,
           graphcast=step_figures.graphcast_flops(config, graphs.counts()),

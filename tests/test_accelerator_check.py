@@ -24,7 +24,9 @@ def _results(out) -> list[dict]:
 
 
 def test_every_step_records_its_figures_on_the_cpu(tmp_path):
-  result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2")
+  # Each model step as one variant: an aggregation and another key of how it computes.
+  result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2",
+                  "--aggregations=auto/scan_layers=false")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   assert "10 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
@@ -42,6 +44,7 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
     side = by_step[name][0]
     ours = side["wnscale"]
     assert ours["step_seconds"] > 0 and ours["compiled_peak_gib"] > 0
+    assert ours["aggregation"] == "auto" and ours["scan_layers"] is False
     assert ours["hardware_tflops_per_second"] > 0 and ours["graphcast_tflop"] > 0
     assert ours["device_seconds"] > 0 and sum(ours["op_seconds"].values()) > 0
     # The reference is no dependency of this project: compared where importable.
@@ -54,6 +57,7 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
     assert record["step_seconds"] > 0 and record["compiled_peak_gib"] > 0
     assert record["hardware_tflops_per_second"] > 0 and record["graphcast_tflop"] > 0
     assert record["op_seconds"]["dot/conv"] > 0
+    assert record["aggregation"] == "auto" and record["scan_layers"] is False
   # Recomputation: the paper scheme does more arithmetic than no remat, GraphCast's count not.
   paper = by_step["paper_0p25"][0]
   assert paper["graphcast_tflop"] == pytest.approx(planned["graphcast_tflop"])

@@ -66,13 +66,17 @@ VARIANTS = {
     # The edge step as one kernel per receiver block (Pallas's interpreter here).
     "every_3_dots_fused": dict(remat_mesh_gnn=True, mesh_remat_every=3,
                                remat_policy="dots_saveable", aggregation="fused"),
-    "every_3_offload_dots_grid_blocks_7": dict(remat_mesh_gnn=True, mesh_remat_every=3,
-                                               remat_policy="offload_dots", grid_blocks=7),
+    # A Python loop over the groups (3, then 1) instead of a scan.
+    "every_3_offload_dots_grid_blocks_7_loop": dict(remat_mesh_gnn=True, mesh_remat_every=3,
+                                                    remat_policy="offload_dots", grid_blocks=7,
+                                                    scan_layers=False),
     "every_4_everything_edge_chunks_4": dict(remat_mesh_gnn=True, mesh_remat_every=4,
                                              remat_policy="everything_saveable",
                                              edge_chunks=4),
-    "edge_chunks_7_mesh_edge_chunks_7": dict(edge_chunks=ODD_CHUNKS[0],
-                                             mesh_edge_chunks=MESH_EDGE_CHUNKS[0]),
+    # The layers in a Python loop, no checkpoint.
+    "edge_chunks_7_mesh_edge_chunks_7_loop": dict(edge_chunks=ODD_CHUNKS[0],
+                                                  mesh_edge_chunks=MESH_EDGE_CHUNKS[0],
+                                                  scan_layers=False),
     "all_three_grid_blocks": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3),
     # The paper's scheme, with the mesh edges in blocks too.
     "paper_scheme_mesh_edge_chunks": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3,
@@ -84,11 +88,12 @@ def test_every_option_is_covered():
   """Each policy and each blocking knob appears in some case."""
   used = {key: {str(v[key]) for v in VARIANTS.values() if key in v}
           for key in ("remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks",
-                      "mesh_edge_chunks", "aggregation")}
+                      "mesh_edge_chunks", "aggregation", "scan_layers")}
   assert used["remat_policy"] >= set(remat_policies.POLICIES) - {"nothing_saveable"} | {NAMES}
   assert used["mesh_remat_every"] == {"2", "3", "4"}
   assert {"7", "4"} <= used["edge_chunks"] and "7" in used["grid_blocks"]
   assert "7" in used["mesh_edge_chunks"] and used["aggregation"] == {"matmul", "fused"}
+  assert used["scan_layers"] == {"False"}
 
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):

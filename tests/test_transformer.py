@@ -192,8 +192,9 @@ REMAT_VARIANTS = {
     "processor_dots_no_batch": dict(remat_mesh_gnn=True,  # one checkpoint per block
                                     remat_policy="dots_with_no_batch_dims_saveable"),
     "processor_offload_dots": dict(remat_mesh_gnn=True, remat_policy="offload_dots"),
-    # 3 blocks: a group of 2 plus a remainder of 1.
-    "every_2_dots": dict(remat_mesh_gnn=True, mesh_remat_every=2, remat_policy="dots_saveable"),
+    # 3 blocks: a group of 2 plus a remainder of 1, in a Python loop (not a scan).
+    "every_2_dots_loop": dict(remat_mesh_gnn=True, mesh_remat_every=2,
+                              remat_policy="dots_saveable", scan_layers=False),
     # The transformer's own checkpoint names.
     "all_three_names": dict(ALL_STAGES, remat_policy=NAMES),
     # 97 divides no shard's edge count: the last block is padded.

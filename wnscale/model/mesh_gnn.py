@@ -102,7 +102,8 @@ class MeshGNN(nnx.Module):
     carry = (vary_like(mesh, edge_latents), vary_like(edge_latents, mesh))
     return remat.scan_layers(one_layer, carry, stacked_state,
                              checkpoint=spec.remat.remat_mesh_gnn,
-                             every=spec.remat.mesh_remat_every, policy=self.policy)[0]
+                             every=spec.remat.mesh_remat_every, policy=self.policy,
+                             scan=spec.remat.scan_layers)[0]
 
 
 def _cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:

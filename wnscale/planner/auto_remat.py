@@ -3,7 +3,7 @@
 Candidates are data (below), ranked by the FLOPs they add (`planner.flops`);
 each is compiled in that order until one's per-device peak memory fits the
 budget. The decision is cached on disk by a hash of everything it depends on:
-the specs' model, data and mesh (less the remat keys), the batch and its
+the specs' model, data and mesh (less the remat keys a candidate sets), the batch and its
 micro-batches (`train.accumulation_steps`: the step measured runs one at a time), the
 rollout remat, the target, the budget, the jax version and wnscale's sources
 (`wnscale.cache.source_digest`).
@@ -27,7 +27,9 @@ from wnscale.planner.compile import Problem, StepBuilder
 from wnscale.planner.topology import GIB, Target
 
 _ALL = dict.fromkeys(specs_lib.RematSpec.STAGES, True)  # every stage checkpointed
-_NONE = specs_lib.RematSpec.defaults()  # no remat: nothing checkpointed, nothing in blocks
+# The remat keys a candidate sets (not scan_layers: how the layers loop is the run's own).
+_CHOSEN = tuple(key for key in specs_lib.RematSpec.config_keys() if key != "scan_layers")
+_NONE = {key: specs_lib.RematSpec.defaults()[key] for key in _CHOSEN}  # nothing checkpointed
 CANDIDATES = {
     "none": {},
     "edge_chunks": dict(edge_chunks=4),
@@ -72,9 +74,8 @@ def ranked_candidates(specs: specs_lib.Specs, graphs, num_devices, names=None
 
 
 def _cache_path(specs: specs_lib.Specs, target: Target, budget: int) -> str:
-  remat_keys = specs_lib.RematSpec.config_keys()
   model = {key: value for key, value in specs.model.section_values().items()
-           if key not in remat_keys}
+           if key not in _CHOSEN}
   # Only what changes the compiled step: a new learning rate reuses the plan.
   train = specs.train
   key = json.dumps([model, dataclasses.asdict(specs.data), dataclasses.asdict(specs.mesh),
