@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
@@ -51,13 +52,12 @@ def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool
     stacked_state: the layers' `nnx.State`, every leaf `[num_layers, ...]`.
   """
   num_layers = jax.tree.leaves(stacked_state)[0].shape[0]
-  rows = lambda start, stop: jax.tree.map(lambda x: x[start:stop], stacked_state)
 
   def layers(carry, states):
     if scan:
       return jax.lax.scan(lambda c, s: (apply_layer(c, s), None), carry, states)[0]
-    for index in range(jax.tree.leaves(states)[0].shape[0]):
-      carry = apply_layer(carry, jax.tree.map(lambda x: x[index], states))
+    for layer_state in _unstacked(states, jnp.unstack):
+      carry = apply_layer(carry, layer_state)
     return carry
 
   if not checkpoint:
@@ -67,8 +67,9 @@ def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool
       policy=policy)
   per_group = min(every, num_layers)
   if not scan:
-    for start in range(0, num_layers, per_group):
-      carry = group(carry, rows(start, start + per_group))
+    starts = list(range(per_group, num_layers, per_group))
+    for group_state in _unstacked(stacked_state, lambda x: jnp.split(x, starts)):
+      carry = group(carry, group_state)
     return carry
   num_groups, remainder = divmod(num_layers, per_group)
   grouped = jax.tree.map(
@@ -76,5 +77,16 @@ def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool
       stacked_state)
   carry, _ = jax.lax.scan(lambda c, s: (group(c, s), None), carry, grouped)
   if remainder:
-    carry = group(carry, rows(num_groups * per_group, num_layers))
+    carry = group(carry, jax.tree.map(lambda x: x[num_groups * per_group:], stacked_state))
   return carry
+
+
+def _unstacked(stacked_state, split: Callable) -> list:
+  """`stacked_state` cut along its leading axis by `split` (`x -> [pieces]`), as one state
+  per piece. One split per leaf, not a slice per piece: its gradient is one stack or
+  concatenate of the pieces' gradients, where slices would each pad theirs to the whole
+  `[num_layers, ...]` and add them up."""
+  leaves, treedef = jax.tree.flatten(stacked_state)
+  pieces = [split(leaf) for leaf in leaves]
+  return [treedef.unflatten([leaf_pieces[index] for leaf_pieces in pieces])
+          for index in range(len(pieces[0]))]
