@@ -150,8 +150,8 @@ def test_unknown_key_is_rejected_with_the_nearest_key():
   with pytest.raises(UserError, match="Unknown config key 'model.latent'; did you mean "
                      "model.latent_size?"):
     config_lib.validate(config)
-  with pytest.raises(UserError, match=r"'model.num_layers'\. Every key"):  # nothing close
-    config_lib.check_key("model.num_layers")
+  with pytest.raises(UserError, match=r"'model.depth'\. Every key"):  # nothing close
+    config_lib.check_key("model.depth")
   with pytest.raises(UserError, match="'trian.steps'; did you mean train.steps?"):
     config_lib.check_key("trian.steps")
   with pytest.raises(UserError, match="'train.step'; did you mean train.steps?"):
