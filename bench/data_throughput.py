@@ -37,7 +37,7 @@ from wnscale.data.making import synthetic  # noqa: E402
 from wnscale.data.reading import normalization  # noqa: E402
 from wnscale.graphs.points import PointSet  # noqa: E402
 
-VARIABLES = tuple(variables.VARIABLES)
+VARIABLES = tuple(v.name for v in variables.ATMOSPHERIC_VARIABLES + variables.SURFACE_VARIABLES)
 LEVELS = variables.WB2_LEVELS_13
 INPUT_STEPS, TARGET_STEPS = 2, 1
 
@@ -158,8 +158,9 @@ def main():
           f"in {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()
     config = config_lib.default_config()
-    config.data.update(path=path, variables=VARIABLES, pressure_levels=LEVELS, train_start="",
-                       train_end="", input_steps=INPUT_STEPS, target_steps=TARGET_STEPS)
+    config.data.update(path=path, resolution=1.0, variables=VARIABLES, pressure_levels=LEVELS,
+                       train_start="", train_end="", input_steps=INPUT_STEPS,
+                       target_steps=TARGET_STEPS)
     ours = pipeline.make_source(specs_lib.from_config(config).data, "train")
     print(f"statistics (one pass) in {time.perf_counter() - start:.1f} s; "
           f"{len(ours)} examples of {ours.store.num_grid_nodes} nodes x "
