@@ -28,15 +28,16 @@ import absl.flags  # noqa: E402
 import numpy as np  # noqa: E402
 import xarray as xr  # noqa: E402
 
+from wnscale import config as config_lib  # noqa: E402
+from wnscale import specs as specs_lib  # noqa: E402
 from wnscale.data import forcings  # noqa: E402
 from wnscale.data import pipeline  # noqa: E402
-from wnscale.data import source as source_lib  # noqa: E402
 from wnscale.data import variables  # noqa: E402
 from wnscale.data.making import synthetic  # noqa: E402
 from wnscale.data.reading import normalization  # noqa: E402
 from wnscale.graphs.points import PointSet  # noqa: E402
 
-VARIABLES = tuple(variables.VARIABLES)
+VARIABLES = tuple(v.name for v in variables.ATMOSPHERIC_VARIABLES + variables.SURFACE_VARIABLES)
 LEVELS = variables.WB2_LEVELS_13
 INPUT_STEPS, TARGET_STEPS = 2, 1
 
@@ -156,9 +157,11 @@ def main():
     print(f"wrote 1 deg store ({args.days * 4} times, {len(LEVELS)} levels) "
           f"in {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()
-    ours = source_lib.WeatherExampleSource(
-        path, VARIABLES, LEVELS, input_steps=INPUT_STEPS,
-        target_steps=TARGET_STEPS)
+    config = config_lib.default_config()
+    config.data.update(path=path, resolution=1.0, variables=VARIABLES, pressure_levels=LEVELS,
+                       train_start="", train_end="", input_steps=INPUT_STEPS,
+                       target_steps=TARGET_STEPS)
+    ours = pipeline.make_source(specs_lib.from_config(config).data, "train")
     print(f"statistics (one pass) in {time.perf_counter() - start:.1f} s; "
           f"{len(ours)} examples of {ours.store.num_grid_nodes} nodes x "
           f"{ours.store.num_channels} channels")

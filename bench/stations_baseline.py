@@ -53,7 +53,7 @@ def restored(workdir: str, readers):
   source = pipeline.make_source(data, "eval")
   point_sets = {reader.name: reader.points for reader in readers
                 if reader.name in [m.name for m in data.modalities]}
-  assembly = assemble(specs, source.store.points, source.stats,
+  assembly = assemble(specs, source.store.points, source.normalization,
                       mesh_lib.single_device_mesh(), point_sets=point_sets,
                       point_stats={reader.name: reader.stats["targets"] for reader in readers})
   params, _ = RunDirectory(workdir).restore_params(assembly.abstract_params)
@@ -84,7 +84,7 @@ def main():
   reader = readers[0]
   source = pipeline.make_source(data, "eval").with_modalities(readers)
   channels = [source.store.channel_names.index(name) for name in reader.targets]
-  mean, std = (source.channel_stats[s][channels] for s in ("mean", "std"))
+  mean, std = source.normalization.mean[channels], source.normalization.std[channels]
   point_mean, point_std = (reader.stats["targets"][s] for s in ("mean", "std"))
   models = {name: restored(workdir, readers)[1] for name, workdir in workdirs.items()}
   columns = ("stations model: station outputs", "stations model: grid interpolated",

@@ -21,10 +21,11 @@ import gcs
 import numpy as np
 import pytest
 import zarr
+from problems import data_spec
 from tiny_runs import REPO, process_env, read_metrics
 
 from wnscale import paths
-from wnscale.data import source as source_lib
+from wnscale.data import pipeline
 from wnscale.data.reading import anemoi
 from wnscale.data.reading import normalization
 from wnscale.data.reading import store_formats
@@ -359,9 +360,9 @@ def test_open_store_reads_points_and_a_regular_grid_member_as_anemoi_does():
 
 
 def test_missing_dates_are_in_no_example_and_statistics_come_from_the_store():
-  source = source_lib.WeatherExampleSource(
-      _store("anemoi_members"), ("temperature",), (500,), member=1,
-      start="2020-01-01", end="2020-01-02T06")
+  source = pipeline.make_source(data_spec(
+      path=_store("anemoi_members"), variables=("temperature",), pressure_levels=(500,),
+      member=1, train_start="2020-01-01", train_end="2020-01-02T06"), "train")
   missing = set(np.flatnonzero(source.store.missing))
   assert missing and len(source) == sum(
       not missing & set(range(s, s + source.window)) for s in range(6 - source.window + 1))

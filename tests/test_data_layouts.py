@@ -24,7 +24,6 @@ import xarray as xr
 from problems import data_spec
 
 from wnscale.data import pipeline
-from wnscale.data import source as source_lib
 from wnscale.data.reading import normalization
 from wnscale.data.reading import store_formats
 
@@ -147,7 +146,8 @@ def test_every_layout_gives_the_same_batches(stores):
   batches = {}
   for name, path in stores.items():
     data = _data_config(path)
-    source = source_lib.WeatherExampleSource(path, VARIABLES, LEVELS, stats=stats)
+    source = pipeline.make_source(data, "train",
+                                  norm=normalization.Normalization.from_stats(data, stats))
     for grid_slots in (None, slots):
       train = pipeline.make_pipeline(data, "train", batch_size=3, seed=5, process_index=0,
                                      process_count=1, source=source.in_layout(grid_slots))
@@ -209,7 +209,7 @@ def test_stats_path_feeds_the_source(stores):
   for split in ("train", "eval"):
     source = pipeline.make_source(data, split)
     mean = xr.load_dataset(os.path.join(GRAPHCAST_STATS, "mean_by_level.nc"))
-    assert source.channel_stats["mean"][0] == np.float32(mean["temperature"].sel(level=850))
+    assert source.normalization.mean[0] == np.float32(mean["temperature"].sel(level=850))
 
 
 def test_bad_stats_path_is_named(tmp_path):

@@ -6,9 +6,10 @@ import pickle
 import numpy as np
 import pytest
 import xarray as xr
+from problems import data_spec
 
 from wnscale.data import forcings
-from wnscale.data import source as source_lib
+from wnscale.data import pipeline
 from wnscale.data.making import synthetic
 from wnscale.data.reading import normalization
 from wnscale.graphs.points import PointSet
@@ -85,10 +86,16 @@ def test_channel_stats_layout_and_floor(store_path):
   assert statics["mean"].shape == (2,)
 
 
+def _source(store_path, **data):
+  """The source of the train split of `data`, by default the whole store and `VARIABLES`."""
+  data = dict(variables=VARIABLES, train_start="", train_end="") | data
+  return pipeline.make_source(data_spec(path=store_path, pressure_levels=LEVELS, **data),
+                              "train")
+
+
 @pytest.fixture(scope="module")
 def source(store_path):
-  return source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS,
-                                         input_steps=2, target_steps=2)
+  return _source(store_path, input_steps=2, target_steps=2)
 
 
 def test_example_shapes(source):
@@ -117,7 +124,7 @@ def test_example_values_match_xarray(source, store_path):
       values = values.expand_dims("level", axis=1)
     columns.append(values.values.reshape(4, -1, 32 * 64))
   state = np.concatenate(columns, axis=1)
-  stats = source.channel_stats
+  stats = source.normalization.channel_stats
   expected = (state - stats["mean"][:, None]) / stats["std"][:, None]
   example = source[index]
   np.testing.assert_allclose(example["inputs"], expected[:2], rtol=1e-5,
@@ -132,9 +139,9 @@ def test_example_values_match_xarray(source, store_path):
   np.testing.assert_array_equal(example["statics"][1],
                                 dataset["land_sea_mask"].values.reshape(-1))
   geopotential = dataset["geopotential_at_surface"].values.reshape(-1)
-  np.testing.assert_allclose(
-      example["statics"][0] * source.static_stats["std"][0] +
-      source.static_stats["mean"][0], geopotential, rtol=1e-5, atol=1e-2)
+  statics = normalization.static_stats(source.normalization.stats)
+  np.testing.assert_allclose(example["statics"][0] * statics["std"][0] + statics["mean"][0],
+                             geopotential, rtol=1e-5, atol=1e-2)
 
 
 def test_examples_past_the_end_are_not_produced(source):
@@ -146,8 +153,7 @@ def test_examples_past_the_end_are_not_produced(source):
 
 
 def test_time_range_selects_examples(store_path):
-  ranged = source_lib.WeatherExampleSource(
-      store_path, VARIABLES, LEVELS, start="2020-01-02", end="2020-01-02")
+  ranged = _source(store_path, train_start="2020-01-02", train_end="2020-01-02")
   assert len(ranged) == 4 - 3 + 1
   assert ranged.example_times(0)[0] == np.datetime64("2020-01-02T00")
   assert ranged.example_times(1)[-1] == np.datetime64("2020-01-02T18")
@@ -156,8 +162,7 @@ def test_time_range_selects_examples(store_path):
 def test_too_few_times_for_one_example(store_path):
   with pytest.raises(ValueError, match=r"has 2 time\(s\) at 6 h; one example "
                      r"needs 3 \(2 input \+ 1 target\)"):
-    source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS,
-                                    start="2020-01-03T06", end="2020-01-03T12")
+    _source(store_path, train_start="2020-01-03T06", train_end="2020-01-03T12")
 
 
 def test_source_pickles_with_a_stable_repr(source):
@@ -172,8 +177,7 @@ def test_grid_slots_reorder_and_pad_every_array(source, store_path):
   rng = np.random.default_rng(0)
   slots = np.concatenate([rng.permutation(32 * 64), [-1, -1, -1]])
   rng.shuffle(slots)
-  slotted = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, input_steps=2,
-                                            target_steps=2, grid_slots=slots)
+  slotted = source.in_layout(slots)
   # The WB2 layout: the gather also flips latitude.
   assert np.diff(xr.open_zarr(store_path)["latitude"].values)[0] < 0
   natural, example = source[4], slotted[4]
@@ -188,11 +192,10 @@ def test_graphcast_data_contract(store_path):
   """Target-only variables, solar radiation read from the store, every input normalized:
   GraphCast's `InputsAndResiduals`, with statistics computed from the store (forcings
   included) as well as read."""
-  kwargs = dict(target_only_variables=("total_precipitation_6hr",),
-                stored_forcings=("toa_incident_solar_radiation",), input_normalization="all")
   state = VARIABLES[:-1]
-  source = source_lib.WeatherExampleSource(store_path, state, LEVELS, input_steps=2,
-                                           target_steps=2, **kwargs)
+  source = _source(store_path, variables=state, target_only_variables=VARIABLES[-1:],
+                   stored_forcings=("toa_incident_solar_radiation",),
+                   input_normalization="all", input_steps=2, target_steps=2)
   stats = normalization.load_or_compute_stats(
       store_path, VARIABLES, LEVELS, forcings=source.forcings,
       stored_forcings=source.stored_forcings)
@@ -211,7 +214,7 @@ def test_graphcast_data_contract(store_path):
   rain = window["total_precipitation_6hr"].values[2:].reshape(2, -1)
   np.testing.assert_allclose(example["targets"][:, -1], normalized("total_precipitation_6hr",
                                                                    rain), rtol=1e-5, atol=1e-5)
-  scale = normalization.residual_scale(source.channel_stats, source.num_state_channels)
+  scale = source.normalization.residual_scale
   assert scale[-1] == 1.0 and scale[0] != 1.0
   # Forcings: the store's radiation, the computed progresses, all normalized.
   radiation = window["toa_incident_solar_radiation"].values.reshape(4, -1)
@@ -229,6 +232,6 @@ def test_graphcast_data_contract(store_path):
   np.testing.assert_allclose(example["statics"][1], normalized("land_sea_mask", mask),
                              rtol=1e-5, atol=1e-5)
   # With "state" normalization the mask and the forcings enter as they are.
-  plain = source_lib.WeatherExampleSource(store_path, state, LEVELS)[2]
+  plain = _source(store_path, variables=state)[2]
   np.testing.assert_array_equal(plain["statics"][1], mask)
   assert plain["forcings"].shape[1] == 5 and np.abs(plain["forcings"]).max() <= 1.04

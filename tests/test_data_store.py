@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 import xarray as xr
 import zarr
+from problems import data_spec
 
-from wnscale.data import source as source_lib
+from wnscale.data import pipeline
 from wnscale.data.making import synthetic
 from wnscale.data.reading import normalization
 from wnscale.data.reading import store_formats
@@ -215,17 +216,22 @@ def test_a_nan_in_the_time_range_stops_the_source_as_it_opens(tmp_path):
   assert np.isnan(first[[0, 2]]).all() and first[1] == last[1] == hour
   with pytest.raises(UserError, match=r"'temperature@850' at time 2020-01-03T06.*"
                      r"data.fill_nan=True"):
-    source_lib.WeatherExampleSource(path, ["temperature"], LEVELS, start="2020-01-02",
-                                    end="2020-01-03")
+    _temperature_source(path, train_start="2020-01-02", train_end="2020-01-03")
   # Outside the range the NaN is never read: the source opens.
-  source_lib.WeatherExampleSource(path, ["temperature"], LEVELS, start="2020-01-01",
-                                  end="2020-01-02")
+  _temperature_source(path, train_start="2020-01-01", train_end="2020-01-02")
+
+
+def _temperature_source(path, **data):
+  """The source of the train split of `path`'s temperature (by default all its times)."""
+  data = dict(train_start="", train_end="") | data
+  return pipeline.make_source(data_spec(path=path, variables=("temperature",),
+                                        pressure_levels=LEVELS, **data), "train")
 
 
 def test_fill_nan_uses_the_channel_mean(nan_store):
-  source = source_lib.WeatherExampleSource(nan_store, ["temperature"], LEVELS, fill_nan=True)
+  source = _temperature_source(nan_store, fill_nan=True)
   store = source.store
-  np.testing.assert_array_equal(store.fill["temperature"], source.channel_stats["mean"])
+  np.testing.assert_array_equal(store.fill["temperature"], source.normalization.mean)
   state = store.read_state([2])
   # Row 4 from the north of 32 is row 27 from the south.
   assert state[0, 1, 27 * 64 + 5] == store.fill["temperature"][1]

@@ -13,7 +13,6 @@ import pytest
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data import pipeline
-from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 from wnscale.model import setup
 from wnscale.train import checkpoint, trainer
@@ -48,8 +47,7 @@ def test_init_from_an_imported_run_with_other_mesh_and_remat(imported, fine_tune
   source = pipeline.make_source(specs.data, "train")
   points = source.store.points
   constants = setup.make_constants(specs.data, setup.graphs_for_grid(
-      specs.model, points), points, normalization.residual_scale(source.channel_stats,
-                                                                 source.num_state_channels))
+      specs.model, points), points, source.normalization.residual_scale)
   graphdef, _ = setup.init_model_shapes(specs)
   expected = mean_loss(graphdef, params, constants, source.read_batch([0]))
   np.testing.assert_allclose(losses[1], float(expected), rtol=1e-5)

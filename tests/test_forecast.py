@@ -17,12 +17,12 @@ import pytest
 import xarray as xr
 from flax import nnx
 
-from problems import device_batch, random_batch, spread_members
+from problems import data_spec, device_batch, random_batch, spread_members
 from tiny_runs import REPO, process_env
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import source as source_lib
+from wnscale.data import pipeline
 from wnscale.data.making import synthetic
 from wnscale.errors import UserError
 from wnscale.graphs import grid
@@ -92,7 +92,9 @@ def store_source(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("store") / "era5.zarr")
   synthetic.write_synthetic_store(path, resolution=5.625, start="2020-01-01",
                                   end="2020-01-04", levels=(500, 700, 850), seed=3)
-  source = source_lib.WeatherExampleSource(path, VARIABLES, LEVELS, target_steps=LEADS)
+  source = pipeline.make_source(data_spec(path=path, variables=VARIABLES, pressure_levels=LEVELS,
+                                          target_steps=LEADS, train_start="", train_end=""),
+                                "train")
   return path, source
 
 
@@ -102,14 +104,14 @@ def test_streaming_forecast_equals_rollout_of_the_store_example(store_source):
   _, source = store_source
   config = small_config(target_steps=LEADS)
   graphdef, params = setup.init_model(specs_lib.from_config(config))
-  stats = source.channel_stats
+  stats = source.normalization.channel_stats
   index = 5  # the example whose inputs end at store time index + 1
   example = {k: v[None] for k, v in source[index].items()}
   results = []
   for graph in (1, 4):
     config.mesh.update(data=1, graph=graph)
     specs = specs_lib.from_config(config)
-    assembly = assemble(specs, source.store.points, source.stats,
+    assembly = assemble(specs, source.store.points, source.normalization.stats,
                         mesh_lib.make_mesh(specs.mesh, jax.devices()[:graph]))
     constants = assembly.constants
     np.testing.assert_allclose(constants.residual_scale, stats["diff_std"] / stats["std"])

@@ -8,10 +8,8 @@ from flax import nnx
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
-from wnscale.data import run_data
-from wnscale.data import source as source_lib
+from wnscale.data import pipeline, run_data
 from wnscale.data.making import synthetic
-from wnscale.data.reading import normalization
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.inference import predictor
@@ -53,12 +51,11 @@ def model(store_path, request):
   config.data.path = store_path
   specs = specs_lib.from_config(config)
   stats = run_data.resolve_stats(specs.data)
-  source = source_lib.WeatherExampleSource(store_path, VARIABLES, LEVELS, target_steps=2,
-                                           stats=stats, **run_data.data_layout(specs.data))
+  source = pipeline.make_source(specs.data, "train")
   assembly = assemble(specs, source.store.points, stats, mesh_lib.single_device_mesh(),
                       params="init")
-  np.testing.assert_array_equal(assembly.constants.residual_scale, normalization.residual_scale(
-      source.channel_stats, source.num_state_channels))
+  np.testing.assert_array_equal(assembly.constants.residual_scale,
+                                source.normalization.residual_scale)
   run = predictor.Predictor(specs, assembly, assembly.params)
   return source, assembly.graphdef, assembly.params, assembly.constants, run
 
@@ -69,7 +66,7 @@ def test_predictor_matches_pure_rollout(store_path, model):
   times = source.example_times(3)
   pure = forecast.rollout(nnx.merge(graphdef, params), constants,
                           {k: v[None] for k, v in example.items()})
-  stats = source.channel_stats
+  stats = source.normalization.channel_stats
   pure = np.asarray(pure)[0] * stats["std"][:, None] + stats["mean"][:, None]
 
   dataset = xr.open_zarr(store_path)

@@ -10,10 +10,9 @@ import pytest
 
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.data import run_data
+from wnscale.data import pipeline, run_data
 from wnscale.data.making import stations, synthetic
-from wnscale.data.reading import observations
-from wnscale.data.source import WeatherExampleSource
+from wnscale.data.reading import observations, store_formats
 from wnscale.errors import ArgumentError, UserError
 
 from problems import data_spec
@@ -38,7 +37,7 @@ def test_the_store_is_read_in_station_order_at_the_grid_times(grid_store, tmp_pa
   The statistics are the training times' (NaN skipped), cached; the source's examples hold
   the inputs at the input times and the targets at the target time, in the layout's point
   order with padding missing."""
-  grid_times = WeatherExampleSource(grid_store, [T2M, MSL], ()).store.times
+  grid_times = store_formats.open_store(grid_store, [T2M, MSL], ()).times
   assert len(grid_times) == 12
   ids = np.array(["C", "A", "E", "B", "D"])
   rng = np.random.default_rng(0)
@@ -80,7 +79,9 @@ def test_the_store_is_read_in_station_order_at_the_grid_times(grid_store, tmp_pa
                                values[MSL][obs_row[grid]][by_id], rtol=1e-6)
   assert np.isnan(got[6:10, 1, 1]).all()  # station "B"
 
-  source = WeatherExampleSource(grid_store, [T2M, MSL], (), input_steps=2, target_steps=1)
+  source = pipeline.make_source(data_spec(path=grid_store, variables=(T2M, MSL),
+                                          pressure_levels=(), train_start="", train_end=""),
+                                "train")
   slots = np.array([4, -1, 0, 1, 2, 3])
   source = source.with_modalities([reader]).in_layout(None, {"stations": slots})
   batch = source.read_batch([2, 0])
@@ -117,7 +118,7 @@ def test_make_dataset_writes_a_station_network_of_a_grid_store(grid_store, tmp_p
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"wrote {out} (300 stations" in result.stdout
   store = observations.open_observations(out, [T2M, MSL])
-  grid = WeatherExampleSource(grid_store, [T2M, MSL], ()).store
+  grid = store_formats.open_store(grid_store, [T2M, MSL], ())
   np.testing.assert_array_equal(store.times, grid.times)
   for name, channel in ((T2M, 0), (MSL, 1)):
     observed = store.values[name]

@@ -281,8 +281,8 @@ def test_forecasts_fill_the_nan_of_sea_surface_temperature_as_weathernext2(tmp_p
                      nan_fill_values=("sea_surface_temperature:271.0",))
   specs = specs_lib.from_config(config_lib.validate(config))
   source = pipeline.make_source(specs.data, "train")
-  assembly = assemble(specs, source.store.points, source.stats, mesh_lib.single_device_mesh(),
-                      params="init")
+  assembly = assemble(specs, source.store.points, source.normalization,
+                      mesh_lib.single_device_mesh(), params="init")
   streamed = {lead: grid for lead, grid, _ in StreamingForecaster(
       specs, assembly, assembly.params, source.store).run([3], 2)}
   dataset = xr.open_zarr(path).sortby("latitude")

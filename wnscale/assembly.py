@@ -30,40 +30,7 @@ from wnscale.graphs.points import PointSet
 from wnscale.model import forecast, setup
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding.layout import ShardedLayout
-from wnscale.specs import DataSpec, Specs
-
-
-@dataclasses.dataclass(frozen=True)
-class Normalization:
-  """How a run's model sees physical values: its outputs' scale and its inputs' scales.
-
-  Attributes:
-    mean, std: `[C_out]` float32 of the output channels (the state, then the
-      target-only ones): output = normalized * std + mean.
-    diff_std: `[C_out]` the std of one step's change.
-    num_state: how many of the output channels are the state (fed back).
-    input_scales: the forcings' and statics' (`normalization.InputScales`).
-  """
-
-  mean: np.ndarray
-  std: np.ndarray
-  diff_std: np.ndarray
-  num_state: int
-  input_scales: normalization.InputScales
-
-  @classmethod
-  def from_stats(cls, data: DataSpec, stats: xr.Dataset) -> Normalization:
-    """Of the run's data spec and its statistics (`normalization.py` format)."""
-    table = normalization.channel_stats(stats, data.outputs, data.pressure_levels)
-    return cls(table["mean"], table["std"], table["diff_std"], len(data.state_channels),
-               normalization.input_scales(stats, data.forcings, data.input_normalization,
-                                          data.global_forcings))
-
-  @property
-  def residual_scale(self) -> np.ndarray:
-    """`[C_out]` what the network's outputs are scaled by (`normalization.residual_scale`)."""
-    return normalization.residual_scale({"diff_std": self.diff_std, "std": self.std},
-                                        self.num_state)
+from wnscale.specs import Specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +54,7 @@ class Assembly:
   layout: ShardedLayout
   graphdef: object
   params: object
-  normalization: Normalization | None
+  normalization: normalization.Normalization | None
 
   @property
   def replicated(self) -> jax.sharding.NamedSharding:
@@ -116,7 +83,8 @@ def _silent(_: str) -> ContextManager[dict]:
   return contextlib.nullcontext({})
 
 
-def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mesh, *,
+def assemble(specs: Specs, points: PointSet,
+             stats: xr.Dataset | normalization.Normalization | None, mesh: Mesh, *,
              params: str | None = "shapes",
              phase: Callable[[str], ContextManager[dict]] = _silent,
              point_sets: dict[str, PointSet] | None = None,
@@ -126,8 +94,9 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
 
   Args:
     points: where the model runs: the grid's points (a store's `points`).
-    stats: the run's normalization statistics (`normalization.py` format);
-      None: a residual scale of 1 (enough for shapes and compiles).
+    stats: the run's normalization statistics (`normalization.py` format), or their
+      `normalization.Normalization` already made (`run_data.RunData`'s); None: a residual
+      scale of 1 (enough for shapes and compiles).
     mesh: the `(data, graph)` mesh.
     params: "init": the parameters initialized (from `config.seed`); "shapes":
       abstract (`Assembly.params`); None: no model (graphdef and parameters
@@ -147,7 +116,8 @@ def assemble(specs: Specs, points: PointSet, stats: xr.Dataset | None, mesh: Mes
                     "do not yet.")
   graphs = setup.graphs_for_grid(specs.model, points, modalities=specs.data.modalities,
                                  point_sets=point_sets)  # logs built or from cache
-  norm = None if stats is None else Normalization.from_stats(specs.data, stats)
+  norm = (normalization.Normalization.from_stats(specs.data, stats)
+          if isinstance(stats, xr.Dataset) else stats)
   residual_scale = (np.ones(len(specs.data.output_channels), np.float32)
                     if norm is None else norm.residual_scale)
   lacking = [m.name for m in specs.data.modalities
@@ -180,7 +150,7 @@ def assemble_run(specs: Specs, data: RunData, mesh: Mesh, **kwargs) -> Assembly:
   """`assemble` on the grid store's points, normalized with the run's statistics, with each
   modality's points and target statistics from its reader (`run_data.open_run_data`).
   `kwargs`: `assemble`'s `params` and `phase`."""
-  return assemble(specs, data.store.points, data.stats, mesh,
+  return assemble(specs, data.store.points, data.normalization, mesh,
                   point_sets={reader.name: reader.points for reader in data.readers},
                   point_stats={reader.name: reader.stats["targets"] for reader in data.readers},
                   **kwargs)

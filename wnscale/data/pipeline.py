@@ -20,10 +20,10 @@ import dataclasses
 
 import grain
 import jax
-import numpy as np
 
 from wnscale.data import run_data
 from wnscale.data import source as source_lib
+from wnscale.data.reading import normalization
 from wnscale.errors import UserError
 
 
@@ -32,7 +32,7 @@ class DataPipeline:
   """What `from_config` builds.
 
   Attributes:
-    source: the example source (its `channel_stats` feed the model and loss).
+    source: the example source (its `normalization` feeds the model and loss).
     dataset: this process's `grain.MapDataset` of example indices (unbatched).
     iterator: yields per-process batches: dicts of `[batch, ...]` float32
       (see `source.py` for the keys); has `get_state`/`set_state`.
@@ -106,26 +106,25 @@ def make_iterator(source,
   return iter(iter_dataset)
 
 
-def make_source(data, split: str, grid_slots: np.ndarray | None = None,
-                stats=None, indexed_target_steps: int | None = None
-                ) -> source_lib.WeatherExampleSource:
-  """The example source of `split` ("train" or "eval") of `data`, a `wnscale.specs.DataSpec`.
+def make_source(data, split: str, *, store=None, norm=None,
+                indexed_target_steps: int | None = None) -> source_lib.WeatherExampleSource:
+  """The example source of `split` ("train" or "eval") of `data`, a `wnscale.specs.DataSpec`
+  (`source.WeatherExampleSource`), with a time range the store lacks said in the config's
+  keys.
 
-  Both splits are normalized with `stats`, default the training range's
-  (`run_data.resolve_stats`). `indexed_target_steps`: examples counted as if this
-  long (a rollout curriculum's longest phase: `WeatherExampleSource`).
+  `store`: `data`'s grid store, already open (default `run_data.open_example_store`).
+  `norm`: the run's `normalization.Normalization`, the same for both splits (default that
+  of the training range's statistics, `run_data.resolve_stats`). `indexed_target_steps`:
+  examples counted as if this long (a rollout curriculum's longest phase).
   """
-  start, end = data.split_range(split)
-  if stats is None:
-    stats = run_data.resolve_stats(data)
+  data.split_range(split)  # a clear error for an unknown split, before any reading
+  if store is None:
+    store = run_data.open_example_store(data)
+  if norm is None:
+    norm = normalization.Normalization.from_stats(data, run_data.resolve_stats(data))
   with run_data.config_range(split):
-    return source_lib.WeatherExampleSource(
-        data.path, data.variables, data.pressure_levels, input_steps=data.input_steps,
-        target_steps=data.target_steps, start=start, end=end,
-        time_step_hours=data.time_step_hours, fill_nan=data.fill_nan,
-        resolution=data.resolution, grid_slots=grid_slots, stats=stats, member=data.member,
-        indexed_target_steps=indexed_target_steps, regional_path=data.regional_path,
-        region=data.region_box, **run_data.data_layout(data))
+    return source_lib.WeatherExampleSource(data, split, store, norm,
+                                           indexed_target_steps=indexed_target_steps)
 
 
 def make_pipeline(data,

@@ -235,6 +235,12 @@ def open_grid_store(data, path: str | None = None, *, variables=None,
                            regional_path=data.regional_path, region=data.region_box)
 
 
+def open_example_store(data) -> store_lib.WeatherStore:
+  """The grid store the example sources of `data` read (`source.WeatherExampleSource`): its
+  outputs (the state, then the target-only variables) of ensemble member `data.member`."""
+  return open_grid_store(data, variables=data.outputs, member=data.member)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunData:
   """What a run reads beside its model (`open_run_data`).
@@ -242,33 +248,32 @@ class RunData:
   Attributes:
     store: the grid store (`store.WeatherStore`): training's, or a forecast's initial
       conditions.
-    stats: the normalization statistics (`resolve_stats`: the training range's, or
-      `data.stats_path`'s).
+    normalization: the `normalization.Normalization` of the statistics (`resolve_stats`:
+      the training range's, or `data.stats_path`'s), for the example sources and the model.
     readers: each `data.modalities` entry's `observations.ModalityReader`, aligned with
       `store`'s times, normalized with statistics of the training range.
   """
 
   store: store_lib.WeatherStore
-  stats: xr.Dataset
+  normalization: normalization.Normalization
   readers: tuple[observations.ModalityReader, ...]
 
 
 def open_run_data(data, seed: int, *, path: str | None = None,
-                  store: store_lib.WeatherStore | None = None,
-                  stats: xr.Dataset | None = None) -> RunData:
+                  store: store_lib.WeatherStore | None = None) -> RunData:
   """Opens what a run of `data` (a `DataSpec`, its path resolved) reads: the grid store at
-  `path` (default `data.path`; `store`: already open, e.g. by the example source), its
-  statistics (`stats`: already resolved) and each modality's observations, normalized as in
-  training (the training range of `data.path`'s times, whichever store `path` is)."""
+  `path` (default `data.path`; `store`: already open, e.g. a training run's
+  `open_example_store`), its normalization and each modality's observations, normalized as
+  in training (the training range of `data.path`'s times, whichever store `path` is)."""
   store = store or open_grid_store(data, path)
-  stats = resolve_stats(data) if stats is None else stats
+  norm = normalization.Normalization.from_stats(data, resolve_stats(data))
   if not data.modalities:
-    return RunData(store, stats, ())
+    return RunData(store, norm, ())
   same_store = path is None or paths.normalize(path) == paths.normalize(data.path)
   grid_times = store.times if same_store else open_grid_store(data).times
   first, count = store_lib.time_range(grid_times, data.train_start, data.train_end, data.path)
   readers = modality_readers(data, seed, store.times, grid_times[first:first + count])
-  return RunData(store, stats, readers)
+  return RunData(store, norm, readers)
 
 
 @contextlib.contextmanager
@@ -279,16 +284,6 @@ def config_range(split: str):
     yield
   except store_lib.TimeRangeError as error:
     raise UserError(f"{error}; set data.{split}_start/{split}_end inside it.") from error
-
-
-def data_layout(data) -> dict:
-  """The keyword arguments of `source.WeatherExampleSource` that say what the model reads
-  and predicts: target-only variables, forcings (computed or stored), input normalization,
-  global forcings."""
-  return {"target_only_variables": data.target_only_variables, "forcings": data.forcings,
-          "stored_forcings": data.stored_forcings,
-          "input_normalization": data.input_normalization,
-          "global_forcings": data.global_forcings, "nan_fill_values": data.nan_fill_values}
 
 
 def once_by_process_0(key: str, make, what: str, timeout_s: float = WAIT_FOR_PROCESS_0_S,

@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 
 from wnscale.data import forcings as forcings_lib
 from wnscale.data import variables as variables_lib
-from wnscale.data.reading import cutout
 from wnscale.data.reading import normalization
 from wnscale.data.reading import store as store_lib
 from wnscale.errors import ArgumentError, UserError
+
+if TYPE_CHECKING:  # the layer above; only its type here
+  from wnscale.specs import DataSpec
 
 
 def example_starts(store, first_time: int, num_times: int, window: int) -> np.ndarray:
@@ -62,124 +64,72 @@ class WeatherExampleSource:
   Attributes:
     store: the opened `store.WeatherStore`; its `variables` are the output
       variables (`variables` then `target_only_variables`).
-    channel_stats: `{"mean", "std", "diff_std"}` `[output channels]` float32.
-    stats: the normalization statistics (`normalization.py` format).
-    static_stats: `{"mean", "std"}` `[2]` float32.
-    input_scales: `normalization.InputScales` of the forcings and statics.
+    normalization: the run's `normalization.Normalization`.
   """
 
-  def __init__(self,
-               path: str,
-               variables,
-               levels,
-               *,
-               input_steps: int = 2,
-               target_steps: int = 1,
-               start: str | None = None,
-               end: str | None = None,
-               time_step_hours: int = 6,
-               fill_nan: bool = False,
-               resolution: float | None = None,
-               grid_slots: np.ndarray | None = None,
-               stats: xr.Dataset | None = None,
-               target_only_variables=(),
-               forcings=variables_lib.FORCING_CHANNELS,
-               stored_forcings=(),
-               input_normalization: str = "state",
-               global_forcings=(),
-               nan_fill_values=(),
-               indexed_target_steps: int | None = None,
-               member: int = 0,
-               regional_path: str = "",
-               region=None):
-    """Opens the store and takes (or computes once) its statistics.
+  def __init__(self, data: DataSpec, split: str, store: store_lib.WeatherStore,
+               norm: normalization.Normalization, *,
+               indexed_target_steps: int | None = None):
+    """The examples of `data`'s `split` ("train" or "eval") range of `store`, normalized by
+    `norm`.
 
-    Without `fill_nan`, a NaN that the statistics pass saw inside the time
+    Without `data.fill_nan`, a NaN that the statistics pass saw inside the time
     range is an error here, before anything is compiled.
 
     Args:
-      path, variables, levels, time_step_hours, resolution: see
-        `store_formats.open_store`; `variables` are the state (inputs and targets).
-      fill_nan: fill NaN with the channel's mean instead of raising.
-      input_steps, target_steps: model steps per example.
-      start, end: inclusive time range ("2020-01-01", "2020-06-30T18");
-        a date without a time covers that whole day. None: the store's ends.
-      stats: normalization statistics (`normalization.py`), e.g. the training
-        range's for an evaluation source. None: this source's own time range's
-        (cached).
-      grid_slots: `[num_slots]` the grid node at each position of the
-        examples' grid axis, -1 for padding (zeros): a sharded layout's node
-        order (`ShardedLayout.grid_slots`), applied while copying, so the
-        training loop does not reorder batches. None: all nodes in order.
-      target_only_variables: predicted but never inputs (e.g. precipitation).
-      forcings: forcing channels, in order (`variables.FORCING_CHANNELS` names).
-      stored_forcings: those of `forcings` read from the store, not computed.
-      input_normalization: `normalization.INPUT_NORMALIZATIONS`.
-      global_forcings: names of `forcings.GLOBAL_FORCINGS` to add as `globals`.
-      nan_fill_values: `(variable, value)` pairs: NaN of that variable, in inputs
-        and targets, is the value (physical units), whatever `fill_nan` says.
+      data: the run's `wnscale.specs.DataSpec`: the state (`variables`, inputs and targets),
+        target-only variables, forcings (computed or stored), their normalization
+        (`input_normalization`), global forcings, NaN fills, steps per example.
+      split: whose time range: `data.train_start`..`train_end` or `eval_start`..`eval_end`
+        (inclusive; empty: the store's ends).
+      store: `data`'s grid store opened for its outputs (`run_data.open_example_store`).
+      norm: the run's normalization (`run_data.RunData.normalization`: of the training
+        range's statistics, for both splits).
       indexed_target_steps: examples are counted as if they had this many
-        targets (>= `target_steps`; default `target_steps`): a rollout curriculum's
+        targets (>= `data.target_steps`; default that): a rollout curriculum's
         longest phase, so that example `i` starts at the same time in every phase
         (`with_target_steps`) and a data iterator's position means one thing.
-      member: the ensemble member of an anemoi-datasets store. Its missing dates are
-        in no example.
-      regional_path, region: a regional store cut into `path`'s and the region
-        (`store_formats.open_store`); the statistics stay `path`'s.
     """
-    if input_steps < 1 or target_steps < 1:
-      raise UserError(f"input_steps ({input_steps}) and target_steps "
-                      f"({target_steps}) must be at least 1")
-    self.variables = tuple(variables)
-    self.forcings, self.stored_forcings = tuple(forcings), tuple(stored_forcings)
-    outputs = self.variables + tuple(target_only_variables)
-    self.store = cutout.open_store(path, outputs, levels, time_step_hours=time_step_hours,
-                                   resolution=resolution, forcings=self.stored_forcings,
-                                   member=member, regional_path=regional_path,
-                                   region=region)
-    self.input_steps = input_steps
-    self.target_steps = target_steps
-    self.global_forcings = tuple(global_forcings)
-    self.start, self.end = start, end
-    self._first_time, num_times = store_lib.time_range(self.store.times, start, end, path)
+    if data.input_steps < 1 or data.target_steps < 1:
+      raise UserError(f"input_steps ({data.input_steps}) and target_steps "
+                      f"({data.target_steps}) must be at least 1")
+    outputs = data.outputs
+    if tuple(store.variables) != outputs:
+      raise ValueError(f"The store holds {store.variables}, not the outputs {outputs} "
+                       "(open it with run_data.open_example_store)")
+    self.store = store
+    self.variables = data.variables
+    self.forcings, self.stored_forcings = data.forcings, data.stored_forcings
+    self.input_steps, self.target_steps = data.input_steps, data.target_steps
+    self.global_forcings = data.global_forcings
+    self.start, self.end = data.split_range(split)
+    self._first_time, num_times = store_lib.time_range(store.times, self.start, self.end,
+                                                       data.path)
     self._num_times = num_times
-    indexed = max(target_steps, indexed_target_steps or target_steps)
+    indexed = max(self.target_steps, indexed_target_steps or self.target_steps)
     # Example i starts at time `_first_time + _starts[i]`: every start whose (indexed)
     # window holds no missing time.
-    window = input_steps + indexed
-    self._starts = example_starts(self.store, self._first_time, num_times, window)
+    window = self.input_steps + indexed
+    self._starts = example_starts(store, self._first_time, num_times, window)
     self._num_examples = len(self._starts)
     if self._num_examples <= 0:
-      times = self.store.times
       raise UserError(
-          f"Time range {start} .. {end} of {path} has {num_times} time(s) at "
-          f"{time_step_hours} h; one example needs {input_steps + indexed} "
-          f"({input_steps} input + {indexed} target). The store covers "
-          f"{times[0]} .. {times[-1]}: set data.train_start/train_end and "
+          f"Time range {self.start} .. {self.end} of {data.path} has {num_times} time(s) at "
+          f"{data.time_step_hours} h; one example needs {window} "
+          f"({self.input_steps} input + {indexed} target). The store covers "
+          f"{store.times[0]} .. {store.times[-1]}: set data.train_start/train_end and "
           "data.eval_start/eval_end inside it.")
-    if stats is None:
-      every_input = input_normalization == "all"
-      stats = normalization.load_or_compute_stats(
-          path, outputs, levels, start, end, time_step_hours,
-          self.forcings if every_input else (), self.stored_forcings if every_input else (),
-          member)
-    self.stats = stats
-    self.channel_stats = normalization.channel_stats(stats, outputs, self.store.levels)
-    self.num_state_channels = len(variables_lib.channel_names(self.variables,
-                                                              self.store.levels))
-    self.static_stats = normalization.static_stats(stats)
-    self.input_scales = normalization.input_scales(stats, self.forcings, input_normalization,
-                                                     self.global_forcings)
-    fill = {name: np.float32(value) for name, value in nan_fill_values}
-    if fill_nan:
-      fill = {name: normalization.channel_stats(stats, [name], self.store.levels)["mean"]
+    self.normalization = norm
+    fill = {name: np.float32(value) for name, value in data.nan_fill_values}
+    if data.fill_nan:
+      fill = {name: normalization.channel_stats(norm.stats, [name], store.levels)["mean"]
               for name in outputs + variables_lib.STATIC_VARIABLES + self.stored_forcings
               } | fill
-    self.store.fill = fill
-    if not fill_nan:
-      self._check_nan(stats, num_times)
+    store.fill = fill
+    if not data.fill_nan:
+      self._check_nan(norm.stats, num_times)
     self.modalities = ()
-    self._set_grid_slots(grid_slots)
+    self._set_grid_slots(None)
 
   def _check_nan(self, stats, num_times: int):
     """Raises on the first NaN in this source's time range, if the statistics saw any.
@@ -261,12 +211,11 @@ class WeatherExampleSource:
     indices = [int(index) for index in np.asarray(indices).reshape(-1)]
     num_points = self.store.num_grid_nodes if self.grid_slots is None else len(self.grid_slots)
     num_outputs = self.store.num_channels
-    inputs = np.empty((len(indices), self.input_steps, self.num_state_channels, num_points),
-                      np.float32)
+    num_state = self.normalization.num_state
+    inputs = np.empty((len(indices), self.input_steps, num_state, num_points), np.float32)
     targets = np.empty((len(indices), self.target_steps, num_outputs, num_points), np.float32)
-    mean, std = self.channel_stats["mean"], self.channel_stats["std"]
-    state = store_lib.Channels(self.variables, mean[:self.num_state_channels],
-                               std[:self.num_state_channels])
+    mean, std = self.normalization.mean, self.normalization.std
+    state = store_lib.Channels(self.variables, mean[:num_state], std[:num_state])
     outputs = store_lib.Channels(self.store.variables, mean, std)
     requests = []
     for row, index in enumerate(indices):
@@ -279,7 +228,7 @@ class WeatherExampleSource:
     batch = {"inputs": inputs, "targets": targets, "forcings": forcings,
              "statics": statics.copy()}
     if self.global_forcings:
-      batch["globals"] = self.input_scales.globals(np.stack([
+      batch["globals"] = self.normalization.input_scales.globals(np.stack([
           forcings_lib.compute_global_forcings(self.example_times(index), self.global_forcings)
           for index in indices]))
     for reader in self.modalities:
@@ -292,17 +241,19 @@ class WeatherExampleSource:
 
   def forcing_values(self, index: int) -> np.ndarray:
     """`[window, forcings, grid]` normalized forcings of example `index`, internal grid order."""
-    return self.input_scales.forcings(self.store.forcings_at(self.time_indices(index),
-                                                              self.forcings))
+    return self.normalization.input_scales.forcings(
+        self.store.forcings_at(self.time_indices(index), self.forcings))
 
   def statics(self) -> np.ndarray:
-    """`[2, grid]` normalized statics (`input_scales`), in the grid-slot order."""
+    """`[2, grid]` normalized statics (`normalization.input_scales`), in the grid-slot
+    order."""
     if self._statics is None:
-      self._statics = self._to_slots(self.input_scales.statics(self.store.read_statics()))
+      self._statics = self._to_slots(
+          self.normalization.input_scales.statics(self.store.read_statics()))
     return self._statics
 
   def with_target_steps(self, target_steps: int) -> WeatherExampleSource:
-    """This source (same store, statistics and example count) with `target_steps` targets.
+    """This source (same store, normalization and example count) with `target_steps` targets.
 
     Only as many as it was indexed for (`indexed_target_steps`): every example still fits.
     """
@@ -320,10 +271,17 @@ class WeatherExampleSource:
     clone.modalities = tuple(readers)
     return clone
 
-  def in_layout(self, grid_slots: np.ndarray,
+  def in_layout(self, grid_slots: np.ndarray | None,
                 point_slots: dict | None = None) -> WeatherExampleSource:
-    """This source (same open store and statistics) yielding examples in `grid_slots` order,
-    and each modality's points in its `point_slots` entry's (`ShardedLayout.point_slots`)."""
+    """This source (same open store and normalization) yielding examples in `grid_slots`
+    order, and each modality's points in its `point_slots` entry's
+    (`ShardedLayout.point_slots`).
+
+    `grid_slots`: `[num_slots]` the grid node at each position of the examples' grid axis,
+    -1 for padding (zeros): a sharded layout's node order (`ShardedLayout.grid_slots`),
+    applied while copying, so the training loop does not reorder batches. None: all nodes
+    in order.
+    """
     clone = copy.copy(self)
     clone._set_grid_slots(grid_slots)
     clone.modalities = tuple(reader.in_layout((point_slots or {}).get(reader.name))
@@ -335,7 +293,7 @@ class WeatherExampleSource:
     self._statics = None  # statics are cached in the grid order
 
   def _to_slots(self, array: np.ndarray) -> np.ndarray:
-    """`[..., grid]` in internal node order -> `[..., num_slots]` (see `grid_slots`)."""
+    """`[..., grid]` in internal node order -> `[..., num_slots]` (see `in_layout`)."""
     if self.grid_slots is None:
       return array
     out = np.take(array, np.maximum(self.grid_slots, 0), axis=-1)

@@ -63,7 +63,8 @@ class Evaluator:
     """`{channel name: RMSE}` over the first `eval_batches` batches of the eval range, and
     `{"<modality>/<variable>": RMSE}` of each target modality (NaN: no value present)."""
     if self.source is None:
-      self.source = pipeline.make_source(self.specs.data, "eval", self.layout.grid_slots)
+      self.source = pipeline.make_source(self.specs.data, "eval").in_layout(
+          self.layout.grid_slots)
     data = pipeline.make_pipeline(self.specs.data, "eval", batch_size=self.specs.train.batch_size,
                                   seed=self.specs.seed, process_index=self.group,
                                   process_count=self.num_groups, source=self.source)

@@ -50,8 +50,8 @@ from wnscale import specs as specs_lib
 from wnscale.data import pipeline, prefetch
 from wnscale.data import source as source_lib
 from wnscale.data.reading import store as store_lib
-from wnscale.data.run_data import (check_store_given, open_grid_store, open_run_data,
-                                   resolve_stats, resolve_store)
+from wnscale.data.run_data import (check_store_given, open_example_store, open_grid_store,
+                                   open_run_data, resolve_store)
 from wnscale.assembly import assemble_run
 from wnscale.errors import ArgumentError, NoSpaceLeft, UserError, no_space
 from wnscale.model import ensemble, setup
@@ -215,18 +215,17 @@ def _set_up(specs: specs_lib.Specs, given: dict, run: RunDirectory,
     data = dataclasses.replace(specs.data, path=resolve_store(specs.data, specs.seed))
     specs = dataclasses.replace(specs, data=data)
     phases = specs.phases
-    _check_batch_fits(data, train.batch_size, curriculum.longest(phases))
-    statistics = resolve_stats(data)
-    source = pipeline.make_source(data, "train", stats=statistics,
-                                  indexed_target_steps=curriculum.longest(phases))
-    eval_source = (pipeline.make_source(data, "eval", stats=statistics)
-                   if train.eval_every else None)
+    store = open_example_store(data)
+    _check_batch_fits(data, store, train.batch_size, curriculum.longest(phases))
     # Each modality's observations, at the grid store's times, with the training
-    # range's statistics: the same readers for both ranges.
-    run_data = open_run_data(data, specs.seed, store=source.store, stats=statistics)
-    source = source.with_modalities(run_data.readers)
-    if eval_source is not None:
-      eval_source = eval_source.with_modalities(run_data.readers)
+    # range's statistics: the same store, statistics and readers for both ranges.
+    run_data = open_run_data(data, specs.seed, store=store)
+    source = pipeline.make_source(
+        data, "train", store=store, norm=run_data.normalization,
+        indexed_target_steps=curriculum.longest(phases)).with_modalities(run_data.readers)
+    eval_source = (pipeline.make_source(data, "eval", store=store, norm=run_data.normalization
+                                        ).with_modalities(run_data.readers)
+                   if train.eval_every else None)
     phase["text"] = run_log.describe_data(source, eval_source)
   if specs.model.remat.remat_policy == "auto":  # sized for the longest rollout phase
     chosen = _auto_remat(curriculum.longest_phase_specs(specs))["overrides"]
@@ -291,7 +290,7 @@ def _set_up(specs: specs_lib.Specs, given: dict, run: RunDirectory,
   train_step = step_lib.train_step_of(specs, layout, assembly.graphdef, optimizer,
                                       device_constants, halo_indices)
   evaluator = evaluation.Evaluator(specs, layout, assembly.graphdef, device_constants,
-                                   halo_indices, source.channel_stats,
+                                   halo_indices, run_data.normalization.channel_stats,
                                    source.store.channel_names, group, num_groups,
                                    source=eval_source, rows_per_example=rows_per_example)
   preemption = interrupts.AgreedStop("checkpointing the step reached, then stopping")
@@ -486,11 +485,11 @@ def _same_store(before: str, now: str, data: specs_lib.DataSpec) -> bool:
     return False
 
 
-def _check_batch_fits(data: specs_lib.DataSpec, batch_size: int, target_steps: int):
-  """A batch holds distinct examples of the training range: a `train.batch_size` larger
-  than the range's examples is said now, with the numbers (before any statistics or
+def _check_batch_fits(data: specs_lib.DataSpec, store: store_lib.WeatherStore,
+                      batch_size: int, target_steps: int):
+  """A batch holds distinct examples of the training range of `store`: a `train.batch_size`
+  larger than the range's examples is said now, with the numbers (before any statistics or
   compile; not after minutes, as a batch that does not fit in memory)."""
-  store = open_grid_store(data, variables=data.outputs, member=data.member)
   first, count = store_lib.time_range(store.times, data.train_start, data.train_end,
                                       data.path)
   window = data.input_steps + max(target_steps, data.target_steps)

@@ -32,6 +32,7 @@ import json
 import logging
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -42,6 +43,9 @@ from wnscale.data import variables as variables_lib
 from wnscale.data.reading import store as store_lib
 from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
+
+if TYPE_CHECKING:  # the layer above; only its type here
+  from wnscale.specs import DataSpec
 
 STATISTICS = ("mean", "std", "diff_std")
 # data.input_normalization: which inputs besides the state are normalized (module docstring).
@@ -459,3 +463,44 @@ def input_scales(stats: xr.Dataset, forcings, input_normalization: str,
   global_table = channel_stats(stats, global_forcings, ())
   return InputScales(table["mean"], table["std"], statics["mean"], statics["std"],
                      global_table["mean"], global_table["std"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalization:
+  """How a run's model sees physical values: its outputs' scale and its inputs' scales,
+  made once from the run's statistics (`from_stats`) for its example sources and its model.
+
+  Attributes:
+    stats: the statistics (this module's format) the rest is read from.
+    mean, std: `[C_out]` float32 of the output channels (the state, then the
+      target-only ones): output = normalized * std + mean.
+    diff_std: `[C_out]` the std of one step's change.
+    num_state: how many of the output channels are the state (fed back).
+    input_scales: the forcings' and statics' (`InputScales`).
+  """
+
+  stats: xr.Dataset
+  mean: np.ndarray
+  std: np.ndarray
+  diff_std: np.ndarray
+  num_state: int
+  input_scales: InputScales
+
+  @classmethod
+  def from_stats(cls, data: DataSpec, stats: xr.Dataset) -> Normalization:
+    """Of the run's data spec and its statistics."""
+    table = channel_stats(stats, data.outputs, data.pressure_levels)
+    return cls(stats, table["mean"], table["std"], table["diff_std"],
+               len(data.state_channels),
+               input_scales(stats, data.forcings, data.input_normalization,
+                            data.global_forcings))
+
+  @property
+  def channel_stats(self) -> dict[str, np.ndarray]:
+    """`{"mean", "std", "diff_std"}` `[C_out]` (`channel_stats`' form)."""
+    return {"mean": self.mean, "std": self.std, "diff_std": self.diff_std}
+
+  @property
+  def residual_scale(self) -> np.ndarray:
+    """`[C_out]` what the network's outputs are scaled by (`residual_scale`)."""
+    return residual_scale(self.channel_stats, self.num_state)
