@@ -57,7 +57,8 @@ def test_a_run_records_its_config_with_the_values_its_specs_resolved(path):
 def test_only_the_small_configs_ask_for_a_synthetic_store():
   synthetic = {os.path.basename(path): config_lib.load(path).data.synthetic
                for path in CONFIG_FILES}
-  assert synthetic == {"gencast_1p0.py": False, "graphcast_0p25.py": False,
+  assert synthetic == {"gencast_0p25.py": False, "gencast_1p0.py": False,
+                       "graphcast_0p25.py": False,
                        "graphcast_1p0.py": False,
                        "mid_1p0.py": True, "tiny.py": True, "tiny_stations.py": True,
                        "weathernext2_0p25.py": False,
@@ -72,6 +73,25 @@ def test_paper_config_matches_graphcast():
   assert config.model.mesh_levels == 6
   assert len(config.data.pressure_levels) == 37
   assert config.data.resolution == 0.25
+
+
+def test_gencast_0p25_is_the_1p0_model_on_the_paper_mesh():
+  """configs/gencast_0p25.py: configs/gencast_1p0.py's model (GenCast's released code,
+  checked in tests/test_gencast_training.py) on a 0.25 deg grid, a mesh of 6 refinements and
+  32 attention hops; everything else equal, spherical white noise included."""
+  fine = config_lib.to_json(config_lib.load(os.path.join(CONFIG_DIR, "gencast_0p25.py")))
+  coarse = config_lib.to_json(config_lib.load(os.path.join(CONFIG_DIR, "gencast_1p0.py")))
+  assert (fine["model"]["mesh_levels"], fine["model"]["transformer_k_hop"],
+          fine["data"]["resolution"]) == (6, 32, 0.25)
+  assert (coarse["model"]["mesh_levels"], coarse["model"]["transformer_k_hop"],
+          coarse["data"]["resolution"]) == (5, 16, 1.0)
+  assert fine["model"]["sampler_spherical_noise"] is True
+  for section, keys in (("model", ("mesh_levels", "transformer_k_hop")),
+                       ("data", ("resolution",))):
+    for key in keys:
+      fine[section].pop(key)
+      coarse[section].pop(key)
+  assert fine == coarse
 
 
 def test_weathernext2_configs_are_the_released_models():
@@ -250,7 +270,8 @@ def test_a_config_argument_follows_the_name(tmp_path):
 def test_an_unknown_config_names_the_experiments(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   with pytest.raises(UserError, match=r"^config=tiyn: no such config file: give a path .* or "
-                     r"the name of an experiment in .*configs: gencast_1p0, graphcast_0p25, "
+                     r"the name of an experiment in .*configs: gencast_0p25, gencast_1p0, "
+                     r"graphcast_0p25, "
                      r".*tiny, .*"
                      r"\(e\.g\. `config=tiny`"):
     config_lib.config_file("tiyn")

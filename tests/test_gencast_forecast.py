@@ -25,7 +25,7 @@ from test_gencast import FIXTURE, PRECIP, SST, case, imported, stats  # noqa: F4
 from wnscale.errors import ArgumentError
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.rollout import init_hours
-from wnscale.model import sampler
+from wnscale.model import sampler, spherical_noise
 
 INIT = "2022-01-01T12"
 MEMBERS = 2
@@ -77,7 +77,10 @@ def test_lead_one_is_the_sampler_on_the_same_inputs_and_noise(case, one_device):
   channels, nodes = len(case.outputs), case.land.size
   keys = sampler.forecast_keys(case.specs.seed, jnp.full(MEMBERS, init_hours(INIT), jnp.int32),
                                jnp.arange(MEMBERS, dtype=jnp.int32), 0)
-  noise = lambda field: sampler.forecast_noise(keys, field, jnp.arange(nodes), channels)
+  grid = spherical_noise.SphericalGrid(np.sin(np.deg2rad(window["lat"].values)),
+                                       window.sizes["lon"])  # lat ascending, as the store's
+  grid = sampler.noise_grid(case.specs.model.sampler, grid)
+  noise = lambda field: sampler.forecast_noise(keys, field, jnp.arange(nodes), channels, grid)
   expected = sampler.sample(lambda x, levels: jnp.swapaxes(denoise(x, levels), 1, 2),
                             noise(0), lambda i: noise(i + 1), case.specs.model.sampler)
   expected = np.swapaxes(np.asarray(expected), 1, 2)  # [member, G, C_out]

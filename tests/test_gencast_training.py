@@ -24,8 +24,8 @@ from wnscale.errors import UserError
 from wnscale.graphs import grid
 from wnscale.graphs.points import PointSet
 from wnscale.interop import gencast_checkpoint, gencast_config
-from wnscale.model import diffusion, setup
-from wnscale.model.sampler import level_quantiles
+from wnscale.model import diffusion, setup, spherical_noise
+from wnscale.model.sampler import level_quantiles, noise_grid
 from wnscale.train import trainer
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "gencast_tiny")
@@ -57,9 +57,13 @@ def perturbed(params, seed):
 
 
 def training_noise(config, step, examples, grid_slots):
+  """As the train step draws it on `POINTS` (the config's spherical white noise or noise
+  per node)."""
   specs = specs_lib.from_config(config)
+  grid = spherical_noise.grid_of_positions(setup.node_positions(specs.model, POINTS)["grid"])
   return diffusion.training_noise(diffusion.TrainingNoise(
-      specs.seed, specs.train.loss, len(specs.data.output_channels), grid_slots), step, examples)
+      specs.seed, specs.train.loss, len(specs.data.output_channels), grid_slots,
+      noise_grid(specs.model.sampler, grid)), step, examples)
 
 
 @functools.cache
@@ -114,25 +118,32 @@ def test_the_loss_is_gencasts_formula():
   np.testing.assert_allclose(float(reference()[0]), expected, rtol=2e-5)
 
 
-def test_the_noise_is_a_function_of_seed_step_example_and_node():
-  config = denoiser_config()
+@pytest.mark.parametrize("spherical", [True, False], ids=["spherical", "per_node"])
+def test_the_noise_is_a_function_of_seed_step_example_and_node(spherical):
+  """Per node: bitwise. Spherical: a batch of another size sums the harmonics in another
+  float32 order (rounding, ~1e-6 of values ~1)."""
+  config = denoiser_config(sampler_spherical_noise=spherical)
+  same = (functools.partial(np.testing.assert_allclose, rtol=0, atol=1e-5) if spherical
+          else np.testing.assert_array_equal)
   nodes = np.arange(40)
   levels, fields = training_noise(config, 3, 5, nodes)
   again_levels, again_fields = training_noise(config, 3, 2, nodes[::-1])  # fewer, reversed
   np.testing.assert_array_equal(again_levels, levels[:2])
-  np.testing.assert_array_equal(again_fields, fields[:2, :, ::-1])
-  assert not np.array_equal(training_noise(config, 4, 2, nodes)[1], fields[:2])
+  same(again_fields, fields[:2, :, ::-1])
+  assert not np.allclose(training_noise(config, 4, 2, nodes)[1], fields[:2])
   config.seed += 1
   assert not np.array_equal(training_noise(config, 3, 2, nodes)[0], levels[:2])
-  padded = training_noise(denoiser_config(), 3, 2, np.array([0, -1, 1]))[1]
-  np.testing.assert_array_equal(padded[:, :, [0, 2]], fields[:2, :, :2])
+  padded = training_noise(denoiser_config(sampler_spherical_noise=spherical), 3, 2,
+                          np.array([0, -1, 1]))[1]
+  same(padded[:, :, [0, 2]], fields[:2, :, :2])
   assert not padded[:, :, 1].any()  # a padding slot's noise is 0
 
 
 def test_the_noise_levels_follow_gencasts_distribution():
   """(min^(1/rho) + u (max^(1/rho) - min^(1/rho)))^rho with u uniform, GenCast's defaults:
-  the levels' quantiles, and the fields' standard normal moments."""
-  config = denoiser_config()
+  the levels' quantiles, and the per-node fields' standard normal moments (the spherical
+  fields': tests/test_spherical_noise.py)."""
+  config = denoiser_config(sampler_spherical_noise=False)
   t = specs_lib.from_config(config).train.loss
   assert (t.training_noise_level_rho, t.training_min_noise_level,
           t.training_max_noise_level) == (7.0, 0.02, 88.0)

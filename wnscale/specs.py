@@ -224,6 +224,10 @@ class SamplerSpec(Settings):
   noise_level_inflation: float = setting(1.05, "sampler: the churn's noise is this much more "
                                          "than the denoiser is told (GenCast: 1.05)",
                                          minimum=0.0)
+  spherical_noise: bool = setting(True, "sampler and loss=\"diffusion\": noise fields as "
+                                  "GenCast's spherical white noise (a regular latitude/"
+                                  "longitude grid, an even number of longitudes); False: "
+                                  "independent per grid node (any grid)")
 
 
 @dataclasses.dataclass(frozen=True)

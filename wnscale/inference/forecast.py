@@ -154,7 +154,7 @@ def run_forecast(workdir: str, out: str, *, lead: str = "10d", init_times=None,
     mesh_overrides: overrides of the config's `mesh` section (`data`, `graph`, `exchange`).
     members: an ensemble run's size (an FGN's or a denoiser's; required then): members
       0..N-1, a `number` dim; member k's noise depends on (run seed, initial time, k,
-      lead) only (a denoiser's also on the grid node: `wnscale.model.sampler`).
+      lead) only (a denoiser's per-node noise also on the grid node: `wnscale.model.sampler`).
     params: `run_directory.PARAMS`: "ema" (the moving average of the parameters) or
       "raw"; default: the moving average if the run kept one.
     stream: where a progress bar goes (default stderr; a bar only on a terminal).

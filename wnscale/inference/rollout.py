@@ -18,7 +18,7 @@ An FGN's member `k` from initial time `t` draws its noise for lead `l` from
 `(run seed, t in hours since 1970, k, l)` (`ensemble.member_noise`): a rerun
 gives the same members, and member `k` is the same whatever the ensemble size. A
 denoiser's (GenCast's) step runs its sampler, whose noise fields are drawn likewise from
-`(run seed, t, k, l)` and each grid node's index (`wnscale.model.sampler`).
+`(run seed, t, k, l)` (`wnscale.model.sampler`).
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ class StreamingForecaster:
         norm.input_scales.statics(store.read_statics()), -1)
     self.num_local_rows = self.rows.stop - self.rows.start
     self.statics = self._put("statics", self._each_row(statics))
-    # A denoiser's noise is a function of each slot's grid node (`sampler.forecast_noise`).
+    # A denoiser's noise is taken at (or per-node noise drawn from) each slot's grid node
+    # (`sampler.forecast_noise`).
     self.grid_nodes = (self._put("grid_nodes", self._each_row(self.layout.grid_slots), np.int32)
                        if self.sampler is not None else None)
     # Several processes: outputs made whole on every device, so each host reads them whole.

@@ -80,3 +80,59 @@ def nan_fill_values(stats_dir: str, task_config: dict) -> tuple[str, ...]:
     raise UserError(f"{stats_dir} has no {MIN_FILE}: GenCast fills {filled}'s NaNs with it")
   minima = netcdf.load(min_path)
   return tuple(f"{name}:{float(minima[name])!r}" for name in filled)
+
+
+_SURFACE = ("2m_temperature", "mean_sea_level_pressure", "10m_v_component_of_wind",
+            "10m_u_component_of_wind")
+_ATMOSPHERIC = ("temperature", "geopotential", "u_component_of_wind", "v_component_of_wind",
+                "vertical_velocity", "specific_humidity")
+_FORCINGS = ("year_progress_sin", "year_progress_cos", "day_progress_sin", "day_progress_cos")
+
+
+def released_configs(mesh_size: int, attention_k_hop: int) -> dict:
+  """GenCast's configs as a released checkpoint describes them (`gencast.CheckPoint`'s keys),
+  with what its code configures: its `TASK` (6 atmospheric variables on 13 levels; 6 surface
+  ones, 12 h precipitation predicted only; year and day progress forcings; two input times
+  12 h apart) and the defaults of `DenoiserArchitectureConfig` and `SparseTransformerConfig`
+  (latent 512, 16 blocks of 4 heads, feed-forward 2048, radius 0.6), `NoiseEncoderConfig`,
+  `SamplerConfig` and `NoiseConfig`; the mesh's refinements and attention hops as given
+  (the released models differ in them; the code has no default hops)."""
+  return {
+      "task_config": {
+          "input_variables": (_SURFACE + ("sea_surface_temperature",) + _ATMOSPHERIC
+                              + _FORCINGS + ("geopotential_at_surface", "land_sea_mask")),
+          "target_variables": (_SURFACE + ("total_precipitation_12hr",
+                                           "sea_surface_temperature") + _ATMOSPHERIC),
+          "forcing_variables": _FORCINGS,
+          "pressure_levels": (50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000),
+          "input_duration": "24h",
+      },
+      "denoiser_architecture_config": {
+          "mesh_size": mesh_size, "latent_size": 512, "hidden_layers": 1,
+          "radius_query_fraction_edge_length": 0.6,
+          "norm_conditioning_features": ("noise_level_encodings",),
+          "sparse_transformer_config": {"attention_k_hop": attention_k_hop, "d_model": 512,
+                                        "num_layers": 16, "num_heads": 4, "ffw_hidden": 2048},
+      },
+      "noise_encoder_config": {"apply_log_first": True, "base_period": 16.0,
+                               "num_frequencies": 32, "output_sizes": (32, 16)},
+      "sampler_config": {"max_noise_level": 80.0, "min_noise_level": 0.03,
+                         "num_noise_levels": 20, "rho": 7.0, "stochastic_churn_rate": 2.5,
+                         "churn_min_noise_level": 0.75,
+                         "churn_max_noise_level": float("inf"),
+                         "noise_level_inflation_factor": 1.05},
+      "noise_config": {"training_noise_level_rho": 7.0, "training_max_noise_level": 88.0,
+                       "training_min_noise_level": 0.02},
+  }
+
+
+def released_config(mesh_size: int, attention_k_hop: int, resolution: float,
+                    stats_dir: str = "") -> ml_collections.ConfigDict:
+  """The wnscale config (`gencast_config.wnscale_config`) of `released_configs` on a grid of
+  `resolution` degrees; with `stats_dir` (GenCast's statistics files), normalized with them
+  and the sea-surface temperature filled with its `min_by_level`."""
+  configs = released_configs(mesh_size, attention_k_hop)
+  fill_values = nan_fill_values(stats_dir, configs["task_config"]) if stats_dir else ()
+  config = gencast_config.wnscale_config(configs, stats_dir, fill_values)
+  config.data.resolution = resolution
+  return config

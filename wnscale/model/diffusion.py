@@ -18,9 +18,9 @@ no rollout: GenCast trains its 12 h step alone.
 Levels and noise are pure functions of `(seed, train step, example, grid node)`
 (`training_noise`), drawn by the train step for the whole batch before it is split over
 devices or micro-batches: a resumed run draws what the uninterrupted run drew, and every
-layout of the grid over devices the same noise at each node. GenCast draws spherical white
-noise (isotropic, through spherical harmonics of its equiangular grid); here the noise is
-independent per grid node (any grid), also of variance 1.
+layout of the grid over devices the same noise at each node. The fields are GenCast's
+spherical white noise, as its training draws them, or independent per grid node
+(`sampler.field_noise`, `model.sampler_spherical_noise`); variance 1 either way.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import numpy as np
 from wnscale.model import forecast
 from wnscale.model.graphcast import local_exchange
 from wnscale.model.loss import LossImplementation
-from wnscale.model.sampler import level_quantiles, node_noise
+from wnscale.model.sampler import field_noise, level_quantiles
+from wnscale.model.spherical_noise import SphericalGrid
 
 if TYPE_CHECKING:  # the registry imports this module for its entry's implementation
   from wnscale.model.loss_registry import DiffusionSpec
@@ -52,12 +53,14 @@ class TrainingNoise(NamedTuple):
     channels: the output channels `C_out`.
     grid_slots: `[G_slots]` the grid node of each slot of the batch's grid axis, -1 for
       padding (`ShardedLayout.grid_slots`).
+    grid: the spherical white noise's grid (`sampler.noise_grid`); None: noise per node.
   """
 
   seed: int
   spec: DiffusionSpec
   channels: int
   grid_slots: np.ndarray
+  grid: SphericalGrid | None
 
 
 def training_noise(noise: TrainingNoise, step, examples: int) -> tuple[jax.Array, jax.Array]:
@@ -74,7 +77,7 @@ def training_noise(noise: TrainingNoise, step, examples: int) -> tuple[jax.Array
     level = level_quantiles(spec.training_min_noise_level, spec.training_max_noise_level,
                             spec.training_noise_level_rho,
                             jax.random.uniform(level_key, (), jnp.float32))
-    return level, node_noise(field_key, slots, noise.channels)
+    return level, field_noise(field_key, slots, noise.channels, noise.grid)
 
   return jax.vmap(one)(jnp.arange(examples))
 

@@ -20,12 +20,14 @@ and rates are float32, as GenCast casts them. Shapes: `x`, each noise field `[B,
 A forecast (`forecast_step`) samples the normalized residual of each lead time and adds it to
 the state as GenCast does (`forecast.from_residuals`), autoregressively. Its noise fields are
 drawn from the run's seed: row `b`'s key depends on (seed, initial time, member, lead) alone
-(`forecast_keys`), field `f` (0: `n_init`, `i + 1`: step `i`'s churn) and each grid node's
-value on the node's index (`node_noise`): a resumed forecast draws what the first one drew,
-member `k` is the same whatever the ensemble size, and every layout of members and grid
-nodes over devices draws the same numbers. GenCast draws spherical white noise (isotropic,
-through spherical harmonics of its equiangular grid); this noise is independent per grid
-node (any grid), also of variance 1 (as the diffusion loss's, `wnscale.model.diffusion`).
+(`forecast_keys`) and field `f` (0: `n_init`, `i + 1`: step `i`'s churn) alone
+(`field_noise`): GenCast's spherical white noise (`wnscale.model.spherical_noise`), the
+whole grid's field drawn from the key and each slot's node taken from it; or, with
+`spherical_noise` False (any grid), independent noise whose value at a grid node depends on
+the node's index (`node_noise`). A resumed forecast draws what the first one drew, member `k`
+is the same whatever the ensemble size, and every layout of members and grid nodes over
+devices draws the same numbers. Either has variance 1 at every node (as the diffusion
+loss's, `wnscale.model.diffusion`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wnscale.errors import UserError
 from wnscale.graphs.graph import Graphs
-from wnscale.model import forecast
+from wnscale.model import forecast, spherical_noise
 from wnscale.model.graphcast import local_exchange
 from wnscale.specs import SamplerSpec
 
@@ -101,6 +104,30 @@ def sample(denoise: Callable[[jax.Array, jax.Array], jax.Array], init_noise: jax
   return jax.lax.fori_loop(0, len(levels) - 1, step, jnp.zeros_like(init_noise))
 
 
+def noise_grid(spec: SamplerSpec, grid: spherical_noise.SphericalGrid | None):
+  """The grid a denoiser's noise fields are drawn on (`field_noise`): `grid` (a layout's
+  `spherical_grid`, None where the grid has no rows and columns) with `spec.spherical_noise`,
+  else None (noise per grid node)."""
+  if not spec.spherical_noise:
+    return None
+  if grid is None:
+    raise UserError("model.sampler_spherical_noise: GenCast's spherical white noise needs a "
+                    "regular latitude/longitude grid with an even number of longitudes; "
+                    "on this grid set it False (independent noise per grid node).")
+  return grid
+
+
+def field_noise(key: jax.Array, grid_slots: jax.Array, channels: int,
+                grid: spherical_noise.SphericalGrid | None) -> jax.Array:
+  """`[channels, G_slots]` float32 noise of variance 1 at grid nodes `grid_slots` (-1,
+  padding: 0): spherical white noise on `grid` (`noise_grid`) drawn from `key`, or with
+  `grid` None `node_noise`."""
+  if grid is None:
+    return node_noise(key, grid_slots, channels)
+  field = spherical_noise.white_noise(key, grid, channels)  # [channels, n_lat * n_lon]
+  return jnp.where(grid_slots >= 0, field[:, jnp.maximum(grid_slots, 0)], 0)
+
+
 def node_noise(key: jax.Array, grid_slots: jax.Array, channels: int) -> jax.Array:
   """`[channels, G_slots]` float32 standard-normal noise: slot `s`'s values depend on `key`
   and its grid node `grid_slots[s]` alone (-1, padding: 0)."""
@@ -124,17 +151,21 @@ def forecast_keys(seed: int, init_hours: jax.Array, members: jax.Array, lead) ->
   return jax.vmap(row)(init_hours, members)
 
 
-def forecast_noise(keys: jax.Array, field, grid_slots: jax.Array, channels: int) -> jax.Array:
+def forecast_noise(keys: jax.Array, field, grid_slots: jax.Array, channels: int,
+                   grid: spherical_noise.SphericalGrid | None) -> jax.Array:
   """`[B, channels, G_slots]` noise field `field` (0: the initial noise, `i + 1`: sampler
   step `i`'s churn; may be traced) of the rows with key data `keys` `[B, 2]`
-  (`forecast_keys`), at grid nodes `grid_slots` `[G_slots]` (-1, padding: 0)."""
-  return jax.vmap(lambda key: node_noise(
-      jax.random.fold_in(jax.random.wrap_key_data(key), field), grid_slots, channels))(keys)
+  (`forecast_keys`), at grid nodes `grid_slots` `[G_slots]` (-1, padding: 0), on `grid`
+  (`field_noise`)."""
+  return jax.vmap(lambda key: field_noise(
+      jax.random.fold_in(jax.random.wrap_key_data(key), field), grid_slots, channels,
+      grid))(keys)
 
 
 def forecast_step(denoiser, graphs: Graphs, residual_scale: jax.Array, history, forcings,
                   statics, keys: jax.Array, grid_slots: jax.Array, spec: SamplerSpec,
-                  exchange=local_exchange, global_forcings=None) -> jax.Array:
+                  grid: spherical_noise.SphericalGrid | None, exchange=local_exchange,
+                  global_forcings=None) -> jax.Array:
   """The next normalized outputs `[B, C_out, G]` (the state, then target-only channels) of
   one lead time: the residual sampled (`sample`) with `denoiser`
   (`wnscale.model.denoiser.Denoiser`) given the inputs, added to the last state.
@@ -144,6 +175,7 @@ def forecast_step(denoiser, graphs: Graphs, residual_scale: jax.Array, history, 
     history, forcings, statics, global_forcings: as `forecast.one_step`'s.
     keys: `[B, 2]` the rows' noise keys at this lead (`forecast_keys`).
     grid_slots: `[G]` the grid node of each slot of the grid axis (-1: padding).
+    grid: where the noise is drawn (`noise_grid`).
   """
   parts, global_inputs = forecast.grid_input_parts(history, forcings, statics, global_forcings)
   channels = residual_scale.shape[0]
@@ -151,6 +183,6 @@ def forecast_step(denoiser, graphs: Graphs, residual_scale: jax.Array, history, 
   def denoise(noisy, levels):
     return jnp.swapaxes(denoiser(graphs, parts, noisy, levels, exchange, global_inputs), 1, 2)
 
-  noise = lambda field: forecast_noise(keys, field, grid_slots, channels)  # noqa: E731
+  noise = lambda field: forecast_noise(keys, field, grid_slots, channels, grid)  # noqa: E731
   residuals = sample(denoise, noise(0), lambda i: noise(i + 1), spec)
   return forecast.from_residuals(history, residuals, residual_scale)

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from wnscale.model import setup
+from wnscale.model import setup, spherical_noise
 from wnscale.model.forecast import Constants
 from wnscale.sharding import partition as partition_lib
 from wnscale.sharding.exchange import MODES
@@ -86,6 +86,8 @@ class ShardedLayout:
           masks=jax.tree.map(lambda x: x[None], masks)))  # the shard axis
     self.partitioned = partitioned
     self.num_grid_nodes = graphs.num_nodes("grid")
+    # A denoiser's spherical white noise needs the grid as rows and columns.
+    self.spherical_grid = spherical_noise.grid_of_positions(positions["grid"])
 
   @property
   def grid(self) -> partition_lib.NodePartition:

@@ -197,8 +197,11 @@ def forecast_step_fn(layout: ShardedLayout, graphdef, modalities=(),
 
   With `sampler`, the model is GenCast's denoiser and the step samples (its
   `sampler.forecast_step`): `inputs` also hold `sampler_keys` `[B, 2]` (each row's noise
-  key at this lead) and `grid_nodes` `[B, G]` (each slot's grid node, the same every row).
+  key at this lead) and `grid_nodes` `[B, G]` (each slot's grid node, the same every row);
+  its noise is drawn on the layout's grid (`sampler.noise_grid`).
   """
+  noise_grid = (None if sampler is None
+                else sampler_lib.noise_grid(sampler, layout.spherical_grid))
   with_inputs = [m for m in modalities if m.inputs]
   with_targets = [m for m in modalities if m.targets]
 
@@ -208,7 +211,7 @@ def forecast_step_fn(layout: ShardedLayout, graphdef, modalities=(),
       outputs = sampler_lib.forecast_step(
           model, constants.graphs, constants.residual_scale, inputs["inputs"],
           inputs["forcings"], inputs["statics"], inputs["sampler_keys"],
-          inputs["grid_nodes"][0], sampler, exchange, inputs.get("globals"))
+          inputs["grid_nodes"][0], sampler, noise_grid, exchange, inputs.get("globals"))
       return forecast.advance_history(inputs["inputs"], outputs), outputs, {}, {}
     point_history = {m.name: inputs[f"{m.name}/inputs"] for m in with_inputs}
     outputs, point_outputs = forecast.one_step_with_points(

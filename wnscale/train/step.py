@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from wnscale import specs as specs_lib
 from wnscale.model import diffusion, ensemble, setup
+from wnscale.model import sampler as sampler_lib
 from wnscale.model.loss_registry import DiffusionSpec
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import ShardedLayout, batch_spec
@@ -106,8 +107,9 @@ def train_step_of(specs: specs_lib.Specs, layout: ShardedLayout, graphdef, optim
   train = specs.train
   diffusion_noise = None
   if isinstance(train.loss, DiffusionSpec):
-    diffusion_noise = diffusion.TrainingNoise(specs.seed, train.loss,
-                                              len(specs.data.output_channels), layout.grid_slots)
+    diffusion_noise = diffusion.TrainingNoise(
+        specs.seed, train.loss, len(specs.data.output_channels), layout.grid_slots,
+        sampler_lib.noise_grid(specs.model.sampler, layout.spherical_grid))
   return make_train_step(layout, graphdef, optimizer,
                          optimizer_lib.learning_rate_schedule(train), constants, halo_indices,
                          remat_steps=train.remat_rollout, loss=train.loss.name,
