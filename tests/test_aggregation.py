@@ -120,9 +120,11 @@ def test_blocks_under_vmap_equal_by_index():
   np.testing.assert_allclose(sums("matmul"), sums("segment_sum"), rtol=1e-6, atol=1e-6)
 
 
-def test_auto_is_segment_sum_on_a_cpu_else_matmul_and_unknown_methods_fail():
+def test_auto_is_segment_sum_on_a_cpu_fused_on_a_tpu_and_unknown_methods_fail():
   edges, _, _ = _edge_problem()
   on_cpu = jax.default_backend() == "cpu"
+  assert aggregation.resolve("auto") == {"cpu": "segment_sum", "tpu": "fused"}.get(
+      jax.default_backend(), "matmul")
   assert aggregation.receivers_of(edges, "auto") is (edges.receivers if on_cpu
                                                      else edges.blocks)
   assert aggregation.receivers_of(edges, "matmul") is edges.blocks

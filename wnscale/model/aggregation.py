@@ -55,7 +55,9 @@ def resolve(method: str) -> str:
     raise ValueError(f"Unknown aggregation {method!r}; expected one of {AGGREGATIONS}.")
   if method == "auto":
     platform = target_platform() or jax.default_backend()
-    return "segment_sum" if platform == "cpu" else "matmul"
+    # Measured on a TPU v5e, `fused` beat `matmul` in bfloat16 and float32 (and fits the
+    # 1 deg paper model without remat, which `matmul` does not); its kernel is a TPU's.
+    return {"cpu": "segment_sum", "tpu": "fused"}.get(platform, "matmul")
   return method
 
 

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 # `model.aggregation`: "matmul" (blocks, where the edge set has them), "fused" (blocks,
 # and the processor's edge step as one kernel per block: `wnscale.model.fused_edges`;
-# TPU, and CPU in Pallas's interpreter), "segment_sum" (indices), or "auto": matmul on an
-# accelerator, segment_sum on a CPU (where a scatter is cheap and the products' extra
+# TPU, and CPU in Pallas's interpreter), "segment_sum" (indices), or "auto": fused on a TPU,
+# matmul on another accelerator, segment_sum on a CPU (where a scatter is cheap and the products' extra
 # arithmetic is not).
 AGGREGATIONS = ("auto", "matmul", "fused", "segment_sum")
 

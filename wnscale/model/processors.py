@@ -36,8 +36,8 @@ class GNNSpec(ProcessorSpec):
       "and a scatter), \"matmul\" (products with each block of edges' 0/1 receiver matrix; "
       "no scatter: wnscale.model.aggregation), \"fused\" (blocks, and a layer's whole edge "
       "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "
-      "elsewhere), \"auto\": matmul on an accelerator, segment_sum on a CPU. The same "
-      "function each way (to rounding)", choices=AGGREGATIONS, how_only=True)
+      "elsewhere), \"auto\": fused on a TPU, matmul on another accelerator, segment_sum on a "
+      "CPU. The same function each way (to rounding)", choices=AGGREGATIONS, how_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
