@@ -132,8 +132,9 @@ def test_auto_is_segment_sum_on_a_cpu_fused_on_a_tpu_and_unknown_methods_fail():
     aggregation.receivers_of(edges, "scatter")
 
 
-@pytest.mark.parametrize("conditioned", [False, True])
-def test_fused_edge_step_equals_messages_and_sum(conditioned):
+# Either way of writing the new edges (over the old ones or not) with each norm.
+@pytest.mark.parametrize("conditioned, write_over_edges", [(False, True), (True, False)])
+def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges):
   """One processor layer's edge work as one kernel per block (Pallas's interpreter on a CPU)
   equals the interaction network's messages and their sum: values, and gradients of the
   edges, both node tables and every parameter (a noise-conditioned norm's too). The
@@ -165,7 +166,7 @@ def test_fused_edge_step_equals_messages_and_sum(conditioned):
     c = conditioning if conditioned else None
     if fused:
       sums, new_edges = layer.fused_edge_step(values, senders_table, edges.sender_windows,
-                                              table, edges.blocks, c)
+                                              table, edges.blocks, c, write_over_edges)
     else:
       messages = layer.messages(values, senders_table, table, edges.senders, edges.receivers, c)
       sums = aggregation.sum_to_receivers(messages, edges.receivers, num_receivers)

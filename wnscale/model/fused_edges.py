@@ -56,7 +56,7 @@ _VMEM_LIMIT = 100 * 2**20  # a v5e TensorCore has 128 MiB of VMEM
 
 
 def edge_step(params: tuple, edges, sender_table, senders: SenderWindows, receiver_table,
-              blocks: ReceiverBlocks, epsilon: float):
+              blocks: ReceiverBlocks, epsilon: float, write_over_edges: bool = True):
   """`(sums [num_receivers, D] float32, new edge latents [num_edges, D])` of one layer.
 
   Args:
@@ -67,15 +67,23 @@ def edge_step(params: tuple, edges, sender_table, senders: SenderWindows, receiv
       of it.
     receiver_table: `[num_receivers, D]` the projected receivers.
     epsilon: the layer norm's.
+    write_over_edges: whether the new edge latents are written over `edges` when a
+      gradient is to come (without one, always). The backward pass needs the old ones:
+      written over, XLA copies them first. In a `jax.lax.scan` over the layers that copy
+      is made anyway (into the stacked residuals), and writing over them keeps the loop's
+      carry in place; in a Python loop, not writing over them saves the copy.
   """
   params = tuple(vary_like(p, edges) for p in params)  # as `low_memory_layers.layer_norm` says why
-  return _edge_step(params, edges, sender_table, senders, receiver_table, blocks, epsilon)
+  return _edge_step(params, edges, sender_table, senders, receiver_table, blocks, epsilon,
+                    write_over_edges)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _edge_step(params, edges, sender_table, senders, receiver_table, blocks, epsilon):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _edge_step(params, edges, sender_table, senders, receiver_table, blocks, epsilon,
+               write_over_edges):
+  del write_over_edges  # no gradient to come: the old edges are not needed after
   return _edge_step_forward(params, edges, sender_table, senders, receiver_table, blocks,
-                            epsilon)[0]
+                            epsilon, True)[0]
 
 
 def _tables(sender_table, senders, receiver_table, blocks):
@@ -87,15 +95,17 @@ def _tables(sender_table, senders, receiver_table, blocks):
           aggregation.padded_table(receiver_table, blocks.width))
 
 
-def _edge_step_forward(params, edges, sender_table, senders, receiver_table, blocks, epsilon):
+def _edge_step_forward(params, edges, sender_table, senders, receiver_table, blocks, epsilon,
+                       write_over_edges):
   new_edges, partials = _forward(
       params, edges, _tables(sender_table, senders, receiver_table, blocks), senders, blocks,
-      epsilon)
+      epsilon, write_over_edges)
   sums = aggregation.assemble(partials, blocks)
   return (sums, new_edges), (params, edges, sender_table, senders, receiver_table, blocks)
 
 
-def _edge_step_backward(epsilon, residuals, cotangents):
+def _edge_step_backward(epsilon, write_over_edges, residuals, cotangents):
+  del write_over_edges
   params, edges, sender_table, senders, receiver_table, blocks = residuals
   grad_sums, grad_new_edges = cotangents
   grad_edges, grad_sender_windows, grad_far, grad_windows, *grad_params = _backward(
@@ -279,9 +289,9 @@ def _out(shape, dtype, like) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
-def _forward(params, edges, tables, senders, blocks, epsilon):
-  """`(new edges [E, D] (written over `edges`), partial sums [num_blocks, width, D]
-  float32)`."""
+def _forward(params, edges, tables, senders, blocks, epsilon, write_over_edges):
+  """`(new edges [E, D] (written over `edges` if `write_over_edges`), partial sums
+  [num_blocks, width, D] float32)`."""
   inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
   num_blocks, width, latent = blocks.local.shape[0], blocks.width, edges.shape[-1]
   partials = pl.BlockSpec((1, width, latent), lambda k, *_: (k, 0, 0))
@@ -291,7 +301,7 @@ def _forward(params, edges, tables, senders, blocks, epsilon):
                  _out((num_blocks, width, latent), jnp.float32, edges)),
       grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs,
                                              out_specs=(specs[0], partials)),
-      input_output_aliases={_PREFETCHED: 0},
+      input_output_aliases={_PREFETCHED: 0} if write_over_edges else {},
   )(*inputs)
 
 

@@ -82,8 +82,11 @@ class MeshGNN(nnx.Module):
       """One block's summed messages `[num_mesh, latent]` (float32) and updated edges."""
       layer = nnx.merge(graphdef, layer_state)
       if fused:
+        # In a scan over the layers the old edges are copied into the stacked residuals
+        # anyway; in a Python loop, written over, they would be copied for that alone.
         return layer.fused_edge_step(edge_latents, sender_table, senders, receiver_table,
-                                     receivers, conditioning)
+                                     receivers, conditioning,
+                                     write_over_edges=spec.remat.scan_layers)
       messages = layer.messages(edge_latents, sender_table, receiver_table, senders,
                                 receivers, conditioning)
       # The edge residual comes after the node update, which saw only the messages.

@@ -97,18 +97,18 @@ class InteractionNetwork(nnx.Module):
     return checkpoint_name(self.edge_mlp.finish(hidden, conditioning), remat_policies.EDGE_LATENTS)
 
   def fused_edge_step(self, edges, projected_senders, senders, projected_receivers,
-                      blocks, conditioning=None):
+                      blocks, conditioning=None, write_over_edges=True):
     """`(summed messages [num_receivers, D] float32, edges + messages [E, D])`: what
     `messages` and their sum compute, as one kernel per receiver block
     (`wnscale.model.fused_edges`); the arguments as `messages` takes them, the receivers
-    as their `blocks`."""
+    as their `blocks`; `write_over_edges` as `fused_edges.edge_step` takes it."""
     hidden, out, norm = self.edge_mlp.hidden, self.edge_mlp.out, self.edge_mlp.norm
     dtype = edges.dtype
     params = (hidden.kernel[...], hidden.bias[...], out.kernel[...], out.bias[...],
               *norm.scale_and_offset(conditioning))
     return fused_edges.edge_step(tuple(p.astype(dtype) for p in params), edges,
                                  projected_senders, senders, projected_receivers, blocks,
-                                 norm.epsilon)
+                                 norm.epsilon, write_over_edges)
 
   def update_nodes(self, nodes, summed_messages, conditioning=None):
     """`[N, D]` receiver latents after the residual node MLP on their summed messages."""
