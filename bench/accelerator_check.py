@@ -33,6 +33,11 @@ their figures, and only one process at a time holds the accelerator:
                   TPU with edges (in blocks of 2^17); with --cpu a tiny transformer, 'auto'
                   (edges there) and splash (interpreted); the splash kernel's share of
                   tiles with an edge
+  gencast_1deg_step  GenCast's 1 deg denoiser (`configs/gencast_1p0.py`), one example: its
+                  train step (the diffusion loss, noise drawn in the step) with remat
+                  `--gencast_1deg_remat` (`none`: the planner's choice for the chip,
+                  compiled peak 15.11 GiB; docs/benchmarks.md) and the config's attention;
+                  with --cpu a tiny denoiser on the tiny config's grid
 
 Each model step records its step time, compile time, compiled and measured peak memory,
 utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
@@ -101,6 +106,8 @@ def main():
                       help="paper_0p25's remat: a planner candidate's name, or auto")
   parser.add_argument("--wn2_mini_remat", default="processor_every_3",
                       help="wn2_mini_step's remat: a planner candidate's name, or auto")
+  parser.add_argument("--gencast_1deg_remat", default="none",
+                      help="gencast_1deg_step's remat: a planner candidate's name, or auto")
   parser.add_argument("--aggregations", default="auto",
                       help="variants to measure, comma-separated, each a model.aggregation "
                            "value maybe followed by /key=value of other model keys that change "
@@ -136,6 +143,7 @@ def _run_step_in_a_process(name: str, args) -> bool:
              f"--platform={args.platform}", f"--paper_1deg_remat={args.paper_1deg_remat}",
              f"--paper_0p25_remat={args.paper_0p25_remat}",
              f"--wn2_mini_remat={args.wn2_mini_remat}",
+             f"--gencast_1deg_remat={args.gencast_1deg_remat}",
              f"--aggregations={args.aggregations}",
              f"--timed_steps={args.timed_steps}"] + (["--cpu"] if args.cpu else [])
   start = time.perf_counter()
@@ -326,7 +334,7 @@ def _train_steps(args, config, remat: str, record, variants, details=lambda step
     variant.model.update(overrides)
     variant = config_lib.validate(variant)
     labels = dict(remat=remat, resolution=variant.data.resolution, dtype=variant.model.dtype,
-                  **overrides)
+                  loss=variant.train.loss, **overrides)
     start = time.perf_counter()
     try:
       step = mid_problem.TrainStep(variant, points)
@@ -362,11 +370,21 @@ def forecast(args, mode, record):
          peak_live_device_gib=summary["peak_live_device_bytes"] / 2**30)
 
 
+def _transformer_details(step) -> dict:
+  """A transformer step's mesh nodes and attention edges, and the share of the splash
+  kernel's tiles that hold an edge (None on another attention)."""
+  import numpy as np  # noqa: PLC0415
+  mask = step.constants.graphs.masks.get("mesh_neighbours")
+  return dict(mesh_nodes=step.counts["mesh_nodes"],
+              attention_edges=step.counts["mesh_neighbour_edges"],
+              tiles_with_an_edge=None if mask is None else float(np.mean(
+                  np.asarray(mask.backward.block_mask) > 0)))
+
+
 def wn2_mini_step(args, mode, record):
   """WeatherNext 2's Mini (a tiny transformer with --cpu), with each attention
   (`_train_steps`), and the share of the splash kernel's tiles that hold an edge."""
   import jax  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
   from wnscale import config as config_lib  # noqa: PLC0415
 
   if args.cpu:
@@ -374,20 +392,28 @@ def wn2_mini_step(args, mode, record):
     config.model.processor = "transformer"
   else:
     config = config_lib.load(os.path.join(REPO, "configs", "weathernext2_1p0.py"))
-
-  def details(step):
-    mask = step.constants.graphs.masks.get("mesh_neighbours")
-    return dict(mesh_nodes=step.counts["mesh_nodes"],
-                attention_edges=step.counts["mesh_neighbour_edges"],
-                tiles_with_an_edge=None if mask is None else float(np.mean(
-                    np.asarray(mask.backward.block_mask) > 0)))
-
   on_tpu = jax.devices()[0].platform == "tpu"
   # Edges in blocks of 2^17 (the 0.25 deg model's 8.2M edges x 512 gathers otherwise).
   variants = [dict(transformer_attention="auto")] + (
       [dict(transformer_attention="edges", transformer_edges_per_block=2**17)] if on_tpu
       else [dict(transformer_attention="splash")] if args.cpu else [])
-  _train_steps(args, config, args.wn2_mini_remat, record, variants, details)
+  _train_steps(args, config, args.wn2_mini_remat, record, variants, _transformer_details)
+
+
+def gencast_1deg_step(args, mode, record):
+  """GenCast's 1 deg denoiser (with --cpu a tiny one on the tiny config's grid): its
+  diffusion train step (`_train_steps`) with the config's attention."""
+  from wnscale import config as config_lib  # noqa: PLC0415
+
+  if args.cpu:
+    config = config_lib.load(os.path.join(REPO, "configs", "tiny.py"))
+    config.model.update(processor="transformer", transformer_layers=2,
+                        denoiser_noise_frequencies=4, denoiser_noise_hidden_size=8,
+                        denoiser_noise_encoding_size=8)
+    config.train.update(loss="diffusion", eval_every=0)
+  else:
+    config = config_lib.load(os.path.join(REPO, "configs", "gencast_1p0.py"))
+  _train_steps(args, config, args.gencast_1deg_remat, record, [{}], _transformer_details)
 
 
 def train_loop(args, mode, record):
@@ -436,7 +462,7 @@ STEP_FUNCTIONS = {"devices": devices, "tests": tests, "parity_tests": tests,
                   "mid_step": side_by_side,
                   "latent256_step": side_by_side, "paper_1deg": paper_step,
                   "paper_0p25": paper_step, "forecast": forecast, "train_loop": train_loop,
-                  "wn2_mini_step": wn2_mini_step}
+                  "wn2_mini_step": wn2_mini_step, "gencast_1deg_step": gencast_1deg_step}
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ def parse(description: str, repeats: int):
 class TrainStep:
   """A config's compiled train step on one grid, with its state, constants and a batch.
 
-  The step is the one training runs (`train.step.make_train_step`: loss, gradients
-  and the AdamW update), on a one-device layout, the config's batch, random values.
+  The step is the one training runs (`train.step.train_step_of`: the config's loss,
+  gradients and the AdamW update), on a one-device layout, the config's batch, random values.
   """
 
   def __init__(self, config, points: PointSet, point_sets: dict | None = None):
@@ -87,12 +87,13 @@ class TrainStep:
               point_sets[m.name], noise=0.1, missing=0.1)
     self.batch = layout.global_batch(layout.host_batch(batch), config.train.batch_size)
     optimizer = optimizer_lib.make_optimizer(specs.train)
-    self.state = jax.device_put(initial_state(assembly.params, optimizer),
-                                assembly.replicated)
-    step = step_lib.make_train_step(
-        layout, assembly.graphdef, optimizer,
-        optimizer_lib.learning_rate_schedule(specs.train), self.constants, self.halo_indices,
-        modalities=specs.data.modalities)
+    self.state = jax.device_put(
+        initial_state(assembly.params, optimizer, bool(specs.train.ema_decay)),
+        assembly.replicated)
+    # The config's loss (an FGN's members, a denoiser's noise drawn in the step), as the
+    # planner's compile (`step.lower_train_step`) and training run it.
+    step = step_lib.train_step_of(specs, layout, assembly.graphdef, optimizer, self.constants,
+                                  self.halo_indices)
     start = time.perf_counter()
     self.step = step.lower(self.state, self.constants, self.halo_indices, self.batch).compile()
     self.compile_seconds = time.perf_counter() - start

@@ -28,7 +28,7 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2",
                   "--aggregations=auto/scan_layers=false")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "10 steps ran, 0 failed" in result.stdout
+  assert "11 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
   assert all(r["commit"] and r["date"] for r in records)
@@ -36,7 +36,8 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   for record in records:
     by_step.setdefault(record["step"], []).append(record)
   assert list(by_step) == ["devices", "tests", "parity_tests", "mid_step", "latent256_step", "paper_1deg",
-                           "paper_0p25", "forecast", "train_loop", "wn2_mini_step"]
+                           "paper_0p25", "forecast", "train_loop", "wn2_mini_step",
+                           "gencast_1deg_step"]
   assert by_step["devices"][0]["backend"] == "cpu"
   for name in ("tests", "parity_tests"):
     assert by_step[name][0]["exit_status"] == 0 and by_step[name][0]["passed"] == 1
@@ -76,6 +77,13 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
     assert record["graphcast_tflop"] is None and record["hardware_tflop"] > 0
   # 162 mesh nodes: 2 x 2 tiles, each with an edge.
   assert auto["tiles_with_an_edge"] is None and splash["tiles_with_an_edge"] == 1.0
+  assert auto["loss"] == "mse" and planned["loss"] == "mse"
+  # GenCast's: a tiny denoiser's diffusion step with the default remat.
+  (gencast,) = by_step["gencast_1deg_step"]
+  assert (gencast["loss"], gencast["remat"], gencast["fits"]) == (
+      "diffusion", "none", True)
+  assert gencast["step_seconds"] > 0 and gencast["compiled_peak_gib"] > 0
+  assert gencast["hardware_tflop"] > 0 and gencast["mesh_nodes"] == 162
 
 
 def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_path):
@@ -86,4 +94,4 @@ def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_
   wrong = _check(tmp_path, "--only=devices,speed")
   assert wrong.returncode == 1
   assert ("no step 'speed'; the steps are devices, tests, parity_tests, mid_step, latent256_step,"
-          in wrong.stderr)
+          in wrong.stderr and wrong.stderr.rstrip().endswith("gencast_1deg_step"))

@@ -21,7 +21,6 @@ import pytest
 import xarray as xr
 from flax import nnx
 
-from test_cli import assert_user_error
 from test_cli import run as run_launcher
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
@@ -315,14 +314,3 @@ def test_sampled_forecast_equals_gencasts(case, lead):
   worst = case.worst_errors(window, np.swapaxes(np.asarray(forecast), 1, 2)[0],
                             _reference("forecast.nc", time=lead - 1), skip_ties=False)
   assert max(worst.values()) < TOLERANCE, worst
-
-
-def test_example_predictions_of_the_denoiser_are_refused_in_one_line(imported, tmp_path):
-  """The denoiser trains (tests/test_gencast_training.py) and forecasts
-  (tests/test_gencast_forecast.py); `launch.predict_example` of it is not built yet and
-  says so on one line, before building the model."""
-  run, _ = imported
-  result = run_launcher("predict_example", f"--workdir={run}", f"--example={FIXTURE}/example.nc",
-                        f"--out={tmp_path}/predictions.nc")
-  assert_user_error(result, "model.denoiser_noise_frequencies=32: example predictions of "
-                    "GenCast's denoiser are not built yet", "launch.forecast with members")

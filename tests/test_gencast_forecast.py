@@ -10,6 +10,7 @@ levels) forecasts from its example, written as a store (2022-01-01T00 .. 2022-01
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from test_gencast import FIXTURE, PRECIP, SST, case, imported, stats  # noqa: F4
 from wnscale.errors import ArgumentError
 from wnscale.inference import forecast as forecast_lib
 from wnscale.inference.rollout import init_hours
+from wnscale.interop.graphcast_example import predict_example
 from wnscale.model import sampler, spherical_noise
 
 INIT = "2022-01-01T12"
@@ -158,6 +160,46 @@ def test_members_over_two_processes_equal_one_device(imported, example_store,  #
       cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=400)
   assert launched.returncode == 0, launched.stderr[-3000:]
   assert worst_differences(out, one_device, stats) < TOLERANCE
+
+
+def test_predict_example_samples_the_forecasts_members(imported, one_device, stats,  # noqa: F811
+                                                      tmp_path):
+  """`predict_example` of the fixture's example (inputs 2022-01-01T00 and 12, as `INIT`'s)
+  with `MEMBERS` members: member k's lead 1 is `launch.forecast`'s member k lead 1 (the same
+  noise: the run's seed, the initial time, k, lead 0) within `TOLERANCE` of each variable's
+  diffs_stddev (its `MEMBERS` rows in one call sum in another float32 order than the
+  forecast's one a call: 5e-4 at most), NaN at the same places; the members differ by far
+  more (4.2 at least)."""
+  predicted = predict_example(imported[0], os.path.join(FIXTURE, "example.nc"),
+                              str(tmp_path / "predictions.nc"), steps=1, members=MEMBERS)
+  assert predicted.sizes["sample"] == MEMBERS and predicted.sizes["time"] == 1
+  forecast = xr.open_zarr(one_device, chunks=None).isel(time=0, prediction_timedelta=0)
+
+  def worst(member, number):
+    errors = {}
+    for name in forecast.data_vars:
+      kind = "stddev_by_level" if name == PRECIP else "diffs_stddev_by_level"
+      ours = predicted[name].isel(sample=member, time=0, batch=0).rename(
+          {"lat": "latitude", "lon": "longitude"}).sortby("latitude")
+      theirs = forecast[name].isel(number=number).sortby("latitude").transpose(*ours.dims)
+      assert (np.isnan(ours.values) == np.isnan(theirs.values)).all(), name
+      errors[name] = float((abs(ours - theirs.values) / stats[kind][name]).max())
+    return errors
+
+  for member in range(MEMBERS):
+    assert max(worst(member, member).values()) < TOLERANCE, (member, worst(member, member))
+  assert min(worst(0, 1).values()) > 0.1  # each variable: member 1 is not member 0
+
+
+@pytest.mark.parametrize("members, noise, message", [
+    (None, None, "members must be >= 1: the run is an ensemble model (GenCast's denoiser)"),
+    (2, "noise.npz", "noise=noise.npz: must be an integer seed for GenCast's denoiser")])
+def test_predict_example_of_the_denoiser_needs_members_and_a_seed(
+    imported, tmp_path, members, noise, message):  # noqa: F811
+  with pytest.raises(ArgumentError, match=re.escape(message)) as error:
+    predict_example(imported[0], os.path.join(FIXTURE, "example.nc"),
+                    str(tmp_path / "predictions.nc"), members=members, noise=noise)
+  assert "\n" not in str(error.value) and not (tmp_path / "predictions.nc").exists()
 
 
 def test_launch_evaluate_scores_crps_and_spread_skill(example_store, one_device, tmp_path):

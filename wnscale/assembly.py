@@ -68,17 +68,6 @@ class Assembly:
                                                        sharding=self.replicated), self.params)
 
 
-def refuse_denoiser(specs: Specs, what: str):
-  """Raises `UserError` for `what` (e.g. "example predictions": not built for a denoiser yet)
-  when `specs`' model is GenCast's denoiser; a denoiser trains (`train.loss='diffusion'`)
-  and forecasts (`launch.forecast` with members)."""
-  if specs.model.denoiser.noise_frequencies:
-    raise UserError(f"model.denoiser_noise_frequencies={specs.model.denoiser.noise_frequencies}"
-                    f": {what} of GenCast's denoiser are not built yet; it trains "
-                    "(train.loss='diffusion'), fine-tunes and forecasts ensembles into a zarr "
-                    "store (launch.forecast with members).")
-
-
 def _silent(_: str) -> ContextManager[dict]:
   return contextlib.nullcontext({})
 

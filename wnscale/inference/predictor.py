@@ -4,7 +4,9 @@ Coordinates and metadata stay here, outside jit: the predictor strips the
 variables to normalized `[batch, time, channels, grid]` arrays, steps the
 model one lead time at a time with the forecasts' sharded step
 (`rollout.ShardedStep`, on a one-device mesh), and puts coordinates back on
-the result.
+the result. A denoiser's (GenCast's) step runs its sampler with the noise
+`launch.forecast` draws: member `k` from the last input time `t` at lead `l`
+from `(seed, t, k, l)` (`wnscale.model.sampler.forecast_keys`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from wnscale.data.variables import STATIC_VARIABLES
 from wnscale.errors import UserError
 from wnscale.graphs.points import PointSet
 from wnscale.inference.nan_fill import NanFill
-from wnscale.inference.rollout import ShardedStep
+from wnscale.inference.rollout import ShardedStep, denoiser_sampler, init_hours
+from wnscale.model import sampler as sampler_lib
 from wnscale.specs import Specs
 
 
@@ -91,11 +94,15 @@ class Predictor:
     self.normalization = norm = assembly.normalization
     self.nan_fill = NanFill(d, norm.mean[:norm.num_state], norm.std[:norm.num_state])
     self.grid = assembly.layout.grid
-    self.step = ShardedStep(assembly, params)
+    self.grid_slots = assembly.layout.grid_slots
+    self.seed = specs.seed
+    self.sampler = denoiser_sampler(specs.model)
+    self.step = ShardedStep(assembly, params, sampler=self.sampler)
 
   def __call__(self, inputs: xr.Dataset, statics: xr.Dataset, num_steps: int = 1,
                forcings: xr.Dataset | None = None,
-               noise: np.ndarray | None = None) -> xr.Dataset:
+               noise: np.ndarray | None = None, members=None,
+               seed: int | None = None) -> xr.Dataset:
     """Forecasts `num_steps` time steps after the last input time.
 
     Args:
@@ -110,6 +117,10 @@ class Predictor:
       noise: an FGN's (`model.noise_channels > 0`, required then) standard-normal
         noise: `[batch, noise_channels]` (the same at every lead time) or
         `[batch, num_steps, noise_channels]`; each batch row is one member.
+      members: a denoiser's (required then) member of each batch row, `[batch]` ints: row
+        `b`'s sampler noise is member `members[b]`'s of `launch.forecast`.
+      seed: a denoiser's noise seed (default: the run's, `config.seed`, as
+        `launch.forecast`'s).
 
     A variable of `data.nan_fill_values` enters with its NaN replaced by the
     value, and its forecast is NaN wherever one of its input times was.
@@ -125,6 +136,7 @@ class Predictor:
     inputs, statics = inputs.sortby("latitude"), statics.sortby("latitude")
     noise = self._check_noise(noise, inputs.sizes["batch"], num_steps)
     times = pd.DatetimeIndex(inputs.time.values)
+    members = self._check_members(members, inputs.sizes["batch"])
     target_times = pd.DatetimeIndex([times[-1] + self.time_step * k
                                      for k in range(1, num_steps + 1)])
     norm = self.normalization
@@ -139,14 +151,16 @@ class Predictor:
         self.forcings,
         given=self._given_forcings(forcings, all_times))
     batch_size = inputs.sizes["batch"]
-    batched_put = lambda key, array: self.step.put(  # noqa: E731 (rows: the same array each)
-        key, np.broadcast_to(array, (batch_size,) + array.shape))
+    batched_put = lambda key, array, dtype=np.float32: self.step.put(  # noqa: E731
+        key, np.broadcast_to(array, (batch_size,) + array.shape), dtype)  # rows: the same
     forcing = self.grid.to_slots(norm.input_scales.forcings(forcing), -1)  # [T, F, slots]
     static = batched_put("statics", self.grid.to_slots(norm.input_scales.statics(static), -1))
     history = self.step.put("inputs", self.grid.to_slots(state, -1))
     refill = self.nan_fill.refill(self.grid.to_slots(nan_mask, -1), self.step.put)
     global_values = (norm.input_scales.globals(forcings_lib.compute_global_forcings(
         all_times.values, self.global_forcings)) if self.global_forcings else None)
+    grid_nodes = (None if members is None else  # a denoiser's: each slot's grid node
+                  batched_put("grid_nodes", self.grid_slots, np.int32))
     outputs = []
     for lead in range(num_steps):
       window = slice(lead, lead + self.input_steps + 1)  # the history's times and the next
@@ -154,6 +168,11 @@ class Predictor:
           "globals": batched_put("globals", global_values[window])}
       if noise is not None:
         extra["noise"] = self.step.put("noise", noise[:, lead])
+      if members is not None:
+        extra["sampler_keys"] = self.step.put("sampler_keys", sampler_lib.forecast_keys(
+            self.seed if seed is None else seed,
+            np.full(batch_size, init_hours(times[-1]), np.int32), members, lead), np.uint32)
+        extra["grid_nodes"] = grid_nodes
       history, step_outputs, _, _ = self.step(history, batched_put("forcings", forcing[window]),
                                         static, extra)
       if refill is not None:  # the fill value again where the inputs were NaN
@@ -185,6 +204,22 @@ class Predictor:
       raise UserError(f"noise has shape {noise.shape}; the forecast needs [batch={batch_size}, "
                       f"(steps={num_steps},) {self.noise_channels}].")
     return noise
+
+  def _check_members(self, members, batch_size: int) -> np.ndarray | None:
+    """`[batch]` int32 members of a denoiser's rows, or None for a forecaster."""
+    if self.sampler is None:
+      if members is not None:
+        raise UserError("members are given, but the model is not a denoiser "
+                        "(model.denoiser_noise_frequencies=0).")
+      return None
+    if members is None:
+      raise UserError("The model is GenCast's denoiser (model.denoiser_noise_frequencies > 0):"
+                      " pass the member of each batch row.")
+    members = np.asarray(members, np.int32)
+    if members.shape != (batch_size,):
+      raise UserError(f"members has shape {members.shape}; the forecast needs [batch="
+                      f"{batch_size}].")
+    return members
 
   def _given_forcings(self, forcings: xr.Dataset | None, times) -> dict:
     """`{name: [time, grid]}` of the forcings `forcings` holds, latitude ascending."""

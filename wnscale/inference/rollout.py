@@ -38,7 +38,7 @@ from wnscale.model import sampler as sampler_lib
 from wnscale.sharding import sharded_model
 from wnscale.sharding.layout import BATCH_SPECS
 from wnscale.sharding.mesh import DATA
-from wnscale.specs import Specs
+from wnscale.specs import ModelSpec, SamplerSpec, Specs
 
 
 class ShardedStep:
@@ -71,9 +71,10 @@ class ShardedStep:
     self._step = jax.jit(step_fn, donate_argnums=3)
     self._compiled = None
 
-  def put(self, key: str, array: np.ndarray) -> jax.Array:
-    """A host batch array (grid axis in slots) on the mesh as `BATCH_SPECS[key]` says."""
-    return jax.device_put(np.ascontiguousarray(array, np.float32),
+  def put(self, key: str, array: np.ndarray, dtype=np.float32) -> jax.Array:
+    """A host batch array (grid axis in slots) of `dtype` on the mesh as `BATCH_SPECS[key]`
+    says."""
+    return jax.device_put(np.ascontiguousarray(array, dtype),
                           self.layout.sharding(BATCH_SPECS[key]))
 
   def compile(self, history, forcings, statics, extra):
@@ -127,7 +128,7 @@ class StreamingForecaster:
     self.noise_channels = specs.model.noise_channels
     self.noise_key = ensemble.noise_key(specs.seed)
     self.seed = specs.seed
-    self.sampler = specs.model.sampler if specs.model.denoiser.noise_frequencies else None
+    self.sampler = denoiser_sampler(specs.model)
     self.step = ShardedStep(assembly, params, self.modalities, self.sampler)
     self.rows = self._local_rows()
     statics = self.layout.grid.to_slots(
@@ -320,6 +321,12 @@ class StreamingForecaster:
       points[name] = values * stats["std"][:, None] + stats["mean"][:, None]
     return (normalized * self.normalization.std[:, None] + self.normalization.mean[:, None],
             points)
+
+
+def denoiser_sampler(model: ModelSpec) -> SamplerSpec | None:
+  """The sampler a denoiser's (GenCast's) step runs (`ShardedStep`'s `sampler`): the
+  model's, or None for a forecaster."""
+  return model.sampler if model.denoiser.noise_frequencies else None
 
 
 def init_hours(time) -> int:

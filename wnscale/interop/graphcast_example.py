@@ -17,7 +17,9 @@ The model runs through `inference.predictor.Predictor` (the xarray boundary), on
 one device, one batch member at a time (their dates may differ).
 
 An FGN (WeatherNext 2) forecasts `members` ensemble members, each with its own
-noise (`noise`: a file, or a seed); the predictions then have a leading
+noise (`noise`: a file, or a seed); GenCast's denoiser samples `members` members with
+the noise fields `launch.forecast` draws (from the run's seed, or the integer `noise`),
+so member `k` equals that forecast's member `k`. The predictions then have a leading
 `sample` dim, as WeatherNext 2's do.
 """
 
@@ -32,13 +34,13 @@ import xarray as xr
 from wnscale import outputs as outputs_lib
 from wnscale import paths
 from wnscale import specs as specs_lib
-from wnscale.assembly import assemble, refuse_denoiser
+from wnscale.assembly import assemble
 from wnscale.data import netcdf, run_data
 from wnscale.data import variables as variables_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.graphs.points import PointSet
 from wnscale.inference.predictor import Predictor
-from wnscale.inference.rollout import init_hours
+from wnscale.inference.rollout import denoiser_sampler, init_hours
 from wnscale.model import ensemble
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.train.run_directory import RunDirectory
@@ -53,10 +55,13 @@ def predict_example(workdir: str, example_path: str, out_path: str,
 
   Args:
     overwrite: replace an existing file at `out_path` (checked first: `outputs.check`).
-    members: an FGN's ensemble size (required for one; none for a deterministic run).
+    members: an ensemble's size (an FGN's or a denoiser's; required for one; none for a
+      deterministic run).
     noise: an FGN's noise: an `.npz` file whose `noise` is `[members, K]` (each
       member's noise at every lead time) or `[members, steps, K]`, or an integer
-      seed (`ensemble.forecast_noise` of that seed, initial time and member).
+      seed (`ensemble.forecast_noise` of that seed, initial time and member); a
+      denoiser's: an integer seed of its noise fields (default: the run's seed,
+      `launch.forecast`'s; `sampler.forecast_keys`).
     params: "ema" or "raw" (`run_directory.PARAMS`); default: the moving average of the
       parameters when the run kept one.
 
@@ -68,10 +73,9 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   example = netcdf.load(example_path)  # before the model: a wrong file is said at once
   run = RunDirectory(workdir, argument="workdir")
   specs = specs_lib.from_config(run.read_config())
-  refuse_denoiser(specs, "example predictions")
   d = specs.data
   steps = _check_example(example, d, steps, example_path)
-  member_noise = _member_noise(specs, members, noise, steps)
+  ensemble_of = _ensemble(specs, members, noise, steps)
   grid = PointSet.regular(np.sort(example["lat"].values), example["lon"].values)
   assembly = assemble(specs, grid, run_data.resolve_stats(d), mesh_lib.single_device_mesh())
   restored, _ = run.restore_params(assembly.params, which=params)
@@ -79,12 +83,12 @@ def predict_example(workdir: str, example_path: str, out_path: str,
   rows = []
   for row in range(example.sizes["batch"]):
     inputs, statics, forcings = _member_inputs(example.isel(batch=row), d)
-    if member_noise is None:
+    if ensemble_of is None:
       rows.append(predictor(inputs, statics, num_steps=steps, forcings=forcings))
     else:  # the ensemble as a batch of members
-      noise_values = member_noise(np.datetime64(inputs["time"].values[-1], "h"))
-      members_forecast = predictor(inputs.expand_dims(batch=len(noise_values)), statics,
-                                   num_steps=steps, forcings=forcings, noise=noise_values)
+      members_forecast = predictor(
+          inputs.expand_dims(batch=members), statics, num_steps=steps, forcings=forcings,
+          **ensemble_of(np.datetime64(inputs["time"].values[-1], "h")))
       rows.append(members_forecast.rename({"batch": "sample"}))
   predictions = _reference_format(rows, example, d)
   with outputs_lib.writing(out_path, "nothing was written"):
@@ -130,29 +134,40 @@ def _check_example(example: xr.Dataset, data: specs_lib.DataSpec, steps: int | N
   return steps
 
 
-def _member_noise(specs: specs_lib.Specs, members: int | None, noise: str | None, steps: int):
-  """None for a deterministic run; else `init time -> [members, steps, K]` noise."""
+def _ensemble(specs: specs_lib.Specs, members: int | None, noise: str | None, steps: int):
+  """None for a deterministic run; else `init time -> the Predictor's keyword arguments`
+  for the `members` rows of an ensemble: an FGN's `noise` `[members, steps, K]`, or a
+  denoiser's `members` and `seed`."""
   channels = specs.model.noise_channels
-  if not channels:
+  denoiser = denoiser_sampler(specs.model) is not None
+  if not channels and not denoiser:
     if members is not None or noise is not None:
       raise ArgumentError("members" if members is not None else "noise",
                           members if members is not None else noise,
-                          "is for an FGN run (model.noise_channels > 0); this one is "
-                          "deterministic")
+                          "is for an ensemble run (an FGN: model.noise_channels > 0; "
+                          "GenCast's denoiser: model.denoiser_noise_frequencies > 0); this "
+                          "one is deterministic")
     return None
   if members is None or members < 1:
-    raise ArgumentError("members", members, "must be >= 1: the run is an FGN ensemble model")
+    raise ArgumentError("members", members, "must be >= 1: the run is an ensemble model (" + (
+        "GenCast's denoiser)" if denoiser else "an FGN)"))
+  seed = int(noise) if noise is not None and noise.lstrip("-").isdigit() else None
+  if denoiser:  # its noise fields drawn as launch.forecast draws them, from a seed
+    if noise is not None and seed is None:
+      raise ArgumentError("noise", noise, "must be an integer seed for GenCast's denoiser "
+                          "(default: the run's seed)")
+    return lambda init_time: {"members": np.arange(members), "seed": seed}
   if noise is None:
     raise ArgumentError("noise", None, "is required for an FGN run: a .npz file of "
                         "[members, noise_channels] noise, or a seed")
-  if noise.lstrip("-").isdigit():
-    key = ensemble.noise_key(int(noise))
+  if seed is not None:
+    key = ensemble.noise_key(seed)
 
     def seeded(init_time):  # as launch.forecast draws them: the stream is the initial time
       streams = np.full(members, init_hours(init_time), np.int32)
-      return np.stack([np.asarray(ensemble.forecast_noise(
+      return {"noise": np.stack([np.asarray(ensemble.forecast_noise(
           key, streams, np.arange(members, dtype=np.int32), lead, channels))
-                       for lead in range(steps)], axis=1)
+                                 for lead in range(steps)], axis=1)}
 
     return seeded
   with np.load(io.BytesIO(paths.read_bytes(paths.normalize(noise)))) as file:
@@ -165,7 +180,7 @@ def _member_noise(specs: specs_lib.Specs, members: int | None, noise: str | None
       values.shape[2] != channels):
     raise ArgumentError("noise", noise, f"holds noise {list(values.shape)}; {members} "
                         f"members of {steps} steps need [{members}, ({steps},) {channels}]")
-  return lambda init_time: values[:members, :steps]
+  return lambda init_time: {"noise": values[:members, :steps]}
 
 
 def _member_inputs(member: xr.Dataset, data: specs_lib.DataSpec):
