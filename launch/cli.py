@@ -39,8 +39,9 @@ line, `error: process i of n stopped on an unexpected error, ...`, and the proce
 1 at once, as it does after a user error, a full disk or an interrupt: not held at JAX's
 shutdown barrier, which waits for every peer (minutes), while its exit is what tells a
 launcher or a scheduler to stop the others. A collective that a peer left (killed) or
-did not come to (JAX's Gloo rendezvous gives up after 30 s) is that line alone: the
-peer's log says why.
+did not come to (JAX's Gloo rendezvous gives up after 30 s), or a wait on the
+coordination service that process 0 took with it, is that line alone: the peer's log
+says why.
 `--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up, or while its modules are imported) ends it with
 `Interrupted (Ctrl-C).`, exit status 130, even where its handler ran inside a callback
@@ -365,9 +366,12 @@ def _in_a_cluster() -> bool:
 
 
 # What JAX raises in a process whose peer left a collective or did not come to it, or
-# to the coordination service (the peer failed, was stopped, or is far behind).
+# to the coordination service (the peer failed, was stopped, or is far behind), or whose
+# coordination service is gone with process 0 (a barrier or a key's wait then fails;
+# most often JAX's own watch of the service ends the process first, with its log).
 _PEER_MISSING = re.compile(r"Gloo [\w -]+ failed|DEADLINE_EXCEEDED|Connection (closed|reset) "
-                           r"by peer|another task died|distributed service detected fatal")
+                           r"by peer|another task died|distributed service detected fatal|"
+                           r"Failed to send RPC to coordination service")
 
 
 def _unexpected_in_a_cluster(error: BaseException) -> str:

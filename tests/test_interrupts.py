@@ -304,6 +304,11 @@ def test_an_unexpected_error_in_one_process_stops_every_process_at_once():
      "error [127.0.0.1]:56490: Connection reset by peer", True),
     ("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed "
      "out with key: cpu:gloo/0,1,2048,2049/2 and duration: 29.99999996s", True),
+    # The soak's (`--storage=emulator --seed=2`): process 0 gone while process 1 waited at
+    # Orbax's barrier.
+    ("UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was "
+     "preempted/died/restarted unexpectedly or this task is experiencing network issues.",
+     True),
     ("INVALID_ARGUMENT: Executable expected parameter 0 of size 8 but got 4", False)])
 def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   """A collective a peer left or never came to is said in one line (the peer's log says
@@ -313,6 +318,47 @@ def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   assert line.startswith("error: process 0 of 1 stopped")
   assert ("another process left a collective or did not come to it in time" in line) == peer
   assert ("(the traceback above)" in line) == (not peer)
+
+
+def test_a_process_whose_coordination_service_is_gone_stops_at_once_with_one_line():
+  """The soak's fault (`--storage=emulator --seed=2`): process 0 stopped while process 1
+  waited at a barrier, which failed with "Failed to send RPC to coordination service";
+  that was shown as a bug. Here process 0 is killed (SIGKILL) while process 1 waits at a
+  barrier; process 1 stops within seconds. Either its barrier's error comes first (one
+  line, exit 1) or JAX's watch of the service ends it (abort, JAX's log): a race that
+  each side wins about half the time, so the pair is started until the line is seen."""
+  env = dict(process_env(), PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH",
+                                                                                "")]))
+  for _ in range(8):
+    with socket.socket() as port:
+      port.bind(("localhost", 0))
+      address = f"localhost:{port.getsockname()[1]}"
+    pair = [Started([sys.executable, "-m", "leader_gone", f"--coordinator_address={address}",
+                     "--num_processes=2", f"--process_id={index}", "--platform=cpu",
+                     "--nocompilation_cache"], env=env) for index in (0, 1)]
+    try:
+      for started in pair:
+        deadline = time.monotonic() + 60
+        while started.stdout != ["waiting\n"] and time.monotonic() < deadline:
+          assert started.process.poll() is None, started.stderr[-3000:]
+          time.sleep(0.05)
+      time.sleep(0.5)  # process 1 inside its barrier
+      pair[0].kill()
+      killed = time.monotonic()
+      code = pair[1].finish(timeout=30)
+      assert time.monotonic() - killed < 5, pair[1].stderr[-3000:]
+    finally:
+      for started in pair:
+        started.kill()
+    if code == -signal.SIGABRT:  # JAX's watch came first
+      assert "distributed service detected fatal errors" in pair[1].stderr
+      continue
+    assert code == 1, pair[1].stderr[-3000:]
+    assert_one_error_line(pair[1].stderr, "process 1 of 2 stopped: another process left a "
+                          "collective or did not come to it in time (UNAVAILABLE: Failed to "
+                          "send RPC to coordination service")
+    return
+  pytest.fail("JAX's watch of the coordination service ended process 1 each time")
 
 
 def test_processes_meet_before_their_first_collective():
