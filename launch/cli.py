@@ -367,11 +367,12 @@ def _in_a_cluster() -> bool:
 
 # What JAX raises in a process whose peer left a collective or did not come to it, or
 # to the coordination service (the peer failed, was stopped, or is far behind), or whose
-# coordination service is gone with process 0 (a barrier or a key's wait then fails;
-# most often JAX's own watch of the service ends the process first, with its log).
+# coordination service is gone with process 0, or took a peer for dead (its heartbeats
+# stopped): a barrier or a key's wait then fails, unless JAX's own watch of the service
+# ends the process first, with its log.
 _PEER_MISSING = re.compile(r"Gloo [\w -]+ failed|DEADLINE_EXCEEDED|Connection (closed|reset) "
                            r"by peer|another task died|distributed service detected fatal|"
-                           r"Failed to send RPC to coordination service")
+                           r"Failed to send RPC to coordination service|heartbeat timeout")
 
 
 def _unexpected_in_a_cluster(error: BaseException) -> str:

@@ -22,6 +22,14 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
 COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+# Seconds without a heartbeat after which JAX's coordination service takes a process for
+# dead and ends the others (JAX's default: 100). A process that died between two
+# collectives, with nothing else to stop its peers (its launcher killed too, or a slice's
+# host gone), held them that long in their next wait for it. The heartbeats come from
+# threads of their own, not from Python: a process busy compiling or loaded down still
+# sends them.
+HEARTBEAT_TIMEOUT_S = 20
+
 COMPILATION_CACHE = flags.DEFINE_bool(
     "compilation_cache", True,
     "Keep compiled programs in JAX's persistent compilation cache, in the cache directory "
@@ -67,9 +75,10 @@ def start():
   if COORDINATOR.value or NUM_PROCESSES.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
-                               initialization_timeout=120)
-  elif on_cloud_tpu():
-    jax.distributed.initialize()  # Cloud TPU: peers are found from the environment
+                               initialization_timeout=120,
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  elif on_cloud_tpu():  # peers found from the environment
+    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   logging.info("JAX process %d of %d, %d local / %d global %s devices.", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.devices()[0].platform)

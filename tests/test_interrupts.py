@@ -309,6 +309,10 @@ def test_an_unexpected_error_in_one_process_stops_every_process_at_once():
     ("UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was "
      "preempted/died/restarted unexpectedly or this task is experiencing network issues.",
      True),
+    # Process 1 killed while process 0 waited at a barrier, no launcher to stop process 0.
+    ("INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat "
+     "timeout. This indicates that the remote task has failed, got preempted, or crashed "
+     "unexpectedly.", True),
     ("INVALID_ARGUMENT: Executable expected parameter 0 of size 8 but got 4", False)])
 def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   """A collective a peer left or never came to is said in one line (the peer's log says
@@ -320,45 +324,78 @@ def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   assert ("(the traceback above)" in line) == (not peer)
 
 
+def kill_one_of_a_pair(gone: int, within: float) -> tuple[Started, int]:
+  """Two `tests/peer_gone.py` processes, started without a launcher (none to stop the
+  survivor); once both have joined, process `gone` is killed (SIGKILL) while the other
+  waits for it at a barrier. The survivor and its exit status, once it ends within
+  `within` seconds of the kill (else the test fails)."""
+  env = dict(process_env(), GONE=str(gone),
+             PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  with socket.socket() as port:
+    port.bind(("localhost", 0))
+    address = f"localhost:{port.getsockname()[1]}"
+  pair = [Started([sys.executable, "-m", "peer_gone", f"--coordinator_address={address}",
+                   "--num_processes=2", f"--process_id={index}", "--platform=cpu",
+                   "--nocompilation_cache"], env=env) for index in (0, 1)]
+  survivor = pair[1 - gone]
+  try:
+    for started in pair:
+      deadline = time.monotonic() + 60
+      while started.stdout != ["waiting\n"] and time.monotonic() < deadline:
+        assert started.process.poll() is None, started.stderr[-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)  # the survivor inside its barrier
+    pair[gone].kill()
+    killed = time.monotonic()
+    try:
+      code = survivor.finish(timeout=within)
+    except subprocess.TimeoutExpired:
+      pytest.fail(f"process {1 - gone} still waiting {within:.0f} s on: "
+                  f"{survivor.stderr[-3000:]}")
+    assert time.monotonic() - killed < within, survivor.stderr[-3000:]
+    return survivor, code
+  finally:
+    for started in pair:
+      started.kill()
+
+
+def assert_peer_gone(survivor: Started, code: int, index: int, cause: str):
+  """The survivor, process `index` of 2, ended either on its barrier's error (one line,
+  exit 1) or by JAX's watch of the coordination service (abort, JAX's log); returns."""
+  if code == -signal.SIGABRT:
+    assert "distributed service detected fatal errors" in survivor.stderr
+    return
+  assert code == 1, survivor.stderr[-3000:]
+  assert_one_error_line(survivor.stderr, f"process {index} of 2 stopped: another process "
+                        "left a collective or did not come to it in time", cause)
+
+
 def test_a_process_whose_coordination_service_is_gone_stops_at_once_with_one_line():
   """The soak's fault (`--storage=emulator --seed=2`): process 0 stopped while process 1
   waited at a barrier, which failed with "Failed to send RPC to coordination service";
-  that was shown as a bug. Here process 0 is killed (SIGKILL) while process 1 waits at a
-  barrier; process 1 stops within seconds. Either its barrier's error comes first (one
-  line, exit 1) or JAX's watch of the service ends it (abort, JAX's log): a race that
-  each side wins about half the time, so the pair is started until the line is seen."""
-  env = dict(process_env(), PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH",
-                                                                                "")]))
+  that was shown as a bug. Here process 0 is killed while process 1 waits at a barrier;
+  process 1 stops within seconds. Either its barrier's error comes first (one line, exit
+  1) or JAX's watch of the service ends it (abort): a race that each side wins about
+  half the time, so the pair is started until the line is seen."""
   for _ in range(8):
-    with socket.socket() as port:
-      port.bind(("localhost", 0))
-      address = f"localhost:{port.getsockname()[1]}"
-    pair = [Started([sys.executable, "-m", "leader_gone", f"--coordinator_address={address}",
-                     "--num_processes=2", f"--process_id={index}", "--platform=cpu",
-                     "--nocompilation_cache"], env=env) for index in (0, 1)]
-    try:
-      for started in pair:
-        deadline = time.monotonic() + 60
-        while started.stdout != ["waiting\n"] and time.monotonic() < deadline:
-          assert started.process.poll() is None, started.stderr[-3000:]
-          time.sleep(0.05)
-      time.sleep(0.5)  # process 1 inside its barrier
-      pair[0].kill()
-      killed = time.monotonic()
-      code = pair[1].finish(timeout=30)
-      assert time.monotonic() - killed < 5, pair[1].stderr[-3000:]
-    finally:
-      for started in pair:
-        started.kill()
-    if code == -signal.SIGABRT:  # JAX's watch came first
-      assert "distributed service detected fatal errors" in pair[1].stderr
-      continue
-    assert code == 1, pair[1].stderr[-3000:]
-    assert_one_error_line(pair[1].stderr, "process 1 of 2 stopped: another process left a "
-                          "collective or did not come to it in time (UNAVAILABLE: Failed to "
-                          "send RPC to coordination service")
-    return
+    survivor, code = kill_one_of_a_pair(gone=0, within=5)
+    assert_peer_gone(survivor, code, 1, "(UNAVAILABLE: Failed to send RPC to coordination "
+                     "service")
+    if code == 1:
+      return
   pytest.fail("JAX's watch of the coordination service ended process 1 each time")
+
+
+def test_a_process_whose_peer_died_between_collectives_stops_within_the_heartbeat_timeout():
+  """The soak's fault after `kill_launcher` (no launcher left to stop the others): process
+  1 died while process 0 was between two waits for it; process 0 waited in the next one
+  until JAX's coordination service took process 1 for dead, 100 s by JAX's default. Now
+  within `launch.process.HEARTBEAT_TIMEOUT_S` (and a few seconds), with the line of a peer that
+  left, or JAX's abort."""
+  # 20 s (`launch.process.HEARTBEAT_TIMEOUT_S`, not imported here: its flags would clash
+  # with local_cluster's in a test session) and a few seconds.
+  survivor, code = kill_one_of_a_pair(gone=1, within=30)
+  assert_peer_gone(survivor, code, 0, "heartbeat")
 
 
 def test_processes_meet_before_their_first_collective():
