@@ -129,6 +129,10 @@ def _shown(signal_name: str | None) -> str:
 
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
+# The environment variable in which `launch.local_cluster` gives each process it starts
+# its own pid, for the process to watch (`launch.process.watch_launcher`).
+LAUNCHER_PID = "WNSCALE_LAUNCHER_PID"
+
 # Only in a launcher's process (`python -m launch.<name>`), not in one that imports it.
 if (threading.current_thread() is threading.main_thread() and sys.argv and
     os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0]))) == "launch"):

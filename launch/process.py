@@ -8,9 +8,15 @@ fake CPU devices, the persistent compilation cache, and the processes' cluster
 The flags are defined here, once, for every launcher that imports this module.
 """
 
+import contextlib
 import os
+import signal
+import threading
+import time
 
 from absl import flags, logging
+
+from launch import cli
 
 # JAX is imported in the functions that start it, not with this module: a launcher's
 # flags are checked first, and a mistake in them is reported without that slow import.
@@ -56,6 +62,32 @@ def on_cloud_tpu() -> bool:
   return platform in ("", "tpu") and "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
 
 
+# Seconds a process whose launcher is gone has to stop on its own before it ends itself:
+# a Ctrl-C in the loop saves the step reached in about a second (the tiny run).
+ORPHAN_GRACE_S = 5.0
+
+
+def watch_launcher():
+  """In a process of `launch.local_cluster`: once that launcher is gone (killed outright),
+  gives the process `ORPHAN_GRACE_S` to stop on its own (on Linux the kernel sends it a
+  SIGINT, as a Ctrl-C: a step being trained is saved), then ends it (exit 130), whatever
+  it was doing: a compile or a collective holds off the signal's handler, and no one is
+  left to read its output or stop it. Nothing outside such a process."""
+  launcher = os.environ.get(cli.LAUNCHER_PID)
+  if launcher is None:
+    return
+
+  def watch():
+    while os.getppid() == int(launcher):  # a process whose parent died is given another
+      time.sleep(0.5)
+    time.sleep(ORPHAN_GRACE_S)
+    with contextlib.suppress(OSError):  # its output likely has no reader left
+      os.write(2, b"Interrupted: launch.local_cluster is gone; stopped.\n")
+    os._exit(128 + signal.SIGINT)  # noqa: SLF001 (at once: nothing is left to wait for)
+
+  threading.Thread(target=watch, name="launcher watch", daemon=True).start()
+
+
 def is_first_before_start() -> bool:
   """Whether this process is known to be process 0 (or the only one) before JAX starts.
   On a multi-host Cloud TPU the index is known only after `start`."""
@@ -63,12 +95,13 @@ def is_first_before_start() -> bool:
 
 
 def start():
-  """`set_up` from the flags and the persistent compilation cache (unless
+  """`watch_launcher`, `set_up` from the flags and the persistent compilation cache (unless
   --nocompilation_cache), then joins the processes' cluster: with gloo CPU
   collectives when the flags name it, from the environment on a Cloud TPU slice,
   none for a single process."""
   import jax  # noqa: PLC0415
   from wnscale import compilation_cache  # noqa: PLC0415
+  watch_launcher()
   set_up(PLATFORM.value, NUM_CPU_DEVICES.value)
   if COMPILATION_CACHE.value:
     compilation_cache.enable()
