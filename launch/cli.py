@@ -39,8 +39,9 @@ line, `error: process i of n stopped on an unexpected error, ...`, and the proce
 1 at once, as it does after a user error, a full disk or an interrupt: not held at JAX's
 shutdown barrier, which waits for every peer (minutes), while its exit is what tells a
 launcher or a scheduler to stop the others. A collective that a peer left (killed) or
-did not come to (JAX's Gloo rendezvous gives up after 30 s) is that line alone: the
-peer's log says why.
+did not come to (JAX's Gloo rendezvous gives up after 30 s), or a wait on the
+coordination service that process 0 took with it, is that line alone: the peer's log
+says why.
 `--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up, or while its modules are imported) ends it with
 `Interrupted (Ctrl-C).`, exit status 130, even where its handler ran inside a callback
@@ -127,6 +128,10 @@ def _shown(signal_name: str | None) -> str:
 
 
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+# The environment variable in which `launch.local_cluster` gives each process it starts
+# its own pid, for the process to watch (`launch.process.watch_launcher`).
+LAUNCHER_PID = "WNSCALE_LAUNCHER_PID"
 
 # Only in a launcher's process (`python -m launch.<name>`), not in one that imports it.
 if (threading.current_thread() is threading.main_thread() and sys.argv and
@@ -365,9 +370,13 @@ def _in_a_cluster() -> bool:
 
 
 # What JAX raises in a process whose peer left a collective or did not come to it, or
-# to the coordination service (the peer failed, was stopped, or is far behind).
+# to the coordination service (the peer failed, was stopped, or is far behind), or whose
+# coordination service is gone with process 0, or took a peer for dead (its heartbeats
+# stopped): a barrier or a key's wait then fails, unless JAX's own watch of the service
+# ends the process first, with its log.
 _PEER_MISSING = re.compile(r"Gloo [\w -]+ failed|DEADLINE_EXCEEDED|Connection (closed|reset) "
-                           r"by peer|another task died|distributed service detected fatal")
+                           r"by peer|another task died|distributed service detected fatal|"
+                           r"Failed to send RPC to coordination service|heartbeat timeout")
 
 
 def _unexpected_in_a_cluster(error: BaseException) -> str:

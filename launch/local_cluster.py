@@ -14,9 +14,11 @@ signal from outside or a mistake in the input is the cause; another process's ex
 
 Ctrl-C, SIGTERM and SIGHUP reach the processes as from a terminal: each is passed
 on to every process (they run in a process group of their own, so a terminal's
-Ctrl-C reaches them once, through here); if this launcher is killed outright, each
-process gets a SIGTERM. The training processes then save the
+Ctrl-C reaches them once, through here). The training processes then save the
 step they agree on and exit 0, and so does this; a second Ctrl-C stops them at once.
+If this launcher is killed outright, each process gets a Ctrl-C's SIGINT from the
+kernel (Linux) and, seconds later, ends itself if still running
+(`launch.process.watch_launcher`): none runs on unwatched, holding the workdir.
 When one process fails after a signal passed on (a Ctrl-C during set-up: each exits
 130), the others have `GRACE_S` to stop on their own before they are killed.
 """
@@ -79,7 +81,7 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
     raise UserError(f"{num_cpu_devices} fake CPU devices (--num_cpu_devices) do not split "
                     f"over --num_processes={num_processes} processes; give a multiple of it.")
   port = free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **{cli.LAUNCHER_PID: str(os.getpid())})
   processes, forwarders = [], []
   passed_on = []  # the signals passed on to the processes
   previous = _pass_on_signals(processes, passed_on)  # also while they start
@@ -125,11 +127,14 @@ def run_cluster(num_processes: int, num_cpu_devices: int, module: str, args: lis
 
 
 def _terminated_with_parent():
-  """In a started process: a SIGTERM when this launcher dies (even by SIGKILL), so that
-  it stops as a preempted process does instead of training on unwatched, holding the
-  workdir (Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+  """In a started process: a SIGINT when this launcher dies (even by SIGKILL), as from a
+  Ctrl-C, so that it stops instead of training on unwatched, holding the workdir (Linux's
+  PR_SET_PDEATHSIG; elsewhere nothing). A SIGINT, not a SIGTERM: once `jax.distributed`
+  has started, JAX takes a SIGTERM as a preemption notice, acted on at the first step
+  (after the set-up and compile: 50 s in the soak), while a Ctrl-C during set-up stops
+  the process at once, and one in the loop saves the step reached as a SIGTERM does."""
   if _PRCTL is not None:
-    _PRCTL(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    _PRCTL(1, signal.SIGINT)  # 1: PR_SET_PDEATHSIG
 
 
 # Looked up here, not in the forked child (where only async-signal-safe calls belong).

@@ -8,9 +8,15 @@ fake CPU devices, the persistent compilation cache, and the processes' cluster
 The flags are defined here, once, for every launcher that imports this module.
 """
 
+import contextlib
 import os
+import signal
+import threading
+import time
 
 from absl import flags, logging
+
+from launch import cli
 
 # JAX is imported in the functions that start it, not with this module: a launcher's
 # flags are checked first, and a mistake in them is reported without that slow import.
@@ -22,6 +28,14 @@ NUM_CPU_DEVICES = flags.DEFINE_integer(
 COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+# Seconds without a heartbeat after which JAX's coordination service takes a process for
+# dead and ends the others (JAX's default: 100). A process that died between two
+# collectives, with nothing else to stop its peers (its launcher killed too, or a slice's
+# host gone), held them that long in their next wait for it. The heartbeats come from
+# threads of their own, not from Python: a process busy compiling or loaded down still
+# sends them.
+HEARTBEAT_TIMEOUT_S = 20
+
 COMPILATION_CACHE = flags.DEFINE_bool(
     "compilation_cache", True,
     "Keep compiled programs in JAX's persistent compilation cache, in the cache directory "
@@ -48,6 +62,32 @@ def on_cloud_tpu() -> bool:
   return platform in ("", "tpu") and "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
 
 
+# Seconds a process whose launcher is gone has to stop on its own before it ends itself:
+# a Ctrl-C in the loop saves the step reached in about a second (the tiny run).
+ORPHAN_GRACE_S = 5.0
+
+
+def watch_launcher():
+  """In a process of `launch.local_cluster`: once that launcher is gone (killed outright),
+  gives the process `ORPHAN_GRACE_S` to stop on its own (on Linux the kernel sends it a
+  SIGINT, as a Ctrl-C: a step being trained is saved), then ends it (exit 130), whatever
+  it was doing: a compile or a collective holds off the signal's handler, and no one is
+  left to read its output or stop it. Nothing outside such a process."""
+  launcher = os.environ.get(cli.LAUNCHER_PID)
+  if launcher is None:
+    return
+
+  def watch():
+    while os.getppid() == int(launcher):  # a process whose parent died is given another
+      time.sleep(0.5)
+    time.sleep(ORPHAN_GRACE_S)
+    with contextlib.suppress(OSError):  # its output likely has no reader left
+      os.write(2, b"Interrupted: launch.local_cluster is gone; stopped.\n")
+    os._exit(128 + signal.SIGINT)  # noqa: SLF001 (at once: nothing is left to wait for)
+
+  threading.Thread(target=watch, name="launcher watch", daemon=True).start()
+
+
 def is_first_before_start() -> bool:
   """Whether this process is known to be process 0 (or the only one) before JAX starts.
   On a multi-host Cloud TPU the index is known only after `start`."""
@@ -55,21 +95,23 @@ def is_first_before_start() -> bool:
 
 
 def start():
-  """`set_up` from the flags and the persistent compilation cache (unless
+  """`watch_launcher`, `set_up` from the flags and the persistent compilation cache (unless
   --nocompilation_cache), then joins the processes' cluster: with gloo CPU
   collectives when the flags name it, from the environment on a Cloud TPU slice,
   none for a single process."""
   import jax  # noqa: PLC0415
   from wnscale import compilation_cache  # noqa: PLC0415
+  watch_launcher()
   set_up(PLATFORM.value, NUM_CPU_DEVICES.value)
   if COMPILATION_CACHE.value:
     compilation_cache.enable()
   if COORDINATOR.value or NUM_PROCESSES.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value,
-                               initialization_timeout=120)
-  elif on_cloud_tpu():
-    jax.distributed.initialize()  # Cloud TPU: peers are found from the environment
+                               initialization_timeout=120,
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  elif on_cloud_tpu():  # peers found from the environment
+    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   logging.info("JAX process %d of %d, %d local / %d global %s devices.", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.devices()[0].platform)

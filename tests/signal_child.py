@@ -4,26 +4,15 @@
 
 Prints `ready`, then waits. Process 0 (`--process_id=0`, from local_cluster) prints
 `SIGINT <count>` for each SIGINT it gets and exits 0 one second after the first (time
-for a duplicate to arrive); the others are ended by SIGINT's default action. A SIGTERM
-appends `<process id> SIGTERM` to the file `SIGNAL_CHILD_RECORD` names, then exits 0
-(its output may have no reader left).
+for a duplicate to arrive); the others are ended by SIGINT's default action.
 """
 
-import os
 import signal
 import sys
 import time
 
 
 def main():
-  def terminated(signum, frame):
-    del signum, frame
-    process = next(arg for arg in sys.argv if arg.startswith("--process_id="))
-    with open(os.environ["SIGNAL_CHILD_RECORD"], "a") as record:
-      record.write(f"{process.split('=')[1]} SIGTERM\n")
-    os._exit(0)  # noqa: SLF001
-
-  signal.signal(signal.SIGTERM, terminated)
   received = []
   if "--process_id=0" in sys.argv:
     def handle(signum, frame):

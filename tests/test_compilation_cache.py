@@ -18,6 +18,7 @@ import pytest
 from wnscale import config as config_lib
 from wnscale.data.making import synthetic
 from test_existing_data import tmpfs
+from test_interrupts import run_late_peers
 from tiny_runs import REPO, losses, process_env
 
 VARIABLES = tuple(config_lib.default_config().data.variables)
@@ -127,3 +128,22 @@ def test_a_bucket_keeps_the_programs_and_one_that_cannot_be_written_gives_way(tm
   assert directory == local and hits == "0"
   assert (f"Compilation cache gs://no-such-bucket/cache/jax: cannot write there (no such "
           f"bucket); it is kept in {local} instead." in stderr)
+
+
+def test_every_process_of_a_cpu_run_started_again_loads_its_programs(tmp_path):
+  """The soak's restarts (`bench/soak.py`): process 1 compiled its train step anew at every
+  start (15-20 s), as JAX writes entries from process 0 only while on CPU each process's
+  key is its own. Two processes (`launch.local_cluster`, `tests/late_peer.py`: a sum over
+  every device of both), started twice with one cache directory: each writes its own
+  entry, and at the second start each loads it."""
+  cache_dir = str(tmp_path / "xla")
+  first, code = run_late_peers(55, LATE_S="0", JAX_COMPILATION_CACHE_DIR=cache_dir)
+  assert code == 0, first.stderr[-3000:]
+  assert sorted(line for line in first.stdout if "loaded" in line) == [
+      "[p0] loaded 0\n", "[p1] loaded 0\n"], first.stderr[-3000:]
+  written = [name for name in os.listdir(cache_dir) if name.startswith("jit_sum-")]
+  assert len(written) == 2, written  # one per process: their keys differ
+  again, code = run_late_peers(55, LATE_S="0", JAX_COMPILATION_CACHE_DIR=cache_dir)
+  assert code == 0, again.stderr[-3000:]
+  assert sorted(line for line in again.stdout if "loaded" in line) == [
+      "[p0] loaded 1\n", "[p1] loaded 1\n"], again.stderr[-3000:]

@@ -304,6 +304,15 @@ def test_an_unexpected_error_in_one_process_stops_every_process_at_once():
      "error [127.0.0.1]:56490: Connection reset by peer", True),
     ("UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed "
      "out with key: cpu:gloo/0,1,2048,2049/2 and duration: 29.99999996s", True),
+    # The soak's (`--storage=emulator --seed=2`): process 0 gone while process 1 waited at
+    # Orbax's barrier.
+    ("UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was "
+     "preempted/died/restarted unexpectedly or this task is experiencing network issues.",
+     True),
+    # Process 1 killed while process 0 waited at a barrier, no launcher to stop process 0.
+    ("INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat "
+     "timeout. This indicates that the remote task has failed, got preempted, or crashed "
+     "unexpectedly.", True),
     ("INVALID_ARGUMENT: Executable expected parameter 0 of size 8 but got 4", False)])
 def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   """A collective a peer left or never came to is said in one line (the peer's log says
@@ -315,12 +324,93 @@ def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   assert ("(the traceback above)" in line) == (not peer)
 
 
+def kill_one_of_a_pair(gone: int, within: float) -> tuple[Started, int]:
+  """Two `tests/peer_gone.py` processes, started without a launcher (none to stop the
+  survivor); once both have joined, process `gone` is killed (SIGKILL) while the other
+  waits for it at a barrier. The survivor and its exit status, once it ends within
+  `within` seconds of the kill (else the test fails)."""
+  env = dict(process_env(), GONE=str(gone),
+             PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  with socket.socket() as port:
+    port.bind(("localhost", 0))
+    address = f"localhost:{port.getsockname()[1]}"
+  pair = [Started([sys.executable, "-m", "peer_gone", f"--coordinator_address={address}",
+                   "--num_processes=2", f"--process_id={index}", "--platform=cpu",
+                   "--nocompilation_cache"], env=env) for index in (0, 1)]
+  survivor = pair[1 - gone]
+  try:
+    for started in pair:
+      deadline = time.monotonic() + 60
+      while started.stdout != ["waiting\n"] and time.monotonic() < deadline:
+        assert started.process.poll() is None, started.stderr[-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)  # the survivor inside its barrier
+    pair[gone].kill()
+    killed = time.monotonic()
+    try:
+      code = survivor.finish(timeout=within)
+    except subprocess.TimeoutExpired:
+      pytest.fail(f"process {1 - gone} still waiting {within:.0f} s on: "
+                  f"{survivor.stderr[-3000:]}")
+    assert time.monotonic() - killed < within, survivor.stderr[-3000:]
+    return survivor, code
+  finally:
+    for started in pair:
+      started.kill()
+
+
+def assert_peer_gone(survivor: Started, code: int, index: int, cause: str):
+  """The survivor, process `index` of 2, ended either on its barrier's error (one line
+  naming `cause`, exit 1) or by JAX's watch of the coordination service (abort, JAX's
+  log)."""
+  if code == -signal.SIGABRT:
+    assert "distributed service detected fatal errors" in survivor.stderr
+    return
+  assert code == 1, survivor.stderr[-3000:]
+  # JAX's watch may still log its abort after the line, while the process exits.
+  assert "Traceback" not in survivor.stderr, survivor.stderr[-3000:]
+  errors = [line for line in survivor.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1, survivor.stderr[-3000:]
+  assert errors[0].startswith(f"error: process {index} of 2 stopped: another process left "
+                              "a collective or did not come to it in time"), errors[0]
+  assert cause in errors[0], errors[0]
+
+
+def test_a_process_whose_coordination_service_is_gone_stops_at_once_with_one_line():
+  """The soak's fault (`--storage=emulator --seed=2`): process 0 stopped while process 1
+  waited at a barrier, which failed with "Failed to send RPC to coordination service";
+  that was shown as a bug. Here process 0 is killed while process 1 waits at a barrier;
+  process 1 stops within seconds. Either its barrier's error comes first (one line, exit
+  1) or JAX's watch of the service ends it (abort): a race that each side wins about
+  half the time, so the pair is started until the line is seen."""
+  for _ in range(8):
+    survivor, code = kill_one_of_a_pair(gone=0, within=5)
+    assert_peer_gone(survivor, code, 1, "(UNAVAILABLE: Failed to send RPC to coordination "
+                     "service")
+    if code == 1:
+      return
+  pytest.fail("JAX's watch of the coordination service ended process 1 each time")
+
+
+def test_a_process_whose_peer_died_between_collectives_stops_within_the_heartbeat_timeout():
+  """The soak's fault after `kill_launcher` (no launcher left to stop the others): process
+  1 died while process 0 was between two waits for it; process 0 waited in the next one
+  until JAX's coordination service took process 1 for dead, 100 s by JAX's default. Now
+  within `launch.process.HEARTBEAT_TIMEOUT_S` (and a few seconds), with the line of a peer that
+  left, or JAX's abort."""
+  # 20 s (`launch.process.HEARTBEAT_TIMEOUT_S`, not imported here: its flags would clash
+  # with local_cluster's in a test session) and a few seconds.
+  survivor, code = kill_one_of_a_pair(gone=1, within=30)
+  assert_peer_gone(survivor, code, 0, "heartbeat")
+
+
 def test_processes_meet_before_their_first_collective():
   """`coordination.all_reach`, as the trainer does after each compile: process 1 comes
   33 s late, longer than the Gloo rendezvous waits, and the collective succeeds."""
   cluster, code = run_late_peers(58, LATE_S="33", MEET="1")
   assert code == 0, cluster.stderr[-3000:]
-  assert sorted(cluster.stdout) == ["[p0] sum 4\n", "[p1] sum 4\n"], cluster.stderr[-3000:]
+  assert sorted(line for line in cluster.stdout if "sum" in line) == [
+      "[p0] sum 4\n", "[p1] sum 4\n"], cluster.stderr[-3000:]
 
 
 # Python code run from C where an exception is printed and dropped; `stop()` sends the
@@ -360,22 +450,52 @@ def test_a_signal_handled_inside_a_callback_still_stops_the_launcher(callback, s
   assert time.monotonic() - start < 15
 
 
-def test_a_local_cluster_killed_outright_stops_its_processes(tmp_path):
-  """SIGKILL to launch.local_cluster (nothing of it runs to pass a signal on): each of its
-  processes gets a SIGTERM from the kernel (as a preempted process does; a training run
-  then saves its step) instead of running on unwatched, holding the workdir."""
-  record = tmp_path / "record"
-  cluster = signal_children(SIGNAL_CHILD_RECORD=str(record))
+def gone(pid: int) -> bool:
+  """Whether process `pid` has ended (a zombie too: one whose parent died may wait for a
+  reaper that never comes)."""
   try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
+
+
+def test_a_local_cluster_killed_outright_stops_its_processes_within_seconds(tmp_path):
+  """SIGKILL to launch.local_cluster (nothing of it runs to pass a signal on), once its
+  two processes (`tests/late_peer.py`) have joined `jax.distributed` and compiled: process
+  1 sleeps (as a process setting up), process 0 waits in their collective (C code, which
+  holds off a signal's handler for up to 30 s). The soak's fault: each got a SIGTERM from
+  the kernel, which JAX takes as a preemption notice acted on at the first step, and
+  both lived on (50 s). Now the kernel's SIGINT ends process 1 at once, as a Ctrl-C
+  does, and process 0 ends itself `launch.process.ORPHAN_GRACE_S` (5 s) after its
+  launcher is gone."""
+  env = dict(process_env(), LATE_S="120",
+             PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+  cluster = Started([sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+                     "--num_cpu_devices=4", "--timeout=120", "--module=late_peer"], env=env)
+  try:
+    for index in (0, 1):
+      deadline = time.monotonic() + 120
+      while f"[p{index}] loaded" not in "".join(cluster.stdout):
+        assert time.monotonic() < deadline and cluster.process.poll() is None, \
+            cluster.stderr[-3000:]
+        time.sleep(0.05)
+    time.sleep(1.0)  # process 0 inside the collective
+    with open(f"/proc/{cluster.process.pid}/task/{cluster.process.pid}/children") as f:
+      children = [int(pid) for pid in f.read().split()]
+    assert len(children) == 2
     cluster.process.kill()
-    assert cluster.finish(timeout=60) == -signal.SIGKILL
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        record.exists() and len(record.read_text().splitlines()) == 2):
+    killed = time.monotonic()
+    ended = {}
+    while len(ended) < 2 and time.monotonic() < killed + 30:
+      ended.update({pid: time.monotonic() - killed for pid in children
+                    if pid not in ended and gone(pid)})
       time.sleep(0.05)
   finally:
-    cluster.kill()
-  assert sorted(record.read_text().splitlines()) == ["0 SIGTERM", "1 SIGTERM"]
+    stop_cluster(cluster)
+  assert cluster.finish(timeout=60) == -signal.SIGKILL
+  assert ended.get(children[1], 99) < 2, ended  # the SIGINT
+  assert 4 < ended.get(children[0], 99) < 9, ended  # its own watch, after the grace
 
 
 @pytest.fixture

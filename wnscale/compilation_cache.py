@@ -9,7 +9,11 @@ directory JAX was already given (`JAX_COMPILATION_CACHE_DIR`). A bucket (`gs://.
 works as JAX reads and writes it through `etils.epath`, as wnscale does (`paths`);
 JAX writes from process 0 only, so on several hosts a bucket is what lets all of them
 load. The cache's key is the program, the devices, the compile options and the versions
-of jax and XLA: another model, topology or release compiles anew.
+of jax and XLA: another model, topology or release compiles anew. On CPU the key also
+differs from process to process (XLA:CPU's topology and compile options name the
+process's own devices), so process 0's entries serve no other process: there each
+process writes its own (`_write_from_every_process`), and a multi-process run started
+again (`launch.local_cluster`) loads its programs in every process.
 
 The cache never stops a run:
 
@@ -38,6 +42,10 @@ import re
 import warnings
 
 import jax
+# JAX's own cache and its write (`_write_from_every_process`): no public way to let
+# every process write.
+from jax._src import compilation_cache as jax_cache
+from jax._src import compiler, distributed
 
 from wnscale import cache, outputs, paths
 from wnscale.errors import ArgumentError
@@ -78,6 +86,7 @@ def enable() -> str | None:
     if name.upper() not in os.environ:  # the user's setting stands
       jax.config.update(name, value)
   _warn_once()
+  _write_from_every_process()
   jax.monitoring.register_event_listener(_count_hit)
   logging.info("Persistent compilation cache: %s (a program compiled once is loaded from "
                "there).", directory)
@@ -93,6 +102,38 @@ def _count_hit(event: str, **_):
   global _hits
   if event == _HIT_EVENT:
     _hits += 1
+
+
+def _write_from_every_process():
+  """Lets every process of a CPU run write the entries it compiled (JAX's `_cache_write`
+  skips any process but 0, lest several write one entry at once; on CPU no two processes
+  share a key, so there is no such race, and without it every process but 0 compiles
+  each program anew at every start: 15-20 s for the tiny train step). Other platforms,
+  where the processes share their keys, keep JAX's rule. Once per process."""
+  if getattr(compiler._cache_write, "every_process", False):  # noqa: SLF001
+    return
+  jax_write = compiler._cache_write  # noqa: SLF001
+
+  def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+    if distributed.global_state.process_id == 0 or backend.platform != "cpu":
+      jax_write(cache_key, compile_time_secs, module_name, backend, executable,
+                host_callbacks)
+      return
+    # JAX's own conditions and error handling (its warning is what `_warn_once` sees).
+    minimum = jax.config.jax_persistent_cache_min_compile_time_secs
+    if host_callbacks or compile_time_secs < minimum:
+      return
+    try:
+      jax_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                        int(compile_time_secs))
+    except Exception as error:  # noqa: BLE001 (as JAX: a failed write never stops a run)
+      if compiler._should_raise_persistent_cache_error(error):  # noqa: SLF001
+        raise
+      warnings.warn(f"Error writing persistent compilation cache entry for '{module_name}': "
+                    f"{type(error).__name__}: {error}")
+
+  write.every_process = True
+  compiler._cache_write = write  # noqa: SLF001
 
 
 def _unwritable(directory: str) -> str | None:

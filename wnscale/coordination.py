@@ -37,6 +37,8 @@ def wait_for_key(key: str, timeout_s: float, what: str) -> bytes:
 
   Raises:
     TimeoutError: nothing was published under `key` within `timeout_s`.
+    jax.errors.JaxRuntimeError: the coordination service is gone (process 0 ended):
+      as the client raised it, for the launcher to tell as a peer's absence.
   """
   deadline = time.monotonic() + timeout_s
   while True:  # in slices: the wait holds off this process's Ctrl-C until it returns
@@ -44,7 +46,9 @@ def wait_for_key(key: str, timeout_s: float, what: str) -> bytes:
       return client().blocking_key_value_get_bytes(
           key, max(1, int(1000 * min(WAIT_SLICE_S, deadline - time.monotonic()))))
     except Exception as error:  # the client raises a generic error on a deadline
-      if "DEADLINE_EXCEEDED" in str(error) and time.monotonic() < deadline:
+      if "DEADLINE_EXCEEDED" not in str(error):
+        raise
+      if time.monotonic() < deadline:
         continue
       raise TimeoutError(f"Process {jax.process_index()} waited {timeout_s:.0f} s for "
                          f"{what}; it did not happen: {error}") from error
