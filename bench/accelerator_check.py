@@ -9,7 +9,8 @@ in a process of its own, so that one that fails (or aborts on the device) leaves
 their figures, and only one process at a time holds the accelerator:
 
   devices         JAX's version and backend, the devices and their memory
-  tests           the aggregation and remat tests on the accelerator (`WNSCALE_TEST_PLATFORM`)
+  tests           the aggregation and remat tests on the accelerator (`WNSCALE_TEST_PLATFORM`;
+                  `--tests_k`: those a pytest -k expression selects, here and below)
   parity_tests    the one-device sharding test and the parity tests (GraphCast's, WeatherNext
                   2's, splash attention's) there
   mid_step        the mid problem (1 deg, mesh levels 0..5, latent 128, 8 steps, float32,
@@ -113,6 +114,9 @@ def main():
                            "value maybe followed by /key=value of other model keys that change "
                            "how the step computes (fused/scan_layers=false): each model step "
                            "runs each (side by side where there is a reference)")
+  parser.add_argument("--tests_k", default="",
+                      help="tests and parity_tests: only the tests this pytest -k expression "
+                           "selects (e.g. 'loop or fused')")
   parser.add_argument("--timed_steps", type=int, default=5, help="timed runs of each step")
   parser.add_argument("--step_timeout", type=float, default=1800,
                       help="seconds each step may take")
@@ -144,7 +148,7 @@ def _run_step_in_a_process(name: str, args) -> bool:
              f"--paper_0p25_remat={args.paper_0p25_remat}",
              f"--wn2_mini_remat={args.wn2_mini_remat}",
              f"--gencast_1deg_remat={args.gencast_1deg_remat}",
-             f"--aggregations={args.aggregations}",
+             f"--aggregations={args.aggregations}", f"--tests_k={args.tests_k}",
              f"--timed_steps={args.timed_steps}"] + (["--cpu"] if args.cpu else [])
   start = time.perf_counter()
   with open(os.path.join(args.out, "log.txt"), "a") as log:
@@ -241,7 +245,8 @@ def tests(args, mode, record):
   with open(report, "w") as output:
     code = subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=-ra",
-         *TESTS[args.step][mode]], cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
+         *(["-k", args.tests_k] if args.tests_k else []), *TESTS[args.step][mode]],
+        cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
         env=dict(os.environ, WNSCALE_TEST_PLATFORM=args.platform)).returncode
   with open(report) as output:
     summary = output.read().strip().splitlines()[-1]

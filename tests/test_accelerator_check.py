@@ -25,8 +25,9 @@ def _results(out) -> list[dict]:
 
 def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   # Each model step as one variant: an aggregation and another key of how it computes.
+  # The tests steps run what -k selects of theirs (here their one test each).
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2",
-                  "--aggregations=auto/scan_layers=false")
+                  "--aggregations=auto/scan_layers=false", "--tests_k=matmul or sharded")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   assert "11 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
