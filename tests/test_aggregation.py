@@ -132,6 +132,40 @@ def test_auto_is_segment_sum_on_a_cpu_fused_on_a_tpu_and_unknown_methods_fail():
     aggregation.receivers_of(edges, "scatter")
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_fixed_in_degree_sums_and_gathers_as_by_index(dtype):
+  """k edges per receiver, edge i to row i // k: a repeat and a reshaped sum, gradients too."""
+  rng = np.random.default_rng(2)
+  num_receivers, k, width = 29, 3, 6
+  receivers = np.repeat(np.arange(num_receivers), k).astype(np.int32)
+  edges = EdgeSet(np.zeros_like(receivers), receivers, np.zeros((len(receivers), 0)), "m", "g",
+                  in_degree=k)
+  values = jnp.asarray(rng.standard_normal((len(receivers), width)), dtype)
+  table = jnp.asarray(rng.standard_normal((num_receivers, width)), dtype)
+  cotangent = jnp.asarray(rng.standard_normal(values.shape), jnp.float32)
+
+  def loss(receivers, values, table):
+    sums = aggregation.sum_to_receivers(values, receivers, num_receivers)
+    gathered = aggregation.gather(table, receivers)
+    return jnp.sum(jnp.sin(sums)) + jnp.sum(gathered.astype(jnp.float32) * cotangent), sums
+
+  fixed = aggregation.receivers_of(edges, "matmul")
+  assert fixed == aggregation.FixedInDegree(k)
+  # In pieces (edge_chunks), the chunks' sums need the indices.
+  assert aggregation.receivers_of(edges, edge_chunks=2) is edges.receivers
+  grad = lambda r: jax.jit(jax.value_and_grad(functools.partial(loss, r), argnums=(0, 1),
+                                              has_aux=True))(values, table)
+  (value_f, sums_f), grads_f = grad(fixed)
+  (value_i, sums_i), grads_i = grad(jnp.asarray(receivers))
+  assert sums_f.dtype == jnp.float32
+  np.testing.assert_allclose(sums_f, sums_i, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(value_f, value_i, rtol=1e-6)
+  for grad_f, grad_i in zip(grads_f, grads_i):
+    assert grad_f.dtype == dtype
+    np.testing.assert_allclose(np.asarray(grad_f, np.float32), np.asarray(grad_i, np.float32),
+                               rtol=1e-6, atol=1e-6)
+
+
 # Either way of writing the new edges (over the old ones or not) with each norm.
 @pytest.mark.parametrize("conditioned, write_over_edges", [(False, True), (True, False)])
 def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges):

@@ -178,9 +178,12 @@ def test_sender_tables_hold_the_right_rows(exchange, num_shards):
             node_ids[(shard - k) % num_shards][indices[(shard - k) % num_shards]]
             for k, indices in zip(halo.offsets, halo.send_indices)]
         table = np.concatenate(blocks)
-      real = stacked.receivers[shard] < receivers_part.per_shard
-      receivers = receivers_part.node_of_slot[shard * receivers_part.per_shard
-                                              + stacked.receivers[shard][real]]
+      # Padding edges point past the shard's rows, or (a fixed in-degree) at padding rows.
+      slots = shard * receivers_part.per_shard + np.minimum(stacked.receivers[shard],
+                                                            receivers_part.per_shard - 1)
+      real = ((stacked.receivers[shard] < receivers_part.per_shard)
+              & (receivers_part.node_of_slot[slots] >= 0))
+      receivers = receivers_part.node_of_slot[slots[real]]
       senders = table[stacked.senders[shard][real]]
       assert np.all(senders >= 0)
       assert np.all(np.diff(stacked.receivers[shard]) >= 0)  # receiver-sorted per shard
@@ -243,6 +246,34 @@ def test_partition_is_balanced_and_round_trips(problem):
   assert sizes.max() - sizes.min() <= 1 and sizes.sum() == 684
   values = np.random.default_rng(0).normal(size=(2, 684, 3))
   np.testing.assert_array_equal(part.from_slots(part.to_slots(values, 1), 1), values)
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_mesh_to_grid_edges_are_laid_out_three_slots_per_grid_row(problem, num_shards):
+  """Every grid row, padding rows too, owns 3 consecutive mesh-to-grid slots; the real
+  rows' edges are the graph's, the padding rows' read sender 0 with zero features."""
+  config = small_config()
+  points = points_of("regular")
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
+  part = partition_lib.partition_graphs(graphs, positions, num_shards, "all_gather")
+  edges, grid = part.graphs.edges["mesh_to_grid"], part.nodes["grid"]
+  assert edges.in_degree == 3 and graphs.edges["mesh_to_grid"].in_degree == 0
+  assert part.graphs.edges["grid_to_mesh"].in_degree == 0  # 4..n edges per mesh node
+  np.testing.assert_array_equal(
+      edges.receivers, np.tile(np.repeat(np.arange(grid.per_shard), 3), (num_shards, 1)))
+  node = grid.node_of_slot.reshape(num_shards, grid.per_shard)
+  original = graphs.edges["mesh_to_grid"]
+  for shard in range(num_shards):
+    for row in range(grid.per_shard):
+      slots = slice(3 * row, 3 * row + 3)
+      if node[shard, row] < 0:
+        assert np.all(edges.senders[shard, slots] == 0)
+        assert np.all(edges.features[shard, slots] == 0)
+        continue
+      mine = original.receivers == node[shard, row]
+      np.testing.assert_array_equal(np.sort(edges.features[shard, slots], axis=0),
+                                    np.sort(original.features[mine], axis=0))
 
 
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():

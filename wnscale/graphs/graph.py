@@ -45,6 +45,10 @@ class EdgeSet:
       for sums and gathers by matrix products; None: by index only.
     sender_windows: with `blocks`, where each block's senders lie
       (`receiver_blocks.SenderWindows`), for their rows by matrix products.
+    in_degree: k > 0 where every receiver row has exactly k edges and edge `i` goes to
+      row `i // k` (on a device: GraphCast's mesh-to-grid edges, 3 per grid node; padding
+      rows get k inert edges of their own), so that sums and gathers of receiver rows are
+      reshapes (static); 0: any layout.
   """
 
   senders: np.ndarray
@@ -54,6 +58,7 @@ class EdgeSet:
   receiver_set: str
   blocks: ReceiverBlocks | None = None
   sender_windows: SenderWindows | None = None
+  in_degree: int = 0
 
   def replace(self, **arrays) -> EdgeSet:
     return dataclasses.replace(self, **arrays)
@@ -61,7 +66,7 @@ class EdgeSet:
 
 jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features",
                                                       "blocks", "sender_windows"],
-                                 meta_fields=["sender_set", "receiver_set"])
+                                 meta_fields=["sender_set", "receiver_set", "in_degree"])
 
 
 class Graphs(NamedTuple):

@@ -21,13 +21,19 @@ or sum the same terms (the sum, in float32); float32 values are multiplied at
 full precision (`Precision.HIGHEST`; a TPU's default would round them to
 bfloat16).
 
+An edge set with exactly k edges per receiver row, edge `i` to row `i // k`
+(`EdgeSet.in_degree`: the mesh-to-grid edges, 3 per grid node), needs neither:
+its gather is a repeat and its sum a reshape and a sum over k, each the other's
+transpose, with no scatter and no matrix product.
+
 `Receivers` is what a stage hands these functions: the receiver indices (a
-`[num_edges]` array, padding edges `num_receivers`) or the `ReceiverBlocks`.
-`receivers_of(edge_set, method)` picks one.
+`[num_edges]` array, padding edges `num_receivers`), the `ReceiverBlocks`, or a
+`FixedInDegree`. `receivers_of(edge_set, method, edge_chunks)` picks one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Union
 
 import jax
@@ -37,7 +43,16 @@ from wnscale.graphs import receiver_blocks
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 from wnscale.model.processor_interface import AGGREGATIONS
 
-Receivers = Union[jax.Array, ReceiverBlocks]
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedInDegree:
+  """Receivers of an edge set whose edge `i` goes to row `i // k` of `num_edges / k` rows."""
+
+  k: int
+
+
+Receivers = Union[jax.Array, ReceiverBlocks, FixedInDegree]
 
 
 def target_platform() -> str | None:
@@ -61,8 +76,12 @@ def resolve(method: str) -> str:
   return method
 
 
-def receivers_of(edge_set, method: str) -> Receivers:
-  """The edge set's blocks if it has them and `method` uses them, else its receiver indices."""
+def receivers_of(edge_set, method: str = "segment_sum", edge_chunks: int = 1) -> Receivers:
+  """The edge set's `FixedInDegree` if it has one and its edges are summed in one piece
+  (`edge_chunks`: the pieces), else its blocks if it has them and `method` uses them, else
+  its receiver indices."""
+  if edge_set.in_degree and edge_chunks == 1:
+    return FixedInDegree(edge_set.in_degree)
   if resolve(method) in ("matmul", "fused") and edge_set.blocks is not None:
     return edge_set.blocks
   return edge_set.receivers
@@ -73,6 +92,8 @@ def gather(table: jax.Array, receivers: Receivers) -> jax.Array:
   edges: any row, by index; zeros, by blocks)."""
   if isinstance(receivers, ReceiverBlocks):
     return _gather_blocks(table, receivers)
+  if isinstance(receivers, FixedInDegree):
+    return jnp.repeat(table, receivers.k, axis=0)
   return table[receivers]
 
 
@@ -94,6 +115,9 @@ def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int
   (padding edges dropped)."""
   if isinstance(receivers, ReceiverBlocks):
     return _sum_blocks(values, receivers)
+  if isinstance(receivers, FixedInDegree):
+    return values.astype(jnp.float32).reshape(
+        (num_receivers, receivers.k) + values.shape[1:]).sum(1)
   return jax.ops.segment_sum(values.astype(jnp.float32), receivers, num_segments=num_receivers,
                              indices_are_sorted=True)
 

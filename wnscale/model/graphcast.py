@@ -40,7 +40,7 @@ from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.model import processors, remat, remat_policies
+from wnscale.model import aggregation, processors, remat, remat_policies
 from wnscale.model.blocks import map_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
@@ -373,14 +373,22 @@ class GraphCast(nnx.Module):
       sender_table = exchange(
           edge_set, getattr(model, f"{edge_set}_edges").interaction.project_senders(mesh))
       if spec.remat.grid_blocks == 1:
-        return decode_rows(model, grid, edges.features, edges.senders, edges.receivers,
-                           sender_table, spec.remat.edge_chunks, conditioning)
+        chunks = spec.remat.edge_chunks
+        return decode_rows(model, grid, edges.features, edges.senders,
+                           aggregation.receivers_of(edges, edge_chunks=chunks),
+                           sender_table, chunks, conditioning)
       blocked, rows = _receiver_blocks(edges, grid, spec.remat.grid_blocks)
+      # A block's edges are its rows' (padding rows' too), so a fixed in-degree holds there.
+      fixed = aggregation.receivers_of(edges)
 
       def decode_block(model, grid, features, senders, receivers, block, sender_table,
                        conditioning):
-        return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
-                           sender_table, 1, conditioning)
+        if isinstance(fixed, aggregation.FixedInDegree):
+          receivers = fixed
+        else:
+          receivers = receivers - block[0] * rows
+        return decode_rows(model, grid, features, senders, receivers, sender_table, 1,
+                           conditioning)
 
       return map_row_blocks(model, decode_block, spec.remat.grid_blocks, blocked,
                             (sender_table, conditioning))[:grid.shape[0]]

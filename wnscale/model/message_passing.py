@@ -173,7 +173,9 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     edge_fn: `(edge_model, features [e, F], senders [e], receivers [e], sender_table,
       receiver_table, conditioning) -> messages [e, D]`.
     edge_features: `[E, F]` static edge features.
-    senders, receivers: `[E]` indices into the sender / receiver tables.
+    senders: `[E]` indices into the sender table.
+    receivers: `[E]` indices into the receiver table, or its `aggregation.FixedInDegree`
+      (then `num_chunks` must be 1).
     sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` or None
       (for an interaction network: the projected node tables).
     conditioning: passed on to `edge_fn` (an FGN's norm conditioning, or None).
@@ -193,6 +195,12 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
       per_edge = per_edge * sender_mask[senders][:, None]
     return aggregation.sum_to_receivers(per_edge, receivers, num_receivers), None
 
+  if isinstance(receivers, aggregation.FixedInDegree):  # static, and in one piece
+    if num_chunks != 1:
+      raise ValueError(f"FixedInDegree receivers sum in one piece, not {num_chunks} chunks.")
+    sums, _ = messages(edge_features, senders, receivers, state, sender_table, receiver_table,
+                       conditioning, sender_mask)
+    return sums.astype(sender_table.dtype)
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
   total, _ = scan_edge_blocks(messages, blocked,

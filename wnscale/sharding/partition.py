@@ -3,11 +3,15 @@
 * Nodes (each node set separately) are ordered along a space-filling curve (a
   Morton code of their 3-D position) and cut into contiguous, equally sized
   blocks, one per shard, each padded to the same length (padding rows are
-  inert: no edge reads or writes them and their loss weight is zero).
+  inert: their loss weight is zero, and no edge reads them).
 * Each edge lives on the shard that owns its receiver, with a shard-local
   receiver index; padding edges point one past the last receiver, which the
   segment sum drops. The processor's edges (`receiver_blocks.BLOCKED_EDGE_SETS`)
-  are laid out in receiver blocks, every shard's alike.
+  are laid out in receiver blocks, every shard's alike. An edge set with the
+  same number k of edges into every receiver (the mesh-to-grid edges: 3) is
+  laid out k slots per receiver row, padding rows included (their edges read
+  sender 0 and are as inert as the rows), so its sums and receiver gathers are
+  reshapes (`EdgeSet.in_degree`).
 * Sender indices point into the shard's *sender table*, which the exchange
   mode plans (`wnscale.sharding.exchange.MODES`).
 
@@ -129,20 +133,36 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
                      kind="stable")
   counts = np.bincount(receiver_shard, minlength=num_shards)
   starts = np.concatenate([[0], np.cumsum(counts)])
-  max_edges = max(int(counts.max()), 1)
+  in_degree = 0 if blocked else _in_degree(edges.receivers, len(receivers_part.slot_of_node))
+  if in_degree:  # k slots per receiver row, padding rows' too: sums and gathers are reshapes
+    max_edges = in_degree * per_shard
+    receivers = np.broadcast_to(np.repeat(np.arange(per_shard, dtype=np.int32), in_degree),
+                                (num_shards, max_edges)).copy()
+  else:
+    max_edges = max(int(counts.max()), 1)
+    receivers = np.full((num_shards, max_edges), receivers_part.per_shard, np.int32)
   senders = np.zeros((num_shards, max_edges), np.int32)
-  receivers = np.full((num_shards, max_edges), receivers_part.per_shard, np.int32)
   features = np.zeros((num_shards, max_edges, edges.features.shape[1]), np.float32)
   for shard in range(num_shards):  # the shards' blocks are contiguous in `order`
     block = order[starts[shard]:starts[shard + 1]]
-    senders[shard, :len(block)] = table_index[block]
-    receivers[shard, :len(block)] = receiver_local[block]
-    features[shard, :len(block)] = edges.features[block]
-  laid_out = edges.replace(senders=senders, receivers=receivers, features=features)
+    # Regular: a receiver's k edges are consecutive in `block`, so edge j of it is at j % k.
+    at = (receiver_local[block] * in_degree + np.arange(len(block)) % in_degree
+          if in_degree else slice(0, len(block)))
+    senders[shard, at] = table_index[block]
+    receivers[shard, at] = receiver_local[block]
+    features[shard, at] = edges.features[block]
+  laid_out = edges.replace(senders=senders, receivers=receivers, features=features,
+                           in_degree=in_degree)
   if blocked:
     laid_out = _in_blocks(laid_out, per_shard,
                           senders_part.per_shard + plan.rows_received())
   return laid_out, plan
+
+
+def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
+  """k if each of the `num_receivers` receivers has exactly k > 0 edges, else 0."""
+  counts = np.bincount(receivers, minlength=num_receivers)
+  return int(counts[0]) if num_receivers and counts[0] > 0 and np.all(counts == counts[0]) else 0
 
 
 def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int) -> EdgeSet:
