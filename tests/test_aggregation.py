@@ -134,29 +134,32 @@ def test_auto_is_segment_sum_on_a_cpu_fused_on_a_tpu_and_unknown_methods_fail():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_a_fixed_in_degree_sums_and_gathers_as_by_index(dtype):
-  """k edges per receiver, edge i to row i // k: a repeat and a reshaped sum, gradients too."""
+  """k edges per receiver, edge j R + r to row r: k table copies and a sum of k slices,
+  gradients too."""
   rng = np.random.default_rng(2)
   num_receivers, k, width = 29, 3, 6
-  receivers = np.repeat(np.arange(num_receivers), k).astype(np.int32)
+  receivers = np.tile(np.arange(num_receivers), k).astype(np.int32)
   edges = EdgeSet(np.zeros_like(receivers), receivers, np.zeros((len(receivers), 0)), "m", "g",
                   in_degree=k)
   values = jnp.asarray(rng.standard_normal((len(receivers), width)), dtype)
   table = jnp.asarray(rng.standard_normal((num_receivers, width)), dtype)
   cotangent = jnp.asarray(rng.standard_normal(values.shape), jnp.float32)
 
-  def loss(receivers, values, table):
-    sums = aggregation.sum_to_receivers(values, receivers, num_receivers)
-    gathered = aggregation.gather(table, receivers)
+  def loss(by_index, values, table):
+    if by_index:  # slot-major indices are not sorted
+      sums = jax.ops.segment_sum(values.astype(jnp.float32), receivers, num_receivers)
+      gathered = table[receivers]
+    else:
+      sums = aggregation.sum_to_receivers(values, fixed, num_receivers)
+      gathered = aggregation.gather(table, fixed)
     return jnp.sum(jnp.sin(sums)) + jnp.sum(gathered.astype(jnp.float32) * cotangent), sums
 
   fixed = aggregation.receivers_of(edges, "matmul")
   assert fixed == aggregation.FixedInDegree(k)
-  # In pieces (edge_chunks), the chunks' sums need the indices.
-  assert aggregation.receivers_of(edges, edge_chunks=2) is edges.receivers
-  grad = lambda r: jax.jit(jax.value_and_grad(functools.partial(loss, r), argnums=(0, 1),
-                                              has_aux=True))(values, table)
-  (value_f, sums_f), grads_f = grad(fixed)
-  (value_i, sums_i), grads_i = grad(jnp.asarray(receivers))
+  grad = lambda by_index: jax.jit(jax.value_and_grad(
+      functools.partial(loss, by_index), argnums=(0, 1), has_aux=True))(values, table)
+  (value_f, sums_f), grads_f = grad(False)
+  (value_i, sums_i), grads_i = grad(True)
   assert sums_f.dtype == jnp.float32
   np.testing.assert_allclose(sums_f, sums_i, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(value_f, value_i, rtol=1e-6)

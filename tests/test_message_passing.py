@@ -20,6 +20,7 @@ from wnscale.graphs import grid, receiver_blocks
 from wnscale.graphs.points import PointSet
 from wnscale.model import aggregation, setup
 from wnscale.model.mlp import MLP
+from wnscale.sharding import partition as partition_lib
 
 
 def np_layer_norm(x, scale, bias, epsilon=1e-5):
@@ -96,11 +97,15 @@ def perturbed(model, seed):
   return model
 
 
-@pytest.mark.parametrize("edge_chunks, grid_blocks, mesh_edge_chunks",
-                         [(1, 1, 1), (3, 1, 1), (1, 5, 1), (3, 7, 4)])
-def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, mesh_edge_chunks):
+@pytest.mark.parametrize("edge_chunks, grid_blocks, mesh_edge_chunks, laid_out",
+                         [(1, 1, 1, False), (3, 1, 1, False), (1, 5, 1, False),
+                          (3, 7, 4, False), (3, 1, 1, True), (3, 7, 4, True)])
+def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, mesh_edge_chunks,
+                                                    laid_out):
   """Also in blocks of edges and of grid nodes (2048 nodes: 5 and 7 leave a padded block)
-  and of mesh edges; the inputs arrive channel-major."""
+  and of mesh edges; the inputs arrive channel-major. `laid_out`: the graphs as a device
+  gets them (one shard: nodes in space-filling order, the mesh-to-grid edges slot-major,
+  summed by `aggregation.FixedInDegree`)."""
   config = config_lib.default_config()
   config.model.update(latent_size=8, mesh_levels=2, message_passing_steps=3,
                       edge_chunks=edge_chunks, grid_blocks=grid_blocks,
@@ -111,9 +116,18 @@ def test_graphcast_matches_the_reference_definition(edge_chunks, grid_blocks, me
   model = perturbed(setup.build_model(specs_lib.from_config(config)), seed=4)
   channels = model.grid_embedder.hidden.in_features - 3
   inputs = np.random.default_rng(5).standard_normal((1, graphs.num_nodes("grid"), channels))
-  outputs = jax.jit(lambda g, x: model(g, (x,)))(graphs,
-                                                 inputs.swapaxes(1, 2).astype(np.float32))
   expected = np_graphcast(model, graphs, inputs[0])
+  run = jax.jit(lambda g, x: model(g, (x.swapaxes(1, 2).astype(np.float32),)))
+  if laid_out:
+    positions = setup.node_positions(specs_lib.from_config(config).model, points)
+    part = partition_lib.partition_graphs(graphs, positions, 1, "all_gather")
+    on_device = jax.tree.map(lambda x: x[0], part.graphs)
+    assert on_device.edges["mesh_to_grid"].in_degree == 3
+    grid_slots = part.nodes["grid"]
+    outputs = grid_slots.from_slots(np.asarray(run(on_device,
+                                                   grid_slots.to_slots(inputs, 1))), 1)
+  else:
+    outputs = run(graphs, inputs)
   np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 

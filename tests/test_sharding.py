@@ -250,8 +250,8 @@ def test_partition_is_balanced_and_round_trips(problem):
 
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_mesh_to_grid_edges_are_laid_out_three_slots_per_grid_row(problem, num_shards):
-  """Every grid row, padding rows too, owns 3 consecutive mesh-to-grid slots; the real
-  rows' edges are the graph's, the padding rows' read sender 0 with zero features."""
+  """Every grid row r, padding rows too, owns mesh-to-grid slots r, R + r and 2 R + r; the
+  real rows' edges are the graph's, the padding rows' read sender 0 with zero features."""
   config = small_config()
   points = points_of("regular")
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
@@ -261,12 +261,12 @@ def test_mesh_to_grid_edges_are_laid_out_three_slots_per_grid_row(problem, num_s
   assert edges.in_degree == 3 and graphs.edges["mesh_to_grid"].in_degree == 0
   assert part.graphs.edges["grid_to_mesh"].in_degree == 0  # 4..n edges per mesh node
   np.testing.assert_array_equal(
-      edges.receivers, np.tile(np.repeat(np.arange(grid.per_shard), 3), (num_shards, 1)))
+      edges.receivers, np.tile(np.arange(grid.per_shard), (num_shards, 3)))
   node = grid.node_of_slot.reshape(num_shards, grid.per_shard)
   original = graphs.edges["mesh_to_grid"]
   for shard in range(num_shards):
     for row in range(grid.per_shard):
-      slots = slice(3 * row, 3 * row + 3)
+      slots = row + grid.per_shard * np.arange(3)
       if node[shard, row] < 0:
         assert np.all(edges.senders[shard, slots] == 0)
         assert np.all(edges.features[shard, slots] == 0)

@@ -34,7 +34,7 @@ class NodeSet(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class EdgeSet:
-  """Directed edges from one node set to another, sorted by receiver.
+  """Directed edges from one node set to another, sorted by receiver (but see `in_degree`).
 
   Attributes:
     senders: `[num_edges]` int32 indices into the sender set's nodes.
@@ -45,10 +45,10 @@ class EdgeSet:
       for sums and gathers by matrix products; None: by index only.
     sender_windows: with `blocks`, where each block's senders lie
       (`receiver_blocks.SenderWindows`), for their rows by matrix products.
-    in_degree: k > 0 where every receiver row has exactly k edges and edge `i` goes to
-      row `i // k` (on a device: GraphCast's mesh-to-grid edges, 3 per grid node; padding
-      rows get k inert edges of their own), so that sums and gathers of receiver rows are
-      reshapes (static); 0: any layout.
+    in_degree: k > 0 where every one of the R receiver rows has exactly k edges, edge
+      `j * R + r` being row r's j-th (on a device: GraphCast's mesh-to-grid edges, 3 per
+      grid node; padding rows get k inert edges of their own), so that sums and gathers
+      of receiver rows are reshapes along the leading axis (static); 0: any layout.
   """
 
   senders: np.ndarray

@@ -21,14 +21,17 @@ or sum the same terms (the sum, in float32); float32 values are multiplied at
 full precision (`Precision.HIGHEST`; a TPU's default would round them to
 bfloat16).
 
-An edge set with exactly k edges per receiver row, edge `i` to row `i // k`
-(`EdgeSet.in_degree`: the mesh-to-grid edges, 3 per grid node), needs neither:
-its gather is a repeat and its sum a reshape and a sum over k, each the other's
-transpose, with no scatter and no matrix product.
+An edge set with exactly k edges into each of its R receiver rows, edge
+`j * R + r` row r's j-th (`EdgeSet.in_degree`: the mesh-to-grid edges, 3 per
+grid node), needs neither: its gather is k copies of the table one after the
+other and its sum adds k slices `[R, D]`, each the other's transpose, with no
+scatter and no matrix product. (Slot-major, not k consecutive edges per row: a
+TPU tiles an array's last two axes, so cutting the leading axis is free where
+`[R, k, D]` would be a copy.)
 
 `Receivers` is what a stage hands these functions: the receiver indices (a
 `[num_edges]` array, padding edges `num_receivers`), the `ReceiverBlocks`, or a
-`FixedInDegree`. `receivers_of(edge_set, method, edge_chunks)` picks one.
+`FixedInDegree`. `receivers_of(edge_set, method)` picks one.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from wnscale.model.processor_interface import AGGREGATIONS
 
 @dataclasses.dataclass(frozen=True)
 class FixedInDegree:
-  """Receivers of an edge set whose edge `i` goes to row `i // k` of `num_edges / k` rows."""
+  """Receivers of an edge set whose edge `j * R + r` goes to row r of `R = num_edges / k`."""
 
   k: int
 
@@ -76,11 +79,10 @@ def resolve(method: str) -> str:
   return method
 
 
-def receivers_of(edge_set, method: str = "segment_sum", edge_chunks: int = 1) -> Receivers:
-  """The edge set's `FixedInDegree` if it has one and its edges are summed in one piece
-  (`edge_chunks`: the pieces), else its blocks if it has them and `method` uses them, else
-  its receiver indices."""
-  if edge_set.in_degree and edge_chunks == 1:
+def receivers_of(edge_set, method: str = "segment_sum") -> Receivers:
+  """The edge set's `FixedInDegree` if it has one, else its blocks if it has them and
+  `method` uses them, else its receiver indices."""
+  if edge_set.in_degree:
     return FixedInDegree(edge_set.in_degree)
   if resolve(method) in ("matmul", "fused") and edge_set.blocks is not None:
     return edge_set.blocks
@@ -93,7 +95,7 @@ def gather(table: jax.Array, receivers: Receivers) -> jax.Array:
   if isinstance(receivers, ReceiverBlocks):
     return _gather_blocks(table, receivers)
   if isinstance(receivers, FixedInDegree):
-    return jnp.repeat(table, receivers.k, axis=0)
+    return jnp.tile(table, (receivers.k,) + (1,) * (table.ndim - 1))
   return table[receivers]
 
 
@@ -117,7 +119,7 @@ def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int
     return _sum_blocks(values, receivers)
   if isinstance(receivers, FixedInDegree):
     return values.astype(jnp.float32).reshape(
-        (num_receivers, receivers.k) + values.shape[1:]).sum(1)
+        (receivers.k, num_receivers) + values.shape[1:]).sum(0)
   return jax.ops.segment_sum(values.astype(jnp.float32), receivers, num_segments=num_receivers,
                              indices_are_sorted=True)
 

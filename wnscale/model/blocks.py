@@ -29,6 +29,20 @@ def split_rows(array: jax.Array, num_blocks: int, fill=0) -> jax.Array:
       (num_blocks, rows) + array.shape[1:])
 
 
+def slot_major_row_blocks(array: jax.Array, k: int, num_blocks: int) -> jax.Array:
+  """`[k R, ...]` slot-major per-edge values (row r's j-th edge at `j R + r`, as
+  `aggregation.FixedInDegree` lays them) -> `[num_blocks * k * rows, ...]`: for each block
+  of `rows = ceil(R / num_blocks)` rows, its rows' k slots, slot-major again (padding
+  rows' slots 0), so that `split_rows(..., num_blocks)` gives each block its own edges."""
+  num_rows = array.shape[0] // k
+  rows = -(-num_rows // num_blocks)
+  by_slot = array.reshape((k, num_rows) + array.shape[1:])
+  by_slot = jnp.pad(by_slot, [(0, 0), (0, rows * num_blocks - num_rows)]
+                    + [(0, 0)] * (array.ndim - 1))
+  by_block = jnp.swapaxes(by_slot.reshape((k, num_blocks, rows) + array.shape[1:]), 0, 1)
+  return by_block.reshape((num_blocks * k * rows,) + array.shape[1:])
+
+
 def node_major_block(array: jax.Array, block, rows: int) -> jax.Array:
   """Rows `block * rows ...` of a channel-major `[C, N]` array, node-major `[rows, C]`.
 

@@ -34,7 +34,8 @@ senders (a scatter of a tenth of the edges or so, not all of them).
 The arithmetic is `InteractionNetwork.messages` plus the sum to the receivers:
 products of the activation dtype accumulated in float32, everything else in
 float32 (XLA's version rounds the hidden layer and the second layer's output
-to the activation dtype in between; in float32 the two agree to rounding).
+to the activation dtype in between; in float32 the two agree to rounding). The 0/1
+matrices' products gather exactly and sum in float32 (`_one_hot_dot`).
 On a CPU the kernels run in Pallas's interpreter (for tests; slow).
 """
 
@@ -124,23 +125,37 @@ def _edge_step_backward(epsilon, write_over_edges, residuals, cotangents):
 _edge_step.defvjp(_edge_step_forward, _edge_step_backward)
 
 
-def _precision(dtype):
-  """Exact products for float32 (a TPU's default rounds them to bfloat16 first)."""
-  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+def _dot(a, b, contract=((1,), (0,))):
+  return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
 
 
-def _dot(a, b, contract=((1,), (0,)), precision=None):
-  return jax.lax.dot_general(a, b, (contract, ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+def _one_hot_dot(one_hot, values, contract=((1,), (0,))):
+  """`one_hot` (0/1, bfloat16) times `values`, float32, exact for float32 values too.
+
+  A float32 value is the sum of three bfloat16 pieces (8 significant bits each: its
+  rounding, the rounding of what is left, and the rest), so three bfloat16 products
+  accumulated in float32 reproduce a gather exactly and a sum to float32 rounding: half
+  the matrix-unit passes of `Precision.HIGHEST` (six), whose other three products multiply
+  the 0/1 matrix's own (zero) low pieces.
+  """
+  if values.dtype != jnp.float32:
+    return _dot(one_hot, values, contract)
+  piece = values.astype(jnp.bfloat16)
+  rest = values - piece.astype(jnp.float32)
+  total = _dot(one_hot, piece, contract)
+  piece = rest.astype(jnp.bfloat16)
+  total += _dot(one_hot, piece, contract)
+  return total + _dot(one_hot, (rest - piece.astype(jnp.float32)).astype(jnp.bfloat16),
+                      contract)
 
 
-def _one_hots(index_column, index_row, width: int, dtype):
-  """`([slots, width], [width, slots])` 0/1 matrices of each slot's row of a window, from
-  the slots' rows as a column `[slots, 1]` and as a row `[1, slots]` (`width`: none)."""
+def _one_hots(index_column, index_row, width: int):
+  """`([slots, width], [width, slots])` 0/1 bfloat16 matrices of each slot's row of a window,
+  from the slots' rows as a column `[slots, 1]` and as a row `[1, slots]` (`width`: none)."""
   slots = index_column.shape[0]
   to_rows = index_column == jax.lax.broadcasted_iota(jnp.int32, (slots, width), 1)
   from_rows = index_row == jax.lax.broadcasted_iota(jnp.int32, (width, slots), 0)
-  return to_rows.astype(dtype), from_rows.astype(dtype)
+  return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
 
 
 def _block_forward(e, refs, epsilon):
@@ -150,14 +165,13 @@ def _block_forward(e, refs, epsilon):
   (sender_window, far_rows, window, sender_column, sender_row, far_column, far_row,
    receiver_column, receiver_row, w_h, b_h, w_o, b_o, scale, offset) = refs
   dtype = e.dtype
-  exact = _precision(dtype)
-  senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[0], dtype)
-  far = _one_hots(far_column[0], far_row[0], far_rows.shape[1], dtype)
-  receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[0], dtype)
+  senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[0])
+  far = _one_hots(far_column[0], far_row[0], far_rows.shape[1])
+  receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[0])
   hidden = (_dot(e, w_h[...]) + b_h[...].astype(jnp.float32)
-            + _dot(senders[0], sender_window[...], precision=exact)
-            + _dot(far[0], far_rows[0], precision=exact)
-            + _dot(receivers[0], window[...], precision=exact))
+            + _one_hot_dot(senders[0], sender_window[...])
+            + _one_hot_dot(far[0], far_rows[0])
+            + _one_hot_dot(receivers[0], window[...]))
   activated = hidden * jax.nn.sigmoid(hidden)
   out = _dot(activated.astype(dtype), w_o[...]) + b_o[...].astype(jnp.float32)
   mean = jnp.mean(out, axis=-1, keepdims=True)
@@ -181,7 +195,7 @@ def _forward_kernel(*refs, epsilon):
   (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon)
   message = message.astype(e.dtype)
   new_edges_ref[...] = (e + message).astype(new_edges_ref.dtype)
-  partial_ref[0] = _dot(receivers[1], message, precision=_precision(e.dtype))
+  partial_ref[0] = _one_hot_dot(receivers[1], message)
 
 
 def _backward_kernel(*refs, epsilon):
@@ -200,14 +214,12 @@ def _backward_kernel(*refs, epsilon):
 
   e = e_ref[...]
   dtype = e.dtype
-  exact = _precision(dtype)
   w_h, w_o, scale = inputs[9][...], inputs[11][...], inputs[13][...]
   (senders, far, receivers), hidden, activated, normalized, inverse_std, _ = _block_forward(
       e, inputs, epsilon)
   grad_new_edges = grad_new_edges_ref[...].astype(jnp.float32)
   # The message reaches the new edge latents and, by the window rows, the sums.
-  grad_message = grad_new_edges + _dot(receivers[0].astype(jnp.float32), grad_partial_ref[...],
-                                       precision=jax.lax.Precision.HIGHEST)
+  grad_message = grad_new_edges + _one_hot_dot(receivers[0], grad_partial_ref[...])
   column_sum = lambda x: jnp.sum(x, axis=0, keepdims=True)
   grad_scale_ref[...] += column_sum(grad_message * normalized)
   grad_offset_ref[...] += column_sum(grad_message)
@@ -226,9 +238,9 @@ def _backward_kernel(*refs, epsilon):
   grad_b_h_ref[...] += column_sum(grad_hidden)
   grad_e_ref[...] = (grad_new_edges + _dot(grad_hidden_d, w_h, contract=((1,), (1,)))
                      ).astype(grad_e_ref.dtype)
-  grad_sender_window_ref[0] = _dot(senders[1], grad_hidden_d, precision=exact)
-  grad_far_ref[0] = _dot(far[1], grad_hidden_d, precision=exact)
-  grad_window_ref[0] = _dot(receivers[1], grad_hidden_d, precision=exact)
+  grad_sender_window_ref[0] = _one_hot_dot(senders[1], grad_hidden_d)
+  grad_far_ref[0] = _one_hot_dot(far[1], grad_hidden_d)
+  grad_window_ref[0] = _one_hot_dot(receivers[1], grad_hidden_d)
 
 
 def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlocks):

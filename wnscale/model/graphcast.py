@@ -41,7 +41,7 @@ from flax import nnx
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
 from wnscale.model import aggregation, processors, remat, remat_policies
-from wnscale.model.blocks import map_row_blocks
+from wnscale.model.blocks import map_row_blocks, slot_major_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
@@ -351,9 +351,10 @@ class GraphCast(nnx.Module):
 
     With `grid_blocks > 1` the whole decoder runs per block of grid nodes, each
     under its own checkpoint, with the block's own edges: the mesh-to-grid
-    edges come `k` per grid node in grid-node order (GraphCast's graphs: 3,
-    the corners of the node's mesh triangle), so a block of rows owns a block
-    of edges and `edge_chunks` is not needed there.
+    edges come `k` per grid node (GraphCast's graphs: 3, the corners of the
+    node's mesh triangle), in grid-node order as built, slot-major as laid out
+    on a device (`aggregation.FixedInDegree`), so a block of rows owns its
+    edges and `edge_chunks` is not needed there.
     """
     spec = self.spec
 
@@ -372,23 +373,23 @@ class GraphCast(nnx.Module):
     def decoder(model, grid, mesh, conditioning):
       sender_table = exchange(
           edge_set, getattr(model, f"{edge_set}_edges").interaction.project_senders(mesh))
-      if spec.remat.grid_blocks == 1:
-        chunks = spec.remat.edge_chunks
-        return decode_rows(model, grid, edges.features, edges.senders,
-                           aggregation.receivers_of(edges, edge_chunks=chunks),
-                           sender_table, chunks, conditioning)
-      blocked, rows = _receiver_blocks(edges, grid, spec.remat.grid_blocks)
-      # A block's edges are its rows' (padding rows' too), so a fixed in-degree holds there.
-      fixed = aggregation.receivers_of(edges)
+      receivers, num_blocks = aggregation.receivers_of(edges), spec.remat.grid_blocks
+      if num_blocks == 1:
+        return decode_rows(model, grid, edges.features, edges.senders, receivers,
+                           sender_table, spec.remat.edge_chunks, conditioning)
+      if isinstance(receivers, aggregation.FixedInDegree):  # each block its rows' k slots
+        blocked = (grid, *(slot_major_row_blocks(x, receivers.k, num_blocks)
+                           for x in (edges.features, edges.senders)))
+        return map_row_blocks(
+            model, lambda model, grid, features, senders, sender_table, conditioning:
+            decode_rows(model, grid, features, senders, receivers, sender_table, 1,
+                        conditioning), num_blocks, blocked, (sender_table, conditioning))
+      blocked, rows = _receiver_blocks(edges, grid, num_blocks)
 
       def decode_block(model, grid, features, senders, receivers, block, sender_table,
                        conditioning):
-        if isinstance(fixed, aggregation.FixedInDegree):
-          receivers = fixed
-        else:
-          receivers = receivers - block[0] * rows
-        return decode_rows(model, grid, features, senders, receivers, sender_table, 1,
-                           conditioning)
+        return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
+                           sender_table, 1, conditioning)
 
       return map_row_blocks(model, decode_block, spec.remat.grid_blocks, blocked,
                             (sender_table, conditioning))[:grid.shape[0]]

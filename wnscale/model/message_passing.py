@@ -41,7 +41,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from wnscale.model import aggregation, fused_edges, low_memory_layers, remat_policies
-from wnscale.model.blocks import split_rows
+from wnscale.model.blocks import map_row_blocks, slot_major_row_blocks, split_rows
 from wnscale.model.manual_axis_types import vary_like
 from wnscale.model.mlp import MLP, mlp_flops
 
@@ -175,7 +175,7 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     edge_features: `[E, F]` static edge features.
     senders: `[E]` indices into the sender table.
     receivers: `[E]` indices into the receiver table, or its `aggregation.FixedInDegree`
-      (then `num_chunks` must be 1).
+      (then the blocks are blocks of receiver rows, each with its rows' edges).
     sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` or None
       (for an interaction network: the projected node tables).
     conditioning: passed on to `edge_fn` (an FGN's norm conditioning, or None).
@@ -195,15 +195,37 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
       per_edge = per_edge * sender_mask[senders][:, None]
     return aggregation.sum_to_receivers(per_edge, receivers, num_receivers), None
 
-  if isinstance(receivers, aggregation.FixedInDegree):  # static, and in one piece
-    if num_chunks != 1:
-      raise ValueError(f"FixedInDegree receivers sum in one piece, not {num_chunks} chunks.")
-    sums, _ = messages(edge_features, senders, receivers, state, sender_table, receiver_table,
-                       conditioning, sender_mask)
-    return sums.astype(sender_table.dtype)
+  if isinstance(receivers, aggregation.FixedInDegree):
+    return _sum_fixed_in_degree(edge_model, edge_fn, edge_features, senders, receivers,
+                                sender_table, receiver_table, num_receivers, num_chunks,
+                                conditioning, sender_mask)
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
   total, _ = scan_edge_blocks(messages, blocked,
                               (state, sender_table, receiver_table, conditioning, sender_mask),
                               num_receivers, sender_table.shape[-1])
   return total.astype(sender_table.dtype)
+
+
+def _sum_fixed_in_degree(edge_model, edge_fn, edge_features, senders, receivers, sender_table,
+                         receiver_table, num_receivers, num_chunks, conditioning, sender_mask):
+  """`sum_edge_messages` of a `FixedInDegree` edge set: in `num_chunks` blocks of receiver
+  rows (`blocks.map_row_blocks`), each with its rows' k edges, a sum by reshape."""
+  k = receivers.k
+  # With no receiver table, a width-0 one carries the row count through the blocks.
+  rows = (receiver_table if receiver_table is not None
+          else jnp.zeros((num_receivers, 0), sender_table.dtype))
+
+  def sum_rows(model, rows, features, senders, sender_table, conditioning, sender_mask):
+    per_edge = edge_fn(model, features, senders, receivers, sender_table,
+                       rows if rows.shape[-1] else None, conditioning)
+    if sender_mask is not None:
+      per_edge = per_edge * sender_mask[senders][:, None]
+    return aggregation.sum_to_receivers(per_edge, receivers, rows.shape[0])
+
+  blocked = (rows, edge_features, senders)
+  if num_chunks > 1:
+    blocked = (rows, *(slot_major_row_blocks(x, k, num_chunks) for x in blocked[1:]))
+  sums = map_row_blocks(edge_model, sum_rows, num_chunks, blocked,
+                        (sender_table, conditioning, sender_mask))
+  return sums.astype(sender_table.dtype)

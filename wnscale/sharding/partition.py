@@ -9,9 +9,9 @@
   segment sum drops. The processor's edges (`receiver_blocks.BLOCKED_EDGE_SETS`)
   are laid out in receiver blocks, every shard's alike. An edge set with the
   same number k of edges into every receiver (the mesh-to-grid edges: 3) is
-  laid out k slots per receiver row, padding rows included (their edges read
-  sender 0 and are as inert as the rows), so its sums and receiver gathers are
-  reshapes (`EdgeSet.in_degree`).
+  laid out as k runs of one edge per receiver row, padding rows included (their
+  edges read sender 0 and are as inert as the rows), so its sums and receiver
+  gathers are reshapes (`EdgeSet.in_degree`).
 * Sender indices point into the shard's *sender table*, which the exchange
   mode plans (`wnscale.sharding.exchange.MODES`).
 
@@ -133,10 +133,13 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
                      kind="stable")
   counts = np.bincount(receiver_shard, minlength=num_shards)
   starts = np.concatenate([[0], np.cumsum(counts)])
-  in_degree = 0 if blocked else _in_degree(edges.receivers, len(receivers_part.slot_of_node))
+  # The decoders' edge sets (mesh to grid or points), which the model reads by their
+  # `FixedInDegree` alone: a slot-major layout is not sorted by receiver.
+  decoded = edges.sender_set == "mesh" and edges.receiver_set != "mesh" and not blocked
+  in_degree = _in_degree(edges.receivers, len(receivers_part.slot_of_node)) if decoded else 0
   if in_degree:  # k slots per receiver row, padding rows' too: sums and gathers are reshapes
     max_edges = in_degree * per_shard
-    receivers = np.broadcast_to(np.repeat(np.arange(per_shard, dtype=np.int32), in_degree),
+    receivers = np.broadcast_to(np.tile(np.arange(per_shard, dtype=np.int32), in_degree),
                                 (num_shards, max_edges)).copy()
   else:
     max_edges = max(int(counts.max()), 1)
@@ -145,8 +148,9 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
   features = np.zeros((num_shards, max_edges, edges.features.shape[1]), np.float32)
   for shard in range(num_shards):  # the shards' blocks are contiguous in `order`
     block = order[starts[shard]:starts[shard + 1]]
-    # Regular: a receiver's k edges are consecutive in `block`, so edge j of it is at j % k.
-    at = (receiver_local[block] * in_degree + np.arange(len(block)) % in_degree
+    # Regular: a receiver's k edges are consecutive in `block` (the j-th at j % k), and
+    # its j-th goes to slot j * per_shard + its row.
+    at = (np.arange(len(block)) % in_degree * per_shard + receiver_local[block]
           if in_degree else slice(0, len(block)))
     senders[shard, at] = table_index[block]
     receivers[shard, at] = receiver_local[block]
