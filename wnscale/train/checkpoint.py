@@ -12,7 +12,9 @@ Only reading counts: what the caller does with the files' contents (e.g.
 setting the data iterator's state) happens after `restore_latest` returns, so
 its errors propagate and never set a good checkpoint aside. A checkpoint that
 is whole but holds a different train state (another model or optimizer
-configuration) is an error, not damage: nothing is set aside.
+configuration) is an error, not damage: nothing is set aside. One that an older
+wnscale wrote with some parameters elsewhere is read where it kept them and moved to
+today's places (`param_layouts`).
 
 A run directory may also hold parameters only (`save_params`: an imported
 model, `wnscale.interop`); `restore_params` reads the parameters of either

@@ -85,7 +85,9 @@ def _layout(paths, leaves, sizes, treedef) -> OlderLayout:
   def to_today_order(vector):
     pieces = np.split(np.arange(sum(sizes)), np.cumsum([sizes[i] for i in older_order])[:-1])
     by_leaf = dict(zip(older_order, pieces))
-    return vector[np.concatenate([by_leaf[i] for i in range(len(paths))])]
+    # Laid out on the devices as restored, whatever the gather's own sharding.
+    return jax.device_put(vector[np.concatenate([by_leaf[i] for i in range(len(paths))])],
+                          vector.sharding)
 
   return OlderLayout(abstract, to_today, to_today_order)
 
