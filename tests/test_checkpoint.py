@@ -125,6 +125,80 @@ def test_a_run_written_before_the_specs_restores_and_computes_the_same_loss(run)
   assert float(loss) == pytest.approx(LOSSES_AT_422F098[run], rel=1e-6)
 
 
+RUN_AT_E289331 = os.path.join(os.path.dirname(__file__), "fixtures", "runs_e289331")
+# Where the station modality's modules were at e289331, the model's own attributes.
+NAMES_AT_E289331 = {"modalities.stations.embedder": "stations_embedder",
+                    "modalities.stations.to_mesh_edges": "stations_to_mesh_edges",
+                    "modalities.stations.update_mlp": "stations_mlp",
+                    "modalities.stations.from_mesh_edges": "mesh_to_stations_edges",
+                    "modalities.stations.output_mlp": "stations_output_mlp"}
+
+
+def _sums_by_old_name(kind: str, params) -> dict:
+  """`{f"{kind}:{name at e289331}": [sum, sum of squares]}` of `params`' leaves."""
+  from wnscale.train.optimizer import path_name  # noqa: PLC0415
+
+  sums = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = path_name(path)
+    for new, old in NAMES_AT_E289331.items():
+      if name.startswith(new + "."):
+        name = old + name[len(new):]
+    leaf = np.asarray(leaf, np.float64)
+    sums[f"{kind}:{name}"] = [float(leaf.sum()), float((leaf ** 2).sum())]
+  return sums
+
+
+def test_a_run_with_modality_modules_outside_their_container_restores():
+  """A stations run written at e289331, when a modality's modules were the model's attributes
+  (`stations_embedder`, ...), restores into today's model, whose container
+  `GraphCast.modalities` holds them (`param_layouts.modalities_in_a_container`): every
+  parameter, its EMA and both of Adam's moments where they were
+  (tests/fixtures/runs_e289331/sums.json, written then), resumed and read alone."""
+  import json  # noqa: PLC0415
+
+  from jax.flatten_util import ravel_pytree  # noqa: PLC0415
+
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
+  from wnscale.model import setup  # noqa: PLC0415
+  from wnscale.train import optimizer as optimizer_lib  # noqa: PLC0415
+  from wnscale.train import param_layouts  # noqa: PLC0415
+  from wnscale.train.state import initial_state  # noqa: PLC0415
+
+  run = os.path.join(RUN_AT_E289331, "stations")
+  with open(os.path.join(RUN_AT_E289331, "sums.json")) as file:
+    expected = json.load(file)
+  with open(os.path.join(run, "config.json")) as file:
+    specs = specs_lib.from_config(config_lib.from_json(file.read()))
+  _, abstract_params = setup.init_model_shapes(specs)
+  abstract_state = _abstract(jax.eval_shape(
+      lambda params: initial_state(params, optimizer_lib.make_optimizer(specs.train), ema=True),
+      abstract_params))
+
+  saver = checkpoint.Checkpointer(os.path.join(run, "checkpoints"), max_to_keep=5)
+  try:
+    restored = saver.restore_latest(abstract_state, lambda metadata: False,
+                                    param_layouts.train_state_layouts(abstract_state))
+  finally:
+    saver.close()
+  state = restored.state
+  _, unravel = ravel_pytree(state.params)
+  (adam,) = [part for part in state.opt_state[1] if hasattr(part, "mu")]
+  sums = {**_sums_by_old_name("params", state.params), **_sums_by_old_name("ema", state.ema),
+          **_sums_by_old_name("mu", unravel(adam.mu)), **_sums_by_old_name("nu", unravel(adam.nu))}
+  assert sums.keys() == expected.keys()
+  for name, value in expected.items():
+    np.testing.assert_allclose(sums[name], value, rtol=1e-12, err_msg=name)
+
+  for which in ("raw", "ema"):
+    params, step = checkpoint.restore_params(os.path.join(run, "checkpoints"),
+                                             abstract_state.params, which=which)
+    assert step == 2
+    jax.tree.map(np.testing.assert_array_equal, params,
+                 state.params if which == "raw" else state.ema)
+
+
 def test_run_directory_keeps_its_config_history_and_names_what_is_missing(tmp_path):
   """`RunDirectory`: the config and a dated copy per start, the finished steps only, and a
   directory that is no run said as the problem, as the argument that named it if any."""

@@ -196,7 +196,8 @@ def test_station_outputs_are_a_change_on_the_grid_forecast_at_the_stations():
   specs = specs_lib.from_config(station_config())
   graphdef, _ = setup.init_model_shapes(specs)
   zeroed = jax.tree.map_with_path(
-      lambda path, x: x * 0 if "stations_output_mlp" in jax.tree_util.keystr(path) else x,
+      lambda path, x: (x * 0 if "['modalities']['stations']['output_mlp']"
+                       in jax.tree_util.keystr(path) else x),
       params)
   predict = jax.jit(lambda params: forecast.rollout_with_points(
       nnx.merge(graphdef, params), constants, batch))
@@ -227,9 +228,9 @@ def test_a_grid_model_is_unchanged_by_modalities():
   with_stations = dict(jax.tree.leaves_with_path(problem()[2]))
   for path, value in plain:
     np.testing.assert_array_equal(with_stations.pop(path), value)
-  names = {str(getattr(path[0], "key", path[0])) for path in with_stations}
-  assert names == {"stations_embedder", "stations_to_mesh_edges", "stations_mlp",
-                   "mesh_to_stations_edges", "stations_output_mlp"}
+  names = {tuple(str(getattr(key, "key", key)) for key in path[:3]) for path in with_stations}
+  assert names == {("modalities", "stations", module) for module in (
+      "embedder", "to_mesh_edges", "update_mlp", "from_mesh_edges", "output_mlp")}
 
 
 @pytest.mark.parametrize("entry, message", [

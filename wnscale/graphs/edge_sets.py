@@ -178,6 +178,16 @@ def graphcast_edge_sets(radius_fraction: float = 0.6,
 FIRST_GUESS_NEIGHBOURS = 4
 
 
+def encoder_edge_set(node_set: str) -> str:
+  """The name of the edges a node set (the grid, a modality's points) sends to the mesh by."""
+  return f"{node_set}_to_mesh"
+
+
+def decoder_edge_set(node_set: str) -> str:
+  """The name of the edges the mesh sends to a node set by, to decode it."""
+  return f"mesh_to_{node_set}"
+
+
 def modality_edge_sets(modalities, radius_fraction: float = 0.6) -> dict[str, EdgeSetSpec]:
   """Each modality's (`specs.ModalitySpec`) encoder edges `<name>_to_mesh` if it has
   inputs; if it has targets, decoder edges `mesh_to_<name>` (containing triangle) and
@@ -185,11 +195,11 @@ def modality_edge_sets(modalities, radius_fraction: float = 0.6) -> dict[str, Ed
   edge_sets = {}
   for modality in modalities:
     if modality.inputs:
-      edge_sets[f"{modality.name}_to_mesh"] = EdgeSetSpec(
+      edge_sets[encoder_edge_set(modality.name)] = EdgeSetSpec(
           modality.name, "mesh", WithinRadiusOrNearest(float(radius_fraction)))
     if modality.targets:
-      edge_sets[f"mesh_to_{modality.name}"] = EdgeSetSpec("mesh", modality.name,
-                                                          InMeshTriangle())
+      edge_sets[decoder_edge_set(modality.name)] = EdgeSetSpec("mesh", modality.name,
+                                                               InMeshTriangle())
       edge_sets[f"grid_to_{modality.name}"] = EdgeSetSpec(
           "grid", modality.name, InverseDistance(FIRST_GUESS_NEIGHBOURS), features=False)
   return edge_sets

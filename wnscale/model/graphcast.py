@@ -13,16 +13,19 @@ Shapes (per example; the batch is vmapped):
   edge latents  [num_edges, edge_latent]     outputs      [num_grid_nodes, output_channels]
 
 Modalities (`PointModality`, from `data.modalities`): named point sets beside the
-grid (e.g. stations), on the same mesh. Each has its own embedder (its inputs,
-their presence masks and its points' node features), and, with inputs, its own
-encoder edges `<name>_to_mesh`; the mesh latents take the sum of every
-modality's messages, the grid's included, in one encoder step (the grid
-encoder's node MLP). With targets it has its own decoder edges `mesh_to_<name>`
-and output MLP, predicting a change on the grid's predicted state at its points
-(`forecast.point_first_guess`), as the grid's outputs are a change on its inputs.
-A missing input (NaN) enters as 0 with a mask channel of 0; a point missing every
-input sends no message. Their parameters are made after all of the grid model's, so a model
-without modalities is the grid model, parameter for parameter.
+grid (e.g. stations), on the same mesh, encoded and decoded by the grid's code
+with modules of their own (`ModalityModules`, in the container
+`GraphCast.modalities`; the grid's are the model's attributes, `NodeSetModules`
+names both). Each has its own embedder (its inputs, their presence masks and its
+points' node features), and, with inputs, its own encoder edges `<name>_to_mesh`;
+the mesh latents take the sum of every node set's messages, the grid's first, in
+one encoder step (the grid encoder's node MLP). With targets it has its own
+decoder edges `mesh_to_<name>` and output MLP, predicting a change on the grid's
+predicted state at its points (`forecast.point_first_guess`), as the grid's
+outputs are a change on its inputs. A missing input (NaN) enters as 0 with a mask
+channel of 0; a point missing every input sends no message. Their parameters are
+made after all of the grid model's, so a model without modalities is the grid
+model, parameter for parameter.
 
 Rematerialization follows the `ModelSpec` (see `wnscale.model.remat`):
 each stage may run under `jax.checkpoint` with the named policy; the processor
@@ -32,12 +35,14 @@ the encoder and decoder edges are processed in `edge_chunks` blocks.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wnscale.graphs.edge_sets import decoder_edge_set, encoder_edge_set
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
 from wnscale.model import aggregation, processors, remat, remat_policies
@@ -107,6 +112,47 @@ class EncoderDecoderEdges(nnx.Module):
                                      projected_receivers, senders, receivers, conditioning)
 
 
+class NodeSetModules(NamedTuple):
+  """The modules that carry one node set (the grid, a modality's points) into the mesh and
+  back; `ModalityModules` has the same attributes.
+
+  Attributes:
+    embedder: `[N, inputs + NODE_FEATURES] -> [N, latent]` latents of its nodes.
+    to_mesh_edges: its encoder edges' modules (`EncoderDecoderEdges`); None: no inputs.
+    update_mlp: `[N, latent] -> [N, latent]`, the latents' residual update after the
+      encoder; None: not decoded.
+    from_mesh_edges: its decoder edges' modules; None: not decoded.
+    output_mlp: `[N, latent] -> [N, outputs]`; None: not decoded.
+  """
+
+  embedder: MLP
+  to_mesh_edges: EncoderDecoderEdges | None
+  update_mlp: MLP | None
+  from_mesh_edges: EncoderDecoderEdges | None
+  output_mlp: MLP | None
+
+
+class ModalityModules(nnx.Module):
+  """A modality's own modules (`GraphCast.modalities[name]`), `NodeSetModules`' attributes.
+
+  `mlp(inputs, outputs, **kwargs)` and `edges(**kwargs)` make the model's MLPs and
+  `EncoderDecoderEdges`.
+  """
+
+  def __init__(self, modality: PointModality, latent_size: int, mlp: Callable,
+               edges: Callable, *, gather_from_receivers: bool):
+    self.modality = modality
+    # In this order: the parameters draw the random numbers they drew before the container.
+    self.embedder = mlp(modality.input_channels + NODE_FEATURES, latent_size)
+    self.to_mesh_edges = (edges(gather_from_receivers=gather_from_receivers)
+                          if modality.input_channels else None)
+    targets = modality.output_channels > 0
+    self.update_mlp = mlp(latent_size, latent_size) if targets else None
+    self.from_mesh_edges = edges() if targets else None
+    self.output_mlp = (mlp(latent_size, modality.output_channels, layer_norm=False)
+                       if targets else None)
+
+
 class GraphCast(nnx.Module):
   """Encoder-processor-decoder network predicting normalized residuals on the grid.
 
@@ -119,10 +165,8 @@ class GraphCast(nnx.Module):
     output_activations: `(output channel, activation name, offset)` triples: that
       channel of the normalized outputs becomes `activation(output + offset)`
       (`OUTPUT_ACTIVATIONS`; WeatherNext 2's cyclone probability: sigmoid, -2).
-    modalities: `PointModality`s beside the grid; each adds `<name>_embedder`,
-      with inputs `<name>_to_mesh_edges`, with targets `<name>_mlp` (the
-      points' update, as the grid's), `mesh_to_<name>_edges` and
-      `<name>_output_mlp`.
+    modalities: `PointModality`s beside the grid; each adds its `ModalityModules`,
+      `modalities[<name>]` (parameters `modalities.<name>.embedder`, ...).
 
   With `spec.noise_channels > 0` the network is WeatherNext 2's functional
   generative network (FGN): each call takes a standard-normal noise vector
@@ -166,17 +210,19 @@ class GraphCast(nnx.Module):
     self.output_activations = tuple(output_activations)
     self.policy = remat_policies.resolve_policy(spec.remat.remat_policy).checkpoint_policy
     # After everything else: the grid model's parameters draw what they draw without.
-    self.modalities = tuple(PointModality(*m) for m in modalities)
-    for m in self.modalities:
-      setattr(self, f"{m.name}_embedder", mlp(m.input_channels + NODE_FEATURES, latent))
-      if m.input_channels:
-        setattr(self, f"{m.name}_to_mesh_edges", edges(
-            gather_from_receivers=spec.grid_to_mesh_gather_from_receivers))
-      if m.output_channels:
-        setattr(self, f"{m.name}_mlp", mlp(latent, latent))
-        setattr(self, f"mesh_to_{m.name}_edges", edges())
-        setattr(self, f"{m.name}_output_mlp", mlp(latent, m.output_channels,
-                                                  layer_norm=False))
+    self.modalities = nnx.Dict({
+        m.name: ModalityModules(
+            PointModality(*m), latent, mlp, edges,
+            gather_from_receivers=spec.grid_to_mesh_gather_from_receivers)
+        for m in modalities})
+
+  def node_set_modules(self, node_set: str) -> NodeSetModules | ModalityModules:
+    """The modules of `node_set`: "grid" (the model's own attributes, the names GraphCast's
+    and WeatherNext 2's checkpoints map to) or a modality's."""
+    if node_set == "grid":
+      return NodeSetModules(self.grid_embedder, self.grid_to_mesh_edges,
+                            self.grid_to_mesh_grid_mlp, self.mesh_to_grid_edges, self.output_mlp)
+    return self.modalities[node_set]
 
   def __call__(self, graphs: Graphs, grid_input_parts, exchange=local_exchange,
                global_inputs: jax.Array | None = None, noise: jax.Array | None = None,
@@ -223,20 +269,19 @@ class GraphCast(nnx.Module):
         conditioning = self.noise_embedding(noise)
       # Named scopes label the stages' buffers in XLA's reports (planner.buffers).
       with jax.named_scope("encoder"):
-        grid, mesh, points = self.encode(graphs, inputs, exchange, global_inputs,
-                                         conditioning, point_inputs)
+        latents, mesh = self.encode(graphs, inputs, exchange, global_inputs, conditioning,
+                                    point_inputs)
       with jax.named_scope("processor"):
         mesh = self.processor(graphs, mesh, exchange, conditioning)
       with jax.named_scope("decoder"):
-        outputs = self.decode(graphs.edges["mesh_to_grid"], grid, mesh, exchange, conditioning)
-        point_outputs = {name: self.decode(graphs.edges[f"mesh_to_{name}"], latents, mesh,
-                                           exchange, conditioning, f"mesh_to_{name}",
-                                           f"{name}_output_mlp")
-                         for name, latents in points.items()}
+        outputs = {node_set: self.decode(graphs, node_set, node_latents, mesh, exchange,
+                                         conditioning)
+                   for node_set, node_latents in latents.items()}
+      grid_outputs = outputs.pop("grid")
       for channel, activation, offset in self.output_activations:
-        outputs = outputs.at[:, channel].set(
-            OUTPUT_ACTIVATIONS[activation](outputs[:, channel] + offset))
-      return outputs, point_outputs
+        grid_outputs = grid_outputs.at[:, channel].set(
+            OUTPUT_ACTIVATIONS[activation](grid_outputs[:, channel] + offset))
+      return grid_outputs, outputs
 
     return jax.vmap(one_example)(tuple(grid_input_parts), global_inputs, noise, point_inputs,
                                  conditioning)
@@ -244,7 +289,8 @@ class GraphCast(nnx.Module):
   def _all_point_inputs(self, graphs: Graphs, point_inputs, batch: int) -> dict:
     """`point_inputs` with every input modality's entry (all NaN: missing, where left out)."""
     point_inputs = dict(point_inputs or {})
-    for m in self.modalities:
+    for modules in self.modalities.values():
+      m = modules.modality
       if m.input_channels and m.name not in point_inputs:
         point_inputs[m.name] = jnp.full((batch, m.input_channels // 2,
                                          graphs.num_nodes(m.name)), jnp.nan, jnp.float32)
@@ -252,150 +298,160 @@ class GraphCast(nnx.Module):
 
   def encode(self, graphs: Graphs, grid_input_parts, exchange, global_inputs=None,
              conditioning=None, point_inputs=None):
-    """Embeds grid, mesh and modality nodes and passes messages to the mesh once.
+    """Embeds mesh, grid and modality nodes and passes messages to the mesh once.
 
-    The grid-node work (the embedder, the sender projection, the grid MLP) runs
-    in `grid_blocks` blocks of grid nodes, each under its own checkpoint, and so
-    does each modality's point work. `conditioning`: the `[conditioning_size]`
-    vector the layer norms are conditioned on (an FGN's noise embedding, a
-    denoiser's noise-level encoding), else None. `point_inputs`: per input modality, `[C, P]`.
+    Each node set's work (the embedder, the sender projection, the update MLP) runs
+    in `grid_blocks` blocks of its nodes, each under its own checkpoint.
+    `conditioning`: the `[conditioning_size]` vector the layer norms are conditioned
+    on (an FGN's noise embedding, a denoiser's noise-level encoding), else None.
+    `point_inputs`: per input modality, `[C, P]`, NaN where missing.
 
-    Returns `(grid latents, mesh latents, {target modality: point latents [P, D]})`.
+    Returns `({node set to decode: latents [N, D]}, mesh latents [M, D])`: the grid's
+    (first) and each target modality's.
     """
     spec = self.spec
 
-    def embed_grid(model, node_features, *parts_and_conditioning):
-      """Grid latents `[rows, D]` and their sender projection for the edges."""
-      *parts, conditioning = parts_and_conditioning
-      grid = model.grid_embedder(jnp.concatenate(
-          [part.astype(self.dtype) for part in parts + [node_features]], -1), conditioning)
-      return grid, model.grid_to_mesh_edges.interaction.project_senders(grid)
-
-    def update_grid(model, grid, conditioning):
-      return grid + model.grid_to_mesh_grid_mlp(grid, conditioning)
-
     def encoder(model, graphs, grid_input_parts, global_inputs, conditioning, point_inputs):
-      grid, projected_grid = map_row_blocks(
-          model, embed_grid, spec.remat.grid_blocks, (graphs.nodes["grid"].features,),
-          (conditioning,),
-          columns=tuple(grid_input_parts))
       mesh_inputs = graphs.nodes["mesh"].features.astype(self.dtype)
       if global_inputs is not None:  # the same for every mesh node
         mesh_inputs = jnp.concatenate([mesh_inputs, jnp.broadcast_to(
             global_inputs.astype(self.dtype), mesh_inputs.shape[:1] + global_inputs.shape)], -1)
       mesh = model.mesh_embedder(mesh_inputs, conditioning)
-      edges, interaction = graphs.edges["grid_to_mesh"], model.grid_to_mesh_edges.interaction
-      # Projected before the exchange: only local rows are multiplied.
-      messages = sum_edge_messages(
-          model.grid_to_mesh_edges, EncoderDecoderEdges.__call__, edges.features,
-          edges.senders, edges.receivers, exchange("grid_to_mesh", projected_grid),
-          interaction.project_receivers(mesh), mesh.shape[0], spec.remat.edge_chunks, conditioning)
-      points = {}
-      for m in model.modalities:
-        latents, point_messages = model._encode_points(m, graphs, point_inputs.get(m.name),
-                                                       mesh, exchange, conditioning)
-        if point_messages is not None:  # one sum over every modality's edges
-          messages = messages + point_messages
-        if m.output_channels:
-          points[m.name] = map_row_blocks(model, lambda model, x, c, name=m.name: x + getattr(
-              model, f"{name}_mlp")(x, c), spec.remat.grid_blocks, (latents,), (conditioning,))
+      latents, messages = {}, None
+      for node_set, parts, sends in model._node_set_inputs(grid_input_parts, point_inputs):
+        latents[node_set], node_set_messages = model._encode_node_set(
+            node_set, graphs, parts, sends, mesh, exchange, conditioning)
+        if node_set_messages is not None:  # one sum over every node set's edges
+          messages = node_set_messages if messages is None else messages + node_set_messages
       if spec.grid_to_mesh_aggregate_normalization != 1:  # WeatherNext 2's: sums / 4
         messages = messages / jnp.asarray(spec.grid_to_mesh_aggregate_normalization,
                                           messages.dtype)
-      mesh = interaction.update_nodes(mesh, messages, conditioning)
-      grid = map_row_blocks(model, update_grid, spec.remat.grid_blocks, (grid,), (conditioning,))
-      return grid, mesh, points
+      mesh = model.grid_to_mesh_edges.interaction.update_nodes(mesh, messages, conditioning)
+
+      def update(model, node_latents, conditioning, node_set):
+        return node_latents + model.node_set_modules(node_set).update_mlp(node_latents,
+                                                                          conditioning)
+
+      decoded = {node_set: map_row_blocks(model, functools.partial(update, node_set=node_set),
+                                          spec.remat.grid_blocks, (node_latents,),
+                                          (conditioning,))
+                 for node_set, node_latents in latents.items()
+                 if model.node_set_modules(node_set).update_mlp is not None}
+      return decoded, mesh
 
     return remat.checkpointed(self, encoder, spec.remat.remat_grid_to_mesh_gnn, self.policy)(
         graphs, tuple(grid_input_parts), global_inputs, conditioning, dict(point_inputs or {}))
 
-  def _encode_points(self, modality: PointModality, graphs: Graphs, values, mesh, exchange,
-                     conditioning):
-    """`(point latents [P, D], their summed messages to the mesh [M, D] or None)`.
+  def _node_set_inputs(self, grid_input_parts, point_inputs: dict):
+    """`(node set, channel-major input parts [(C_i, N)], senders [N] bool or None)` of the
+    grid (every node sends) and of each modality, in the order their messages are summed.
 
-    `values`: `[C, P]` channel-major inputs, NaN where missing (None: no inputs).
+    A modality's values `[C, P]` (NaN where missing) enter as two parts, the values
+    (0 where missing) and their presence mask; a point with no value at any input time
+    sends nothing. A target-only modality has no parts and sends nothing.
     """
-    name, spec = modality.name, self.spec
-    node_features = graphs.nodes[name].features
-    if values is None:  # a target-only modality: its points' positions alone
-      return map_row_blocks(self, lambda model, x, c: getattr(model, f"{name}_embedder")(
-          x.astype(self.dtype), c), spec.remat.grid_blocks, (node_features,), (conditioning,)), None
-    present = ~jnp.isnan(values)
-    filled, mask = jnp.where(present, values, 0), present.astype(values.dtype)
-    edge_set = f"{name}_to_mesh"
+    yield "grid", tuple(grid_input_parts), None
+    for name, modules in self.modalities.items():
+      if not modules.modality.input_channels:
+        yield name, (), None
+        continue
+      values = point_inputs[name]
+      present = ~jnp.isnan(values)
+      yield (name, (jnp.where(present, values, 0), present.astype(values.dtype)),
+             jnp.any(present, axis=0))
 
-    def embed(model, node_features, filled, mask, conditioning):
-      latents = getattr(model, f"{name}_embedder")(jnp.concatenate(
-          [part.astype(self.dtype) for part in (filled, mask, node_features)], -1), conditioning)
-      return latents, getattr(model, f"{edge_set}_edges").interaction.project_senders(latents)
+  def _encode_node_set(self, node_set: str, graphs: Graphs, parts: tuple, sends, mesh,
+                       exchange, conditioning):
+    """`(latents [N, D], their summed messages to the mesh [M, D], or None without inputs)`.
 
-    latents, projected = map_row_blocks(self, embed, spec.remat.grid_blocks, (node_features,),
-                                        (conditioning,), columns=(filled, mask))
-    edges_module = getattr(self, f"{edge_set}_edges")
-    edges = graphs.edges[edge_set]
-    # A point with no value at any input time sends nothing.
-    sends = jnp.any(present, axis=0).astype(projected.dtype)[:, None]
-    messages = sum_edge_messages(
-        edges_module, EncoderDecoderEdges.__call__, edges.features, edges.senders,
-        edges.receivers, exchange(edge_set, projected),
-        edges_module.interaction.project_receivers(mesh), mesh.shape[0], spec.remat.edge_chunks,
-        conditioning, sender_mask=exchange(edge_set, sends)[:, 0])
-    return latents, messages
-
-  def decode(self, edges: EdgeSet, grid, mesh, exchange, conditioning=None,
-             edge_set: str = "mesh_to_grid", output_mlp: str = "output_mlp"):
-    """Passes messages mesh -> grid once and reads out `[num_grid_nodes, output_channels]`.
-
-    A target modality's decoder is the same on its points (`edge_set`
-    `mesh_to_<name>`, its `edges`, its `output_mlp`), `grid` its point latents.
-
-    With `grid_blocks > 1` the whole decoder runs per block of grid nodes, each
-    under its own checkpoint, with the block's own edges: the mesh-to-grid
-    edges come `k` per grid node (GraphCast's graphs: 3, the corners of the
-    node's mesh triangle), in grid-node order as built, slot-major as laid out
-    on a device (`aggregation.FixedInDegree`), so a block of rows owns its
-    edges and `edge_chunks` is not needed there.
+    `parts`: channel-major inputs `[C_i, N]`, concatenated before the nodes' features;
+    `sends`: `[N]` whether a node sends (None: all do).
     """
     spec = self.spec
 
-    def decode_rows(model, grid, features, senders, receivers, sender_table, chunks,
-                    conditioning):
-      """Output `[rows, C]` of grid rows whose edges point at them (`receivers` < rows)."""
-      edges_module = getattr(model, f"{edge_set}_edges")
-      interaction = edges_module.interaction
-      messages = sum_edge_messages(
-          edges_module, EncoderDecoderEdges.__call__, features, senders,
-          receivers, sender_table, interaction.project_receivers(grid), grid.shape[0], chunks,
-          conditioning)
-      grid = interaction.update_nodes(grid, messages, conditioning)
-      return getattr(model, output_mlp)(grid).astype(jnp.float32)
+    def embed(model, node_features, *parts_and_conditioning):
+      """Latents `[rows, D]` and their sender projection for the encoder edges (None without)."""
+      *parts, conditioning = parts_and_conditioning
+      modules = model.node_set_modules(node_set)
+      latents = modules.embedder(jnp.concatenate(
+          [part.astype(self.dtype) for part in parts + [node_features]], -1), conditioning)
+      if modules.to_mesh_edges is None:
+        return latents, None
+      return latents, modules.to_mesh_edges.interaction.project_senders(latents)
 
-    def decoder(model, grid, mesh, conditioning):
-      sender_table = exchange(
-          edge_set, getattr(model, f"{edge_set}_edges").interaction.project_senders(mesh))
+    latents, projected = map_row_blocks(self, embed, spec.remat.grid_blocks,
+                                        (graphs.nodes[node_set].features,), (conditioning,),
+                                        columns=parts)
+    if projected is None:
+      return latents, None
+    edges_module = self.node_set_modules(node_set).to_mesh_edges
+    edge_set = encoder_edge_set(node_set)
+    edges = graphs.edges[edge_set]
+    # Projected before the exchange: only local rows are multiplied.
+    sender_table = exchange(edge_set, projected)
+    receiver_table = edges_module.interaction.project_receivers(mesh)
+    sender_mask = (None if sends is None else
+                   exchange(edge_set, sends.astype(projected.dtype)[:, None])[:, 0])
+    messages = sum_edge_messages(
+        edges_module, EncoderDecoderEdges.__call__, edges.features, edges.senders,
+        edges.receivers, sender_table, receiver_table, mesh.shape[0], spec.remat.edge_chunks,
+        conditioning, sender_mask=sender_mask)
+    return latents, messages
+
+  def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
+    """Passes messages mesh -> `node_set` once and reads out `[N, output_channels]`.
+
+    The grid's and each target modality's decoder, with its edges `mesh_to_<node_set>`
+    and its `NodeSetModules`; `latents` `[N, D]` its nodes'.
+
+    With `grid_blocks > 1` the whole decoder runs per block of nodes, each under its
+    own checkpoint, with the block's own edges: the decoder edges come `k` per node
+    (GraphCast's graphs: 3, the corners of the node's mesh triangle), in node order as
+    built, slot-major as laid out on a device (`aggregation.FixedInDegree`), so a block
+    of rows owns its edges and `edge_chunks` is not needed there.
+    """
+    spec = self.spec
+    edge_set = decoder_edge_set(node_set)
+    edges = graphs.edges[edge_set]
+
+    def decode_rows(model, latents, features, senders, receivers, sender_table, chunks,
+                    conditioning):
+      """Output `[rows, C]` of rows whose edges point at them (`receivers` < rows)."""
+      modules = model.node_set_modules(node_set)
+      interaction = modules.from_mesh_edges.interaction
+      messages = sum_edge_messages(
+          modules.from_mesh_edges, EncoderDecoderEdges.__call__, features, senders,
+          receivers, sender_table, interaction.project_receivers(latents), latents.shape[0],
+          chunks, conditioning)
+      latents = interaction.update_nodes(latents, messages, conditioning)
+      return modules.output_mlp(latents).astype(jnp.float32)
+
+    def decoder(model, latents, mesh, conditioning):
+      sender_table = exchange(edge_set, model.node_set_modules(
+          node_set).from_mesh_edges.interaction.project_senders(mesh))
       receivers, num_blocks = aggregation.receivers_of(edges), spec.remat.grid_blocks
       if num_blocks == 1:
-        return decode_rows(model, grid, edges.features, edges.senders, receivers,
+        return decode_rows(model, latents, edges.features, edges.senders, receivers,
                            sender_table, spec.remat.edge_chunks, conditioning)
       if isinstance(receivers, aggregation.FixedInDegree):  # each block its rows' k slots
-        blocked = (grid, *(slot_major_row_blocks(x, receivers.k, num_blocks)
-                           for x in (edges.features, edges.senders)))
+        blocked = (latents, *(slot_major_row_blocks(x, receivers.k, num_blocks)
+                              for x in (edges.features, edges.senders)))
         return map_row_blocks(
-            model, lambda model, grid, features, senders, sender_table, conditioning:
-            decode_rows(model, grid, features, senders, receivers, sender_table, 1,
+            model, lambda model, latents, features, senders, sender_table, conditioning:
+            decode_rows(model, latents, features, senders, receivers, sender_table, 1,
                         conditioning), num_blocks, blocked, (sender_table, conditioning))
-      blocked, rows = _receiver_blocks(edges, grid, num_blocks)
+      blocked, rows = _receiver_blocks(edges, latents, num_blocks)
 
-      def decode_block(model, grid, features, senders, receivers, block, sender_table,
+      def decode_block(model, latents, features, senders, receivers, block, sender_table,
                        conditioning):
-        return decode_rows(model, grid, features, senders, receivers - block[0] * rows,
+        return decode_rows(model, latents, features, senders, receivers - block[0] * rows,
                            sender_table, 1, conditioning)
 
       return map_row_blocks(model, decode_block, spec.remat.grid_blocks, blocked,
-                            (sender_table, conditioning))[:grid.shape[0]]
+                            (sender_table, conditioning))[:latents.shape[0]]
 
     return remat.checkpointed(self, decoder, spec.remat.remat_mesh_to_grid_gnn,
-                              self.policy)(grid, mesh, conditioning)
+                              self.policy)(latents, mesh, conditioning)
 
 
 def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):

@@ -44,10 +44,13 @@ class RematPolicy(NamedTuple):
     recompute_fraction: the fraction of a checkpointed region's forward FLOPs that the
       backward pass recomputes under it (matmuls dominate; saved dots are not redone),
       for the planner (`wnscale.planner.flops`).
+    offloads_carries: it moves the processor groups' carries (`PROCESSOR_CARRY`) to host
+      memory and back, bytes the planner counts.
   """
 
   checkpoint_policy: Callable
   recompute_fraction: float
+  offloads_carries: bool = False
 
 
 _policies = jax.checkpoint_policies
@@ -65,7 +68,7 @@ POLICIES: dict[str, RematPolicy] = {
     # On CPU, host and device memory are one: it compiles and changes nothing.
     "offload_carries": RematPolicy(_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=(), names_which_can_be_offloaded=(PROCESSOR_CARRY,),
-        offload_src="device", offload_dst="pinned_host"), 1.0),
+        offload_src="device", offload_dst="pinned_host"), 1.0, offloads_carries=True),
 }
 _SAVE_ONLY_PREFIX = "save_only_these_names:"
 POLICY_NAMES = tuple(POLICIES) + (_SAVE_ONLY_PREFIX + "<name>,...",)

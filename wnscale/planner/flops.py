@@ -74,7 +74,8 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
   model, remat = specs.model, specs.model.remat
   stages = forward_flops(specs, graphs)
   processor = processors.implementation(model).cost(model, graphs)
-  fraction = resolve_policy(remat.remat_policy).recompute_fraction
+  policy = resolve_policy(remat.remat_policy)
+  fraction = policy.recompute_fraction
   encoder = (stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
              + stages["encoder_points"])
   decoder = stages["decoder_edges"] + stages["decoder_nodes"] + stages["decoder_points"]
@@ -95,7 +96,7 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
   examples = specs.train.batch_size * specs.data.target_steps
   scale = examples / num_devices
   offloaded = 0.0
-  if remat.remat_mesh_gnn and remat.remat_policy == "offload_carries":
+  if remat.remat_mesh_gnn and policy.offloads_carries:
     groups = -(-processor.layers // remat.mesh_remat_every)
     width = 2 if model.dtype == "bfloat16" else 4
     carry = processor.carry_rows * model.latent_size * width

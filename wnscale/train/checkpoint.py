@@ -12,7 +12,9 @@ Only reading counts: what the caller does with the files' contents (e.g.
 setting the data iterator's state) happens after `restore_latest` returns, so
 its errors propagate and never set a good checkpoint aside. A checkpoint that
 is whole but holds a different train state (another model or optimizer
-configuration) is an error, not damage: nothing is set aside.
+configuration) is an error, not damage: nothing is set aside. One that an older
+wnscale wrote with some parameters elsewhere is read where it kept them and moved to
+today's places (`param_layouts`).
 
 A run directory may also hold parameters only (`save_params`: an imported
 model, `wnscale.interop`); `restore_params` reads the parameters of either
@@ -25,7 +27,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import grain
 import jax
@@ -34,8 +36,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from wnscale import paths
-
 from wnscale.errors import ArgumentError, UserError
+from wnscale.train import param_layouts
 
 
 class CheckpointMismatchError(UserError):
@@ -131,7 +133,8 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def restore_latest(self, abstract_state,
-                     read_data_state: Callable[[dict], bool] = lambda metadata: True
+                     read_data_state: Callable[[dict], bool] = lambda metadata: True,
+                     older_layouts: Sequence[tuple[object, Callable]] = ()
                      ) -> Restored | None:
     """Reads the newest good checkpoint, or returns None if there is none.
 
@@ -141,6 +144,10 @@ class Checkpointer:
       read_data_state: `metadata -> bool`, whether to read this process's data
         iterator state too (e.g. not when the process count changed, since
         Grain keeps one state per process).
+      older_layouts: `(abstract state, to_today)` pairs: the state as older wnscale laid
+        it out (`param_layouts.train_state_layouts`), tried in turn when the
+        checkpoint's arrays are not `abstract_state`'s; a state read in one is given to
+        its `to_today`.
 
     Raises:
       CheckpointMismatchError: the newest readable checkpoint holds a train
@@ -157,8 +164,9 @@ class Checkpointer:
         continue
       if set(stored) == {"params"}:
         raise ParamsOnlyError(paths.join(self.directory, str(step)), self.run)
-      differences = _differences(stored, abstract_state)
-      if differences:
+      layout = _layout_of(stored, abstract_state, older_layouts)
+      if layout is None:
+        differences = _differences(stored, abstract_state)
         path = paths.join(self.directory, str(step))
         more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
         raise CheckpointMismatchError(
@@ -167,9 +175,10 @@ class Checkpointer:
             f"({'; '.join(differences[:3])}{more}). Resume with the config it was written "
             f"with (in {paths.join(path, 'metadata')}), or give this run a new `workdir`. "
             "The checkpoint is left as it is.")
+      target, to_today = layout
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
+            state=ocp.args.StandardRestore(target),
             metadata=ocp.args.JsonRestore()))
         data_state = None
         if read_data_state(restored.metadata):
@@ -184,6 +193,8 @@ class Checkpointer:
         damaged.append(step)
     if damaged:
       self._set_aside(damaged)
+    if result is not None:  # outside the damage check: an error here is no damage
+      result.state = to_today(result.state)
     return result
 
   def _warn_damaged(self, step, error):
@@ -288,14 +299,17 @@ def restore_params(directory: str, abstract_params, step: int | None = None,
         continue
       key = _params_key(stored, which, paths.join(directory, str(candidate)))
       stored = stored[key]
-      differences = _differences(stored, abstract_params)
-      if differences:
+      layout = _layout_of(stored, abstract_params,
+                          param_layouts.params_layouts(abstract_params))
+      if layout is None:
+        differences = _differences(stored, abstract_params)
         raise CheckpointMismatchError(
             f"Checkpoint {paths.join(directory, str(candidate))} holds parameters of another "
             f"model than this config builds; {len(differences)} differences: "
             f"{'; '.join(differences[:5])}. Use the model and data settings it was made with "
             "(its run directory's config.json).")
-      item = {key: abstract_params}
+      target, to_today = layout
+      item = {key: target}
       try:
         restored = manager.restore(candidate, args=ocp.args.Composite(
             state=ocp.args.PyTreeRestore(
@@ -303,10 +317,12 @@ def restore_params(directory: str, abstract_params, step: int | None = None,
                 partial_restore=True)))
         logging.info("Parameters of %s: %s.", paths.join(directory, str(candidate)),
                      "the moving average (EMA)" if key == "ema" else "the raw ones")
-        return restored.state[key], candidate
+        params = restored.state[key]
       except Exception as error:  # Orbax raises many types for damaged files.
         _warn_damaged(directory, candidate, error)
         failures.append(candidate)
+        continue
+      return to_today(params), candidate
     raise UserError(f"No checkpoint in {directory} could be restored (tried steps "
                     f"{failures}).")
   finally:
@@ -332,6 +348,15 @@ def _warn_damaged(directory, step, error):
 def abstract_like(tree, sharding):
   """`jax.ShapeDtypeStruct`s of `tree`'s leaves, all with `sharding`."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def _layout_of(stored_tree, abstract_state, older_layouts) -> tuple[object, Callable] | None:
+  """`(abstract_state in the layout the checkpoint holds, its to_today)`: today's, else the
+  first of `older_layouts` whose arrays the checkpoint holds; None: none."""
+  for target, to_today in [(abstract_state, lambda state: state), *older_layouts]:
+    if not _differences(stored_tree, target):
+      return target, to_today
+  return None
 
 
 def _differences(stored_tree, abstract_state) -> list[str]:

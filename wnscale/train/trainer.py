@@ -62,7 +62,7 @@ from wnscale.tracking.run import TrackedRun, run_tags
 from wnscale.train import checkpoint as checkpoint_lib
 from wnscale.train import curriculum
 from wnscale.train import evaluation, loop_time, optimizer as optimizer_lib
-from wnscale.train import run_directory, run_log
+from wnscale.train import param_layouts, run_directory, run_log
 from wnscale.train.run_directory import RunDirectory
 from wnscale.train import step as step_lib
 from wnscale.train import workdir as workdir_lib
@@ -411,8 +411,9 @@ def _resume(checkpointer, run: RunDirectory, state, sharding, specs, phases, pip
     return (metadata["data_groups"] == num_groups
             and metadata.get("process_count", jax.process_count()) == jax.process_count())
 
-  restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state, sharding),
-                                         same_data_layout)
+  abstract_state = checkpoint_lib.abstract_like(state, sharding)
+  restored = checkpointer.restore_latest(abstract_state, same_data_layout,
+                                         param_layouts.train_state_layouts(abstract_state))
   if restored is None:
     logging.info("Starting fresh: no checkpoint in %s.", checkpointer.directory)
     return state, pipeline_at(phases[0], 0), 0
