@@ -163,10 +163,12 @@ def test_a_fixed_in_degree_sums_and_gathers_as_by_index(dtype):
   assert sums_f.dtype == jnp.float32
   np.testing.assert_allclose(sums_f, sums_i, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(value_f, value_i, rtol=1e-6)
+  # A bfloat16 table's gradient adds k cotangents in bfloat16, in another order than a scatter.
+  tolerance = dict(rtol=1e-6, atol=1e-6) if dtype == jnp.float32 else dict(rtol=1e-2, atol=1e-2)
   for grad_f, grad_i in zip(grads_f, grads_i):
     assert grad_f.dtype == dtype
     np.testing.assert_allclose(np.asarray(grad_f, np.float32), np.asarray(grad_i, np.float32),
-                               rtol=1e-6, atol=1e-6)
+                               **tolerance)
 
 
 # Either way of writing the new edges (over the old ones or not) with each norm.

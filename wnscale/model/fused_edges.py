@@ -125,8 +125,9 @@ def _edge_step_backward(epsilon, write_over_edges, residuals, cotangents):
 _edge_step.defvjp(_edge_step_forward, _edge_step_backward)
 
 
-def _dot(a, b, contract=((1,), (0,))):
-  return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+def _dot(a, b, contract=((1,), (0,)), precision=None):
+  return jax.lax.dot_general(a, b, (contract, ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
 
 
 def _one_hot_dot(one_hot, values, contract=((1,), (0,))):
@@ -138,15 +139,17 @@ def _one_hot_dot(one_hot, values, contract=((1,), (0,))):
   the matrix-unit passes of `Precision.HIGHEST` (six), whose other three products multiply
   the 0/1 matrix's own (zero) low pieces.
   """
+  # One pass each, whatever `jax_default_matmul_precision` says (a float32 precision
+  # for bfloat16 operands does not compile in a TPU kernel).
+  dot = functools.partial(_dot, contract=contract, precision=jax.lax.Precision.DEFAULT)
   if values.dtype != jnp.float32:
-    return _dot(one_hot, values, contract)
+    return dot(one_hot, values)
   piece = values.astype(jnp.bfloat16)
   rest = values - piece.astype(jnp.float32)
-  total = _dot(one_hot, piece, contract)
+  total = dot(one_hot, piece)
   piece = rest.astype(jnp.bfloat16)
-  total += _dot(one_hot, piece, contract)
-  return total + _dot(one_hot, (rest - piece.astype(jnp.float32)).astype(jnp.bfloat16),
-                      contract)
+  total += dot(one_hot, piece)
+  return total + dot(one_hot, (rest - piece.astype(jnp.float32)).astype(jnp.bfloat16))
 
 
 def _one_hots(index_column, index_row, width: int):
