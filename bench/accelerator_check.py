@@ -49,8 +49,9 @@ so the script cannot rot between accelerators. A device command may be limited i
 
 Each figure is one JSON line in OUT/results.jsonl (`{"step": ..., "commit": ..., "date":
 ..., ...}`; a failed step has an `error`); each step's output goes to OUT/log.txt. The
-commit is `git describe --always --dirty` of the checkout (`--prepare` writes it to
-`.accelerator/commit.txt`, for a machine that gets the files without git). Keep a run's
+commit is `git describe --always --dirty` of the checkout as `--prepare` wrote it to
+`.accelerator/commit.txt` (refresh it before each run on a copied tree: `git describe
+--always --dirty > .accelerator/commit.txt`), else the checkout's own. Keep a run's
 results.jsonl under bench/results/ (`accelerator_<date>_<commit>.jsonl`).
 """
 
@@ -197,18 +198,19 @@ def _append(out: str, record: dict):
 
 
 def commit() -> str:
-  """The checkout's `git describe --always --dirty`, or what `--prepare` wrote of it."""
+  """What `--prepare` wrote of the checkout's `git describe --always --dirty` where it did
+  (a copied tree's own git, if any, may describe another commit), else the checkout's."""
   written = os.path.join(REPO, ".accelerator", "commit.txt")
+  if os.path.exists(written):
+    with open(written) as f:
+      return f.read().strip()
   try:
     described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
                                capture_output=True, text=True)
     if described.returncode == 0:
       return described.stdout.strip()
-  except OSError:  # no git on the machine
+  except OSError:  # no git
     pass
-  if os.path.exists(written):
-    with open(written) as f:
-      return f.read().strip()
   return "unknown"
 
 
