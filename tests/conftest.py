@@ -137,5 +137,5 @@ def graphcast_import(tmp_path_factory) -> graphcast_runs.Imported:
 def fine_tuned_import(graphcast_import, tmp_path_factory) -> str:
   """The workdir of a run fine-tuned from `graphcast_import` with its config. Shared:
   read it, copy it to write."""
-  return graphcast_runs.fine_tune(graphcast_import,
-                                  str(tmp_path_factory.mktemp("fine_tuned_import")))
+  return _made_once(tmp_path_factory, "fine_tuned_import",
+                    lambda workdir: graphcast_runs.fine_tune(graphcast_import, workdir))
