@@ -62,10 +62,15 @@ absl.flags.FLAGS.mark_as_parsed()
 
 # The longest files (minutes each on 2 cores) start first, so that none starts last on a
 # worker while the others have finished; the order only changes how soon the suite ends.
-LONGEST_FIRST = ("test_training.py", "test_bad_input.py", "test_cli.py", "test_sharding.py",
-                 "test_existing_data.py", "test_forecast_end_to_end.py", "test_modalities.py",
-                 "test_interrupts.py", "test_transformer.py", "test_remat.py", "test_planner.py",
-                 "test_remote_storage.py", "test_ensemble.py")
+# Longest first by their seconds at the last timed run; the accelerator check (one test
+# of 2 minutes, no shared run) before the files that wait on the trained tiny run.
+LONGEST_FIRST = ("test_accelerator_check.py", "test_training.py", "test_interrupts.py",
+                 "test_bad_input.py", "test_cli.py", "test_sharding.py", "test_planner.py",
+                 "test_modalities.py", "test_existing_data.py", "test_transformer.py",
+                 "test_forecast_end_to_end.py", "test_accumulation.py", "test_ensemble.py",
+                 "test_remat.py", "test_compilation_cache.py", "test_gencast_training.py",
+                 "test_forecast.py", "test_gencast_forecast.py", "test_trackers.py",
+                 "test_remote_storage.py", "test_weathernext2_export.py", "test_stations.py")
 
 
 # tryfirst: before pytest-xdist's own hook, which reads the groups into the test ids.
@@ -132,5 +137,5 @@ def graphcast_import(tmp_path_factory) -> graphcast_runs.Imported:
 def fine_tuned_import(graphcast_import, tmp_path_factory) -> str:
   """The workdir of a run fine-tuned from `graphcast_import` with its config. Shared:
   read it, copy it to write."""
-  return graphcast_runs.fine_tune(graphcast_import,
-                                  str(tmp_path_factory.mktemp("fine_tuned_import")))
+  return _made_once(tmp_path_factory, "fine_tuned_import",
+                    lambda workdir: graphcast_runs.fine_tune(graphcast_import, workdir))
