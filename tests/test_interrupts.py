@@ -28,12 +28,12 @@ import numpy as np
 import pytest
 
 from launch import cli
-from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_env, run,
-                       snapshot, train_command, wait_for_step)
+from tiny_runs import (REPO, STEPS, Started, cluster_process, damage_checkpoint, losses,
+                       process_env, run, snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
 from wnscale import interrupts
 from wnscale import specs as specs_lib
-from wnscale.errors import UserError
+from wnscale.errors import PeerFailed, UserError
 from wnscale.train import trainer
 from wnscale.train import workdir as workdir_lib
 from tiny_runs import read_metrics
@@ -324,6 +324,17 @@ def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   assert ("(the traceback above)" in line) == (not peer)
 
 
+def test_a_save_another_process_failed_is_one_line(capsys):
+  """A checkpoint's save that another process failed (`coordination.barrier`): its log
+  says why; this one's line says where it stopped, and no traceback."""
+  failed = PeerFailed("processes 0 and 1 wait at different barriers")
+  line = cli._unexpected_in_a_cluster(failed)  # noqa: SLF001
+  assert line == ("error: process 0 of 1 stopped: processes 0 and 1 wait at different "
+                  "barriers. The run stops; run the same command again to resume from its "
+                  "last checkpoint.")
+  assert not capsys.readouterr().err
+
+
 def kill_one_of_a_pair(gone: int, within: float) -> tuple[Started, int]:
   """Two `tests/peer_gone.py` processes, started without a launcher (none to stop the
   survivor); once both have joined, process `gone` is killed (SIGKILL) while the other
@@ -564,6 +575,59 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_resumed_run_loses_nothi
   assert len(aside) == 1, names  # kept for inspection
   # The leftover removed at the start; step 8 saved again.
   assert [name for name in names if name not in aside] == ["12", "4", "8"]
+
+
+@pytest.mark.slow
+def test_a_save_failing_in_one_process_of_two_stops_both_and_the_resumed_run_loses_nothing(
+    tiny_disk, tmp_path):
+  """One process's part of a background save meets a full disk while the other's is
+  written; the disk is given room and the launcher gets a SIGTERM (the soak's
+  `--faults=20 --seed=2`). The two processes waited for each other at different Orbax
+  barriers, for 20 minutes; now both stop within seconds, with one line, and the resumed
+  run repeats the first start's losses bitwise. The processes are paused around the
+  fill, so that process 1 alone writes into the full disk."""
+  workdir = os.path.join(tiny_disk, "run")
+  command = train_command(workdir, devices=4, data=1, graph=4, processes=2,
+                          extra=["--config.train.eval_every=0"])
+  cluster = Started(command)
+  try:
+    cluster.wait_for(r"\[p0\] .*Checkpoint of step 8: writing in the background")
+    first, second = (cluster_process(cluster.process.pid, index) for index in (0, 1))
+    os.kill(second, signal.SIGSTOP)  # before its part of the save is written
+    time.sleep(1.5)  # process 0 writes its part, then waits for process 1's
+    os.kill(first, signal.SIGSTOP)  # it writes nothing into the full disk
+    fill_disk(tiny_disk, leave=0)
+    os.kill(second, signal.SIGCONT)
+    time.sleep(1.0)  # its writes fail
+    os.remove(os.path.join(tiny_disk, "filler"))
+    os.kill(first, signal.SIGCONT)
+    wait_for_step(cluster, workdir, 9)
+    cluster.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    assert cluster.finish(timeout=120) == 1, cluster.stderr[-3000:]
+  finally:
+    cluster.kill()
+  assert time.monotonic() - signalled < 30, cluster.stderr[-3000:]
+  assert "Traceback" not in cluster.stderr, cluster.stderr[-3000:]
+  assert re.search(rf"\[p1\] error: No space left on device writing ({re.escape(workdir)}/"
+                   r"checkpoints/8\.orbax-checkpoint-tmp|under "
+                   rf"{re.escape(workdir)}): the run stopped; the checkpoint of step 4 is "
+                   "intact", cluster.stderr), cluster.stderr[-3000:]
+  # Process 0 says why it stopped too, unless the launcher stopped it first.
+  assert all(line.startswith("[p0] error: process 0 of 2 stopped: ")
+             for line in cluster.stderr.splitlines() if line.startswith("[p0] error")
+             ), cluster.stderr[-3000:]
+  assert checkpoint_names(workdir) == ["4", "8.orbax-checkpoint-tmp"]
+  before = losses(workdir)
+
+  copy = str(tmp_path / "copy")  # on a disk with room for the checkpoints to come
+  shutil.copytree(workdir, copy)
+  resumed = run(copy, devices=4, data=1, graph=4, processes=2,
+                extra=["--config.train.eval_every=0"])
+  assert "Resumed from step 4" in resumed.stderr
+  after = losses(copy)
+  assert sorted(after) == list(range(1, STEPS + 1))
+  assert {step: after[step] for step in before} == before  # bitwise, each step
 
 
 # --- A resumed run on other data ------------------------------------------------------------
