@@ -10,6 +10,7 @@ test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
 """
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -587,47 +588,64 @@ def test_a_save_failing_in_one_process_of_two_stops_both_and_the_resumed_run_los
   run repeats the first start's losses bitwise. The processes are paused around the
   fill, so that process 1 alone writes into the full disk."""
   workdir = os.path.join(tiny_disk, "run")
-  command = train_command(workdir, devices=4, data=1, graph=4, processes=2,
-                          extra=["--config.train.eval_every=0"])
-  cluster = Started(command)
+  flags = ["--config.train.eval_every=0", "--config.train.checkpoint_every=2"]
+  command = train_command(workdir, devices=4, data=1, graph=4, processes=2, extra=flags)
+
+  def written(process, step):  # its part of the arrays of the save of `step`
+    return glob.glob(os.path.join(workdir, "checkpoints", f"{step}.orbax-checkpoint-tmp",
+                                  "state*", f"ocdbt.process_{process}", "manifest.ocdbt"))
+
+  cluster, paused = Started(command), []
   try:
-    cluster.wait_for(r"\[p0\] .*Checkpoint of step 8: writing in the background")
-    first, second = (cluster_process(cluster.process.pid, index) for index in (0, 1))
-    os.kill(second, signal.SIGSTOP)  # before its part of the save is written
-    time.sleep(1.5)  # process 0 writes its part, then waits for process 1's
+    paused += [cluster_process(cluster.process.pid, index) for index in (0, 1)]
+    first, second = paused
+    # A save whose part of process 1 is not written yet when it is paused (most are).
+    for step in (4, 6, 8):
+      cluster.wait_for(rf"\[p0\] .*Checkpoint of step {step}: writing in the background")
+      os.kill(second, signal.SIGSTOP)
+      deadline = time.monotonic() + 120
+      while not written(0, step) and time.monotonic() < deadline:
+        time.sleep(0.02)
+      if not written(1, step):
+        break
+      os.kill(second, signal.SIGCONT)
+    else:
+      pytest.fail("process 1 wrote its part of each save before its pause")
     os.kill(first, signal.SIGSTOP)  # it writes nothing into the full disk
     fill_disk(tiny_disk, leave=0)
     os.kill(second, signal.SIGCONT)
-    time.sleep(1.0)  # its writes fail
+    time.sleep(2.0)  # its writes fail
     os.remove(os.path.join(tiny_disk, "filler"))
     os.kill(first, signal.SIGCONT)
-    wait_for_step(cluster, workdir, 9)
+    wait_for_step(cluster, workdir, step + 1)
     cluster.process.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     assert cluster.finish(timeout=120) == 1, cluster.stderr[-3000:]
   finally:
     cluster.kill()
+    for pid in paused:  # a paused process hears that its launcher is gone once continued
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
   assert time.monotonic() - signalled < 30, cluster.stderr[-3000:]
   assert "Traceback" not in cluster.stderr, cluster.stderr[-3000:]
-  assert re.search(rf"\[p1\] error: No space left on device writing ({re.escape(workdir)}/"
-                   r"checkpoints/8\.orbax-checkpoint-tmp|under "
-                   rf"{re.escape(workdir)}): the run stopped; the checkpoint of step 4 is "
-                   "intact", cluster.stderr), cluster.stderr[-3000:]
-  # Process 0 says why it stopped too, unless the launcher stopped it first.
-  assert all(line.startswith("[p0] error: process 0 of 2 stopped: ")
-             for line in cluster.stderr.splitlines() if line.startswith("[p0] error")
-             ), cluster.stderr[-3000:]
-  assert checkpoint_names(workdir) == ["4", "8.orbax-checkpoint-tmp"]
+  # Each process says why it stopped, unless the launcher stopped it first: process 1 the
+  # full disk, process 0 process 1's failure.
+  full_disk = (rf"\[p1\] error: No space left on device writing ({re.escape(workdir)}/"
+               rf"checkpoints/{step}\.orbax-checkpoint-tmp|under {re.escape(workdir)}): "
+               rf"the run stopped; .* intact; .* resume from step {step - 2}\.$")
+  said = [line for line in cluster.stderr.splitlines() if line[5:].startswith("error: ")]
+  assert said and all(re.match(full_disk, line) or line.startswith(
+      "[p0] error: process 0 of 2 stopped: ") for line in said), cluster.stderr[-3000:]
+  assert f"{step}.orbax-checkpoint-tmp" in checkpoint_names(workdir)
   before = losses(workdir)
 
   copy = str(tmp_path / "copy")  # on a disk with room for the checkpoints to come
   shutil.copytree(workdir, copy)
-  resumed = run(copy, devices=4, data=1, graph=4, processes=2,
-                extra=["--config.train.eval_every=0"])
-  assert "Resumed from step 4" in resumed.stderr
+  resumed = run(copy, devices=4, data=1, graph=4, processes=2, extra=flags)
+  assert f"Resumed from step {step - 2}" in resumed.stderr
   after = losses(copy)
   assert sorted(after) == list(range(1, STEPS + 1))
-  assert {step: after[step] for step in before} == before  # bitwise, each step
+  assert {k: after[k] for k in before} == before  # bitwise, each step
 
 
 # --- A resumed run on other data ------------------------------------------------------------
