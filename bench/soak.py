@@ -164,6 +164,7 @@ class Soak:
     self.starts = 0
     self.hung: list[str] = []
     self.progress: list[tuple[float, int]] = []  # (time, last step logged) samples
+    self.current: Start | None = None  # the start running, if any
     self.env = dict(os.environ, JAX_PLATFORMS="cpu",
                     WNSCALE_CACHE_DIR=os.path.join(self.out, "cache"))
     self.proxy = None
@@ -206,7 +207,7 @@ class Soak:
 
   def start(self, workdir: str) -> Start:
     self.starts += 1
-    started = Start(self.command(workdir), workdir, self.env, self.log)
+    started = self.current = Start(self.command(workdir), workdir, self.env, self.log)
     threading.Thread(target=self.watch, args=(started, workdir), daemon=True).start()
     return started
 
@@ -328,12 +329,19 @@ class Soak:
     return self.disk is not None
 
   def fill_disk(self):
-    free = shutil.disk_usage(self.disk).free
     keep = self.rng.choice([0, 4096, 64 * 1024])
     descriptor = os.open(os.path.join(self.disk, "ballast"), os.O_WRONLY | os.O_CREAT)
     try:  # the blocks taken without writing them (a tmpfs allocates them)
-      with contextlib.suppress(OSError):  # the disk may hold a page or two less
-        os.posix_fallocate(descriptor, 0, max(free - keep, 1))
+      size, deadline = os.fstat(descriptor).st_size, time.monotonic() + 10
+      # In pieces: a tmpfs undoes a failed allocation whole, and the run writes meanwhile
+      # (one allocation of all the room, failing, once left the disk with 1 GB free).
+      while time.monotonic() < deadline:
+        wanted = min(shutil.disk_usage(self.disk).free - keep, 64 << 20)
+        if wanted < 4096:
+          break
+        with contextlib.suppress(OSError):  # taken meanwhile: measured again
+          os.posix_fallocate(descriptor, size, wanted)
+          size += wanted
     finally:
       os.close(descriptor)
     self.say(f"disk filled: {shutil.disk_usage(self.disk).free} bytes left")
@@ -415,6 +423,11 @@ class Soak:
         yield os.path.join(root, "run")
       finally:
         if mounted:
+          # Else a soak stopped midway left its start's processes holding the disk, and
+          # with it the filler (1 GB of memory).
+          if self.current is not None:
+            self.current.kill_everything()
+          self.free_disk()
           subprocess.run(["umount", "--lazy", root], timeout=60, check=False)
     else:
       import gcs  # noqa: PLC0415 (tests/gcs.py: fake-gcs-server)
@@ -613,6 +626,8 @@ def main():
   parser.add_argument("--out", default=None, help="default: a new folder under /tmp")
   args = parser.parse_args()
   args.out = args.out or tempfile.mkdtemp(prefix=f"soak-{args.storage}-{args.seed}-")
+  # A SIGTERM (`timeout`, a scheduler) ends the soak through its clean-up: the disk unmounted.
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
   report = Soak(args).run()
   brief = {k: v for k, v in report.items() if k != "fault_log"}
   print(json.dumps(brief, indent=1))

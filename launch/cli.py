@@ -41,7 +41,7 @@ shutdown barrier, which waits for every peer (minutes), while its exit is what t
 launcher or a scheduler to stop the others. A collective that a peer left (killed) or
 did not come to (JAX's Gloo rendezvous gives up after 30 s), or a wait on the
 coordination service that process 0 took with it, is that line alone: the peer's log
-says why.
+says why; so is a checkpoint's save that another process failed (`errors.PeerFailed`).
 `--help` exits 0. A Ctrl-C that the launcher's own loop does not
 catch (e.g. during its set-up, or while its modules are imported) ends it with
 `Interrupted (Ctrl-C).`, exit status 130, even where its handler ran inside a callback
@@ -386,6 +386,9 @@ def _unexpected_in_a_cluster(error: BaseException) -> str:
   who = f"process {jax.process_index()} of {jax.process_count()}"
   first = (str(error).strip().splitlines() or [""])[0]
   first = re.sub(r"\s*\[type\.googleapis\.com[^\]]*\]", "", first)  # gRPC's payload names
+  if isinstance(error, errors.PeerFailed):
+    return (f"error: {who} stopped: {first[:300]}. The run stops; run the same command again "
+            "to resume from its last checkpoint.")
   if isinstance(error, jax.errors.JaxRuntimeError) and _PEER_MISSING.search(str(error)):
     return (f"error: {who} stopped: another process left a collective or did not come to "
             f"it in time ({first[:160]}); its log says why (a failure, a signal, or far "
@@ -463,11 +466,14 @@ def _quiet_libraries(verbose: bool):
   asyncio's logs of the write that found it full, tensorstore's "Event loop is closed"
   tracebacks, writer threads' tracebacks. The full disk itself is raised where the
   command waits for its writes, and said in one line. Orbax logs through absl's logger,
-  so its records are told apart by the file that made them."""
+  so its records are told apart by the file that made them. A save's background thread
+  that stopped because another process's part of the save failed (`errors.PeerFailed`)
+  is said at the end, in one line, too."""
   def keep(record: logging.LogRecord) -> bool:
     if "/orbax/" not in record.pathname and record.name != "asyncio":
       return True
-    if (record.exc_info and no_space(record.exc_info[1]) is not None) or (
+    if (record.exc_info and (no_space(record.exc_info[1]) is not None or isinstance(
+        record.exc_info[1], errors.PeerFailed))) or (
         "No space left on device" in record.getMessage()):
       return False
     if "after interpreter shutdown" in record.getMessage():

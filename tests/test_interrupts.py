@@ -10,6 +10,7 @@ test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
 """
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -28,12 +29,12 @@ import numpy as np
 import pytest
 
 from launch import cli
-from tiny_runs import (REPO, STEPS, Started, damage_checkpoint, losses, process_env, run,
-                       snapshot, train_command, wait_for_step)
+from tiny_runs import (REPO, STEPS, Started, cluster_process, damage_checkpoint, losses,
+                       process_env, run, snapshot, train_command, wait_for_step)
 from wnscale import config as config_lib
 from wnscale import interrupts
 from wnscale import specs as specs_lib
-from wnscale.errors import UserError
+from wnscale.errors import PeerFailed, UserError
 from wnscale.train import trainer
 from wnscale.train import workdir as workdir_lib
 from tiny_runs import read_metrics
@@ -324,6 +325,17 @@ def test_a_peer_that_left_a_collective_is_told_from_a_bug(message, peer):
   assert ("(the traceback above)" in line) == (not peer)
 
 
+def test_a_save_another_process_failed_is_one_line(capsys):
+  """A checkpoint's save that another process failed (`coordination.barrier`): its log
+  says why; this one's line says where it stopped, and no traceback."""
+  failed = PeerFailed("processes 0 and 1 wait at different barriers")
+  line = cli._unexpected_in_a_cluster(failed)  # noqa: SLF001
+  assert line == ("error: process 0 of 1 stopped: processes 0 and 1 wait at different "
+                  "barriers. The run stops; run the same command again to resume from its "
+                  "last checkpoint.")
+  assert not capsys.readouterr().err
+
+
 def kill_one_of_a_pair(gone: int, within: float) -> tuple[Started, int]:
   """Two `tests/peer_gone.py` processes, started without a launcher (none to stop the
   survivor); once both have joined, process `gone` is killed (SIGKILL) while the other
@@ -564,6 +576,76 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_resumed_run_loses_nothi
   assert len(aside) == 1, names  # kept for inspection
   # The leftover removed at the start; step 8 saved again.
   assert [name for name in names if name not in aside] == ["12", "4", "8"]
+
+
+@pytest.mark.slow
+def test_a_save_failing_in_one_process_of_two_stops_both_and_the_resumed_run_loses_nothing(
+    tiny_disk, tmp_path):
+  """One process's part of a background save meets a full disk while the other's is
+  written; the disk is given room and the launcher gets a SIGTERM (the soak's
+  `--faults=20 --seed=2`). The two processes waited for each other at different Orbax
+  barriers, for 20 minutes; now both stop within seconds, with one line, and the resumed
+  run repeats the first start's losses bitwise. The processes are paused around the
+  fill, so that process 1 alone writes into the full disk."""
+  workdir = os.path.join(tiny_disk, "run")
+  flags = ["--config.train.eval_every=0", "--config.train.checkpoint_every=2"]
+  command = train_command(workdir, devices=4, data=1, graph=4, processes=2, extra=flags)
+
+  def written(process, step):  # its part of the arrays of the save of `step`
+    return glob.glob(os.path.join(workdir, "checkpoints", f"{step}.orbax-checkpoint-tmp",
+                                  "state*", f"ocdbt.process_{process}", "manifest.ocdbt"))
+
+  cluster, paused = Started(command), []
+  try:
+    paused += [cluster_process(cluster.process.pid, index) for index in (0, 1)]
+    first, second = paused
+    # A save whose part of process 1 is not written yet when it is paused (most are).
+    for step in (4, 6, 8):
+      cluster.wait_for(rf"\[p0\] .*Checkpoint of step {step}: writing in the background")
+      os.kill(second, signal.SIGSTOP)
+      deadline = time.monotonic() + 120
+      while not written(0, step) and time.monotonic() < deadline:
+        time.sleep(0.02)
+      if not written(1, step):
+        break
+      os.kill(second, signal.SIGCONT)
+    else:
+      pytest.fail("process 1 wrote its part of each save before its pause")
+    os.kill(first, signal.SIGSTOP)  # it writes nothing into the full disk
+    fill_disk(tiny_disk, leave=0)
+    os.kill(second, signal.SIGCONT)
+    time.sleep(2.0)  # its writes fail
+    os.remove(os.path.join(tiny_disk, "filler"))
+    os.kill(first, signal.SIGCONT)
+    wait_for_step(cluster, workdir, step + 1)
+    cluster.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    assert cluster.finish(timeout=120) == 1, cluster.stderr[-3000:]
+  finally:
+    cluster.kill()
+    for pid in paused:  # a paused process hears that its launcher is gone once continued
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+  assert time.monotonic() - signalled < 30, cluster.stderr[-3000:]
+  assert "Traceback" not in cluster.stderr, cluster.stderr[-3000:]
+  # Each process says why it stopped, unless the launcher stopped it first: process 1 the
+  # full disk, process 0 process 1's failure.
+  full_disk = (rf"\[p1\] error: No space left on device writing ({re.escape(workdir)}/"
+               rf"checkpoints/{step}\.orbax-checkpoint-tmp|under {re.escape(workdir)}): "
+               rf"the run stopped; .* intact; .* resume from step {step - 2}\.$")
+  said = [line for line in cluster.stderr.splitlines() if line[5:].startswith("error: ")]
+  assert said and all(re.match(full_disk, line) or line.startswith(
+      "[p0] error: process 0 of 2 stopped: ") for line in said), cluster.stderr[-3000:]
+  assert f"{step}.orbax-checkpoint-tmp" in checkpoint_names(workdir)
+  before = losses(workdir)
+
+  copy = str(tmp_path / "copy")  # on a disk with room for the checkpoints to come
+  shutil.copytree(workdir, copy)
+  resumed = run(copy, devices=4, data=1, graph=4, processes=2, extra=flags)
+  assert f"Resumed from step {step - 2}" in resumed.stderr
+  after = losses(copy)
+  assert sorted(after) == list(range(1, STEPS + 1))
+  assert {k: after[k] for k in before} == before  # bitwise, each step
 
 
 # --- A resumed run on other data ------------------------------------------------------------

@@ -15,7 +15,8 @@ replace it, or choose another `out`"; a launcher shows its flag for each it has
 A full disk is neither the user's mistake nor a bug: a `NoSpaceLeft` (a full
 disk or quota while writing an output, `wnscale.outputs.writing`; `no_space`
 finds one behind any error) names the path and what was kept; the launchers
-print it as one line too, with exit status 1.
+print it as one line too, with exit status 1. So is a `PeerFailed` in one process of
+several: another process failed where this one waits for it, and its log says why.
 """
 
 import errno
@@ -95,6 +96,11 @@ class StoreLacks(UserError):
 
   def __reduce__(self):
     return type(self), self.arguments
+
+
+class PeerFailed(RuntimeError):
+  """Another process of a multi-process run failed where this one waits for it (e.g. its
+  part of a checkpoint's save); the message says where, the other's log says why."""
 
 
 class NoSpaceLeft(OSError):

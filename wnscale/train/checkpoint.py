@@ -35,7 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from wnscale import paths
+from wnscale import coordination, paths
 from wnscale.errors import ArgumentError, UserError
 from wnscale.train import param_layouts
 
@@ -111,7 +111,10 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=True,
-            cleanup_tmp_directories=True, create=True),
+            cleanup_tmp_directories=True, create=True,
+            # A save that failed in one process stops every process at once, not after
+            # Orbax's 20 minutes (`coordination.barrier`).
+            async_options=ocp.AsyncOptions(barrier_sync_fn=coordination.barrier)),
         # Named so that a new process can read a step's metadata before restoring it.
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "data": grain.checkpoint.CheckpointHandler(),
