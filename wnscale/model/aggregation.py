@@ -47,7 +47,6 @@ from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
 from wnscale.model.processor_interface import AGGREGATIONS
 
 
-
 @dataclasses.dataclass(frozen=True)
 class FixedInDegree:
   """Receivers of an edge set whose edge `j * R + r` goes to row r of `R = num_edges / k`."""

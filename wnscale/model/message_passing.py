@@ -185,6 +185,10 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
   Returns:
     `[num_receivers, D]` summed messages (summed in float32, in the messages' dtype).
   """
+  if isinstance(receivers, aggregation.FixedInDegree):
+    return _sum_fixed_in_degree(edge_model, edge_fn, edge_features, senders, receivers,
+                                sender_table, receiver_table, num_receivers, num_chunks,
+                                conditioning, sender_mask)
   graphdef, state = nnx.split(edge_model)
 
   def messages(features, senders, receivers, state, sender_table, receiver_table,
@@ -195,10 +199,6 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
       per_edge = per_edge * sender_mask[senders][:, None]
     return aggregation.sum_to_receivers(per_edge, receivers, num_receivers), None
 
-  if isinstance(receivers, aggregation.FixedInDegree):
-    return _sum_fixed_in_degree(edge_model, edge_fn, edge_features, senders, receivers,
-                                sender_table, receiver_table, num_receivers, num_chunks,
-                                conditioning, sender_mask)
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
   total, _ = scan_edge_blocks(messages, blocked,

@@ -7,11 +7,11 @@
 * Each edge lives on the shard that owns its receiver, with a shard-local
   receiver index; padding edges point one past the last receiver, which the
   segment sum drops. The processor's edges (`receiver_blocks.BLOCKED_EDGE_SETS`)
-  are laid out in receiver blocks, every shard's alike. An edge set with the
-  same number k of edges into every receiver (the mesh-to-grid edges: 3) is
-  laid out as k runs of one edge per receiver row, padding rows included (their
-  edges read sender 0 and are as inert as the rows), so its sums and receiver
-  gathers are reshapes (`EdgeSet.in_degree`).
+  are laid out in receiver blocks, every shard's alike. A decoder's edge set
+  (mesh to grid or points) with the same number k of edges into every receiver
+  (GraphCast's: 3) is laid out as k runs of one edge per receiver row, padding
+  rows included (their edges read sender 0 and are as inert as the rows), so
+  its sums and receiver gathers are reshapes (`EdgeSet.in_degree`).
 * Sender indices point into the shard's *sender table*, which the exchange
   mode plans (`wnscale.sharding.exchange.MODES`).
 
