@@ -10,6 +10,7 @@ test_training.py; kill -9 of a forecast in test_forecast_end_to_end.py.
 """
 
 import contextlib
+import errno
 import glob
 import json
 import logging
@@ -526,10 +527,24 @@ def tiny_disk(tmp_path):
 
 
 def fill_disk(directory, leave: int):
-  """Writes `directory/filler` so that `leave` bytes stay free on its file system."""
+  """Writes `directory/filler` so that `leave` bytes stay free on its file system.
+
+  `leave=0` writes until the disk is full: a tmpfs may hold a little less than its
+  `statvfs` said (another writer, page rounding), and a full disk is what is asked for."""
   stat = os.statvfs(directory)
-  with open(os.path.join(directory, "filler"), "wb") as f:
-    f.write(b"\0" * (stat.f_bavail * stat.f_frsize - leave))
+  remaining = stat.f_bavail * stat.f_frsize - leave
+  piece = b"\0" * (1 << 20)
+  descriptor = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+  try:
+    while remaining > 0:
+      try:
+        remaining -= os.write(descriptor, piece[:remaining])
+      except OSError as error:
+        if error.errno != errno.ENOSPC or leave:
+          raise
+        return
+  finally:
+    os.close(descriptor)
 
 
 @pytest.mark.slow
