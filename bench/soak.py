@@ -441,6 +441,8 @@ class Soak:
         try:
           yield f"gs://{self.storage.bucket}/run"
         finally:
+          if self.current is not None:  # a soak stopped midway: its start goes with it
+            self.current.kill_everything()
           self.proxy.close()
 
   # The verdict.
@@ -456,7 +458,7 @@ class Soak:
     never = sorted(s for s in steps if s not in counts)
     by_step = {e["step"]: e["loss"] for e in got}
     differ = sorted(e["step"] for e in want if by_step.get(e["step"]) != e["loss"])
-    state_equal, unreadable = self.states(reference, workdir)
+    state_equal, unreadable = self.states_read_afresh(reference, workdir)
     for fault in self.faults:
       after = [t for t, step in self.progress if t > fault.at and step > fault.step]
       fault.lost_s = round(after[0] - fault.at, 1) if after else None
@@ -480,39 +482,56 @@ class Soak:
       json.dump(report, f, indent=1)
     return report
 
-  def states(self, reference: str, workdir: str):
-    """Whether the final train states are bitwise equal; the checkpoints of `workdir`
-    that cannot be read."""
-    import jax  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
-    import orbax.checkpoint as ocp  # noqa: PLC0415
-    from wnscale import paths  # noqa: PLC0415
-
-    def read(run, step):  # as NumPy arrays, whatever devices wrote them
-      path = paths.join(run, "checkpoints", str(step), "state")
-      checkpointer = ocp.PyTreeCheckpointer()
-      layout = checkpointer.metadata(path)
-      layout = getattr(layout, "item_metadata", layout)
-      as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), layout)
-      return checkpointer.restore(path, restore_args=as_numpy)
-
-    logging.getLogger().setLevel(logging.CRITICAL)  # Orbax's complaints of a damaged one
-
-    steps = sorted(int(s) for s in names(paths.join(workdir, "checkpoints")) if s.isdigit())
-    unreadable = []
-    for step in steps:
-      try:
-        read(workdir, step)
-      except Exception:  # noqa: BLE001 (reported)
-        unreadable.append(step)
+  def states_read_afresh(self, reference: str, workdir: str):
+    """`final_states`, read by a new process: this one's listings of a bucket, cached by
+    gcsfs while the run wrote, miss the checkpoints written since (it found the last one
+    `not found`)."""
+    command = [sys.executable, os.path.abspath(__file__), "--steps", str(self.args.steps),
+               "--states_of", reference, workdir]
+    result = subprocess.run(command, env=self.env, capture_output=True, text=True,
+                            timeout=600, check=False)
     try:
-      mine, theirs = read(workdir, self.args.steps), read(reference, self.args.steps)
-    except Exception as error:  # noqa: BLE001
-      self.say(f"the final state cannot be read: {error}")
-      return False, unreadable
-    leaves = zip(jax.tree.leaves(mine), jax.tree.leaves(theirs), strict=True)
-    equal = all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in leaves)
-    return equal, unreadable
+      verdict = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+      self.say(f"the final states could not be compared: {result.stderr[-2000:]}")
+      return False, []
+    if verdict["error"]:
+      self.say(f"the final state cannot be read: {verdict['error']}")
+    return verdict["equal"], verdict["unreadable"]
+
+
+def final_states(reference: str, workdir: str, step: int) -> dict:
+  """Whether the train states of `step` are bitwise equal (`equal`), the checkpoints of
+  `workdir` that cannot be read (`unreadable`), and why the comparison failed (`error`)."""
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+  from wnscale import paths  # noqa: PLC0415
+
+  def read(run, step):  # as NumPy arrays, whatever devices wrote them
+    path = paths.join(run, "checkpoints", str(step), "state")
+    checkpointer = ocp.PyTreeCheckpointer()
+    layout = checkpointer.metadata(path)
+    layout = getattr(layout, "item_metadata", layout)
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), layout)
+    return checkpointer.restore(path, restore_args=as_numpy)
+
+  logging.getLogger().setLevel(logging.CRITICAL)  # Orbax's complaints of a damaged one
+
+  steps = sorted(int(s) for s in names(paths.join(workdir, "checkpoints")) if s.isdigit())
+  unreadable = []
+  for saved in steps:
+    try:
+      read(workdir, saved)
+    except Exception:  # noqa: BLE001 (reported)
+      unreadable.append(saved)
+  try:
+    mine, theirs = read(workdir, step), read(reference, step)
+  except Exception as error:  # noqa: BLE001
+    return {"equal": False, "unreadable": unreadable, "error": str(error)}
+  leaves = zip(jax.tree.leaves(mine), jax.tree.leaves(theirs), strict=True)
+  equal = all(np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in leaves)
+  return {"equal": equal, "unreadable": unreadable, "error": None}
 
 
 class Emulator:
@@ -624,7 +643,12 @@ def main():
   parser.add_argument("--bound", type=float, default=300.0,
                       help="seconds a start may take to end after a fault (a hang past it)")
   parser.add_argument("--out", default=None, help="default: a new folder under /tmp")
+  parser.add_argument("--states_of", nargs=2, metavar=("REFERENCE", "WORKDIR"),
+                      help=argparse.SUPPRESS)  # the verdict's read, in a fresh process
   args = parser.parse_args()
+  if args.states_of:
+    print(json.dumps(final_states(*args.states_of, args.steps)))
+    return 0
   args.out = args.out or tempfile.mkdtemp(prefix=f"soak-{args.storage}-{args.seed}-")
   # A SIGTERM (`timeout`, a scheduler) ends the soak through its clean-up: the disk unmounted.
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
