@@ -437,6 +437,11 @@ class Soak:
           self.env[name] = os.environ[name] = self.proxy.url
         self.env["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
         os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # this process reads too
+        # This process lists the bucket while the run writes and removes checkpoints:
+        # gcsfs's cached listings would name checkpoints gone since (`not found`).
+        import fsspec.config  # noqa: PLC0415
+        for protocol in ("gs", "gcs"):
+          fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
         self.env["WNSCALE_CACHE_DIR"] = f"gs://{self.storage.bucket}/cache"  # the data too
         try:
           yield f"gs://{self.storage.bucket}/run"
@@ -483,9 +488,8 @@ class Soak:
     return report
 
   def states_read_afresh(self, reference: str, workdir: str):
-    """`final_states`, read by a new process: this one's listings of a bucket, cached by
-    gcsfs while the run wrote, miss the checkpoints written since (it found the last one
-    `not found`)."""
+    """`final_states`, read by a new process, as a user would read the run: nothing of
+    this one's watching it (gcsfs's listings, Orbax's state) carried into the verdict."""
     command = [sys.executable, os.path.abspath(__file__), "--steps", str(self.args.steps),
                "--states_of", reference, workdir]
     result = subprocess.run(command, env=self.env, capture_output=True, text=True,
