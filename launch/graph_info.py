@@ -29,13 +29,12 @@ _NO_CACHE = flags.DEFINE_bool("no_cache", False, "Build even if the graphs are c
 
 def main(argv):
   del argv
-  config = config_lib.validate(_CONFIG.value)
+  specs = specs_lib.from_config(config_lib.validate(_CONFIG.value))
   # The training grid comes from the store; here, the config's standard grid.
-  grid = points.standard(config.data.grid, config.data.resolution)
+  grid = points.standard(specs.data.grid, specs.data.resolution)
   cached_before = _cached_files()
   start = time.perf_counter()
-  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, grid,
-                                 use_cache=not _NO_CACHE.value)
+  graphs = setup.graphs_for_grid(specs.model, grid, use_cache=not _NO_CACHE.value)
   seconds = time.perf_counter() - start
   # Read from the cache when the build wrote no new file there (and --no_cache was not given).
   from_cache = not _NO_CACHE.value and _cached_files() == cached_before

@@ -87,14 +87,15 @@ def test_every_parameter_is_mapped():
   tree, with its values (rows and columns permuted, the mesh embedder's padding dropped)."""
   checkpoint = gencast_checkpoint.read_checkpoint(os.path.join(FIXTURE, "params.npz"))
   config = gencast_config.wnscale_config(checkpoint.configs, os.path.join(FIXTURE, "stats"))
+  specs = specs_lib.from_config(config)
   tree = nnx.to_pure_dict(gencast_params.convert_params(
-      checkpoint.params, checkpoint.configs["task_config"], config))
+      checkpoint.params, checkpoint.configs["task_config"], specs))
   leaves = [np.asarray(x) for x in jax_leaves(tree)]
   ours = sum(x.size for x in leaves)
   theirs = {module: sum(np.size(v) for v in leaf.values())
             for module, leaf in checkpoint.params.items()}
   unused = sum(theirs[module] for module in gencast_params.UNUSED)
-  num_inputs = len(gencast_params.wnscale_input_channels(config))
+  num_inputs = len(gencast_params.wnscale_input_channels(specs.data))
   padding = num_inputs * config.model.latent_size  # the mesh embedder's zero inputs' rows
   assert ours == sum(theirs.values()) - unused - padding
   # Values: a permuted first layer, the stacked transformer, the noise-level MLP.
@@ -170,7 +171,7 @@ class Case(NamedTuple):
               / _stat(stats, "stddev_by_level", name, level))
 
     return np.stack([normalized(*key) for key in gencast_params.graphcast_config
-                     .wnscale_input_channels(self.config)]).astype(np.float32)
+                     .wnscale_input_channels(self.specs.data)]).astype(np.float32)
 
   def denoiser(self, window: xr.Dataset):
     """`(noisy [B, C_out, G], levels [B]) -> D [B, G, C_out]` given `window`'s inputs."""
@@ -248,7 +249,7 @@ def case(imported, stats):
   params, _ = RunDirectory(run).restore_params(shapes)
   graphs = setup.with_masks(specs.model, setup.graphs_for_grid(specs.model, grid))
   return Case(config, specs, nnx.merge(graphdef, params), graphs, grid,
-              gencast_params.graphcast_config.wnscale_output_channels(config), example, land,
+              gencast_params.graphcast_config.wnscale_output_channels(specs.data), example, land,
               stats)
 
 

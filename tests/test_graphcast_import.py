@@ -103,7 +103,7 @@ def test_config_from_model_and_task(imported):
     assert json.load(f)["data"]["stored_forcings"] == ["toa_incident_solar_radiation"]
   # The reference's 45 input channels are wnscale's, permuted by name.
   task = graphcast_checkpoint.read_checkpoint(CHECKPOINT).task_config
-  ours = graphcast_config.wnscale_input_channels(config)
+  ours = graphcast_config.wnscale_input_channels(specs_lib.from_config(config).data)
   theirs = graphcast_config.reference_input_channels(task)
   assert len(ours) == len(theirs) == 45 and set(ours) == set(theirs)
   assert theirs[14] == ("geopotential_at_surface", None, None)

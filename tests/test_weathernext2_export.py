@@ -18,6 +18,7 @@ import xarray as xr
 import weathernext2_runs
 from test_cli import assert_user_error, run as run_launcher
 from test_weathernext2 import PATH, TOLERANCE, errors, tied_nodes
+from wnscale import specs as specs_lib
 from wnscale.interop import fiddle_json, weathernext2_config
 from wnscale.interop.graphcast_example import predict_example
 from wnscale.train.run_directory import RunDirectory
@@ -165,7 +166,8 @@ def test_a_run_trained_from_scratch_gets_weathernext2s_released_settings(runs, t
   config = copy.deepcopy(RunDirectory(imported).read_config())
   from wnscale.interop import weathernext2_predictor  # noqa: PLC0415
   from wnscale.interop.weathernext2_export import run_statistics  # noqa: PLC0415
-  built = weathernext2_predictor.predictor_config(config, run_statistics(config))
+  specs = specs_lib.from_config(config)
+  built = weathernext2_predictor.predictor_config(config, specs, run_statistics(specs.data))
   transformer = built.arguments["predictor_kwargs"]["noisy_function_kwargs"][
       "mesh_model_ctor"].arguments["transformer_kwargs"]
   assert transformer["attention_type"] == "splash_mha" and transformer["d_model"] == 32

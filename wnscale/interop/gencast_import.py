@@ -15,6 +15,7 @@ from __future__ import annotations
 import ml_collections
 
 from wnscale import outputs, paths
+from wnscale import specs as specs_lib
 from wnscale.data import netcdf
 from wnscale.data.reading import normalization
 from wnscale.errors import UserError
@@ -54,8 +55,9 @@ def import_gencast(checkpoint_path: str, stats_dir: str, out: str,
   fill_values = nan_fill_values(stats_dir, task)
   config = gencast_config.wnscale_config(checkpoint.configs, paths.join(out, "stats"),
                                          fill_values)
-  graphcast_import.check_stats(stats_dir, config)
-  params = gencast_params.convert_params(checkpoint.params, task, config)
+  specs = specs_lib.from_config(config)
+  graphcast_import.check_stats(stats_dir, specs.data)
+  params = gencast_params.convert_params(checkpoint.params, task, specs)
   stats = {name: paths.read_bytes(paths.join(stats_dir, name))
            for name in tuple(normalization.GRAPHCAST_FILES.values()) + (MIN_FILE,)
            if name != MIN_FILE or fill_values}

@@ -24,7 +24,6 @@ outputs are the targets sorted by name. wnscale's are the forecaster's inputs
 
 from __future__ import annotations
 
-import ml_collections
 import numpy as np
 
 from wnscale import specs as specs_lib
@@ -71,20 +70,21 @@ def reference_input_channels(task_config: dict, time_step_hours: int) -> list[tu
                    for key in graphcast_config.channel_keys(name, [1], levels)]
 
 
-def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
-  """wnscale's denoiser's grid input channels: the forecaster's, then the noisy targets."""
-  return (graphcast_config.wnscale_input_channels(config)
-          + graphcast_config.wnscale_output_channels(config))
+def wnscale_input_channels(d: specs_lib.DataSpec) -> list[tuple]:
+  """wnscale's denoiser's grid input channels of the data `d`: the forecaster's, then the
+  noisy targets."""
+  return graphcast_config.wnscale_input_channels(d) + graphcast_config.wnscale_output_channels(d)
 
 
-def channels(task_config: dict, config: ml_collections.ConfigDict) -> graphcast_params.Channels:
-  """GenCast's row of each of wnscale's input channels, its column of each output channel.
+def channels(task_config: dict, d: specs_lib.DataSpec) -> graphcast_params.Channels:
+  """GenCast's row of each of wnscale's input channels (of the data `d`), its column of each
+  output channel.
 
   Raises:
     UserError: the two do not map one to one.
   """
-  reference = reference_input_channels(task_config, config.data.time_step_hours)
-  ours = wnscale_input_channels(config)
+  reference = reference_input_channels(task_config, d.time_step_hours)
+  ours = wnscale_input_channels(d)
   if sorted(reference, key=str) != sorted(ours, key=str):
     raise UserError(f"The task's input channels do not map one to one onto wnscale's: "
                     f"{sorted(set(reference) ^ set(ours), key=str)[:4]}")
@@ -93,31 +93,30 @@ def channels(task_config: dict, config: ml_collections.ConfigDict) -> graphcast_
       graphcast_config.reference_output_channels(task_config))}
   return graphcast_params.Channels(
       np.array([rows[key] for key in ours]),
-      np.array([columns[key] for key in graphcast_config.wnscale_output_channels(config)]))
+      np.array([columns[key] for key in graphcast_config.wnscale_output_channels(d)]))
 
 
-def convert_params(params: dict, task_config: dict, config: ml_collections.ConfigDict):
+def convert_params(params: dict, task_config: dict, specs: specs_lib.Specs):
   """wnscale's denoiser parameters (`nnx.State`, float32) from a checkpoint's `params`.
 
   Args:
     params: `gencast_checkpoint.GenCastCheckpoint.params`.
     task_config: its task (the channel orders).
-    config: `gencast_config.wnscale_config` of the checkpoint.
+    specs: the specs of `gencast_config.wnscale_config` of the checkpoint.
 
   Raises:
-    UserError: a parameter is missing, not used, or shaped otherwise than the config's
+    UserError: a parameter is missing, not used, or shaped otherwise than the specs'
       model (naming it).
   """
   modules = weathernext2_params.Modules(params, root="")
-  order = channels(task_config, config)
+  order = channels(task_config, specs.data)
   tree = {"noise_level_encoder": {"hidden": modules.linear(NOISE_ENCODER + "linear_0"),
                                   "out": modules.linear(NOISE_ENCODER + "linear_1")},
           "network": {"processor": weathernext2_params.transformer(
-              modules, config.model.transformer_layers, TRANSFORMER)}}
+              modules, specs.model.processor.layers, TRANSFORMER)}}
   for path, part in layout().items():
     node = tree
     for key in path[:-1]:
       node = node.setdefault(key, {})
     node[path[-1]] = part.read(modules, order)
-  return graphcast_params.model_state(tree, params, modules.read, UNUSED,
-                                      specs_lib.from_config(config))
+  return graphcast_params.model_state(tree, params, modules.read, UNUSED, specs)

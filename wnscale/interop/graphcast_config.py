@@ -241,9 +241,8 @@ def reference_output_channels(task_config: dict) -> list[tuple]:
           for key in channel_keys(name, [1], levels)]
 
 
-def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
-  """wnscale's grid input channels (`model.forecast.one_step`), in order."""
-  d = config.data
+def wnscale_input_channels(d: specs_lib.DataSpec) -> list[tuple]:
+  """wnscale's grid input channels (`model.forecast.one_step`) of the data `d`, in order."""
   steps = list(range(1 - d.input_steps, 1))
   history = [key for step in steps for name in d.variables
              for key in channel_keys(name, [step], d.pressure_levels)]
@@ -252,6 +251,6 @@ def wnscale_input_channels(config: ml_collections.ConfigDict) -> list[tuple]:
   return history + forcings + statics
 
 
-def wnscale_output_channels(config: ml_collections.ConfigDict) -> list[tuple]:
-  d = specs_lib.from_config(config).data
+def wnscale_output_channels(d: specs_lib.DataSpec) -> list[tuple]:
+  """wnscale's output channels of the data `d`, in order."""
   return [key for name in d.outputs for key in channel_keys(name, [1], d.pressure_levels)]

@@ -75,30 +75,30 @@ def export_graphcast(workdir: str, out: str, step: int | None = None,
   outputs.check(out, outputs.NPZ, argument="out", overwrite=overwrite)
   run = RunDirectory(workdir, argument="workdir")
   config = run.read_config()
+  specs = specs_lib.from_config(config)
   model_config, task_config = graphcast_config.graphcast_configs(config)  # refusals first
   if stats_dir:
-    reads = (config.data.stats_path,) if config.data.stats_path else ()
+    reads = (specs.data.stats_path,) if specs.data.stats_path else ()
     outputs.check(stats_dir, STATS, argument="stats_dir", overwrite=overwrite, reads=reads)
-  origin = imported_origin.find(run, config, REMAINDER)
+  origin = imported_origin.find(run, specs.train.init_from, REMAINDER)
   imported = (graphcast_checkpoint.read_checkpoint(paths.join(origin.path, REMAINDER))
               if origin is not None else None)
   if imported is not None and _describes(config, imported):
     model_config, task_config = imported.model_config, imported.task_config
 
-  specs = specs_lib.from_config(config)
   _, shapes = setup.init_model_shapes(specs)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   restored, restored_step = run.restore_params(checkpoint_lib.abstract_like(shapes, device),
                                                step, which=params)
   tree = jax.tree.map(np.asarray, nnx.to_pure_dict(restored))
   exported = graphcast_params.export_params(
-      tree, task_config, config, imported.params if imported is not None else None)
+      tree, task_config, specs, imported.params if imported is not None else None)
   description, license_text = imported_origin.texts(run, origin, imported, restored_step,
                                                      params)
   result = graphcast_checkpoint.GraphCastCheckpoint(exported, model_config, task_config,
                                                     description, license_text)
   data = graphcast_checkpoint.to_bytes(result)
-  files = _statistics(config, specs) if stats_dir else {}
+  files = _statistics(specs.data) if stats_dir else {}
 
   if stats_dir:
     with outputs.building(paths.normalize(stats_dir), overwrite) as where:
@@ -121,13 +121,14 @@ def _describes(config: ml_collections.ConfigDict,
   return True
 
 
-def _statistics(config: ml_collections.ConfigDict, specs) -> dict[str, bytes]:
-  """`{file name: bytes}` of GraphCast's three statistics files of the run."""
-  stats_path = config.data.stats_path
+def _statistics(data: specs_lib.DataSpec) -> dict[str, bytes]:
+  """`{file name: bytes}` of GraphCast's three statistics files of a run of the data
+  `data`."""
+  stats_path = data.stats_path
   if stats_path and paths.exists(paths.join(stats_path,
                                             normalization.GRAPHCAST_FILES["mean"])):
     return {name: paths.read_bytes(paths.join(stats_path, name))
             for name in normalization.GRAPHCAST_FILES.values()}
-  files = normalization.to_graphcast(run_data.resolve_stats(specs.data))
+  files = normalization.to_graphcast(run_data.resolve_stats(data))
   return {normalization.GRAPHCAST_FILES[statistic]: netcdf.to_bytes(dataset)
           for statistic, dataset in files.items()}

@@ -65,8 +65,9 @@ def import_graphcast(checkpoint_path: str, stats_dir: str, out: str,
   stats_path = paths.join(out, "stats")
   config = graphcast_config.wnscale_config(checkpoint.model_config, checkpoint.task_config,
                                            stats_path)
-  check_stats(stats_dir, config)
-  params = graphcast_params.convert_params(checkpoint.params, checkpoint.task_config, config)
+  specs = specs_lib.from_config(config)
+  check_stats(stats_dir, specs.data)
+  params = graphcast_params.convert_params(checkpoint.params, checkpoint.task_config, specs)
 
   stats = {name: paths.read_bytes(paths.join(paths.normalize(stats_dir), name))
            for name in normalization.GRAPHCAST_FILES.values()}
@@ -102,14 +103,13 @@ def write_run(out: str, overwrite: bool, config: ml_collections.ConfigDict, para
                sum(x.size for x in jax.tree.leaves(params)))
 
 
-def check_stats(stats_dir: str, config: ml_collections.ConfigDict):
-  """A clear error unless `stats_dir` holds GraphCast's statistics of every channel of
-  `config`."""
+def check_stats(stats_dir: str, d: specs_lib.DataSpec):
+  """A clear error unless `stats_dir` holds GraphCast's statistics of every channel of the
+  data `d`."""
   if not paths.exists(paths.join(paths.normalize(stats_dir),
                                  normalization.GRAPHCAST_FILES["mean"])):
     raise UserError(f"{stats_dir} does not hold GraphCast's statistics files "
                      f"{sorted(normalization.GRAPHCAST_FILES.values())}")
   stats = normalization.read_stats(stats_dir)
-  d = specs_lib.from_config(config).data
   normalization.channel_stats(stats, d.outputs, d.pressure_levels)
   normalization.input_scales(stats, d.forcings, d.input_normalization, d.global_forcings)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -235,25 +234,25 @@ class _Modules:
     return np.asarray(self.params[module][leaf], np.float32)
 
 
-def convert_params(params: dict, task_config: dict, config: ml_collections.ConfigDict):
+def convert_params(params: dict, task_config: dict, specs: specs_lib.Specs):
   """wnscale's parameters (`nnx.State`, float32) from a checkpoint's `params`.
 
   Args:
     params: `graphcast_checkpoint.GraphCastCheckpoint.params`.
     task_config: its task (the channel orders).
-    config: `graphcast_config.wnscale_config` of the checkpoint.
+    specs: the specs of `graphcast_config.wnscale_config` of the checkpoint.
 
   Raises:
-    ValueError: a parameter is missing, has another shape than `config`'s
+    ValueError: a parameter is missing, has another shape than the specs'
       model, or is not used (naming it).
   """
   modules = _Modules(params)
-  channels = _channels(task_config, config)
-  steps = config.model.message_passing_steps
+  channels = _channels(task_config, specs.data)
+  steps = specs.model.processor.message_passing_steps
   tree = {}
   for path, part in layout(steps).items():
     _place(tree, path, part.read(modules, channels))
-  return model_state(tree, params, modules.read, UNUSED, specs_lib.from_config(config),
+  return model_state(tree, params, modules.read, UNUSED, specs,
                      f" (e.g. more message-passing steps than model_config:gnn_msg_steps={steps})")
 
 
@@ -282,27 +281,27 @@ def remainder(params: dict) -> dict:
   return {module: dict(params[module]) for module in REMAINDER if module in params}
 
 
-def export_params(params: dict, task_config: dict, config: ml_collections.ConfigDict,
+def export_params(params: dict, task_config: dict, specs: specs_lib.Specs,
                   kept: dict | None = None) -> dict:
   """GraphCast's `{haiku module: {leaf: float32 array}}` of wnscale's parameters.
 
   Args:
     params: wnscale's parameters (`nnx.to_pure_dict` of the model's), host arrays.
     task_config: the GraphCast task they are exported as (the channel orders).
-    config: the run's config.
+    specs: the run's specs.
     kept: the import's `remainder` (the modules wnscale's do not hold), or None: zeros
       there (layer-norm scales one), which change nothing the model computes.
   """
   tree = _float32(params)
   kept = kept or {}
-  channels = _channels(task_config, config)
+  channels = _channels(task_config, specs.data)
   out = {}
-  for path, part in layout(config.model.message_passing_steps).items():
+  for path, part in layout(specs.model.processor.message_passing_steps).items():
     node = tree
     for key in path:
       node = node[key]
     part.write(node, out, channels, kept)
-  latent = config.model.latent_size
+  latent = specs.model.latent_size
   blank = {UNUSED[0]: {"w": np.zeros((latent, latent), np.float32),
                        "b": np.zeros(latent, np.float32)},
            UNUSED[1]: {"w": np.zeros((latent, latent), np.float32),
@@ -317,18 +316,18 @@ def export_params(params: dict, task_config: dict, config: ml_collections.Config
   return out
 
 
-def _channels(task_config: dict, config: ml_collections.ConfigDict) -> Channels:
-  """For each wnscale input channel, GraphCast's row of it; for each wnscale output
-  channel, GraphCast's column of it."""
-  time_step = config.data.time_step_hours
+def _channels(task_config: dict, data: specs_lib.DataSpec) -> Channels:
+  """For each wnscale input channel of `data`, GraphCast's row of it; for each wnscale
+  output channel, GraphCast's column of it."""
+  time_step = data.time_step_hours
   reference = {key: i for i, key in enumerate(
       graphcast_config.reference_input_channels(task_config, time_step))}
   input_rows = np.array([reference[key] for key in
-                         graphcast_config.wnscale_input_channels(config)])
+                         graphcast_config.wnscale_input_channels(data)])
   reference = {key: i for i, key in enumerate(
       graphcast_config.reference_output_channels(task_config))}
   output_columns = np.array([reference[key] for key in
-                             graphcast_config.wnscale_output_channels(config)])
+                             graphcast_config.wnscale_output_channels(data)])
   if len(input_rows) != len(set(input_rows.tolist())) or len(input_rows) != len(
       graphcast_config.reference_input_channels(task_config, time_step)):
     raise UserError("The task's input channels do not map one to one onto wnscale's.")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 
-import ml_collections
-
 from wnscale import paths
 from wnscale.train.run_directory import RunDirectory
 
@@ -19,24 +17,23 @@ from wnscale.train.run_directory import RunDirectory
 MAX_ANCESTORS = 32
 
 
-def find(run: RunDirectory, config: ml_collections.ConfigDict,
-         kept_file: str) -> RunDirectory | None:
-  """The run directory holding `kept_file`: `run` itself (of `config`) or the run it started
-  from, followed back; None if there is none (or the run it started from is gone)."""
+def find(run: RunDirectory, init_from: str, kept_file: str) -> RunDirectory | None:
+  """The run directory holding `kept_file`: `run` itself or the run it started from
+  (`init_from`, its `train.init_from`), followed back; None if there is none (or the run it
+  started from is gone)."""
   seen = []
   while len(seen) < MAX_ANCESTORS and run.path not in seen:
     seen.append(run.path)
     if paths.exists(paths.join(run.path, kept_file)):
       return run
-    parent = config.train.init_from
-    if not parent:
+    if not init_from:
       return None
-    run = RunDirectory(parent)
+    run = RunDirectory(init_from)
     if not run.has_config():
       logging.info("The run started from %s, which is no longer there: the parameters "
-                   "wnscale's model does not hold are written as zeros.", parent)
+                   "wnscale's model does not hold are written as zeros.", init_from)
       return None
-    config = run.read_config()
+    init_from = run.read_config().train.init_from
   return None
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -72,20 +71,21 @@ def export_weathernext2(workdir: str, out: str, step: int | None = None,
   outputs.check(out, KIND, argument="out", overwrite=overwrite)
   run = RunDirectory(workdir, argument="workdir")
   config = run.read_config()
-  weathernext2_predictor.check_kind(config)  # before anything is read
-  origin = imported_origin.find(run, config, REMAINDER)
+  specs = specs_lib.from_config(config)
+  weathernext2_predictor.check_kind(config, specs)  # before anything is read
+  origin = imported_origin.find(run, specs.train.init_from, REMAINDER)
   imported = (weathernext2_checkpoint.read_checkpoint(paths.join(origin.path, REMAINDER))
               if origin is not None else None)
   template = fiddle_json.load(paths.join(origin.path, CONFIG)) if origin is not None else None
-  predictor = weathernext2_predictor.predictor_config(config, run_statistics(config), template)
+  predictor = weathernext2_predictor.predictor_config(config, specs,
+                                                      run_statistics(specs.data), template)
 
-  specs = specs_lib.from_config(config)
   _, shapes = setup.init_model_shapes(specs)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   restored, restored_step = run.restore_params(checkpoint_lib.abstract_like(shapes, device),
                                                step, which=params)
   exported = weathernext2_params.export_params(
-      jax.tree.map(np.asarray, nnx.to_pure_dict(restored)), config,
+      jax.tree.map(np.asarray, nnx.to_pure_dict(restored)), specs,
       imported.params if imported is not None else None)
   description, license_text = imported_origin.texts(run, origin, imported, restored_step,
                                                     params)
@@ -100,6 +100,7 @@ def export_weathernext2(workdir: str, out: str, step: int | None = None,
   return {"params": exported, "config": predictor}
 
 
-def run_statistics(config: ml_collections.ConfigDict) -> dict:
-  """The run's statistics in GraphCast's layout (`{statistic: Dataset}`)."""
-  return normalization.to_graphcast(run_data.resolve_stats(specs_lib.from_config(config).data))
+def run_statistics(data: specs_lib.DataSpec) -> dict:
+  """The statistics of a run of the data `data` in GraphCast's layout
+  (`{statistic: Dataset}`)."""
+  return normalization.to_graphcast(run_data.resolve_stats(data))

@@ -72,9 +72,10 @@ def import_weathernext2(checkpoint_path: str, config_path: str, out: str,
   config_path = config_file(config_path)
   predictor = fiddle_json.load(config_path)
   config = weathernext2_config.wnscale_config(predictor, paths.join(out, "stats"))
+  specs = specs_lib.from_config(config)
   checkpoint = weathernext2_checkpoint.read_checkpoint(checkpoint_path)
-  params = weathernext2_params.convert_params(checkpoint.params, config)
-  files = _statistics(predictor, stats_dir, specs_lib.from_config(config).data)
+  params = weathernext2_params.convert_params(checkpoint.params, specs)
+  files = _statistics(predictor, stats_dir, specs.data)
   kept = weathernext2_checkpoint.to_bytes(dataclasses.replace(
       checkpoint, params=weathernext2_params.remainder(checkpoint.params)))
   graphcast_import.write_run(

@@ -34,14 +34,13 @@ weights are stacked in wnscale's channel order into one kernel. The decoder's
 A `DenseLayer`'s `mlp/linear_1` is an MLP's `out`, its
 `normalization/linear_norm_conditioning/linear` the norm's `conditioning`.
 `convert_params` reads a checkpoint's modules into wnscale's tree; `export_params` writes
-them back (the split weights named as WeatherNext 2 names them, from the config).
+them back (the split weights named as WeatherNext 2 names them, from the run's specs).
 """
 
 from __future__ import annotations
 
 import re
 
-import ml_collections
 import numpy as np
 
 from wnscale import specs as specs_lib
@@ -194,18 +193,17 @@ def _is_atmospheric(name: str) -> bool:
       "forcing_"))
 
 
-def convert_params(params: dict, config: ml_collections.ConfigDict):
+def convert_params(params: dict, specs: specs_lib.Specs):
   """wnscale's parameters (`nnx.State`, float32) from a WeatherNext 2 checkpoint's `params`.
 
   Args:
     params: `{haiku module: {leaf: array}}` of the checkpoint.
-    config: `weathernext2_config.wnscale_config` of its model config.
+    specs: the specs of `weathernext2_config.wnscale_config` of its model config.
 
   Raises:
     ValueError: a parameter is missing, unused, or shaped otherwise than the
-      config's model (naming it).
+      specs' model (naming it).
   """
-  specs = specs_lib.from_config(config)
   d, m = specs.data, specs.model
   modules = Modules(params)
   seconds = d.time_step_hours * 3600
@@ -296,19 +294,17 @@ def remainder(params: dict) -> dict:
   return {module: dict(params[module]) for module in UNUSED if module in params}
 
 
-def export_params(params: dict, config: ml_collections.ConfigDict,
-                  kept: dict | None = None) -> dict:
+def export_params(params: dict, specs: specs_lib.Specs, kept: dict | None = None) -> dict:
   """WeatherNext 2's `{haiku module: {leaf: float32 array}}` of wnscale's parameters: the
   inverse of `convert_params` (the stacked first layers split back into one weight per
   input array, k and v apart, the transformer's blocks one module each).
 
   Args:
     params: wnscale's parameters (`nnx.to_pure_dict` of the model's), host arrays.
-    config: the run's config (a `weathernext2_predictor.check_expressible` one).
+    specs: the run's specs (of a `weathernext2_predictor.check_expressible` config).
     kept: the import's `remainder` (the decoder's unused mesh MLP), or None: zeros there,
       which change nothing the model computes.
   """
-  specs = specs_lib.from_config(config)
   d, m = specs.data, specs.model
   tree = _float32(params)
   seconds = d.time_step_hours * 3600

@@ -1,6 +1,6 @@
 """A wnscale run as WeatherNext 2's `PredictorConfig`: the way back of `weathernext2_config`.
 
-`predictor_config(config, statistics, template)` builds the fiddle Buildable (as
+`predictor_config(config, specs, statistics, template)` builds the fiddle Buildable (as
 `fiddle_json.load` gives it, for `fiddle_json.dump`) of the FGN a run trains: every
 setting `weathernext2_config` maps is written from the run's config (widths, heads,
 layers, k hops, mesh, noise, variables and levels, the global inputs, NaN filling, output
@@ -75,20 +75,21 @@ NOT_EXPORTED = {
 }
 
 
-def predictor_config(config: ml_collections.ConfigDict, statistics: dict[str, xr.Dataset],
+def predictor_config(config: ml_collections.ConfigDict, specs: specs_lib.Specs,
+                     statistics: dict[str, xr.Dataset],
                      template: Buildable | None = None) -> Buildable:
   """WeatherNext 2's `PredictorConfig` of the run `config` (see the module docstring).
 
   Args:
-    config: the run's config.
+    config: the run's config: the built config maps back to its keys (`check_expressible`).
+    specs: its specs.
     statistics: `{"mean" | "std" | "diff_std": Dataset}` in GraphCast's layout (the run's).
     template: the config the run was imported from (`fiddle_json.load`), or None.
 
   Raises:
     UserError: the run is not one WeatherNext 2's model expresses (naming the setting).
   """
-  check_kind(config)
-  specs = specs_lib.from_config(config)
+  check_kind(config, specs)
   d, m, t = specs.data, specs.model, specs.train
   kept = _Template(template)
   inputs = d.variables + variables_lib.STATIC_VARIABLES + d.global_forcings + d.forcings
@@ -99,7 +100,7 @@ def predictor_config(config: ml_collections.ConfigDict, statistics: dict[str, xr
                                       d.global_forcings + d.forcings),
       "pressure_levels": tuple(d.pressure_levels),
       "input_duration": f"{d.input_steps * d.time_step_hours}h"})
-  forward = _forward(config, kept)
+  forward = _forward(m, kept)
   weights = {name: weight for name, weight in t.variable_loss_weights}
   weight = lambda name: weights.get(name, variables_lib.lookup(name).loss_weight)
   per_variable = {name: (weight(name) if name in d.outputs else value)
@@ -107,6 +108,9 @@ def predictor_config(config: ml_collections.ConfigDict, statistics: dict[str, xr
   per_variable |= {name: weight(name) for name in d.outputs
                    if name not in per_variable and weight(name) != 1.0}
   nan_targets = kept.get("loss.vars_with_nan_targets", list(RELEASED["nan_targets"]))
+  # `num_samples` is the config's key, which a run of any loss keeps (the specs hold it
+  # only for the CRPS's).
+  ensemble_members = int(config.train.ensemble_members)
   kwargs = {
       "noisy_function_constructor": Symbol(f"{_WN}weathernext2.architecture", "ForwardPass"),
       "noisy_function_kwargs": forward,
@@ -122,7 +126,7 @@ def predictor_config(config: ml_collections.ConfigDict, statistics: dict[str, xr
   predictor = Buildable("Config", Symbol(f"{_WN}weathernext2.fgn", "PredictorConfig"), {
       "task": task, "predictor_constructor": Symbol(f"{_WN}weathernext2.fgn", "Predictor"),
       "predictor_kwargs": kwargs,
-      "predictor_wrappers": _wrappers(config, statistics, kept)})
+      "predictor_wrappers": _wrappers(specs, statistics, kept, ensemble_members)})
   check_expressible(config, predictor)
   return predictor
 
@@ -142,9 +146,10 @@ def check_expressible(config: ml_collections.ConfigDict, predictor: Buildable):
                         f"{value!r}: its config maps to {expected!r} there.")
 
 
-def check_kind(config: ml_collections.ConfigDict):
+def check_kind(config: ml_collections.ConfigDict, specs: specs_lib.Specs):
   """Raises a `UserError` naming a setting without which there is no WeatherNext 2 config
-  to build (the kind of model), read from `config` alone."""
+  to build (the kind of model), read from the run's `config` (named as it holds them) and
+  its `specs` (the output activations, parsed) alone."""
   m, d = config.model, config.data
   for key, value, expected, why in (
       ("model.processor", m.processor, "transformer", "its processor is the mesh transformer"),
@@ -159,7 +164,7 @@ def check_kind(config: ml_collections.ConfigDict):
     raise UserError(f"WeatherNext 2's model cannot express this run's model.noise_channels="
                     f"{m.noise_channels}: it is an FGN, its layer norms conditioned on noise "
                     "(model.noise_channels > 0).")
-  for name, activation, _ in specs_lib.from_config(config).model.output_activations:
+  for name, activation, _ in specs.model.output_activations:
     if activation not in ACTIVATIONS:
       raise UserError(f"WeatherNext 2's model cannot express this run's model."
                       f"output_activations {name}:{activation}: its activations are "
@@ -206,16 +211,14 @@ def _dense(size: int, normalized: bool = True, **more) -> dict:
           "activation": "swish", "activate_final": False, **more}
 
 
-def _forward(config: ml_collections.ConfigDict, kept: _Template) -> dict:
-  """`ForwardPass`' kwargs (`noisy_function_kwargs`)."""
-  m = config.model
+def _forward(m: specs_lib.ModelSpec, kept: _Template) -> dict:
+  """`ForwardPass`' kwargs (`noisy_function_kwargs`) of the model `m` (a transformer's)."""
   latent, noise = m.latent_size, m.noise_channels
-  edges = m.edge_latent_size or latent
+  edges = m.edge_size
   kept_keys = kept.get("forward_keys", ())
   activations = {name: (Symbol(_ACTIVATIONS, "shifted_activation"), {
       "activation_fn": Symbol(_ACTIVATIONS, activation), "input_offset": offset})
-                 for name, activation, offset in specs_lib.from_config(
-                     config).model.output_activations}
+                 for name, activation, offset in m.output_activations}
   output = _dense(latent, normalized=False)
   output.pop("output_size")
   forward = {
@@ -229,9 +232,10 @@ def _forward(config: ml_collections.ConfigDict, kept: _Template) -> dict:
       "mesh_num_splits": m.mesh_levels,
       "per_var_activation_fns": activations,
       "norm_conditioning_features": ("noise",)}
-  for stage in ("grid_to_mesh_gnn", "mesh_gnn", "mesh_to_grid_gnn"):
-    if m[f"remat_{stage}"] or f"remat_{stage}" in kept_keys:
-      forward[f"remat_{stage}"] = bool(m[f"remat_{stage}"])
+  for stage in specs_lib.RematSpec.STAGES:
+    remat = getattr(m.remat, stage)
+    if remat or stage in kept_keys:
+      forward[stage] = bool(remat)
   encoder_gnn = kept.get("encoder", {}).get("deep_gnn_kwargs") or dict(RELEASED["encoder_gnn"])
   normalization = m.grid_to_mesh_aggregate_normalization  # 1: none (WeatherNext 2's None)
   encoder_gnn.update(gather_from_receivers=bool(m.grid_to_mesh_gather_from_receivers),
@@ -254,9 +258,9 @@ def _forward(config: ml_collections.ConfigDict, kept: _Template) -> dict:
       "spatial_edge_features_kwargs": dict(edge_features),
       "edge_encoder_dense_kwargs": _dense(edges, remat=False)})
   transformer = kept.get("transformer", None) or dict(RELEASED["transformer"])
-  transformer.update(attention_k_hop=m.transformer_k_hop, d_model=latent,
-                     num_heads=m.transformer_heads, num_layers=m.transformer_layers,
-                     ffw_hidden=m.transformer_ffw_size)
+  transformer.update(attention_k_hop=m.processor.k_hop, d_model=latent,
+                     num_heads=m.processor.heads, num_layers=m.processor.layers,
+                     ffw_hidden=m.processor.ffw_size)
   forward["mesh_model_ctor"] = Buildable(
       "Partial", Symbol(f"{_WN}utils.mesh_transformer", "MeshSparseTransformer"), {
           "name": kept.get("transformer_name", None) or RELEASED["names"][2],
@@ -264,11 +268,10 @@ def _forward(config: ml_collections.ConfigDict, kept: _Template) -> dict:
   return forward
 
 
-def _wrappers(config: ml_collections.ConfigDict, statistics: dict[str, xr.Dataset],
-              kept: _Template) -> list[dict]:
+def _wrappers(specs: specs_lib.Specs, statistics: dict[str, xr.Dataset], kept: _Template,
+              ensemble_members: int) -> list[dict]:
   """`InputsAndResiduals` (the statistics), a `NaNCleaner` per filled variable, the
-  autoregressive rollout, the ensemble's sample dim."""
-  specs = specs_lib.from_config(config)
+  autoregressive rollout, the ensemble's sample dim (of `ensemble_members`)."""
   kept_wrappers = kept.get("wrappers", {})
   held = kept_wrappers.get("InputsAndResiduals")
   names = weathernext2_config.STATISTICS
@@ -288,9 +291,9 @@ def _wrappers(config: ml_collections.ConfigDict, statistics: dict[str, xr.Datase
                      "kwargs": {"fill_value": fill, "var_to_clean": name,
                                 "reintroduce_nans": True}})
   wrappers.append({"constructor": Symbol(f"{_WN}utils.autoregressive", "Predictor"),
-                   "kwargs": {"gradient_checkpointing": bool(config.train.remat_rollout)}})
+                   "kwargs": {"gradient_checkpointing": bool(specs.train.remat_rollout)}})
   wrappers.append({"constructor": Symbol(f"{_WN}utils.ensemble", "WithSampleDim"),
-                   "kwargs": {"num_samples": int(config.train.ensemble_members)}})
+                   "kwargs": {"num_samples": ensemble_members}})
   return wrappers
 
 
