@@ -102,7 +102,9 @@ class Start:
     return self.process.poll() is None
 
   def workers(self) -> list[int]:
-    """The training processes' pids (the launcher's children), also once it has died."""
+    """The training processes' pids (the launcher's children), also once it has died: those
+    with this start's `--workdir`, which no other soak's runs share (a local workdir under
+    the soak's own folder, a bucket named after the soak's process)."""
     found = []
     for pid in os.listdir("/proc"):
       if not pid.isdigit():
@@ -543,7 +545,9 @@ class Emulator:
   one port across restarts."""
 
   def __init__(self, gcs, root: str):
-    self.gcs, self.root, self.bucket = gcs, root, "soak"
+    # A bucket of this soak's own: its workdir's URL names its processes (`Start.workers`),
+    # and another soak running beside it must not find them there.
+    self.gcs, self.root, self.bucket = gcs, root, f"soak-{os.getpid()}"
     self.port = gcs._free_port()  # noqa: SLF001
     self.url = f"http://127.0.0.1:{self.port}"
 
