@@ -15,7 +15,6 @@ from scipy import spatial
 
 from wnscale.data import variables as variables_lib
 from wnscale.data.reading import observations
-from wnscale.data.reading import store as store_lib
 from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, edge_sets, grid
@@ -88,7 +87,7 @@ def write_network(grid_path: str, out: str, num_stations: int, *, variables=None
     raise UserError(f"A station network needs at least one station, not {num_stations}.")
   if not 0 <= missing < 1 or noise < 0:
     raise UserError(f"missing={missing} must be in [0, 1) and noise={noise} >= 0.")
-  with store_lib.open_metadata(grid_path) as dataset:
+  with store_formats.open_dataset(grid_path) as dataset:
     held = [v.name for v in variables_lib.SURFACE_VARIABLES if v.name in dataset]
   names = list(variables or held)
   lacking = [name for name in names if name not in held]
