@@ -16,7 +16,7 @@ import xarray as xr
 
 from problems import data_spec
 from wnscale.data import run_data
-from wnscale.data.making import synthetic
+from wnscale.data.making import stations, synthetic
 from wnscale.data.reading import anemoi as anemoi_format
 from wnscale.data.reading import cutout, normalization, observations, store_formats
 from wnscale.data.reading import store as store_lib
@@ -44,7 +44,7 @@ def test_point_stores_and_cut_outs_are_formats_and_each_kind_is_read_as_itself(t
   beside a store; a store of one kind asked for as the other is one line saying so."""
   wb2 = synthetic.write_synthetic_store(str(tmp_path / "wb2.zarr"), end="2020-01-02",
                                         levels=LEVELS, variables=[T2M])
-  points = observations.write_observations(
+  points = stations.write_observations(
       str(tmp_path / "obs.zarr"), np.array(["2020-01-01"], "datetime64[ns]"),
       ["B", "A", "C", "D"], [-30.0, 0.0, 30.0, 60.0], [0.0, 90.0, 180.0, 270.0],
       {T2M: np.ones((1, 4))})

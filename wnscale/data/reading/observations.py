@@ -32,8 +32,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from wnscale import cache, outputs, paths
-from wnscale.data import variables as variables_lib
+from wnscale import cache, paths
 from wnscale.data import netcdf
 from wnscale.data.reading import store as store_lib
 from wnscale.data.reading.format_interface import POINTS, StoreFormat
@@ -43,35 +42,6 @@ from wnscale.graphs.points import PointSet
 
 DIMS = ("time", "station")
 COORDINATES = ("latitude", "longitude", "station_id")
-
-
-def write_observations(path: str, times, station_id, latitude, longitude, values: dict, *,
-                       overwrite: bool = False, attrs: dict | None = None) -> str:
-  """Writes an observation store at `path` (zarr v2; a directory or a URL).
-
-  Args:
-    times: `[T]` datetime64; station_id, latitude, longitude: `[S]`.
-    values: `{WeatherBench2 name: [T, S]}`, NaN where missing.
-    overwrite: replace a zarr store at `path` (`outputs.check`: never other data); it stays
-      intact until the new one is whole (`outputs.building`).
-
-  Returns:
-    `path`.
-  """
-  path = paths.normalize(path)
-  outputs.check(path, outputs.OBSERVATIONS, argument="path", overwrite=overwrite)
-  for name in values:
-    variables_lib.lookup(name)
-  dataset = xr.Dataset(
-      {name: (DIMS, np.asarray(array, np.float32)) for name, array in values.items()},
-      coords={"time": np.asarray(times, "datetime64[ns]"),
-              "station_id": ("station", np.asarray(station_id, str)),
-              "latitude": ("station", np.asarray(latitude, np.float64)),
-              "longitude": ("station", np.asarray(longitude, np.float64))},
-      attrs=attrs or {})
-  with outputs.building(path, overwrite) as where:
-    dataset.to_zarr(where, zarr_format=2, consolidated=True, mode="w")
-  return path
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
