@@ -18,7 +18,6 @@ from tiny_runs import losses, run
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data.making import synthetic
-from wnscale.data.reading import cutout
 from wnscale.data.reading import store_formats
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import datasets, scoring
@@ -177,7 +176,7 @@ def stores(tmp_path_factory):
 def test_the_joined_store_reads_both_stores_at_the_times_both_hold(stores):
   outer_path, inner_path = stores
   names, levels = ["temperature", "2m_temperature"], [850, 500]
-  joined = cutout.open_store(outer_path, names, levels, regional_path=inner_path)
+  joined = store_formats.open_store(outer_path, names, levels, regional_path=inner_path)
   outer = store_formats.open_store(outer_path, names, levels)
   inner = store_formats.open_store(inner_path, names, levels)
   np.testing.assert_array_equal(joined.times, outer.times[8:])  # Jan 3 and 4
@@ -196,9 +195,9 @@ def test_the_joined_store_reads_both_stores_at_the_times_both_hold(stores):
   np.testing.assert_array_equal(joined.read_statics(), statics)
   # What a store lacks is one error naming it.
   with pytest.raises(UserError, match=f"Store {inner_path} lacks variable.*'geopotential'"):
-    cutout.open_store(outer_path, ["geopotential"], levels, regional_path=inner_path)
+    store_formats.open_store(outer_path, ["geopotential"], levels, regional_path=inner_path)
   with pytest.raises(UserError, match=rf"Level\(s\) \[1000\] hPa not in store {outer_path}"):
-    cutout.open_store(outer_path, names, [1000], regional_path=inner_path)
+    store_formats.open_store(outer_path, names, [1000], regional_path=inner_path)
 
 
 def test_scores_of_a_region_take_its_points_and_weights_and_a_truth_that_holds_them():
@@ -290,8 +289,8 @@ def test_a_cut_out_trains_forecasts_and_scores_its_region(cutout_run):
   assert forecast.sizes["values"] == 2628 and forecast["region"].values.sum() == 600
   with open(os.path.join(workdir, "config.json")) as f:
     data = json.load(f)["data"]
-  points = cutout.open_store(data["path"], ["2m_temperature"], [],
-                             regional_path=regional).points
+  points = store_formats.open_store(data["path"], ["2m_temperature"], [],
+                                    regional_path=regional).points
   np.testing.assert_allclose(forecast["cell_area"].values, points.area)
   # The region's RMSE against the regional store, weighed by the model's areas.
   region = forecast["region"].values

@@ -40,8 +40,7 @@ from test_cli import assert_user_error, run, without_root
 from tiny_runs import Started, process_env
 from wnscale import outputs, paths
 from wnscale.data import netcdf
-from wnscale.data.making import synthetic
-from wnscale.data.reading import observations
+from wnscale.data.making import stations, synthetic
 from wnscale.data.reading import store as store_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.evaluation import climatology as climatology_lib
@@ -328,7 +327,7 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   forecast = forecast_of(tmp_path / "forecast.zarr", data)
   assert not left["forecast"].exists() and left["dataset"].exists()
   shutil.rmtree(left["dataset"])
-  stations = observations.write_observations(
+  station_store = stations.write_observations(
       str(tmp_path / "stations.zarr"), np.array(["2020-01-01"], "datetime64[ns]"),
       np.array(["A"]), np.zeros(1), np.zeros(1), {"2m_temperature": np.zeros((1, 1))})
   results = tmp_path / "results"
@@ -352,8 +351,8 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
       ([*make, f"--out={clim}"], clim, "a dataset store", "it is a climatology store"),
       (["make_climatology", f"--store={data}", f"--out={forecast}", "--overwrite"], forecast,
        "a climatology store", "it is a forecast store"),
-      (["make_climatology", f"--store={data}", f"--out={stations}", "--overwrite"], stations,
-       "a climatology store", "it is an observation store"),
+      (["make_climatology", f"--store={data}", f"--out={station_store}", "--overwrite"],
+       station_store, "a climatology store", "it is an observation store"),
       (["make_dataset", "--stations=3", f"--from_store={data}", f"--out={data}",
         "--overwrite"], data, "an observation store", "it is a dataset store"),
       (["evaluate", f"--forecast={forecast}", f"--truth={data}", f"--out={clim}",
@@ -375,7 +374,7 @@ def test_overwrite_replaces_only_an_output_of_the_same_kind(tmp_path):
   assert checksums(tmp_path) == everything
   # The library, every pair of kinds: only the same kind is replaced.
   existing = {outputs.DATASET: data, outputs.CLIMATOLOGY: clim, outputs.FORECAST: forecast,
-              outputs.OBSERVATIONS: stations, outputs.RESULTS: str(results),
+              outputs.OBSERVATIONS: station_store, outputs.RESULTS: str(results),
               run_directory.KIND: str(run_dir), weathernext2_export.KIND: str(export),
               outputs.NETCDF: str(predictions), outputs.NPZ: str(checkpoint)}
   for kind, path in existing.items():

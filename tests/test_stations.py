@@ -47,7 +47,7 @@ def test_the_store_is_read_in_station_order_at_the_grid_times(grid_store, tmp_pa
             for name, offset in ((T2M, 280.0), (MSL, 1e5))}
   values[T2M][5:9, 3] = np.nan  # station "B" absent at grid times 6..9
   order = rng.permutation(len(times))  # written in no time order either
-  path = observations.write_observations(
+  path = stations.write_observations(
       str(tmp_path / "obs.zarr"), times[order], ids, np.linspace(-60, 60, 5),
       np.linspace(0, 300, 5), {name: array[order] for name, array in values.items()})
   with pytest.raises(UserError, match=r"has no \['10m_u_component_of_wind'\]"):
@@ -95,7 +95,7 @@ def test_the_store_is_read_in_station_order_at_the_grid_times(grid_store, tmp_pa
 
 
 def test_repeated_stations_and_a_source_without_a_store_are_refused(tmp_path):
-  path = observations.write_observations(
+  path = stations.write_observations(
       str(tmp_path / "obs.zarr"), np.array(["2020-01-01"], "datetime64[ns]"), ["A", "A"],
       [0.0, 10.0], [0.0, 10.0], {T2M: np.zeros((1, 2))})
   with pytest.raises(UserError, match=r"station_id \['A'\] repeat"):

@@ -24,8 +24,7 @@ import xarray as xr
 from wnscale import cache, coordination, outputs, paths
 from wnscale.data import variables as variables_lib
 from wnscale.data.making import stations, synthetic
-from wnscale.data.reading import cutout
-from wnscale.data.reading import normalization, observations
+from wnscale.data.reading import normalization, observations, store_formats
 from wnscale.data.reading import store as store_lib
 from wnscale.errors import ArgumentError, UserError
 from wnscale.progress import size_text
@@ -214,7 +213,7 @@ def modality_readers(data, seed: int, grid_times, training_times
   for modality in data.modalities:
     path = resolve_observations(data, modality, seed)
     names = list(dict.fromkeys(modality.inputs + modality.targets))
-    store = observations.open_observations(path, names)
+    store = store_formats.open_points(path, names)
     blob = once_by_process_0(
         f"stats {observations.cached_stats_path(path, names, training_times)}",
         lambda store=store, names=names: observations.load_or_compute_stats(
@@ -226,13 +225,14 @@ def modality_readers(data, seed: int, grid_times, training_times
 
 def open_grid_store(data, path: str | None = None, *, variables=None,
                     member: int = 0) -> store_lib.WeatherStore:
-  """The grid store `data` reads (`cutout.open_store`: its stored forcings, its regional
-  store cut in) at `path` (default `data.path`), of `variables` (default the state's,
-  `data.variables`) and ensemble member `member`."""
-  return cutout.open_store(path or data.path, data.variables if variables is None else variables,
-                           data.pressure_levels, data.time_step_hours, data.resolution,
-                           forcings=data.stored_forcings, member=member,
-                           regional_path=data.regional_path, region=data.region_box)
+  """The grid store `data` reads (`store_formats.open_store`: its stored forcings, its
+  regional store cut in) at `path` (default `data.path`), of `variables` (default the
+  state's, `data.variables`) and ensemble member `member`."""
+  return store_formats.open_store(
+      path or data.path, data.variables if variables is None else variables,
+      data.pressure_levels, data.time_step_hours, data.resolution,
+      forcings=data.stored_forcings, member=member, regional_path=data.regional_path,
+      region=data.region_box)
 
 
 def open_example_store(data) -> store_lib.WeatherStore:

@@ -27,7 +27,7 @@ import zarr
 
 from wnscale import outputs
 from wnscale.data.making import stations as stations_lib
-from wnscale.data.reading import observations
+from wnscale.data.reading import observations, store_formats
 from wnscale.data.reading import store as store_lib
 from wnscale.errors import UserError
 from wnscale.evaluation import datasets, figures
@@ -78,7 +78,7 @@ def evaluate_stations(forecast_path: str, observations_path: str, out_dir: str, 
   if len(groups) > 1:
     raise UserError(f"The forecast {forecast_path} holds several station groups {groups}; "
                     "scoring one observation store against them is not supported.")
-  held = set(store_lib.open_metadata(observations_path).data_vars)
+  held = set(store_formats.open_dataset(observations_path).data_vars)
   group, note = None, None
   if groups:
     group = xr.open_zarr(forecast_path, group=groups[0], chunks=None,
@@ -93,7 +93,7 @@ def evaluate_stations(forecast_path: str, observations_path: str, out_dir: str, 
                     f"{sorted(held)}, the forecast's "
                     f"{'group ' + groups[0] if groups else 'grid'} "
                     f"{sorted(group.data_vars) if groups else list(forecast.variables)}.")
-  observed = observations.open_observations(observations_path, variables)
+  observed = store_formats.open_points(observations_path, variables)
   columns = _station_columns(observed, group, forecast_path)
   points = (observed.points if group is None else PointSet.from_points(
       group["latitude"].values, group["longitude"].values, np.ones(group.sizes[STATION])))

@@ -23,7 +23,7 @@ from wnscale import specs as specs_lib
 from wnscale.assembly import assemble
 from wnscale.data import run_data
 from wnscale.data.making import stations as stations_lib
-from wnscale.data.reading import observations
+from wnscale.data.reading import store_formats
 from wnscale.graphs import points as points_lib
 from wnscale.model import setup
 from wnscale.planner import buffers as buffers_lib
@@ -60,7 +60,7 @@ def modality_points(specs: specs_lib.Specs, grid_points: points_lib.PointSet
     if count is None:
       names = list(dict.fromkeys(modality.inputs + modality.targets))
       path = run_data.resolve_observations(specs.data, modality, specs.seed)
-      points[modality.name] = observations.open_observations(path, names).points
+      points[modality.name] = store_formats.open_points(path, names).points
     else:
       points[modality.name] = stations_lib.random_land_biased_points(
           count, grid_points, np.zeros(grid_points.size, bool), specs.seed)

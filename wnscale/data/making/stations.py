@@ -5,17 +5,19 @@ points on the sphere, a share of them on land (a station network is mostly
 there), and values of the grid's fields interpolated to them (inverse-distance
 over the nearest grid nodes) plus Gaussian noise, a fraction missing (NaN).
 `write_network` writes such a network of a grid store as an observation store
-(`wnscale.data.reading.observations`).
+(`wnscale.data.reading.observations` reads it), with `write_observations`, the point
+format's writer.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import xarray as xr
 from scipy import spatial
 
+from wnscale import outputs, paths
 from wnscale.data import variables as variables_lib
 from wnscale.data.reading import observations
-from wnscale.data.reading import store as store_lib
 from wnscale.data.reading import store_formats
 from wnscale.errors import UserError
 from wnscale.graphs import connectivity, edge_sets, grid
@@ -28,6 +30,35 @@ NEIGHBOURS = edge_sets.FIRST_GUESS_NEIGHBOURS
 NOISE = 0.1
 MISSING = 0.1
 TIME_BLOCK = 256  # grid times read at once
+
+
+def write_observations(path: str, times, station_id, latitude, longitude, values: dict, *,
+                       overwrite: bool = False, attrs: dict | None = None) -> str:
+  """Writes an observation store at `path` (zarr v2; a directory or a URL).
+
+  Args:
+    times: `[T]` datetime64; station_id, latitude, longitude: `[S]`.
+    values: `{WeatherBench2 name: [T, S]}`, NaN where missing.
+    overwrite: replace a zarr store at `path` (`outputs.check`: never other data); it stays
+      intact until the new one is whole (`outputs.building`).
+
+  Returns:
+    `path`.
+  """
+  path = paths.normalize(path)
+  outputs.check(path, outputs.OBSERVATIONS, argument="path", overwrite=overwrite)
+  for name in values:
+    variables_lib.lookup(name)
+  dataset = xr.Dataset(
+      {name: (observations.DIMS, np.asarray(array, np.float32)) for name, array in values.items()},
+      coords={"time": np.asarray(times, "datetime64[ns]"),
+              "station_id": ("station", np.asarray(station_id, str)),
+              "latitude": ("station", np.asarray(latitude, np.float64)),
+              "longitude": ("station", np.asarray(longitude, np.float64))},
+      attrs=attrs or {})
+  with outputs.building(path, overwrite) as where:
+    dataset.to_zarr(where, zarr_format=2, consolidated=True, mode="w")
+  return path
 
 
 def random_land_biased_points(num_points: int, grid_points: PointSet, land: np.ndarray,
@@ -79,7 +110,7 @@ def write_network(grid_path: str, out: str, num_stations: int, *, variables=None
   store's land-sea mask is above 0.5) observe `variables` (surface variables the
   store holds; None: all of them) at every store time (`observe`: noise
   `noise` x each quantity's std over the store, a fraction `missing` NaN).
-  `out` is replaced only with `overwrite` (`observations.write_observations`).
+  `out` is replaced only with `overwrite` (`write_observations`).
 
   Returns:
     `out`.
@@ -88,7 +119,7 @@ def write_network(grid_path: str, out: str, num_stations: int, *, variables=None
     raise UserError(f"A station network needs at least one station, not {num_stations}.")
   if not 0 <= missing < 1 or noise < 0:
     raise UserError(f"missing={missing} must be in [0, 1) and noise={noise} >= 0.")
-  with store_lib.open_metadata(grid_path) as dataset:
+  with store_formats.open_dataset(grid_path) as dataset:
     held = [v.name for v in variables_lib.SURFACE_VARIABLES if v.name in dataset]
   names = list(variables or held)
   lacking = [name for name in names if name not in held]
@@ -112,7 +143,7 @@ def write_network(grid_path: str, out: str, num_stations: int, *, variables=None
     series[rng.random(series.shape) < missing] = np.nan
     values[name] = series.astype(np.float32)
   station_id = [f"SYN{i:06d}" for i in range(num_stations)]
-  return observations.write_observations(
+  return write_observations(
       out, store.times, station_id, points.latitude, points.longitude, values,
       overwrite=overwrite, attrs={"source": f"synthetic network of {store.path}",
                                   "seed": seed, "noise": noise, "missing": missing})

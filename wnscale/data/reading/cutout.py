@@ -1,11 +1,12 @@
-"""A global store and a regional store read as one store on the cut-out's points.
+"""The regional cut-out (`FORMAT`, the composing entry of `store_formats.FORMATS`): a global
+store and a regional store read as one store on the cut-out's points.
 
-`combine` joins two opened `store.WeatherStore`s (`graphs.region.cut_out` says
-which points of each are kept) into one `WeatherStore` on the joined points:
-each variable's view is a virtual concatenation (`tensorstore.concat`) along the
-points of the two stores' views, taken at the times both hold, so a read of the
-cut-out is one read of each store, decoded straight into the caller's buffer as
-for any store.
+`open_cutout` opens both stores, each by its own format, and `combine` joins them
+(`graphs.region.cut_out` says which points of each are kept) into one `store.WeatherStore`
+on the joined points: each variable's view is a virtual concatenation (`tensorstore.concat`)
+along the points of the two stores' views, taken at the times both hold, so a read of the
+cut-out is one read of each store, decoded straight into the caller's buffer as for any
+store.
 """
 
 from __future__ import annotations
@@ -15,33 +16,32 @@ import tensorstore as ts
 
 from wnscale.data import variables as variables_lib
 from wnscale.data.reading import store as store_lib
-from wnscale.data.reading import store_formats
+from wnscale.data.reading.format_interface import StoreFormat
 from wnscale.errors import UserError
 from wnscale.graphs import region as region_lib
 
 
-def open_store(path: str, variables, levels, time_step_hours: int = 6,
-               resolution: float | None = None, forcings=(), member: int = 0,
-               regional_path: str = "", region: region_lib.Box | None = None
-               ) -> store_lib.WeatherStore:
-  """`store_formats.open_store` of `path` (its arguments), with the regional store
-  `regional_path`, if any, cut into it: then on the cut-out's points, at the times both
-  hold. `resolution` applies to `path`; the regional store's spacing is its own.
-  `region`: the cut-out's box; None: the regional points' convex hull."""
-  arguments = dict(variables=variables, levels=levels, time_step_hours=time_step_hours,
-                   forcings=forcings, member=member)
-  outer = store_formats.open_store(path, resolution=resolution, **arguments)
-  if not regional_path:
-    return outer
-  return combine(outer, store_formats.open_store(regional_path, **arguments), region)
+def open_cutout(open_part, path: str, variables: tuple[str, ...], levels: tuple[int, ...],
+                time_step_hours: int, resolution: float | None, forcings: tuple[str, ...],
+                member: int, regional_path: str, region: region_lib.Box | None
+                ) -> store_lib.WeatherStore:
+  """`store_formats.open_store` of a cut-out (its arguments checked): the store at `path`
+  with the regional store at `regional_path` cut into it (`combine`), each opened by
+  `open_part` (the registry's open of one grid store, by that store's format) with the
+  same variables, levels and forcings. `resolution` applies to `path`; the regional store's
+  spacing is its own. `region`: the cut-out's box; None: the regional points' convex hull."""
+  outer = open_part(path, variables, levels, time_step_hours, resolution, forcings, member)
+  inner = open_part(regional_path, variables, levels, time_step_hours, None, forcings,
+                    member)
+  return combine(outer, inner, region)
 
 
 def combine(outer: store_lib.WeatherStore, inner: store_lib.WeatherStore,
             box: region_lib.Box | None) -> store_lib.WeatherStore:
   """`outer` (global) with `inner`'s (regional) points in place of its own in the region.
 
-  Both stores hold the same variables, levels and forcings (`store_formats.open_store` of
-  each with the same arguments). The result has the times both hold, the points
+  Both stores hold the same variables, levels and forcings (`open_cutout` opens each with
+  the same arguments). The result has the times both hold, the points
   of `region.cut_out` (`points.region` marks the regional ones) and each store's
   missing times.
 
@@ -92,3 +92,8 @@ def _points_view(store: store_lib.WeatherStore, name: str, kept: np.ndarray,
     index = np.unravel_index(kept, store.points.field_shape)
   # Vectorized indexing puts the points' dimension first: moved back to the end.
   return view.vindex[leading + tuple(index)][ts.d[0].transpose[-1]]
+
+
+# Chosen by a regional store named beside the store (`data.regional_path`), never by a
+# store's layout: any two grid stores may be cut together.
+FORMAT = StoreFormat("regional cut-out", recognises=None, open=open_cutout, composes=True)

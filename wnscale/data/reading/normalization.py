@@ -42,6 +42,7 @@ from wnscale.data import netcdf
 from wnscale.data import variables as variables_lib
 from wnscale.data.reading import store as store_lib
 from wnscale.data.reading import store_formats
+from wnscale.data.reading.std_floor import floor_std
 from wnscale.errors import UserError
 
 if TYPE_CHECKING:  # the layer above; only its type here
@@ -54,10 +55,6 @@ INPUT_NORMALIZATIONS = ("state", "all")
 GRAPHCAST_FILES = {"mean": "mean_by_level.nc", "std": "stddev_by_level.nc",
                    "diff_std": "diffs_stddev_by_level.nc"}
 NAN_HOURS = ("nan_first_hour", "nan_last_hour")
-# A std below max(STD_FLOOR_ABSOLUTE, STD_FLOOR_RELATIVE * |mean|) is raised
-# to it, so constant fields (e.g. a synthetic level) do not divide by zero.
-STD_FLOOR_ABSOLUTE = 1e-12
-STD_FLOOR_RELATIVE = 1e-6
 # Bytes of (float32) state read per block of the streaming pass.
 BLOCK_BYTES = 64 * 2**20
 
@@ -72,7 +69,8 @@ def cached_stats_path(path: str, variables, levels, start: str | None, end: str 
                     cache.source_digest("data/reading/normalization.py", "data/reading/store.py",
                                         "data/forcings.py", "data/reading/anemoi.py",
                                         "data/reading/weatherbench2_zarr.py",
-                                        "data/reading/store_formats.py")])
+                                        "data/reading/store_formats.py",
+                                        "data/reading/std_floor.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
@@ -288,12 +286,6 @@ class _Moments:
     variance = np.maximum(self.sum_squares / count - mean**2, 0.0)
     shift = 0.0 if self.shift is None else self.shift
     return mean + shift, np.sqrt(variance)
-
-
-def floor_std(std, mean):
-  """`std` raised to max(STD_FLOOR_ABSOLUTE, STD_FLOOR_RELATIVE * |mean|)."""
-  return np.maximum(std, np.maximum(STD_FLOOR_ABSOLUTE,
-                                    STD_FLOOR_RELATIVE * np.abs(mean)))
 
 
 def _to_dataset(store, sums, diff_sums, static_sums, nan_hours, time_step_hours, times,

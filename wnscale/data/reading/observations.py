@@ -1,4 +1,5 @@
-"""Observation stores: values at stations, read beside a grid store's times.
+"""The point-store format (`FORMAT`, an entry of `store_formats.FORMATS`): observation
+stores, values at stations, read beside a grid store's times.
 
 A store is zarr with dims `(time, station)`: `latitude`, `longitude` (degrees)
 and `station_id` (strings) along `station`, one float32 variable per observed
@@ -14,6 +15,9 @@ A store is read whole into memory when opened (float32: 10,000 stations x a
 year at 6 h x 2 quantities is 0.1 GB). Normalization statistics (`load_or_compute_stats`):
 mean and std per variable over the grid's training times, NaN skipped, cached
 in `<cache dir>/stats/` like the grid's (`normalization.py`).
+
+The format recognises a store by its `station_id` array (a grid store has none), opens it
+with `open_observations` (an `ObservationStore`) and describes it as the zarr store it is.
 """
 
 from __future__ import annotations
@@ -28,43 +32,16 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from wnscale import cache, outputs, paths
-from wnscale.data import variables as variables_lib
-from wnscale.data.reading import normalization
+from wnscale import cache, paths
+from wnscale.data import netcdf
+from wnscale.data.reading import store as store_lib
+from wnscale.data.reading.format_interface import POINTS, StoreFormat
+from wnscale.data.reading.std_floor import floor_std
 from wnscale.errors import UserError
 from wnscale.graphs.points import PointSet
 
 DIMS = ("time", "station")
 COORDINATES = ("latitude", "longitude", "station_id")
-
-
-def write_observations(path: str, times, station_id, latitude, longitude, values: dict, *,
-                       overwrite: bool = False, attrs: dict | None = None) -> str:
-  """Writes an observation store at `path` (zarr v2; a directory or a URL).
-
-  Args:
-    times: `[T]` datetime64; station_id, latitude, longitude: `[S]`.
-    values: `{WeatherBench2 name: [T, S]}`, NaN where missing.
-    overwrite: replace a zarr store at `path` (`outputs.check`: never other data); it stays
-      intact until the new one is whole (`outputs.building`).
-
-  Returns:
-    `path`.
-  """
-  path = paths.normalize(path)
-  outputs.check(path, outputs.OBSERVATIONS, argument="path", overwrite=overwrite)
-  for name in values:
-    variables_lib.lookup(name)
-  dataset = xr.Dataset(
-      {name: (DIMS, np.asarray(array, np.float32)) for name, array in values.items()},
-      coords={"time": np.asarray(times, "datetime64[ns]"),
-              "station_id": ("station", np.asarray(station_id, str)),
-              "latitude": ("station", np.asarray(latitude, np.float64)),
-              "longitude": ("station", np.asarray(longitude, np.float64))},
-      attrs=attrs or {})
-  with outputs.building(path, overwrite) as where:
-    dataset.to_zarr(where, zarr_format=2, consolidated=True, mode="w")
-  return path
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -88,6 +65,14 @@ class ObservationStore:
   def __repr__(self) -> str:  # stable: no addresses
     return (f"ObservationStore(path={self.path!r}, stations={self.station_id.size}, "
             f"variables={tuple(self.values)})")
+
+
+def is_point_store(path: str) -> bool:
+  """Whether `path` (local or a URL) holds a point store: a zarr group (v2 or v3) with a
+  `station_id` array, which a grid store never has (as `outputs.store_kind` tells them)."""
+  path = paths.normalize(path)
+  return any(paths.exists(paths.join(path, "station_id", metadata))
+             for metadata in (".zarray", "zarr.json"))
 
 
 def open_observations(path: str, variables) -> ObservationStore:
@@ -164,7 +149,7 @@ def compute_stats(store: ObservationStore, variables, grid_times) -> dict[str, n
       std.append(np.nanstd(values))
   mean = np.asarray(mean)
   return {"mean": mean.astype(np.float32),
-          "std": normalization.floor_std(np.asarray(std), mean).astype(np.float32)}
+          "std": floor_std(np.asarray(std), mean).astype(np.float32)}
 
 
 def cached_stats_path(path: str, variables, grid_times) -> str:
@@ -173,7 +158,7 @@ def cached_stats_path(path: str, variables, grid_times) -> str:
   key = json.dumps([paths.normalize(path), list(variables), str(grid_times[0]),
                     str(grid_times[-1]), int(grid_times.size),
                     cache.source_digest("data/reading/observations.py",
-                                        "data/reading/normalization.py")])
+                                        "data/reading/std_floor.py")])
   name = paths.normalize(path).rstrip("/").rsplit("/", 1)[-1]
   return cache.cache_path("stats", f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.nc")
 
@@ -184,7 +169,7 @@ def load_or_compute_stats(store: ObservationStore, variables, grid_times) -> byt
   if paths.exists(target):
     return paths.read_bytes(target)
   stats = compute_stats(store, variables, grid_times)
-  blob = normalization.to_bytes(xr.Dataset(
+  blob = netcdf.to_bytes(xr.Dataset(
       {name: ("statistic", [stats["mean"][i], stats["std"][i]])
        for i, name in enumerate(variables)}, coords={"statistic": ["mean", "std"]}))
   cache.write_bytes(target, blob)  # whole or not at all (or not cached)
@@ -195,7 +180,7 @@ def load_or_compute_stats(store: ObservationStore, variables, grid_times) -> byt
 
 def stats_from_bytes(blob: bytes, variables) -> dict[str, np.ndarray]:
   """`{"mean": [V], "std": [V]}` float32 of `variables` from `load_or_compute_stats`' bytes."""
-  stats = normalization.from_bytes(blob, "observation statistics")
+  stats = netcdf.from_bytes(blob, "observation statistics")
   table = np.array([[float(stats[name].sel(statistic=s)) for name in variables]
                     for s in ("mean", "std")], np.float32)
   return {"mean": table[0], "std": table[1]}
@@ -256,3 +241,7 @@ class ModalityReader:
     clone = copy.copy(self)
     clone.point_slots = None if point_slots is None else np.asarray(point_slots, np.int64)
     return clone
+
+
+FORMAT = StoreFormat("observations (a point store)", recognises=is_point_store,
+                     open=open_observations, dataset=store_lib.open_metadata, yields=POINTS)

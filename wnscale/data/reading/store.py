@@ -8,7 +8,8 @@ Internal order (see `variables.py`): a regular grid's latitude ascending (-90 ->
 longitude ascending in [0, 360) whatever the store's convention, flattened latitude-major;
 a point store's points in the store's own order. A format's views are index transforms
 into that order, so reordering happens inside tensorstore's copy. Each format is one
-module of `store_formats.FORMATS` (`weatherbench2_zarr`, `anemoi`).
+module of `store_formats.FORMATS` (`weatherbench2_zarr`, `anemoi`; a cut-out, `cutout`,
+joins two of them).
 """
 
 from __future__ import annotations

@@ -101,11 +101,11 @@ _SAID: set = set()  # (store, what) said once in this process
 
 
 def _check_kind(path: str):
-  """A store of states over time: not a climatology, a forecast or an observation store
-  (one line saying what it is instead)."""
+  """A store of states over time: not a climatology or a forecast (one line saying what it is
+  instead; an observation store is a point store, `store_formats` tells it apart)."""
   found = outputs.identify(path)
   made_by = {outputs.CLIMATOLOGY: "launch.make_climatology", outputs.FORECAST:
-             "launch.forecast", outputs.OBSERVATIONS: "launch.make_dataset --stations"}
+             "launch.forecast"}
   if found not in made_by:
     return
   raise UserError(f"{path} is {found.noun} ({made_by[found]} writes them), not a store of "
