@@ -32,7 +32,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from wnscale import cache, paths
+from wnscale import cache, outputs, paths
 from wnscale.data import netcdf
 from wnscale.data.reading import store as store_lib
 from wnscale.data.reading.format_interface import POINTS, StoreFormat
@@ -68,11 +68,9 @@ class ObservationStore:
 
 
 def is_point_store(path: str) -> bool:
-  """Whether `path` (local or a URL) holds a point store: a zarr group (v2 or v3) with a
-  `station_id` array, which a grid store never has (as `outputs.store_kind` tells them)."""
-  path = paths.normalize(path)
-  return any(paths.exists(paths.join(path, "station_id", metadata))
-             for metadata in (".zarray", "zarr.json"))
+  """Whether `path` (local or a URL) holds a point store: a zarr store with a `station_id`
+  array, which a grid store never has (`outputs.store_kind`, as outputs are told apart)."""
+  return outputs.store_kind(paths.normalize(path)) == outputs.OBSERVATIONS.store
 
 
 def open_observations(path: str, variables) -> ObservationStore:
