@@ -418,6 +418,18 @@ class Soak:
 
   @contextlib.contextmanager
   def storage_context(self):
+    """The run's workdir (`_storage`); a soak stopped midway stops its start first, before
+    the disk is unmounted or the emulator stopped (else its processes held the disk, and
+    with it the filler: 1 GB of memory)."""
+    with self._storage() as workdir:
+      try:
+        yield workdir
+      finally:
+        if self.current is not None and (self.current.running() or self.current.workers()):
+          self.current.kill_everything()
+
+  @contextlib.contextmanager
+  def _storage(self):
     self.disk = None
     if self.args.storage == "local":
       root = tempfile.mkdtemp(prefix="soak-disk-", dir=self.out)
@@ -429,10 +441,6 @@ class Soak:
         yield os.path.join(root, "run")
       finally:
         if mounted:
-          # Else a soak stopped midway left its start's processes holding the disk, and
-          # with it the filler (1 GB of memory).
-          if self.current is not None:
-            self.current.kill_everything()
           self.free_disk()
           subprocess.run(["umount", "--lazy", root], timeout=60, check=False)
     else:
@@ -452,8 +460,6 @@ class Soak:
         try:
           yield f"gs://{self.storage.bucket}/run"
         finally:
-          if self.current is not None:  # a soak stopped midway: its start goes with it
-            self.current.kill_everything()
           self.proxy.close()
 
   # The verdict.
