@@ -359,6 +359,7 @@ def _train_steps(args, config, remat: str, record, variants, details=lambda step
     print(step_figures.describe(f"{args.step} ({', '.join(map(str, labels.values()))})",
                                 figures))
     record(**labels, fits=True, setup_seconds=round(setup_seconds, 1),
+           setup_parts=step.setup_parts,
            compile_seconds=round(step.compile_seconds, 1), **figures, **details(step))
     del step  # its device arrays, before the next one's are made
 

@@ -71,9 +71,21 @@ class TrainStep:
   def __init__(self, config, points: PointSet, point_sets: dict | None = None):
     """`point_sets`: the points of `config`'s modalities by name, each observing the
     batch's grid state (`stations.observe`, 10% missing)."""
+    # The set-up's parts, in seconds (`setup_parts`): what training's set-up does
+    # (graphs, layout, parameters), the benchmark's random batch, the state on the device.
+    self.setup_parts = {}
+    clock = time.perf_counter()
+
+    def lap(part: str):
+      nonlocal clock
+      now = time.perf_counter()
+      self.setup_parts[part] = round(now - clock, 2)
+      clock = now
+
     specs = specs_lib.from_config(config)
     mesh = mesh_lib.single_device_mesh()
     assembly = assemble(specs, points, None, mesh, params="init", point_sets=point_sets)
+    lap("assembly")
     self.points = points
     self.counts = assembly.graphs.counts()
     layout = assembly.layout
@@ -86,10 +98,13 @@ class TrainStep:
               batch[kind][:, :, [specs.data.state_channels.index(n) for n in names]], points,
               point_sets[m.name], noise=0.1, missing=0.1)
     self.batch = layout.global_batch(layout.host_batch(batch), config.train.batch_size)
+    lap("random batch")
     optimizer = optimizer_lib.make_optimizer(specs.train)
     self.state = jax.device_put(
         initial_state(assembly.params, optimizer, bool(specs.train.ema_decay)),
         assembly.replicated)
+    jax.block_until_ready(self.state)
+    lap("state")
     # The config's loss (an FGN's members, a denoiser's noise drawn in the step), as the
     # planner's compile (`step.lower_train_step`) and training run it.
     step = step_lib.train_step_of(specs, layout, assembly.graphdef, optimizer, self.constants,
