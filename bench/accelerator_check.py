@@ -427,7 +427,9 @@ def gencast_1deg_step(args, mode, record):
 def train_loop(args, mode, record):
   """`launch.train` for 40 steps on a synthetic store of a few days, per run in its own
   process: the logged intervals' steps/s and input wait and host shares (the first
-  interval, with the warm-up, left out)."""
+  interval, with the warm-up, left out), the run's set-up and compile seconds; then the
+  same run again in a new workdir: its set-up and compile seconds and whether its train
+  step came from the persistent compilation cache (where the first run wrote it)."""
   from wnscale import config as config_lib  # noqa: PLC0415
   from wnscale.data.making import synthetic  # noqa: PLC0415
   from wnscale.planner import auto_remat  # noqa: PLC0415
@@ -451,19 +453,33 @@ def train_loop(args, mode, record):
                "data.eval_end": "2020-01-06", "train.steps": steps,
                "train.log_every": log_every, "train.eval_every": 0,
                "train.checkpoint_every": 10 * steps, **overrides}
-      workdir = os.path.join(directory, "run")
-      start = time.perf_counter()
-      subprocess.run([sys.executable, "-m", "launch.train", f"--config={config_file}",
-                      f"--workdir={workdir}", f"--platform={args.platform}",
-                      *(f"--config.{key}={value}" for key, value in flags.items())],
-                     cwd=REPO, check=True)
-      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      # The compiled programs of this run alone: the first start compiles, the second loads.
+      cache = os.path.join(directory, "cache")
+
+      def train(workdir: str) -> dict:
+        start = time.perf_counter()
+        log = subprocess.run(
+            [sys.executable, "-m", "launch.train", f"--config={config_file}",
+             f"--workdir={workdir}", f"--platform={args.platform}",
+             *(f"--config.{key}={value}" for key, value in flags.items())],
+            cwd=REPO, check=True, env={**os.environ, "WNSCALE_CACHE_DIR": cache},
+            stderr=subprocess.PIPE, text=True).stderr
+        sys.stderr.write(log)
+        ended = re.search(r"set-up ([0-9.]+) s, compile ([0-9.]+) s", log)
+        return dict(seconds=round(time.perf_counter() - start),
+                    setup_seconds=float(ended[1]), compile_seconds=float(ended[2]),
+                    compiled_from_cache="loaded from the persistent compilation cache" in log)
+
+      first = train(os.path.join(directory, "run"))
+      with open(os.path.join(directory, "run", "metrics.jsonl")) as f:
         intervals = [m for m in map(json.loads, f) if "input_wait_fraction" in m][1:]
+      again = train(os.path.join(directory, "again"))
     median = lambda key: sorted(m[key] for m in intervals)[len(intervals) // 2]
-    record(run=name, config=config_file, steps=steps, seconds=round(time.perf_counter() - start),
+    record(run=name, config=config_file, steps=steps, **first,
            steps_per_second=median("steps_per_sec"),
            input_wait_fraction=median("input_wait_fraction"),
-           host_fraction=median("host_fraction"), intervals=intervals)
+           host_fraction=median("host_fraction"), intervals=intervals,
+           second_start=again)
 
 
 STEP_FUNCTIONS = {"devices": devices, "tests": tests, "parity_tests": tests,

@@ -70,6 +70,9 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   loop = by_step["train_loop"][0]
   assert loop["steps_per_second"] > 0 and 0 <= loop["input_wait_fraction"] <= 1
   assert len(loop["intervals"]) == 3  # 40 steps logged every 10, the first left out
+  # The same run again (in a new workdir) loads its train step from the compilation cache.
+  assert not loop["compiled_from_cache"] and loop["second_start"]["compiled_from_cache"]
+  assert loop["second_start"]["compile_seconds"] < loop["compile_seconds"]
   # The CPU's "auto" attention is edges; splash interpreted.
   auto, splash = by_step["wn2_mini_step"]
   assert (auto["transformer_attention"], splash["transformer_attention"]) == ("auto", "splash")
