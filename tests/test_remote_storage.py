@@ -1,16 +1,15 @@
 """gs:// paths end to end, against a Cloud Storage emulator the tests start themselves
 (`tests/gcs.py`): files and arrays, a store and GraphCast's statistics in a bucket, and a
-training run whose store, cache, checkpoints and metrics all live in the bucket, killed
-with SIGKILL and resumed from the bucket with the same losses."""
+2-process training run whose store, cache, checkpoints and metrics all live in the
+bucket, killed with SIGKILL, its newest checkpoint damaged, and resumed from the bucket
+with the same losses."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 
-import fsspec
 import gcs
 import numpy as np
 import orbax.checkpoint as ocp
@@ -21,9 +20,8 @@ from wnscale import paths
 from wnscale.data.making import synthetic
 from wnscale.data.reading import normalization
 from wnscale.data.reading import store_formats
-from tiny_runs import read_metrics
-
-from tiny_runs import REPO, process_env
+from tiny_runs import (REPO, Started, cluster_process, damage_checkpoint, process_env,
+                       read_metrics)
 
 GRAPHCAST_STATS = os.path.join(os.path.dirname(__file__), "fixtures", "graphcast_5p625", "stats")
 LEVELS = (500, 850)
@@ -33,11 +31,6 @@ LEVELS = (500, 850)
 def bucket():
   with gcs.emulator() as url:
     yield url
-
-
-def _fresh_listings():
-  """gcsfs caches listings per process; files written by other processes need a fresh look."""
-  fsspec.filesystem("gs").invalidate_cache()
 
 
 def test_files_and_arrays_in_a_bucket(bucket, tmp_path):
@@ -92,22 +85,36 @@ TRAIN_FLAGS = [
 ]
 
 
-def _train(bucket, workdir, **kwargs):
-  command = [sys.executable, "-m", "launch.train", "--platform=cpu", "--num_cpu_devices=2",
-             *TRAIN_FLAGS, f"--config.data.path={bucket}/era5.zarr", f"--workdir={workdir}"]
-  env = dict(process_env(), WNSCALE_CACHE_DIR=f"{bucket}/cache")
-  return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, **kwargs)
+def _train(bucket, workdir) -> Started:
+  """The run in 2 processes of 1 device (`launch.local_cluster`)."""
+  command = [sys.executable, "-m", "launch.local_cluster", "--num_processes=2",
+             "--num_cpu_devices=2", "--timeout=600", "--", *TRAIN_FLAGS,
+             f"--config.data.path={bucket}/era5.zarr", f"--workdir={workdir}"]
+  return Started(command, env=dict(process_env(), WNSCALE_CACHE_DIR=f"{bucket}/cache"))
 
 
 def _losses(workdir):
-  _fresh_listings()
+  paths.forget_listings(workdir)  # the run's processes wrote there since
   return {m["step"]: m["loss"] for m in read_metrics(workdir) if "loss" in m}
+
+
+def _whole_steps(workdir) -> list[int]:
+  """The steps of the checkpoints whole in the bucket (in a bucket Orbax writes a step in
+  place and marks it whole last)."""
+  paths.forget_listings(workdir)
+  checkpoints = paths.as_epath(f"{workdir}/checkpoints")
+  if not checkpoints.exists():
+    return []
+  return sorted(int(step.name) for step in checkpoints.iterdir()
+                if step.name.isdigit() and ocp.step.is_checkpoint_finalized(step))
 
 
 @pytest.mark.slow
 def test_train_from_a_bucket_kill_and_resume_from_the_bucket(bucket):
-  """Store, cache, checkpoints, metrics, config and TensorBoard all in the bucket."""
+  """Store, cache, checkpoints, metrics, config and TensorBoard all in the bucket. The
+  resumed run also finds its newest checkpoint damaged (the soak's `--faults=2 --seed=9
+  --storage=emulator`): process 0 sets it aside, and process 1, whose listings still
+  named it, saves that step again (it stopped with `StepAlreadyExistsError`)."""
   made = subprocess.run(
       [sys.executable, "-m", "launch.make_dataset", f"--out={bucket}/era5.zarr",
        "--resolution=5.625", "--start=2020-01-01", "--end=2020-01-10", "--levels=13",
@@ -117,12 +124,10 @@ def test_train_from_a_bucket_kill_and_resume_from_the_bucket(bucket):
   assert made.returncode == 0, made.stderr[-3000:]
 
   reference = f"{bucket}/reference"
-  process = _train(bucket, reference)
-  _, stderr = process.communicate(timeout=600)
-  assert process.returncode == 0, stderr[-3000:]
+  started = _train(bucket, reference)
+  assert started.finish(timeout=600) == 0, started.stderr[-3000:]
   want = _losses(reference)
   assert sorted(want) == list(range(1, STEPS + 1))
-  _fresh_listings()
   assert {p.name for p in paths.as_epath(f"{reference}/checkpoints").iterdir()} >= {"6", "8"}
   assert paths.exists(f"{reference}/config.json")
   assert any(paths.as_epath(f"{reference}/tensorboard").iterdir())
@@ -130,30 +135,37 @@ def test_train_from_a_bucket_kill_and_resume_from_the_bucket(bucket):
   assert any(paths.as_epath(f"{bucket}/cache/stats").iterdir())
 
   workdir = f"{bucket}/run"
-  process = _train(bucket, workdir)
-  deadline = time.monotonic() + 600
-  while True:  # until a whole checkpoint is in the bucket, then SIGKILL mid-run
-    assert process.poll() is None, process.stderr.read()[-3000:]
-    assert time.monotonic() < deadline, "no checkpoint in the bucket"
-    _fresh_listings()
-    checkpoints = paths.as_epath(f"{workdir}/checkpoints")
-    # In a bucket Orbax writes a step in place and marks it whole last.
-    if checkpoints.exists() and any(ocp.step.is_checkpoint_finalized(step)
-                                    for step in checkpoints.iterdir() if step.name.isdigit()):
-      break
-    time.sleep(0.2)
-  process.send_signal(signal.SIGKILL)
-  process.wait(timeout=60)
+  started = _train(bucket, workdir)
+  try:
+    pids = [cluster_process(started.process.pid, index) for index in (0, 1)]
+    deadline = time.monotonic() + 600
+    while len(_whole_steps(workdir)) < 2:  # then SIGKILL to every process
+      assert started.process.poll() is None, started.stderr[-3000:]
+      assert time.monotonic() < deadline, "no 2 checkpoints in the bucket"
+      time.sleep(0.2)
+    for pid in pids:
+      os.kill(pid, signal.SIGKILL)
+  finally:
+    started.kill()
+  started.finish(timeout=60)
   assert max(_losses(workdir), default=0) < STEPS
+  whole = _whole_steps(workdir)  # another may have become whole before the kill
+  damaged = f"{workdir}/checkpoints/{whole[-1]}"
+  damage_checkpoint(damaged)
 
-  process = _train(bucket, workdir)
-  _, stderr = process.communicate(timeout=600)
-  assert process.returncode == 0, stderr[-3000:]
-  assert re.search(r"Resumed from step [2-7], checkpoint", stderr), stderr[-3000:]
+  started = _train(bucket, workdir)
+  assert started.finish(timeout=600) == 0, started.stderr[-3000:]
+  stderr = started.stderr
+  assert f"Skipping checkpoint {damaged}" in stderr, stderr[-3000:]
+  assert f"Resumed from step {whole[-2]}, checkpoint" in stderr, stderr[-3000:]
+  assert "unexpected error" not in stderr, stderr[-3000:]
+  assert "moveTo" not in stderr, stderr[-3000:]  # gcsfs's tracebacks, setting it aside
   # The killed run's workdir lock: its process is gone, so it is taken over (and given back).
   assert (f"Taking over the lock {workdir}/lock.json" in stderr
           and "that process is no longer running" in stderr), stderr[-3000:]
   assert _losses(workdir) == want  # exact, step for step
-  _fresh_listings()
   assert not paths.exists(f"{workdir}/lock.json")
   assert len(list(paths.as_epath(f"{workdir}/configs").iterdir())) == 2  # one per start
+  aside = [p.name for p in paths.as_epath(f"{workdir}/checkpoints").iterdir()
+           if p.name.startswith(f"{whole[-1]}.damaged-")]
+  assert len(aside) == 1, aside  # kept for inspection

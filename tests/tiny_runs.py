@@ -90,13 +90,18 @@ def losses(workdir) -> dict:
 
 
 def damage_checkpoint(step_dir):
-  """Cuts the array files and manifests of the checkpoint `step_dir` to 7 bytes, as a
-  disk fault would: Orbax can no longer restore it."""
-  for root, _, files in os.walk(os.path.join(step_dir, "state")):
-    for name in files:
-      if "manifest" in name or name.endswith(".ocdbt") or "d" == os.path.basename(root):
-        with open(os.path.join(root, name), "r+b") as f:
-          f.truncate(7)
+  """Cuts the array files and manifests of the checkpoint `step_dir` (a directory or a
+  URL) to 7 bytes, as a disk fault would: Orbax can no longer restore it."""
+  from wnscale import paths  # noqa: PLC0415 (see read_metrics)
+
+  def damage(folder):
+    for entry in folder.iterdir():
+      if entry.is_dir():
+        damage(entry)
+      elif "manifest" in entry.name or entry.name.endswith(".ocdbt") or folder.name == "d":
+        entry.write_bytes(entry.read_bytes()[:7])
+
+  damage(paths.as_epath(step_dir) / "state")
 
 
 def snapshot(workdir) -> dict:

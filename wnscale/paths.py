@@ -8,6 +8,10 @@ may live in Cloud Storage. Files go through `etils.epath` (fsspec/gcsfs for
 In tests, a Cloud Storage emulator stands in for `gs://`: tensorstore finds it
 through `TENSORSTORE_GCS_HTTP_URL`, gcsfs through `STORAGE_EMULATOR_HOST`.
 
+gcsfs keeps each directory listing it has made and updates it for this process's own
+writes only: where another process may have changed a directory since (after a barrier),
+`forget_listings` makes the next look ask the storage.
+
 Before the first access to a URL's service, this process checks once that the service
 can be reached (`check_reachable`: a TCP connection within `REACH_TIMEOUT_S`): without a
 network the clients retry for about a minute and then raise their own tracebacks; here
@@ -25,6 +29,7 @@ import time
 import urllib.parse
 
 from etils import epath
+from etils.epath import backend as epath_backend
 
 from wnscale.errors import UserError, raise_if_interrupted
 
@@ -97,6 +102,44 @@ def check_reachable(path: str):
   if why is not None:
     raise UserError(f"Cannot reach {name} for {path}: {host}:{port}: {why}. Check this "
                     "machine's network (and proxy), or use a local copy of the data.")
+
+
+def _filesystem(url: str):
+  """The fsspec filesystem (gcsfs for `gs://`) that etils.epath, and so Orbax, use for
+  `url`: one instance per scheme, made once."""
+  return epath_backend.fsspec_backend.fs(url)
+
+
+def forget_listings(path: str):
+  """Drops this process's cached listings of the URL `path`, of its parents and of what is
+  under it: the next look at them asks the storage. A no-op for a local path."""
+  if not is_url(path):
+    return
+  path = normalize(path)
+  filesystem = _filesystem(path)
+  under = path.split("://", 1)[1] + "/"  # gcsfs's keys: `bucket/dir`, no scheme
+  for listed in [key for key in filesystem.dircache if key.startswith(under)]:
+    filesystem.dircache.pop(listed, None)
+  filesystem.invalidate_cache(path)  # `path` and its parents
+
+
+def move(path: str, target: str):
+  """Moves the file or directory `path` to `target` (not there yet), never losing it.
+
+  Locally one rename. A bucket has no renames of many objects at once, and gcsfs's move
+  of a directory moves object by object: stopped midway, it leaves the directory split
+  between both names (and where the server refuses its moveTo request, as the emulator
+  of the tests does, gcsfs logs a traceback per object before it copies instead). So
+  there every object is copied first, and `path` removed once the copy is whole: a crash
+  leaves `path` whole, or the whole copy.
+  """
+  if not is_url(path):
+    as_epath(path).rename(target)
+    return
+  check_reachable(path)
+  filesystem = _filesystem(path)
+  filesystem.copy(path, target, recursive=True)
+  filesystem.rm(path, recursive=True)
 
 
 def exists(path: str) -> bool:

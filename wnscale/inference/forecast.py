@@ -298,7 +298,10 @@ def _open_output(out: str, settings: dict, **layout) -> forecast_store.ForecastS
   output = (forecast_store.ForecastStore(out, settings, **layout, **share)
             if jax.process_index() == 0 else None)
   multihost_utils.sync_global_devices("wnscale forecast store ready")
-  return output or forecast_store.ForecastStore(out, settings, **layout, **share)
+  if output is not None:
+    return output
+  paths.forget_listings(out)  # any listing this process made there predates the store
+  return forecast_store.ForecastStore(out, settings, **layout, **share)
 
 
 def cutout_coords(points) -> dict:

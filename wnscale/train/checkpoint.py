@@ -204,14 +204,17 @@ class Checkpointer:
     _warn_damaged(self.directory, step, error)
 
   def _set_aside(self, steps):
-    """Renames damaged step directories (kept for inspection) so new saves can reuse the step."""
+    """Moves damaged step directories aside (kept for inspection): new saves may reuse the step."""
     if jax.process_index() == 0:
       for step in steps:
-        path = paths.as_epath(paths.join(self.directory, str(step)))
-        path.rename(f"{path}.damaged-{int(time.time())}")
+        path = paths.join(self.directory, str(step))
+        paths.move(path, f"{path}.damaged-{int(time.time())}")
         logging.warning("Moved the damaged checkpoint %s aside.", path)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("wnscale damaged checkpoints set aside")
+    # In a bucket the other processes' listings still name the steps moved: Orbax would
+    # then refuse to save those steps again (`StepAlreadyExistsError`).
+    paths.forget_listings(self.directory)
     self.manager.reload()
 
   def close(self):
