@@ -67,6 +67,9 @@ MOMENTS = ("setup", "step", "checkpoint")
 # and a run the bucket's faults leave going (ridden out) trains on meanwhile: 600 steps
 # held 42 of 50 faults in the emulator (`--seed=3`), all 50 on local disk.
 STEPS_PER_FAULT = {"local": 12, "emulator": 20}
+# A step's share of the bound on a start that trains many (`run_bound`): the tiny run took
+# about 1 s a step with two emulator soaks side by side on 2 cores; twice that.
+SECONDS_A_STEP = 2.0
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}
 PROCESSES = 2
 
@@ -358,6 +361,11 @@ class Soak:
 
   # The soak.
 
+  def run_bound(self, steps: int) -> float:
+    """Seconds a start that trains `steps` steps may take: its set-up, compile and saves
+    (3 x `--bound`), and `SECONDS_A_STEP` a step."""
+    return 3 * self.args.bound + SECONDS_A_STEP * steps
+
   def run(self) -> dict:
     a = self.args
     reference = os.path.join(self.out, "reference")
@@ -366,7 +374,7 @@ class Soak:
       shutil.rmtree(reference, ignore_errors=True)
       self.say(f"the uninterrupted run: {reference}")
       started = self.start(reference)
-      code = self.finish(started, 3 * a.bound, "uninterrupted")
+      code = self.finish(started, self.run_bound(a.steps), "uninterrupted")
       if code != 0:
         raise SystemExit(f"the uninterrupted run failed ({code}): {self.out}/log.txt")
     self.starts = 0
@@ -404,7 +412,8 @@ class Soak:
           break
         if ended_by_fault:
           continue  # the same command again, as a scheduler would
-        code = self.finish(started, 3 * a.bound, "to the end")
+        code = self.finish(started, self.run_bound(a.steps - self.last_step(workdir)),
+                           "to the end")
         done = self.last_step(workdir)
         self.say(f"start {self.starts} ended with {code} at step {done}")
         if code == 0 and done >= a.steps:
