@@ -13,6 +13,9 @@ their figures, and only one process at a time holds the accelerator:
                   `--tests_k`: those a pytest -k expression selects, here and below)
   parity_tests    the one-device sharding test and the parity tests (GraphCast's, WeatherNext
                   2's, splash attention's) there
+  setup           the paper model's set-up at 1 and 0.25 deg as a first start has it (nothing
+                  cached): `assemble`'s seconds by part (graphs and constants, partition,
+                  parameters)
   mid_step        the mid problem (1 deg, mesh levels 0..5, latent 128, 8 steps, float32,
                   batch 1): wnscale's loss + gradient step against the reference
                   GraphCast's, side by side in this process (`reference_speed.compare`;
@@ -39,6 +42,8 @@ their figures, and only one process at a time holds the accelerator:
                   `--gencast_1deg_remat` (`none`: the planner's choice for the chip,
                   compiled peak 15.11 GiB; docs/benchmarks.md) and the config's attention;
                   with --cpu a tiny denoiser on the tiny config's grid
+  far_rows        the fused edge step's far rows' gradient (the paper model's mesh edges,
+                  latent 512) in four forms, timed: which one the code should use
 
 Each model step records its step time, compile time, compiled and measured peak memory,
 utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
@@ -58,6 +63,7 @@ results.jsonl under bench/results/ (`accelerator_<date>_<commit>.jsonl`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -218,8 +224,8 @@ def _run_step_here(args):
   """Runs `args.step` in this process; its figures (or its error) go to results.jsonl."""
   mode = "cpu" if args.cpu else "accelerator"
   # A CPU run keeps to the CPU (with libtpu installed JAX would look for a TPU first); on
-  # the accelerator's machine JAX picks the accelerator.
-  os.environ["JAX_PLATFORMS"] = "cpu" if args.cpu else args.platform
+  # the accelerator's machine JAX picks the accelerator, with the host's CPU beside it.
+  os.environ["JAX_PLATFORMS"] = "cpu" if args.cpu else f"{args.platform},cpu"
   stamp = {"commit": commit(), "date": time.strftime("%Y-%m-%d")}
   record = lambda **figures: _append(args.out, {"step": args.step, "mode": mode, **stamp,
                                                 **figures})
@@ -378,6 +384,108 @@ def forecast(args, mode, record):
          peak_live_device_gib=summary["peak_live_device_bytes"] / 2**30)
 
 
+def setup(args, mode, record):
+  """The set-up of the paper model at 1 and 0.25 deg (with --cpu the tiny config) as a first
+  start has it, nothing cached: `assemble`'s seconds by part (graphs and constants, their
+  partition, the parameters)."""
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
+  from wnscale.assembly import assemble  # noqa: PLC0415
+  from wnscale.graphs import points as points_lib  # noqa: PLC0415
+  from wnscale.sharding import mesh as mesh_lib  # noqa: PLC0415
+
+  configs = ({"tiny": config_lib.load(os.path.join(REPO, "configs", "tiny.py"))} if args.cpu
+             else {f"paper {resolution} deg": config_lib.graphcast_paper_config(resolution)
+                   for resolution in PAPER.values()})
+  for name, config in configs.items():
+    config.mesh.update(data=1, graph=1)
+    specs = specs_lib.from_config(config_lib.validate(config))
+    points = points_lib.standard(specs.data.grid, specs.data.resolution)
+    parts = {}
+
+    @contextlib.contextmanager
+    def timed(what: str):
+      start = time.perf_counter()
+      yield {}
+      parts[what.split(" ")[0].lower()] = round(time.perf_counter() - start, 2)
+
+    with tempfile.TemporaryDirectory(prefix="wnscale-setup-") as cache:
+      os.environ["WNSCALE_CACHE_DIR"] = cache  # a first start: no graphs cached
+      start = time.perf_counter()
+      assemble(specs, points, None, mesh_lib.single_device_mesh(), params="init", phase=timed)
+      total = time.perf_counter() - start
+    record(problem=name, seconds=round(total, 2), partitioned_seconds=parts["partitioned"],
+           parameters_seconds=parts["initialized"],
+           graphs_and_constants_seconds=round(total - sum(parts.values()), 2))
+
+
+def far_rows(args, mode, record):
+  """The far rows' gradient of the fused edge step (`fused_edges`: the rows of each block's
+  far list summed onto their senders) of the paper model's mesh edges (with --cpu the mid
+  config's, mesh levels 0..5), latent 512 (8), in four forms, timed on the device: a segment sum by the far
+  lists' order (the code's), one by sender order after a permutation, a sum of gathers (one
+  per far list a sender is in) and a bfloat16 segment sum."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
+  from wnscale.assembly import assemble  # noqa: PLC0415
+  from wnscale.graphs import points as points_lib  # noqa: PLC0415
+  from wnscale.sharding import mesh as mesh_lib  # noqa: PLC0415
+
+  config = (config_lib.load(os.path.join(REPO, "configs", "mid_1p0.py")) if args.cpu
+            else config_lib.graphcast_paper_config(1.0))
+  config.mesh.update(data=1, graph=1)
+  config.model.aggregation = "fused"
+  specs = specs_lib.from_config(config_lib.validate(config))
+  assembly = assemble(specs, points_lib.standard(specs.data.grid, specs.data.resolution), None,
+                      mesh_lib.single_device_mesh(), params=None)
+  windows = jax.tree.map(lambda x: np.asarray(x)[0],  # the one shard's
+                         assembly.layout.partitioned.graphs.edges["mesh"].sender_windows)
+  num_senders, latent = assembly.graphs.num_nodes("mesh"), 8 if args.cpu else 512
+  far = windows.far_senders
+  read = np.zeros(far.shape, bool)  # the far rows a slot reads; the rest pad the lists
+  for block, local in enumerate(windows.far_local):
+    read[block, local[local < far.shape[1]]] = True
+  senders = np.where(read, far, num_senders).reshape(-1)  # padding: dropped by the sums
+  order = np.argsort(senders, kind="stable")
+  counts = np.bincount(senders, minlength=num_senders + 1)[:num_senders]
+  positions = np.full((max(int(counts.max()), 1), num_senders), senders.size, np.int32)
+  seen = np.zeros(num_senders, np.int64)
+  for position in np.flatnonzero(senders < num_senders):
+    sender = senders[position]
+    positions[seen[sender], sender] = position
+    seen[sender] += 1
+  grad = jnp.where(jnp.asarray(read)[..., None], jax.random.normal(
+      jax.random.key(0), far.shape + (latent,), jnp.float32), 0)
+  senders, order, positions = map(jnp.asarray, (senders, order, positions))
+  rows = lambda g: g.reshape(-1, latent)
+  forms = {
+      "segment sum (far lists' order)": lambda g: jax.ops.segment_sum(
+          rows(g), senders, num_segments=num_senders),
+      "segment sum (sender order)": lambda g: jax.ops.segment_sum(
+          rows(g)[order], senders[order], num_segments=num_senders, indices_are_sorted=True),
+      "sum of gathers": lambda g: sum(rows(g).at[p].get(mode="fill", fill_value=0)
+                                      for p in positions),
+      "segment sum, bfloat16": lambda g: jax.ops.segment_sum(
+          rows(g).astype(jnp.bfloat16), senders, num_segments=num_senders),
+  }
+  code = jax.jit(next(iter(forms.values())))(grad)
+  for name, form in forms.items():
+    compiled = jax.jit(form)
+    out = jax.block_until_ready(compiled(grad))
+    times = []
+    for _ in range(args.timed_steps * 4):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(grad))
+      times.append(time.perf_counter() - start)
+    record(form=name, far_lists=list(far.shape), far_rows_read=int(read.sum()),
+           most_lists_of_a_sender=int(counts.max()), latent=latent,
+           milliseconds=round(1e3 * sorted(times)[len(times) // 2], 3),
+           max_difference=float(jnp.max(jnp.abs(out.astype(jnp.float32) - code))))
+
+
 def _transformer_details(step) -> dict:
   """A transformer step's mesh nodes and attention edges, and the share of the splash
   kernel's tiles that hold an edge (None on another attention)."""
@@ -482,11 +590,12 @@ def train_loop(args, mode, record):
            second_start=again)
 
 
-STEP_FUNCTIONS = {"devices": devices, "tests": tests, "parity_tests": tests,
+STEP_FUNCTIONS = {"devices": devices, "tests": tests, "parity_tests": tests, "setup": setup,
                   "mid_step": side_by_side,
                   "latent256_step": side_by_side, "paper_1deg": paper_step,
                   "paper_0p25": paper_step, "forecast": forecast, "train_loop": train_loop,
-                  "wn2_mini_step": wn2_mini_step, "gencast_1deg_step": gencast_1deg_step}
+                  "wn2_mini_step": wn2_mini_step, "gencast_1deg_step": gencast_1deg_step,
+                  "far_rows": far_rows}
 
 
 if __name__ == "__main__":

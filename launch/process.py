@@ -51,7 +51,10 @@ def set_up(platform: str | None, num_cpu_devices: int | None):
   """
   import jax  # noqa: PLC0415
   if platform:
-    jax.config.update("jax_platforms", platform)
+    # The host's CPU beside an accelerator, as JAX starts by default: the parameters are
+    # initialized there (`setup.init_model`).
+    with_cpu = platform if "cpu" in platform.split(",") else f"{platform},cpu"
+    jax.config.update("jax_platforms", with_cpu)
   if num_cpu_devices:
     jax.config.update("jax_num_cpu_devices", num_cpu_devices)
 

@@ -29,17 +29,28 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2",
                   "--aggregations=auto/scan_layers=false", "--tests_k=matmul or sharded")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "11 steps ran, 0 failed" in result.stdout
+  assert "13 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
   assert all(r["commit"] and r["date"] for r in records)
   by_step = {}
   for record in records:
     by_step.setdefault(record["step"], []).append(record)
-  assert list(by_step) == ["devices", "tests", "parity_tests", "mid_step", "latent256_step", "paper_1deg",
-                           "paper_0p25", "forecast", "train_loop", "wn2_mini_step",
-                           "gencast_1deg_step"]
+  assert list(by_step) == ["devices", "tests", "parity_tests", "setup", "mid_step",
+                           "latent256_step", "paper_1deg", "paper_0p25", "forecast",
+                           "train_loop", "wn2_mini_step", "gencast_1deg_step", "far_rows"]
   assert by_step["devices"][0]["backend"] == "cpu"
+  (setup,) = by_step["setup"]
+  parts = [setup[f"{part}_seconds"] for part in ("graphs_and_constants", "partitioned",
+                                                 "parameters")]
+  assert setup["problem"] == "tiny" and min(parts) >= 0 and parts[2] > 0
+  assert sum(parts) == pytest.approx(setup["seconds"], abs=0.05)
+  # The far rows' gradient in four forms: the same sums (bfloat16 to its rounding).
+  forms = {r["form"]: r for r in by_step["far_rows"]}
+  assert len(forms) == 4 and all(r["far_rows_read"] > 0 and r["milliseconds"] > 0
+                                 for r in forms.values())
+  assert [r["max_difference"] < 1e-4 for r in forms.values()] == [True, True, True, False]
+  assert forms["segment sum, bfloat16"]["max_difference"] < 0.5
   for name in ("tests", "parity_tests"):
     assert by_step[name][0]["exit_status"] == 0 and by_step[name][0]["passed"] == 1
   for name in ("mid_step", "latent256_step"):
@@ -97,5 +108,5 @@ def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_
                                  "seconds": pytest.approx(0, abs=5)}]
   wrong = _check(tmp_path, "--only=devices,speed")
   assert wrong.returncode == 1
-  assert ("no step 'speed'; the steps are devices, tests, parity_tests, mid_step, latent256_step,"
-          in wrong.stderr and wrong.stderr.rstrip().endswith("gencast_1deg_step"))
+  assert ("no step 'speed'; the steps are devices, tests, parity_tests, setup, mid_step,"
+          in wrong.stderr and wrong.stderr.rstrip().endswith("gencast_1deg_step, far_rows"))
