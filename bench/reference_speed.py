@@ -174,9 +174,10 @@ def compare(config, points, repeats: int, profile: bool = False, with_reference:
   model = specs_lib.from_config(config).model
   graphs = setup.graphs_for_grid(model, points)  # for counts
   positions = setup.node_positions(model, points, None)
-  programs, variants = {}, {}
+  programs, variants, names = {}, {}, {}
   for index, name in enumerate(aggregations or (config.model.aggregation,)):
     side = "wnscale" if index == 0 else f"wnscale_{name}"
+    names[side] = name
     variants[side] = config.copy_and_resolve_references()
     variants[side].model.update(variant_overrides(name, config.model))
     programs[side] = _one_device_training_step(variants[side], constants, positions, batch,
@@ -205,6 +206,7 @@ def compare(config, points, repeats: int, profile: bool = False, with_reference:
   for name, side in sides.items():
     side["step_seconds"] = statistics.median(side["step_seconds_all"])
     if name in variants:
+      side["variant"] = names[name]
       side["aggregation"] = variants[name].model.aggregation
       side["scan_layers"] = variants[name].model.scan_layers
       side.update(step_figures.measure(

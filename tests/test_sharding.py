@@ -111,14 +111,17 @@ REMAT = dict(remat_grid_to_mesh_gnn=True, remat_mesh_gnn=True, remat_mesh_to_gri
 # blocks (the reference: by index, on one device).
 MATMUL = dict(aggregation="matmul")
 FUSED = dict(aggregation="fused")  # the edge step as one kernel per block (interpreted)
+# Blocks of 128 edges, sender windows 8 rows past their receivers: most senders far.
+SMALL_BLOCKS = dict(aggregation="matmul", edge_block_slots=128, sender_window_margin=8)
 CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", FUSED, "regular"),
-         (1, 8, "halo", MATMUL, "regular"), (1, 4, "all_gather", MATMUL, "regular")] + [
+         (1, 8, "halo", MATMUL, "regular"), (1, 4, "all_gather", SMALL_BLOCKS, "regular")] + [
     (2, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)] + [
     (2, 4, "halo", REMAT, "cutout"), (2, 4, "all_gather", MATMUL, "O16")]
 
 
 @pytest.mark.parametrize("data, graph, exchange, options, grid", CASES, ids=[
     f"{d}x{g}-{m}{'-remat' if o is REMAT else '-' + o['aggregation'] if o else ''}"
+    f"{'-small_blocks' if o is SMALL_BLOCKS else ''}"
     f"{'' if grid == 'regular' else '-' + grid}" for d, g, m, o, grid in CASES])
 def test_sharded_matches_single_device(data, graph, exchange, options, grid):
   constants, batch, params, positions = problem_on(grid)

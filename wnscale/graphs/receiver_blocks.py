@@ -206,13 +206,25 @@ def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int
 BLOCKED_EDGE_SETS = ("mesh",)
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """How a blocked edge set is cut (the interaction network's `model.edge_block_slots` and
+  `model.sender_window_margin`): edges per block, and the rows each sender window reaches
+  beyond its block's receivers on either side."""
+
+  slots: int = SLOTS
+  sender_margin: int = SENDER_MARGIN
+
+
 def with_blocks(edge_set, num_receivers: int, num_senders: int,
-                blocks: ReceiverBlocks | None = None, windows_shape: dict | None = None):
+                blocks: ReceiverBlocks | None = None, windows_shape: dict | None = None,
+                sizes: BlockSizes = BlockSizes()):
   """`edge_set` (an `EdgeSet`, receiver-sorted, padding edges last) padded to whole blocks,
-  its `blocks` set (`blocks` if given, of these receivers, else `block_edges`' own) and its
-  `sender_windows` (of a sender table of `num_senders` rows; `windows_shape`: at least
-  `sender_windows`' `width`, `far`, `spans`)."""
-  blocks = blocks or block_edges(edge_set.receivers, num_receivers)
+  its `blocks` set (`blocks` if given, of these receivers, else `block_edges`' own of
+  `sizes.slots`) and its `sender_windows` (of a sender table of `num_senders` rows, margin
+  `sizes.sender_margin`; `windows_shape`: at least `sender_windows`' `width`, `far`,
+  `spans`)."""
+  blocks = blocks or block_edges(edge_set.receivers, num_receivers, sizes.slots)
   rows = blocks.local.size
   num_edges = edge_set.senders.shape[-1]
   if num_edges > rows:
@@ -224,7 +236,8 @@ def with_blocks(edge_set, num_receivers: int, num_senders: int,
   return edge_set.replace(
       senders=senders, receivers=pad(edge_set.receivers, num_receivers),
       features=pad(edge_set.features, 0), blocks=blocks,
-      sender_windows=sender_windows(senders, blocks, num_senders, **(windows_shape or {})))
+      sender_windows=sender_windows(senders, blocks, num_senders, sizes.sender_margin,
+                                    **(windows_shape or {})))
 
 
 def graphs_with_blocks(graphs):

@@ -38,6 +38,15 @@ class GNNSpec(ProcessorSpec):
       "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "
       "elsewhere), \"auto\": fused on a TPU, matmul on another accelerator, segment_sum on a "
       "CPU. The same function each way (to rounding)", choices=AGGREGATIONS, how_only=True)
+  edge_block_slots: int = setting(
+      768, "interaction_network, aggregation matmul or fused: mesh edges per receiver block "
+      "(wnscale.graphs.receiver_blocks), a multiple of 128. Smaller blocks span fewer "
+      "receivers and senders (narrower 0/1 matrices, more of the senders in each block's "
+      "far list)", minimum=128, how_only=True)
+  sender_window_margin: int = setting(
+      128, "interaction_network, aggregation matmul or fused: rows each block's sender "
+      "window reaches beyond its receivers, on either side, a multiple of 8; the senders "
+      "outside are read from the block's far list", minimum=0, how_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +118,16 @@ def _mesh_transformer() -> ProcessorImplementation:
   return mesh_transformer.IMPLEMENTATION
 
 
+def _gnn_check(specs: Specs) -> str | None:
+  p = specs.model.processor
+  if p.edge_block_slots % 128 or p.sender_window_margin % 8:
+    return (f"model.edge_block_slots={p.edge_block_slots} must be a multiple of 128 and "
+            f"model.sender_window_margin={p.sender_window_margin} one of 8 (the chip's tiles)")
+  return None
+
+
 PROCESSORS = {entry.spec.name: entry for entry in (
-    Processor(GNNSpec, check=lambda specs: None, implementation=_mesh_gnn),
+    Processor(GNNSpec, check=_gnn_check, implementation=_mesh_gnn),
     Processor(TransformerSpec, check=_transformer_check, implementation=_mesh_transformer),
 )}
 

@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from wnscale.graphs import receiver_blocks
 from wnscale.model import setup, spherical_noise
 from wnscale.model.forecast import Constants
 from wnscale.sharding import partition as partition_lib
@@ -67,6 +68,16 @@ def _node_set(key: str) -> str | None:
   return "grid" if BATCH_SPECS[key][_GRID_AXIS] == GRAPH else None
 
 
+def _block_sizes(model: ModelSpec | None) -> receiver_blocks.BlockSizes:
+  """The interaction network's sizes of its mesh edges' blocks; other processors (and no
+  model) keep the defaults."""
+  processor = None if model is None else model.processor
+  default = receiver_blocks.BlockSizes()
+  return receiver_blocks.BlockSizes(
+      getattr(processor, "edge_block_slots", default.slots),
+      getattr(processor, "sender_window_margin", default.sender_margin))
+
+
 class ShardedLayout:
   """The graphs partitioned over a mesh's `graph` axis, and how arrays are laid out on it."""
 
@@ -77,7 +88,8 @@ class ShardedLayout:
     mesh's platform (`setup.with_masks`; None: no masks)."""
     self.mesh = mesh
     self.num_shards = mesh.shape[GRAPH]
-    partitioned = partition_lib.partition_graphs(graphs, positions, self.num_shards, exchange)
+    partitioned = partition_lib.partition_graphs(graphs, positions, self.num_shards, exchange,
+                                                 _block_sizes(model))
     if model is not None:
       one_shard = jax.tree.map(lambda x: x[0], partitioned.graphs)
       masks = setup.with_masks(model, one_shard, mesh.devices.flat[0].platform,

@@ -108,11 +108,12 @@ def partition_nodes(xyz: np.ndarray, num_shards: int) -> NodePartition:
 
 
 def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
-                     receivers_part: NodePartition, exchange: str, blocked: bool):
+                     receivers_part: NodePartition, exchange: str,
+                     blocked: receiver_blocks.BlockSizes | None):
   """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], the mode's plan).
 
-  `blocked`: each shard's edges in receiver blocks (`receiver_blocks`), all shards' of
-  one shape. Padding edges of `edges` (receiver past the last node) are dropped first.
+  `blocked`: each shard's edges in receiver blocks of these sizes (`receiver_blocks`), all
+  shards' of one shape; None: not in blocks. Padding edges of `edges` (receiver past the last node) are dropped first.
   """
   num_shards, per_shard = receivers_part.num_shards, receivers_part.per_shard
   real = edges.receivers < len(receivers_part.slot_of_node)
@@ -135,7 +136,7 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
   starts = np.concatenate([[0], np.cumsum(counts)])
   # The decoders' edge sets (mesh to grid or points), which the model reads by their
   # `FixedInDegree` alone: a slot-major layout is not sorted by receiver.
-  decoded = edges.sender_set == "mesh" and edges.receiver_set != "mesh" and not blocked
+  decoded = edges.sender_set == "mesh" and edges.receiver_set != "mesh" and blocked is None
   in_degree = _in_degree(edges.receivers, len(receivers_part.slot_of_node)) if decoded else 0
   if in_degree:  # k slots per receiver row, padding rows' too: sums and gathers are reshapes
     max_edges = in_degree * per_shard
@@ -157,9 +158,9 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
     features[shard, at] = edges.features[block]
   laid_out = edges.replace(senders=senders, receivers=receivers, features=features,
                            in_degree=in_degree)
-  if blocked:
+  if blocked is not None:
     laid_out = _in_blocks(laid_out, per_shard,
-                          senders_part.per_shard + plan.rows_received())
+                          senders_part.per_shard + plan.rows_received(), blocked)
   return laid_out, plan
 
 
@@ -169,35 +170,41 @@ def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
   return int(counts[0]) if num_receivers and counts[0] > 0 and np.all(counts == counts[0]) else 0
 
 
-def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int) -> EdgeSet:
+def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
+               sizes: receiver_blocks.BlockSizes) -> EdgeSet:
   """Stacked `[S, E_max]` edges in receiver blocks and sender windows (of sender tables of
-  `table_rows`), every shard's of the largest shape."""
+  `table_rows`) of `sizes`, every shard's of the largest shape."""
   shards = [edges.replace(senders=edges.senders[s], receivers=edges.receivers[s],
                           features=edges.features[s]) for s in range(len(edges.senders))]
-  own = [receiver_blocks.block_edges(shard.receivers, per_shard) for shard in shards]
+  own = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots)
+         for shard in shards]
   shape = dict(num_blocks=max(b.local.shape[0] for b in own), width=max(b.width for b in own),
                spans=max(b.rows.shape[0] for b in own))
-  blocks = [receiver_blocks.block_edges(shard.receivers, per_shard, **shape)
+  blocks = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots, **shape)
             for shard in shards]
-  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b)
+  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, sizes=sizes)
               for shard, b in zip(shards, blocks)]
   windows = [shard.sender_windows for shard in laid_out]
   windows_shape = dict(width=max(w.width for w in windows),
                        far=max(w.far_senders.shape[1] for w in windows),
                        spans=max(w.rows.shape[0] for w in windows))
-  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, windows_shape)
+  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, windows_shape,
+                                          sizes)
               for shard, b in zip(shards, blocks)]
   return jax.tree.map(lambda *arrays: np.stack(arrays), *laid_out)
 
 
 def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shards: int,
-                     exchange: str) -> PartitionedGraphs:
+                     exchange: str,
+                     block_sizes: receiver_blocks.BlockSizes = receiver_blocks.BlockSizes()
+                     ) -> PartitionedGraphs:
   """Lays `graphs` out over `num_shards` graph shards for the `exchange` mode.
 
   Args:
     graphs: the global graphs (`wnscale.graphs.build.build_graphs`).
     positions: per node set, `[num_nodes, 3]` node positions, for spatial locality.
     exchange: a key of `exchange.MODES`.
+    block_sizes: how `receiver_blocks.BLOCKED_EDGE_SETS` are cut into blocks.
   """
   if exchange not in MODES:
     raise ValueError(f"Unknown exchange mode {exchange!r}; expected one of {tuple(MODES)}.")
@@ -208,5 +215,5 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
   for name, edge_set in graphs.edges.items():
     edges[name], plans[name] = _partition_edges(
         edge_set, parts[edge_set.sender_set], parts[edge_set.receiver_set], exchange,
-        blocked=name in receiver_blocks.BLOCKED_EDGE_SETS)
+        blocked=block_sizes if name in receiver_blocks.BLOCKED_EDGE_SETS else None)
   return PartitionedGraphs(Graphs(nodes, edges), parts, plans, exchange)
