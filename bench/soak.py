@@ -191,7 +191,8 @@ class Soak:
   def command(self, workdir: str) -> list[str]:
     a = self.args
     return [sys.executable, "-m", "launch.local_cluster", f"--num_processes={PROCESSES}",
-            f"--num_cpu_devices={2 * PROCESSES}", f"--timeout={3 * a.bound}", "--",
+            f"--num_cpu_devices={2 * PROCESSES}", f"--timeout={self.run_bound(a.steps):.0f}",
+            "--",
             "--config=tiny", f"--workdir={workdir}", f"--config.seed={a.seed}",
             f"--config.train.steps={a.steps}", "--config.train.log_every=1",
             f"--config.train.checkpoint_every={a.checkpoint_every}",
