@@ -422,9 +422,10 @@ def setup(args, mode, record):
 def far_rows(args, mode, record):
   """The far rows' gradient of the fused edge step (`fused_edges`: the rows of each block's
   far list summed onto their senders) of the paper model's mesh edges (with --cpu the mid
-  config's, mesh levels 0..5), latent 512 (8), in four forms, timed on the device: a segment sum by the far
-  lists' order (the code's), one by sender order after a permutation, a sum of gathers (one
-  per far list a sender is in) and a bfloat16 segment sum."""
+  config's, mesh levels 0..5), latent 512 (8), in four forms, timed on the device: a
+  segment sum by the far lists' order (the code's), one by sender order after a
+  permutation, a sum of gathers (one per far list a sender is in) and a bfloat16 segment
+  sum."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
