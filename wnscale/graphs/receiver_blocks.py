@@ -170,8 +170,8 @@ def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int
   A block's window is as wide as its receiver window and `margin` rows on either side,
   centred on the block's median sender (the sender table need not hold the receivers at
   their own rows: under graph sharding it is the exchange's), moved to lie inside the
-  table (`table_rows`), its first row a multiple of `ALIGN`. `width`, `far`, `spans`: at least these (several shards' windows are
-  stacked with the largest of each).
+  table (`table_rows`), its first row a multiple of `ALIGN`. `width`, `far`, `spans`: at
+  least these (several shards' windows are stacked with the largest of each).
   """
   num_blocks, slots = blocks.local.shape
   by_block = np.asarray(senders, np.int64).reshape(num_blocks, slots)

@@ -113,7 +113,8 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
   """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], the mode's plan).
 
   `blocked`: each shard's edges in receiver blocks of these sizes (`receiver_blocks`), all
-  shards' of one shape; None: not in blocks. Padding edges of `edges` (receiver past the last node) are dropped first.
+  shards' of one shape; None: not in blocks. Padding edges of `edges` (receiver past the
+  last node) are dropped first.
   """
   num_shards, per_shard = receivers_part.num_shards, receivers_part.per_shard
   real = edges.receivers < len(receivers_part.slot_of_node)
