@@ -43,7 +43,7 @@ their figures, and only one process at a time holds the accelerator:
                   compiled peak 15.11 GiB; docs/benchmarks.md) and the config's attention;
                   with --cpu a tiny denoiser on the tiny config's grid
   far_rows        the fused edge step's far rows' gradient (the paper model's mesh edges,
-                  latent 512) in four forms, timed: which one the code should use
+                  latent 512) in six forms, timed: which one the code should use
 
 Each model step records its step time, compile time, compiled and measured peak memory,
 utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
@@ -422,10 +422,11 @@ def setup(args, mode, record):
 def far_rows(args, mode, record):
   """The far rows' gradient of the fused edge step (`fused_edges`: the rows of each block's
   far list summed onto their senders) of the paper model's mesh edges (with --cpu the mid
-  config's, mesh levels 0..5), latent 512 (8), in four forms, timed on the device: a
-  segment sum by the far lists' order (the code's), one by sender order after a
-  permutation, a sum of gathers (one per far list a sender is in) and a bfloat16 segment
-  sum."""
+  config's, mesh levels 0..5), latent 512 (8), in six forms, timed on the device: a
+  segment sum of the far lists as they are (the code's: their padding rows add zeros to
+  sender 0), one with the padding rows dropped, one of the rows read alone (gathered
+  first), one in sender order after a permutation, a sum of gathers (one per far list a
+  sender is in) and a bfloat16 segment sum."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
@@ -449,8 +450,10 @@ def far_rows(args, mode, record):
   read = np.zeros(far.shape, bool)  # the far rows a slot reads; the rest pad the lists
   for block, local in enumerate(windows.far_local):
     read[block, local[local < far.shape[1]]] = True
+  as_listed = far.reshape(-1)  # the code's: padding rows send zeros to sender 0
   senders = np.where(read, far, num_senders).reshape(-1)  # padding: dropped by the sums
   order = np.argsort(senders, kind="stable")
+  rows_read = np.flatnonzero(read.reshape(-1))
   counts = np.bincount(senders, minlength=num_senders + 1)[:num_senders]
   positions = np.full((max(int(counts.max()), 1), num_senders), senders.size, np.int32)
   seen = np.zeros(num_senders, np.int64)
@@ -460,11 +463,16 @@ def far_rows(args, mode, record):
     seen[sender] += 1
   grad = jnp.where(jnp.asarray(read)[..., None], jax.random.normal(
       jax.random.key(0), far.shape + (latent,), jnp.float32), 0)
-  senders, order, positions = map(jnp.asarray, (senders, order, positions))
+  as_listed, senders, order, positions, rows_read = map(
+      jnp.asarray, (as_listed, senders, order, positions, rows_read))
   rows = lambda g: g.reshape(-1, latent)
   forms = {
       "segment sum (far lists' order)": lambda g: jax.ops.segment_sum(
+          rows(g), as_listed, num_segments=num_senders),
+      "segment sum, padding dropped": lambda g: jax.ops.segment_sum(
           rows(g), senders, num_segments=num_senders),
+      "segment sum of the rows read (gathered first)": lambda g: jax.ops.segment_sum(
+          rows(g)[rows_read], senders[rows_read], num_segments=num_senders),
       "segment sum (sender order)": lambda g: jax.ops.segment_sum(
           rows(g)[order], senders[order], num_segments=num_senders, indices_are_sorted=True),
       "sum of gathers": lambda g: sum(rows(g).at[p].get(mode="fill", fill_value=0)
