@@ -127,8 +127,11 @@ def block_edges(receivers: np.ndarray, num_receivers: int, slots: int = SLOTS,
 # Rows each sender window reaches beyond its block's receivers, on either side. On the
 # 1 deg paper mesh in the train path's node order (a space-filling curve), 75.5% of the
 # edges' senders lie in their block's receiver window (104 rows), 88.1% within 128 more
-# rows on either side, 93.7% within 512.
-SENDER_MARGIN = 128
+# rows on either side, 93.7% within 512. A wider window means a wider 0/1 product per
+# edge in the fused kernel, a narrower one more far rows to gather: on a TPU v5e the
+# paper step at 1 deg took 0.435 s with 64 rows against 0.464 s with 128, 0.439 s with
+# 32 (512 slots) and 0.457 s with 32 (384 slots) (docs/benchmarks.md).
+SENDER_MARGIN = 64
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,9 @@ senders (a scatter of a tenth of the edges or so, not all of them).
 The arithmetic is `InteractionNetwork.messages` plus the sum to the receivers:
 products of the activation dtype accumulated in float32, everything else in
 float32 (XLA's version rounds the hidden layer and the second layer's output
-to the activation dtype in between; in float32 the two agree to rounding). The 0/1
+to the activation dtype in between; in float32 the two agree to rounding). The MLPs'
+float32 products are made as XLA makes them outside the kernel on the same chip
+(`_mlp_precision`: one bfloat16 pass on a TPU at its default matmul precision). The 0/1
 matrices' products gather exactly and sum in float32 (`_one_hot_dot`).
 On a CPU the kernels run in Pallas's interpreter (for tests; slow).
 """
@@ -130,6 +132,28 @@ def _dot(a, b, contract=((1,), (0,)), precision=None):
                              preferred_element_type=jnp.float32)
 
 
+def _mlp_precision(platform: str | None) -> str:
+  """How the kernels multiply the MLPs' float32 operands on `platform`: as XLA multiplies
+  them in the plain model there. On a TPU at the default matmul precision
+  (`jax_default_matmul_precision` unset) XLA rounds float32 operands to bfloat16 and makes
+  one pass ("bfloat16"); a CPU, or a TPU asked for more, multiplies in float32
+  ("float32"). Mosaic's own default for float32 operands is not XLA's, so the kernels say
+  which."""
+  fast = jax.config.jax_default_matmul_precision in (None, "default", "bfloat16", "fastest")
+  return "bfloat16" if platform == "tpu" and fast else "float32"
+
+
+def _mlp_dot(a, b, mlp_precision: str, contract=((1,), (0,))):
+  """An MLP product `a @ b` (`contract` as `_dot`'s), float32, made as `_mlp_precision`
+  says; bfloat16 operands in one pass either way."""
+  if a.dtype != jnp.float32:
+    return _dot(a, b, contract)
+  if mlp_precision == "bfloat16":
+    return _dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
+                precision=jax.lax.Precision.DEFAULT)
+  return _dot(a, b, contract, precision=jax.lax.Precision.HIGHEST)
+
+
 def _one_hot_dot(one_hot, values, contract=((1,), (0,))):
   """`one_hot` (0/1, bfloat16) times `values`, float32, exact for float32 values too.
 
@@ -161,7 +185,7 @@ def _one_hots(index_column, index_row, width: int):
   return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
 
 
-def _block_forward(e, refs, epsilon):
+def _block_forward(e, refs, epsilon, mlp_precision):
   """One block's forward pass, float32: `(the three one-hot pairs, hidden, swish(hidden),
   normalized, 1/std, message)`. `refs`: the kernel's block inputs after `e` (the sender
   and receiver windows `[width, D]`, the far rows `[1, far, D]`, ...)."""
@@ -171,12 +195,13 @@ def _block_forward(e, refs, epsilon):
   senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[0])
   far = _one_hots(far_column[0], far_row[0], far_rows.shape[1])
   receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[0])
-  hidden = (_dot(e, w_h[...]) + b_h[...].astype(jnp.float32)
+  hidden = (_mlp_dot(e, w_h[...], mlp_precision) + b_h[...].astype(jnp.float32)
             + _one_hot_dot(senders[0], sender_window[...])
             + _one_hot_dot(far[0], far_rows[0])
             + _one_hot_dot(receivers[0], window[...]))
   activated = hidden * jax.nn.sigmoid(hidden)
-  out = _dot(activated.astype(dtype), w_o[...]) + b_o[...].astype(jnp.float32)
+  out = (_mlp_dot(activated.astype(dtype), w_o[...], mlp_precision)
+         + b_o[...].astype(jnp.float32))
   mean = jnp.mean(out, axis=-1, keepdims=True)
   centred = out - mean
   inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
@@ -191,17 +216,17 @@ _INPUTS = 16  # e, the sender table, the far rows, the receiver table, 6 indices
 _PREFETCHED = 2  # the windows' first rows, sender and receiver: read by the index maps
 
 
-def _forward_kernel(*refs, epsilon):
+def _forward_kernel(*refs, epsilon, mlp_precision):
   refs = refs[_PREFETCHED:]
   e_ref, inputs, (new_edges_ref, partial_ref) = refs[0], refs[1:_INPUTS], refs[_INPUTS:]
   e = e_ref[...]
-  (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon)
+  (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon, mlp_precision)
   message = message.astype(e.dtype)
   new_edges_ref[...] = (e + message).astype(new_edges_ref.dtype)
   partial_ref[0] = _one_hot_dot(receivers[1], message)
 
 
-def _backward_kernel(*refs, epsilon):
+def _backward_kernel(*refs, epsilon, mlp_precision):
   refs = refs[_PREFETCHED:]
   e_ref, inputs = refs[0], refs[1:_INPUTS]
   grad_partial_ref, grad_new_edges_ref = refs[_INPUTS:_INPUTS + 2]
@@ -219,7 +244,7 @@ def _backward_kernel(*refs, epsilon):
   dtype = e.dtype
   w_h, w_o, scale = inputs[9][...], inputs[11][...], inputs[13][...]
   (senders, far, receivers), hidden, activated, normalized, inverse_std, _ = _block_forward(
-      e, inputs, epsilon)
+      e, inputs, epsilon, mlp_precision)
   grad_new_edges = grad_new_edges_ref[...].astype(jnp.float32)
   # The message reaches the new edge latents and, by the window rows, the sums.
   grad_message = grad_new_edges + _one_hot_dot(receivers[0], grad_partial_ref[...])
@@ -231,15 +256,16 @@ def _backward_kernel(*refs, epsilon):
       grad_normalized - jnp.mean(grad_normalized, axis=-1, keepdims=True)
       - normalized * jnp.mean(grad_normalized * normalized, axis=-1, keepdims=True))
   grad_out_d = grad_out.astype(dtype)
-  grad_w_o_ref[...] += _dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,)))
+  mlp_dot = functools.partial(_mlp_dot, mlp_precision=mlp_precision)
+  grad_w_o_ref[...] += mlp_dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,)))
   grad_b_o_ref[...] += column_sum(grad_out)
   sigmoid = jax.nn.sigmoid(hidden)
-  grad_hidden = (_dot(grad_out_d, w_o, contract=((1,), (1,)))
+  grad_hidden = (mlp_dot(grad_out_d, w_o, contract=((1,), (1,)))
                  * (sigmoid + hidden * sigmoid * (1 - sigmoid)))
   grad_hidden_d = grad_hidden.astype(dtype)
-  grad_w_h_ref[...] += _dot(e, grad_hidden_d, contract=((0,), (0,)))
+  grad_w_h_ref[...] += mlp_dot(e, grad_hidden_d, contract=((0,), (0,)))
   grad_b_h_ref[...] += column_sum(grad_hidden)
-  grad_e_ref[...] = (grad_new_edges + _dot(grad_hidden_d, w_h, contract=((1,), (1,)))
+  grad_e_ref[...] = (grad_new_edges + mlp_dot(grad_hidden_d, w_h, contract=((1,), (1,)))
                      ).astype(grad_e_ref.dtype)
   grad_sender_window_ref[0] = _one_hot_dot(senders[1], grad_hidden_d)
   grad_far_ref[0] = _one_hot_dot(far[1], grad_hidden_d)
@@ -278,7 +304,7 @@ def _window_spec(width: int, latent: int, which: int) -> pl.BlockSpec:
 
 def _call(kernel, semantics: str, **call):
   """`pallas_call(kernel, **call)`: compiled for a TPU, interpreted elsewhere (a CPU, for
-  tests).
+  tests); `kernel` takes its `mlp_precision` (`_mlp_precision`) from the platform.
 
   Inside `shard_map` its mesh says the platform (an ahead-of-time compile for a TPU on a
   CPU host gets the compiled kernel), and a CPU's is the TPU interpreter (Pallas's
@@ -286,14 +312,15 @@ def _call(kernel, semantics: str, **call):
   (`lax.platform_dependent`), with the generic interpreter (the TPU one's effects cannot
   be inside that choice, nor under remat).
   """
-  compiled = pl.pallas_call(kernel, compiler_params=pltpu.CompilerParams(
+  on = lambda platform: functools.partial(kernel, mlp_precision=_mlp_precision(platform))
+  compiled = pl.pallas_call(on("tpu"), compiler_params=pltpu.CompilerParams(
       dimension_semantics=(semantics,), vmem_limit_bytes=_VMEM_LIMIT), **call)
   platform = aggregation.target_platform()
   if platform == "tpu":
     return compiled
   if platform is not None:
-    return pl.pallas_call(kernel, interpret=pltpu.InterpretParams(), **call)
-  interpreted = pl.pallas_call(kernel, interpret=True, **call)
+    return pl.pallas_call(on(platform), interpret=pltpu.InterpretParams(), **call)
+  interpreted = pl.pallas_call(on(None), interpret=True, **call)
   return lambda *inputs: jax.lax.platform_dependent(*inputs, tpu=compiled,
                                                     default=interpreted)
 

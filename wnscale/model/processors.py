@@ -44,7 +44,7 @@ class GNNSpec(ProcessorSpec):
       "receivers and senders (narrower 0/1 matrices, more of the senders in each block's "
       "far list)", minimum=128, how_only=True)
   sender_window_margin: int = setting(
-      128, "interaction_network, aggregation matmul or fused: rows each block's sender "
+      64, "interaction_network, aggregation matmul or fused: rows each block's sender "
       "window reaches beyond its receivers, on either side, a multiple of 8; the senders "
       "outside are read from the block's far list", minimum=0, how_only=True)
 
