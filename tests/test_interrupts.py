@@ -508,7 +508,10 @@ def test_a_local_cluster_killed_outright_stops_its_processes_within_seconds(tmp_
     stop_cluster(cluster)
   assert cluster.finish(timeout=60) == -signal.SIGKILL
   assert ended.get(children[1], 99) < 2, ended  # the SIGINT
-  assert 4 < ended.get(children[0], 99) < 9, ended  # its own watch, after the grace
+  # Inside the collective, by its own watch after the grace (4-9 s); sooner when the
+  # SIGINT finds it still in Python code, as on a loaded machine (1.1 s seen beside a soak).
+  # Without the watch it would wait out Gloo's 30 s.
+  assert ended.get(children[0], 99) < 9, ended
 
 
 @pytest.fixture
