@@ -10,7 +10,7 @@ import pytest
 
 from wnscale.graphs import receiver_blocks
 from wnscale.graphs.graph import EdgeSet
-from wnscale.model import aggregation
+from wnscale.model import aggregation, fused_edges
 from wnscale.model.processors import GNNSpec
 
 
@@ -183,7 +183,6 @@ def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges, 
   equals the interaction network's messages and their sum: values, and gradients of the
   edges, both node tables and every parameter (a noise-conditioned norm's too). The
   senders are random: near ones from the windows and far ones both."""
-  from wnscale.model import fused_edges
   from flax import nnx
   from wnscale.model.message_passing import InteractionNetwork
   width, conditioning_size = 16, 3

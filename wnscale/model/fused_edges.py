@@ -137,8 +137,8 @@ def _mlp_precision(platform: str | None) -> str:
   them in the plain model there. On a TPU at the default matmul precision
   (`jax_default_matmul_precision` unset) XLA rounds float32 operands to bfloat16 and makes
   one pass ("bfloat16"); a CPU, or a TPU asked for more, multiplies in float32
-  ("float32"). Mosaic's own default for float32 operands is not XLA's, so the kernels say
-  which."""
+  ("float32"). Mosaic's default for float32 operands need not be XLA's, so the kernels
+  say which."""
   fast = jax.config.jax_default_matmul_precision in (None, "default", "bfloat16", "fastest")
   return "bfloat16" if platform == "tpu" and fast else "float32"
 
