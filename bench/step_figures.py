@@ -118,8 +118,8 @@ def measure(compiled, run, *, graphcast: float | None, hardware: float, timed: i
     figures.update(op_seconds=by_category, op_seconds_by_part=by_part,
                    device_seconds=sum(by_category.values()),
                    costliest_ops=[{key: op[key] for key in ("op", "category", "seconds",
-                                                            "shape", "part")}
-                                  for op in ops[:8]])
+                                                            "executions", "shape", "part")}
+                                  for op in ops[:30]])
   return figures
 
 

@@ -173,11 +173,11 @@ def test_a_fixed_in_degree_sums_and_gathers_as_by_index(dtype):
 
 
 # Either way of writing the new edges (over the old ones or not) with each norm; and the
-# MLPs' products in one bfloat16 pass, as the kernels make them on a TPU at its default
-# precision (here forced on the CPU's interpreter).
-@pytest.mark.parametrize("conditioned, write_over_edges, mlp_precision", [
+# float32 products (the MLPs' and the 0/1 ones) in one bfloat16 pass, as the kernels make them on
+# a TPU at its default precision (here forced on the CPU's interpreter).
+@pytest.mark.parametrize("conditioned, write_over_edges, products", [
     (False, True, "float32"), (True, False, "float32"), (True, True, "bfloat16")])
-def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges, mlp_precision,
+def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges, products,
                                                  monkeypatch):
   """One processor layer's edge work as one kernel per block (Pallas's interpreter on a CPU)
   equals the interaction network's messages and their sum: values, and gradients of the
@@ -223,13 +223,13 @@ def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges, 
       *arguments)
   fused_step = lambda: jax.jit(jax.value_and_grad(functools.partial(loss, True),
                                                   argnums=(0, 1, 2, 3)))(*arguments)
-  if mlp_precision == "float32":
+  if products == "float32":
     fused = fused_step()
     np.testing.assert_allclose(fused[0], reference[0], rtol=1e-5)
     tolerance = dict(rtol=2e-4, relative_atol=1e-5)
   else:
     in_float32 = fused_step()
-    monkeypatch.setattr(fused_edges, "_mlp_precision", lambda platform: mlp_precision)
+    monkeypatch.setattr(fused_edges, "_float32_products", lambda platform: products)
     fused = fused_step()
     # Rounded operands: not the float32 kernel's values, but the same function to
     # bfloat16's rounding (8 bits).

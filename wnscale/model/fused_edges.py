@@ -34,10 +34,12 @@ senders (a scatter of a tenth of the edges or so, not all of them).
 The arithmetic is `InteractionNetwork.messages` plus the sum to the receivers:
 products of the activation dtype accumulated in float32, everything else in
 float32 (XLA's version rounds the hidden layer and the second layer's output
-to the activation dtype in between; in float32 the two agree to rounding). The MLPs'
-float32 products are made as XLA makes them outside the kernel on the same chip
-(`_mlp_precision`: one bfloat16 pass on a TPU at its default matmul precision). The 0/1
-matrices' products gather exactly and sum in float32 (`_one_hot_dot`).
+to the activation dtype in between; in float32 the two agree to rounding). Products
+of float32 operands, the MLPs' and the 0/1 matrices' alike, are made as XLA makes a
+float32 product on the same chip (`_float32_products`): on a TPU at its default matmul
+precision one bfloat16 pass (the gathered rows and the summed messages rounded to
+bfloat16, as an MLP's inputs are; sums accumulated in float32), else in float32, the
+0/1 products then gathering exactly and summing in float32 (`_one_hot_dot`).
 On a CPU the kernels run in Pallas's interpreter (for tests; slow).
 """
 
@@ -132,30 +134,38 @@ def _dot(a, b, contract=((1,), (0,)), precision=None):
                              preferred_element_type=jnp.float32)
 
 
-def _mlp_precision(platform: str | None) -> str:
-  """How the kernels multiply the MLPs' float32 operands on `platform`: as XLA multiplies
-  them in the plain model there. On a TPU at the default matmul precision
-  (`jax_default_matmul_precision` unset) XLA rounds float32 operands to bfloat16 and makes
-  one pass ("bfloat16"); a CPU, or a TPU asked for more, multiplies in float32
-  ("float32"). Mosaic's default for float32 operands need not be XLA's, so the kernels
-  say which."""
+def _float32_products(platform: str | None) -> str:
+  """How the kernels multiply float32 operands on `platform`: as XLA multiplies them in the
+  plain model there. On a TPU at the default matmul precision (`jax_default_matmul_precision`
+  unset) XLA rounds float32 operands to bfloat16 and makes one pass ("bfloat16"); a CPU, or
+  a TPU asked for more, multiplies in float32 ("float32"). Mosaic's default for float32
+  operands need not be XLA's, so the kernels say which.
+
+  The 0/1 products follow the MLPs': at "bfloat16" a gathered row is rounded to bfloat16
+  as the MLP it feeds rounds its inputs (in the plain model, the same row's product with
+  its weights), and a receiver's sum adds its messages rounded to bfloat16, in float32.
+  On the chip's float32 problems the exact 0/1 products (three passes) were most of the
+  kernels' matrix-unit work: the windows are as wide as the latent or wider.
+  """
   fast = jax.config.jax_default_matmul_precision in (None, "default", "bfloat16", "fastest")
   return "bfloat16" if platform == "tpu" and fast else "float32"
 
 
-def _mlp_dot(a, b, mlp_precision: str, contract=((1,), (0,))):
-  """An MLP product `a @ b` (`contract` as `_dot`'s), float32, made as `_mlp_precision`
+def _mlp_dot(a, b, products: str, contract=((1,), (0,))):
+  """An MLP product `a @ b` (`contract` as `_dot`'s), float32, made as `_float32_products`
   says; bfloat16 operands in one pass either way."""
   if a.dtype != jnp.float32:
     return _dot(a, b, contract)
-  if mlp_precision == "bfloat16":
+  if products == "bfloat16":
     return _dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
                 precision=jax.lax.Precision.DEFAULT)
   return _dot(a, b, contract, precision=jax.lax.Precision.HIGHEST)
 
 
-def _one_hot_dot(one_hot, values, contract=((1,), (0,))):
-  """`one_hot` (0/1, bfloat16) times `values`, float32, exact for float32 values too.
+def _one_hot_dot(one_hot, values, products: str, contract=((1,), (0,))):
+  """`one_hot` (0/1, bfloat16) times `values`, float32: exact for float32 values too where
+  `products` (`_float32_products`) is "float32", one pass of them rounded to bfloat16 where
+  it is "bfloat16".
 
   A float32 value is the sum of three bfloat16 pieces (8 significant bits each: its
   rounding, the rounding of what is left, and the rest), so three bfloat16 products
@@ -169,6 +179,8 @@ def _one_hot_dot(one_hot, values, contract=((1,), (0,))):
   if values.dtype != jnp.float32:
     return dot(one_hot, values)
   piece = values.astype(jnp.bfloat16)
+  if products == "bfloat16":
+    return dot(one_hot, piece)
   rest = values - piece.astype(jnp.float32)
   total = dot(one_hot, piece)
   piece = rest.astype(jnp.bfloat16)
@@ -185,7 +197,7 @@ def _one_hots(index_column, index_row, width: int):
   return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
 
 
-def _block_forward(e, refs, epsilon, mlp_precision):
+def _block_forward(e, refs, epsilon, products):
   """One block's forward pass, float32: `(the three one-hot pairs, hidden, swish(hidden),
   normalized, 1/std, message)`. `refs`: the kernel's block inputs after `e` (the sender
   and receiver windows `[width, D]`, the far rows `[1, far, D]`, ...)."""
@@ -195,12 +207,12 @@ def _block_forward(e, refs, epsilon, mlp_precision):
   senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[0])
   far = _one_hots(far_column[0], far_row[0], far_rows.shape[1])
   receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[0])
-  hidden = (_mlp_dot(e, w_h[...], mlp_precision) + b_h[...].astype(jnp.float32)
-            + _one_hot_dot(senders[0], sender_window[...])
-            + _one_hot_dot(far[0], far_rows[0])
-            + _one_hot_dot(receivers[0], window[...]))
+  hidden = (_mlp_dot(e, w_h[...], products) + b_h[...].astype(jnp.float32)
+            + _one_hot_dot(senders[0], sender_window[...], products)
+            + _one_hot_dot(far[0], far_rows[0], products)
+            + _one_hot_dot(receivers[0], window[...], products))
   activated = hidden * jax.nn.sigmoid(hidden)
-  out = (_mlp_dot(activated.astype(dtype), w_o[...], mlp_precision)
+  out = (_mlp_dot(activated.astype(dtype), w_o[...], products)
          + b_o[...].astype(jnp.float32))
   mean = jnp.mean(out, axis=-1, keepdims=True)
   centred = out - mean
@@ -216,17 +228,17 @@ _INPUTS = 16  # e, the sender table, the far rows, the receiver table, 6 indices
 _PREFETCHED = 2  # the windows' first rows, sender and receiver: read by the index maps
 
 
-def _forward_kernel(*refs, epsilon, mlp_precision):
+def _forward_kernel(*refs, epsilon, products):
   refs = refs[_PREFETCHED:]
   e_ref, inputs, (new_edges_ref, partial_ref) = refs[0], refs[1:_INPUTS], refs[_INPUTS:]
   e = e_ref[...]
-  (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon, mlp_precision)
+  (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon, products)
   message = message.astype(e.dtype)
   new_edges_ref[...] = (e + message).astype(new_edges_ref.dtype)
-  partial_ref[0] = _one_hot_dot(receivers[1], message)
+  partial_ref[0] = _one_hot_dot(receivers[1], message, products)
 
 
-def _backward_kernel(*refs, epsilon, mlp_precision):
+def _backward_kernel(*refs, epsilon, products):
   refs = refs[_PREFETCHED:]
   e_ref, inputs = refs[0], refs[1:_INPUTS]
   grad_partial_ref, grad_new_edges_ref = refs[_INPUTS:_INPUTS + 2]
@@ -244,10 +256,10 @@ def _backward_kernel(*refs, epsilon, mlp_precision):
   dtype = e.dtype
   w_h, w_o, scale = inputs[9][...], inputs[11][...], inputs[13][...]
   (senders, far, receivers), hidden, activated, normalized, inverse_std, _ = _block_forward(
-      e, inputs, epsilon, mlp_precision)
+      e, inputs, epsilon, products)
   grad_new_edges = grad_new_edges_ref[...].astype(jnp.float32)
   # The message reaches the new edge latents and, by the window rows, the sums.
-  grad_message = grad_new_edges + _one_hot_dot(receivers[0], grad_partial_ref[...])
+  grad_message = grad_new_edges + _one_hot_dot(receivers[0], grad_partial_ref[...], products)
   column_sum = lambda x: jnp.sum(x, axis=0, keepdims=True)
   grad_scale_ref[...] += column_sum(grad_message * normalized)
   grad_offset_ref[...] += column_sum(grad_message)
@@ -256,7 +268,7 @@ def _backward_kernel(*refs, epsilon, mlp_precision):
       grad_normalized - jnp.mean(grad_normalized, axis=-1, keepdims=True)
       - normalized * jnp.mean(grad_normalized * normalized, axis=-1, keepdims=True))
   grad_out_d = grad_out.astype(dtype)
-  mlp_dot = functools.partial(_mlp_dot, mlp_precision=mlp_precision)
+  mlp_dot = functools.partial(_mlp_dot, products=products)
   grad_w_o_ref[...] += mlp_dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,)))
   grad_b_o_ref[...] += column_sum(grad_out)
   sigmoid = jax.nn.sigmoid(hidden)
@@ -267,9 +279,9 @@ def _backward_kernel(*refs, epsilon, mlp_precision):
   grad_b_h_ref[...] += column_sum(grad_hidden)
   grad_e_ref[...] = (grad_new_edges + mlp_dot(grad_hidden_d, w_h, contract=((1,), (1,)))
                      ).astype(grad_e_ref.dtype)
-  grad_sender_window_ref[0] = _one_hot_dot(senders[1], grad_hidden_d)
-  grad_far_ref[0] = _one_hot_dot(far[1], grad_hidden_d)
-  grad_window_ref[0] = _one_hot_dot(receivers[1], grad_hidden_d)
+  grad_sender_window_ref[0] = _one_hot_dot(senders[1], grad_hidden_d, products)
+  grad_far_ref[0] = _one_hot_dot(far[1], grad_hidden_d, products)
+  grad_window_ref[0] = _one_hot_dot(receivers[1], grad_hidden_d, products)
 
 
 def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlocks):
@@ -304,7 +316,7 @@ def _window_spec(width: int, latent: int, which: int) -> pl.BlockSpec:
 
 def _call(kernel, semantics: str, **call):
   """`pallas_call(kernel, **call)`: compiled for a TPU, interpreted elsewhere (a CPU, for
-  tests); `kernel` takes its `mlp_precision` (`_mlp_precision`) from the platform.
+  tests); `kernel` takes its `products` (`_float32_products`) from the platform.
 
   Inside `shard_map` its mesh says the platform (an ahead-of-time compile for a TPU on a
   CPU host gets the compiled kernel), and a CPU's is the TPU interpreter (Pallas's
@@ -312,7 +324,7 @@ def _call(kernel, semantics: str, **call):
   (`lax.platform_dependent`), with the generic interpreter (the TPU one's effects cannot
   be inside that choice, nor under remat).
   """
-  on = lambda platform: functools.partial(kernel, mlp_precision=_mlp_precision(platform))
+  on = lambda platform: functools.partial(kernel, products=_float32_products(platform))
   compiled = pl.pallas_call(on("tpu"), compiler_params=pltpu.CompilerParams(
       dimension_semantics=(semantics,), vmem_limit_bytes=_VMEM_LIMIT), **call)
   platform = aggregation.target_platform()
