@@ -229,7 +229,7 @@ def test_fused_edge_step_equals_messages_and_sum(conditioned, write_over_edges, 
     tolerance = dict(rtol=2e-4, relative_atol=1e-5)
   else:
     in_float32 = fused_step()
-    monkeypatch.setattr(fused_edges, "_float32_products", lambda platform: products)
+    monkeypatch.setattr(aggregation, "float32_products", lambda platform: products)
     fused = fused_step()
     # Rounded operands: not the float32 kernel's values, but the same function to
     # bfloat16's rounding (8 bits).

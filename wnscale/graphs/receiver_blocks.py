@@ -205,8 +205,13 @@ def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int
                        far_local.astype(np.int32), far_senders.astype(np.int32), width)
 
 
-# The edge sets laid out in blocks on a device: the processor's, summed 16 times a step.
-BLOCKED_EDGE_SETS = ("mesh",)
+# The edge sets laid out in receiver blocks on a device: the processor's, summed 16 times
+# a step, and the grid's encoder edges (their sum to the mesh and the mesh rows they read).
+BLOCKED_EDGE_SETS = ("mesh", "grid_to_mesh")
+# ... and of those, the ones whose senders are read by windows too: the processor's. A
+# block of encoder edges reads several grid rows per mesh receiver, too many for a window
+# (at 1 deg: 768 edges to 128 mesh rows from about 500 grid rows): its senders by index.
+SENDER_WINDOWED_EDGE_SETS = ("mesh",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,12 +226,12 @@ class BlockSizes:
 
 def with_blocks(edge_set, num_receivers: int, num_senders: int,
                 blocks: ReceiverBlocks | None = None, windows_shape: dict | None = None,
-                sizes: BlockSizes = BlockSizes()):
+                sizes: BlockSizes = BlockSizes(), windowed: bool = True):
   """`edge_set` (an `EdgeSet`, receiver-sorted, padding edges last) padded to whole blocks,
   its `blocks` set (`blocks` if given, of these receivers, else `block_edges`' own of
-  `sizes.slots`) and its `sender_windows` (of a sender table of `num_senders` rows, margin
-  `sizes.sender_margin`; `windows_shape`: at least `sender_windows`' `width`, `far`,
-  `spans`)."""
+  `sizes.slots`) and, if `windowed`, its `sender_windows` (of a sender table of
+  `num_senders` rows, margin `sizes.sender_margin`; `windows_shape`: at least
+  `sender_windows`' `width`, `far`, `spans`)."""
   blocks = blocks or block_edges(edge_set.receivers, num_receivers, sizes.slots)
   rows = blocks.local.size
   num_edges = edge_set.senders.shape[-1]
@@ -240,13 +245,14 @@ def with_blocks(edge_set, num_receivers: int, num_senders: int,
       senders=senders, receivers=pad(edge_set.receivers, num_receivers),
       features=pad(edge_set.features, 0), blocks=blocks,
       sender_windows=sender_windows(senders, blocks, num_senders, sizes.sender_margin,
-                                    **(windows_shape or {})))
+                                    **(windows_shape or {})) if windowed else None)
 
 
 def graphs_with_blocks(graphs):
   """`graphs` (a `Graphs` of one device) with `BLOCKED_EDGE_SETS` laid out in blocks."""
   edges = {name: (with_blocks(edge_set, graphs.num_nodes(edge_set.receiver_set),
-                              graphs.num_nodes(edge_set.sender_set))
+                              graphs.num_nodes(edge_set.sender_set),
+                              windowed=name in SENDER_WINDOWED_EDGE_SETS)
                   if name in BLOCKED_EDGE_SETS and edge_set.blocks is None else edge_set)
            for name, edge_set in graphs.edges.items()}
   return graphs._replace(edges=edges)

@@ -17,9 +17,10 @@ The two are each other's transposes, and their gradients are written so
 (`jax.custom_vjp`): the backward pass of either is the other's forward pass,
 with no scatter anywhere. Results equal the indexed versions' to float
 rounding: the products have one nonzero term per output element (the gather)
-or sum the same terms (the sum, in float32); float32 values are multiplied at
-full precision (`Precision.HIGHEST`; a TPU's default would round them to
-bfloat16).
+or sum the same terms (the sum, in float32). Float32 values are multiplied as XLA
+multiplies float32 operands on the platform (`float32_products`): at full precision
+on a CPU or where `jax_default_matmul_precision` asks for it, in one bfloat16 pass on
+a TPU at its default.
 
 An edge set with exactly k edges into each of its R receiver rows, edge
 `j * R + r` row r's j-th (`EdgeSet.in_degree`: the mesh-to-grid edges, 3 per
@@ -123,8 +124,29 @@ def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int
                              indices_are_sorted=True)
 
 
+def float32_products(platform: str | None) -> str:
+  """How products of float32 operands with a 0/1 matrix (and the fused kernels' MLPs) are
+  made on `platform`: as XLA makes a float32 product there in the plain model. On a TPU at
+  the default matmul precision (`jax_default_matmul_precision` unset) XLA rounds float32
+  operands to bfloat16 and makes one pass ("bfloat16"); a CPU, or a TPU asked for more,
+  multiplies in float32 ("float32").
+
+  At "bfloat16" a gathered row is rounded to bfloat16 as the MLP it feeds rounds its
+  inputs (in the plain model, the same row's product with its weights), and a receiver's
+  sum adds its messages rounded to bfloat16, in float32. On the chip's float32 problems
+  the exact products were most of the 0/1 products' matrix-unit work.
+  """
+  fast = jax.config.jax_default_matmul_precision in (None, "default", "bfloat16", "fastest")
+  return "bfloat16" if platform == "tpu" and fast else "float32"
+
+
 def _precision(dtype):
-  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+  """The 0/1 products' precision for values of `dtype` (`float32_products`)."""
+  if jnp.dtype(dtype) != jnp.float32:
+    return None
+  platform = target_platform() or jax.default_backend()
+  return (jax.lax.Precision.DEFAULT if float32_products(platform) == "bfloat16"
+          else jax.lax.Precision.HIGHEST)
 
 
 # The block functions below take a `ReceiverBlocks` or a `SenderWindows` alike: both have

@@ -36,8 +36,8 @@ products of the activation dtype accumulated in float32, everything else in
 float32 (XLA's version rounds the hidden layer and the second layer's output
 to the activation dtype in between; in float32 the two agree to rounding). Products
 of float32 operands, the MLPs' and the 0/1 matrices' alike, are made as XLA makes a
-float32 product on the same chip (`_float32_products`): on a TPU at its default matmul
-precision one bfloat16 pass (the gathered rows and the summed messages rounded to
+float32 product on the same chip (`aggregation.float32_products`): on a TPU at its
+default matmul precision one bfloat16 pass (the gathered rows and the summed messages rounded to
 bfloat16, as an MLP's inputs are; sums accumulated in float32), else in float32, the
 0/1 products then gathering exactly and summing in float32 (`_one_hot_dot`).
 On a CPU the kernels run in Pallas's interpreter (for tests; slow).
@@ -134,26 +134,10 @@ def _dot(a, b, contract=((1,), (0,)), precision=None):
                              preferred_element_type=jnp.float32)
 
 
-def _float32_products(platform: str | None) -> str:
-  """How the kernels multiply float32 operands on `platform`: as XLA multiplies them in the
-  plain model there. On a TPU at the default matmul precision (`jax_default_matmul_precision`
-  unset) XLA rounds float32 operands to bfloat16 and makes one pass ("bfloat16"); a CPU, or
-  a TPU asked for more, multiplies in float32 ("float32"). Mosaic's default for float32
-  operands need not be XLA's, so the kernels say which.
-
-  The 0/1 products follow the MLPs': at "bfloat16" a gathered row is rounded to bfloat16
-  as the MLP it feeds rounds its inputs (in the plain model, the same row's product with
-  its weights), and a receiver's sum adds its messages rounded to bfloat16, in float32.
-  On the chip's float32 problems the exact 0/1 products (three passes) were most of the
-  kernels' matrix-unit work: the windows are as wide as the latent or wider.
-  """
-  fast = jax.config.jax_default_matmul_precision in (None, "default", "bfloat16", "fastest")
-  return "bfloat16" if platform == "tpu" and fast else "float32"
-
-
 def _mlp_dot(a, b, products: str, contract=((1,), (0,))):
-  """An MLP product `a @ b` (`contract` as `_dot`'s), float32, made as `_float32_products`
-  says; bfloat16 operands in one pass either way."""
+  """An MLP product `a @ b` (`contract` as `_dot`'s), float32, made as
+  `aggregation.float32_products` says; bfloat16 operands in one pass either way. (Mosaic's
+  default for float32 operands need not be XLA's, so the kernels say which.)"""
   if a.dtype != jnp.float32:
     return _dot(a, b, contract)
   if products == "bfloat16":
@@ -164,8 +148,8 @@ def _mlp_dot(a, b, products: str, contract=((1,), (0,))):
 
 def _one_hot_dot(one_hot, values, products: str, contract=((1,), (0,))):
   """`one_hot` (0/1, bfloat16) times `values`, float32: exact for float32 values too where
-  `products` (`_float32_products`) is "float32", one pass of them rounded to bfloat16 where
-  it is "bfloat16".
+  `products` (`aggregation.float32_products`) is "float32", one pass of them rounded to
+  bfloat16 where it is "bfloat16".
 
   A float32 value is the sum of three bfloat16 pieces (8 significant bits each: its
   rounding, the rounding of what is left, and the rest), so three bfloat16 products
@@ -316,7 +300,7 @@ def _window_spec(width: int, latent: int, which: int) -> pl.BlockSpec:
 
 def _call(kernel, semantics: str, **call):
   """`pallas_call(kernel, **call)`: compiled for a TPU, interpreted elsewhere (a CPU, for
-  tests); `kernel` takes its `products` (`_float32_products`) from the platform.
+  tests); `kernel` takes its `products` (`aggregation.float32_products`) from the platform.
 
   Inside `shard_map` its mesh says the platform (an ahead-of-time compile for a TPU on a
   CPU host gets the compiled kernel), and a CPU's is the TPU interpreter (Pallas's
@@ -324,7 +308,8 @@ def _call(kernel, semantics: str, **call):
   (`lax.platform_dependent`), with the generic interpreter (the TPU one's effects cannot
   be inside that choice, nor under remat).
   """
-  on = lambda platform: functools.partial(kernel, products=_float32_products(platform))
+  on = lambda platform: functools.partial(
+      kernel, products=aggregation.float32_products(platform))
   compiled = pl.pallas_call(on("tpu"), compiler_params=pltpu.CompilerParams(
       dimension_semantics=(semantics,), vmem_limit_bytes=_VMEM_LIMIT), **call)
   platform = aggregation.target_platform()

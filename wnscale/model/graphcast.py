@@ -394,9 +394,18 @@ class GraphCast(nnx.Module):
                    exchange(edge_set, sends.astype(projected.dtype)[:, None])[:, 0])
     messages = sum_edge_messages(
         edges_module, EncoderDecoderEdges.__call__, edges.features, edges.senders,
-        edges.receivers, sender_table, receiver_table, mesh.shape[0], spec.remat.edge_chunks,
-        conditioning, sender_mask=sender_mask)
+        self._encoder_receivers(edges), sender_table, receiver_table, mesh.shape[0],
+        spec.remat.edge_chunks, conditioning, sender_mask=sender_mask)
     return latents, messages
+
+  def _encoder_receivers(self, edges: EdgeSet) -> aggregation.Receivers:
+    """An encoder edge set's receivers: its receiver blocks (sums and mesh rows by products,
+    no scatter) where it has them, the processor sums its own edges by blocks
+    (`model.aggregation`) and the edges come in one chunk; else its indices."""
+    method = getattr(self.spec.processor, "aggregation", "segment_sum")
+    if self.spec.remat.edge_chunks != 1:
+      return edges.receivers
+    return aggregation.receivers_of(edges, method)
 
   def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
     """Passes messages mesh -> `node_set` once and reads out `[N, output_channels]`.

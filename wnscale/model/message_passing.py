@@ -175,7 +175,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     edge_features: `[E, F]` static edge features.
     senders: `[E]` indices into the sender table.
     receivers: `[E]` indices into the receiver table, or its `aggregation.FixedInDegree`
-      (then the blocks are blocks of receiver rows, each with its rows' edges).
+      (then the blocks are blocks of receiver rows, each with its rows' edges), or its
+      `ReceiverBlocks` (sums and receiver rows by products; `num_chunks` 1).
     sender_table: `[num_senders, D]`; receiver_table: `[num_receivers, D]` or None
       (for an interaction network: the projected node tables).
     conditioning: passed on to `edge_fn` (an FGN's norm conditioning, or None).
@@ -199,11 +200,15 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
       per_edge = per_edge * sender_mask[senders][:, None]
     return aggregation.sum_to_receivers(per_edge, receivers, num_receivers), None
 
+  shared = (state, sender_table, receiver_table, conditioning, sender_mask)
+  if isinstance(receivers, aggregation.ReceiverBlocks):
+    if num_chunks != 1:
+      raise ValueError("Edges in receiver blocks are summed in one chunk.")
+    total, _ = messages(edge_features, senders, receivers, *shared)
+    return total.astype(sender_table.dtype)
   blocked = (split_rows(edge_features, num_chunks), split_rows(senders, num_chunks),
              split_rows(receivers, num_chunks, fill=num_receivers))
-  total, _ = scan_edge_blocks(messages, blocked,
-                              (state, sender_table, receiver_table, conditioning, sender_mask),
-                              num_receivers, sender_table.shape[-1])
+  total, _ = scan_edge_blocks(messages, blocked, shared, num_receivers, sender_table.shape[-1])
   return total.astype(sender_table.dtype)
 
 

@@ -107,14 +107,16 @@ def partition_nodes(xyz: np.ndarray, num_shards: int) -> NodePartition:
   return NodePartition(slot_of_node, node_of_slot, per_shard)
 
 
-def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
+def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartition,
                      receivers_part: NodePartition, exchange: str,
                      blocked: receiver_blocks.BlockSizes | None):
-  """Stacks an edge set per receiver shard; returns (EdgeSet [S, E_max], the mode's plan).
+  """Stacks the edge set `edges_name` per receiver shard; returns (EdgeSet [S, E_max], the
+  mode's plan).
 
   `blocked`: each shard's edges in receiver blocks of these sizes (`receiver_blocks`), all
-  shards' of one shape; None: not in blocks. Padding edges of `edges` (receiver past the
-  last node) are dropped first.
+  shards' of one shape, and sender windows for `receiver_blocks.SENDER_WINDOWED_EDGE_SETS`;
+  None: not in blocks. Padding edges of `edges` (receiver past the last node) are dropped
+  first.
   """
   num_shards, per_shard = receivers_part.num_shards, receivers_part.per_shard
   real = edges.receivers < len(receivers_part.slot_of_node)
@@ -161,7 +163,8 @@ def _partition_edges(edges: EdgeSet, senders_part: NodePartition,
                            in_degree=in_degree)
   if blocked is not None:
     laid_out = _in_blocks(laid_out, per_shard,
-                          senders_part.per_shard + plan.rows_received(), blocked)
+                          senders_part.per_shard + plan.rows_received(), blocked,
+                          windowed=edges_name in receiver_blocks.SENDER_WINDOWED_EDGE_SETS)
   return laid_out, plan
 
 
@@ -172,9 +175,9 @@ def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
 
 
 def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
-               sizes: receiver_blocks.BlockSizes) -> EdgeSet:
-  """Stacked `[S, E_max]` edges in receiver blocks and sender windows (of sender tables of
-  `table_rows`) of `sizes`, every shard's of the largest shape."""
+               sizes: receiver_blocks.BlockSizes, windowed: bool) -> EdgeSet:
+  """Stacked `[S, E_max]` edges in receiver blocks and, if `windowed`, sender windows (of
+  sender tables of `table_rows`) of `sizes`, every shard's of the largest shape."""
   shards = [edges.replace(senders=edges.senders[s], receivers=edges.receivers[s],
                           features=edges.features[s]) for s in range(len(edges.senders))]
   own = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots)
@@ -183,8 +186,11 @@ def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
                spans=max(b.rows.shape[0] for b in own))
   blocks = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots, **shape)
             for shard in shards]
-  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, sizes=sizes)
+  laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, sizes=sizes,
+                                          windowed=windowed)
               for shard, b in zip(shards, blocks)]
+  if not windowed:
+    return jax.tree.map(lambda *arrays: np.stack(arrays), *laid_out)
   windows = [shard.sender_windows for shard in laid_out]
   windows_shape = dict(width=max(w.width for w in windows),
                        far=max(w.far_senders.shape[1] for w in windows),
@@ -205,7 +211,8 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
     graphs: the global graphs (`wnscale.graphs.build.build_graphs`).
     positions: per node set, `[num_nodes, 3]` node positions, for spatial locality.
     exchange: a key of `exchange.MODES`.
-    block_sizes: how `receiver_blocks.BLOCKED_EDGE_SETS` are cut into blocks.
+    block_sizes: how the processor's edges are cut into blocks (the other
+      `receiver_blocks.BLOCKED_EDGE_SETS`: the default sizes).
   """
   if exchange not in MODES:
     raise ValueError(f"Unknown exchange mode {exchange!r}; expected one of {tuple(MODES)}.")
@@ -214,7 +221,8 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
       num_shards, parts[name].per_shard, -1)) for name, node_set in graphs.nodes.items()}
   edges, plans = {}, {}
   for name, edge_set in graphs.edges.items():
+    sizes = block_sizes if name == "mesh" else receiver_blocks.BlockSizes()
     edges[name], plans[name] = _partition_edges(
-        edge_set, parts[edge_set.sender_set], parts[edge_set.receiver_set], exchange,
-        blocked=block_sizes if name in receiver_blocks.BLOCKED_EDGE_SETS else None)
+        name, edge_set, parts[edge_set.sender_set], parts[edge_set.receiver_set], exchange,
+        blocked=sizes if name in receiver_blocks.BLOCKED_EDGE_SETS else None)
   return PartitionedGraphs(Graphs(nodes, edges), parts, plans, exchange)
