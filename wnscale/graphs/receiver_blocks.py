@@ -19,13 +19,16 @@ The layout (per edge set, host numpy, once):
               where the window would pass the table's last row (`table_rows`)
   local       `[num_blocks, slots]` each edge's receiver minus its block's first;
               `width` for padding edges (no row of the window)
-  rows        `[spans, num_receivers]` where each receiver's partial sums lie in the
-              blocks' `[num_blocks * width]` rows (one per block its edges reach;
-              `num_blocks * width` where none: a zero row)
+  rows        `[num_receivers]` where each receiver's partial sums lie in the blocks'
+              `[num_blocks * width]` rows: its first block's row (`num_blocks * width`
+              where it has no edges: a zero row)
+  extra_*     the receivers whose edges reach further blocks (a block's last receiver
+              may go on in the next), with each further block's row: at most one per
+              block and a few more, so that a receiver's sum is one gather of the
+              first rows and a short scatter-add of these
 
 `width` is the longest run of receivers a block spans from its aligned first, rounded
-up to a multiple of 8; `spans` the most blocks a receiver's edges reach (2 for the
-multi-mesh, whose receivers have at most 36 edges).
+up to a multiple of 8.
 """
 
 from __future__ import annotations
@@ -61,13 +64,18 @@ class ReceiverBlocks:
   Attributes:
     first: `[num_blocks]` int32, each block's first receiver.
     local: `[num_blocks, slots]` int32, receiver - first (`width`: a padding edge).
-    rows: `[spans, num_receivers]` int32 rows of `[num_blocks * width + 1]` partial sums.
+    rows: `[num_receivers]` int32, each receiver's row of `[num_blocks * width + 1]` partial
+      sums in its first block.
+    extra_receivers: `[extras]` int32, receivers with rows in further blocks
+      (`num_receivers`: none, padding), and `extra_rows` `[extras]` those rows.
     width: receivers per block's window (static).
   """
 
   first: np.ndarray
   local: np.ndarray
   rows: np.ndarray
+  extra_receivers: np.ndarray
+  extra_rows: np.ndarray
   width: int
 
   @property
@@ -75,17 +83,18 @@ class ReceiverBlocks:
     return self.local.shape[-1]
 
 
-jax.tree_util.register_dataclass(ReceiverBlocks, data_fields=["first", "local", "rows"],
-                                 meta_fields=["width"])
+jax.tree_util.register_dataclass(
+    ReceiverBlocks, data_fields=["first", "local", "rows", "extra_receivers", "extra_rows"],
+    meta_fields=["width"])
 
 
 def block_edges(receivers: np.ndarray, num_receivers: int, slots: int = SLOTS,
                 num_blocks: int | None = None, width: int | None = None,
-                spans: int | None = None) -> ReceiverBlocks:
+                extras: int | None = None) -> ReceiverBlocks:
   """The blocks of a receiver-sorted `[num_edges]` receivers array (padding edges:
   `num_receivers`, at the end).
 
-  `num_blocks`, `width`, `spans`: at least these (several shards' blocks are stacked
+  `num_blocks`, `width`, `extras`: at least these (several shards' blocks are stacked
   with the largest of each); by default what these edges need.
   """
   receivers = np.asarray(receivers, np.int64)
@@ -112,16 +121,18 @@ def block_edges(receivers: np.ndarray, num_receivers: int, slots: int = SLOTS,
   has_edges = stop > start
   first_block = start // slots
   last_block = np.where(has_edges, (stop - 1) // slots, first_block)
-  spans = max(spans or 0, int(np.max(last_block - first_block + 1, initial=1)))
   zero_row = num_blocks * width
-  rows = np.full((spans, num_receivers), zero_row, np.int64)
-  for span in range(spans):
-    block = first_block + span
-    reached = has_edges & (block <= last_block)
-    rows[span, reached] = (block[reached] * width
-                           + nodes[reached] - first[np.minimum(block[reached], num_blocks - 1)])
-  return ReceiverBlocks(first.astype(np.int32), local.astype(np.int32),
-                        rows.astype(np.int32), width)
+  row_in = lambda block, nodes: block * width + nodes - first[np.minimum(block, num_blocks - 1)]
+  rows = np.where(has_edges, row_in(first_block, nodes), zero_row)
+  further = np.repeat(nodes, np.maximum(last_block - first_block, 0))  # one per further block
+  block = first_block[further] + 1 + (np.arange(len(further)) - np.searchsorted(further, further))
+  extras = max(extras or 0, len(further), 1)
+  extra_receivers = np.full(extras, num_receivers, np.int64)
+  extra_rows = np.full(extras, zero_row, np.int64)
+  extra_receivers[:len(further)] = further
+  extra_rows[:len(further)] = row_in(block, further)
+  return ReceiverBlocks(*(a.astype(np.int32) for a in (first, local, rows, extra_receivers,
+                                                        extra_rows)), width)
 
 
 # Rows each sender window reaches beyond its block's receivers, on either side. On the

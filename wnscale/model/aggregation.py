@@ -167,12 +167,17 @@ def _partials(values, blocks: ReceiverBlocks) -> jax.Array:
                     precision=_precision(values.dtype), preferred_element_type=jnp.float32)
 
 
-def assemble(partials, blocks: ReceiverBlocks) -> jax.Array:
+def assemble(partials, blocks: ReceiverBlocks | SenderWindows) -> jax.Array:
   """`[num_blocks, width, D]` float32 partial sums -> `[num_receivers, D]`, each receiver's
-  rows (one per block its edges reach) added."""
+  rows (one per block its edges reach, or window its senders lie in) added."""
   flat = partials.reshape((-1,) + partials.shape[2:])
   # The row past the last ("none") reads as 0.
-  return sum(flat.at[rows].get(mode="fill", fill_value=0) for rows in blocks.rows)
+  read = lambda rows: flat.at[rows].get(mode="fill", fill_value=0)
+  if isinstance(blocks, ReceiverBlocks):
+    # The first blocks' rows, then the few receivers that go on into further blocks.
+    return read(blocks.rows).at[blocks.extra_receivers].add(read(blocks.extra_rows),
+                                                            mode="drop")
+  return sum(read(rows) for rows in blocks.rows)
 
 
 def padded_table(table, width: int) -> jax.Array:

@@ -183,7 +183,7 @@ def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
   own = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots)
          for shard in shards]
   shape = dict(num_blocks=max(b.local.shape[0] for b in own), width=max(b.width for b in own),
-               spans=max(b.rows.shape[0] for b in own))
+               extras=max(len(b.extra_rows) for b in own))
   blocks = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots, **shape)
             for shard in shards]
   laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, sizes=sizes,
