@@ -286,6 +286,36 @@ def test_senders_by_windows_equal_by_index(dtype):
                                 np.asarray(sender_table, np.float32)[senders[real]])
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_senders_sorted_equal_by_index(dtype):
+  """The gather of sender rows by `SortedSenders` is the gather by index, and its gradient
+  (each sender's sum, by products on the sender-sorted blocks) the scatter by index: for a
+  table longer than the layout's rows, unread rows and senders of many edges (more than a
+  block's slots) alike."""
+  rng = np.random.default_rng(4)
+  num_senders, num_edges, width = 50, 300, 6
+  senders = rng.integers(0, 40, num_edges).astype(np.int32)  # rows 40..49 never read
+  senders[:40] = 7  # one sender of more than a block's edges
+  sorted_senders = receiver_blocks.sorted_senders(senders, 40, slots=16)
+  assert np.all(np.diff(senders[sorted_senders.order]) >= 0)
+  assert len(sorted_senders.blocks.extra_rows) >= 2
+  table = jnp.asarray(rng.standard_normal((num_senders, width)), dtype)
+  weights = jnp.asarray(rng.standard_normal((num_edges, width)), jnp.float32)
+
+  def loss(by, table):
+    gathered = aggregation.gather_senders(table, sorted_senders if by == "sorted" else senders)
+    return jnp.sum(gathered.astype(jnp.float32) * weights)
+
+  reference = jax.value_and_grad(functools.partial(loss, "index"))(table.astype(jnp.float32))
+  value, grad = jax.jit(jax.value_and_grad(functools.partial(loss, "sorted")))(table)
+  assert grad.dtype == dtype and grad.shape == table.shape
+  np.testing.assert_allclose(value, reference[0], rtol=1e-5 if dtype == jnp.float32 else 2e-2)
+  np.testing.assert_allclose(np.asarray(grad, np.float32), reference[1],
+                             **(dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32
+                                else dict(rtol=1e-2, atol=5e-2)))
+  assert np.all(np.asarray(grad, np.float32)[40:] == 0)
+
+
 def test_the_interaction_networks_block_sizes_default_to_the_layouts():
   # The spec's defaults are the ones the chip measured best; the layout's own defaults
   # (used where no spec is given) must not drift from them.

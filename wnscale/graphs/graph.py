@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
+from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows, SortedSenders
 
 
 class NodeSet(NamedTuple):
@@ -45,6 +45,9 @@ class EdgeSet:
       for sums and gathers by matrix products; None: by index only.
     sender_windows: with `blocks`, where each block's senders lie
       (`receiver_blocks.SenderWindows`), for their rows by matrix products.
+    sorted_senders: on a device, the senders and the edges sorted by them
+      (`receiver_blocks.SortedSenders`), for the senders' gradient by matrix products;
+      None: by index (a scatter).
     in_degree: k > 0 where every one of the R receiver rows has exactly k edges, edge
       `j * R + r` being row r's j-th (on a device: GraphCast's mesh-to-grid edges, 3 per
       grid node; padding rows get k inert edges of their own), so that sums and gathers
@@ -58,6 +61,7 @@ class EdgeSet:
   receiver_set: str
   blocks: ReceiverBlocks | None = None
   sender_windows: SenderWindows | None = None
+  sorted_senders: SortedSenders | None = None
   in_degree: int = 0
 
   def replace(self, **arrays) -> EdgeSet:
@@ -65,7 +69,8 @@ class EdgeSet:
 
 
 jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features",
-                                                      "blocks", "sender_windows"],
+                                                      "blocks", "sender_windows",
+                                                      "sorted_senders"],
                                  meta_fields=["sender_set", "receiver_set", "in_degree"])
 
 

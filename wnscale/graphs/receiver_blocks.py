@@ -225,6 +225,44 @@ BLOCKED_EDGE_SETS = ("mesh", "grid_to_mesh")
 SENDER_WINDOWED_EDGE_SETS = ("mesh",)
 
 
+# The edge sets whose senders' gradient is summed by blocks of sender-sorted edges (the
+# gather's transpose, a scatter by index): the encoder's and decoder's, read once a step.
+SENDER_SORTED_EDGE_SETS = ("grid_to_mesh", "mesh_to_grid")
+
+
+@dataclasses.dataclass(frozen=True)
+class SortedSenders:
+  """An edge set's senders, and the same edges sorted by sender in receiver-block layout,
+  so that the transpose of the gather of sender rows (each sender's sum of its edges'
+  gradient rows) is a permutation and products with 0/1 matrices, not a scatter.
+
+  Attributes:
+    indices: `[num_edges]` int32, each edge's sender row (as `EdgeSet.senders`).
+    order: `[num_edges]` int32, the edges in sender order (a stable sort of `indices`).
+    blocks: `ReceiverBlocks` of the sorted senders: "receivers" are the sender table's rows.
+  """
+
+  indices: np.ndarray
+  order: np.ndarray
+  blocks: ReceiverBlocks
+
+
+jax.tree_util.register_dataclass(SortedSenders, data_fields=["indices", "order", "blocks"],
+                                 meta_fields=[])
+
+
+def sorted_senders(senders: np.ndarray, num_senders: int, slots: int = SLOTS,
+                   num_blocks: int | None = None, width: int | None = None,
+                   extras: int | None = None) -> SortedSenders:
+  """`SortedSenders` of `[num_edges]` sender rows of a table of `num_senders` rows (padding
+  edges read a real row: their gradient rows are zero). `num_blocks`, `width`, `extras`:
+  at least these, as `block_edges` takes them."""
+  senders = np.asarray(senders, np.int32)
+  order = np.argsort(senders, kind="stable").astype(np.int32)
+  return SortedSenders(senders, order, block_edges(senders[order], num_senders, slots,
+                                                   num_blocks, width, extras))
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
   """How a blocked edge set is cut (the interaction network's `model.edge_block_slots` and
@@ -260,10 +298,16 @@ def with_blocks(edge_set, num_receivers: int, num_senders: int,
 
 
 def graphs_with_blocks(graphs):
-  """`graphs` (a `Graphs` of one device) with `BLOCKED_EDGE_SETS` laid out in blocks."""
+  """`graphs` (a `Graphs` of one device) with `BLOCKED_EDGE_SETS` laid out in blocks and
+  `SENDER_SORTED_EDGE_SETS` given their `sorted_senders`."""
   edges = {name: (with_blocks(edge_set, graphs.num_nodes(edge_set.receiver_set),
                               graphs.num_nodes(edge_set.sender_set),
                               windowed=name in SENDER_WINDOWED_EDGE_SETS)
                   if name in BLOCKED_EDGE_SETS and edge_set.blocks is None else edge_set)
            for name, edge_set in graphs.edges.items()}
+  edges = {name: (edge_set.replace(sorted_senders=sorted_senders(
+      edge_set.senders, graphs.num_nodes(edge_set.sender_set)))
+                  if name in SENDER_SORTED_EDGE_SETS and edge_set.sorted_senders is None
+                  else edge_set)
+           for name, edge_set in edges.items()}
   return graphs._replace(edges=edges)

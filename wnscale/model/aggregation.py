@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from wnscale.graphs import receiver_blocks
-from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
+from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows, SortedSenders
 from wnscale.model.processor_interface import AGGREGATIONS
 
 
@@ -102,14 +102,24 @@ def gather(table: jax.Array, receivers: Receivers) -> jax.Array:
 def gather_senders(table: jax.Array, senders) -> jax.Array:
   """`table [num_senders, D]` rows of each edge's sender: `[num_edges, D]`.
 
-  `senders`: the indices (`[num_edges]`), or the edges' `SenderWindows` (of a receiver
+  `senders`: the indices (`[num_edges]`); or the edges' `SenderWindows` (of a receiver
   block layout): the near senders' rows as products with each block's 0/1 matrix
   `[window, slots]`, the far ones gathered and placed; its gradient the transposes (the
-  far rows' a scatter, of their share of the edges only).
+  far rows' a scatter, of their share of the edges only); or their `SortedSenders`: the
+  rows gathered by index, the gradient (each sender's sum of its edges' rows) the edges'
+  rows in sender order summed by blocks, no scatter.
   """
   if isinstance(senders, SenderWindows):
     return _gather_windows(table, senders)
+  if isinstance(senders, SortedSenders):
+    return _gather_sorted(table, senders)
   return table[senders]
+
+
+def sender_indices(senders) -> jax.Array:
+  """`[num_edges]` the sender rows of `senders` as `gather_senders` takes them (not
+  `SenderWindows`)."""
+  return senders.indices if isinstance(senders, SortedSenders) else senders
 
 
 def sum_to_receivers(values: jax.Array, receivers: Receivers, num_receivers: int) -> jax.Array:
@@ -273,3 +283,30 @@ def _gather_windows_backward(residuals, grad):
 
 
 _gather_windows.defvjp(_gather_windows_forward, _gather_windows_backward)
+
+
+@jax.custom_vjp
+def _gather_sorted(table, senders: SortedSenders):
+  return table[senders.indices]
+
+
+def _gather_sorted_forward(table, senders):
+  # `like`: the table's row count and dtype, in an array with no elements.
+  return _gather_sorted(table, senders), (senders, jnp.zeros((table.shape[0], 0), table.dtype))
+
+
+def _gather_sorted_backward(residuals, grad):
+  senders, like = residuals
+  blocks = senders.blocks
+  in_order = grad[senders.order]
+  in_order = jnp.pad(in_order, [(0, blocks.local.size - in_order.shape[0])]
+                     + [(0, 0)] * (grad.ndim - 1))
+  grad_table = assemble(_partials(in_order, blocks), blocks)
+  # The layout's rows are the sender table's (rows past them, if any, have no edges).
+  missing = like.shape[0] - grad_table.shape[0]
+  grad_table = (jnp.pad(grad_table, [(0, missing), (0, 0)]) if missing > 0
+                else grad_table[:like.shape[0]])
+  return grad_table.astype(like.dtype), None
+
+
+_gather_sorted.defvjp(_gather_sorted_forward, _gather_sorted_backward)

@@ -392,20 +392,24 @@ class GraphCast(nnx.Module):
     receiver_table = edges_module.interaction.project_receivers(mesh)
     sender_mask = (None if sends is None else
                    exchange(edge_set, sends.astype(projected.dtype)[:, None])[:, 0])
+    by_blocks = self._by_blocks(edges)
     messages = sum_edge_messages(
-        edges_module, EncoderDecoderEdges.__call__, edges.features, edges.senders,
-        self._encoder_receivers(edges), sender_table, receiver_table, mesh.shape[0],
-        spec.remat.edge_chunks, conditioning, sender_mask=sender_mask)
+        edges_module, EncoderDecoderEdges.__call__, edges.features,
+        edges.sorted_senders if by_blocks else edges.senders,
+        edges.blocks if by_blocks else edges.receivers, sender_table, receiver_table,
+        mesh.shape[0], spec.remat.edge_chunks, conditioning, sender_mask=sender_mask)
     return latents, messages
 
-  def _encoder_receivers(self, edges: EdgeSet) -> aggregation.Receivers:
-    """An encoder edge set's receivers: its receiver blocks (sums and mesh rows by products,
-    no scatter) where it has them, the processor sums its own edges by blocks
-    (`model.aggregation`) and the edges come in one chunk; else its indices."""
+  def _by_blocks(self, edges: EdgeSet) -> bool:
+    """Whether an encoder or decoder edge set is summed without scatters: its receivers'
+    sums and rows by its receiver blocks (an encoder's; a decoder's are reshapes), its
+    senders' gradient by its `sorted_senders`. So where the processor sums its own edges
+    by blocks (`model.aggregation` matmul or fused), the edges come in one chunk and have
+    that layout; else by index."""
     method = getattr(self.spec.processor, "aggregation", "segment_sum")
-    if self.spec.remat.edge_chunks != 1:
-      return edges.receivers
-    return aggregation.receivers_of(edges, method)
+    return (aggregation.resolve(method) in ("matmul", "fused")
+            and self.spec.remat.edge_chunks == 1 and edges.sorted_senders is not None
+            and (edges.in_degree > 0 or edges.blocks is not None))
 
   def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
     """Passes messages mesh -> `node_set` once and reads out `[N, output_channels]`.
@@ -440,7 +444,8 @@ class GraphCast(nnx.Module):
           node_set).from_mesh_edges.interaction.project_senders(mesh))
       receivers, num_blocks = aggregation.receivers_of(edges), spec.remat.grid_blocks
       if num_blocks == 1:
-        return decode_rows(model, latents, edges.features, edges.senders, receivers,
+        senders = edges.sorted_senders if self._by_blocks(edges) else edges.senders
+        return decode_rows(model, latents, edges.features, senders, receivers,
                            sender_table, spec.remat.edge_chunks, conditioning)
       if isinstance(receivers, aggregation.FixedInDegree):  # each block its rows' k slots
         blocked = (latents, *(slot_major_row_blocks(x, receivers.k, num_blocks)

@@ -173,7 +173,8 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     edge_fn: `(edge_model, features [e, F], senders [e], receivers [e], sender_table,
       receiver_table, conditioning) -> messages [e, D]`.
     edge_features: `[E, F]` static edge features.
-    senders: `[E]` indices into the sender table.
+    senders: `[E]` indices into the sender table, or their `SortedSenders`
+      (`aggregation.gather_senders`; `num_chunks` 1).
     receivers: `[E]` indices into the receiver table, or its `aggregation.FixedInDegree`
       (then the blocks are blocks of receiver rows, each with its rows' edges), or its
       `ReceiverBlocks` (sums and receiver rows by products; `num_chunks` 1).
@@ -197,7 +198,7 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     per_edge = edge_fn(nnx.merge(graphdef, state), features, senders, receivers,
                        sender_table, receiver_table, conditioning)
     if sender_mask is not None:
-      per_edge = per_edge * sender_mask[senders][:, None]
+      per_edge = per_edge * sender_mask[aggregation.sender_indices(senders)][:, None]
     return aggregation.sum_to_receivers(per_edge, receivers, num_receivers), None
 
   shared = (state, sender_table, receiver_table, conditioning, sender_mask)
@@ -225,7 +226,7 @@ def _sum_fixed_in_degree(edge_model, edge_fn, edge_features, senders, receivers,
     per_edge = edge_fn(model, features, senders, receivers, sender_table,
                        rows if rows.shape[-1] else None, conditioning)
     if sender_mask is not None:
-      per_edge = per_edge * sender_mask[senders][:, None]
+      per_edge = per_edge * sender_mask[aggregation.sender_indices(senders)][:, None]
     return aggregation.sum_to_receivers(per_edge, receivers, rows.shape[0])
 
   blocked = (rows, edge_features, senders)

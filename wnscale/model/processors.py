@@ -32,8 +32,9 @@ class GNNSpec(ProcessorSpec):
                                        minimum=1)
   aggregation: str = setting(
       "auto", "interaction_network: how the processor's mesh edges reach their receivers "
-      "(each edge's receiver row, each receiver's sum), and the grid's encoder edges where "
-      "edge_chunks is 1 (by blocks for matmul and fused): \"segment_sum\" (by index: a gather "
+      "(each edge's receiver row, each receiver's sum), and, where edge_chunks is 1, the "
+      "grid's encoder and decoder edges (with matmul and fused their sums, receiver rows and "
+      "senders' gradient by blocks): \"segment_sum\" (by index: a gather "
       "and a scatter), \"matmul\" (products with each block of edges' 0/1 receiver matrix; "
       "no scatter: wnscale.model.aggregation), \"fused\" (blocks, and a layer's whole edge "
       "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "

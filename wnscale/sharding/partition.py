@@ -123,7 +123,7 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
   if not np.all(real):
     edges = edges.replace(senders=edges.senders[real], receivers=edges.receivers[real],
                           features=edges.features[real])
-  edges = edges.replace(blocks=None, sender_windows=None)
+  edges = edges.replace(blocks=None, sender_windows=None, sorted_senders=None)
   receiver_slot = receivers_part.slot_of_node[edges.receivers]
   receiver_shard, receiver_local = np.divmod(receiver_slot, per_shard)
   sender_shard, sender_local = np.divmod(senders_part.slot_of_node[edges.senders],
@@ -161,11 +161,24 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
     features[shard, at] = edges.features[block]
   laid_out = edges.replace(senders=senders, receivers=receivers, features=features,
                            in_degree=in_degree)
+  table_rows = senders_part.per_shard + plan.rows_received()
   if blocked is not None:
-    laid_out = _in_blocks(laid_out, per_shard,
-                          senders_part.per_shard + plan.rows_received(), blocked,
+    laid_out = _in_blocks(laid_out, per_shard, table_rows, blocked,
                           windowed=edges_name in receiver_blocks.SENDER_WINDOWED_EDGE_SETS)
+  if edges_name in receiver_blocks.SENDER_SORTED_EDGE_SETS:
+    laid_out = laid_out.replace(sorted_senders=_sorted_senders(laid_out.senders, table_rows))
   return laid_out, plan
+
+
+def _sorted_senders(senders: np.ndarray, table_rows: int) -> receiver_blocks.SortedSenders:
+  """Stacked `[S, ...]` `SortedSenders` of each shard's `[S, E_max]` senders (rows of its
+  sender table of `table_rows`), every shard's of the largest shape."""
+  own = [receiver_blocks.sorted_senders(row, table_rows) for row in senders]
+  shape = dict(num_blocks=max(s.blocks.local.shape[0] for s in own),
+               width=max(s.blocks.width for s in own),
+               extras=max(len(s.blocks.extra_rows) for s in own))
+  return jax.tree.map(lambda *arrays: np.stack(arrays), *(
+      receiver_blocks.sorted_senders(row, table_rows, **shape) for row in senders))
 
 
 def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
