@@ -177,8 +177,9 @@ def _sorted_senders(senders: np.ndarray, table_rows: int) -> receiver_blocks.Sor
   shape = dict(num_blocks=max(s.blocks.local.shape[0] for s in own),
                width=max(s.blocks.width for s in own),
                extras=max(len(s.blocks.extra_rows) for s in own))
-  return jax.tree.map(lambda *arrays: np.stack(arrays), *(
-      receiver_blocks.sorted_senders(row, table_rows, **shape) for row in senders))
+  if len(own) > 1:  # again, each of the largest shape (one shard's is its own)
+    own = [receiver_blocks.sorted_senders(row, table_rows, **shape) for row in senders]
+  return jax.tree.map(lambda *arrays: np.stack(arrays), *own)
 
 
 def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
