@@ -29,6 +29,11 @@ The layout (per edge set, host numpy, once):
 
 `width` is the longest run of receivers a block spans from its aligned first, rounded
 up to a multiple of 8.
+
+The senders' side: the processor's blocks read their senders' rows from a window of the
+sender table each, the few outside it from a short list (`SenderWindows`). An encoder's
+or decoder's senders' gradient, each sender's sum over its edges, is summed by the same
+blocks laid over the edges sorted by sender (`SortedSenders`).
 """
 
 from __future__ import annotations
