@@ -37,9 +37,9 @@ float32 (XLA's version rounds the hidden layer and the second layer's output
 to the activation dtype in between; in float32 the two agree to rounding). Products
 of float32 operands, the MLPs' and the 0/1 matrices' alike, are made as XLA makes a
 float32 product on the same chip (`aggregation.float32_products`): on a TPU at its
-default matmul precision one bfloat16 pass (the gathered rows and the summed messages rounded to
-bfloat16, as an MLP's inputs are; sums accumulated in float32), else in float32, the
-0/1 products then gathering exactly and summing in float32 (`_one_hot_dot`).
+default matmul precision one bfloat16 pass (the gathered rows and the summed messages
+rounded to bfloat16, as an MLP's inputs are; sums accumulated in float32), else in
+float32, the 0/1 products then gathering exactly and summing in float32 (`_one_hot_dot`).
 On a CPU the kernels run in Pallas's interpreter (for tests; slow).
 """
 
