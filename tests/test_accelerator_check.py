@@ -45,11 +45,11 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
                                                  "parameters")]
   assert setup["problem"] == "tiny" and min(parts) >= 0 and parts[2] > 0
   assert sum(parts) == pytest.approx(setup["seconds"], abs=0.05)
-  # The far rows' gradient in six forms: the same sums (bfloat16 to its rounding).
+  # The far rows' gradient in seven forms: the same sums (bfloat16 to its rounding).
   forms = {r["form"]: r for r in by_step["far_rows"]}
-  assert len(forms) == 6 and all(r["far_rows_read"] > 0 and r["milliseconds"] > 0
+  assert len(forms) == 7 and all(r["far_rows_read"] > 0 and r["milliseconds"] > 0
                                  for r in forms.values())
-  assert [r["max_difference"] < 1e-4 for r in forms.values()] == [True] * 5 + [False]
+  assert [r["max_difference"] < 1e-4 for r in forms.values()] == [True] * 6 + [False]
   assert forms["segment sum, bfloat16"]["max_difference"] < 0.5
   for name in ("tests", "parity_tests"):
     assert by_step[name][0]["exit_status"] == 0 and by_step[name][0]["passed"] == 1

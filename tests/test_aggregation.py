@@ -297,7 +297,10 @@ def test_senders_sorted_equal_by_index(dtype):
   senders = rng.integers(0, 40, num_edges).astype(np.int32)  # rows 40..49 never read
   senders[:40] = 7  # one sender of more than a block's edges
   sorted_senders = receiver_blocks.sorted_senders(senders, 40, slots=16)
-  assert np.all(np.diff(senders[sorted_senders.order]) >= 0)
+  order = sorted_senders.order
+  assert np.all(order[num_edges:] == num_edges)  # padding to whole blocks
+  assert sorted(order[:num_edges]) == list(range(num_edges))
+  assert np.all(np.diff(senders[order[:num_edges]]) >= 0)
   assert len(sorted_senders.blocks.extra_rows) >= 2
   table = jnp.asarray(rng.standard_normal((num_senders, width)), dtype)
   weights = jnp.asarray(rng.standard_normal((num_edges, width)), jnp.float32)
@@ -322,3 +325,20 @@ def test_the_interaction_networks_block_sizes_default_to_the_layouts():
   spec = GNNSpec()
   assert (spec.edge_block_slots, spec.sender_window_margin) == (
       receiver_blocks.BlockSizes().slots, receiver_blocks.BlockSizes().sender_margin)
+
+
+def test_far_rows_summed_onto_their_senders():
+  """The far lists' rows (`SenderWindows`) summed onto their senders in sender order equal
+  a sum by index of the rows far edges read; the lists' padding rows add nothing."""
+  edges, _, table = _edge_problem(num_receivers=150, width=4, slots=32)
+  num_senders = table.shape[0]
+  windows = receiver_blocks.sender_windows(edges.senders, edges.blocks, num_senders, margin=1)
+  num_blocks, far = windows.far_senders.shape
+  read = np.arange(far) < np.bincount(
+      np.nonzero(windows.far_local < far)[0], minlength=num_blocks)[:, None]
+  assert read.sum() > windows.far_blocks.slots and not read.all()  # several blocks, padding
+  rng = np.random.default_rng(5)
+  rows = jnp.asarray(rng.standard_normal((num_blocks, far, 4)), jnp.float32)
+  by_index = jax.ops.segment_sum(rows[read], windows.far_senders[read], num_senders)
+  np.testing.assert_allclose(aggregation.sum_far_rows(rows, windows, num_senders), by_index,
+                             rtol=1e-6, atol=1e-6)

@@ -31,9 +31,10 @@ The layout (per edge set, host numpy, once):
 up to a multiple of 8.
 
 The senders' side: the processor's blocks read their senders' rows from a window of the
-sender table each, the few outside it from a short list (`SenderWindows`). An encoder's
-or decoder's senders' gradient, each sender's sum over its edges, is summed by the same
-blocks laid over the edges sorted by sender (`SortedSenders`).
+sender table each, the few outside it from a short list (`SenderWindows`). A gradient
+summed onto senders by index would be a scatter; it is summed by the same kind of blocks
+laid over its rows sorted by sender (`in_sender_order`): the far lists' rows, and an
+encoder's or decoder's edges (`SortedSenders`).
 """
 
 from __future__ import annotations
@@ -148,6 +149,9 @@ def block_edges(receivers: np.ndarray, num_receivers: int, slots: int = SLOTS,
 # paper step at 1 deg took 0.435 s with 64 rows against 0.464 s with 128, 0.439 s with
 # 32 (512 slots) and 0.457 s with 32 (384 slots) (docs/benchmarks.md).
 SENDER_MARGIN = 64
+# Far rows per block when they are summed onto their senders in sender order: at 1 deg a
+# block's far rows span about 1.3 sender rows each, so the 0/1 products stay narrow.
+FAR_SLOTS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +169,11 @@ class SenderWindows:
       `far` for a near or padding edge.
     far_senders: `[num_blocks, far]` int32, the far lists: the far edges' senders (0 where
       none).
+    far_order: `[far_blocks * FAR_SLOTS]` int32, the far lists' rows (`block * far + row`)
+      that a far edge reads, in sender order (`num_blocks * far`: none, padding), and
+      `far_blocks` their `ReceiverBlocks` (the "receivers": the sender table's rows), so
+      that the far rows' gradient is summed onto their senders by blocks
+      (`in_sender_order`), not scattered.
     width: rows per window (static).
   """
 
@@ -173,24 +182,29 @@ class SenderWindows:
   rows: np.ndarray
   far_local: np.ndarray
   far_senders: np.ndarray
+  far_order: np.ndarray
+  far_blocks: ReceiverBlocks
   width: int
 
 
 jax.tree_util.register_dataclass(
-    SenderWindows, data_fields=["first", "local", "rows", "far_local", "far_senders"],
+    SenderWindows, data_fields=["first", "local", "rows", "far_local", "far_senders",
+                                "far_order", "far_blocks"],
     meta_fields=["width"])
 
 
 def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int,
                    margin: int = SENDER_MARGIN, width: int | None = None,
-                   far: int | None = None, spans: int | None = None) -> SenderWindows:
+                   far: int | None = None, spans: int | None = None,
+                   far_blocks: dict | None = None) -> SenderWindows:
   """The sender windows of edges laid out in `blocks` (`senders`: `[num_blocks * slots]`).
 
   A block's window is as wide as its receiver window and `margin` rows on either side,
   centred on the block's median sender (the sender table need not hold the receivers at
   their own rows: under graph sharding it is the exchange's), moved to lie inside the
-  table (`table_rows`), its first row a multiple of `ALIGN`. `width`, `far`, `spans`: at
-  least these (several shards' windows are stacked with the largest of each).
+  table (`table_rows`), its first row a multiple of `ALIGN`. `width`, `far`, `spans`, and
+  `far_blocks` (`block_edges`' `num_blocks`, `width`, `extras` of the far rows in sender
+  order): at least these (several shards' windows are stacked with the largest of each).
   """
   num_blocks, slots = blocks.local.shape
   by_block = np.asarray(senders, np.int64).reshape(num_blocks, slots)
@@ -209,6 +223,9 @@ def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int
   far_senders = np.zeros((num_blocks, far + 1), np.int64)
   far_senders[np.arange(num_blocks)[:, None], far_local] = np.where(is_far, by_block, 0)
   far_senders = far_senders[:, :far]
+  far_order, far_by_sender = in_sender_order(
+      far_senders.reshape(-1), np.flatnonzero(np.arange(far) < is_far.sum(axis=1)[:, None]),
+      num_senders, FAR_SLOTS, **(far_blocks or {}))
   # Each sender's rows of the partial sums: one per block whose near edges it sends.
   flat = (np.arange(num_blocks)[:, None] * width + local)[near]
   pairs = np.unique(np.stack([by_block[near], flat]), axis=1)  # sorted by sender
@@ -217,8 +234,18 @@ def sender_windows(senders: np.ndarray, blocks: ReceiverBlocks, num_senders: int
   rows = np.full((spans, num_senders), num_blocks * width, np.int64)
   span = np.arange(pairs.shape[1]) - np.repeat(np.cumsum(counts) - counts, counts)
   rows[span, pairs[0]] = pairs[1]
-  return SenderWindows(first.astype(np.int32), local.astype(np.int32), rows.astype(np.int32),
-                       far_local.astype(np.int32), far_senders.astype(np.int32), width)
+  return SenderWindows(*(a.astype(np.int32) for a in (first, local, rows, far_local,
+                                                       far_senders, far_order)),
+                       far_by_sender, width)
+
+
+def common_windows_shape(windows: list[SenderWindows]) -> dict:
+  """`sender_windows`' keyword arguments that give every one of `windows` (one graph
+  shard's each) the largest one's shape."""
+  return dict(width=max(w.width for w in windows),
+              far=max(w.far_senders.shape[1] for w in windows),
+              spans=max(w.rows.shape[0] for w in windows),
+              far_blocks=common_blocks_shape([w.far_blocks for w in windows]))
 
 
 # The edge sets laid out in receiver blocks on a device: the processor's, summed 16 times
@@ -243,7 +270,8 @@ class SortedSenders:
 
   Attributes:
     indices: `[num_edges]` int32, each edge's sender row (as `EdgeSet.senders`).
-    order: `[num_edges]` int32, the edges in sender order (a stable sort of `indices`).
+    order: `[num_blocks * slots]` int32, the edges in sender order (a stable sort of
+      `indices`; `num_edges`: none, padding).
     blocks: `ReceiverBlocks` of the sorted senders: "receivers" are the sender table's rows.
   """
 
@@ -256,6 +284,31 @@ jax.tree_util.register_dataclass(SortedSenders, data_fields=["indices", "order",
                                  meta_fields=[])
 
 
+def in_sender_order(senders: np.ndarray, rows: np.ndarray, num_senders: int,
+                    slots: int = SLOTS, num_blocks: int | None = None,
+                    width: int | None = None, extras: int | None = None
+                    ) -> tuple[np.ndarray, ReceiverBlocks]:
+  """`(order [num_blocks * slots], blocks)`: the `rows` (positions in `senders`, the sender
+  row of each of a gradient's rows) in sender order, padded with `len(senders)` (none),
+  and the blocks of their senders (`block_edges` with these arguments; "receivers": the
+  sender table's `num_senders` rows)."""
+  senders = np.asarray(senders, np.int64)
+  rows = np.asarray(rows, np.int64)
+  rows = rows[np.argsort(senders[rows], kind="stable")]
+  blocks = block_edges(senders[rows], num_senders, slots, num_blocks, width, extras)
+  order = np.full(blocks.local.size, len(senders), np.int64)
+  order[:len(rows)] = rows
+  return order.astype(np.int32), blocks
+
+
+def common_blocks_shape(blocks: list[ReceiverBlocks]) -> dict:
+  """`block_edges`' `num_blocks`, `width`, `extras` that give every one of `blocks` the
+  largest one's shape (several graph shards' are stacked)."""
+  return dict(num_blocks=max(b.local.shape[0] for b in blocks),
+              width=max(b.width for b in blocks),
+              extras=max(len(b.extra_rows) for b in blocks))
+
+
 def sorted_senders(senders: np.ndarray, num_senders: int, slots: int = SLOTS,
                    num_blocks: int | None = None, width: int | None = None,
                    extras: int | None = None) -> SortedSenders:
@@ -263,9 +316,8 @@ def sorted_senders(senders: np.ndarray, num_senders: int, slots: int = SLOTS,
   edges read a real row: their gradient rows are zero). `num_blocks`, `width`, `extras`:
   at least these, as `block_edges` takes them."""
   senders = np.asarray(senders, np.int32)
-  order = np.argsort(senders, kind="stable").astype(np.int32)
-  return SortedSenders(senders, order, block_edges(senders[order], num_senders, slots,
-                                                   num_blocks, width, extras))
+  return SortedSenders(senders, *in_sender_order(senders, np.arange(len(senders)), num_senders,
+                                                 slots, num_blocks, width, extras))
 
 
 @dataclasses.dataclass(frozen=True)

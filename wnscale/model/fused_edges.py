@@ -28,8 +28,8 @@ edges go to none.) Its reads: `e` once, the windows and the far rows; its writes
 from the same inputs and writes the gradients of `e`, of both windows and of the
 far rows, accumulating the weights' across blocks. What lies outside the kernels
 is XLA's: the far rows gathered, the partial sums assembled
-(`wnscale.model.aggregation`), and the far rows' gradient scattered to their
-senders (a scatter of a tenth of the edges or so, not all of them).
+(`wnscale.model.aggregation`), and the far rows' gradient summed onto their
+senders (permuted into sender order and summed by blocks, as the sums are).
 
 The arithmetic is `InteractionNetwork.messages` plus the sum to the receivers:
 products of the activation dtype accumulated in float32, everything else in
@@ -117,9 +117,8 @@ def _edge_step_backward(epsilon, write_over_edges, residuals, cotangents):
       params, edges, _tables(sender_table, senders, receiver_table, blocks), senders, blocks,
       epsilon, aggregation.padded_table(grad_sums.astype(jnp.float32), blocks.width),
       grad_new_edges)
-  grad_sender_table = aggregation.assemble(grad_sender_windows, senders) + jax.ops.segment_sum(
-      grad_far.reshape((-1,) + grad_far.shape[2:]), senders.far_senders.reshape(-1),
-      num_segments=sender_table.shape[0])
+  grad_sender_table = aggregation.assemble(grad_sender_windows, senders) + (
+      aggregation.sum_far_rows(grad_far, senders, sender_table.shape[0]))
   grad_receiver_table = aggregation.assemble(grad_windows, blocks)
   grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
   return (grad_params, grad_edges, grad_sender_table.astype(sender_table.dtype), None,

@@ -174,9 +174,7 @@ def _sorted_senders(senders: np.ndarray, table_rows: int) -> receiver_blocks.Sor
   """Stacked `[S, ...]` `SortedSenders` of each shard's `[S, E_max]` senders (rows of its
   sender table of `table_rows`), every shard's of the largest shape."""
   own = [receiver_blocks.sorted_senders(row, table_rows) for row in senders]
-  shape = dict(num_blocks=max(s.blocks.local.shape[0] for s in own),
-               width=max(s.blocks.width for s in own),
-               extras=max(len(s.blocks.extra_rows) for s in own))
+  shape = receiver_blocks.common_blocks_shape([s.blocks for s in own])
   if len(own) > 1:  # again, each of the largest shape (one shard's is its own)
     own = [receiver_blocks.sorted_senders(row, table_rows, **shape) for row in senders]
   return jax.tree.map(lambda *arrays: np.stack(arrays), *own)
@@ -196,8 +194,7 @@ def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
                           features=edges.features[s]) for s in range(len(edges.senders))]
   own = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots)
          for shard in shards]
-  shape = dict(num_blocks=max(b.local.shape[0] for b in own), width=max(b.width for b in own),
-               extras=max(len(b.extra_rows) for b in own))
+  shape = receiver_blocks.common_blocks_shape(own)
   blocks = [receiver_blocks.block_edges(shard.receivers, per_shard, sizes.slots, **shape)
             for shard in shards]
   laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, sizes=sizes,
@@ -205,10 +202,7 @@ def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
               for shard, b in zip(shards, blocks)]
   if not windowed:
     return jax.tree.map(lambda *arrays: np.stack(arrays), *laid_out)
-  windows = [shard.sender_windows for shard in laid_out]
-  windows_shape = dict(width=max(w.width for w in windows),
-                       far=max(w.far_senders.shape[1] for w in windows),
-                       spans=max(w.rows.shape[0] for w in windows))
+  windows_shape = receiver_blocks.common_windows_shape([shard.sender_windows for shard in laid_out])
   laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, windows_shape,
                                           sizes)
               for shard, b in zip(shards, blocks)]
