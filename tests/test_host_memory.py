@@ -17,9 +17,12 @@ pytestmark = pytest.mark.skipif(not host_memory._thp_on_request(),
 
 
 def plain_env(**env) -> dict:
-  """This environment without the tunable and the opt-out, plus `env`."""
+  """This environment (this working tree's package first on the path) without the tunable
+  and the opt-out, plus `env`."""
   return {**{k: v for k, v in os.environ.items()
-             if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT)}, **env}
+             if k not in ("GLIBC_TUNABLES", host_memory.OPT_OUT)},
+          "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+          **env}
 
 
 def probe(*args, **env) -> tuple[int, str, int, int]:

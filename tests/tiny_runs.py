@@ -58,6 +58,8 @@ def process_env() -> dict:
   """The test session's environment for a launched process: CPU, its own device count
   (`--num_cpu_devices`), no libtpu settings, fast compiles."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", **fast_compile_env())
+  # This working tree's package, whatever an editable install points at.
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
   for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"):
     env.pop(name, None)
   return env
