@@ -110,9 +110,9 @@ def gather_senders(table: jax.Array, senders) -> jax.Array:
   `senders`: the indices (`[num_edges]`); or the edges' `SenderWindows` (of a receiver
   block layout): the near senders' rows as products with each block's 0/1 matrix
   `[window, slots]`, the far ones gathered and placed; its gradient the transposes (the
-  far rows' summed in sender order, as the sorted senders' are); or their `SortedSenders`: the
-  rows gathered by index, the gradient (each sender's sum of its edges' rows) the edges'
-  rows in sender order summed by blocks, no scatter.
+  far rows' summed by blocks in sender order); or their `SortedSenders`: the rows
+  gathered by index, the gradient (each sender's sum of its edges' rows) the edges' rows
+  in sender order summed by blocks, no scatter.
   """
   if isinstance(senders, SenderWindows):
     return _gather_windows(table, senders)
@@ -252,6 +252,24 @@ def _gather_blocks_backward(residuals, grad):
 _gather_blocks.defvjp(_gather_blocks_forward, _gather_blocks_backward)
 
 
+def sum_far_rows(far_rows, windows_: SenderWindows, num_senders: int) -> jax.Array:
+  """`[num_blocks, far, D]` rows of the far lists (`SenderWindows.far_senders`; rows no
+  edge reads: ignored) summed onto their senders: `[num_senders, D]` float32."""
+  return _sum_in_order(far_rows.reshape((-1,) + far_rows.shape[2:]), windows_.far_order,
+                       windows_.far_blocks, num_senders)
+
+
+def _sum_in_order(values, order, blocks: ReceiverBlocks, num_rows: int) -> jax.Array:
+  """`values [R, D]` summed onto the table rows `order` and `blocks` give them
+  (`receiver_blocks.in_sender_order`): `[num_rows, D]` float32. A permutation and products
+  with 0/1 matrices, where a sum by index is a scatter."""
+  in_order = values.at[order].get(mode="fill", fill_value=0)
+  sums = assemble(_partials(in_order, blocks), blocks)
+  # The layout's rows are the table's (rows past them, if any, have no values).
+  missing = num_rows - sums.shape[0]
+  return jnp.pad(sums, [(0, missing), (0, 0)]) if missing > 0 else sums[:num_rows]
+
+
 def _far_one_hot(windows_: SenderWindows, dtype) -> jax.Array:
   """`[num_blocks, far, slots]`: 1 where a block's slot holds that far edge."""
   far = windows_.far_senders.shape[1]
@@ -282,24 +300,6 @@ def _gather_windows_backward(residuals, grad):
   grad_table = assemble(_partials(grad, windows_), windows_) + sum_far_rows(
       far, windows_, like.shape[0])
   return grad_table.astype(like.dtype), None
-
-
-def sum_far_rows(far_rows, windows_: SenderWindows, num_senders: int) -> jax.Array:
-  """`[num_blocks, far, D]` rows of the far lists (`SenderWindows.far_senders`; rows no
-  edge reads: ignored) summed onto their senders: `[num_senders, D]` float32."""
-  return _sum_in_order(far_rows.reshape((-1,) + far_rows.shape[2:]), windows_.far_order,
-                       windows_.far_blocks, num_senders)
-
-
-def _sum_in_order(values, order, blocks: ReceiverBlocks, num_rows: int) -> jax.Array:
-  """`values [R, D]` summed onto the table rows `order` and `blocks` give them
-  (`receiver_blocks.in_sender_order`): `[num_rows, D]` float32. A permutation and products
-  with 0/1 matrices, where a sum by index is a scatter."""
-  in_order = values.at[order].get(mode="fill", fill_value=0)
-  sums = assemble(_partials(in_order, blocks), blocks)
-  # The layout's rows are the table's (rows past them, if any, have no values).
-  missing = num_rows - sums.shape[0]
-  return jnp.pad(sums, [(0, missing), (0, 0)]) if missing > 0 else sums[:num_rows]
 
 
 _gather_windows.defvjp(_gather_windows_forward, _gather_windows_backward)

@@ -202,7 +202,8 @@ def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
               for shard, b in zip(shards, blocks)]
   if not windowed:
     return jax.tree.map(lambda *arrays: np.stack(arrays), *laid_out)
-  windows_shape = receiver_blocks.common_windows_shape([shard.sender_windows for shard in laid_out])
+  windows_shape = receiver_blocks.common_windows_shape(
+      [shard.sender_windows for shard in laid_out])
   laid_out = [receiver_blocks.with_blocks(shard, per_shard, table_rows, b, windows_shape,
                                           sizes)
               for shard, b in zip(shards, blocks)]
