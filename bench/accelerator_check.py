@@ -43,7 +43,7 @@ their figures, and only one process at a time holds the accelerator:
                   compiled peak 15.11 GiB; docs/benchmarks.md) and the config's attention;
                   with --cpu a tiny denoiser on the tiny config's grid
   far_rows        the fused edge step's far rows' gradient (the paper model's mesh edges,
-                  latent 512) in six forms, timed: which one the code should use
+                  latent 512) in seven forms, the code's first, timed
 
 Each model step records its step time, compile time, compiled and measured peak memory,
 utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
