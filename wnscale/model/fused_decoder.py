@@ -1,0 +1,243 @@
+"""The decoder's edge step (mesh -> grid) as one Pallas kernel per block of grid rows
+(a prototype: not yet called by `GraphCast.decode`).
+
+The decoder's edges come exactly `k` per grid node (GraphCast's graphs: 3, the corners
+of the node's mesh triangle), laid out slot-major (`aggregation.FixedInDegree`: edge `j`
+of receiver `r` at row `j * R + r`), so a block of `n` grid rows owns the `k` blocks
+of `n` edges at the same rows of each slot, and no two blocks share a receiver. Per
+edge XLA computes the embedding of its static features, the interaction network's
+message and the sum over each receiver's `k` messages, writing and reading several
+`[num_edges, D]` arrays (3.1M edges at 0.25 deg); here, per block and for each slot,
+one kernel keeps them on the chip:
+
+  e        = mlp(features; W1, b1, W2, b2, scale1, offset1)  the edge latents [n, H]
+                                                      (the embedder, with its layer norm)
+  hidden   = e @ W_h + b_h + sender_rows + receiver_rows      [n, D]
+  message  = layer_norm(swish(hidden) @ W_o + b_o) * scale + offset
+  sums     = the sum over the k slots of the messages         [n, D] float32
+
+Its reads: the features, the edges' sender rows (the projected mesh latents, gathered
+by XLA outside the kernel; their gradient goes back through XLA's gather) and the
+block's rows of the projected receivers; its write: the sums. The backward kernel
+recomputes a block's forward pass and writes the gradients of the sender rows
+`[k, n, D]` and of the block's receiver rows `[n, D]` (the sum over the slots of the
+hidden layer's gradient: receivers of different blocks are disjoint, so nothing is
+assembled), accumulating the two MLPs' twelve parameters' gradients across blocks.
+The arithmetic is `fused_edges`': products of the activation dtype accumulated in
+float32, float32 products made as `aggregation.float32_products` says, everything
+else in float32; on a CPU the kernels run in Pallas's interpreter (tests; slow).
+
+How it would be wired (not done): in `GraphCast.decode`, with `aggregation.FixedInDegree`
+receivers, `EncoderDecoderEdges` would call `decoder_edge_sums` with its two MLPs'
+parameters (`mlp_params`), the edge features reshaped `[k, R, F]`, the projected
+senders gathered by the slot-major sender indices `[k, R, D]` and the projected grid
+latents, in place of `sum_edge_messages`. The gathered sender rows are one `[k R, D]`
+array in the accelerator's memory still; the next step reads them inside the kernel
+from a window of the mesh table per block (as `fused_edges` reads its sender
+windows): on the 0.25 deg graphs 90.6% of a block's decoder edges have their mesh
+sender within a 128-row window around the block's median sender and 96.2% within
+1024, but a few blocks have up to 625 far edges, so the far edges' rows would be
+gathered outside the kernel (a `[num_blocks, far, D]` array, `receiver_blocks.
+SenderWindows`' far rows) and their gradient summed onto the mesh rows by XLA.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from wnscale.model.fused_edges import _call, _mlp_dot, _out
+from wnscale.model.manual_axis_types import vary_like
+
+_PARAMS = 12  # the embedder's six parameters, then the edge MLP's six
+
+
+def mlp_params(mlp, conditioning, dtype) -> tuple:
+  """`(W1 [I, H], b1 [H], W2 [H, O], b2 [O], scale [O], offset [O])` of a `wnscale.model.
+  mlp.MLP` with a layer norm (a conditioned one's scale and offset those of
+  `conditioning`), in `dtype`: the parameters `decoder_edge_sums` takes."""
+  params = (mlp.hidden.kernel[...], mlp.hidden.bias[...], mlp.out.kernel[...],
+            mlp.out.bias[...], *mlp.norm.scale_and_offset(conditioning))
+  return tuple(p.astype(dtype) for p in params)
+
+
+def decoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_rows,
+                      receiver_table, epsilon: float, block_rows: int = 512):
+  """`[R, D]` float32: each receiver's sum of its `k` edges' messages, as
+  `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
+
+  Args:
+    embed_params: the embedder MLP's `mlp_params`, `(W1 [F, H], b1, W2 [H, H], b2,
+      scale1, offset1)`; `edge_params`: the interaction network's edge MLP's, `(W_h
+      [H, D], b_h, W_o [D, D], b_o, scale, offset)`; all in the activation dtype.
+    features: `[k, R, F]` the edges' static features, slot-major (no gradient).
+    sender_rows: `[k, R, D]` each edge's row of the projected senders, in the activation
+      dtype.
+    receiver_table: `[R, D]` the projected receivers.
+    epsilon: the layer norms'.
+    block_rows: `n`, the receivers per kernel block (a multiple of 16 on a TPU); `R` is
+      padded up to a multiple of it.
+  """
+  num_slots, num_rows, _ = sender_rows.shape
+  padded_rows = -(-num_rows // block_rows) * block_rows
+  # Padding rows' messages are summed into rows sliced off below, so their gradients
+  # (the slice's, zeros) make no gradient anywhere.
+  pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, padded_rows - num_rows), (0, 0)])
+  params = tuple(vary_like(p, sender_rows) for p in (*embed_params, *edge_params))
+  sums = _edge_sums(params, pad(features.astype(sender_rows.dtype)), pad(sender_rows),
+                    pad(receiver_table), epsilon, block_rows)
+  return sums[:num_rows]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _edge_sums(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  return _forward(params, features, sender_rows, receiver_table, epsilon, block_rows)
+
+
+def _edge_sums_forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  return (_forward(params, features, sender_rows, receiver_table, epsilon, block_rows),
+          (params, features, sender_rows, receiver_table))
+
+
+def _edge_sums_backward(epsilon, block_rows, residuals, grad_sums):
+  params, features, sender_rows, receiver_table = residuals
+  grad_sender_rows, grad_receiver_table, *grad_params = _backward(
+      params, features, sender_rows, receiver_table, grad_sums.astype(jnp.float32), epsilon,
+      block_rows)
+  grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
+  return grad_params, None, grad_sender_rows, grad_receiver_table
+
+
+_edge_sums.defvjp(_edge_sums_forward, _edge_sums_backward)
+
+
+def _mlp_forward(x, added, params, epsilon, products):
+  """An MLP with a layer norm on `x [n, I]` (activation dtype), float32: `(hidden, swish
+  (hidden), normalized, 1/std [n, 1], output)`; `added` (float32, or 0) joins the first
+  layer's output, as the interaction network's projected node rows do."""
+  w1, b1, w2, b2, scale, offset = params
+  hidden = _mlp_dot(x, w1, products) + b1.astype(jnp.float32) + added
+  activated = hidden * jax.nn.sigmoid(hidden)
+  out = _mlp_dot(activated.astype(x.dtype), w2, products) + b2.astype(jnp.float32)
+  centred = out - jnp.mean(out, axis=-1, keepdims=True)
+  inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
+  normalized = centred * inverse_std
+  output = normalized * scale.astype(jnp.float32) + offset.astype(jnp.float32)
+  return hidden, activated, normalized, inverse_std, output
+
+
+def _mlp_backward(x, params, forward, grad_output, products):
+  """`(grad hidden [n, H] float32, the six parameters' gradients float32, vectors [1, .])`
+  of `_mlp_forward`'s output given its gradient `grad_output [n, O]` float32."""
+  w1, _, w2, _, scale, _ = params
+  hidden, activated, normalized, inverse_std, _ = forward
+  dtype = x.dtype
+  mlp_dot = functools.partial(_mlp_dot, products=products)
+  column_sum = lambda value: jnp.sum(value, axis=0, keepdims=True)
+  grad_normalized = grad_output * scale.astype(jnp.float32)
+  grad_out = inverse_std * (
+      grad_normalized - jnp.mean(grad_normalized, axis=-1, keepdims=True)
+      - normalized * jnp.mean(grad_normalized * normalized, axis=-1, keepdims=True))
+  grad_out_d = grad_out.astype(dtype)
+  sigmoid = jax.nn.sigmoid(hidden)
+  grad_hidden = (mlp_dot(grad_out_d, w2, contract=((1,), (1,)))
+                 * (sigmoid + hidden * sigmoid * (1 - sigmoid)))
+  return grad_hidden, (
+      mlp_dot(x, grad_hidden.astype(dtype), contract=((0,), (0,))), column_sum(grad_hidden),
+      mlp_dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,))),
+      column_sum(grad_out), column_sum(grad_output * normalized), column_sum(grad_output))
+
+
+def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, products):
+  """One slot of a block: `(the embedder's _mlp_forward, e [n, H] in the activation dtype,
+  the edge MLP's _mlp_forward)`; `receiver_rows` `[n, D]` float32."""
+  embed_params, edge_params = params[:6], params[6:]
+  embedding = _mlp_forward(features, 0.0, embed_params, epsilon, products)
+  e = embedding[-1].astype(features.dtype)  # the embedder's output, as XLA writes it
+  edge = _mlp_forward(e, sender_rows.astype(jnp.float32) + receiver_rows, edge_params,
+                      epsilon, products)
+  return embedding, e, edge
+
+
+def _forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, epsilon, products):
+  param_refs, sums_ref = refs[:_PARAMS], refs[_PARAMS]
+  params = [ref[...] for ref in param_refs]
+  receiver_rows = receiver_ref[...].astype(jnp.float32)
+  sums = jnp.zeros(sums_ref.shape, jnp.float32)
+  for slot in range(features_ref.shape[0]):
+    *_, edge = _slot_forward(features_ref[slot], sender_rows_ref[slot], receiver_rows,
+                             params, epsilon, products)
+    # The message in the activation dtype, summed in float32, as `sum_to_receivers` does.
+    sums += edge[-1].astype(sender_rows_ref.dtype).astype(jnp.float32)
+  sums_ref[...] = sums
+
+
+def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, epsilon, products):
+  param_refs, grad_sums_ref = refs[:_PARAMS], refs[_PARAMS]
+  grad_sender_rows_ref, grad_receiver_ref, *grad_param_refs = refs[_PARAMS + 1:]
+
+  @pl.when(pl.program_id(0) == 0)
+  def _():
+    for ref in grad_param_refs:
+      ref[...] = jnp.zeros_like(ref)
+
+  params = [ref[...] for ref in param_refs]
+  w_h = params[6]
+  dtype = sender_rows_ref.dtype
+  receiver_rows = receiver_ref[...].astype(jnp.float32)
+  grad_message = grad_sums_ref[...]  # each slot's message reaches its receiver's sum
+  grad_receiver_rows = jnp.zeros(grad_receiver_ref.shape, jnp.float32)
+  grad_params = [jnp.zeros(ref.shape, jnp.float32) for ref in grad_param_refs]
+  for slot in range(features_ref.shape[0]):
+    features = features_ref[slot]
+    embedding, e, edge = _slot_forward(features, sender_rows_ref[slot], receiver_rows,
+                                       params, epsilon, products)
+    grad_hidden, edge_grads = _mlp_backward(e, params[6:], edge, grad_message, products)
+    grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
+    grad_sender_rows_ref[slot] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
+    grad_receiver_rows += grad_hidden_d.astype(jnp.float32)
+    grad_e = _mlp_dot(grad_hidden_d, w_h, products, contract=((1,), (1,)))
+    _, embed_grads = _mlp_backward(features, params[:6], embedding, grad_e, products)
+    grad_params = [total + g for total, g in zip(grad_params, (*embed_grads, *edge_grads))]
+  grad_receiver_ref[...] = grad_receiver_rows.astype(grad_receiver_ref.dtype)
+  for ref, grad in zip(grad_param_refs, grad_params):
+    ref[...] += grad
+
+
+def _specs(params, features, sender_rows, block_rows):
+  """`(the kernels' inputs after the features, sender rows and receiver table: the
+  parameters, vectors as [1, .]; the BlockSpecs of all of them)`: per block its rows of
+  each slot and of the receiver table, the parameters whole."""
+  params = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
+  by_slot = lambda x: pl.BlockSpec((x.shape[0], block_rows, x.shape[2]), lambda i: (0, i, 0))
+  whole = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)
+  rows = pl.BlockSpec((block_rows, sender_rows.shape[-1]), lambda i: (i, 0))
+  return params, [by_slot(features), by_slot(sender_rows), rows] + [whole(p) for p in params]
+
+
+def _forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  """`[padded R, D]` float32 sums (R a multiple of `block_rows`)."""
+  params, specs = _specs(params, features, sender_rows, block_rows)
+  return _call(
+      functools.partial(_forward_kernel, epsilon=epsilon), "parallel",
+      out_shape=_out(receiver_table.shape, jnp.float32, sender_rows),
+      grid=(receiver_table.shape[0] // block_rows,), in_specs=specs, out_specs=specs[2],
+  )(features, sender_rows, receiver_table, *params)
+
+
+def _backward(params, features, sender_rows, receiver_table, grad_sums, epsilon, block_rows):
+  """`(grad sender rows [k, padded R, D], grad receiver table [padded R, D], in their
+  dtypes, then the twelve parameters' gradients, float32, vectors [1, .])`."""
+  params, specs = _specs(params, features, sender_rows, block_rows)
+  param_outs = [_out(p.shape, jnp.float32, sender_rows) for p in params]
+  # "arbitrary": the parameters' gradients add up over the blocks, in order.
+  return _call(
+      functools.partial(_backward_kernel, epsilon=epsilon), "arbitrary",
+      out_shape=(_out(sender_rows.shape, sender_rows.dtype, sender_rows),
+                 _out(receiver_table.shape, receiver_table.dtype, sender_rows), *param_outs),
+      grid=(receiver_table.shape[0] // block_rows,), in_specs=specs + [specs[2]],
+      out_specs=(specs[1], specs[2], *specs[3:]),
+  )(features, sender_rows, receiver_table, *params, grad_sums)
