@@ -13,18 +13,26 @@ from wnscale.model import aggregation, fused_decoder
 from wnscale.model.graphcast import EncoderDecoderEdges
 
 
-@pytest.mark.parametrize("conditioned", [False, True])
-def test_decoder_edge_sums_equal_messages_and_sum(conditioned):
+# Plain and noise-conditioned norms in float32; the float32 products in one bfloat16 pass, as
+# the kernels make them on a TPU at its default precision (here forced on the CPU's
+# interpreter); and bfloat16 activations.
+@pytest.mark.parametrize("conditioned, products, dtype", [
+    (False, "float32", jnp.float32), (True, "float32", jnp.float32),
+    (True, "bfloat16", jnp.float32), (False, "float32", jnp.bfloat16)])
+def test_decoder_edge_sums_equal_messages_and_sum(conditioned, products, dtype, monkeypatch):
   """The summed messages of `k` edges per receiver, by one kernel per block of receivers
   (Pallas's interpreter on a CPU, 37 receivers in blocks of 16: padding rows), equal
-  `EncoderDecoderEdges`' messages summed by `aggregation.sum_to_receivers`: values, and
-  gradients of every parameter (a noise-conditioned norm's too), of the projected
-  senders (through the gather) and of the projected receivers."""
+  `EncoderDecoderEdges`' messages summed by `aggregation.sum_to_receivers` in float32:
+  values, and gradients of every parameter (a noise-conditioned norm's too), of the
+  projected senders (through the gather) and of the projected receivers. Rounded to
+  bfloat16 (activations or products), as close as XLA's own bfloat16 model is."""
   k, num_receivers, num_senders, latent, edge_size, conditioning_size = 3, 37, 11, 16, 8, 3
-  edges = EncoderDecoderEdges(latent, edge_size,
-                              conditioning_size=conditioning_size if conditioned else 0,
-                              dtype=jnp.float32, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(edges)
+  # The same parameters (float32) in either activation dtype.
+  module = lambda dtype: EncoderDecoderEdges(
+      latent, edge_size, conditioning_size=conditioning_size if conditioned else 0,
+      dtype=dtype, rngs=nnx.Rngs(0))
+  graphdef = lambda dtype: nnx.split(module(dtype))[0]
+  _, state = nnx.split(module(jnp.float32))
   rng = np.random.default_rng(0)
   # Parameters away from their initial values, so scales, offsets and the conditioned
   # norm's weights matter.
@@ -37,13 +45,14 @@ def test_decoder_edge_sums_equal_messages_and_sum(conditioned):
   sender_table, receiver_table = array(num_senders, latent), array(num_receivers, latent)
   weights = array(num_receivers, latent)
 
-  def loss(fused, state, sender_table, receiver_table):
-    edges = nnx.merge(graphdef, state)
+  def loss(fused, dtype, state, sender_table, receiver_table):
+    edges = nnx.merge(graphdef(dtype), state)
+    sender_table, receiver_table = sender_table.astype(dtype), receiver_table.astype(dtype)
     if fused:
       interaction = edges.interaction
       sums = fused_decoder.decoder_edge_sums(
-          fused_decoder.mlp_params(edges.embedder, conditioning, jnp.float32),
-          fused_decoder.mlp_params(interaction.edge_mlp, conditioning, jnp.float32),
+          fused_decoder.mlp_params(edges.embedder, conditioning, dtype),
+          fused_decoder.mlp_params(interaction.edge_mlp, conditioning, dtype),
           features.reshape(k, num_receivers, -1),
           sender_table[senders].reshape(k, num_receivers, -1), receiver_table,
           interaction.edge_mlp.norm.epsilon, block_rows=16)
@@ -55,12 +64,31 @@ def test_decoder_edge_sums_equal_messages_and_sum(conditioned):
     return jnp.sum(jnp.tanh(sums) * weights), sums
 
   arguments = (state, sender_table, receiver_table)
-  gradient = lambda fused: jax.value_and_grad(functools.partial(loss, fused),
-                                              argnums=(0, 1, 2), has_aux=True)
-  (_, want_sums), want = gradient(False)(*arguments)
-  (_, got_sums), got = jax.jit(gradient(True))(*arguments)
-  np.testing.assert_allclose(got_sums, want_sums, rtol=1e-5, atol=1e-6)
-  for path, g, w in zip(jax.tree_util.tree_flatten_with_path(want)[0],
-                        jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * float(np.abs(w).max()),
-                               err_msg=jax.tree_util.keystr(path[0]))
+  run = lambda fused, dtype: jax.jit(jax.value_and_grad(
+      functools.partial(loss, fused, dtype), argnums=(0, 1, 2), has_aux=True))(*arguments)
+  (_, want_sums), want = run(False, jnp.float32)
+  paths = [jax.tree_util.keystr(path) for path, _ in
+           jax.tree_util.tree_flatten_with_path(want)[0]]
+
+  def assert_close(result, rtol, relative_atol):
+    (_, sums), grads = result
+    for name, got, expected in zip(["sums"] + paths, [sums] + jax.tree.leaves(grads),
+                                   [want_sums] + jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(got, expected, rtol=rtol, err_msg=name,
+                                 atol=relative_atol * float(np.abs(expected).max()))
+
+  if products == "float32" and dtype == jnp.float32:
+    assert_close(run(True, dtype), rtol=1e-5, relative_atol=2e-6)
+    return
+  # Rounded operands: the same function to bfloat16's rounding (8 bits), about 1% of the
+  # largest gradient after two MLPs' backward passes, as XLA's bfloat16 model is.
+  rounded = dict(rtol=5e-2, relative_atol=3e-2)
+  if products == "bfloat16":
+    in_float32 = run(True, dtype)[0][1]
+    monkeypatch.setattr(aggregation, "float32_products", lambda platform: products)
+    fused = run(True, dtype)
+    assert not np.array_equal(fused[0][1], in_float32)
+  else:  # bfloat16 activations
+    assert_close(run(False, dtype), **rounded)
+    fused = run(True, dtype)
+  assert_close(fused, **rounded)
