@@ -81,7 +81,7 @@ def decoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_
     block_rows: `n`, the receivers per kernel block (a multiple of 16 on a TPU); `R` is
       padded up to a multiple of it.
   """
-  num_slots, num_rows, _ = sender_rows.shape
+  num_rows = sender_rows.shape[1]
   padded_rows = -(-num_rows // block_rows) * block_rows
   # Padding rows' messages are summed into rows sliced off below, so their gradients
   # (the slice's, zeros) make no gradient anywhere.
