@@ -21,11 +21,12 @@ from wnscale.model.graphcast import EncoderDecoderEdges
     (True, "bfloat16", jnp.float32), (False, "float32", jnp.bfloat16)])
 def test_decoder_edge_sums_equal_messages_and_sum(conditioned, products, dtype, monkeypatch):
   """The summed messages of `k` edges per receiver, by one kernel per block of receivers
-  (Pallas's interpreter on a CPU, 37 receivers in blocks of 16: padding rows), equal
-  `EncoderDecoderEdges`' messages summed by `aggregation.sum_to_receivers` in float32:
-  values, and gradients of every parameter (a noise-conditioned norm's too), of the
-  projected senders (through the gather) and of the projected receivers. Rounded to
-  bfloat16 (activations or products), as close as XLA's own bfloat16 model is."""
+  (Pallas's interpreter on a CPU; 37 receivers in blocks of 16, the last running past the
+  arrays' ends), equal `EncoderDecoderEdges`' messages summed by
+  `aggregation.sum_to_receivers` in float32: values, and gradients of every parameter (a
+  noise-conditioned norm's too), of the projected senders (through the gather) and of the
+  projected receivers. Rounded to bfloat16 (activations or products), as close as XLA's
+  own bfloat16 model is."""
   k, num_receivers, num_senders, latent, edge_size, conditioning_size = 3, 37, 11, 16, 8, 3
   # The same parameters (float32) in either activation dtype.
   module = lambda dtype: EncoderDecoderEdges(

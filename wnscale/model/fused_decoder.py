@@ -78,18 +78,15 @@ def decoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_
       dtype.
     receiver_table: `[R, D]` the projected receivers.
     epsilon: the layer norms'.
-    block_rows: `n`, the receivers per kernel block (a multiple of 16 on a TPU); `R` is
-      padded up to a multiple of it.
+    block_rows: `n`, the receivers per kernel block (a multiple of 16 on a TPU). Where
+      it does not divide `R`, the last block runs past the arrays' ends (no padded
+      copies: at 0.25 deg those of the sender rows and their gradient alone are 6 GiB
+      in bfloat16); the kernels compute its rows past `R` from zeros and with a zero
+      gradient, and Pallas drops their outputs.
   """
-  num_rows = sender_rows.shape[1]
-  padded_rows = -(-num_rows // block_rows) * block_rows
-  # Padding rows' messages are summed into rows sliced off below, so their gradients
-  # (the slice's, zeros) make no gradient anywhere.
-  pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, padded_rows - num_rows), (0, 0)])
   params = tuple(vary_like(p, sender_rows) for p in (*embed_params, *edge_params))
-  sums = _edge_sums(params, pad(features.astype(sender_rows.dtype)), pad(sender_rows),
-                    pad(receiver_table), epsilon, block_rows)
-  return sums[:num_rows]
+  return _edge_sums(params, features.astype(sender_rows.dtype), sender_rows, receiver_table,
+                    epsilon, block_rows)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -162,20 +159,33 @@ def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, product
   return embedding, e, edge
 
 
-def _forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, epsilon, products):
+def _in_rows(num_rows: int, block_rows: int):
+  """`x -> x` with a block's rows past `num_rows` (the last block's, where `block_rows`
+  does not divide it) made 0: they hold whatever lies past the arrays' ends, perhaps not
+  finite, and would reach the parameters' gradients."""
+  if num_rows % block_rows == 0:
+    return lambda x: x
+  row = pl.program_id(0) * block_rows + jax.lax.broadcasted_iota(jnp.int32, (block_rows, 1), 0)
+  return lambda x: jnp.where(row < num_rows, x, jnp.zeros_like(x))
+
+
+def _forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows, epsilon,
+                    products):
   param_refs, sums_ref = refs[:_PARAMS], refs[_PARAMS]
   params = [ref[...] for ref in param_refs]
-  receiver_rows = receiver_ref[...].astype(jnp.float32)
+  in_rows = _in_rows(num_rows, sums_ref.shape[0])
+  receiver_rows = in_rows(receiver_ref[...].astype(jnp.float32))
   sums = jnp.zeros(sums_ref.shape, jnp.float32)
   for slot in range(features_ref.shape[0]):
-    *_, edge = _slot_forward(features_ref[slot], sender_rows_ref[slot], receiver_rows,
-                             params, epsilon, products)
+    *_, edge = _slot_forward(in_rows(features_ref[slot]), in_rows(sender_rows_ref[slot]),
+                             receiver_rows, params, epsilon, products)
     # The message in the activation dtype, summed in float32, as `sum_to_receivers` does.
     sums += edge[-1].astype(sender_rows_ref.dtype).astype(jnp.float32)
   sums_ref[...] = sums
 
 
-def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, epsilon, products):
+def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows, epsilon,
+                     products):
   param_refs, grad_sums_ref = refs[:_PARAMS], refs[_PARAMS]
   grad_sender_rows_ref, grad_receiver_ref, *grad_param_refs = refs[_PARAMS + 1:]
 
@@ -187,13 +197,14 @@ def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, epsilon
   params = [ref[...] for ref in param_refs]
   w_h = params[6]
   dtype = sender_rows_ref.dtype
-  receiver_rows = receiver_ref[...].astype(jnp.float32)
-  grad_message = grad_sums_ref[...]  # each slot's message reaches its receiver's sum
+  in_rows = _in_rows(num_rows, grad_receiver_ref.shape[0])
+  receiver_rows = in_rows(receiver_ref[...].astype(jnp.float32))
+  grad_message = in_rows(grad_sums_ref[...])  # each slot's message reaches its receiver's sum
   grad_receiver_rows = jnp.zeros(grad_receiver_ref.shape, jnp.float32)
   grad_params = [jnp.zeros(ref.shape, jnp.float32) for ref in grad_param_refs]
   for slot in range(features_ref.shape[0]):
-    features = features_ref[slot]
-    embedding, e, edge = _slot_forward(features, sender_rows_ref[slot], receiver_rows,
+    features = in_rows(features_ref[slot])
+    embedding, e, edge = _slot_forward(features, in_rows(sender_rows_ref[slot]), receiver_rows,
                                        params, epsilon, products)
     grad_hidden, edge_grads = _mlp_backward(e, params[6:], edge, grad_message, products)
     grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
@@ -208,9 +219,9 @@ def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, epsilon
 
 
 def _specs(params, features, sender_rows, block_rows):
-  """`(the kernels' inputs after the features, sender rows and receiver table: the
-  parameters, vectors as [1, .]; the BlockSpecs of all of them)`: per block its rows of
-  each slot and of the receiver table, the parameters whole."""
+  """`(the parameters as the kernels take them, vectors as [1, .]; the kernels' BlockSpecs)`:
+  per block its rows of each slot's features and sender rows and of the receiver table,
+  then the parameters whole."""
   params = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
   by_slot = lambda x: pl.BlockSpec((x.shape[0], block_rows, x.shape[2]), lambda i: (0, i, 0))
   whole = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)
@@ -218,26 +229,33 @@ def _specs(params, features, sender_rows, block_rows):
   return params, [by_slot(features), by_slot(sender_rows), rows] + [whole(p) for p in params]
 
 
+def _grid(receiver_table, block_rows):
+  """One block per `block_rows` receivers, the last perhaps short."""
+  return (-(-receiver_table.shape[0] // block_rows),)
+
+
 def _forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
-  """`[padded R, D]` float32 sums (R a multiple of `block_rows`)."""
+  """`[R, D]` float32 sums."""
   params, specs = _specs(params, features, sender_rows, block_rows)
+  kernel = functools.partial(_forward_kernel, num_rows=receiver_table.shape[0], epsilon=epsilon)
   return _call(
-      functools.partial(_forward_kernel, epsilon=epsilon), "parallel",
-      out_shape=_out(receiver_table.shape, jnp.float32, sender_rows),
-      grid=(receiver_table.shape[0] // block_rows,), in_specs=specs, out_specs=specs[2],
+      kernel, "parallel", out_shape=_out(receiver_table.shape, jnp.float32, sender_rows),
+      grid=_grid(receiver_table, block_rows), in_specs=specs, out_specs=specs[2],
   )(features, sender_rows, receiver_table, *params)
 
 
 def _backward(params, features, sender_rows, receiver_table, grad_sums, epsilon, block_rows):
-  """`(grad sender rows [k, padded R, D], grad receiver table [padded R, D], in their
-  dtypes, then the twelve parameters' gradients, float32, vectors [1, .])`."""
+  """`(grad sender rows [k, R, D], grad receiver table [R, D], in their dtypes, then the
+  twelve parameters' gradients, float32, vectors [1, .])`."""
   params, specs = _specs(params, features, sender_rows, block_rows)
   param_outs = [_out(p.shape, jnp.float32, sender_rows) for p in params]
+  kernel = functools.partial(_backward_kernel, num_rows=receiver_table.shape[0],
+                             epsilon=epsilon)
   # "arbitrary": the parameters' gradients add up over the blocks, in order.
   return _call(
-      functools.partial(_backward_kernel, epsilon=epsilon), "arbitrary",
+      kernel, "arbitrary",
       out_shape=(_out(sender_rows.shape, sender_rows.dtype, sender_rows),
                  _out(receiver_table.shape, receiver_table.dtype, sender_rows), *param_outs),
-      grid=(receiver_table.shape[0] // block_rows,), in_specs=specs + [specs[2]],
+      grid=_grid(receiver_table, block_rows), in_specs=specs + [specs[2]],
       out_specs=(specs[1], specs[2], *specs[3:]),
   )(features, sender_rows, receiver_table, *params, grad_sums)
