@@ -93,3 +93,32 @@ def test_decoder_edge_sums_equal_messages_and_sum(conditioned, products, dtype, 
     assert_close(run(False, dtype), **rounded)
     fused = run(True, dtype)
   assert_close(fused, **rounded)
+
+
+def test_decoder_edge_sums_under_vmap():
+  """Under the model's batch `vmap` (a grid axis more for the kernels) each example's sums
+  and gradients are its own, the parameters' gradients summed over its own blocks only."""
+  k, num_receivers, features, edge_size, latent = 3, 37, EDGE_FEATURES, 8, 16
+  rng = np.random.default_rng(0)
+  array = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  mlp_params = lambda inputs, hidden, outputs: (
+      array(inputs, hidden), array(hidden), array(hidden, outputs), array(outputs),
+      array(outputs), array(outputs))
+  embed_params, edge_params = mlp_params(features, edge_size, edge_size), mlp_params(
+      edge_size, latent, latent)
+  edge_features = array(k, num_receivers, features)
+  batch = (array(2, k, num_receivers, latent), array(2, num_receivers, latent),
+           array(2, num_receivers, latent))
+
+  def gradients(embed_params, edge_params, sender_rows, receiver_table, weights):
+    loss = lambda *args: jnp.sum(jnp.tanh(fused_decoder.decoder_edge_sums(
+        *args[:2], edge_features, *args[2:], epsilon=1e-5, block_rows=16)) * weights)
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(embed_params, edge_params, sender_rows,
+                                                receiver_table)
+
+  batched = jax.jit(jax.vmap(gradients, in_axes=(None, None, 0, 0, 0)))(
+      embed_params, edge_params, *batch)
+  for example in range(2):
+    alone = jax.jit(gradients)(embed_params, edge_params, *(x[example] for x in batch))
+    for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(alone), strict=True):
+      np.testing.assert_allclose(got[example], want, rtol=1e-5, atol=1e-6)
