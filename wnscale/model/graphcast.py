@@ -45,7 +45,7 @@ from flax import nnx
 from wnscale.graphs.edge_sets import decoder_edge_set, encoder_edge_set
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.model import aggregation, processors, remat, remat_policies
+from wnscale.model import aggregation, fused_decoder, processors, remat, remat_policies
 from wnscale.model.blocks import map_row_blocks, slot_major_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
@@ -110,6 +110,22 @@ class EncoderDecoderEdges(nnx.Module):
     """`[E, D]` messages (the updated edge latents are never needed: one step only)."""
     return self.interaction.messages(self.embedder(features, conditioning), projected_senders,
                                      projected_receivers, senders, receivers, conditioning)
+
+  def fused_sums(self, features, senders, receivers: aggregation.FixedInDegree,
+                 projected_senders, projected_receivers, conditioning=None):
+    """`[R, D]` each receiver's sum of its `k` edges' messages, as `__call__` and
+    `aggregation.sum_to_receivers` compute them, in one Pallas kernel per block of
+    receivers (`fused_decoder`); the edges slot-major, `k` per receiver (`features`
+    `[k R, F]`, `senders` `[k R]` or their `SortedSenders`)."""
+    k, rows = receivers.k, projected_receivers.shape[0]
+    dtype = projected_senders.dtype
+    sender_rows = aggregation.gather_senders(projected_senders, senders)
+    sums = fused_decoder.decoder_edge_sums(
+        fused_decoder.mlp_params(self.embedder, conditioning, dtype),
+        fused_decoder.mlp_params(self.interaction.edge_mlp, conditioning, dtype),
+        features.reshape(k, rows, -1), sender_rows.reshape(k, rows, -1), projected_receivers,
+        self.interaction.edge_mlp.norm.epsilon)
+    return sums.astype(dtype)
 
 
 class NodeSetModules(NamedTuple):
@@ -411,6 +427,14 @@ class GraphCast(nnx.Module):
             and self.spec.remat.edge_chunks == 1 and edges.sorted_senders is not None
             and (edges.in_degree > 0 or edges.blocks is not None))
 
+  def _fused_decoder(self, receivers) -> bool:
+    """Whether a decoder's edge step runs as one kernel per block of receivers
+    (`EncoderDecoderEdges.fused_sums`): where the processor's does (`model.aggregation`
+    fused) and the edges come `k` per receiver (`FixedInDegree`)."""
+    method = getattr(self.spec.processor, "aggregation", "segment_sum")
+    return (aggregation.resolve(method) == "fused"
+            and isinstance(receivers, aggregation.FixedInDegree))
+
   def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
     """Passes messages mesh -> `node_set` once and reads out `[N, output_channels]`.
 
@@ -432,10 +456,15 @@ class GraphCast(nnx.Module):
       """Output `[rows, C]` of rows whose edges point at them (`receivers` < rows)."""
       modules = model.node_set_modules(node_set)
       interaction = modules.from_mesh_edges.interaction
-      messages = sum_edge_messages(
-          modules.from_mesh_edges, EncoderDecoderEdges.__call__, features, senders,
-          receivers, sender_table, interaction.project_receivers(latents), latents.shape[0],
-          chunks, conditioning)
+      if self._fused_decoder(receivers):
+        messages = modules.from_mesh_edges.fused_sums(
+            features, senders, receivers, sender_table, interaction.project_receivers(latents),
+            conditioning)
+      else:
+        messages = sum_edge_messages(
+            modules.from_mesh_edges, EncoderDecoderEdges.__call__, features, senders,
+            receivers, sender_table, interaction.project_receivers(latents),
+            latents.shape[0], chunks, conditioning)
       latents = interaction.update_nodes(latents, messages, conditioning)
       return modules.output_mlp(latents).astype(jnp.float32)
 
