@@ -52,8 +52,8 @@ def test_decoder_edge_sums_equal_messages_and_sum(conditioned, products, dtype, 
     if fused:
       interaction = edges.interaction
       sums = fused_decoder.decoder_edge_sums(
-          fused_decoder.mlp_params(edges.embedder, conditioning, dtype),
-          fused_decoder.mlp_params(interaction.edge_mlp, conditioning, dtype),
+          edges.embedder.kernel_params(conditioning, dtype),
+          interaction.edge_mlp.kernel_params(conditioning, dtype),
           features.reshape(k, num_receivers, -1),
           sender_table[senders].reshape(k, num_receivers, -1), receiver_table,
           interaction.edge_mlp.norm.epsilon, block_rows=16)

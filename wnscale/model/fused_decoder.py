@@ -29,7 +29,7 @@ else in float32; on a CPU the kernels run in Pallas's interpreter (tests; slow).
 
 How it would be wired (not done): in `GraphCast.decode`, with `aggregation.FixedInDegree`
 receivers, `EncoderDecoderEdges` would call `decoder_edge_sums` with its two MLPs'
-parameters (`mlp_params`), the edge features reshaped `[k, R, F]`, the projected
+parameters (`MLP.kernel_params`), the edge features reshaped `[k, R, F]`, the projected
 senders gathered by the slot-major sender indices `[k, R, D]` and the projected grid
 latents, in place of `sum_edge_messages`. The gathered sender rows are one `[k R, D]`
 array in the accelerator's memory still, and so is their gradient (3.2 GB each at
@@ -57,22 +57,13 @@ from wnscale.model.manual_axis_types import vary_like
 _PARAMS = 12  # the embedder's six parameters, then the edge MLP's six
 
 
-def mlp_params(mlp, conditioning, dtype) -> tuple:
-  """`(W1 [I, H], b1 [H], W2 [H, O], b2 [O], scale [O], offset [O])` of a `wnscale.model.
-  mlp.MLP` with a layer norm (a conditioned one's scale and offset those of
-  `conditioning`), in `dtype`: the parameters `decoder_edge_sums` takes."""
-  params = (mlp.hidden.kernel[...], mlp.hidden.bias[...], mlp.out.kernel[...],
-            mlp.out.bias[...], *mlp.norm.scale_and_offset(conditioning))
-  return tuple(p.astype(dtype) for p in params)
-
-
 def decoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_rows,
                       receiver_table, epsilon: float, block_rows: int = 512):
   """`[R, D]` float32: each receiver's sum of its `k` edges' messages, as
   `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
 
   Args:
-    embed_params: the embedder MLP's `mlp_params`, `(W1 [F, H], b1, W2 [H, H], b2,
+    embed_params: the embedder MLP's `MLP.kernel_params`, `(W1 [F, H], b1, W2 [H, H], b2,
       scale1, offset1)`; `edge_params`: the interaction network's edge MLP's, `(W_h
       [H, D], b_h, W_o [D, D], b_o, scale, offset)`; all in the activation dtype.
     features: `[k, R, F]` the edges' static features, slot-major (no gradient).

@@ -121,8 +121,8 @@ class EncoderDecoderEdges(nnx.Module):
     dtype = projected_senders.dtype
     sender_rows = aggregation.gather_senders(projected_senders, senders)
     sums = fused_decoder.decoder_edge_sums(
-        fused_decoder.mlp_params(self.embedder, conditioning, dtype),
-        fused_decoder.mlp_params(self.interaction.edge_mlp, conditioning, dtype),
+        self.embedder.kernel_params(conditioning, dtype),
+        self.interaction.edge_mlp.kernel_params(conditioning, dtype),
         features.reshape(k, rows, -1), sender_rows.reshape(k, rows, -1), projected_receivers,
         self.interaction.edge_mlp.norm.epsilon)
     return sums.astype(dtype)

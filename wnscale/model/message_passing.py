@@ -102,13 +102,9 @@ class InteractionNetwork(nnx.Module):
     `messages` and their sum compute, as one kernel per receiver block
     (`wnscale.model.fused_edges`); the arguments as `messages` takes them, the receivers
     as their `blocks`; `write_over_edges` as `fused_edges.edge_step` takes it."""
-    hidden, out, norm = self.edge_mlp.hidden, self.edge_mlp.out, self.edge_mlp.norm
-    dtype = edges.dtype
-    params = (hidden.kernel[...], hidden.bias[...], out.kernel[...], out.bias[...],
-              *norm.scale_and_offset(conditioning))
-    return fused_edges.edge_step(tuple(p.astype(dtype) for p in params), edges,
+    return fused_edges.edge_step(self.edge_mlp.kernel_params(conditioning, edges.dtype), edges,
                                  projected_senders, senders, projected_receivers, blocks,
-                                 norm.epsilon, write_over_edges)
+                                 self.edge_mlp.norm.epsilon, write_over_edges)
 
   def update_nodes(self, nodes, summed_messages, conditioning=None):
     """`[N, D]` receiver latents after the residual node MLP on their summed messages."""

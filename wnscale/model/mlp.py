@@ -37,6 +37,14 @@ class MLP(nnx.Module):
     """`conditioning`: the `[conditioning_size]` vector of a conditioned norm, else None."""
     return self.finish(self.hidden(x), conditioning)
 
+  def kernel_params(self, conditioning: jax.Array | None, dtype) -> tuple:
+    """`(W1 [I, H], b1 [H], W2 [H, O], b2 [O], scale [O], offset [O])` in `dtype` (a
+    conditioned norm's scale and offset those of `conditioning`): the parameters the fused
+    kernels take (`fused_edges`, `fused_decoder`). Needs the layer norm."""
+    params = (self.hidden.kernel[...], self.hidden.bias[...], self.out.kernel[...],
+              self.out.bias[...], *self.norm.scale_and_offset(conditioning))
+    return tuple(p.astype(dtype) for p in params)
+
   def finish(self, hidden: jax.Array, conditioning: jax.Array | None = None) -> jax.Array:
     """The rest of the MLP after the first Linear: swish, Linear, LayerNorm.
 
