@@ -121,6 +121,14 @@ def gather_senders(table: jax.Array, senders) -> jax.Array:
   return table[senders]
 
 
+def reshape_senders(senders, shape: tuple):
+  """`senders` (indices or `SortedSenders`) with their indices in `shape`: `gather_senders`
+  then gives `shape + (D,)` rows."""
+  if isinstance(senders, SortedSenders):
+    return dataclasses.replace(senders, indices=senders.indices.reshape(shape))
+  return senders.reshape(shape)
+
+
 def sender_indices(senders) -> jax.Array:
   """`[num_edges]` the sender rows of `senders` as `gather_senders` takes them (not
   `SenderWindows`)."""
@@ -255,19 +263,29 @@ _gather_blocks.defvjp(_gather_blocks_forward, _gather_blocks_backward)
 def sum_far_rows(far_rows, windows_: SenderWindows, num_senders: int) -> jax.Array:
   """`[num_blocks, far, D]` rows of the far lists (`SenderWindows.far_senders`; rows no
   edge reads: ignored) summed onto their senders: `[num_senders, D]` float32."""
-  return _sum_in_order(far_rows.reshape((-1,) + far_rows.shape[2:]), windows_.far_order,
-                       windows_.far_blocks, num_senders)
+  return _sum_in_order(far_rows, windows_.far_order, windows_.far_blocks, num_senders)
 
 
 def _sum_in_order(values, order, blocks: ReceiverBlocks, num_rows: int) -> jax.Array:
-  """`values [R, D]` summed onto the table rows `order` and `blocks` give them
-  (`receiver_blocks.in_sender_order`): `[num_rows, D]` float32. A permutation and products
-  with 0/1 matrices, where a sum by index is a scatter."""
-  in_order = values.at[order].get(mode="fill", fill_value=0)
+  """`values [..., D]` summed onto the table rows `order` and `blocks` give them
+  (`receiver_blocks.in_sender_order`; `order` indexes the rows of `values` flattened):
+  `[num_rows, D]` float32. A permutation and products with 0/1 matrices, where a sum by
+  index is a scatter. (Gathered by `order` unravelled, not from a flattened copy.)"""
+  in_order = values.at[_unravel(order, values.shape[:-1])].get(mode="fill", fill_value=0)
   sums = assemble(_partials(in_order, blocks), blocks)
   # The layout's rows are the table's (rows past them, if any, have no values).
   missing = num_rows - sums.shape[0]
   return jnp.pad(sums, [(0, missing), (0, 0)]) if missing > 0 else sums[:num_rows]
+
+
+def _unravel(index, shape: tuple) -> tuple:
+  """Flat indices into `shape` as one index per axis; one past the end stays out of bounds
+  (`jnp.unravel_index` clips it to the last element)."""
+  per_axis = []
+  for size in reversed(shape[1:]):
+    per_axis.append(index % size)
+    index = index // size
+  return (index, *reversed(per_axis))
 
 
 def _far_one_hot(windows_: SenderWindows, dtype) -> jax.Array:

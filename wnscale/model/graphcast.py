@@ -30,7 +30,9 @@ model, parameter for parameter.
 Rematerialization follows the `ModelSpec` (see `wnscale.model.remat`):
 each stage may run under `jax.checkpoint` with the named policy; the processor
 is a scan over groups of `mesh_remat_every` layers, one checkpoint per group;
-the encoder and decoder edges are processed in `edge_chunks` blocks.
+the encoder and decoder edges are processed in `edge_chunks` blocks (under
+`model.aggregation` fused, by one kernel per block of receivers instead:
+`wnscale.model.fused_encoder_decoder`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from flax import nnx
 from wnscale.graphs.edge_sets import decoder_edge_set, encoder_edge_set
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.model import aggregation, fused_decoder, processors, remat, remat_policies
+from wnscale.graphs.receiver_blocks import ReceiverBlocks
+from wnscale.model import aggregation, fused_encoder_decoder, processors, remat, remat_policies
 from wnscale.model.blocks import map_row_blocks, slot_major_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
@@ -111,20 +114,30 @@ class EncoderDecoderEdges(nnx.Module):
     return self.interaction.messages(self.embedder(features, conditioning), projected_senders,
                                      projected_receivers, senders, receivers, conditioning)
 
-  def fused_sums(self, features, senders, receivers: aggregation.FixedInDegree,
+  def fused_sums(self, features, senders, receivers: aggregation.FixedInDegree | ReceiverBlocks,
                  projected_senders, projected_receivers, conditioning=None):
-    """`[R, D]` each receiver's sum of its `k` edges' messages, as `__call__` and
-    `aggregation.sum_to_receivers` compute them, in one Pallas kernel per block of
-    receivers (`fused_decoder`); the edges slot-major, `k` per receiver (`features`
-    `[k R, F]`, `senders` `[k R]` or their `SortedSenders`)."""
-    k, rows = receivers.k, projected_receivers.shape[0]
+    """`[R, D]` each receiver's sum of its edges' messages, as `__call__` and
+    `aggregation.sum_to_receivers` compute them, by one Pallas kernel per block of
+    receivers (`fused_encoder_decoder`): a decoder's edges `k` per receiver, slot-major
+    (`FixedInDegree`: `features` `[k R, F]`, `senders` `[k R]`), or an encoder's in
+    receiver blocks (`features` `[num_blocks * slots, F]`, `senders` as many); `senders`
+    the indices or their `SortedSenders`."""
     dtype = projected_senders.dtype
-    sender_rows = aggregation.gather_senders(projected_senders, senders)
-    sums = fused_decoder.decoder_edge_sums(
-        self.embedder.kernel_params(conditioning, dtype),
-        self.interaction.edge_mlp.kernel_params(conditioning, dtype),
-        features.reshape(k, rows, -1), sender_rows.reshape(k, rows, -1), projected_receivers,
-        self.interaction.edge_mlp.norm.epsilon)
+    params = (self.embedder.kernel_params(conditioning, dtype),
+              self.interaction.edge_mlp.kernel_params(conditioning, dtype))
+    epsilon = self.interaction.edge_mlp.norm.epsilon
+    if isinstance(receivers, ReceiverBlocks):
+      sums = fused_encoder_decoder.encoder_edge_sums(
+          *params, features, aggregation.gather_senders(projected_senders, senders),
+          projected_receivers, receivers, epsilon)
+    else:
+      # Gathered by `[k, R]` indices: `[k, R, D]` without a reshape (a copy where R is not a
+      # multiple of the chip's tile rows), and so is their gradient.
+      k, rows = receivers.k, projected_receivers.shape[0]
+      sender_rows = aggregation.gather_senders(
+          projected_senders, aggregation.reshape_senders(senders, (k, rows)))
+      sums = fused_encoder_decoder.decoder_edge_sums(
+          *params, features.reshape(k, rows, -1), sender_rows, projected_receivers, epsilon)
     return sums.astype(dtype)
 
 
@@ -408,6 +421,10 @@ class GraphCast(nnx.Module):
     receiver_table = edges_module.interaction.project_receivers(mesh)
     sender_mask = (None if sends is None else
                    exchange(edge_set, sends.astype(projected.dtype)[:, None])[:, 0])
+    if sender_mask is None and self._fused(edges.blocks, receiver_table):
+      senders = edges.senders if edges.sorted_senders is None else edges.sorted_senders
+      return latents, edges_module.fused_sums(edges.features, senders, edges.blocks,
+                                              sender_table, receiver_table, conditioning)
     by_blocks = self._by_blocks(edges)
     messages = sum_edge_messages(
         edges_module, EncoderDecoderEdges.__call__, edges.features,
@@ -427,13 +444,16 @@ class GraphCast(nnx.Module):
             and self.spec.remat.edge_chunks == 1 and edges.sorted_senders is not None
             and (edges.in_degree > 0 or edges.blocks is not None))
 
-  def _fused_decoder(self, receivers) -> bool:
-    """Whether a decoder's edge step runs as one kernel per block of receivers
-    (`EncoderDecoderEdges.fused_sums`): where the processor's does (`model.aggregation`
-    fused) and the edges come `k` per receiver (`FixedInDegree`)."""
+  def _fused(self, receivers, projected_receivers) -> bool:
+    """Whether an encoder's or decoder's edge step runs as one kernel per block of
+    receivers (`EncoderDecoderEdges.fused_sums`): where the processor's does
+    (`model.aggregation` fused), its edges come `k` per receiver (a decoder's,
+    `FixedInDegree`) or in receiver blocks (an encoder's), and its edge MLP sees the
+    receivers. Its edges are then never cut into `edge_chunks`: no edge-sized array but
+    the gathered sender rows is made."""
     method = getattr(self.spec.processor, "aggregation", "segment_sum")
-    return (aggregation.resolve(method) == "fused"
-            and isinstance(receivers, aggregation.FixedInDegree))
+    return (aggregation.resolve(method) == "fused" and projected_receivers is not None
+            and isinstance(receivers, (aggregation.FixedInDegree, ReceiverBlocks)))
 
   def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
     """Passes messages mesh -> `node_set` once and reads out `[N, output_channels]`.
@@ -456,15 +476,14 @@ class GraphCast(nnx.Module):
       """Output `[rows, C]` of rows whose edges point at them (`receivers` < rows)."""
       modules = model.node_set_modules(node_set)
       interaction = modules.from_mesh_edges.interaction
-      if self._fused_decoder(receivers):
-        messages = modules.from_mesh_edges.fused_sums(
-            features, senders, receivers, sender_table, interaction.project_receivers(latents),
-            conditioning)
+      receiver_table = interaction.project_receivers(latents)
+      if self._fused(receivers, receiver_table):
+        messages = modules.from_mesh_edges.fused_sums(features, senders, receivers, sender_table,
+                                                      receiver_table, conditioning)
       else:
         messages = sum_edge_messages(
             modules.from_mesh_edges, EncoderDecoderEdges.__call__, features, senders,
-            receivers, sender_table, interaction.project_receivers(latents),
-            latents.shape[0], chunks, conditioning)
+            receivers, sender_table, receiver_table, latents.shape[0], chunks, conditioning)
       latents = interaction.update_nodes(latents, messages, conditioning)
       return modules.output_mlp(latents).astype(jnp.float32)
 

@@ -40,7 +40,7 @@ class MLP(nnx.Module):
   def kernel_params(self, conditioning: jax.Array | None, dtype) -> tuple:
     """`(W1 [I, H], b1 [H], W2 [H, O], b2 [O], scale [O], offset [O])` in `dtype` (a
     conditioned norm's scale and offset those of `conditioning`): the parameters the fused
-    kernels take (`fused_edges`, `fused_decoder`). Needs the layer norm."""
+    kernels take (`fused_edges`, `fused_encoder_decoder`). Needs the layer norm."""
     params = (self.hidden.kernel[...], self.hidden.bias[...], self.out.kernel[...],
               self.out.bias[...], *self.norm.scale_and_offset(conditioning))
     return tuple(p.astype(dtype) for p in params)

@@ -1,0 +1,421 @@
+"""The encoder's and decoder's edge steps as one Pallas kernel per block of receivers
+(`model.aggregation="fused"`, as the processor's: `wnscale.model.fused_edges`).
+
+An encoder or decoder edge set is read once a step: per edge XLA computes the embedding of
+its static features, the interaction network's message and the sum over each receiver's
+messages, writing and reading several `[num_edges, D]` arrays (3.1M decoder and 1.6M
+encoder edges at 0.25 deg), which is why the XLA path cuts them into `edge_chunks` and
+`grid_blocks` to fit. Here, per block of edges, one kernel keeps them on the chip:
+
+  e        = mlp(features; W1, b1, W2, b2, scale1, offset1)  the edge latents [n, H]
+                                                      (the embedder, with its layer norm)
+  hidden   = e @ W_h + b_h + sender_rows + receiver_rows      [n, D]
+  message  = layer_norm(swish(hidden) @ W_o + b_o) * scale + offset
+  sums     = each receiver's sum of its edges' messages       float32
+
+The edges' sender rows (the projected senders) are gathered by XLA outside the kernel,
+an edge-shaped input in the activation dtype; their gradient goes back through that
+gather (`aggregation.gather_senders`: by blocks in sender order where the edges have
+`SortedSenders`). The receivers' side differs:
+
+- the decoder (`decoder_edge_sums`, mesh -> grid): exactly `k` edges per grid node
+  (GraphCast's graphs: 3), slot-major (`aggregation.FixedInDegree`: edge `j` of receiver
+  `r` at row `j * R + r`), so a block of `n` grid rows owns the `k` blocks of `n` edges at
+  the same rows of each slot: its receiver rows are the block's rows of the table and
+  the sum over the slots is an addition; no two blocks share a receiver.
+- the encoder (`encoder_edge_sums`, grid -> mesh): a mesh node's edges vary in number;
+  the edges sorted by receiver are cut into `receiver_blocks.ReceiverBlocks`, each
+  block's receiver rows read from its window of the receiver table and its messages
+  summed onto the window by 0/1 products (as `fused_edges` does), the partial sums
+  assembled by XLA.
+
+The backward kernels recompute a block's forward pass and write the gradients of the
+sender rows and of the receiver rows (the decoder's per block, the encoder's per window,
+assembled), accumulating the two MLPs' twelve parameters' gradients across blocks. The
+arithmetic is `fused_edges`': products of the activation dtype accumulated in float32,
+float32 products made as `aggregation.float32_products` says, everything else in
+float32; on a CPU the kernels run in Pallas's interpreter (tests; slow).
+
+Not yet done: the sender rows read inside the kernels from a window of the sender table
+per block, as `fused_edges` reads the processor's (at 0.25 deg 90.6% of a decoder block's
+mesh senders lie within 128 rows of the block's median sender, but a few blocks have up
+to 625 far edges, which would be gathered outside), saving the gathered rows' memory and
+the decoder's scatter of their gradient under `grid_blocks` (where its edges have no
+`SortedSenders`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from wnscale.graphs.receiver_blocks import ReceiverBlocks
+from wnscale.model import aggregation
+from wnscale.model.fused_edges import (_call, _mlp_dot, _one_hot_dot, _one_hots, _out,
+                                       _window_spec)
+from wnscale.model.manual_axis_types import vary_like
+
+_PARAMS = 12  # the embedder's six parameters, then the edge MLP's six
+
+
+def decoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_rows,
+                      receiver_table, epsilon: float, block_rows: int = 512):
+  """`[R, D]` float32: each receiver's sum of its `k` edges' messages, as
+  `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
+
+  Args:
+    embed_params: the embedder MLP's `MLP.kernel_params`, `(W1 [F, H], b1, W2 [H, H], b2,
+      scale1, offset1)`; `edge_params`: the interaction network's edge MLP's, `(W_h
+      [H, D], b_h, W_o [D, D], b_o, scale, offset)`; all in the activation dtype.
+    features: `[k, R, F]` the edges' static features, slot-major (no gradient).
+    sender_rows: `[k, R, D]` each edge's row of the projected senders, in the activation
+      dtype.
+    receiver_table: `[R, D]` the projected receivers.
+    epsilon: the layer norms'.
+    block_rows: `n`, the receivers per kernel block (a multiple of 16 on a TPU). Where
+      it does not divide `R`, the last block runs past the arrays' ends (no padded
+      copies: at 0.25 deg those of the sender rows and their gradient alone are 6 GiB
+      in bfloat16); the kernels compute its rows past `R` from zeros and with a zero
+      gradient, and Pallas drops their outputs.
+  """
+  params, features, sender_rows, receiver_table = _varying_alike(
+      (*embed_params, *edge_params), features.astype(sender_rows.dtype), sender_rows,
+      receiver_table)
+  return _edge_sums(params, features, sender_rows, receiver_table, epsilon, block_rows)
+
+
+def _varying_alike(params, *arrays):
+  """`(params, *arrays)`, each marked as varying over every manual mesh axis any of the
+  arrays varies over: the kernels' outputs, gradients included, carry one type (inside
+  `shard_map` a receiver table made of graph constants alone varies over fewer axes than
+  the latents; the cast's gradient sums over the others)."""
+  return (tuple(vary_like(p, *arrays) for p in params),
+          *(vary_like(x, *arrays) for x in arrays))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _edge_sums(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  return _forward(params, features, sender_rows, receiver_table, epsilon, block_rows)
+
+
+def _edge_sums_forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  return (_forward(params, features, sender_rows, receiver_table, epsilon, block_rows),
+          (params, features, sender_rows, receiver_table))
+
+
+def _edge_sums_backward(epsilon, block_rows, residuals, grad_sums):
+  params, features, sender_rows, receiver_table = residuals
+  grad_sender_rows, grad_receiver_table, *grad_params = _backward(
+      params, features, sender_rows, receiver_table, grad_sums.astype(jnp.float32), epsilon,
+      block_rows)
+  grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
+  return grad_params, None, grad_sender_rows, grad_receiver_table
+
+
+_edge_sums.defvjp(_edge_sums_forward, _edge_sums_backward)
+
+
+def _mlp_forward(x, added, params, epsilon, products):
+  """An MLP with a layer norm on `x [n, I]` (activation dtype), float32: `(hidden, swish
+  (hidden), normalized, 1/std [n, 1], output)`; `added` (float32, or 0) joins the first
+  layer's output, as the interaction network's projected node rows do."""
+  w1, b1, w2, b2, scale, offset = params
+  hidden = _mlp_dot(x, w1, products) + b1.astype(jnp.float32) + added
+  activated = hidden * jax.nn.sigmoid(hidden)
+  out = _mlp_dot(activated.astype(x.dtype), w2, products) + b2.astype(jnp.float32)
+  centred = out - jnp.mean(out, axis=-1, keepdims=True)
+  inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
+  normalized = centred * inverse_std
+  output = normalized * scale.astype(jnp.float32) + offset.astype(jnp.float32)
+  return hidden, activated, normalized, inverse_std, output
+
+
+def _mlp_backward(x, params, forward, grad_output, products):
+  """`(grad hidden [n, H] float32, the six parameters' gradients float32, vectors [1, .])`
+  of `_mlp_forward`'s output given its gradient `grad_output [n, O]` float32."""
+  w1, _, w2, _, scale, _ = params
+  hidden, activated, normalized, inverse_std, _ = forward
+  dtype = x.dtype
+  mlp_dot = functools.partial(_mlp_dot, products=products)
+  column_sum = lambda value: jnp.sum(value, axis=0, keepdims=True)
+  grad_normalized = grad_output * scale.astype(jnp.float32)
+  grad_out = inverse_std * (
+      grad_normalized - jnp.mean(grad_normalized, axis=-1, keepdims=True)
+      - normalized * jnp.mean(grad_normalized * normalized, axis=-1, keepdims=True))
+  grad_out_d = grad_out.astype(dtype)
+  sigmoid = jax.nn.sigmoid(hidden)
+  grad_hidden = (mlp_dot(grad_out_d, w2, contract=((1,), (1,)))
+                 * (sigmoid + hidden * sigmoid * (1 - sigmoid)))
+  return grad_hidden, (
+      mlp_dot(x, grad_hidden.astype(dtype), contract=((0,), (0,))), column_sum(grad_hidden),
+      mlp_dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,))),
+      column_sum(grad_out), column_sum(grad_output * normalized), column_sum(grad_output))
+
+
+def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, products):
+  """One slot of a block: `(the embedder's _mlp_forward, e [n, H] in the activation dtype,
+  the edge MLP's _mlp_forward)`; `receiver_rows` `[n, D]` float32."""
+  embed_params, edge_params = params[:6], params[6:]
+  embedding = _mlp_forward(features, 0.0, embed_params, epsilon, products)
+  e = embedding[-1].astype(features.dtype)  # the embedder's output, as XLA writes it
+  edge = _mlp_forward(e, sender_rows.astype(jnp.float32) + receiver_rows, edge_params,
+                      epsilon, products)
+  return embedding, e, edge
+
+
+def _in_rows(num_rows: int, block_rows: int):
+  """`x -> x` with a block's rows past `num_rows` (the last block's, where `block_rows`
+  does not divide it) made 0: they hold whatever lies past the arrays' ends, perhaps not
+  finite, and would reach the parameters' gradients."""
+  if num_rows % block_rows == 0:
+    return lambda x: x
+  row = pl.program_id(0) * block_rows + jax.lax.broadcasted_iota(jnp.int32, (block_rows, 1), 0)
+  return lambda x: jnp.where(row < num_rows, x, jnp.zeros_like(x))
+
+
+def _forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows, epsilon,
+                    products):
+  param_refs, sums_ref = refs[:_PARAMS], refs[_PARAMS]
+  params = [ref[...] for ref in param_refs]
+  in_rows = _in_rows(num_rows, sums_ref.shape[0])
+  receiver_rows = in_rows(receiver_ref[...].astype(jnp.float32))
+  sums = jnp.zeros(sums_ref.shape, jnp.float32)
+  for slot in range(features_ref.shape[0]):
+    *_, edge = _slot_forward(in_rows(features_ref[slot]), in_rows(sender_rows_ref[slot]),
+                             receiver_rows, params, epsilon, products)
+    # The message in the activation dtype, summed in float32, as `sum_to_receivers` does.
+    sums += edge[-1].astype(sender_rows_ref.dtype).astype(jnp.float32)
+  sums_ref[...] = sums
+
+
+def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows, epsilon,
+                     products):
+  param_refs, grad_sums_ref = refs[:_PARAMS], refs[_PARAMS]
+  grad_sender_rows_ref, grad_receiver_ref, *grad_param_refs = refs[_PARAMS + 1:]
+
+  @pl.when(pl.program_id(0) == 0)
+  def _():
+    for ref in grad_param_refs:
+      ref[...] = jnp.zeros_like(ref)
+
+  params = [ref[...] for ref in param_refs]
+  w_h = params[6]
+  dtype = sender_rows_ref.dtype
+  in_rows = _in_rows(num_rows, grad_receiver_ref.shape[0])
+  receiver_rows = in_rows(receiver_ref[...].astype(jnp.float32))
+  grad_message = in_rows(grad_sums_ref[...])  # each slot's message reaches its receiver's sum
+  grad_receiver_rows = jnp.zeros(grad_receiver_ref.shape, jnp.float32)
+  grad_params = [jnp.zeros(ref.shape, jnp.float32) for ref in grad_param_refs]
+  for slot in range(features_ref.shape[0]):
+    features = in_rows(features_ref[slot])
+    embedding, e, edge = _slot_forward(features, in_rows(sender_rows_ref[slot]), receiver_rows,
+                                       params, epsilon, products)
+    grad_hidden, edge_grads = _mlp_backward(e, params[6:], edge, grad_message, products)
+    grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
+    grad_sender_rows_ref[slot] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
+    grad_receiver_rows += grad_hidden_d.astype(jnp.float32)
+    grad_e = _mlp_dot(grad_hidden_d, w_h, products, contract=((1,), (1,)))
+    _, embed_grads = _mlp_backward(features, params[:6], embedding, grad_e, products)
+    grad_params = [total + g for total, g in zip(grad_params, (*embed_grads, *edge_grads))]
+  grad_receiver_ref[...] = grad_receiver_rows.astype(grad_receiver_ref.dtype)
+  for ref, grad in zip(grad_param_refs, grad_params):
+    ref[...] += grad
+
+
+def _specs(params, features, sender_rows, block_rows):
+  """`(the parameters as the kernels take them, vectors as [1, .]; the kernels' BlockSpecs)`:
+  per block its rows of each slot's features and sender rows and of the receiver table,
+  then the parameters whole."""
+  params = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
+  by_slot = lambda x: pl.BlockSpec((x.shape[0], block_rows, x.shape[2]), lambda i: (0, i, 0))
+  whole = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)
+  rows = pl.BlockSpec((block_rows, sender_rows.shape[-1]), lambda i: (i, 0))
+  return params, [by_slot(features), by_slot(sender_rows), rows] + [whole(p) for p in params]
+
+
+def _grid(receiver_table, block_rows):
+  """One block per `block_rows` receivers, the last perhaps short."""
+  return (-(-receiver_table.shape[0] // block_rows),)
+
+
+def _forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  """`[R, D]` float32 sums."""
+  params, specs = _specs(params, features, sender_rows, block_rows)
+  kernel = functools.partial(_forward_kernel, num_rows=receiver_table.shape[0], epsilon=epsilon)
+  return _call(
+      kernel, "parallel", out_shape=_out(receiver_table.shape, jnp.float32, sender_rows),
+      grid=_grid(receiver_table, block_rows), in_specs=specs, out_specs=specs[2],
+  )(features, sender_rows, receiver_table, *params)
+
+
+def _backward(params, features, sender_rows, receiver_table, grad_sums, epsilon, block_rows):
+  """`(grad sender rows [k, R, D], grad receiver table [R, D], in their dtypes, then the
+  twelve parameters' gradients, float32, vectors [1, .])`."""
+  params, specs = _specs(params, features, sender_rows, block_rows)
+  param_outs = [_out(p.shape, jnp.float32, sender_rows) for p in params]
+  kernel = functools.partial(_backward_kernel, num_rows=receiver_table.shape[0],
+                             epsilon=epsilon)
+  # "arbitrary": the parameters' gradients add up over the blocks, in order.
+  return _call(
+      kernel, "arbitrary",
+      out_shape=(_out(sender_rows.shape, sender_rows.dtype, sender_rows),
+                 _out(receiver_table.shape, receiver_table.dtype, sender_rows), *param_outs),
+      grid=_grid(receiver_table, block_rows), in_specs=specs + [specs[2]],
+      out_specs=(specs[1], specs[2], *specs[3:]),
+  )(features, sender_rows, receiver_table, *params, grad_sums)
+
+
+def encoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_rows,
+                      receiver_table, blocks: ReceiverBlocks, epsilon: float):
+  """`[num_receivers, D]` float32: each receiver's sum of its edges' messages, for an edge
+  set in receiver blocks (`receiver_blocks.ReceiverBlocks`: the encoder's, grid -> mesh),
+  as `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
+
+  Per block of `slots` edges one kernel computes the edges' embeddings and messages as
+  `decoder_edge_sums` does, each edge's receiver row read from the block's window of the
+  receiver table and the messages summed onto the window's rows by 0/1 products (as
+  `fused_edges` does); the partial sums are assembled by XLA (`aggregation.assemble`).
+
+  Args:
+    embed_params, edge_params: as `decoder_edge_sums` takes them.
+    features: `[num_blocks * slots, F]` the edges' static features, in the blocks' layout.
+    sender_rows: `[num_blocks * slots, D]` each edge's row of the projected senders, in the
+      activation dtype (their gradient goes back through whatever gathered them).
+    receiver_table: `[num_receivers, D]` the projected receivers.
+    blocks: the edges' receiver blocks (padding edges reach no row: no message).
+    epsilon: the layer norms'.
+  """
+  params, features, sender_rows, receiver_table = _varying_alike(
+      (*embed_params, *edge_params), features.astype(sender_rows.dtype), sender_rows,
+      receiver_table)
+  return _encoder_sums(params, features, sender_rows, receiver_table, blocks, epsilon)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _encoder_sums(params, features, sender_rows, receiver_table, blocks, epsilon):
+  partials = _encoder_forward(params, features, sender_rows,
+                              aggregation.padded_table(receiver_table, blocks.width), blocks,
+                              epsilon)
+  return aggregation.assemble(partials, blocks)
+
+
+def _encoder_sums_forward(params, features, sender_rows, receiver_table, blocks, epsilon):
+  return (_encoder_sums(params, features, sender_rows, receiver_table, blocks, epsilon),
+          (params, features, sender_rows, receiver_table, blocks))
+
+
+def _encoder_sums_backward(epsilon, residuals, grad_sums):
+  params, features, sender_rows, receiver_table, blocks = residuals
+  pad = functools.partial(aggregation.padded_table, width=blocks.width)
+  grad_sender_rows, grad_windows, *grad_params = _encoder_backward(
+      params, features, sender_rows, pad(receiver_table), blocks,
+      pad(grad_sums.astype(jnp.float32)), epsilon)
+  grad_receiver_table = aggregation.assemble(grad_windows, blocks)
+  grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
+  return (grad_params, None, grad_sender_rows,
+          grad_receiver_table.astype(receiver_table.dtype), None)
+
+
+_encoder_sums.defvjp(_encoder_sums_forward, _encoder_sums_backward)
+
+
+def _encoder_block(features_ref, sender_rows_ref, window_ref, column_ref, row_ref, params,
+                   epsilon, products):
+  """One block's forward pass: `(the one-hot pair ([slots, width], [width, slots]),
+  _slot_forward's three)`."""
+  one_hots = _one_hots(column_ref[0], row_ref[0], window_ref.shape[0])
+  receiver_rows = _one_hot_dot(one_hots[0], window_ref[...], products)
+  return one_hots, *_slot_forward(features_ref[...], sender_rows_ref[...], receiver_rows,
+                                  params, epsilon, products)
+
+
+def _encoder_forward_kernel(first_ref, features_ref, sender_rows_ref, window_ref, column_ref,
+                            row_ref, *refs, epsilon, products):
+  del first_ref  # read by the window's index map
+  param_refs, partial_ref = refs[:_PARAMS], refs[_PARAMS]
+  (_, from_rows), *_, edge = _encoder_block(
+      features_ref, sender_rows_ref, window_ref, column_ref, row_ref,
+      [ref[...] for ref in param_refs], epsilon, products)
+  message = edge[-1].astype(sender_rows_ref.dtype)  # as `sum_to_receivers` gets it
+  partial_ref[0] = _one_hot_dot(from_rows, message, products)
+
+
+def _encoder_backward_kernel(first_ref, features_ref, sender_rows_ref, window_ref, column_ref,
+                             row_ref, *refs, epsilon, products):
+  del first_ref
+  param_refs, grad_window_ref = refs[:_PARAMS], refs[_PARAMS]
+  grad_sender_rows_ref, grad_partial_ref, *grad_param_refs = refs[_PARAMS + 1:]
+
+  @pl.when(pl.program_id(0) == 0)
+  def _():
+    for ref in grad_param_refs:
+      ref[...] = jnp.zeros_like(ref)
+
+  params = [ref[...] for ref in param_refs]
+  dtype = sender_rows_ref.dtype
+  (to_rows, from_rows), embedding, e, edge = _encoder_block(
+      features_ref, sender_rows_ref, window_ref, column_ref, row_ref, params, epsilon,
+      products)
+  grad_message = _one_hot_dot(to_rows, grad_window_ref[...], products)  # padding edges: 0
+  grad_hidden, edge_grads = _mlp_backward(e, params[6:], edge, grad_message, products)
+  grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
+  grad_sender_rows_ref[...] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
+  grad_partial_ref[0] = _one_hot_dot(from_rows, grad_hidden_d, products)
+  grad_e = _mlp_dot(grad_hidden_d, params[6], products, contract=((1,), (1,)))
+  _, embed_grads = _mlp_backward(features_ref[...], params[:6], embedding, grad_e, products)
+  for ref, grad in zip(grad_param_refs, (*embed_grads, *edge_grads)):
+    ref[...] += grad
+
+
+def _encoder_inputs(params, features, sender_rows, receiver_table, blocks):
+  """`(the kernels' inputs, their BlockSpecs, the grid spec's arguments)`: the windows' first
+  rows (prefetched: the window's index map reads them), per block its edges' features and
+  sender rows, its receiver window and its receivers as a column and as a row, then the
+  parameters whole."""
+  num_blocks, slots = blocks.local.shape
+  latent = sender_rows.shape[-1]
+  params = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
+  indices = [blocks.local[:, :, None], blocks.local[:, None, :]]
+  by_edge = lambda x: pl.BlockSpec((slots, x.shape[-1]), lambda k, *_: (k, 0))
+  by_block = lambda x: pl.BlockSpec((1,) + x.shape[1:], lambda k, *_: (k, 0, 0))
+  whole = lambda x: pl.BlockSpec(x.shape, lambda k, *_: (0,) * x.ndim)
+  specs = ([by_edge(features), by_edge(sender_rows), _window_spec(blocks.width, latent, 0)]
+           + [by_block(i) for i in indices] + [whole(p) for p in params])
+  inputs = [blocks.first, features, sender_rows, receiver_table, *indices, *params]
+  return inputs, specs, dict(num_scalar_prefetch=1, grid=(num_blocks,))
+
+
+def _encoder_forward(params, features, sender_rows, receiver_table, blocks, epsilon):
+  """`[num_blocks, width, D]` float32 partial sums."""
+  inputs, specs, grid = _encoder_inputs(params, features, sender_rows, receiver_table, blocks)
+  shape = (blocks.local.shape[0], blocks.width, sender_rows.shape[-1])
+  partials = pl.BlockSpec((1,) + shape[1:], lambda k, *_: (k, 0, 0))
+  return _call(
+      functools.partial(_encoder_forward_kernel, epsilon=epsilon), "parallel",
+      out_shape=_out(shape, jnp.float32, sender_rows),
+      grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs, out_specs=partials),
+  )(*inputs)
+
+
+def _encoder_backward(params, features, sender_rows, receiver_table, blocks, grad_sums,
+                      epsilon):
+  """`(grad sender rows [num_blocks * slots, D] in their dtype, grad receiver windows
+  [num_blocks, width, D] float32, then the twelve parameters' gradients, float32, vectors
+  [1, .])`. `grad_sums`: `[receiver rows, D]` float32, padded as the receiver table."""
+  inputs, specs, grid = _encoder_inputs(params, features, sender_rows, receiver_table, blocks)
+  shape = (blocks.local.shape[0], blocks.width, sender_rows.shape[-1])
+  partials = pl.BlockSpec((1,) + shape[1:], lambda k, *_: (k, 0, 0))
+  param_outs = [_out(p.shape, jnp.float32, sender_rows) for p in inputs[-_PARAMS:]]
+  # "arbitrary": the parameters' gradients add up over the blocks, in order.
+  return _call(
+      functools.partial(_encoder_backward_kernel, epsilon=epsilon), "arbitrary",
+      out_shape=(_out(sender_rows.shape, sender_rows.dtype, sender_rows),
+                 _out(shape, jnp.float32, sender_rows), *param_outs),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          **grid, in_specs=specs + [specs[2]],
+          out_specs=(specs[1], partials, *specs[-_PARAMS:])),
+  )(*inputs, grad_sums)
