@@ -158,7 +158,8 @@ class RematSpec(Settings):
   mesh_remat_every: int = setting(1, "layers per processor checkpoint (GraphCast: 3)",
                                   minimum=1)
   edge_chunks: int = setting(
-      1, "encoder/decoder edges in this many blocks, each under its own checkpoint",
+      1, "encoder/decoder edges in this many blocks, each under its own checkpoint (not "
+      "under model.aggregation fused, whose kernels write no edge-sized intermediates)",
       minimum=1)
   mesh_edge_chunks: int = setting(
       1, "interaction-network processor: each step's mesh edges in this many blocks, each "

@@ -32,14 +32,15 @@ class GNNSpec(ProcessorSpec):
                                        minimum=1)
   aggregation: str = setting(
       "auto", "interaction_network: how the processor's mesh edges reach their receivers "
-      "(each edge's receiver row, each receiver's sum), and, where edge_chunks is 1, the "
-      "grid's encoder and decoder edges (with matmul and fused their sums, receiver rows and "
-      "senders' gradient by blocks): \"segment_sum\" (by index: a gather "
-      "and a scatter), \"matmul\" (products with each block of edges' 0/1 receiver matrix; "
-      "no scatter: wnscale.model.aggregation), \"fused\" (blocks, and a layer's whole edge "
-      "step one Pallas kernel per block: wnscale.model.fused_edges; a TPU's, interpreted "
-      "elsewhere), \"auto\": fused on a TPU, matmul on another accelerator, segment_sum on a "
-      "CPU. The same function each way (to rounding)", choices=AGGREGATIONS, how_only=True)
+      "(each edge's receiver row, each receiver's sum), and the grid's encoder and decoder "
+      "edges': \"segment_sum\" (by index: a gather and a scatter), \"matmul\" (products "
+      "with each block of edges' 0/1 receiver matrix; no scatter: wnscale.model.aggregation; "
+      "the encoder's and decoder's where edge_chunks is 1), \"fused\" (blocks, and a "
+      "layer's whole edge step one Pallas kernel per block: wnscale.model.fused_edges; the "
+      "encoder's and decoder's edge steps too, embedding MLP included, whatever edge_chunks "
+      "says: wnscale.model.fused_encoder_decoder; a TPU's, interpreted elsewhere), \"auto\": "
+      "fused on a TPU, matmul on another accelerator, segment_sum on a CPU. The same "
+      "function each way (to rounding)", choices=AGGREGATIONS, how_only=True)
   edge_block_slots: int = setting(
       768, "interaction_network, aggregation matmul or fused: mesh edges per receiver block "
       "(wnscale.graphs.receiver_blocks), a multiple of 128. Smaller blocks span fewer "
