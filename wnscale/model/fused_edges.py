@@ -39,7 +39,8 @@ of float32 operands, the MLPs' and the 0/1 matrices' alike, are made as XLA make
 float32 product on the same chip (`aggregation.float32_products`): on a TPU at its
 default matmul precision one bfloat16 pass (the gathered rows and the summed messages
 rounded to bfloat16, as an MLP's inputs are; sums accumulated in float32), else in
-float32, the 0/1 products then gathering exactly and summing in float32 (`_one_hot_dot`).
+float32, the 0/1 products then gathering exactly and summing in float32
+(`pallas_parts.one_hot_dot`).
 On a CPU the kernels run in Pallas's interpreter (for tests; slow).
 """
 
@@ -52,12 +53,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from wnscale.graphs import receiver_blocks
 from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows
-from wnscale.model import aggregation
+from wnscale.model import aggregation, pallas_parts
 from wnscale.model.manual_axis_types import vary_like
-
-_VMEM_LIMIT = 100 * 2**20  # a v5e TensorCore has 128 MiB of VMEM
 
 
 def edge_step(params: tuple, edges, sender_table, senders: SenderWindows, receiver_table,
@@ -128,81 +126,22 @@ def _edge_step_backward(epsilon, write_over_edges, residuals, cotangents):
 _edge_step.defvjp(_edge_step_forward, _edge_step_backward)
 
 
-def _dot(a, b, contract=((1,), (0,)), precision=None):
-  return jax.lax.dot_general(a, b, (contract, ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
-
-
-def _mlp_dot(a, b, products: str, contract=((1,), (0,))):
-  """An MLP product `a @ b` (`contract` as `_dot`'s), float32, made as
-  `aggregation.float32_products` says; bfloat16 operands in one pass either way. (Mosaic's
-  default for float32 operands need not be XLA's, so the kernels say which.)"""
-  if a.dtype != jnp.float32:
-    return _dot(a, b, contract)
-  if products == "bfloat16":
-    return _dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
-                precision=jax.lax.Precision.DEFAULT)
-  return _dot(a, b, contract, precision=jax.lax.Precision.HIGHEST)
-
-
-def _one_hot_dot(one_hot, values, products: str, contract=((1,), (0,))):
-  """`one_hot` (0/1, bfloat16) times `values`, float32: exact for float32 values too where
-  `products` (`aggregation.float32_products`) is "float32", one pass of them rounded to
-  bfloat16 where it is "bfloat16".
-
-  A float32 value is the sum of three bfloat16 pieces (8 significant bits each: its
-  rounding, the rounding of what is left, and the rest), so three bfloat16 products
-  accumulated in float32 reproduce a gather exactly and a sum to float32 rounding: half
-  the matrix-unit passes of `Precision.HIGHEST` (six), whose other three products multiply
-  the 0/1 matrix's own (zero) low pieces.
-  """
-  # One pass each, whatever `jax_default_matmul_precision` says (a float32 precision
-  # for bfloat16 operands does not compile in a TPU kernel).
-  dot = functools.partial(_dot, contract=contract, precision=jax.lax.Precision.DEFAULT)
-  if values.dtype != jnp.float32:
-    return dot(one_hot, values)
-  piece = values.astype(jnp.bfloat16)
-  if products == "bfloat16":
-    return dot(one_hot, piece)
-  rest = values - piece.astype(jnp.float32)
-  total = dot(one_hot, piece)
-  piece = rest.astype(jnp.bfloat16)
-  total += dot(one_hot, piece)
-  return total + dot(one_hot, (rest - piece.astype(jnp.float32)).astype(jnp.bfloat16))
-
-
-def _one_hots(index_column, index_row, width: int):
-  """`([slots, width], [width, slots])` 0/1 bfloat16 matrices of each slot's row of a window,
-  from the slots' rows as a column `[slots, 1]` and as a row `[1, slots]` (`width`: none)."""
-  slots = index_column.shape[0]
-  to_rows = index_column == jax.lax.broadcasted_iota(jnp.int32, (slots, width), 1)
-  from_rows = index_row == jax.lax.broadcasted_iota(jnp.int32, (width, slots), 0)
-  return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
-
-
 def _block_forward(e, refs, epsilon, products):
-  """One block's forward pass, float32: `(the three one-hot pairs, hidden, swish(hidden),
-  normalized, 1/std, message)`. `refs`: the kernel's block inputs after `e` (the sender
-  and receiver windows `[width, D]`, the far rows `[1, far, D]`, ...)."""
+  """One block's forward pass: `(the three one-hot pairs, the edge MLP's six parameters,
+  its pallas_parts.mlp_forward (float32; the message last))`. `refs`: the kernel's block
+  inputs after `e` (the sender and receiver windows `[width, D]`, the far rows `[1, far,
+  D]`, ...)."""
   (sender_window, far_rows, window, sender_column, sender_row, far_column, far_row,
-   receiver_column, receiver_row, w_h, b_h, w_o, b_o, scale, offset) = refs
-  dtype = e.dtype
-  senders = _one_hots(sender_column[0], sender_row[0], sender_window.shape[0])
-  far = _one_hots(far_column[0], far_row[0], far_rows.shape[1])
-  receivers = _one_hots(receiver_column[0], receiver_row[0], window.shape[0])
-  hidden = (_mlp_dot(e, w_h[...], products) + b_h[...].astype(jnp.float32)
-            + _one_hot_dot(senders[0], sender_window[...], products)
-            + _one_hot_dot(far[0], far_rows[0], products)
-            + _one_hot_dot(receivers[0], window[...], products))
-  activated = hidden * jax.nn.sigmoid(hidden)
-  out = (_mlp_dot(activated.astype(dtype), w_o[...], products)
-         + b_o[...].astype(jnp.float32))
-  mean = jnp.mean(out, axis=-1, keepdims=True)
-  centred = out - mean
-  inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
-  normalized = centred * inverse_std
-  message = normalized * scale[...].astype(jnp.float32) + offset[...].astype(jnp.float32)
-  return (senders, far, receivers), hidden, activated, normalized, inverse_std, message
+   receiver_column, receiver_row, *param_refs) = refs
+  senders = pallas_parts.one_hots(sender_column[0], sender_row[0], sender_window.shape[0])
+  far = pallas_parts.one_hots(far_column[0], far_row[0], far_rows.shape[1])
+  receivers = pallas_parts.one_hots(receiver_column[0], receiver_row[0], window.shape[0])
+  node_rows = (pallas_parts.one_hot_dot(senders[0], sender_window[...], products)
+               + pallas_parts.one_hot_dot(far[0], far_rows[0], products)
+               + pallas_parts.one_hot_dot(receivers[0], window[...], products))
+  params = [ref[...] for ref in param_refs]
+  return ((senders, far, receivers), params,
+          pallas_parts.mlp_forward(e, node_rows, params, epsilon, products))
 
 
 _INPUTS = 16  # e, the sender table, the far rows, the receiver table, 6 indices, 6 parameters
@@ -215,56 +154,41 @@ def _forward_kernel(*refs, epsilon, products):
   refs = refs[_PREFETCHED:]
   e_ref, inputs, (new_edges_ref, partial_ref) = refs[0], refs[1:_INPUTS], refs[_INPUTS:]
   e = e_ref[...]
-  (_, _, receivers), *_, message = _block_forward(e, inputs, epsilon, products)
+  (_, _, receivers), _, (*_, message) = _block_forward(e, inputs, epsilon, products)
   message = message.astype(e.dtype)
   new_edges_ref[...] = (e + message).astype(new_edges_ref.dtype)
-  partial_ref[0] = _one_hot_dot(receivers[1], message, products)
+  partial_ref[0] = pallas_parts.one_hot_dot(receivers[1], message, products)
 
 
 def _backward_kernel(*refs, epsilon, products):
   refs = refs[_PREFETCHED:]
   e_ref, inputs = refs[0], refs[1:_INPUTS]
   grad_partial_ref, grad_new_edges_ref = refs[_INPUTS:_INPUTS + 2]
-  (grad_e_ref, grad_sender_window_ref, grad_far_ref, grad_window_ref, grad_w_h_ref,
-   grad_b_h_ref, grad_w_o_ref, grad_b_o_ref, grad_scale_ref,
-   grad_offset_ref) = refs[_INPUTS + 2:]
+  grad_e_ref, grad_sender_window_ref, grad_far_ref, grad_window_ref = refs[_INPUTS + 2:
+                                                                           _INPUTS + 6]
+  grad_param_refs = refs[_INPUTS + 6:]  # W_h, b_h, W_o, b_o, scale, offset
 
   @pl.when(pl.program_id(0) == 0)
   def _():
-    for ref in (grad_w_h_ref, grad_b_h_ref, grad_w_o_ref, grad_b_o_ref, grad_scale_ref,
-                grad_offset_ref):
+    for ref in grad_param_refs:
       ref[...] = jnp.zeros_like(ref)
 
   e = e_ref[...]
   dtype = e.dtype
-  w_h, w_o, scale = inputs[9][...], inputs[11][...], inputs[13][...]
-  (senders, far, receivers), hidden, activated, normalized, inverse_std, _ = _block_forward(
-      e, inputs, epsilon, products)
+  (senders, far, receivers), params, forward = _block_forward(e, inputs, epsilon, products)
   grad_new_edges = grad_new_edges_ref[...].astype(jnp.float32)
   # The message reaches the new edge latents and, by the window rows, the sums.
-  grad_message = grad_new_edges + _one_hot_dot(receivers[0], grad_partial_ref[...], products)
-  column_sum = lambda x: jnp.sum(x, axis=0, keepdims=True)
-  grad_scale_ref[...] += column_sum(grad_message * normalized)
-  grad_offset_ref[...] += column_sum(grad_message)
-  grad_normalized = grad_message * scale.astype(jnp.float32)
-  grad_out = inverse_std * (
-      grad_normalized - jnp.mean(grad_normalized, axis=-1, keepdims=True)
-      - normalized * jnp.mean(grad_normalized * normalized, axis=-1, keepdims=True))
-  grad_out_d = grad_out.astype(dtype)
-  mlp_dot = functools.partial(_mlp_dot, products=products)
-  grad_w_o_ref[...] += mlp_dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,)))
-  grad_b_o_ref[...] += column_sum(grad_out)
-  sigmoid = jax.nn.sigmoid(hidden)
-  grad_hidden = (mlp_dot(grad_out_d, w_o, contract=((1,), (1,)))
-                 * (sigmoid + hidden * sigmoid * (1 - sigmoid)))
-  grad_hidden_d = grad_hidden.astype(dtype)
-  grad_w_h_ref[...] += mlp_dot(e, grad_hidden_d, contract=((0,), (0,)))
-  grad_b_h_ref[...] += column_sum(grad_hidden)
-  grad_e_ref[...] = (grad_new_edges + mlp_dot(grad_hidden_d, w_h, contract=((1,), (1,)))
-                     ).astype(grad_e_ref.dtype)
-  grad_sender_window_ref[0] = _one_hot_dot(senders[1], grad_hidden_d, products)
-  grad_far_ref[0] = _one_hot_dot(far[1], grad_hidden_d, products)
-  grad_window_ref[0] = _one_hot_dot(receivers[1], grad_hidden_d, products)
+  grad_message = grad_new_edges + pallas_parts.one_hot_dot(receivers[0],
+                                                           grad_partial_ref[...], products)
+  grad_hidden, grads = pallas_parts.mlp_backward(e, params, forward, grad_message, products)
+  for ref, grad in zip(grad_param_refs, grads):
+    ref[...] += grad
+  grad_hidden_d = grad_hidden.astype(dtype)  # as the window products take it
+  grad_e_ref[...] = (grad_new_edges + pallas_parts.mlp_dot(
+      grad_hidden_d, params[0], products, contract=((1,), (1,)))).astype(grad_e_ref.dtype)
+  grad_sender_window_ref[0] = pallas_parts.one_hot_dot(senders[1], grad_hidden_d, products)
+  grad_far_ref[0] = pallas_parts.one_hot_dot(far[1], grad_hidden_d, products)
+  grad_window_ref[0] = pallas_parts.one_hot_dot(receivers[1], grad_hidden_d, products)
 
 
 def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlocks):
@@ -284,47 +208,10 @@ def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlock
   sender_table, far_rows, receiver_table = tables
   inputs = [senders.first, blocks.first, edges, *tables, *indices, *parameters]
   specs = ([pl.BlockSpec((slots, latent), lambda k, *_: (k, 0)),
-            _window_spec(senders.width, latent, 0), by_block(far_rows),
-            _window_spec(blocks.width, latent, 1)]
+            pallas_parts.window_spec(senders.width, latent, 0), by_block(far_rows),
+            pallas_parts.window_spec(blocks.width, latent, 1)]
            + [by_block(i) for i in indices] + [whole(p) for p in parameters])
   return inputs, specs, dict(num_scalar_prefetch=_PREFETCHED, grid=(num_blocks,))
-
-
-def _window_spec(width: int, latent: int, which: int) -> pl.BlockSpec:
-  """Block `k` reads rows `first[k] .. first[k] + width` of a table (`which`: 0, the
-  sender windows' `first`, 1 the receiver windows'), a multiple of `ALIGN` rows in."""
-  return pl.BlockSpec((pl.Element(width), pl.Element(latent)), lambda k, *first: (
-      pl.multiple_of(first[which][k], receiver_blocks.ALIGN), 0))
-
-
-def _call(kernel, semantics: str, **call):
-  """`pallas_call(kernel, **call)`: compiled for a TPU, interpreted elsewhere (a CPU, for
-  tests); `kernel` takes its `products` (`aggregation.float32_products`) from the platform.
-
-  Inside `shard_map` its mesh says the platform (an ahead-of-time compile for a TPU on a
-  CPU host gets the compiled kernel), and a CPU's is the TPU interpreter (Pallas's
-  generic one does not run there). Outside, the lowering decides
-  (`lax.platform_dependent`), with the generic interpreter (the TPU one's effects cannot
-  be inside that choice, nor under remat).
-  """
-  on = lambda platform: functools.partial(
-      kernel, products=aggregation.float32_products(platform))
-  compiled = pl.pallas_call(on("tpu"), compiler_params=pltpu.CompilerParams(
-      dimension_semantics=(semantics,), vmem_limit_bytes=_VMEM_LIMIT), **call)
-  platform = aggregation.target_platform()
-  if platform == "tpu":
-    return compiled
-  if platform is not None:
-    return pl.pallas_call(on(platform), interpret=pltpu.InterpretParams(), **call)
-  interpreted = pl.pallas_call(on(None), interpret=True, **call)
-  return lambda *inputs: jax.lax.platform_dependent(*inputs, tpu=compiled,
-                                                    default=interpreted)
-
-
-def _out(shape, dtype, like) -> jax.ShapeDtypeStruct:
-  """A kernel output's shape, varying over the manual mesh axes `like` varies over (inside
-  `shard_map` the kernel's outputs must say)."""
-  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
 def _forward(params, edges, tables, senders, blocks, epsilon, write_over_edges):
@@ -333,10 +220,10 @@ def _forward(params, edges, tables, senders, blocks, epsilon, write_over_edges):
   inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
   num_blocks, width, latent = blocks.local.shape[0], blocks.width, edges.shape[-1]
   partials = pl.BlockSpec((1, width, latent), lambda k, *_: (k, 0, 0))
-  return _call(
+  return pallas_parts.call(
       functools.partial(_forward_kernel, epsilon=epsilon), "parallel",
-      out_shape=(_out(edges.shape, edges.dtype, edges),
-                 _out((num_blocks, width, latent), jnp.float32, edges)),
+      out_shape=(pallas_parts.out_shape(edges.shape, edges.dtype, edges),
+                 pallas_parts.out_shape((num_blocks, width, latent), jnp.float32, edges)),
       grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs,
                                              out_specs=(specs[0], partials)),
       input_output_aliases={_PREFETCHED: 0} if write_over_edges else {},
@@ -349,15 +236,16 @@ def _backward(params, edges, tables, senders, blocks, epsilon, grad_sums, grad_n
   (float32))`. `grad_sums`: `[receiver rows, D]` float32, padded as the receiver table."""
   inputs, specs, grid = _inputs(params, edges, tables, senders, blocks)
   num_blocks, latent = blocks.local.shape[0], edges.shape[-1]
-  f32 = lambda shape: _out(shape, jnp.float32, edges)
+  f32 = lambda shape: pallas_parts.out_shape(shape, jnp.float32, edges)
   per_block = lambda width: pl.BlockSpec((1, width, latent), lambda k, *_: (k, 0, 0))
   window_shapes = [(num_blocks, senders.width, latent), tables[1].shape,
                    (num_blocks, blocks.width, latent)]
   vector, matrix = specs[-3], specs[-6]  # b_o's and W_o's: [1, D] and [D, D] whole
   # "arbitrary": the weights' gradients add up over the blocks, in order.
-  return _call(
+  return pallas_parts.call(
       functools.partial(_backward_kernel, epsilon=epsilon), "arbitrary",
-      out_shape=(_out(edges.shape, edges.dtype, edges), *(f32(s) for s in window_shapes),
+      out_shape=(pallas_parts.out_shape(edges.shape, edges.dtype, edges),
+                 *(f32(s) for s in window_shapes),
                  f32((latent, latent)), f32((1, latent)), f32((latent, latent)),
                  f32((1, latent)), f32((1, latent)), f32((1, latent))),
       grid_spec=pltpu.PrefetchScalarGridSpec(

@@ -54,9 +54,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from wnscale.graphs.receiver_blocks import ReceiverBlocks
-from wnscale.model import aggregation
-from wnscale.model.fused_edges import (_call, _mlp_dot, _one_hot_dot, _one_hots, _out,
-                                       _window_spec)
+from wnscale.model import aggregation, pallas_parts
 from wnscale.model.manual_axis_types import vary_like
 
 _PARAMS = 12  # the embedder's six parameters, then the edge MLP's six
@@ -85,7 +83,7 @@ def decoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_
   params, features, sender_rows, receiver_table = _varying_alike(
       (*embed_params, *edge_params), features.astype(sender_rows.dtype), sender_rows,
       receiver_table)
-  return _edge_sums(params, features, sender_rows, receiver_table, epsilon, block_rows)
+  return _decoder_sums(params, features, sender_rows, receiver_table, epsilon, block_rows)
 
 
 def _varying_alike(params, *arrays):
@@ -98,72 +96,35 @@ def _varying_alike(params, *arrays):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _edge_sums(params, features, sender_rows, receiver_table, epsilon, block_rows):
-  return _forward(params, features, sender_rows, receiver_table, epsilon, block_rows)
+def _decoder_sums(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  return _decoder_forward(params, features, sender_rows, receiver_table, epsilon, block_rows)
 
 
-def _edge_sums_forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
-  return (_forward(params, features, sender_rows, receiver_table, epsilon, block_rows),
+def _decoder_sums_forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
+  return (_decoder_forward(params, features, sender_rows, receiver_table, epsilon, block_rows),
           (params, features, sender_rows, receiver_table))
 
 
-def _edge_sums_backward(epsilon, block_rows, residuals, grad_sums):
+def _decoder_sums_backward(epsilon, block_rows, residuals, grad_sums):
   params, features, sender_rows, receiver_table = residuals
-  grad_sender_rows, grad_receiver_table, *grad_params = _backward(
+  grad_sender_rows, grad_receiver_table, *grad_params = _decoder_backward(
       params, features, sender_rows, receiver_table, grad_sums.astype(jnp.float32), epsilon,
       block_rows)
   grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
   return grad_params, None, grad_sender_rows, grad_receiver_table
 
 
-_edge_sums.defvjp(_edge_sums_forward, _edge_sums_backward)
-
-
-def _mlp_forward(x, added, params, epsilon, products):
-  """An MLP with a layer norm on `x [n, I]` (activation dtype), float32: `(hidden, swish
-  (hidden), normalized, 1/std [n, 1], output)`; `added` (float32, or 0) joins the first
-  layer's output, as the interaction network's projected node rows do."""
-  w1, b1, w2, b2, scale, offset = params
-  hidden = _mlp_dot(x, w1, products) + b1.astype(jnp.float32) + added
-  activated = hidden * jax.nn.sigmoid(hidden)
-  out = _mlp_dot(activated.astype(x.dtype), w2, products) + b2.astype(jnp.float32)
-  centred = out - jnp.mean(out, axis=-1, keepdims=True)
-  inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
-  normalized = centred * inverse_std
-  output = normalized * scale.astype(jnp.float32) + offset.astype(jnp.float32)
-  return hidden, activated, normalized, inverse_std, output
-
-
-def _mlp_backward(x, params, forward, grad_output, products):
-  """`(grad hidden [n, H] float32, the six parameters' gradients float32, vectors [1, .])`
-  of `_mlp_forward`'s output given its gradient `grad_output [n, O]` float32."""
-  w1, _, w2, _, scale, _ = params
-  hidden, activated, normalized, inverse_std, _ = forward
-  dtype = x.dtype
-  mlp_dot = functools.partial(_mlp_dot, products=products)
-  column_sum = lambda value: jnp.sum(value, axis=0, keepdims=True)
-  grad_normalized = grad_output * scale.astype(jnp.float32)
-  grad_out = inverse_std * (
-      grad_normalized - jnp.mean(grad_normalized, axis=-1, keepdims=True)
-      - normalized * jnp.mean(grad_normalized * normalized, axis=-1, keepdims=True))
-  grad_out_d = grad_out.astype(dtype)
-  sigmoid = jax.nn.sigmoid(hidden)
-  grad_hidden = (mlp_dot(grad_out_d, w2, contract=((1,), (1,)))
-                 * (sigmoid + hidden * sigmoid * (1 - sigmoid)))
-  return grad_hidden, (
-      mlp_dot(x, grad_hidden.astype(dtype), contract=((0,), (0,))), column_sum(grad_hidden),
-      mlp_dot(activated.astype(dtype), grad_out_d, contract=((0,), (0,))),
-      column_sum(grad_out), column_sum(grad_output * normalized), column_sum(grad_output))
+_decoder_sums.defvjp(_decoder_sums_forward, _decoder_sums_backward)
 
 
 def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, products):
-  """One slot of a block: `(the embedder's _mlp_forward, e [n, H] in the activation dtype,
-  the edge MLP's _mlp_forward)`; `receiver_rows` `[n, D]` float32."""
+  """One slot of a block: `(the embedder's pallas_parts.mlp_forward, e [n, H] in the
+  activation dtype, the edge MLP's)`; `receiver_rows` `[n, D]` float32."""
   embed_params, edge_params = params[:6], params[6:]
-  embedding = _mlp_forward(features, 0.0, embed_params, epsilon, products)
+  embedding = pallas_parts.mlp_forward(features, 0.0, embed_params, epsilon, products)
   e = embedding[-1].astype(features.dtype)  # the embedder's output, as XLA writes it
-  edge = _mlp_forward(e, sender_rows.astype(jnp.float32) + receiver_rows, edge_params,
-                      epsilon, products)
+  edge = pallas_parts.mlp_forward(e, sender_rows.astype(jnp.float32) + receiver_rows,
+                                  edge_params, epsilon, products)
   return embedding, e, edge
 
 
@@ -177,8 +138,8 @@ def _in_rows(num_rows: int, block_rows: int):
   return lambda x: jnp.where(row < num_rows, x, jnp.zeros_like(x))
 
 
-def _forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows, epsilon,
-                    products):
+def _decoder_forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows,
+                            epsilon, products):
   param_refs, sums_ref = refs[:_PARAMS], refs[_PARAMS]
   params = [ref[...] for ref in param_refs]
   in_rows = _in_rows(num_rows, sums_ref.shape[0])
@@ -192,8 +153,8 @@ def _forward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows
   sums_ref[...] = sums
 
 
-def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows, epsilon,
-                     products):
+def _decoder_backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_rows,
+                             epsilon, products):
   param_refs, grad_sums_ref = refs[:_PARAMS], refs[_PARAMS]
   grad_sender_rows_ref, grad_receiver_ref, *grad_param_refs = refs[_PARAMS + 1:]
 
@@ -214,19 +175,21 @@ def _backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs, num_row
     features = in_rows(features_ref[slot])
     embedding, e, edge = _slot_forward(features, in_rows(sender_rows_ref[slot]), receiver_rows,
                                        params, epsilon, products)
-    grad_hidden, edge_grads = _mlp_backward(e, params[6:], edge, grad_message, products)
+    grad_hidden, edge_grads = pallas_parts.mlp_backward(e, params[6:], edge, grad_message,
+                                                        products)
     grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
     grad_sender_rows_ref[slot] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
     grad_receiver_rows += grad_hidden_d.astype(jnp.float32)
-    grad_e = _mlp_dot(grad_hidden_d, w_h, products, contract=((1,), (1,)))
-    _, embed_grads = _mlp_backward(features, params[:6], embedding, grad_e, products)
+    grad_e = pallas_parts.mlp_dot(grad_hidden_d, w_h, products, contract=((1,), (1,)))
+    _, embed_grads = pallas_parts.mlp_backward(features, params[:6], embedding, grad_e,
+                                               products)
     grad_params = [total + g for total, g in zip(grad_params, (*embed_grads, *edge_grads))]
   grad_receiver_ref[...] = grad_receiver_rows.astype(grad_receiver_ref.dtype)
   for ref, grad in zip(grad_param_refs, grad_params):
     ref[...] += grad
 
 
-def _specs(params, features, sender_rows, block_rows):
+def _decoder_specs(params, features, sender_rows, block_rows):
   """`(the parameters as the kernels take them, vectors as [1, .]; the kernels' BlockSpecs)`:
   per block its rows of each slot's features and sender rows and of the receiver table,
   then the parameters whole."""
@@ -237,34 +200,38 @@ def _specs(params, features, sender_rows, block_rows):
   return params, [by_slot(features), by_slot(sender_rows), rows] + [whole(p) for p in params]
 
 
-def _grid(receiver_table, block_rows):
+def _decoder_grid(receiver_table, block_rows):
   """One block per `block_rows` receivers, the last perhaps short."""
   return (-(-receiver_table.shape[0] // block_rows),)
 
 
-def _forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
+def _decoder_forward(params, features, sender_rows, receiver_table, epsilon, block_rows):
   """`[R, D]` float32 sums."""
-  params, specs = _specs(params, features, sender_rows, block_rows)
-  kernel = functools.partial(_forward_kernel, num_rows=receiver_table.shape[0], epsilon=epsilon)
-  return _call(
-      kernel, "parallel", out_shape=_out(receiver_table.shape, jnp.float32, sender_rows),
-      grid=_grid(receiver_table, block_rows), in_specs=specs, out_specs=specs[2],
+  params, specs = _decoder_specs(params, features, sender_rows, block_rows)
+  kernel = functools.partial(_decoder_forward_kernel, num_rows=receiver_table.shape[0],
+                             epsilon=epsilon)
+  return pallas_parts.call(
+      kernel, "parallel",
+      out_shape=pallas_parts.out_shape(receiver_table.shape, jnp.float32, sender_rows),
+      grid=_decoder_grid(receiver_table, block_rows), in_specs=specs, out_specs=specs[2],
   )(features, sender_rows, receiver_table, *params)
 
 
-def _backward(params, features, sender_rows, receiver_table, grad_sums, epsilon, block_rows):
+def _decoder_backward(params, features, sender_rows, receiver_table, grad_sums, epsilon,
+                      block_rows):
   """`(grad sender rows [k, R, D], grad receiver table [R, D], in their dtypes, then the
   twelve parameters' gradients, float32, vectors [1, .])`."""
-  params, specs = _specs(params, features, sender_rows, block_rows)
-  param_outs = [_out(p.shape, jnp.float32, sender_rows) for p in params]
-  kernel = functools.partial(_backward_kernel, num_rows=receiver_table.shape[0],
+  params, specs = _decoder_specs(params, features, sender_rows, block_rows)
+  param_outs = [pallas_parts.out_shape(p.shape, jnp.float32, sender_rows) for p in params]
+  kernel = functools.partial(_decoder_backward_kernel, num_rows=receiver_table.shape[0],
                              epsilon=epsilon)
   # "arbitrary": the parameters' gradients add up over the blocks, in order.
-  return _call(
+  return pallas_parts.call(
       kernel, "arbitrary",
-      out_shape=(_out(sender_rows.shape, sender_rows.dtype, sender_rows),
-                 _out(receiver_table.shape, receiver_table.dtype, sender_rows), *param_outs),
-      grid=_grid(receiver_table, block_rows), in_specs=specs + [specs[2]],
+      out_shape=(pallas_parts.out_shape(sender_rows.shape, sender_rows.dtype, sender_rows),
+                 pallas_parts.out_shape(receiver_table.shape, receiver_table.dtype,
+                                        sender_rows), *param_outs),
+      grid=_decoder_grid(receiver_table, block_rows), in_specs=specs + [specs[2]],
       out_specs=(specs[1], specs[2], *specs[3:]),
   )(features, sender_rows, receiver_table, *params, grad_sums)
 
@@ -327,8 +294,8 @@ def _encoder_block(features_ref, sender_rows_ref, window_ref, column_ref, row_re
                    epsilon, products):
   """One block's forward pass: `(the one-hot pair ([slots, width], [width, slots]),
   _slot_forward's three)`."""
-  one_hots = _one_hots(column_ref[0], row_ref[0], window_ref.shape[0])
-  receiver_rows = _one_hot_dot(one_hots[0], window_ref[...], products)
+  one_hots = pallas_parts.one_hots(column_ref[0], row_ref[0], window_ref.shape[0])
+  receiver_rows = pallas_parts.one_hot_dot(one_hots[0], window_ref[...], products)
   return one_hots, *_slot_forward(features_ref[...], sender_rows_ref[...], receiver_rows,
                                   params, epsilon, products)
 
@@ -341,7 +308,7 @@ def _encoder_forward_kernel(first_ref, features_ref, sender_rows_ref, window_ref
       features_ref, sender_rows_ref, window_ref, column_ref, row_ref,
       [ref[...] for ref in param_refs], epsilon, products)
   message = edge[-1].astype(sender_rows_ref.dtype)  # as `sum_to_receivers` gets it
-  partial_ref[0] = _one_hot_dot(from_rows, message, products)
+  partial_ref[0] = pallas_parts.one_hot_dot(from_rows, message, products)
 
 
 def _encoder_backward_kernel(first_ref, features_ref, sender_rows_ref, window_ref, column_ref,
@@ -360,13 +327,16 @@ def _encoder_backward_kernel(first_ref, features_ref, sender_rows_ref, window_re
   (to_rows, from_rows), embedding, e, edge = _encoder_block(
       features_ref, sender_rows_ref, window_ref, column_ref, row_ref, params, epsilon,
       products)
-  grad_message = _one_hot_dot(to_rows, grad_window_ref[...], products)  # padding edges: 0
-  grad_hidden, edge_grads = _mlp_backward(e, params[6:], edge, grad_message, products)
+  # Padding edges reach no row: their messages' gradient is 0.
+  grad_message = pallas_parts.one_hot_dot(to_rows, grad_window_ref[...], products)
+  grad_hidden, edge_grads = pallas_parts.mlp_backward(e, params[6:], edge, grad_message,
+                                                      products)
   grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
   grad_sender_rows_ref[...] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
-  grad_partial_ref[0] = _one_hot_dot(from_rows, grad_hidden_d, products)
-  grad_e = _mlp_dot(grad_hidden_d, params[6], products, contract=((1,), (1,)))
-  _, embed_grads = _mlp_backward(features_ref[...], params[:6], embedding, grad_e, products)
+  grad_partial_ref[0] = pallas_parts.one_hot_dot(from_rows, grad_hidden_d, products)
+  grad_e = pallas_parts.mlp_dot(grad_hidden_d, params[6], products, contract=((1,), (1,)))
+  _, embed_grads = pallas_parts.mlp_backward(features_ref[...], params[:6], embedding, grad_e,
+                                             products)
   for ref, grad in zip(grad_param_refs, (*embed_grads, *edge_grads)):
     ref[...] += grad
 
@@ -383,7 +353,8 @@ def _encoder_inputs(params, features, sender_rows, receiver_table, blocks):
   by_edge = lambda x: pl.BlockSpec((slots, x.shape[-1]), lambda k, *_: (k, 0))
   by_block = lambda x: pl.BlockSpec((1,) + x.shape[1:], lambda k, *_: (k, 0, 0))
   whole = lambda x: pl.BlockSpec(x.shape, lambda k, *_: (0,) * x.ndim)
-  specs = ([by_edge(features), by_edge(sender_rows), _window_spec(blocks.width, latent, 0)]
+  specs = ([by_edge(features), by_edge(sender_rows),
+            pallas_parts.window_spec(blocks.width, latent, 0)]
            + [by_block(i) for i in indices] + [whole(p) for p in params])
   inputs = [blocks.first, features, sender_rows, receiver_table, *indices, *params]
   return inputs, specs, dict(num_scalar_prefetch=1, grid=(num_blocks,))
@@ -394,9 +365,9 @@ def _encoder_forward(params, features, sender_rows, receiver_table, blocks, epsi
   inputs, specs, grid = _encoder_inputs(params, features, sender_rows, receiver_table, blocks)
   shape = (blocks.local.shape[0], blocks.width, sender_rows.shape[-1])
   partials = pl.BlockSpec((1,) + shape[1:], lambda k, *_: (k, 0, 0))
-  return _call(
+  return pallas_parts.call(
       functools.partial(_encoder_forward_kernel, epsilon=epsilon), "parallel",
-      out_shape=_out(shape, jnp.float32, sender_rows),
+      out_shape=pallas_parts.out_shape(shape, jnp.float32, sender_rows),
       grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs, out_specs=partials),
   )(*inputs)
 
@@ -409,12 +380,13 @@ def _encoder_backward(params, features, sender_rows, receiver_table, blocks, gra
   inputs, specs, grid = _encoder_inputs(params, features, sender_rows, receiver_table, blocks)
   shape = (blocks.local.shape[0], blocks.width, sender_rows.shape[-1])
   partials = pl.BlockSpec((1,) + shape[1:], lambda k, *_: (k, 0, 0))
-  param_outs = [_out(p.shape, jnp.float32, sender_rows) for p in inputs[-_PARAMS:]]
+  param_outs = [pallas_parts.out_shape(p.shape, jnp.float32, sender_rows)
+                for p in inputs[-_PARAMS:]]
   # "arbitrary": the parameters' gradients add up over the blocks, in order.
-  return _call(
+  return pallas_parts.call(
       functools.partial(_encoder_backward_kernel, epsilon=epsilon), "arbitrary",
-      out_shape=(_out(sender_rows.shape, sender_rows.dtype, sender_rows),
-                 _out(shape, jnp.float32, sender_rows), *param_outs),
+      out_shape=(pallas_parts.out_shape(sender_rows.shape, sender_rows.dtype, sender_rows),
+                 pallas_parts.out_shape(shape, jnp.float32, sender_rows), *param_outs),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           **grid, in_specs=specs + [specs[2]],
           out_specs=(specs[1], partials, *specs[-_PARAMS:])),
