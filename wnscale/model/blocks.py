@@ -21,9 +21,28 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def split_rows(array: jax.Array, num_blocks: int, fill=0) -> jax.Array:
-  """`[N, ...] -> [num_blocks, ceil(N / num_blocks), ...]`, the last block padded with `fill`."""
-  rows = -(-array.shape[0] // num_blocks)
+# A block's rows are a multiple of this where that leaves no block empty: a TPU tiles an
+# array's last two axes by (16, 128) in bfloat16 ((8, 128) in float32), so `[num_blocks *
+# rows, D]` and `[num_blocks, rows, D]`, or `[k * rows, D]` and `[k, rows, D]`, are then one
+# layout and reshaping between them is free; otherwise each is a copy (at 0.25 deg, 8
+# blocks of 129,780 grid rows: several copies of a gigabyte a step).
+ROW_ALIGN = 16
+
+
+def block_rows(num_rows: int, num_blocks: int) -> int:
+  """Rows per block when `num_rows` rows are cut into `num_blocks` (the last padded) by
+  `map_row_blocks`: `ceil(num_rows / num_blocks)`, rounded up to `ROW_ALIGN` unless that
+  would leave the last block without a row of its own."""
+  rows = -(-num_rows // num_blocks)
+  aligned = -(-rows // ROW_ALIGN) * ROW_ALIGN
+  return aligned if 1 < num_blocks and aligned * (num_blocks - 1) < num_rows else rows
+
+
+def split_rows(array: jax.Array, num_blocks: int, fill=0, rows: int | None = None
+               ) -> jax.Array:
+  """`[N, ...] -> [num_blocks, rows, ...]` (`rows` default `ceil(N / num_blocks)`), the last
+  block padded with `fill`."""
+  rows = rows or -(-array.shape[0] // num_blocks)
   padding = [(0, rows * num_blocks - array.shape[0])] + [(0, 0)] * (array.ndim - 1)
   return jnp.pad(array, padding, constant_values=fill).reshape(
       (num_blocks, rows) + array.shape[1:])
@@ -32,10 +51,10 @@ def split_rows(array: jax.Array, num_blocks: int, fill=0) -> jax.Array:
 def slot_major_row_blocks(array: jax.Array, k: int, num_blocks: int) -> jax.Array:
   """`[k R, ...]` slot-major per-edge values (row r's j-th edge at `j R + r`, as
   `aggregation.FixedInDegree` lays them) -> `[num_blocks * k * rows, ...]`: for each block
-  of `rows = ceil(R / num_blocks)` rows, its rows' k slots, slot-major again (padding
-  rows' slots 0), so that `split_rows(..., num_blocks)` gives each block its own edges."""
+  of `rows = block_rows(R, num_blocks)` rows, its rows' k slots, slot-major again (padding
+  rows' slots 0), so that `map_row_blocks` gives each block its own edges."""
   num_rows = array.shape[0] // k
-  rows = -(-num_rows // num_blocks)
+  rows = block_rows(num_rows, num_blocks)
   by_slot = array.reshape((k, num_rows) + array.shape[1:])
   by_slot = jnp.pad(by_slot, [(0, 0), (0, rows * num_blocks - num_rows)]
                     + [(0, 0)] * (array.ndim - 1))
@@ -64,7 +83,10 @@ def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: t
   Args:
     module: holds the parameters `fn` uses (passed through the scan explicitly).
     fn: returns a pytree of `[rows, ...]` arrays for one block of rows.
-    blocked: `[N, ...]` arrays cut into blocks along their first axis.
+    blocked: arrays cut into blocks along their first axis: the first (and any other of
+      its length `N`) into blocks of `block_rows(N, num_blocks)` rows, the last padded;
+      the others laid out block by block already (`[num_blocks * m, ...]`, each block's
+      `m` rows: `slot_major_row_blocks`).
     shared: arrays every block sees whole.
     columns: channel-major `[C, N]` arrays; `fn` gets each block node-major,
       `[rows, C]` (cut and transposed inside the block).
@@ -76,7 +98,9 @@ def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: t
   if num_blocks == 1:
     return fn(module, *blocked, *(array.T for array in columns), *shared)
   num_rows = blocked[0].shape[0]
-  rows = -(-num_rows // num_blocks)
+  rows = block_rows(num_rows, num_blocks)
+  split = lambda array: split_rows(array, num_blocks,
+                                   rows=rows if array.shape[0] == num_rows else None)
   graphdef, state = nnx.split(module)
 
   def one_block(state, index, row_blocks, columns, shared):
@@ -86,5 +110,5 @@ def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: t
   block = jax.checkpoint(one_block, policy=jax.checkpoint_policies.nothing_saveable)
   _, outputs = jax.lax.scan(
       lambda _, xs: (None, block(state, xs[0], xs[1], columns, shared)), None,
-      (jnp.arange(num_blocks), tuple(split_rows(array, num_blocks) for array in blocked)))
+      (jnp.arange(num_blocks), tuple(split(array) for array in blocked)))
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_rows], outputs)

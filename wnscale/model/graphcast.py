@@ -49,7 +49,7 @@ from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
 from wnscale.graphs.receiver_blocks import ReceiverBlocks
 from wnscale.model import aggregation, fused_encoder_decoder, processors, remat, remat_policies
-from wnscale.model.blocks import map_row_blocks, slot_major_row_blocks
+from wnscale.model.blocks import block_rows, map_row_blocks, slot_major_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
 from wnscale.model.message_passing import InteractionNetwork, sum_edge_messages
 from wnscale.model.mlp import MLP
@@ -519,10 +519,10 @@ class GraphCast(nnx.Module):
 def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):
   """`(blocked arrays, rows per block)` for `map_row_blocks` over blocks of receivers.
 
-  Grid rows are padded to `num_blocks * rows`; edges (`k` per row, in row
-  order) to `k` times that, padding edges pointing past every block (dropped).
-  Blocked: grid `[R', D]`, features `[k R', F]`, senders and receivers `[k R']`,
-  block index `[num_blocks]`.
+  Blocks of `rows = blocks.block_rows(R, num_blocks)` grid rows (`map_row_blocks` pads the
+  grid to `R' = num_blocks * rows`); edges (`k` per row, in row order) padded to `k R'`,
+  padding edges pointing past every block (dropped). Blocked: grid `[R, D]`, features
+  `[k R', F]`, senders and receivers `[k R']`, block index `[num_blocks]`.
   """
   num_rows, num_edges = grid.shape[0], edges.senders.shape[0]
   if num_edges % num_rows:
@@ -530,11 +530,11 @@ def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):
         f"model.grid_blocks > 1 needs the same number of mesh-to-grid edges for every "
         f"grid node, in grid-node order; {num_edges} edges for {num_rows} grid nodes.")
   per_row = num_edges // num_rows
-  rows = -(-num_rows // num_blocks)
+  rows = block_rows(num_rows, num_blocks)
   padded_rows = rows * num_blocks
   pad = lambda x, fill: jnp.pad(x, [(0, per_row * (padded_rows - num_rows))]
                                 + [(0, 0)] * (x.ndim - 1), constant_values=fill)
-  blocked = (jnp.pad(grid, [(0, padded_rows - num_rows), (0, 0)]), pad(edges.features, 0),
+  blocked = (grid, pad(edges.features, 0),
              pad(edges.senders, 0), pad(edges.receivers, padded_rows),
              jnp.arange(num_blocks))
   return blocked, rows
