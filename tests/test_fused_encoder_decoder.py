@@ -11,7 +11,7 @@ from flax import nnx
 
 from wnscale.graphs.features import EDGE_FEATURES
 from wnscale.graphs import receiver_blocks
-from wnscale.model import aggregation, fused_encoder_decoder
+from wnscale.model import aggregation, blocks, fused_encoder_decoder
 from wnscale.model.graphcast import EncoderDecoderEdges
 
 
@@ -172,3 +172,50 @@ def test_edge_sums_under_vmap(kind):
       # Summed in another order: float32 rounding, relative to the largest value.
       np.testing.assert_allclose(got[example], want, rtol=1e-5,
                                  atol=2e-6 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_fused_sums_under_remat_and_row_blocks(kind):
+  """`EncoderDecoderEdges.fused_sums` as the model runs it under remat: the decoder's in
+  `map_row_blocks` (`model.grid_blocks`; each block under its own checkpoint, its rows' k
+  slots `slot_major_row_blocks`' layout, 16 rows a block rounded up, the last padded),
+  the encoder's under `jax.checkpoint`; values and gradients equal the same kernels on the
+  whole arrays without a checkpoint."""
+  num_receivers, num_senders, latent, edge_size, num_blocks = 40, 11, 16, 8, 3
+  module = EncoderDecoderEdges(latent, edge_size, dtype=jnp.float32, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(module)
+  rng = np.random.default_rng(1)
+  array = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  senders, fixed_in_degree, receiver_blocks_, num_edges = _edge_set(kind, num_receivers,
+                                                                    num_senders, rng)
+  receivers = fixed_in_degree if kind == "decoder" else receiver_blocks_
+  senders = jnp.asarray(senders, jnp.int32)
+  features = array(num_edges, EDGE_FEATURES)
+  sender_table, receiver_table = array(num_senders, latent), array(num_receivers, latent)
+  weights = array(num_receivers, latent)
+
+  def sums(state, sender_table, receiver_table, blocked):
+    edges = nnx.merge(graphdef, state)
+    if not blocked:
+      return edges.fused_sums(features, senders, receivers, sender_table, receiver_table)
+    if kind == "encoder":
+      return jax.checkpoint(lambda edges, *tables: edges.fused_sums(
+          features, senders, receivers, *tables))(edges, sender_table, receiver_table)
+    k = receivers.k
+    by_block = lambda x: blocks.slot_major_row_blocks(x, k, num_blocks)
+    return blocks.map_row_blocks(
+        edges, lambda edges, rows, features, senders, table: edges.fused_sums(
+            features, senders, aggregation.FixedInDegree(k), table, rows),
+        num_blocks, (receiver_table, by_block(features), by_block(senders)), (sender_table,))
+
+  def run(blocked):
+    loss = lambda *args: jnp.sum(jnp.tanh(sums(*args, blocked)) * weights)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(state, sender_table,
+                                                                 receiver_table)
+
+  want, got = run(False), run(True)
+  if kind == "decoder":  # 14 rows a block, rounded up to 16: the last block padded
+    assert blocks.block_rows(num_receivers, num_blocks) == 16
+  for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5,
+                               atol=2e-6 * float(np.abs(want_leaf).max()))

@@ -449,8 +449,9 @@ class GraphCast(nnx.Module):
     receivers (`EncoderDecoderEdges.fused_sums`): where the processor's does
     (`model.aggregation` fused), its edges come `k` per receiver (a decoder's,
     `FixedInDegree`) or in receiver blocks (an encoder's), and its edge MLP sees the
-    receivers. Its edges are then never cut into `edge_chunks`: no edge-sized array but
-    the gathered sender rows is made."""
+    receivers (`projected_receivers`, or the projection making them, is not None). Its
+    edges are then never cut into `edge_chunks`: no edge-sized array but the gathered
+    sender rows is made."""
     method = getattr(self.spec.processor, "aggregation", "segment_sum")
     return (aggregation.resolve(method) == "fused" and projected_receivers is not None
             and isinstance(receivers, (aggregation.FixedInDegree, ReceiverBlocks)))
@@ -488,11 +489,15 @@ class GraphCast(nnx.Module):
       return modules.output_mlp(latents).astype(jnp.float32)
 
     def decoder(model, latents, mesh, conditioning):
-      sender_table = exchange(edge_set, model.node_set_modules(
-          node_set).from_mesh_edges.interaction.project_senders(mesh))
+      interaction = model.node_set_modules(node_set).from_mesh_edges.interaction
+      sender_table = exchange(edge_set, interaction.project_senders(mesh))
       receivers, num_blocks = aggregation.receivers_of(edges), spec.remat.grid_blocks
       if num_blocks == 1:
-        senders = edges.sorted_senders if self._by_blocks(edges) else edges.senders
+        # Sorted senders where the edges come whole: by blocks, or into the fused kernel.
+        whole = self._by_blocks(edges) or (
+            self._fused(receivers, interaction.receiver_projection)
+            and edges.sorted_senders is not None)
+        senders = edges.sorted_senders if whole else edges.senders
         return decode_rows(model, latents, edges.features, senders, receivers,
                            sender_table, spec.remat.edge_chunks, conditioning)
       if isinstance(receivers, aggregation.FixedInDegree):  # each block its rows' k slots
@@ -519,7 +524,7 @@ class GraphCast(nnx.Module):
 def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):
   """`(blocked arrays, rows per block)` for `map_row_blocks` over blocks of receivers.
 
-  Blocks of `rows = blocks.block_rows(R, num_blocks)` grid rows (`map_row_blocks` pads the
+  Blocks of `rows = block_rows(R, num_blocks)` grid rows (`map_row_blocks` pads the
   grid to `R' = num_blocks * rows`); edges (`k` per row, in row order) padded to `k R'`,
   padding edges pointing past every block (dropped). Blocked: grid `[R, D]`, features
   `[k R', F]`, senders and receivers `[k R']`, block index `[num_blocks]`.
