@@ -168,11 +168,7 @@ def _backward_kernel(*refs, epsilon, products):
                                                                            _INPUTS + 6]
   grad_param_refs = refs[_INPUTS + 6:]  # W_h, b_h, W_o, b_o, scale, offset
 
-  @pl.when(pl.program_id(0) == 0)
-  def _():
-    for ref in grad_param_refs:
-      ref[...] = jnp.zeros_like(ref)
-
+  pallas_parts.zero_in_first_block(grad_param_refs)
   e = e_ref[...]
   dtype = e.dtype
   (senders, far, receivers), params, forward = _block_forward(e, inputs, epsilon, products)

@@ -128,6 +128,21 @@ def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, product
   return embedding, e, edge
 
 
+def _slot_backward(features, forward, grad_message, params, products):
+  """The gradients of one slot of a block given its messages' `grad_message [n, D]`
+  float32 (`forward`: `_slot_forward`'s): `(the hidden layer's [n, D] in the activation
+  dtype, as XLA hands it to the gathers of the sender and receiver rows; the twelve
+  parameters', float32)`."""
+  embedding, e, edge = forward
+  grad_hidden, edge_grads = pallas_parts.mlp_backward(e, params[6:], edge, grad_message,
+                                                      products)
+  grad_hidden = grad_hidden.astype(e.dtype)
+  grad_e = pallas_parts.mlp_dot(grad_hidden, params[6], products, contract=((1,), (1,)))
+  _, embed_grads = pallas_parts.mlp_backward(features, params[:6], embedding, grad_e,
+                                             products)
+  return grad_hidden, (*embed_grads, *edge_grads)
+
+
 def _in_rows(num_rows: int, block_rows: int):
   """`x -> x` with a block's rows past `num_rows` (the last block's, where `block_rows`
   does not divide it) made 0: they hold whatever lies past the arrays' ends, perhaps not
@@ -158,14 +173,8 @@ def _decoder_backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs,
   param_refs, grad_sums_ref = refs[:_PARAMS], refs[_PARAMS]
   grad_sender_rows_ref, grad_receiver_ref, *grad_param_refs = refs[_PARAMS + 1:]
 
-  @pl.when(pl.program_id(0) == 0)
-  def _():
-    for ref in grad_param_refs:
-      ref[...] = jnp.zeros_like(ref)
-
+  pallas_parts.zero_in_first_block(grad_param_refs)
   params = [ref[...] for ref in param_refs]
-  w_h = params[6]
-  dtype = sender_rows_ref.dtype
   in_rows = _in_rows(num_rows, grad_receiver_ref.shape[0])
   receiver_rows = in_rows(receiver_ref[...].astype(jnp.float32))
   grad_message = in_rows(grad_sums_ref[...])  # each slot's message reaches its receiver's sum
@@ -173,17 +182,12 @@ def _decoder_backward_kernel(features_ref, sender_rows_ref, receiver_ref, *refs,
   grad_params = [jnp.zeros(ref.shape, jnp.float32) for ref in grad_param_refs]
   for slot in range(features_ref.shape[0]):
     features = in_rows(features_ref[slot])
-    embedding, e, edge = _slot_forward(features, in_rows(sender_rows_ref[slot]), receiver_rows,
-                                       params, epsilon, products)
-    grad_hidden, edge_grads = pallas_parts.mlp_backward(e, params[6:], edge, grad_message,
-                                                        products)
-    grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
-    grad_sender_rows_ref[slot] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
-    grad_receiver_rows += grad_hidden_d.astype(jnp.float32)
-    grad_e = pallas_parts.mlp_dot(grad_hidden_d, w_h, products, contract=((1,), (1,)))
-    _, embed_grads = pallas_parts.mlp_backward(features, params[:6], embedding, grad_e,
-                                               products)
-    grad_params = [total + g for total, g in zip(grad_params, (*embed_grads, *edge_grads))]
+    forward = _slot_forward(features, in_rows(sender_rows_ref[slot]), receiver_rows, params,
+                            epsilon, products)
+    grad_hidden, grads = _slot_backward(features, forward, grad_message, params, products)
+    grad_sender_rows_ref[slot] = grad_hidden.astype(grad_sender_rows_ref.dtype)
+    grad_receiver_rows += grad_hidden.astype(jnp.float32)
+    grad_params = [total + g for total, g in zip(grad_params, grads)]
   grad_receiver_ref[...] = grad_receiver_rows.astype(grad_receiver_ref.dtype)
   for ref, grad in zip(grad_param_refs, grad_params):
     ref[...] += grad
@@ -317,27 +321,18 @@ def _encoder_backward_kernel(first_ref, features_ref, sender_rows_ref, window_re
   param_refs, grad_window_ref = refs[:_PARAMS], refs[_PARAMS]
   grad_sender_rows_ref, grad_partial_ref, *grad_param_refs = refs[_PARAMS + 1:]
 
-  @pl.when(pl.program_id(0) == 0)
-  def _():
-    for ref in grad_param_refs:
-      ref[...] = jnp.zeros_like(ref)
-
+  pallas_parts.zero_in_first_block(grad_param_refs)
   params = [ref[...] for ref in param_refs]
-  dtype = sender_rows_ref.dtype
-  (to_rows, from_rows), embedding, e, edge = _encoder_block(
+  (to_rows, from_rows), *forward = _encoder_block(
       features_ref, sender_rows_ref, window_ref, column_ref, row_ref, params, epsilon,
       products)
   # Padding edges reach no row: their messages' gradient is 0.
   grad_message = pallas_parts.one_hot_dot(to_rows, grad_window_ref[...], products)
-  grad_hidden, edge_grads = pallas_parts.mlp_backward(e, params[6:], edge, grad_message,
-                                                      products)
-  grad_hidden_d = grad_hidden.astype(dtype)  # as XLA hands it to the gathers
-  grad_sender_rows_ref[...] = grad_hidden_d.astype(grad_sender_rows_ref.dtype)
-  grad_partial_ref[0] = pallas_parts.one_hot_dot(from_rows, grad_hidden_d, products)
-  grad_e = pallas_parts.mlp_dot(grad_hidden_d, params[6], products, contract=((1,), (1,)))
-  _, embed_grads = pallas_parts.mlp_backward(features_ref[...], params[:6], embedding, grad_e,
-                                             products)
-  for ref, grad in zip(grad_param_refs, (*embed_grads, *edge_grads)):
+  grad_hidden, grads = _slot_backward(features_ref[...], forward, grad_message, params,
+                                      products)
+  grad_sender_rows_ref[...] = grad_hidden.astype(grad_sender_rows_ref.dtype)
+  grad_partial_ref[0] = pallas_parts.one_hot_dot(from_rows, grad_hidden, products)
+  for ref, grad in zip(grad_param_refs, grads):
     ref[...] += grad
 
 

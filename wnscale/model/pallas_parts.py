@@ -68,6 +68,16 @@ def one_hots(index_column, index_row, width: int):
   return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
 
 
+def zero_in_first_block(refs):
+  """Zeroes `refs`, gradients a kernel accumulates across its blocks (run in order:
+  "arbitrary"), in its first block."""
+
+  @pl.when(pl.program_id(0) == 0)
+  def _():
+    for ref in refs:
+      ref[...] = jnp.zeros_like(ref)
+
+
 def window_spec(width: int, latent: int, which: int) -> pl.BlockSpec:
   """Block `k` reads rows `first[k] .. first[k] + width` of a table (`which`: 0, the
   sender windows' `first`, 1 the receiver windows'), a multiple of `ALIGN` rows in."""
