@@ -194,13 +194,11 @@ def _inputs(params, edges, tables, senders: SenderWindows, blocks: ReceiverBlock
   parameters whole."""
   num_blocks, slots = blocks.local.shape
   latent = edges.shape[-1]
-  w_h, b_h, w_o, b_o, scale, offset = params
   by_block = lambda table: pl.BlockSpec((1,) + table.shape[1:], lambda k, *_: (k, 0, 0))
   whole = lambda array: pl.BlockSpec(array.shape, lambda k, *_: (0,) * array.ndim)
   indices = [index for local in (senders.local, senders.far_local, blocks.local)
              for index in (local[:, :, None], local[:, None, :])]
-  vectors = [v.reshape(1, -1) for v in (b_h, b_o, scale, offset)]
-  parameters = [w_h, vectors[0], w_o, vectors[1], vectors[2], vectors[3]]
+  parameters = pallas_parts.as_kernel_params(params)
   sender_table, far_rows, receiver_table = tables
   inputs = [senders.first, blocks.first, edges, *tables, *indices, *parameters]
   specs = ([pl.BlockSpec((slots, latent), lambda k, *_: (k, 0)),

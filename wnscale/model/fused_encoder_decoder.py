@@ -197,7 +197,7 @@ def _decoder_specs(params, features, sender_rows, block_rows):
   """`(the parameters as the kernels take them, vectors as [1, .]; the kernels' BlockSpecs)`:
   per block its rows of each slot's features and sender rows and of the receiver table,
   then the parameters whole."""
-  params = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
+  params = pallas_parts.as_kernel_params(params)
   by_slot = lambda x: pl.BlockSpec((x.shape[0], block_rows, x.shape[2]), lambda i: (0, i, 0))
   whole = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)
   rows = pl.BlockSpec((block_rows, sender_rows.shape[-1]), lambda i: (i, 0))
@@ -343,7 +343,7 @@ def _encoder_inputs(params, features, sender_rows, receiver_table, blocks):
   parameters whole."""
   num_blocks, slots = blocks.local.shape
   latent = sender_rows.shape[-1]
-  params = [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
+  params = pallas_parts.as_kernel_params(params)
   indices = [blocks.local[:, :, None], blocks.local[:, None, :]]
   by_edge = lambda x: pl.BlockSpec((slots, x.shape[-1]), lambda k, *_: (k, 0))
   by_block = lambda x: pl.BlockSpec((1,) + x.shape[1:], lambda k, *_: (k, 0, 0))

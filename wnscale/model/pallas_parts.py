@@ -29,7 +29,7 @@ def mlp_dot(a, b, products: str, contract=((1,), (0,))):
     return dot(a, b, contract)
   if products == "bfloat16":
     return dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
-                precision=jax.lax.Precision.DEFAULT)
+               precision=jax.lax.Precision.DEFAULT)
   return dot(a, b, contract, precision=jax.lax.Precision.HIGHEST)
 
 
@@ -66,6 +66,12 @@ def one_hots(index_column, index_row, width: int):
   to_rows = index_column == jax.lax.broadcasted_iota(jnp.int32, (slots, width), 1)
   from_rows = index_row == jax.lax.broadcasted_iota(jnp.int32, (width, slots), 0)
   return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
+
+
+def as_kernel_params(params) -> list:
+  """MLP parameters as the kernels take them: vectors (biases, scales, offsets) as rows
+  `[1, .]`, matrices as they are."""
+  return [p.reshape(1, -1) if p.ndim == 1 else p for p in params]
 
 
 def zero_in_first_block(refs):
