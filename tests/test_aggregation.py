@@ -319,6 +319,31 @@ def test_senders_sorted_equal_by_index(dtype):
   assert np.all(np.asarray(grad, np.float32)[40:] == 0)
 
 
+def test_block_senders_equal_by_index():
+  """Each block's `BlockSenders` (its own few rows of the table, its edges sorted over them)
+  gathers its edges' sender rows as by index, and their gradient is the scatter by index;
+  blocks reading far-apart rows (a gap a 0/1 block over the table's rows would span) and
+  of different counts of distinct senders (the rows padded to the most)."""
+  rng = np.random.default_rng(5)
+  num_senders, per_block, width = 400, 90, 5
+  senders = np.concatenate([rng.integers(0, 6, per_block), rng.choice([3, 350, 390], per_block),
+                            rng.integers(100, 140, per_block)]).astype(np.int32)
+  by_block = receiver_blocks.block_senders(senders, 3, slots=16)
+  most = max(len(np.unique(block)) for block in senders.reshape(3, per_block))
+  assert by_block.rows.shape == (3, most) and by_block.senders.blocks.width <= 48
+  table = jnp.asarray(rng.standard_normal((num_senders, width)), jnp.float32)
+  weights = jnp.asarray(rng.standard_normal((per_block, width)), jnp.float32)
+  for block in range(3):
+    mine = jax.tree.map(lambda x: x[block], by_block)
+    indices = senders[block * per_block:(block + 1) * per_block]
+    np.testing.assert_array_equal(aggregation.sender_indices(mine), indices)
+    loss = lambda table, senders: jnp.sum(aggregation.gather_senders(table, senders) * weights)
+    value, grad = jax.jit(jax.value_and_grad(loss))(table, mine)
+    want_value, want_grad = jax.value_and_grad(loss)(table, jnp.asarray(indices))
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
 def test_the_interaction_networks_block_sizes_default_to_the_layouts():
   # The spec's defaults are the ones the chip measured best; the layout's own defaults
   # (used where no spec is given) must not drift from them.

@@ -174,21 +174,23 @@ def test_edge_sums_under_vmap(kind):
                                  atol=2e-6 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+@pytest.mark.parametrize("kind", ["decoder", "decoder_block_senders", "encoder"])
 def test_fused_sums_under_remat_and_row_blocks(kind):
   """`EncoderDecoderEdges.fused_sums` as the model runs it under remat: the decoder's in
   `map_row_blocks` (`model.grid_blocks`; each block under its own checkpoint, its rows' k
-  slots `slot_major_row_blocks`' layout, 16 rows a block rounded up, the last padded),
-  the encoder's under `jax.checkpoint`; values and gradients equal the same kernels on the
-  whole arrays without a checkpoint."""
-  num_receivers, num_senders, latent, edge_size, num_blocks = 40, 11, 16, 8, 3
+  slots `slot_major_row_blocks`' layout, 128 rows a block rounded up, the last padded),
+  its senders by index or by each block's `BlockSenders`; the encoder's under
+  `jax.checkpoint`; values and gradients equal the same kernels on the whole arrays
+  without a checkpoint."""
+  decoder = kind.startswith("decoder")
+  num_receivers, num_senders, latent, edge_size, num_blocks = 300 if decoder else 40, 11, 16, 8, 3
   module = EncoderDecoderEdges(latent, edge_size, dtype=jnp.float32, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(module)
   rng = np.random.default_rng(1)
   array = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  senders, fixed_in_degree, receiver_blocks_, num_edges = _edge_set(kind, num_receivers,
-                                                                    num_senders, rng)
-  receivers = fixed_in_degree if kind == "decoder" else receiver_blocks_
+  senders, fixed_in_degree, receiver_blocks_, num_edges = _edge_set(
+      "decoder" if decoder else kind, num_receivers, num_senders, rng)
+  receivers = fixed_in_degree if decoder else receiver_blocks_
   senders = jnp.asarray(senders, jnp.int32)
   features = array(num_edges, EDGE_FEATURES)
   sender_table, receiver_table = array(num_senders, latent), array(num_receivers, latent)
@@ -203,10 +205,15 @@ def test_fused_sums_under_remat_and_row_blocks(kind):
           features, senders, receivers, *tables))(edges, sender_table, receiver_table)
     k = receivers.k
     by_block = lambda x: blocks.slot_major_row_blocks(x, k, num_blocks)
-    return blocks.map_row_blocks(
-        edges, lambda edges, rows, features, senders, table: edges.fused_sums(
-            features, senders, aggregation.FixedInDegree(k), table, rows),
-        num_blocks, (receiver_table, by_block(features), by_block(senders)), (sender_table,))
+    fn = lambda edges, rows, features, senders, table: edges.fused_sums(
+        features, senders, aggregation.FixedInDegree(k), table, rows)
+    if kind == "decoder":
+      return blocks.map_row_blocks(edges, fn, num_blocks, (receiver_table, by_block(features),
+                                                           by_block(senders)), (sender_table,))
+    block_senders = receiver_blocks.block_senders(
+        blocks.slot_major_row_blocks(np.asarray(senders), k, num_blocks), num_blocks, slots=16)
+    return blocks.map_row_blocks(edges, fn, num_blocks, (receiver_table, by_block(features)),
+                                 (sender_table,), per_block=(block_senders,))
 
   def run(blocked):
     loss = lambda *args: jnp.sum(jnp.tanh(sums(*args, blocked)) * weights)
@@ -214,8 +221,8 @@ def test_fused_sums_under_remat_and_row_blocks(kind):
                                                                  receiver_table)
 
   want, got = run(False), run(True)
-  if kind == "decoder":  # 14 rows a block, rounded up to 16: the last block padded
-    assert blocks.block_rows(num_receivers, num_blocks) == 16
+  if decoder:  # 100 rows a block, rounded up to 128: the last block padded
+    assert blocks.block_rows(num_receivers, num_blocks) == 128
   for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5,
                                atol=2e-6 * float(np.abs(want_leaf).max()))

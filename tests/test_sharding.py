@@ -16,7 +16,7 @@ from wnscale.graphs import build, grid
 from wnscale.graphs import region as region_lib
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.graphs.points import PointSet, named_grid
-from wnscale.model import setup
+from wnscale.model import blocks, setup
 from wnscale.planner.xla_stats import compiled_stats
 from wnscale.sharding import mesh as mesh_lib
 from wnscale.sharding import partition as partition_lib
@@ -113,14 +113,18 @@ MATMUL = dict(aggregation="matmul")
 FUSED = dict(aggregation="fused")  # the edge step as one kernel per block (interpreted)
 # Blocks of 128 edges, sender windows 8 rows past their receivers: most senders far.
 SMALL_BLOCKS = dict(aggregation="matmul", edge_block_slots=128, sender_window_margin=8)
+# By matrix products under remat: the grid decoded in blocks, each block's senders' gradient
+# by its `BlockSenders`.
+REMAT_MATMUL = dict(REMAT, aggregation="matmul")
 CASES = [(1, 1, "all_gather", {}, "regular"), (1, 2, "halo", FUSED, "regular"),
          (1, 8, "halo", MATMUL, "regular"), (1, 4, "all_gather", SMALL_BLOCKS, "regular")] + [
     (2, 4, mode, REMAT, grid) for grid in GRIDS for mode in tuple(MODES)] + [
-    (2, 4, "halo", REMAT, "cutout"), (2, 4, "all_gather", MATMUL, "O16")]
+    (2, 4, "halo", REMAT, "cutout"), (2, 4, "all_gather", REMAT_MATMUL, "O16")]
 
 
 @pytest.mark.parametrize("data, graph, exchange, options, grid", CASES, ids=[
-    f"{d}x{g}-{m}{'-remat' if o is REMAT else '-' + o['aggregation'] if o else ''}"
+    f"{d}x{g}-{m}{'-remat' if o.get('grid_blocks') else ''}"
+    f"{'-' + o['aggregation'] if o.get('aggregation') else ''}"
     f"{'-small_blocks' if o is SMALL_BLOCKS else ''}"
     f"{'' if grid == 'regular' else '-' + grid}" for d, g, m, o, grid in CASES])
 def test_sharded_matches_single_device(data, graph, exchange, options, grid):
@@ -281,6 +285,31 @@ def test_mesh_to_grid_edges_are_laid_out_three_slots_per_grid_row(problem, num_s
       mine = original.receivers == node[shard, row]
       np.testing.assert_array_equal(np.sort(edges.features[shard, slots], axis=0),
                                     np.sort(original.features[mine], axis=0))
+
+
+@pytest.mark.parametrize("num_shards, grid_blocks", [(1, 4), (3, 5)])
+def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_blocks):
+  """With the grid decoded in blocks, each block's `BlockSenders` (all of one shape) read
+  the senders of that block's slots (`slot_major_row_blocks`' cut), through rows that are
+  distinct and few: no more than the block's distinct senders, padded to the largest."""
+  config = small_config()
+  points = points_of("regular")
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
+  part = partition_lib.partition_graphs(graphs, positions, num_shards, "all_gather",
+                                        grid_blocks=grid_blocks)
+  edges = part.graphs.edges["mesh_to_grid"]
+  assert part.graphs.edges["grid_to_mesh"].block_senders is None
+  by_block = edges.block_senders
+  assert by_block.rows.shape[:2] == (num_shards, grid_blocks)
+  for shard in range(num_shards):
+    cut = blocks.slot_major_row_blocks(edges.senders[shard], 3, grid_blocks).reshape(
+        grid_blocks, -1)
+    for block in range(grid_blocks):
+      rows, indices = by_block.rows[shard, block], by_block.senders.indices[shard, block]
+      np.testing.assert_array_equal(rows[indices], cut[block])
+      distinct = np.unique(cut[block])
+      np.testing.assert_array_equal(rows[:len(distinct)], distinct)
 
 
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():

@@ -19,7 +19,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows, SortedSenders
+from wnscale.graphs.receiver_blocks import (BlockSenders, ReceiverBlocks, SenderWindows,
+                                            SortedSenders)
 
 
 class NodeSet(NamedTuple):
@@ -48,6 +49,10 @@ class EdgeSet:
     sorted_senders: on a device, the senders and the edges sorted by them
       (`receiver_blocks.SortedSenders`), for the senders' gradient by matrix products;
       None: by index (a scatter).
+    block_senders: on a device, a decoder's senders per block of its receiver rows when the
+      model decodes its grid in blocks (`model.grid_blocks`, `receiver_blocks.BlockSenders`,
+      a leading `[grid_blocks]` axis), for each block's senders' gradient without a
+      scatter; None: by index.
     in_degree: k > 0 where every one of the R receiver rows has exactly k edges, edge
       `j * R + r` being row r's j-th (on a device: GraphCast's mesh-to-grid edges, 3 per
       grid node; padding rows get k inert edges of their own), so that sums and gathers
@@ -62,16 +67,17 @@ class EdgeSet:
   blocks: ReceiverBlocks | None = None
   sender_windows: SenderWindows | None = None
   sorted_senders: SortedSenders | None = None
+  block_senders: BlockSenders | None = None
   in_degree: int = 0
 
   def replace(self, **arrays) -> EdgeSet:
     return dataclasses.replace(self, **arrays)
 
 
-jax.tree_util.register_dataclass(EdgeSet, data_fields=["senders", "receivers", "features",
-                                                      "blocks", "sender_windows",
-                                                      "sorted_senders"],
-                                 meta_fields=["sender_set", "receiver_set", "in_degree"])
+jax.tree_util.register_dataclass(
+    EdgeSet, data_fields=["senders", "receivers", "features", "blocks", "sender_windows",
+                          "sorted_senders", "block_senders"],
+    meta_fields=["sender_set", "receiver_set", "in_degree"])
 
 
 class Graphs(NamedTuple):

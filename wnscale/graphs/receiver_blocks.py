@@ -321,6 +321,61 @@ def sorted_senders(senders: np.ndarray, num_senders: int, slots: int = SLOTS,
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockSenders:
+  """The senders of a decoder's edges per block of its receiver rows (`model.grid_blocks`),
+  each block's read through the few sender rows it needs, so that the gradient of their
+  gather is neither a scatter of every edge's row nor a product as wide as the sender table.
+
+  A block of grid rows (a region of the sphere) reads a few thousand of the mesh's rows:
+  `rows` (ascending). Its edges' gradient rows are summed onto those by a `SortedSenders`
+  over them (products with 0/1 matrices), and only those few thousand rows are added into
+  the sender table's gradient. (Sorted over the whole table instead, a block's senders
+  skip most of the mesh, and a 0/1 block would span the gaps.)
+
+  Attributes (on a device, a leading `[num_blocks]` axis; one block's without):
+    rows: `[U]` int32, the sender table's rows the block's edges read, ascending, padded with
+      0 (no edge reads a padding row: its gradient row is zero).
+    senders: `SortedSenders` of the block's edges, `indices` their rows of `rows`.
+  """
+
+  rows: np.ndarray
+  senders: SortedSenders
+
+
+jax.tree_util.register_dataclass(BlockSenders, data_fields=["rows", "senders"], meta_fields=[])
+
+
+def block_senders(senders: np.ndarray, num_row_blocks: int, slots: int = SLOTS,
+                  rows: int = 0, **blocks_shape) -> BlockSenders:
+  """`BlockSenders` `[num_row_blocks, ...]` of `[num_row_blocks * m]` sender rows, each block's `m`
+  consecutive (padding edges read a real row: their gradient rows are zero). `rows`, and
+  `block_edges`' `num_blocks`, `width`, `extras` (`blocks_shape`): at least these (several
+  shards' are stacked: `common_block_senders_shape`)."""
+  by_block = np.asarray(senders, np.int64).reshape(num_row_blocks, -1)
+  uniques = [np.unique(block) for block in by_block]
+  rows = max(rows, max(len(u) for u in uniques))
+  local = [np.searchsorted(u, block) for u, block in zip(uniques, by_block)]
+  own = [sorted_senders(block, rows, slots, **blocks_shape) for block in local]
+  shape = common_blocks_shape([s.blocks for s in own])
+  if len({(s.blocks.local.shape, len(s.blocks.extra_rows), s.blocks.width) for s in own}) > 1:
+    own = [sorted_senders(block, rows, slots, **shape) for block in local]
+  table = np.zeros((num_row_blocks, rows), np.int32)
+  for index, u in enumerate(uniques):
+    table[index, :len(u)] = u
+  return BlockSenders(table, jax.tree.map(lambda *arrays: np.stack(arrays), *own))
+
+
+def common_block_senders_shape(stacked: list[BlockSenders]) -> dict:
+  """`block_senders`' `rows` and blocks' shape that give every one of `stacked` (each
+  `[num_blocks, ...]`) the largest one's shape."""
+  blocks = [b.senders.blocks for b in stacked]
+  return dict(rows=max(b.rows.shape[1] for b in stacked),
+              num_blocks=max(b.local.shape[1] for b in blocks),
+              width=max(b.width for b in blocks),
+              extras=max(b.extra_rows.shape[1] for b in blocks))
+
+
+@dataclasses.dataclass(frozen=True)
 class BlockSizes:
   """How a blocked edge set is cut (the interaction network's `model.edge_block_slots` and
   `model.sender_window_margin`): edges per block, and the rows each sender window reaches

@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 
 from wnscale.graphs import receiver_blocks
-from wnscale.graphs.receiver_blocks import ReceiverBlocks, SenderWindows, SortedSenders
+from wnscale.graphs.receiver_blocks import (BlockSenders, ReceiverBlocks, SenderWindows,
+                                            SortedSenders)
 from wnscale.model.processor_interface import AGGREGATIONS
 
 
@@ -112,8 +113,12 @@ def gather_senders(table: jax.Array, senders) -> jax.Array:
   `[window, slots]`, the far ones gathered and placed; its gradient the transposes (the
   far rows' summed by blocks in sender order); or their `SortedSenders`: the rows
   gathered by index, the gradient (each sender's sum of its edges' rows) the edges' rows
-  in sender order summed by blocks, no scatter.
+  in sender order summed by blocks, no scatter; or one block's `BlockSenders`: the rows it
+  reads taken from the table, the edges' rows from those as by their `SortedSenders` (the
+  gradient a scatter of those few rows only).
   """
+  if isinstance(senders, BlockSenders):
+    return _gather_sorted(table[senders.rows], senders.senders)
   if isinstance(senders, SenderWindows):
     return _gather_windows(table, senders)
   if isinstance(senders, SortedSenders):
@@ -122,8 +127,10 @@ def gather_senders(table: jax.Array, senders) -> jax.Array:
 
 
 def reshape_senders(senders, shape: tuple):
-  """`senders` (indices or `SortedSenders`) with their indices in `shape`: `gather_senders`
-  then gives `shape + (D,)` rows."""
+  """`senders` (indices, `SortedSenders` or `BlockSenders`) with their indices in `shape`:
+  `gather_senders` then gives `shape + (D,)` rows."""
+  if isinstance(senders, BlockSenders):
+    return dataclasses.replace(senders, senders=reshape_senders(senders.senders, shape))
   if isinstance(senders, SortedSenders):
     return dataclasses.replace(senders, indices=senders.indices.reshape(shape))
   return senders.reshape(shape)
@@ -132,6 +139,8 @@ def reshape_senders(senders, shape: tuple):
 def sender_indices(senders) -> jax.Array:
   """`[num_edges]` the sender rows of `senders` as `gather_senders` takes them (not
   `SenderWindows`)."""
+  if isinstance(senders, BlockSenders):
+    return senders.rows[senders.senders.indices]
   return senders.indices if isinstance(senders, SortedSenders) else senders
 
 

@@ -18,15 +18,19 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from wnscale.model.manual_axis_types import vary_like
 
 
 # A block's rows are a multiple of this where that leaves no block empty: a TPU tiles an
 # array's last two axes by (16, 128) in bfloat16 ((8, 128) in float32), so `[num_blocks *
 # rows, D]` and `[num_blocks, rows, D]`, or `[k * rows, D]` and `[k, rows, D]`, are then one
-# layout and reshaping between them is free; otherwise each is a copy (at 0.25 deg, 8
-# blocks of 129,780 grid rows: several copies of a gigabyte a step).
-ROW_ALIGN = 16
+# layout and reshaping between them is free (else each is a copy: at 0.25 deg, 8 blocks of
+# 129,780 grid rows, several copies of a gigabyte a step); and channel-major blocks
+# `[C, rows]` (rows the last axis) are whole tiles of `[C, num_blocks * rows]`.
+ROW_ALIGN = 128
 
 
 def block_rows(num_rows: int, num_blocks: int) -> int:
@@ -52,13 +56,15 @@ def slot_major_row_blocks(array: jax.Array, k: int, num_blocks: int) -> jax.Arra
   """`[k R, ...]` slot-major per-edge values (row r's j-th edge at `j R + r`, as
   `aggregation.FixedInDegree` lays them) -> `[num_blocks * k * rows, ...]`: for each block
   of `rows = block_rows(R, num_blocks)` rows, its rows' k slots, slot-major again (padding
-  rows' slots 0), so that `map_row_blocks` gives each block its own edges."""
+  rows' slots 0), so that `map_row_blocks` gives each block its own edges. A numpy array
+  gives a numpy array (the host lays out what the blocks' edges need the same way)."""
+  xp = np if isinstance(array, np.ndarray) else jnp
   num_rows = array.shape[0] // k
   rows = block_rows(num_rows, num_blocks)
   by_slot = array.reshape((k, num_rows) + array.shape[1:])
-  by_slot = jnp.pad(by_slot, [(0, 0), (0, rows * num_blocks - num_rows)]
-                    + [(0, 0)] * (array.ndim - 1))
-  by_block = jnp.swapaxes(by_slot.reshape((k, num_blocks, rows) + array.shape[1:]), 0, 1)
+  by_slot = xp.pad(by_slot, [(0, 0), (0, rows * num_blocks - num_rows)]
+                   + [(0, 0)] * (array.ndim - 1))
+  by_block = xp.swapaxes(by_slot.reshape((k, num_blocks, rows) + array.shape[1:]), 0, 1)
   return by_block.reshape((num_blocks * k * rows,) + array.shape[1:])
 
 
@@ -76,9 +82,10 @@ def node_major_block(array: jax.Array, block, rows: int) -> jax.Array:
 
 
 def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: tuple,
-                   shared: tuple = (), columns: tuple = ()):
-  """`fn(module, *row blocks of blocked, *row blocks of columns, *shared)` over
-  `num_blocks` blocks of rows.
+                   shared: tuple = (), columns: tuple = (), channel_major: bool = False,
+                   per_block: tuple = ()):
+  """`fn(module, *row blocks of blocked, *per_block's blocks, *row blocks of columns,
+  *shared)` over `num_blocks` blocks of rows.
 
   Args:
     module: holds the parameters `fn` uses (passed through the scan explicitly).
@@ -88,27 +95,53 @@ def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: t
       the others laid out block by block already (`[num_blocks * m, ...]`, each block's
       `m` rows: `slot_major_row_blocks`).
     shared: arrays every block sees whole.
+    per_block: pytrees whose every leaf has a leading `[num_blocks]` axis: a block gets
+      its own.
     columns: channel-major `[C, N]` arrays; `fn` gets each block node-major,
       `[rows, C]` (cut and transposed inside the block).
+    channel_major: `fn` returns `[rows, C]` arrays, returned channel-major, `[C, N]`: each
+      block's transposed inside the block and written into its columns of one `[C, N']`
+      array (whole tiles where `rows` is a multiple of 128); no node-major `[N, C]`
+      array is made. (Stacked as a scan's outputs, `[num_blocks, C, rows]`, XLA lays the
+      stack out as `[C, N']` to make the final reshape free, and each block's write is
+      then a strided copy, a tenth of the step of the 0.25 deg decoder on a TPU.)
 
   Returns:
-    `fn`'s outputs for all `N` rows, `[N, ...]`; with one block, `fn` on the
+    `fn`'s outputs for all `N` rows, `[N, ...]` (or `[C, N]`); with one block, `fn` on the
     arrays as they are (no scan, no checkpoint; `columns` transposed whole).
   """
+  transposed = (lambda outputs: jax.tree.map(lambda x: x.T, outputs)) if channel_major else (
+      lambda outputs: outputs)
   if num_blocks == 1:
-    return fn(module, *blocked, *(array.T for array in columns), *shared)
+    return transposed(fn(module, *blocked, *jax.tree.map(lambda x: x[0], per_block),
+                         *(array.T for array in columns), *shared))
   num_rows = blocked[0].shape[0]
   rows = block_rows(num_rows, num_blocks)
   split = lambda array: split_rows(array, num_blocks,
                                    rows=rows if array.shape[0] == num_rows else None)
   graphdef, state = nnx.split(module)
 
-  def one_block(state, index, row_blocks, columns, shared):
-    return fn(nnx.merge(graphdef, state), *row_blocks,
-              *(node_major_block(array, index, rows) for array in columns), *shared)
+  def one_block(state, index, row_blocks, own, columns, shared):
+    return transposed(fn(nnx.merge(graphdef, state), *row_blocks, *own,
+                         *(node_major_block(array, index, rows) for array in columns),
+                         *shared))
 
   block = jax.checkpoint(one_block, policy=jax.checkpoint_policies.nothing_saveable)
-  _, outputs = jax.lax.scan(
-      lambda _, xs: (None, block(state, xs[0], xs[1], columns, shared)), None,
-      (jnp.arange(num_blocks), tuple(split(array) for array in blocked)))
-  return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_rows], outputs)
+  xs = (jnp.arange(num_blocks), tuple(split(array) for array in blocked), per_block)
+  if not channel_major:
+    _, outputs = jax.lax.scan(lambda _, xs: (None, block(state, *xs, columns, shared)),
+                              None, xs)
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_rows], outputs)
+
+  def write_block(outputs, xs):  # each block's [C, rows] into its columns
+    return jax.tree.map(lambda whole, one: jax.lax.dynamic_update_slice_in_dim(
+        whole, vary_like(one, whole), xs[0] * rows, 1),
+        outputs, block(state, *xs, columns, shared)), None
+
+  # Inside `shard_map` the carry varies over what any input does (each block's output too).
+  inputs = jax.tree.leaves((blocked, per_block, columns, shared))
+  shapes = jax.eval_shape(lambda xs: block(state, *xs, columns, shared),
+                          jax.tree.map(lambda x: x[0], xs))
+  outputs, _ = jax.lax.scan(write_block, jax.tree.map(lambda s: vary_like(
+      jnp.zeros((s.shape[0], num_blocks * rows), s.dtype), *inputs), shapes), xs)
+  return jax.tree.map(lambda x: x[:, :num_rows], outputs)

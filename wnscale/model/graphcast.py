@@ -121,7 +121,7 @@ class EncoderDecoderEdges(nnx.Module):
     receivers (`fused_encoder_decoder`): a decoder's edges `k` per receiver, slot-major
     (`FixedInDegree`: `features` `[k R, F]`, `senders` `[k R]`), or an encoder's in
     receiver blocks (`features` `[num_blocks * slots, F]`, `senders` as many); `senders`
-    the indices or their `SortedSenders`."""
+    the indices, their `SortedSenders` or a block's `BlockSenders`."""
     dtype = projected_senders.dtype
     params = (self.embedder.kernel_params(conditioning, dtype),
               self.interaction.edge_mlp.kernel_params(conditioning, dtype))
@@ -444,6 +444,18 @@ class GraphCast(nnx.Module):
             and self.spec.remat.edge_chunks == 1 and edges.sorted_senders is not None
             and (edges.in_degree > 0 or edges.blocks is not None))
 
+  def _block_senders(self, edges: EdgeSet, num_blocks: int):
+    """A decoder's `BlockSenders` for `num_blocks` blocks of its rows where its senders'
+    gradient is summed by blocks (`model.aggregation` matmul or fused) and the layout made
+    them for that many (the planner compiles other counts on one layout: by index there),
+    else None."""
+    method = getattr(self.spec.processor, "aggregation", "segment_sum")
+    by_block = edges.block_senders
+    if (aggregation.resolve(method) in ("matmul", "fused") and by_block is not None
+        and by_block.rows.shape[0] == num_blocks):
+      return by_block
+    return None
+
   def _fused(self, receivers, projected_receivers) -> bool:
     """Whether an encoder's or decoder's edge step runs as one kernel per block of
     receivers (`EncoderDecoderEdges.fused_sums`): where the processor's does
@@ -501,12 +513,17 @@ class GraphCast(nnx.Module):
         return decode_rows(model, latents, edges.features, senders, receivers,
                            sender_table, spec.remat.edge_chunks, conditioning)
       if isinstance(receivers, aggregation.FixedInDegree):  # each block its rows' k slots
+        by_block = self._block_senders(edges, num_blocks)
         blocked = (latents, *(slot_major_row_blocks(x, receivers.k, num_blocks)
-                              for x in (edges.features, edges.senders)))
+                              for x in (edges.features,)
+                              + ((edges.senders,) if by_block is None else ())))
+        # Channel-major, transposed back below: the caller's transpose to the batch's
+        # layout cancels it, and each block's output is stacked as whole tiles.
         return map_row_blocks(
             model, lambda model, latents, features, senders, sender_table, conditioning:
             decode_rows(model, latents, features, senders, receivers, sender_table, 1,
-                        conditioning), num_blocks, blocked, (sender_table, conditioning))
+                        conditioning), num_blocks, blocked, (sender_table, conditioning),
+            channel_major=True, per_block=() if by_block is None else (by_block,)).T
       blocked, rows = _receiver_blocks(edges, latents, num_blocks)
 
       def decode_block(model, latents, features, senders, receivers, block, sender_table,

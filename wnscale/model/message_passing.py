@@ -169,7 +169,7 @@ def sum_edge_messages(edge_model: nnx.Module, edge_fn: Callable, edge_features, 
     edge_fn: `(edge_model, features [e, F], senders [e], receivers [e], sender_table,
       receiver_table, conditioning) -> messages [e, D]`.
     edge_features: `[E, F]` static edge features.
-    senders: `[E]` indices into the sender table, or their `SortedSenders`
+    senders: `[E]` indices into the sender table, or their `SortedSenders` or `BlockSenders`
       (`aggregation.gather_senders`; `num_chunks` 1).
     receivers: `[E]` indices into the receiver table, or its `aggregation.FixedInDegree`
       (then the blocks are blocks of receiver rows, each with its rows' edges), or its

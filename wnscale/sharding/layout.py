@@ -88,8 +88,9 @@ class ShardedLayout:
     mesh's platform (`setup.with_masks`; None: no masks)."""
     self.mesh = mesh
     self.num_shards = mesh.shape[GRAPH]
-    partitioned = partition_lib.partition_graphs(graphs, positions, self.num_shards, exchange,
-                                                 _block_sizes(model))
+    partitioned = partition_lib.partition_graphs(
+        graphs, positions, self.num_shards, exchange, _block_sizes(model),
+        grid_blocks=1 if model is None else model.remat.grid_blocks)
     if model is not None:
       one_shard = jax.tree.map(lambda x: x[0], partitioned.graphs)
       masks = setup.with_masks(model, one_shard, mesh.devices.flat[0].platform,

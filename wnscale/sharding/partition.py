@@ -29,6 +29,7 @@ import numpy as np
 
 from wnscale.graphs import receiver_blocks
 from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
+from wnscale.model.blocks import slot_major_row_blocks
 from wnscale.sharding.exchange import MODES
 
 
@@ -109,13 +110,15 @@ def partition_nodes(xyz: np.ndarray, num_shards: int) -> NodePartition:
 
 def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartition,
                      receivers_part: NodePartition, exchange: str,
-                     blocked: receiver_blocks.BlockSizes | None):
+                     blocked: receiver_blocks.BlockSizes | None, grid_blocks: int = 1):
   """Stacks the edge set `edges_name` per receiver shard; returns (EdgeSet [S, E_max], the
   mode's plan).
 
   `blocked`: each shard's edges in receiver blocks of these sizes (`receiver_blocks`), all
   shards' of one shape, and sender windows for `receiver_blocks.SENDER_WINDOWED_EDGE_SETS`;
-  None: not in blocks. Padding edges of `edges` (receiver past the last node) are dropped
+  None: not in blocks. `grid_blocks` > 1: a decoder's edge set of
+  `receiver_blocks.SENDER_SORTED_EDGE_SETS` gets its `block_senders` for that many blocks of
+  its receiver rows. Padding edges of `edges` (receiver past the last node) are dropped
   first.
   """
   num_shards, per_shard = receivers_part.num_shards, receivers_part.per_shard
@@ -167,6 +170,9 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
                           windowed=edges_name in receiver_blocks.SENDER_WINDOWED_EDGE_SETS)
   if edges_name in receiver_blocks.SENDER_SORTED_EDGE_SETS:
     laid_out = laid_out.replace(sorted_senders=_sorted_senders(laid_out.senders, table_rows))
+    if in_degree and grid_blocks > 1:
+      laid_out = laid_out.replace(block_senders=_block_senders(
+          laid_out.senders, in_degree, grid_blocks))
   return laid_out, plan
 
 
@@ -177,6 +183,19 @@ def _sorted_senders(senders: np.ndarray, table_rows: int) -> receiver_blocks.Sor
   shape = receiver_blocks.common_blocks_shape([s.blocks for s in own])
   if len(own) > 1:  # again, each of the largest shape (one shard's is its own)
     own = [receiver_blocks.sorted_senders(row, table_rows, **shape) for row in senders]
+  return jax.tree.map(lambda *arrays: np.stack(arrays), *own)
+
+
+def _block_senders(senders: np.ndarray, k: int, grid_blocks: int
+                   ) -> receiver_blocks.BlockSenders:
+  """Stacked `[S, grid_blocks, ...]` `BlockSenders` of each shard's `[S, k * per_shard]`
+  slot-major senders, cut as the model cuts them (`blocks.slot_major_row_blocks`), every
+  shard's of the largest shape."""
+  by_block = [slot_major_row_blocks(row, k, grid_blocks) for row in senders]
+  own = [receiver_blocks.block_senders(row, grid_blocks) for row in by_block]
+  if len(own) > 1:  # again, each of the largest shape (one shard's is its own)
+    shape = receiver_blocks.common_block_senders_shape(own)
+    own = [receiver_blocks.block_senders(row, grid_blocks, **shape) for row in by_block]
   return jax.tree.map(lambda *arrays: np.stack(arrays), *own)
 
 
@@ -212,8 +231,8 @@ def _in_blocks(edges: EdgeSet, per_shard: int, table_rows: int,
 
 def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shards: int,
                      exchange: str,
-                     block_sizes: receiver_blocks.BlockSizes = receiver_blocks.BlockSizes()
-                     ) -> PartitionedGraphs:
+                     block_sizes: receiver_blocks.BlockSizes = receiver_blocks.BlockSizes(),
+                     grid_blocks: int = 1) -> PartitionedGraphs:
   """Lays `graphs` out over `num_shards` graph shards for the `exchange` mode.
 
   Args:
@@ -222,6 +241,7 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
     exchange: a key of `exchange.MODES`.
     block_sizes: how the processor's edges are cut into blocks (the other
       `receiver_blocks.BLOCKED_EDGE_SETS`: the default sizes).
+    grid_blocks: the blocks of grid rows the model decodes (`model.grid_blocks`).
   """
   if exchange not in MODES:
     raise ValueError(f"Unknown exchange mode {exchange!r}; expected one of {tuple(MODES)}.")
@@ -233,5 +253,6 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
     sizes = block_sizes if name == "mesh" else receiver_blocks.BlockSizes()
     edges[name], plans[name] = _partition_edges(
         name, edge_set, parts[edge_set.sender_set], parts[edge_set.receiver_set], exchange,
-        blocked=sizes if name in receiver_blocks.BLOCKED_EDGE_SETS else None)
+        blocked=sizes if name in receiver_blocks.BLOCKED_EDGE_SETS else None,
+        grid_blocks=grid_blocks)
   return PartitionedGraphs(Graphs(nodes, edges), parts, plans, exchange)
