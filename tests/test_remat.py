@@ -4,9 +4,11 @@ The spine of the project: rematerialization may only change memory and time.
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from problems import loss_and_grad_fn, synthetic_problem
 from wnscale import config as config_lib
@@ -162,3 +164,25 @@ def test_rollout_remat_matches(rollout_problem):
   for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1])):
     # atol relative to the array, as above: an element near 0 can differ by float32 rounding.
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7 * float(np.abs(b).max() + 1))
+
+
+def test_also_saving_keeps_the_named_values_and_what_the_policy_keeps(capsys):
+  """`remat_policies.also_saving` (the encoder keeps its mesh messages so, whatever the
+  policy): under nothing saveable, the named value alone is saved; under dots saveable,
+  the dots too."""
+  def region(x, w):
+    messages = checkpoint_name(jnp.sin(x @ w), remat_policies.MESSAGES)
+    return jnp.sum(jnp.cos(messages @ w))
+
+  def saved(policy):
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(
+        jax.checkpoint(region, policy=remat_policies.also_saving(
+            policy, remat_policies.MESSAGES)), jnp.ones((4, 3)), jnp.ones((3, 3)))
+    return [line for line in capsys.readouterr().out.splitlines()
+            if "from the argument" not in line]
+
+  nothing = saved(None)
+  assert len(nothing) == 1 and "named 'messages'" in nothing[0], nothing
+  dots = saved(jax.checkpoint_policies.dots_saveable)
+  assert len(dots) == 3 and sum("named 'messages'" in line for line in dots) == 1, dots

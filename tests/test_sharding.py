@@ -289,9 +289,10 @@ def test_mesh_to_grid_edges_are_laid_out_three_slots_per_grid_row(problem, num_s
 
 @pytest.mark.parametrize("num_shards, grid_blocks", [(1, 4), (3, 5)])
 def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_blocks):
-  """With the grid decoded in blocks, each block's `BlockSenders` (all of one shape) read
-  the senders of that block's slots (`slot_major_row_blocks`' cut), through rows that are
-  distinct and few: no more than the block's distinct senders, padded to the largest."""
+  """With the grid decoded in blocks (its rows a shard whole blocks), each block's
+  `BlockSenders` (all of one shape) read the senders of that block's slots
+  (`slot_major_row_blocks`' cut), through rows that are distinct and few: no more than the
+  block's distinct senders, padded to the largest."""
   config = small_config()
   points = points_of("regular")
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
@@ -300,6 +301,11 @@ def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_bl
                                         grid_blocks=grid_blocks)
   edges = part.graphs.edges["mesh_to_grid"]
   assert part.graphs.edges["grid_to_mesh"].block_senders is None
+  # The grid's rows a shard are whole blocks of whole tiles: no block is padded.
+  per_shard = part.nodes["grid"].per_shard
+  assert per_shard == blocks.block_rows(per_shard, grid_blocks) * grid_blocks
+  assert per_shard % (blocks.ROW_ALIGN * grid_blocks) == 0
+  assert part.nodes["mesh"].per_shard == -(-graphs.num_nodes("mesh") // num_shards)
   by_block = edges.block_senders
   assert by_block.rows.shape[:2] == (num_shards, grid_blocks)
   for shard in range(num_shards):

@@ -73,12 +73,15 @@ def node_major_block(array: jax.Array, block, rows: int) -> jax.Array:
 
   Rows past `N` (the last block's padding) hold other rows' values; they line up
   with `split_rows`' padding, which callers drop. The slice is cut where it fits
-  (`[N - rows, N)` for the last block) and rotated into place, so the array is
-  never padded (that would copy it whole).
+  (`[N - rows, N)` for the last block) and, in that block only, rotated into place, so
+  the array is never padded (that would copy it whole) and the other blocks are not
+  copied twice more (a rotation by a traced amount is a concatenation and a slice).
   """
   start = jnp.minimum(block * rows, array.shape[-1] - rows)
   columns = jax.lax.dynamic_slice_in_dim(array, start, rows, axis=-1)
-  return jnp.roll(columns, start - block * rows, axis=-1).T
+  shift = start - block * rows
+  return jax.lax.cond(shift == 0, lambda columns: columns,
+                      lambda columns: jnp.roll(columns, shift, axis=-1), columns).T
 
 
 def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: tuple,

@@ -368,7 +368,11 @@ class GraphCast(nnx.Module):
                  if model.node_set_modules(node_set).update_mlp is not None}
       return decoded, mesh
 
-    return remat.checkpointed(self, encoder, spec.remat.remat_grid_to_mesh_gnn, self.policy)(
+    # The mesh's summed messages (`[M, D]`, small) are kept whatever the policy: remaking
+    # them takes the edge MLP's forward pass over every encoder edge (with the fused
+    # kernel, all of it), more than the backward pass needs of the edges.
+    policy = remat_policies.also_saving(self.policy, remat_policies.MESSAGES)
+    return remat.checkpointed(self, encoder, spec.remat.remat_grid_to_mesh_gnn, policy)(
         graphs, tuple(grid_input_parts), global_inputs, conditioning, dict(point_inputs or {}))
 
   def _node_set_inputs(self, grid_input_parts, point_inputs: dict):

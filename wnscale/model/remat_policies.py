@@ -70,6 +70,12 @@ POLICIES: dict[str, RematPolicy] = {
         names_which_can_be_saved=(), names_which_can_be_offloaded=(PROCESSOR_CARRY,),
         offload_src="device", offload_dst="pinned_host"), 1.0, offloads_carries=True),
 }
+def also_saving(policy: Callable | None, *names: str) -> Callable:
+  """`policy` (None: save nothing), saving the values tagged with `names` as well."""
+  return _policies.save_from_both_policies(policy or _policies.nothing_saveable,
+                                           _policies.save_only_these_names(*names))
+
+
 _SAVE_ONLY_PREFIX = "save_only_these_names:"
 POLICY_NAMES = tuple(POLICIES) + (_SAVE_ONLY_PREFIX + "<name>,...",)
 

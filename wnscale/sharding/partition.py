@@ -3,7 +3,8 @@
 * Nodes (each node set separately) are ordered along a space-filling curve (a
   Morton code of their 3-D position) and cut into contiguous, equally sized
   blocks, one per shard, each padded to the same length (padding rows are
-  inert: their loss weight is zero, and no edge reads them).
+  inert: their loss weight is zero, and no edge reads them); the grid, where the
+  model works on it in `grid_blocks` blocks of rows, to a length those blocks divide.
 * Each edge lives on the shard that owns its receiver, with a shard-local
   receiver index; padding edges point one past the last receiver, which the
   segment sum drops. The processor's edges (`receiver_blocks.BLOCKED_EDGE_SETS`)
@@ -29,7 +30,7 @@ import numpy as np
 
 from wnscale.graphs import receiver_blocks
 from wnscale.graphs.graph import EdgeSet, Graphs, NodeSet
-from wnscale.model.blocks import slot_major_row_blocks
+from wnscale.model.blocks import ROW_ALIGN, slot_major_row_blocks
 from wnscale.sharding.exchange import MODES
 
 
@@ -91,11 +92,13 @@ def morton_order(xyz: np.ndarray, bits: int = 10) -> np.ndarray:
   return np.argsort(code, kind="stable")
 
 
-def partition_nodes(xyz: np.ndarray, num_shards: int) -> NodePartition:
-  """Contiguous blocks of the space-filling order of `xyz` `[n, 3]`, sizes within one."""
+def partition_nodes(xyz: np.ndarray, num_shards: int, multiple: int = 1) -> NodePartition:
+  """Contiguous blocks of the space-filling order of `xyz` `[n, 3]`, sizes within one, each
+  shard's rows (padding included) a multiple of `multiple`."""
   num_nodes = len(xyz)
   order = morton_order(xyz)
   per_shard = -(-num_nodes // num_shards)
+  per_shard = -(-per_shard // multiple) * multiple
   sizes = np.full(num_shards, num_nodes // num_shards)
   sizes[: num_nodes % num_shards] += 1
   starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -245,7 +248,13 @@ def partition_graphs(graphs: Graphs, positions: dict[str, np.ndarray], num_shard
   """
   if exchange not in MODES:
     raise ValueError(f"Unknown exchange mode {exchange!r}; expected one of {tuple(MODES)}.")
-  parts = {name: partition_nodes(positions[name], num_shards) for name in graphs.nodes}
+  # The grid, which the model works on in `grid_blocks` blocks of rows: as many rows a shard
+  # as the blocks take (`blocks.block_rows`), so no block is padded (a copy of each
+  # `[rows, latent]` array cut into them, and of each made of them: at 0.25 deg each a
+  # gigabyte). (A modality's points are few: their blocks are padded.)
+  multiple = ROW_ALIGN * grid_blocks if grid_blocks > 1 else 1
+  parts = {name: partition_nodes(positions[name], num_shards,
+                                 multiple if name == "grid" else 1) for name in graphs.nodes}
   nodes = {name: NodeSet(parts[name].to_slots(node_set.features, 0).reshape(
       num_shards, parts[name].per_shard, -1)) for name, node_set in graphs.nodes.items()}
   edges, plans = {}, {}
