@@ -40,8 +40,8 @@ Not yet done: the sender rows read inside the kernels from a window of the sende
 per block, as `fused_edges` reads the processor's (at 0.25 deg 90.6% of a decoder block's
 mesh senders lie within 128 rows of the block's median sender, but a few blocks have up
 to 625 far edges, which would be gathered outside), saving the gathered rows' memory and
-the decoder's scatter of their gradient under `grid_blocks` (where its edges have no
-`SortedSenders`).
+the permutation of their gradient's rows (under `grid_blocks` the decoder's edges have
+`BlockSenders`: a block's sender rows come from its own few thousand).
 """
 
 from __future__ import annotations
