@@ -169,7 +169,7 @@ def test_rollout_remat_matches(rollout_problem):
 def test_also_saving_keeps_the_named_values_and_what_the_policy_keeps(capsys):
   """`remat_policies.also_saving` (the encoder keeps its mesh messages so, whatever the
   policy): under nothing saveable, the named value alone is saved; under dots saveable,
-  the dots too."""
+  the dots too; under an offloading policy, the named value."""
   def region(x, w):
     messages = checkpoint_name(jnp.sin(x @ w), remat_policies.MESSAGES)
     return jnp.sum(jnp.cos(messages @ w))
@@ -186,3 +186,6 @@ def test_also_saving_keeps_the_named_values_and_what_the_policy_keeps(capsys):
   assert len(nothing) == 1 and "named 'messages'" in nothing[0], nothing
   dots = saved(jax.checkpoint_policies.dots_saveable)
   assert len(dots) == 3 and sum("named 'messages'" in line for line in dots) == 1, dots
+  # A policy that answers where to keep a value (here: nothing to offload) composes too.
+  offloading = saved(remat_policies.POLICIES["offload_carries"].checkpoint_policy)
+  assert len(offloading) == 1 and "named 'messages'" in offloading[0], offloading

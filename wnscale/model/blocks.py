@@ -105,9 +105,9 @@ def map_row_blocks(module: nnx.Module, fn: Callable, num_blocks: int, blocked: t
     channel_major: `fn` returns `[rows, C]` arrays, returned channel-major, `[C, N]`: each
       block's transposed inside the block and written into its columns of one `[C, N']`
       array (whole tiles where `rows` is a multiple of 128); no node-major `[N, C]`
-      array is made. (Stacked as a scan's outputs, `[num_blocks, C, rows]`, XLA lays the
-      stack out as `[C, N']` to make the final reshape free, and each block's write is
-      then a strided copy, a tenth of the step of the 0.25 deg decoder on a TPU.)
+      array is made. (Stacked as a scan's outputs, XLA lays the stack out channel-major to
+      make the final reshape free, and each block's write is then a strided copy: stacked
+      `[rows, C]`, 45 ms of the 0.25 deg step on a TPU.)
 
   Returns:
     `fn`'s outputs for all `N` rows, `[N, ...]` (or `[C, N]`); with one block, `fn` on the

@@ -522,7 +522,7 @@ class GraphCast(nnx.Module):
                               for x in (edges.features,)
                               + ((edges.senders,) if by_block is None else ())))
         # Channel-major, transposed back below: the caller's transpose to the batch's
-        # layout cancels it, and each block's output is stacked as whole tiles.
+        # layout cancels it, and each block's output is written as whole tiles.
         return map_row_blocks(
             model, lambda model, latents, features, senders, sender_table, conditioning:
             decode_rows(model, latents, features, senders, receivers, sender_table, 1,

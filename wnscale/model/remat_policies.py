@@ -71,9 +71,13 @@ POLICIES: dict[str, RematPolicy] = {
         offload_src="device", offload_dst="pinned_host"), 1.0, offloads_carries=True),
 }
 def also_saving(policy: Callable | None, *names: str) -> Callable:
-  """`policy` (None: save nothing), saving the values tagged with `names` as well."""
-  return _policies.save_from_both_policies(policy or _policies.nothing_saveable,
-                                           _policies.save_only_these_names(*names))
+  """`policy` (None: save nothing), saving the values tagged with `names` as well. (Not
+  `save_from_both_policies`, which takes only policies that answer True or False: an
+  offloading one answers where to keep a value.)"""
+  named = _policies.save_only_these_names(*names)
+  policy = policy or _policies.nothing_saveable
+  return lambda primitive, *args, **params: (named(primitive, *args, **params)
+                                             or policy(primitive, *args, **params))
 
 
 _SAVE_ONLY_PREFIX = "save_only_these_names:"
