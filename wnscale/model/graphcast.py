@@ -437,14 +437,18 @@ class GraphCast(nnx.Module):
         mesh.shape[0], spec.remat.edge_chunks, conditioning, sender_mask=sender_mask)
     return latents, messages
 
+  def _aggregation(self) -> str:
+    """How the processor sums its edges (`model.aggregation`, "auto" resolved; a processor
+    without the setting: by index); the encoder and decoder follow it."""
+    return aggregation.resolve(getattr(self.spec.processor, "aggregation", "segment_sum"))
+
   def _by_blocks(self, edges: EdgeSet) -> bool:
     """Whether an encoder or decoder edge set is summed without scatters: its receivers'
     sums and rows by its receiver blocks (an encoder's; a decoder's are reshapes), its
     senders' gradient by its `sorted_senders`. So where the processor sums its own edges
     by blocks (`model.aggregation` matmul or fused), the edges come in one chunk and have
     that layout; else by index."""
-    method = getattr(self.spec.processor, "aggregation", "segment_sum")
-    return (aggregation.resolve(method) in ("matmul", "fused")
+    return (self._aggregation() in ("matmul", "fused")
             and self.spec.remat.edge_chunks == 1 and edges.sorted_senders is not None
             and (edges.in_degree > 0 or edges.blocks is not None))
 
@@ -453,9 +457,8 @@ class GraphCast(nnx.Module):
     gradient is summed by blocks (`model.aggregation` matmul or fused) and the layout made
     them for that many (the planner compiles other counts on one layout: by index there),
     else None."""
-    method = getattr(self.spec.processor, "aggregation", "segment_sum")
     by_block = edges.block_senders
-    if (aggregation.resolve(method) in ("matmul", "fused") and by_block is not None
+    if (self._aggregation() in ("matmul", "fused") and by_block is not None
         and by_block.rows.shape[0] == num_blocks):
       return by_block
     return None
@@ -468,8 +471,7 @@ class GraphCast(nnx.Module):
     receivers (`projected_receivers`, or the projection making them, is not None). Its
     edges are then never cut into `edge_chunks`: no edge-sized array but the gathered
     sender rows is made."""
-    method = getattr(self.spec.processor, "aggregation", "segment_sum")
-    return (aggregation.resolve(method) == "fused" and projected_receivers is not None
+    return (self._aggregation() == "fused" and projected_receivers is not None
             and isinstance(receivers, (aggregation.FixedInDegree, ReceiverBlocks)))
 
   def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
