@@ -117,9 +117,9 @@ def measure(compiled, run, *, graphcast: float | None, hardware: float, timed: i
     by_category, by_part, ops = op_profile.breakdown(compiled, seconds, steps=3)
     figures.update(op_seconds=by_category, op_seconds_by_part=by_part,
                    device_seconds=sum(by_category.values()),
-                   costliest_ops=[{key: op[key] for key in ("op", "category", "seconds",
-                                                            "executions", "shape", "part")}
-                                  for op in ops[:30]])
+                   costliest_ops=[dict({key: op[key] for key in (
+                       "op", "category", "seconds", "executions", "shape", "part")},
+                       source=op["op_name"][-160:]) for op in ops[:60]])
   return figures
 
 

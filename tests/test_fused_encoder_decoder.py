@@ -43,7 +43,8 @@ def _edge_set(kind: str, num_receivers: int, num_senders: int, rng):
     (True, "bfloat16", jnp.float32), (False, "float32", jnp.bfloat16)])
 def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, monkeypatch):
   """The summed messages of an edge set, by one kernel per block of receivers (Pallas's
-  interpreter on a CPU; `_edge_set`'s decoder and encoder layouts), equal
+  interpreter on a CPU; `_edge_set`'s decoder and encoder layouts, the decoder's senders
+  picked from each block's list, `KernelSenders`), equal
   `EncoderDecoderEdges`' messages summed by `aggregation.sum_to_receivers` in float32:
   values, and gradients of every parameter (a noise-conditioned norm's too), of the
   projected senders (through the gather) and of the projected receivers. Rounded to
@@ -81,8 +82,8 @@ def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, mo
         k = kernel_receivers
         sums = fused_encoder_decoder.decoder_edge_sums(
             *params, features.reshape(k, num_receivers, -1),
-            sender_table[senders].reshape(k, num_receivers, -1), receiver_table, epsilon,
-            block_rows=16)
+            receiver_blocks.kernel_senders(np.asarray(senders), k, block_rows=16),
+            sender_table, receiver_table, epsilon)
       else:
         sums = fused_encoder_decoder.encoder_edge_sums(
             *params, features, sender_table[senders], receiver_table, kernel_receivers,
@@ -145,23 +146,25 @@ def test_edge_sums_under_vmap(kind):
       array(outputs), array(outputs))
   embed_params, edge_params = mlp_params(features, edge_size, edge_size), mlp_params(
       edge_size, latent, latent)
-  _, _, receivers, num_edges = _edge_set(kind, num_receivers, num_senders, rng)
+  senders_, _, receivers, num_edges = _edge_set(kind, num_receivers, num_senders, rng)
   edge_features = array(num_edges, features)
-  batch = (array(2, num_edges, latent), array(2, num_receivers, latent),
-           array(2, num_receivers, latent))
+  # The decoder's sender table, the encoder's gathered sender rows.
+  batch = (array(2, num_senders if kind == "decoder" else num_edges, latent),
+           array(2, num_receivers, latent), array(2, num_receivers, latent))
 
   def edge_sums(*args):
     if kind == "decoder":
       k = receivers
+      senders = receiver_blocks.kernel_senders(senders_, k, block_rows=16)
       return fused_encoder_decoder.decoder_edge_sums(
-          *args[:2], edge_features.reshape(k, num_receivers, -1),
-          args[2].reshape(k, num_receivers, -1), args[3], epsilon=1e-5, block_rows=16)
+          *args[:2], edge_features.reshape(k, num_receivers, -1), senders, *args[2:],
+          epsilon=1e-5)
     return fused_encoder_decoder.encoder_edge_sums(*args[:2], edge_features, *args[2:],
                                                    receivers, epsilon=1e-5)
 
-  def gradients(embed_params, edge_params, sender_rows, receiver_table, weights):
+  def gradients(embed_params, edge_params, senders, receiver_table, weights):
     loss = lambda *args: jnp.sum(jnp.tanh(edge_sums(*args)) * weights)
-    return jax.grad(loss, argnums=(0, 1, 2, 3))(embed_params, edge_params, sender_rows,
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(embed_params, edge_params, senders,
                                                 receiver_table)
 
   batched = jax.jit(jax.vmap(gradients, in_axes=(None, None, 0, 0, 0)))(
@@ -174,14 +177,15 @@ def test_edge_sums_under_vmap(kind):
                                  atol=2e-6 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("kind", ["decoder", "decoder_block_senders", "encoder"])
+@pytest.mark.parametrize("kind", ["decoder", "decoder_kernel_senders", "encoder"])
 def test_fused_sums_under_remat_and_row_blocks(kind):
   """`EncoderDecoderEdges.fused_sums` as the model runs it under remat: the decoder's in
   `map_row_blocks` (`model.grid_blocks`; each block under its own checkpoint, its rows' k
   slots `slot_major_row_blocks`' layout, 128 rows a block rounded up, the last padded),
-  its senders by index or by each block's `BlockSenders`; the encoder's under
-  `jax.checkpoint`; values and gradients equal the same kernels on the whole arrays
-  without a checkpoint."""
+  its senders by index (each edge its own entry of its kernel block's list,
+  `kernel_senders_of`) or by each block's `KernelSenders` from the host (each kernel
+  block's few senders); the encoder's under `jax.checkpoint`; values and gradients equal
+  the same kernels on the whole arrays without a checkpoint."""
   decoder = kind.startswith("decoder")
   num_receivers, num_senders, latent, edge_size, num_blocks = 300 if decoder else 40, 11, 16, 8, 3
   module = EncoderDecoderEdges(latent, edge_size, dtype=jnp.float32, rngs=nnx.Rngs(0))
@@ -210,10 +214,13 @@ def test_fused_sums_under_remat_and_row_blocks(kind):
     if kind == "decoder":
       return blocks.map_row_blocks(edges, fn, num_blocks, (receiver_table, by_block(features),
                                                            by_block(senders)), (sender_table,))
-    block_senders = receiver_blocks.block_senders(
-        blocks.slot_major_row_blocks(np.asarray(senders), k, num_blocks), num_blocks, slots=16)
+    rows = blocks.slot_major_row_blocks(np.asarray(senders), k, num_blocks).reshape(
+        num_blocks, -1)
+    kernel_senders = jax.tree.map(lambda *x: np.stack(x), *(
+        receiver_blocks.kernel_senders(row, k, block_rows=32) for row in rows))
+    assert kernel_senders.rows.shape[1:] == (4, 16)  # 4 kernel blocks, each <= 11 senders
     return blocks.map_row_blocks(edges, fn, num_blocks, (receiver_table, by_block(features)),
-                                 (sender_table,), per_block=(block_senders,))
+                                 (sender_table,), per_block=(kernel_senders,))
 
   def run(blocked):
     loss = lambda *args: jnp.sum(jnp.tanh(sums(*args, blocked)) * weights)

@@ -58,8 +58,9 @@ VARIANTS = {
     # One checkpoint per layer, nothing saved; the mesh edges' receiver side by matrix
     # products on their receiver blocks (model.aggregation).
     "processor_matmul": dict(remat_mesh_gnn=True, aggregation="matmul"),
-    "decoder_dots_no_batch": dict(remat_mesh_to_grid_gnn=True,
-                                  remat_policy="dots_with_no_batch_dims_saveable"),
+    "decoder_dots_no_batch_keeps_messages": dict(
+        remat_mesh_to_grid_gnn=True, remat_policy="dots_with_no_batch_dims_saveable",
+        decoder_keeps_messages=True),
     "all_three_names": dict(ALL_STAGES, remat_policy=NAMES),
     # 4 layers: groups of 2, of 3 plus a remainder of 1, and all 4 in one group.
     "every_2_offload_carries_matmul": dict(remat_mesh_gnn=True, mesh_remat_every=2,
@@ -79,7 +80,8 @@ VARIANTS = {
     "edge_chunks_7_mesh_edge_chunks_7_loop": dict(edge_chunks=ODD_CHUNKS[0],
                                                   mesh_edge_chunks=MESH_EDGE_CHUNKS[0],
                                                   scan_layers=False),
-    "all_three_grid_blocks": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3),
+    "all_three_grid_blocks_keeps_messages": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3,
+                                                 decoder_keeps_messages=True),
     # The paper's scheme, with the mesh edges in blocks too.
     "paper_scheme_mesh_edge_chunks": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3,
                                           mesh_edge_chunks=4),
@@ -90,12 +92,30 @@ def test_every_option_is_covered():
   """Each policy and each blocking knob appears in some case."""
   used = {key: {str(v[key]) for v in VARIANTS.values() if key in v}
           for key in ("remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks",
-                      "mesh_edge_chunks", "aggregation", "scan_layers")}
+                      "mesh_edge_chunks", "aggregation", "scan_layers",
+                      "decoder_keeps_messages")}
   assert used["remat_policy"] >= set(remat_policies.POLICIES) - {"nothing_saveable"} | {NAMES}
   assert used["mesh_remat_every"] == {"2", "3", "4"}
   assert {"7", "4"} <= used["edge_chunks"] and "7" in used["grid_blocks"]
   assert "7" in used["mesh_edge_chunks"] and used["aggregation"] == {"matmul", "fused"}
-  assert used["scan_layers"] == {"False"}
+  assert used["scan_layers"] == {"False"} and used["decoder_keeps_messages"] == {"True"}
+
+
+@pytest.mark.parametrize("grid_blocks", [1, 4])
+def test_decoder_keeps_messages_is_not_recomputed(grid_blocks, problem):
+  """With `decoder_keeps_messages` the checkpointed decoder's edge step is not run again
+  in the backward pass (each block's checkpoint keeps its messages under `grid_blocks`):
+  the compiled step does fewer FLOPs."""
+  constants, batch, params = problem
+
+  def flops(keeps):
+    config = small_config(**ALL_STAGES, grid_blocks=grid_blocks, decoder_keeps_messages=keeps)
+    cost = jax.jit(loss_and_grad_fn(config, constants, batch)).lower(params).compile(
+    ).cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return cost["flops"]
+
+  assert flops(True) < flops(False)
 
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):

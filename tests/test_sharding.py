@@ -12,7 +12,7 @@ from problems import (assert_same, compile_loss_and_grad, loss_and_grad_fn, shar
 from wnscale import config as config_lib
 from wnscale import specs as specs_lib
 from wnscale.data.making import stations as stations_lib
-from wnscale.graphs import build, grid
+from wnscale.graphs import build, grid, receiver_blocks
 from wnscale.graphs import region as region_lib
 from wnscale.graphs.edge_sets import EdgeSetSpec, WithinRadius, graphcast_edge_sets
 from wnscale.graphs.points import PointSet, named_grid
@@ -287,12 +287,14 @@ def test_mesh_to_grid_edges_are_laid_out_three_slots_per_grid_row(problem, num_s
                                     np.sort(original.features[mine], axis=0))
 
 
-@pytest.mark.parametrize("num_shards, grid_blocks", [(1, 4), (3, 5)])
+@pytest.mark.parametrize("num_shards, grid_blocks", [(1, 4), (3, 5), (2, 1)])
 def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_blocks):
   """With the grid decoded in blocks (its rows a shard whole blocks), each block's
   `BlockSenders` (all of one shape) read the senders of that block's slots
   (`slot_major_row_blocks`' cut), through rows that are distinct and few: no more than the
-  block's distinct senders, padded to the largest."""
+  block's distinct senders, padded to the largest. So do its `KernelSenders` (one block
+  too) per kernel block of rows: each edge's entry of its kernel block's list is its
+  sender, and a list holds the kernel block's distinct senders once each."""
   config = small_config()
   points = points_of("regular")
   graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
@@ -301,21 +303,38 @@ def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_bl
                                         grid_blocks=grid_blocks)
   edges = part.graphs.edges["mesh_to_grid"]
   assert part.graphs.edges["grid_to_mesh"].block_senders is None
+  assert part.graphs.edges["grid_to_mesh"].kernel_senders is None
   # The grid's rows a shard are whole blocks of whole tiles: no block is padded.
   per_shard = part.nodes["grid"].per_shard
-  assert per_shard == blocks.block_rows(per_shard, grid_blocks) * grid_blocks
-  assert per_shard % (blocks.ROW_ALIGN * grid_blocks) == 0
+  if grid_blocks > 1:
+    assert per_shard == blocks.block_rows(per_shard, grid_blocks) * grid_blocks
+    assert per_shard % (blocks.ROW_ALIGN * grid_blocks) == 0
   assert part.nodes["mesh"].per_shard == -(-graphs.num_nodes("mesh") // num_shards)
-  by_block = edges.block_senders
-  assert by_block.rows.shape[:2] == (num_shards, grid_blocks)
+  by_block, kernel = edges.block_senders, edges.kernel_senders
+  assert (by_block is None) == (grid_blocks == 1)
+  kernel_rows = receiver_blocks.DECODER_KERNEL_ROWS
+  assert kernel.rows.shape[:2] == (num_shards, grid_blocks)
+  assert kernel.rows.shape[-1] % receiver_blocks.KERNEL_SENDERS_ALIGN == 0
   for shard in range(num_shards):
     cut = blocks.slot_major_row_blocks(edges.senders[shard], 3, grid_blocks).reshape(
-        grid_blocks, -1)
+        grid_blocks, 3, -1)
     for block in range(grid_blocks):
-      rows, indices = by_block.rows[shard, block], by_block.senders.indices[shard, block]
-      np.testing.assert_array_equal(rows[indices], cut[block])
-      distinct = np.unique(cut[block])
-      np.testing.assert_array_equal(rows[:len(distinct)], distinct)
+      if by_block is not None:
+        rows, indices = by_block.rows[shard, block], by_block.senders.indices[shard, block]
+        np.testing.assert_array_equal(rows[indices], cut[block].reshape(-1))
+        distinct = np.unique(cut[block])
+        np.testing.assert_array_equal(rows[:len(distinct)], distinct)
+      lists, local = kernel.rows[shard, block], kernel.local[shard, block]
+      num_rows = cut.shape[-1]
+      assert local.shape == (3, -(-num_rows // kernel_rows) * kernel_rows)
+      picked = np.take_along_axis(lists, local.reshape(3, -1, kernel_rows).transpose(1, 0, 2)
+                                  .reshape(len(lists), -1), axis=1)
+      np.testing.assert_array_equal(
+          picked.reshape(len(lists), 3, kernel_rows).transpose(1, 0, 2).reshape(3, -1)[
+              :, :num_rows], cut[block])
+      for start, entries in zip(range(0, num_rows, kernel_rows), lists):
+        distinct = np.unique(cut[block][:, start:start + kernel_rows])
+        np.testing.assert_array_equal(entries[:len(distinct)], distinct)
 
 
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():

@@ -19,8 +19,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from wnscale.graphs.receiver_blocks import (BlockSenders, ReceiverBlocks, SenderWindows,
-                                            SortedSenders)
+from wnscale.graphs.receiver_blocks import (BlockSenders, KernelSenders, ReceiverBlocks,
+                                            SenderWindows, SortedSenders)
 
 
 class NodeSet(NamedTuple):
@@ -53,6 +53,9 @@ class EdgeSet:
       model decodes its grid in blocks (`model.grid_blocks`, `receiver_blocks.BlockSenders`,
       a leading `[grid_blocks]` axis), for each block's senders' gradient without a
       scatter; None: by index.
+    kernel_senders: on a device, a decoder's senders as its fused kernel reads them
+      (`receiver_blocks.KernelSenders`, with `in_degree`; a leading `[grid_blocks]` axis,
+      `model.grid_blocks`, 1 included); None: from the indices, each edge its own entry.
     in_degree: k > 0 where every one of the R receiver rows has exactly k edges, edge
       `j * R + r` being row r's j-th (on a device: GraphCast's mesh-to-grid edges, 3 per
       grid node; padding rows get k inert edges of their own), so that sums and gathers
@@ -68,6 +71,7 @@ class EdgeSet:
   sender_windows: SenderWindows | None = None
   sorted_senders: SortedSenders | None = None
   block_senders: BlockSenders | None = None
+  kernel_senders: KernelSenders | None = None
   in_degree: int = 0
 
   def replace(self, **arrays) -> EdgeSet:
@@ -76,7 +80,7 @@ class EdgeSet:
 
 jax.tree_util.register_dataclass(
     EdgeSet, data_fields=["senders", "receivers", "features", "blocks", "sender_windows",
-                          "sorted_senders", "block_senders"],
+                          "sorted_senders", "block_senders", "kernel_senders"],
     meta_fields=["sender_set", "receiver_set", "in_degree"])
 
 

@@ -126,16 +126,6 @@ def gather_senders(table: jax.Array, senders) -> jax.Array:
   return table[senders]
 
 
-def reshape_senders(senders, shape: tuple):
-  """`senders` (indices, `SortedSenders` or `BlockSenders`) with their indices in `shape`:
-  `gather_senders` then gives `shape + (D,)` rows."""
-  if isinstance(senders, BlockSenders):
-    return dataclasses.replace(senders, senders=reshape_senders(senders.senders, shape))
-  if isinstance(senders, SortedSenders):
-    return dataclasses.replace(senders, indices=senders.indices.reshape(shape))
-  return senders.reshape(shape)
-
-
 def sender_indices(senders) -> jax.Array:
   """`[num_edges]` the sender rows of `senders` as `gather_senders` takes them (not
   `SenderWindows`)."""

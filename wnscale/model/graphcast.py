@@ -47,7 +47,7 @@ from flax import nnx
 from wnscale.graphs.edge_sets import decoder_edge_set, encoder_edge_set
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.graphs.receiver_blocks import ReceiverBlocks
+from wnscale.graphs.receiver_blocks import KernelSenders, ReceiverBlocks
 from wnscale.model import aggregation, fused_encoder_decoder, processors, remat, remat_policies
 from wnscale.model.blocks import block_rows, map_row_blocks, slot_major_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
@@ -119,9 +119,10 @@ class EncoderDecoderEdges(nnx.Module):
     """`[R, D]` each receiver's sum of its edges' messages, as `__call__` and
     `aggregation.sum_to_receivers` compute them, by one Pallas kernel per block of
     receivers (`fused_encoder_decoder`): a decoder's edges `k` per receiver, slot-major
-    (`FixedInDegree`: `features` `[k R, F]`, `senders` `[k R]`), or an encoder's in
-    receiver blocks (`features` `[num_blocks * slots, F]`, `senders` as many); `senders`
-    the indices, their `SortedSenders` or a block's `BlockSenders`."""
+    (`FixedInDegree`: `features` `[k R, F]`, `senders` `[k R]` or their `KernelSenders`),
+    or an encoder's in receiver blocks (`features` `[num_blocks * slots, F]`, `senders` as
+    many); `senders` the indices, their `SortedSenders` or a block's `BlockSenders`
+    otherwise."""
     dtype = projected_senders.dtype
     params = (self.embedder.kernel_params(conditioning, dtype),
               self.interaction.edge_mlp.kernel_params(conditioning, dtype))
@@ -131,13 +132,13 @@ class EncoderDecoderEdges(nnx.Module):
           *params, features, aggregation.gather_senders(projected_senders, senders),
           projected_receivers, receivers, epsilon)
     else:
-      # Gathered by `[k, R]` indices: `[k, R, D]` without a reshape (a copy where R is not a
-      # multiple of the chip's tile rows), and so is their gradient.
       k, rows = receivers.k, projected_receivers.shape[0]
-      sender_rows = aggregation.gather_senders(
-          projected_senders, aggregation.reshape_senders(senders, (k, rows)))
+      if not isinstance(senders, KernelSenders):
+        senders = fused_encoder_decoder.kernel_senders_of(
+            aggregation.sender_indices(senders).reshape(k, rows))
       sums = fused_encoder_decoder.decoder_edge_sums(
-          *params, features.reshape(k, rows, -1), sender_rows, projected_receivers, epsilon)
+          *params, features.reshape(k, rows, -1), senders, projected_senders,
+          projected_receivers, epsilon)
     return sums.astype(dtype)
 
 
@@ -463,6 +464,15 @@ class GraphCast(nnx.Module):
       return by_block
     return None
 
+  def _kernel_senders(self, edges: EdgeSet, num_blocks: int):
+    """A decoder's `KernelSenders` for `num_blocks` blocks of its rows (`[num_blocks, ...]`)
+    where the layout made them for that many (the planner compiles other counts on one
+    layout: from the indices there), else None."""
+    kernel = edges.kernel_senders
+    if kernel is not None and kernel.rows.shape[0] == num_blocks:
+      return kernel
+    return None
+
   def _fused(self, receivers, projected_receivers) -> bool:
     """Whether an encoder's or decoder's edge step runs as one kernel per block of
     receivers (`EncoderDecoderEdges.fused_sums`): where the processor's does
@@ -480,8 +490,10 @@ class GraphCast(nnx.Module):
     The grid's and each target modality's decoder, with its edges `mesh_to_<node_set>`
     and its `NodeSetModules`; `latents` `[N, D]` its nodes'.
 
-    With `grid_blocks > 1` the whole decoder runs per block of nodes, each under its
-    own checkpoint, with the block's own edges: the decoder edges come `k` per node
+    With `decoder_keeps_messages` its checkpoints keep the summed messages (`MESSAGES`),
+    so the backward pass does not run the edge step again. With `grid_blocks > 1` the
+    whole decoder runs per block of nodes, each under its own checkpoint, with the
+    block's own edges: the decoder edges come `k` per node
     (GraphCast's graphs: 3, the corners of the node's mesh triangle), in node order as
     built, slot-major as laid out on a device (`aggregation.FixedInDegree`), so a block
     of rows owns its edges and `edge_chunks` is not needed there.
@@ -489,6 +501,11 @@ class GraphCast(nnx.Module):
     spec = self.spec
     edge_set = decoder_edge_set(node_set)
     edges = graphs.edges[edge_set]
+    # What the decoder's checkpoints keep, and its blocks' (nothing, else).
+    policy, block_policy = self.policy, None
+    if spec.remat.decoder_keeps_messages:
+      policy = remat_policies.also_saving(self.policy, remat_policies.MESSAGES)
+      block_policy = remat_policies.also_saving(None, remat_policies.MESSAGES)
 
     def decode_rows(model, latents, features, senders, receivers, sender_table, chunks,
                     conditioning):
@@ -510,16 +527,20 @@ class GraphCast(nnx.Module):
       interaction = model.node_set_modules(node_set).from_mesh_edges.interaction
       sender_table = exchange(edge_set, interaction.project_senders(mesh))
       receivers, num_blocks = aggregation.receivers_of(edges), spec.remat.grid_blocks
+      fused = self._fused(receivers, interaction.receiver_projection)
       if num_blocks == 1:
-        # Sorted senders where the edges come whole: by blocks, or into the fused kernel.
-        whole = self._by_blocks(edges) or (
-            self._fused(receivers, interaction.receiver_projection)
-            and edges.sorted_senders is not None)
-        senders = edges.sorted_senders if whole else edges.senders
+        kernel = self._kernel_senders(edges, 1) if fused else None
+        if kernel is not None:
+          senders = jax.tree.map(lambda x: x[0], kernel)
+        else:  # sorted senders where the edges come whole: by blocks, or into the kernel
+          whole = self._by_blocks(edges) or (fused and edges.sorted_senders is not None)
+          senders = edges.sorted_senders if whole else edges.senders
         return decode_rows(model, latents, edges.features, senders, receivers,
                            sender_table, spec.remat.edge_chunks, conditioning)
       if isinstance(receivers, aggregation.FixedInDegree):  # each block its rows' k slots
-        by_block = self._block_senders(edges, num_blocks)
+        by_block = self._kernel_senders(edges, num_blocks) if fused else None
+        if by_block is None:
+          by_block = self._block_senders(edges, num_blocks)
         blocked = (latents, *(slot_major_row_blocks(x, receivers.k, num_blocks)
                               for x in (edges.features,)
                               + ((edges.senders,) if by_block is None else ())))
@@ -529,7 +550,8 @@ class GraphCast(nnx.Module):
             model, lambda model, latents, features, senders, sender_table, conditioning:
             decode_rows(model, latents, features, senders, receivers, sender_table, 1,
                         conditioning), num_blocks, blocked, (sender_table, conditioning),
-            channel_major=True, per_block=() if by_block is None else (by_block,)).T
+            channel_major=True, per_block=() if by_block is None else (by_block,),
+            policy=block_policy).T
       blocked, rows = _receiver_blocks(edges, latents, num_blocks)
 
       def decode_block(model, latents, features, senders, receivers, block, sender_table,
@@ -538,10 +560,11 @@ class GraphCast(nnx.Module):
                            sender_table, 1, conditioning)
 
       return map_row_blocks(model, decode_block, spec.remat.grid_blocks, blocked,
-                            (sender_table, conditioning))[:latents.shape[0]]
+                            (sender_table, conditioning),
+                            policy=block_policy)[:latents.shape[0]]
 
     return remat.checkpointed(self, decoder, spec.remat.remat_mesh_to_grid_gnn,
-                              self.policy)(latents, mesh, conditioning)
+                              policy)(latents, mesh, conditioning)
 
 
 def _receiver_blocks(edges: EdgeSet, grid, num_blocks: int):

@@ -64,8 +64,15 @@ def one_hots(index_column, index_row, width: int):
   from the slots' rows as a column `[slots, 1]` and as a row `[1, slots]` (`width`: none)."""
   slots = index_column.shape[0]
   to_rows = index_column == jax.lax.broadcasted_iota(jnp.int32, (slots, width), 1)
-  from_rows = index_row == jax.lax.broadcasted_iota(jnp.int32, (width, slots), 0)
-  return to_rows.astype(jnp.bfloat16), from_rows.astype(jnp.bfloat16)
+  return to_rows.astype(jnp.bfloat16), one_hot_rows(index_row, width)
+
+
+def one_hot_rows(index_row, width: int):
+  """`[width, slots]` 0/1 bfloat16: each slot's row of a window, from the slots' rows as a
+  row `[1, slots]` (`width`: none). Its transpose picks the slots' rows (`one_hot_dot`
+  contracting `((0,), (0,))`)."""
+  from_rows = index_row == jax.lax.broadcasted_iota(jnp.int32, (width, index_row.shape[1]), 0)
+  return from_rows.astype(jnp.bfloat16)
 
 
 def as_kernel_params(params) -> list:

@@ -79,6 +79,8 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
   encoder = (stages["encoder_edges"] + stages["encoder_grid"] + stages["encoder_mesh"]
              + stages["encoder_points"])
   decoder = stages["decoder_edges"] + stages["decoder_nodes"] + stages["decoder_points"]
+  if remat.decoder_keeps_messages:  # its edge step's output kept, not made again
+    decoder -= stages["decoder_edges"]
   extra = 0.0
   if remat.remat_grid_to_mesh_gnn:
     extra += fraction * encoder

@@ -129,7 +129,8 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
   if not np.all(real):
     edges = edges.replace(senders=edges.senders[real], receivers=edges.receivers[real],
                           features=edges.features[real])
-  edges = edges.replace(blocks=None, sender_windows=None, sorted_senders=None)
+  edges = edges.replace(blocks=None, sender_windows=None, sorted_senders=None,
+                        block_senders=None, kernel_senders=None)
   receiver_slot = receivers_part.slot_of_node[edges.receivers]
   receiver_shard, receiver_local = np.divmod(receiver_slot, per_shard)
   sender_shard, sender_local = np.divmod(senders_part.slot_of_node[edges.senders],
@@ -176,6 +177,9 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
     if in_degree and grid_blocks > 1:
       laid_out = laid_out.replace(block_senders=_block_senders(
           laid_out.senders, in_degree, grid_blocks))
+    if in_degree:
+      laid_out = laid_out.replace(kernel_senders=_kernel_senders(
+          laid_out.senders, in_degree, grid_blocks))
   return laid_out, plan
 
 
@@ -200,6 +204,22 @@ def _block_senders(senders: np.ndarray, k: int, grid_blocks: int
     shape = receiver_blocks.common_block_senders_shape(own)
     own = [receiver_blocks.block_senders(row, grid_blocks, **shape) for row in by_block]
   return jax.tree.map(lambda *arrays: np.stack(arrays), *own)
+
+
+def _kernel_senders(senders: np.ndarray, k: int, grid_blocks: int
+                    ) -> receiver_blocks.KernelSenders:
+  """Stacked `[S, grid_blocks, ...]` `KernelSenders` of each shard's `[S, k * per_shard]`
+  slot-major senders, per block of rows as the model cuts them (one block: the whole),
+  every shard's and block's of the largest shape."""
+  by_block = [slot_major_row_blocks(row, k, grid_blocks).reshape(grid_blocks, -1)
+              for row in senders]
+  own = [[receiver_blocks.kernel_senders(block, k) for block in row] for row in by_block]
+  width = max(b.rows.shape[1] for row in own for b in row)
+  if any(b.rows.shape[1] != width for row in own for b in row):
+    own = [[receiver_blocks.kernel_senders(block, k, width=width) for block in row]
+           for row in by_block]
+  stack = lambda trees: jax.tree.map(lambda *arrays: np.stack(arrays), *trees)
+  return stack([stack(row) for row in own])
 
 
 def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
