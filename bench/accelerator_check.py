@@ -9,8 +9,9 @@ in a process of its own, so that one that fails (or aborts on the device) leaves
 their figures, and only one process at a time holds the accelerator:
 
   devices         JAX's version and backend, the devices and their memory
-  tests           the aggregation and remat tests on the accelerator (`WNSCALE_TEST_PLATFORM`;
-                  `--tests_k`: those a pytest -k expression selects, here and below)
+  tests           the aggregation, remat and kernel tests on the accelerator
+                  (`WNSCALE_TEST_PLATFORM`; `--tests_k`: those a pytest -k expression
+                  selects, here and below)
   parity_tests    the one-device sharding test and the parity tests (GraphCast's, WeatherNext
                   2's, splash attention's) there
   setup           the paper model's set-up at 1 and 0.25 deg as a first start has it (nothing
@@ -77,11 +78,12 @@ import traceback
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 # pytest selections, two steps so that each fits a limited device command: on an
-# accelerator, the aggregation and remat tests (`tests`), then the one-device sharding and
+# accelerator, the aggregation, remat and kernel tests (`tests`), then the one-device sharding and
 # parity tests (`parity_tests`); with --cpu, one case of each (the suite runs the rest).
 ONE_DEVICE_SHARDING = "tests/test_sharding.py::test_sharded_matches_single_device[1x1-all_gather]"
 TESTS = {
-    "tests": {"accelerator": ["tests/test_aggregation.py", "tests/test_remat.py"],
+    "tests": {"accelerator": ["tests/test_aggregation.py", "tests/test_remat.py",
+                              "tests/test_fused_encoder_decoder.py"],
               "cpu": ["tests/test_remat.py::test_remat_matches_plain_model[processor_matmul]"]},
     "parity_tests": {
         "accelerator": [ONE_DEVICE_SHARDING,
