@@ -326,12 +326,11 @@ def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_bl
         np.testing.assert_array_equal(rows[:len(distinct)], distinct)
       lists, local = kernel.rows[shard, block], kernel.local[shard, block]
       num_rows = cut.shape[-1]
-      assert local.shape == (3, -(-num_rows // kernel_rows) * kernel_rows)
-      picked = np.take_along_axis(lists, local.reshape(3, -1, kernel_rows).transpose(1, 0, 2)
-                                  .reshape(len(lists), -1), axis=1)
+      assert local.shape == (-(-num_rows // kernel_rows), 3, kernel_rows)
+      picked = np.take_along_axis(lists, local.reshape(len(lists), -1), axis=1)
       np.testing.assert_array_equal(
-          picked.reshape(len(lists), 3, kernel_rows).transpose(1, 0, 2).reshape(3, -1)[
-              :, :num_rows], cut[block])
+          picked.reshape(-1, 3, kernel_rows).transpose(1, 0, 2).reshape(3, -1)[:, :num_rows],
+          cut[block])
       for start, entries in zip(range(0, num_rows, kernel_rows), lists):
         distinct = np.unique(cut[block][:, start:start + kernel_rows])
         np.testing.assert_array_equal(entries[:len(distinct)], distinct)

@@ -396,8 +396,9 @@ class KernelSenders:
   `model.grid_blocks`, a `[grid_blocks]` axis after it):
     rows: `[num_kernel_blocks, U]` int32, each block's sender table rows, padded with 0 (no
       edge picks a padding entry: its gradient is zero).
-    local: `[k, num_kernel_blocks * block_rows]` int32, slot-major as the edges: each edge's
-      entry of its block's `rows` (the padding receiver rows past the edge set's: 0).
+    local: `[num_kernel_blocks, k, block_rows]` int32, each edge's entry of its block's
+      `rows`, slot-major within the block (the padding receiver rows past the edge set's:
+      0); a kernel block's whole (any `block_rows` makes a TPU block of it).
   """
 
   rows: np.ndarray
@@ -405,7 +406,7 @@ class KernelSenders:
 
   @property
   def block_rows(self) -> int:
-    return self.local.shape[-1] // self.rows.shape[-2]
+    return self.local.shape[-1]
 
 
 jax.tree_util.register_dataclass(KernelSenders, data_fields=["rows", "local"], meta_fields=[])
@@ -428,8 +429,8 @@ def kernel_senders(senders: np.ndarray, k: int, block_rows: int = DECODER_KERNEL
   for index, (u, block) in enumerate(zip(uniques, by_block)):
     rows[index, :len(u)] = u
     local[index] = np.searchsorted(u, block)
-  local = local.reshape(num_blocks, k, block_rows).transpose(1, 0, 2).reshape(k, -1)
-  local[:, num_rows:] = 0
+  local = local.reshape(num_blocks, k, block_rows)
+  local[-1, :, num_rows - (num_blocks - 1) * block_rows:] = 0
   return KernelSenders(rows, local.astype(np.int32))
 
 

@@ -103,9 +103,9 @@ def kernel_senders_of(indices) -> KernelSenders:
   num_blocks = -(-num_rows // block_rows)
   padded = jnp.pad(indices, [(0, 0), (0, num_blocks * block_rows - num_rows)])
   rows = jnp.swapaxes(padded.reshape(k, num_blocks, block_rows), 0, 1).reshape(num_blocks, -1)
-  entry = jnp.arange(k * block_rows, dtype=jnp.int32).reshape(k, 1, block_rows)
-  local = jnp.broadcast_to(entry, (k, num_blocks, block_rows)).reshape(k, -1)
-  return KernelSenders(rows.astype(jnp.int32), local)
+  entry = jnp.arange(k * block_rows, dtype=jnp.int32).reshape(1, k, block_rows)
+  return KernelSenders(rows.astype(jnp.int32),
+                       jnp.broadcast_to(entry, (num_blocks, k, block_rows)))
 
 
 def _varying_alike(params, *arrays):
@@ -184,7 +184,7 @@ def _in_rows(num_rows: int, block_rows: int):
 def _slot_senders(local_ref, list_ref, slot, products):
   """`(the 0/1 matrix [U, n] of the slot's edges' entries of the block's sender list,
   their sender rows [n, D] float32)`."""
-  picks = pallas_parts.one_hot_rows(local_ref[pl.ds(slot, 1), :], list_ref.shape[1])
+  picks = pallas_parts.one_hot_rows(local_ref[0, pl.ds(slot, 1), :], list_ref.shape[1])
   return picks, pallas_parts.one_hot_dot(picks, list_ref[0], products, contract=((0,), (0,)))
 
 
@@ -236,10 +236,10 @@ def _decoder_specs(params, features, local, sender_lists):
   per block its rows of each slot's features and sender entries, its sender list, its
   rows of the receiver table, then the parameters whole."""
   params = pallas_parts.as_kernel_params(params)
-  block_rows = local.shape[1] // sender_lists.shape[0]
+  block_rows = local.shape[-1]
   by_slot = pl.BlockSpec((features.shape[0], block_rows, features.shape[2]),
                          lambda i: (0, i, 0))
-  entries = pl.BlockSpec((local.shape[0], block_rows), lambda i: (0, i))
+  entries = pl.BlockSpec((1,) + local.shape[1:], lambda i: (i, 0, 0))
   lists = pl.BlockSpec((1,) + sender_lists.shape[1:], lambda i: (i, 0, 0))
   whole = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)
   rows = pl.BlockSpec((block_rows, sender_lists.shape[-1]), lambda i: (i, 0))

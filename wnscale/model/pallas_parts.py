@@ -25,8 +25,8 @@ def mlp_dot(a, b, products: str, contract=((1,), (0,))):
   """An MLP product `a @ b` (`contract` as `dot`'s), float32, made as
   `aggregation.float32_products` says; bfloat16 operands in one pass either way. (Mosaic's
   default for float32 operands need not be XLA's, so the kernels say which.)"""
-  if a.dtype != jnp.float32:
-    return dot(a, b, contract)
+  if a.dtype != jnp.float32:  # one pass, whatever jax_default_matmul_precision says
+    return dot(a, b, contract, precision=jax.lax.Precision.DEFAULT)
   if products == "bfloat16":
     return dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
                precision=jax.lax.Precision.DEFAULT)
