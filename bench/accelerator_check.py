@@ -45,6 +45,10 @@ their figures, and only one process at a time holds the accelerator:
                   with --cpu a tiny denoiser on the tiny config's grid
   far_rows        the fused edge step's far rows' gradient (the paper model's mesh edges,
                   latent 512) in seven forms, the code's first, timed
+  encoder_blocks  the fused encoder edge step, forward and backward (the paper model's grid
+                  to mesh edges at 0.25 deg, latent 512, bfloat16; with --cpu the tiny
+                  config's, latent 8), its `SenderBlocks` of 512 sender rows a block (the
+                  code's), 256 and 128, timed
 
 Each model step records its step time, compile time, compiled and measured peak memory,
 utilization by GraphCast's FLOP count next to the hardware rate (`step_figures`), and
@@ -502,6 +506,70 @@ def far_rows(args, mode, record):
            max_difference=float(jnp.max(jnp.abs(out.astype(jnp.float32) - exact))))
 
 
+def encoder_blocks(args, mode, record):
+  """The fused encoder edge step (`fused_encoder_decoder.encoder_edge_sums`, forward and
+  backward) of the paper model's grid-to-mesh edges at 0.25 deg (with --cpu the tiny
+  config's grid and mesh), latent 512 (8), bfloat16, random parameters and tables, by
+  `SenderBlocks` of 512 (the code's, `receiver_blocks.ENCODER_KERNEL_ROWS`), 256 and 128
+  sender rows a block: the median of the timed runs, and the largest difference from the
+  code's (relative to its largest value)."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from wnscale import config as config_lib  # noqa: PLC0415
+  from wnscale import specs as specs_lib  # noqa: PLC0415
+  from wnscale.graphs import points as points_lib  # noqa: PLC0415
+  from wnscale.graphs import receiver_blocks  # noqa: PLC0415
+  from wnscale.model import fused_encoder_decoder, setup as setup_lib  # noqa: PLC0415
+  from wnscale.sharding import partition  # noqa: PLC0415
+
+  config = (config_lib.load(os.path.join(REPO, "configs", "tiny.py")) if args.cpu
+            else config_lib.graphcast_paper_config(0.25))
+  model = specs_lib.from_config(config_lib.validate(config)).model
+  points = points_lib.standard(config.data.grid, config.data.resolution)
+  graphs = setup_lib.graphs_for_grid(model, points)
+  part = partition.partition_graphs(graphs, setup_lib.node_positions(model, points), 1,
+                                    "all_gather")
+  edges = jax.tree.map(lambda x: np.asarray(x)[0], part.graphs.edges["grid_to_mesh"])
+  num_senders, num_receivers = part.nodes["grid"].per_shard, part.nodes["mesh"].per_shard
+  latent = 8 if args.cpu else model.latent_size
+  keys = iter(jax.random.split(jax.random.key(0), 16))
+  normal = lambda *shape, scale=1.0: (scale * jax.random.normal(next(keys), shape)).astype(
+      jnp.bfloat16)
+  mlp = lambda inputs, size: (normal(inputs, size, scale=inputs ** -0.5), normal(size),
+                              normal(size, size, scale=size ** -0.5), normal(size),
+                              1 + normal(size), normal(size))
+  params = (mlp(edges.features.shape[-1], latent), mlp(latent, latent))
+  tables = (normal(num_senders, latent), normal(num_receivers, latent))
+  weights = jax.random.normal(next(keys), (num_receivers, latent))
+
+  def loss(params, tables, blocks):
+    sums = fused_encoder_decoder.encoder_edge_sums(*params, edges.features, *tables, blocks,
+                                                   1e-5)
+    return jnp.sum(sums * weights)
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  first = None
+  for rows in (receiver_blocks.ENCODER_KERNEL_ROWS, 256, 128):
+    blocks = receiver_blocks.sender_blocks(edges.senders, edges.receivers, num_senders,
+                                           num_receivers, block_rows=rows)
+    out = jax.block_until_ready(step(params, tables, blocks))
+    times = []
+    for _ in range(args.timed_steps * 2):
+      start = time.perf_counter()
+      jax.block_until_ready(step(params, tables, blocks))
+      times.append(time.perf_counter() - start)
+    leaves = [np.asarray(x, np.float32) for x in jax.tree.leaves(out)]
+    first = first or leaves
+    difference = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+                     for a, b in zip(leaves, first))
+    record(block_rows=rows, slots=blocks.slots, kernel_blocks=int(blocks.window.shape[0]),
+           receiver_list=int(blocks.receiver_rows.shape[1]),
+           edges=int(np.count_nonzero(edges.receivers < num_receivers)), latent=latent,
+           milliseconds=round(1e3 * sorted(times)[len(times) // 2], 3),
+           max_relative_difference=difference)
+
+
 def _transformer_details(step) -> dict:
   """A transformer step's mesh nodes and attention edges, and the share of the splash
   kernel's tiles that hold an edge (None on another attention)."""
@@ -611,7 +679,7 @@ STEP_FUNCTIONS = {"devices": devices, "tests": tests, "parity_tests": tests, "se
                   "latent256_step": side_by_side, "paper_1deg": paper_step,
                   "paper_0p25": paper_step, "forecast": forecast, "train_loop": train_loop,
                   "wn2_mini_step": wn2_mini_step, "gencast_1deg_step": gencast_1deg_step,
-                  "far_rows": far_rows}
+                  "far_rows": far_rows, "encoder_blocks": encoder_blocks}
 
 
 if __name__ == "__main__":

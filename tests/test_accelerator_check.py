@@ -29,7 +29,7 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
   result = _check(tmp_path, "--paper_1deg_remat=auto", "--timed_steps=2",
                   "--aggregations=auto/scan_layers=false", "--tests_k=matmul or sharded")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert "13 steps ran, 0 failed" in result.stdout
+  assert "14 steps ran, 0 failed" in result.stdout
   records = _results(tmp_path)
   assert not [r for r in records if "error" in r], records
   assert all(r["commit"] and r["date"] for r in records)
@@ -38,7 +38,8 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
     by_step.setdefault(record["step"], []).append(record)
   assert list(by_step) == ["devices", "tests", "parity_tests", "setup", "mid_step",
                            "latent256_step", "paper_1deg", "paper_0p25", "forecast",
-                           "train_loop", "wn2_mini_step", "gencast_1deg_step", "far_rows"]
+                           "train_loop", "wn2_mini_step", "gencast_1deg_step", "far_rows",
+                           "encoder_blocks"]
   assert by_step["devices"][0]["backend"] == "cpu"
   (setup,) = by_step["setup"]
   parts = [setup[f"{part}_seconds"] for part in ("graphs_and_constants", "partitioned",
@@ -51,6 +52,13 @@ def test_every_step_records_its_figures_on_the_cpu(tmp_path):
                                  for r in forms.values())
   assert [r["max_difference"] < 1e-4 for r in forms.values()] == [True] * 6 + [False]
   assert forms["segment sum, bfloat16"]["max_difference"] < 0.5
+  # The encoder's edge step by three sizes of blocks of sender rows: the same sums and
+  # gradients (bfloat16, summed in other orders).
+  encoder = by_step["encoder_blocks"]
+  assert [r["block_rows"] for r in encoder] == [512, 256, 128]
+  assert all(r["milliseconds"] > 0 and r["kernel_blocks"] > 0 for r in encoder)
+  assert encoder[0]["max_relative_difference"] == 0
+  assert all(r["max_relative_difference"] < 0.05 for r in encoder)
   for name in ("tests", "parity_tests"):
     assert by_step[name][0]["exit_status"] == 0 and by_step[name][0]["passed"] == 1
   for name in ("mid_step", "latent256_step"):
@@ -109,4 +117,4 @@ def test_a_step_out_of_time_is_ended_and_recorded_and_a_wrong_step_is_named(tmp_
   wrong = _check(tmp_path, "--only=devices,speed")
   assert wrong.returncode == 1
   assert ("no step 'speed'; the steps are devices, tests, parity_tests, setup, mid_step,"
-          in wrong.stderr and wrong.stderr.rstrip().endswith("gencast_1deg_step, far_rows"))
+          in wrong.stderr and wrong.stderr.rstrip().endswith("far_rows, encoder_blocks"))

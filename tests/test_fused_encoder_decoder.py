@@ -19,19 +19,22 @@ def _edge_set(kind: str, num_receivers: int, num_senders: int, rng):
   """`(senders [E], receivers as the XLA model takes them, receivers as the kernel takes
   them, E)` of a decoder's edges (3 per receiver, slot-major; the kernel's blocks of 16
   receivers, the last running past the arrays' ends) or an encoder's (0 to 9 per
-  receiver, sorted by receiver, in receiver blocks of 16 slots: receivers span blocks,
-  some have none, the last block is padded)."""
+  receiver, sorted by receiver, a padding edge last; the kernel's `SenderBlocks` of 16
+  sender rows (a bfloat16 tile's), the last running past the table's end, a block's
+  edges in several kernel blocks of 64 slots, receivers picked from lists as long as the
+  block hears)."""
   if kind == "decoder":
     k = 3
     senders = rng.integers(0, num_senders, k * num_receivers)
     return senders, aggregation.FixedInDegree(k), k, k * num_receivers
   receivers = np.repeat(np.arange(num_receivers), rng.integers(0, 10, num_receivers))
-  blocks = receiver_blocks.block_edges(receivers, num_receivers, slots=16)
-  padded = blocks.local.size
-  senders = np.zeros(padded, np.int64)
-  senders[:len(receivers)] = rng.integers(0, num_senders, len(receivers))
-  receivers = np.concatenate([receivers, np.full(padded - len(receivers), num_receivers)])
-  return senders, jnp.asarray(receivers, jnp.int32), blocks, padded
+  senders = rng.integers(0, num_senders, len(receivers) + 1)
+  receivers = np.concatenate([receivers, [num_receivers]])
+  blocks = receiver_blocks.sender_blocks(senders, receivers, num_senders, num_receivers,
+                                         block_rows=16)
+  assert blocks.slots == 64 and set(blocks.window) == {0, 1}
+  assert np.max(np.bincount(blocks.window)) >= 2
+  return senders, jnp.asarray(receivers, jnp.int32), blocks, len(senders)
 
 
 # Plain and noise-conditioned norms in float32; the float32 products in one bfloat16 pass, as
@@ -44,12 +47,13 @@ def _edge_set(kind: str, num_receivers: int, num_senders: int, rng):
 def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, monkeypatch):
   """The summed messages of an edge set, by one kernel per block of receivers (Pallas's
   interpreter on a CPU; `_edge_set`'s decoder and encoder layouts, the decoder's senders
-  picked from each block's list, `KernelSenders`), equal
+  picked from each block's list, `KernelSenders`; the encoder's by `SenderBlocks`), equal
   `EncoderDecoderEdges`' messages summed by `aggregation.sum_to_receivers` in float32:
   values, and gradients of every parameter (a noise-conditioned norm's too), of the
-  projected senders (through the gather) and of the projected receivers. Rounded to
+  projected senders and of the projected receivers. Rounded to
   bfloat16 (activations or products), as close as XLA's own bfloat16 model is."""
-  num_receivers, num_senders, latent, edge_size, conditioning_size = 37, 11, 16, 8, 3
+  num_receivers, latent, edge_size, conditioning_size = 37, 16, 8, 3
+  num_senders = 21 if kind == "encoder" else 11
   # The same parameters (float32) in either activation dtype.
   module = lambda dtype: EncoderDecoderEdges(
       latent, edge_size, conditioning_size=conditioning_size if conditioned else 0,
@@ -86,8 +90,7 @@ def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, mo
             sender_table, receiver_table, epsilon)
       else:
         sums = fused_encoder_decoder.encoder_edge_sums(
-            *params, features, sender_table[senders], receiver_table, kernel_receivers,
-            epsilon)
+            *params, features, sender_table, receiver_table, kernel_receivers, epsilon)
     else:
       messages = edges(features, senders, receivers, sender_table, receiver_table, conditioning)
       sums = aggregation.sum_to_receivers(messages, receivers, num_receivers)
@@ -138,7 +141,8 @@ def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, mo
 def test_edge_sums_under_vmap(kind):
   """Under the model's batch `vmap` (a grid axis more for the kernels) each example's sums
   and gradients are its own, the parameters' gradients summed over its own blocks only."""
-  num_receivers, num_senders, features, edge_size, latent = 37, 11, EDGE_FEATURES, 8, 16
+  num_receivers, features, edge_size, latent = 37, EDGE_FEATURES, 8, 16
+  num_senders = 21 if kind == "encoder" else 11
   rng = np.random.default_rng(0)
   array = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
   mlp_params = lambda inputs, hidden, outputs: (
@@ -148,9 +152,8 @@ def test_edge_sums_under_vmap(kind):
       edge_size, latent, latent)
   senders_, _, receivers, num_edges = _edge_set(kind, num_receivers, num_senders, rng)
   edge_features = array(num_edges, features)
-  # The decoder's sender table, the encoder's gathered sender rows.
-  batch = (array(2, num_senders if kind == "decoder" else num_edges, latent),
-           array(2, num_receivers, latent), array(2, num_receivers, latent))
+  batch = (array(2, num_senders, latent), array(2, num_receivers, latent),
+           array(2, num_receivers, latent))
 
   def edge_sums(*args):
     if kind == "decoder":
@@ -184,10 +187,12 @@ def test_fused_sums_under_remat_and_row_blocks(kind):
   slots `slot_major_row_blocks`' layout, 128 rows a block rounded up, the last padded),
   its senders by index (each edge its own entry of its kernel block's list,
   `kernel_senders_of`) or by each block's `KernelSenders` from the host (each kernel
-  block's few senders); the encoder's under `jax.checkpoint`; values and gradients equal
+  block's few senders); the encoder's (`SenderBlocks`) under `jax.checkpoint`; values and
+  gradients equal
   the same kernels on the whole arrays without a checkpoint."""
   decoder = kind.startswith("decoder")
-  num_receivers, num_senders, latent, edge_size, num_blocks = 300 if decoder else 40, 11, 16, 8, 3
+  num_receivers, latent, edge_size, num_blocks = 300 if decoder else 40, 16, 8, 3
+  num_senders = 11 if decoder else 21
   module = EncoderDecoderEdges(latent, edge_size, dtype=jnp.float32, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(module)
   rng = np.random.default_rng(1)

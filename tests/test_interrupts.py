@@ -618,7 +618,7 @@ def test_a_save_failing_in_one_process_of_two_stops_both_and_the_resumed_run_los
     paused += [cluster_process(cluster.process.pid, index) for index in (0, 1)]
     first, second = paused
     # A save whose part of process 1 is not written yet when it is paused (most are).
-    for step in (4, 6, 8):
+    for step in (4, 6, 8, 10):
       cluster.wait_for(rf"\[p0\] .*Checkpoint of step {step}: writing in the background")
       os.kill(second, signal.SIGSTOP)
       deadline = time.monotonic() + 120

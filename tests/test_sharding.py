@@ -336,6 +336,67 @@ def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_bl
         np.testing.assert_array_equal(entries[:len(distinct)], distinct)
 
 
+def _assert_sender_blocks_hold_each_edge(layout, senders, receivers, num_senders,
+                                        num_receivers):
+  """Each real edge (receiver < `num_receivers`) in one slot of `layout` (one shard's
+  `SenderBlocks`), where its sender is its block's row and its receiver its list's entry;
+  padding slots pick nothing; the blocks of rows ascend and cover the table; a list holds
+  its kernel block's receivers once each, ascending."""
+  num_blocks, slots = layout.edges.shape
+  width, block_rows = layout.receiver_rows.shape[1], layout.block_rows
+  edge = layout.edges.reshape(-1)
+  real = edge < len(senders)
+  np.testing.assert_array_equal(np.sort(edge[real]), np.flatnonzero(receivers < num_receivers))
+  window = np.repeat(layout.window, slots)
+  sender_local, receiver_local = layout.sender_local.reshape(-1), layout.receiver_local.reshape(-1)
+  np.testing.assert_array_equal(window[real] * block_rows + sender_local[real], senders[edge[real]])
+  picked = np.take_along_axis(layout.receiver_rows, np.minimum(
+      layout.receiver_local[:, 0], width - 1), axis=1).reshape(-1)
+  np.testing.assert_array_equal(picked[real], receivers[edge[real]])
+  assert np.all(sender_local[~real] == block_rows) and np.all(receiver_local[~real] == width)
+  assert np.all(np.diff(layout.window) >= 0)
+  assert set(layout.window) == set(range(-(-num_senders // block_rows)))
+  for rows, local in zip(layout.receiver_rows, layout.receiver_local[:, 0]):
+    used = np.unique(local[local < width])
+    np.testing.assert_array_equal(used, np.arange(len(used)))
+    assert np.all(np.diff(rows[:len(used)]) > 0)
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_grid_to_mesh_sender_blocks_hold_each_edge_once(num_shards):
+  """The encoder's `SenderBlocks` (every shard's of one shape): each of a shard's edges
+  in one slot, read from its block of sender rows and its kernel block's receiver list;
+  a block of rows with more edges than the slots (a crowd of senders, as around the
+  poles) in several kernel blocks, one after the other."""
+  config = small_config()
+  points = points_of("regular")
+  graphs = setup.graphs_for_grid(specs_lib.from_config(config).model, points)
+  positions = setup.node_positions(specs_lib.from_config(config).model, points)
+  part = partition_lib.partition_graphs(graphs, positions, num_shards, "all_gather")
+  edges = part.graphs.edges["grid_to_mesh"]
+  assert part.graphs.edges["mesh_to_grid"].sender_blocks is None
+  layout = edges.sender_blocks
+  assert layout.edges.shape[0] == num_shards
+  assert layout.slots % receiver_blocks.ENCODER_SLOTS_ALIGN == 0
+  assert layout.receiver_rows.shape[-1] % receiver_blocks.KERNEL_SENDERS_ALIGN == 0
+  table_rows = part.nodes["grid"].per_shard + part.plans["grid_to_mesh"].rows_received()
+  for shard in range(num_shards):
+    _assert_sender_blocks_hold_each_edge(
+        jax.tree.map(lambda x: x[shard], layout), edges.senders[shard],
+        edges.receivers[shard], table_rows, part.nodes["mesh"].per_shard)
+  # A crowd: 40 senders of 10 edges each, 8 rows a block, 64 slots a kernel block.
+  rng = np.random.default_rng(0)
+  senders = np.concatenate([np.repeat(np.arange(8, 48), 10), rng.integers(0, 100, 60)])
+  receivers = rng.integers(0, 30, len(senders))
+  crowded = receiver_blocks.sender_blocks(senders, receivers, 100, 30, block_rows=8,
+                                          slots=64)
+  kernel_blocks = np.bincount(crowded.window)
+  np.testing.assert_array_equal(kernel_blocks, np.maximum(1, -(-np.bincount(
+      senders // 8, minlength=13) // 64)))
+  assert kernel_blocks.max() == 2
+  _assert_sender_blocks_hold_each_edge(crowded, senders, receivers, 100, 30)
+
+
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():
   config = small_config(mesh_levels=4)
   points = PointSet.regular(*grid.regular_grid(2.0, include_poles=True))

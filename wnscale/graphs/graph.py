@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from wnscale.graphs.receiver_blocks import (BlockSenders, KernelSenders, ReceiverBlocks,
-                                            SenderWindows, SortedSenders)
+                                            SenderBlocks, SenderWindows, SortedSenders)
 
 
 class NodeSet(NamedTuple):
@@ -56,6 +56,8 @@ class EdgeSet:
     kernel_senders: on a device, a decoder's senders as its fused kernel reads them
       (`receiver_blocks.KernelSenders`, with `in_degree`; a leading `[grid_blocks]` axis,
       `model.grid_blocks`, 1 included); None: from the indices, each edge its own entry.
+    sender_blocks: on a device, an encoder's edges as its fused kernel reads them, by
+      blocks of sender rows (`receiver_blocks.SenderBlocks`); None: not fused.
     in_degree: k > 0 where every one of the R receiver rows has exactly k edges, edge
       `j * R + r` being row r's j-th (on a device: GraphCast's mesh-to-grid edges, 3 per
       grid node; padding rows get k inert edges of their own), so that sums and gathers
@@ -72,6 +74,7 @@ class EdgeSet:
   sorted_senders: SortedSenders | None = None
   block_senders: BlockSenders | None = None
   kernel_senders: KernelSenders | None = None
+  sender_blocks: SenderBlocks | None = None
   in_degree: int = 0
 
   def replace(self, **arrays) -> EdgeSet:
@@ -80,7 +83,8 @@ class EdgeSet:
 
 jax.tree_util.register_dataclass(
     EdgeSet, data_fields=["senders", "receivers", "features", "blocks", "sender_windows",
-                          "sorted_senders", "block_senders", "kernel_senders"],
+                          "sorted_senders", "block_senders", "kernel_senders",
+                          "sender_blocks"],
     meta_fields=["sender_set", "receiver_set", "in_degree"])
 
 

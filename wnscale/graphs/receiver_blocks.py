@@ -260,6 +260,8 @@ SENDER_WINDOWED_EDGE_SETS = ("mesh",)
 # The edge sets whose senders' gradient is summed by blocks of sender-sorted edges (the
 # gather's transpose, a scatter by index): the encoder's and decoder's, read once a step.
 SENDER_SORTED_EDGE_SETS = ("grid_to_mesh", "mesh_to_grid")
+# The encoder edge sets laid out for the fused encoder kernel too (`SenderBlocks`).
+SENDER_BLOCKED_EDGE_SETS = ("grid_to_mesh",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +436,126 @@ def kernel_senders(senders: np.ndarray, k: int, block_rows: int = DECODER_KERNEL
   return KernelSenders(rows, local.astype(np.int32))
 
 
+# Sender rows per block of the fused encoder kernel (`wnscale.model.fused_encoder_decoder`),
+# whose `SenderBlocks` lay its edges out: at 0.25 deg a block of 512 grid rows sends 798
+# edges on average (a grid node 1 to 3; 877 at the 99th percentile, 1,536 at the poles) to
+# 38 mesh nodes (at most 77). Each edge's 0/1 product that picks its sender row is as wide
+# as the block; fewer rows make more, smaller kernel blocks. On a TPU v5e the 0.25 deg
+# encoder edge step (forward and backward, bfloat16) took 121.5 ms with 512 rows, 124.7
+# with 256 and 170.0 with 128 (docs/benchmarks.md).
+ENCODER_KERNEL_ROWS = 512
+# A kernel block's edges are a multiple of this many.
+ENCODER_SLOTS_ALIGN = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SenderBlocks:
+  """An encoder's edges as its fused kernel reads them: by blocks of `block_rows` rows of
+  the sender table (grid rows, a small region of the sphere in the layout's space-filling
+  order). A kernel block's `slots` edges read their senders from its block of rows and
+  their receivers from a short list of receiver rows (a few dozen mesh rows) gathered once,
+  each edge picking its own by a 0/1 product; the kernel writes the gradient of its block
+  of sender rows whole, so no edge-sized array of sender rows or of their gradient is
+  made. A block of rows with more edges than `slots` (around the poles, where grid nodes
+  crowd) has several kernel blocks, one after the other; every block of rows has one.
+
+  Attributes (on a device, a leading `[S]` shard axis):
+    window: `[K]` int32, each kernel block's block of sender rows (rows `window *
+      block_rows` on), ascending.
+    edges: `[K, slots]` int32, the edge set's edge in each slot (`num_edges`: none, padding).
+    sender_local: `[K, 1, slots]` int32, each edge's sender minus its block's first row
+      (`block_rows`: padding).
+    receiver_rows: `[K, U]` int32, each kernel block's receiver rows, padded with 0 (no edge
+      picks a padding entry).
+    receiver_local: `[K, 1, slots]` int32, each edge's entry of its kernel block's
+      `receiver_rows` (`U`: padding).
+    block_rows: sender rows per block (static).
+    num_senders: the sender table's rows (static): the kernel writes the gradient of
+      those its blocks cover, so a table of other rows is refused.
+  """
+
+  window: np.ndarray
+  edges: np.ndarray
+  sender_local: np.ndarray
+  receiver_rows: np.ndarray
+  receiver_local: np.ndarray
+  block_rows: int
+  num_senders: int
+
+  @property
+  def slots(self) -> int:
+    return self.edges.shape[-1]
+
+
+jax.tree_util.register_dataclass(
+    SenderBlocks, data_fields=["window", "edges", "sender_local", "receiver_rows",
+                               "receiver_local"], meta_fields=["block_rows", "num_senders"])
+
+
+def _fewest_slots(counts: np.ndarray, least: int) -> int:
+  """The multiple of `ENCODER_SLOTS_ALIGN` slots per kernel block, at least `least`, that
+  makes the fewest slots in all for blocks of rows with `counts` edges each (the smallest
+  of equals)."""
+  most = max(_round_up(int(counts.max(initial=1)), ENCODER_SLOTS_ALIGN), least)
+  slots = np.arange(least, most + 1, ENCODER_SLOTS_ALIGN)
+  total = [np.maximum(1, -(-counts // s)).sum() * s for s in slots]
+  return int(slots[int(np.argmin(total))])
+
+
+def sender_blocks(senders: np.ndarray, receivers: np.ndarray, num_senders: int,
+                  num_receivers: int, block_rows: int = ENCODER_KERNEL_ROWS,
+                  slots: int | None = None, num_kernel_blocks: int = 0,
+                  width: int = 0) -> SenderBlocks:
+  """`SenderBlocks` of `[num_edges]` edges from a table of `num_senders` rows to one of
+  `num_receivers` (edges with `receivers >= num_receivers`: padding, left out). `slots`
+  (by default the fewest in all, but at least `block_rows`: `_fewest_slots`), and at least `num_kernel_blocks` kernel
+  blocks and `width` receiver entries each: several shards' are stacked
+  (`common_sender_blocks_shape`)."""
+  senders, receivers = np.asarray(senders, np.int64), np.asarray(receivers, np.int64)
+  real = np.flatnonzero(receivers < num_receivers)
+  order = real[np.argsort(senders[real], kind="stable")]
+  row_block = senders[order] // block_rows
+  counts = np.bincount(row_block, minlength=-(-num_senders // block_rows))
+  # At least a block's rows: fewer edges would leave the matrix unit a thin product and
+  # pay a kernel block's fixed cost (its parameters, its list) for little.
+  slots = slots or _fewest_slots(counts, _round_up(block_rows, ENCODER_SLOTS_ALIGN))
+  per_block = np.maximum(1, -(-counts // slots))
+  num_blocks = max(int(per_block.sum()), num_kernel_blocks)
+  # Padding kernel blocks (several shards stacked) repeat the last block of rows.
+  window = np.full(num_blocks, len(counts) - 1, np.int64)
+  window[:per_block.sum()] = np.repeat(np.arange(len(counts)), per_block)
+  rank = np.arange(len(order)) - (np.cumsum(counts) - counts)[row_block]
+  block = (np.cumsum(per_block) - per_block)[row_block] + rank // slots
+  slot = rank % slots
+  edges = np.full((num_blocks, slots), len(senders), np.int64)
+  edges[block, slot] = order
+  sender_local = np.full((num_blocks, slots), block_rows, np.int64)
+  sender_local[block, slot] = senders[order] - row_block * block_rows
+  # Each kernel block's receivers, ascending, and each edge's entry of them.
+  pairs, entry_of_edge = np.unique(block * num_receivers + receivers[order],
+                                   return_inverse=True)
+  pair_block = pairs // num_receivers
+  per_list = np.bincount(pair_block, minlength=num_blocks)
+  width = _round_up(max(width, int(per_list.max(initial=1)), 1), KERNEL_SENDERS_ALIGN)
+  entry = np.arange(len(pairs)) - (np.cumsum(per_list) - per_list)[pair_block]
+  receiver_rows = np.zeros((num_blocks, width), np.int64)
+  receiver_rows[pair_block, entry] = pairs % num_receivers
+  receiver_local = np.full((num_blocks, slots), width, np.int64)
+  receiver_local[block, slot] = entry[entry_of_edge.reshape(-1)]
+  return SenderBlocks(*(a.astype(np.int32) for a in (
+      window, edges, sender_local[:, None], receiver_rows, receiver_local[:, None])),
+                      block_rows, num_senders)
+
+
+def common_sender_blocks_shape(stacked: list[SenderBlocks]) -> dict:
+  """`sender_blocks`' `slots`, `num_kernel_blocks` and `width` that give every one of
+  `stacked` the largest one's shape (with the largest `slots`, a shard's kernel blocks can
+  only be fewer, its receiver lists longer: make them again with these and ask again)."""
+  return dict(slots=max(b.slots for b in stacked),
+              num_kernel_blocks=max(b.window.shape[0] for b in stacked),
+              width=max(b.receiver_rows.shape[1] for b in stacked))
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
   """How a blocked edge set is cut (the interaction network's `model.edge_block_slots` and
@@ -469,8 +591,9 @@ def with_blocks(edge_set, num_receivers: int, num_senders: int,
 
 
 def graphs_with_blocks(graphs):
-  """`graphs` (a `Graphs` of one device) with `BLOCKED_EDGE_SETS` laid out in blocks and
-  `SENDER_SORTED_EDGE_SETS` given their `sorted_senders`."""
+  """`graphs` (a `Graphs` of one device) with `BLOCKED_EDGE_SETS` laid out in blocks,
+  `SENDER_SORTED_EDGE_SETS` given their `sorted_senders` and `SENDER_BLOCKED_EDGE_SETS`
+  their `sender_blocks`."""
   edges = {name: (with_blocks(edge_set, graphs.num_nodes(edge_set.receiver_set),
                               graphs.num_nodes(edge_set.sender_set),
                               windowed=name in SENDER_WINDOWED_EDGE_SETS)
@@ -479,6 +602,12 @@ def graphs_with_blocks(graphs):
   edges = {name: (edge_set.replace(sorted_senders=sorted_senders(
       edge_set.senders, graphs.num_nodes(edge_set.sender_set)))
                   if name in SENDER_SORTED_EDGE_SETS and edge_set.sorted_senders is None
+                  else edge_set)
+           for name, edge_set in edges.items()}
+  edges = {name: (edge_set.replace(sender_blocks=sender_blocks(
+      edge_set.senders, edge_set.receivers, graphs.num_nodes(edge_set.sender_set),
+      graphs.num_nodes(edge_set.receiver_set)))
+                  if name in SENDER_BLOCKED_EDGE_SETS and edge_set.sender_blocks is None
                   else edge_set)
            for name, edge_set in edges.items()}
   return graphs._replace(edges=edges)

@@ -1,4 +1,4 @@
-"""The encoder's and decoder's edge steps as one Pallas kernel per block of receivers
+"""The encoder's and decoder's edge steps as one Pallas kernel per block of edges
 (`model.aggregation="fused"`, as the processor's: `wnscale.model.fused_edges`).
 
 An encoder or decoder edge set is read once a step: per edge XLA computes the embedding of
@@ -26,27 +26,23 @@ The receivers' and the senders' sides differ:
   gradient onto them the same way, so no edge-sized array of sender rows or of their
   gradient is ever written (at 0.25 deg they were 3.2 GB each, their gather and the
   permutation of their gradient 63 ms of a step on a TPU v5e).
-- the encoder (`encoder_edge_sums`, grid -> mesh): a mesh node's edges vary in number;
-  the edges sorted by receiver are cut into `receiver_blocks.ReceiverBlocks`, each
-  block's receiver rows read from its window of the receiver table and its messages
-  summed onto the window by 0/1 products (as `fused_edges` does), the partial sums
-  assembled by XLA. Its sender rows (the projected grid senders; a block's 768 edges
-  read about 500 grid rows, too many to pick by products) are gathered by XLA outside
-  the kernel, an edge-shaped input in the activation dtype; their gradient goes back
-  through that gather (`aggregation.gather_senders`: by blocks in sender order where
-  the edges have `SortedSenders`).
+- the encoder (`encoder_edge_sums`, grid -> mesh): a grid node sends 1 to 3 edges, a mesh
+  node hears about 40 (at 0.25 deg). Its edges come by blocks of sender (grid) rows,
+  `receiver_blocks.SenderBlocks`: a kernel block's edges pick their sender rows from its
+  block of the sender table and their receivers from its list of a few dozen mesh rows,
+  both by 0/1 products, and sum their messages onto that list the same way; XLA adds the
+  lists' sums into the mesh's rows. Its backward kernel writes each block of sender rows'
+  gradient whole, so neither the edges' sender rows nor their gradient is ever an
+  edge-sized array (at 0.25 deg 1.6M rows of the 1 GiB grid table, whose three gathers
+  and the assembly of their gradient were ~90 ms of the step on a TPU v5e when the kernel
+  took its edges by receiver blocks).
 
 The backward kernels recompute a block's forward pass and write the gradients of the
-sender rows and of the receiver rows (the decoder's per block, the encoder's per window,
-assembled), accumulating the two MLPs' twelve parameters' gradients across blocks. The
-arithmetic is `fused_edges`': products of the activation dtype accumulated in float32,
-float32 products made as `aggregation.float32_products` says, everything else in
-float32; on a CPU the kernels run in Pallas's interpreter (tests; slow).
-
-Not yet done: the encoder's sender rows read by the kernel (its three gathers of the
-1.6M edges' rows from the 1 GiB grid table and the assembly of their gradient are ~90 ms of
-the 0.25 deg step on a TPU v5e); laid out by sender (grid) blocks instead, its senders would
-be windows and its receivers (the mesh, a small table) the gathered side.
+sender rows and of the receiver rows (per block, or per list), accumulating the two MLPs'
+twelve parameters' gradients across blocks. The arithmetic is `fused_edges`': products of
+the activation dtype accumulated in float32, float32 products made as
+`aggregation.float32_products` says, everything else in float32; on a CPU the kernels run
+in Pallas's interpreter (tests; slow).
 """
 
 from __future__ import annotations
@@ -59,8 +55,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from wnscale.graphs import receiver_blocks
-from wnscale.graphs.receiver_blocks import KernelSenders, ReceiverBlocks
-from wnscale.model import aggregation, pallas_parts
+from wnscale.graphs.receiver_blocks import KernelSenders, SenderBlocks
+from wnscale.model import pallas_parts
 from wnscale.model.manual_axis_types import vary_like
 
 _PARAMS = 12  # the embedder's six parameters, then the edge MLP's six
@@ -277,150 +273,177 @@ def _decoder_backward(params, features, sender_lists, receiver_table, local, gra
   )(features, local, sender_lists, receiver_table, *params, grad_sums)
 
 
-def encoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_rows,
-                      receiver_table, blocks: ReceiverBlocks, epsilon: float):
+def encoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_table,
+                      receiver_table, blocks: SenderBlocks, epsilon: float):
   """`[num_receivers, D]` float32: each receiver's sum of its edges' messages, for an edge
-  set in receiver blocks (`receiver_blocks.ReceiverBlocks`: the encoder's, grid -> mesh),
-  as `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
+  set laid out by blocks of sender rows (`receiver_blocks.SenderBlocks`: the encoder's,
+  grid -> mesh), as `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
 
-  Per block of `slots` edges one kernel computes the edges' embeddings and messages as
-  `decoder_edge_sums` does, each edge's receiver row read from the block's window of the
-  receiver table and the messages summed onto the window's rows by 0/1 products (as
-  `fused_edges` does); the partial sums are assembled by XLA (`aggregation.assemble`).
+  Per kernel block one kernel computes its edges' embeddings and messages as
+  `decoder_edge_sums` does, each edge's sender row picked from the block's rows of the
+  sender table and its receiver row from the block's receiver list by 0/1 products, the
+  messages summed onto the list the same way; XLA adds the lists' sums into the receivers'.
 
   Args:
     embed_params, edge_params: as `decoder_edge_sums` takes them.
-    features: `[num_blocks * slots, F]` the edges' static features, in the blocks' layout.
-    sender_rows: `[num_blocks * slots, D]` each edge's row of the projected senders, in the
-      activation dtype (their gradient goes back through whatever gathered them).
+    features: `[num_edges, F]` the edge set's static features (no gradient).
+    sender_table: `[blocks.num_senders, D]` the projected senders (not necessarily a
+      multiple of `blocks.block_rows`: the last block's rows past them are read as zeros).
     receiver_table: `[num_receivers, D]` the projected receivers.
-    blocks: the edges' receiver blocks (padding edges reach no row: no message).
+    blocks: the edges' `SenderBlocks`.
     epsilon: the layer norms'.
   """
-  params, features, sender_rows, receiver_table = _varying_alike(
-      (*embed_params, *edge_params), features.astype(sender_rows.dtype), sender_rows,
-      receiver_table)
-  return _encoder_sums(params, features, sender_rows, receiver_table, blocks, epsilon)
+  if sender_table.shape[0] != blocks.num_senders:
+    raise ValueError(f"The encoder's SenderBlocks cover a sender table of "
+                     f"{blocks.num_senders} rows, not {sender_table.shape[0]}.")
+  # The features in the blocks' slots (padding slots: zeros).
+  features = jnp.take(features.astype(sender_table.dtype), blocks.edges.reshape(-1), axis=0,
+                      mode="fill", fill_value=0)
+  params, features, sender_table, receiver_table = _varying_alike(
+      (*embed_params, *edge_params), features, sender_table, receiver_table)
+  return _encoder_sums(params, features, sender_table, receiver_table, blocks, epsilon)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _encoder_sums(params, features, sender_rows, receiver_table, blocks, epsilon):
-  partials = _encoder_forward(params, features, sender_rows,
-                              aggregation.padded_table(receiver_table, blocks.width), blocks,
-                              epsilon)
-  return aggregation.assemble(partials, blocks)
+def _encoder_sums(params, features, sender_table, receiver_table, blocks, epsilon):
+  partials = _encoder_forward(params, features, sender_table,
+                              receiver_table[blocks.receiver_rows], blocks, epsilon)
+  return _onto_rows(partials, blocks.receiver_rows, receiver_table.shape[0])
 
 
-def _encoder_sums_forward(params, features, sender_rows, receiver_table, blocks, epsilon):
-  return (_encoder_sums(params, features, sender_rows, receiver_table, blocks, epsilon),
-          (params, features, sender_rows, receiver_table, blocks))
+def _onto_rows(lists, rows, num_rows: int):
+  """`[num_rows, D]` float32: the kernel blocks' `lists` `[K, U, D]` added into their
+  `rows` `[K, U]` (a few dozen a block: padding entries add zeros to row 0)."""
+  return jnp.zeros((num_rows, lists.shape[-1]), jnp.float32).at[rows.reshape(-1)].add(
+      lists.reshape(-1, lists.shape[-1]))
+
+
+def _encoder_sums_forward(params, features, sender_table, receiver_table, blocks, epsilon):
+  return (_encoder_sums(params, features, sender_table, receiver_table, blocks, epsilon),
+          (params, features, sender_table, receiver_table, blocks))
 
 
 def _encoder_sums_backward(epsilon, residuals, grad_sums):
-  params, features, sender_rows, receiver_table, blocks = residuals
-  pad = functools.partial(aggregation.padded_table, width=blocks.width)
-  grad_sender_rows, grad_windows, *grad_params = _encoder_backward(
-      params, features, sender_rows, pad(receiver_table), blocks,
-      pad(grad_sums.astype(jnp.float32)), epsilon)
-  grad_receiver_table = aggregation.assemble(grad_windows, blocks)
+  params, features, sender_table, receiver_table, blocks = residuals
+  rows = blocks.receiver_rows
+  grad_sender_table, grad_lists, *grad_params = _encoder_backward(
+      params, features, sender_table, receiver_table[rows], blocks,
+      grad_sums.astype(jnp.float32)[rows], epsilon)
+  grad_receiver_table = _onto_rows(grad_lists, rows, receiver_table.shape[0])
   grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
-  return (grad_params, None, grad_sender_rows,
+  return (grad_params, None, grad_sender_table.astype(sender_table.dtype),
           grad_receiver_table.astype(receiver_table.dtype), None)
 
 
 _encoder_sums.defvjp(_encoder_sums_forward, _encoder_sums_backward)
 
 
-def _encoder_block(features_ref, sender_rows_ref, window_ref, column_ref, row_ref, params,
-                   epsilon, products):
-  """One block's forward pass: `(the one-hot pair ([slots, width], [width, slots]),
-  _slot_forward's three)`."""
-  one_hots = pallas_parts.one_hots(column_ref[0], row_ref[0], window_ref.shape[0])
-  receiver_rows = pallas_parts.one_hot_dot(one_hots[0], window_ref[...], products)
-  return one_hots, *_slot_forward(features_ref[...],
-                                  sender_rows_ref[...].astype(jnp.float32), receiver_rows,
-                                  params, epsilon, products)
+def _encoder_block(window_ref, features_ref, sender_local_ref, sender_ref, list_ref,
+                   receiver_local_ref, params, num_senders, epsilon, products):
+  """One kernel block's forward pass: `(its edges' 0/1 matrices of their senders
+  [block_rows, n] and of their receivers [U, n], _slot_forward's three)`."""
+  block_rows = sender_ref.shape[0]
+  # The last block's rows past the table's end hold whatever lies there, perhaps not
+  # finite: a 0/1 product would carry it.
+  row = (window_ref[pl.program_id(0)] * block_rows
+         + jax.lax.broadcasted_iota(jnp.int32, (block_rows, 1), 0))
+  senders = jnp.where(row < num_senders, sender_ref[...], jnp.zeros_like(sender_ref))
+  sender_picks = pallas_parts.one_hot_rows(sender_local_ref[0], block_rows)
+  receiver_picks = pallas_parts.one_hot_rows(receiver_local_ref[0], list_ref.shape[1])
+  sender_rows = pallas_parts.one_hot_dot(sender_picks, senders, products,
+                                         contract=((0,), (0,)))
+  receiver_rows = pallas_parts.one_hot_dot(receiver_picks, list_ref[0], products,
+                                           contract=((0,), (0,)))
+  return sender_picks, receiver_picks, *_slot_forward(features_ref[...], sender_rows,
+                                                      receiver_rows, params, epsilon, products)
 
 
-def _encoder_forward_kernel(first_ref, features_ref, sender_rows_ref, window_ref, column_ref,
-                            row_ref, *refs, epsilon, products):
-  del first_ref  # read by the window's index map
-  param_refs, partial_ref = refs[:_PARAMS], refs[_PARAMS]
-  (_, from_rows), *_, edge = _encoder_block(
-      features_ref, sender_rows_ref, window_ref, column_ref, row_ref,
-      [ref[...] for ref in param_refs], epsilon, products)
-  message = edge[-1].astype(sender_rows_ref.dtype)  # as `sum_to_receivers` gets it
-  partial_ref[0] = pallas_parts.one_hot_dot(from_rows, message, products)
+def _encoder_forward_kernel(window_ref, *refs, num_senders, epsilon, products):
+  inputs, param_refs, partial_ref = refs[:5], refs[5:5 + _PARAMS], refs[5 + _PARAMS]
+  _, receiver_picks, *_, edge = _encoder_block(
+      window_ref, *inputs, [ref[...] for ref in param_refs], num_senders, epsilon, products)
+  message = edge[-1].astype(inputs[3].dtype)  # as `sum_to_receivers` gets it
+  partial_ref[0] = pallas_parts.one_hot_dot(receiver_picks, message, products)
 
 
-def _encoder_backward_kernel(first_ref, features_ref, sender_rows_ref, window_ref, column_ref,
-                             row_ref, *refs, epsilon, products):
-  del first_ref
-  param_refs, grad_window_ref = refs[:_PARAMS], refs[_PARAMS]
-  grad_sender_rows_ref, grad_partial_ref, *grad_param_refs = refs[_PARAMS + 1:]
+def _encoder_backward_kernel(window_ref, *refs, num_senders, epsilon, products):
+  inputs, param_refs, grad_list_ref = refs[:5], refs[5:5 + _PARAMS], refs[5 + _PARAMS]
+  grad_sender_ref, grad_receiver_list_ref, *grad_param_refs = refs[6 + _PARAMS:]
 
   pallas_parts.zero_in_first_block(grad_param_refs)
+  block = pl.program_id(0)
+
+  # A block of sender rows with several kernel blocks (consecutive) sums their gradients.
+  @pl.when((block == 0) | (window_ref[block] != window_ref[jnp.maximum(block - 1, 0)]))
+  def _():
+    grad_sender_ref[...] = jnp.zeros_like(grad_sender_ref)
+
   params = [ref[...] for ref in param_refs]
-  (to_rows, from_rows), *forward = _encoder_block(
-      features_ref, sender_rows_ref, window_ref, column_ref, row_ref, params, epsilon,
-      products)
-  # Padding edges reach no row: their messages' gradient is 0.
-  grad_message = pallas_parts.one_hot_dot(to_rows, grad_window_ref[...], products)
-  grad_hidden, grads = _slot_backward(features_ref[...], forward, grad_message, params,
+  sender_picks, receiver_picks, *forward = _encoder_block(
+      window_ref, *inputs, params, num_senders, epsilon, products)
+  # Padding edges have no entry: their messages' gradient is 0.
+  grad_message = pallas_parts.one_hot_dot(receiver_picks, grad_list_ref[0], products,
+                                          contract=((0,), (0,)))
+  grad_hidden, grads = _slot_backward(inputs[0][...], forward, grad_message, params,
                                       products)
-  grad_sender_rows_ref[...] = grad_hidden.astype(grad_sender_rows_ref.dtype)
-  grad_partial_ref[0] = pallas_parts.one_hot_dot(from_rows, grad_hidden, products)
+  grad_sender_ref[...] += pallas_parts.one_hot_dot(sender_picks, grad_hidden, products)
+  grad_receiver_list_ref[0] = pallas_parts.one_hot_dot(receiver_picks, grad_hidden, products)
   for ref, grad in zip(grad_param_refs, grads):
     ref[...] += grad
 
 
-def _encoder_inputs(params, features, sender_rows, receiver_table, blocks):
-  """`(the kernels' inputs, their BlockSpecs, the grid spec's arguments)`: the windows' first
-  rows (prefetched: the window's index map reads them), per block its edges' features and
-  sender rows, its receiver window and its receivers as a column and as a row, then the
-  parameters whole."""
-  num_blocks, slots = blocks.local.shape
-  latent = sender_rows.shape[-1]
+def _encoder_inputs(params, features, sender_table, receiver_lists, blocks):
+  """`(the kernels' inputs, their BlockSpecs, the grid spec's arguments)`: the kernel
+  blocks' blocks of sender rows (prefetched: the sender table's index map reads them), per
+  kernel block its edges' features and senders' entries, its block of sender rows, its
+  receiver list and its edges' entries of it, then the parameters whole."""
+  num_blocks, _, slots = blocks.sender_local.shape
   params = pallas_parts.as_kernel_params(params)
-  indices = [blocks.local[:, :, None], blocks.local[:, None, :]]
-  by_edge = lambda x: pl.BlockSpec((slots, x.shape[-1]), lambda k, *_: (k, 0))
-  by_block = lambda x: pl.BlockSpec((1,) + x.shape[1:], lambda k, *_: (k, 0, 0))
-  whole = lambda x: pl.BlockSpec(x.shape, lambda k, *_: (0,) * x.ndim)
-  specs = ([by_edge(features), by_edge(sender_rows),
-            pallas_parts.window_spec(blocks.width, latent, 0)]
-           + [by_block(i) for i in indices] + [whole(p) for p in params])
-  inputs = [blocks.first, features, sender_rows, receiver_table, *indices, *params]
+  by_block = lambda x: pl.BlockSpec((1,) + x.shape[1:], lambda k, window: (k, 0, 0))
+  whole = lambda x: pl.BlockSpec(x.shape, lambda k, window: (0,) * x.ndim)
+  sender_rows = pl.BlockSpec((blocks.block_rows, sender_table.shape[-1]),
+                             lambda k, window: (window[k], 0))
+  specs = ([pl.BlockSpec((slots, features.shape[-1]), lambda k, window: (k, 0)),
+            by_block(blocks.sender_local), sender_rows, by_block(receiver_lists),
+            by_block(blocks.receiver_local)] + [whole(p) for p in params])
+  inputs = [blocks.window, features, blocks.sender_local, sender_table, receiver_lists,
+            blocks.receiver_local, *params]
   return inputs, specs, dict(num_scalar_prefetch=1, grid=(num_blocks,))
 
 
-def _encoder_forward(params, features, sender_rows, receiver_table, blocks, epsilon):
-  """`[num_blocks, width, D]` float32 partial sums."""
-  inputs, specs, grid = _encoder_inputs(params, features, sender_rows, receiver_table, blocks)
-  shape = (blocks.local.shape[0], blocks.width, sender_rows.shape[-1])
-  partials = pl.BlockSpec((1,) + shape[1:], lambda k, *_: (k, 0, 0))
+def _encoder_forward(params, features, sender_table, receiver_lists, blocks, epsilon):
+  """`[K, U, D]` float32 each kernel block's sums onto its receiver list
+  (`receiver_lists` `[K, U, D]`: its rows of the receiver table)."""
+  inputs, specs, grid = _encoder_inputs(params, features, sender_table, receiver_lists,
+                                        blocks)
+  kernel = functools.partial(_encoder_forward_kernel, num_senders=sender_table.shape[0],
+                             epsilon=epsilon)
   return pallas_parts.call(
-      functools.partial(_encoder_forward_kernel, epsilon=epsilon), "parallel",
-      out_shape=pallas_parts.out_shape(shape, jnp.float32, sender_rows),
-      grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs, out_specs=partials),
+      kernel, "parallel",
+      out_shape=pallas_parts.out_shape(receiver_lists.shape, jnp.float32, sender_table),
+      grid_spec=pltpu.PrefetchScalarGridSpec(**grid, in_specs=specs, out_specs=specs[3]),
   )(*inputs)
 
 
-def _encoder_backward(params, features, sender_rows, receiver_table, blocks, grad_sums,
+def _encoder_backward(params, features, sender_table, receiver_lists, blocks, grad_lists,
                       epsilon):
-  """`(grad sender rows [num_blocks * slots, D] in their dtype, grad receiver windows
-  [num_blocks, width, D] float32, then the twelve parameters' gradients, float32, vectors
-  [1, .])`. `grad_sums`: `[receiver rows, D]` float32, padded as the receiver table."""
-  inputs, specs, grid = _encoder_inputs(params, features, sender_rows, receiver_table, blocks)
-  shape = (blocks.local.shape[0], blocks.width, sender_rows.shape[-1])
-  partials = pl.BlockSpec((1,) + shape[1:], lambda k, *_: (k, 0, 0))
-  param_outs = [pallas_parts.out_shape(p.shape, jnp.float32, sender_rows)
+  """`(grad sender table [num_senders, D] float32, grad receiver lists [K, U, D] float32,
+  then the twelve parameters' gradients, float32, vectors [1, .])`. `grad_lists`: `[K, U,
+  D]` float32, the receiver lists' rows of the sums' gradient."""
+  inputs, specs, grid = _encoder_inputs(params, features, sender_table, receiver_lists,
+                                        blocks)
+  param_outs = [pallas_parts.out_shape(p.shape, jnp.float32, sender_table)
                 for p in inputs[-_PARAMS:]]
-  # "arbitrary": the parameters' gradients add up over the blocks, in order.
+  kernel = functools.partial(_encoder_backward_kernel, num_senders=sender_table.shape[0],
+                             epsilon=epsilon)
+  # "arbitrary": a block of sender rows and the parameters add up their gradients over
+  # the kernel blocks, in order.
   return pallas_parts.call(
-      functools.partial(_encoder_backward_kernel, epsilon=epsilon), "arbitrary",
-      out_shape=(pallas_parts.out_shape(sender_rows.shape, sender_rows.dtype, sender_rows),
-                 pallas_parts.out_shape(shape, jnp.float32, sender_rows), *param_outs),
+      kernel, "arbitrary",
+      out_shape=(pallas_parts.out_shape(sender_table.shape, jnp.float32, sender_table),
+                 pallas_parts.out_shape(receiver_lists.shape, jnp.float32, sender_table),
+                 *param_outs),
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          **grid, in_specs=specs + [specs[2]],
-          out_specs=(specs[1], partials, *specs[-_PARAMS:])),
-  )(*inputs, grad_sums)
+          **grid, in_specs=specs + [specs[3]],
+          out_specs=(specs[2], specs[3], *specs[-_PARAMS:])),
+  )(*inputs, grad_lists)

@@ -47,7 +47,7 @@ from flax import nnx
 from wnscale.graphs.edge_sets import decoder_edge_set, encoder_edge_set
 from wnscale.graphs.features import EDGE_FEATURES, NODE_FEATURES
 from wnscale.graphs.graph import EdgeSet, Graphs
-from wnscale.graphs.receiver_blocks import KernelSenders, ReceiverBlocks
+from wnscale.graphs.receiver_blocks import KernelSenders, SenderBlocks
 from wnscale.model import aggregation, fused_encoder_decoder, processors, remat, remat_policies
 from wnscale.model.blocks import block_rows, map_row_blocks, slot_major_row_blocks
 from wnscale.model.dtypes_and_activations import DTYPES, OUTPUT_ACTIVATIONS
@@ -114,23 +114,21 @@ class EncoderDecoderEdges(nnx.Module):
     return self.interaction.messages(self.embedder(features, conditioning), projected_senders,
                                      projected_receivers, senders, receivers, conditioning)
 
-  def fused_sums(self, features, senders, receivers: aggregation.FixedInDegree | ReceiverBlocks,
+  def fused_sums(self, features, senders, receivers: aggregation.FixedInDegree | SenderBlocks,
                  projected_senders, projected_receivers, conditioning=None):
     """`[R, D]` each receiver's sum of its edges' messages, as `__call__` and
-    `aggregation.sum_to_receivers` compute them, by one Pallas kernel per block of
-    receivers (`fused_encoder_decoder`): a decoder's edges `k` per receiver, slot-major
-    (`FixedInDegree`: `features` `[k R, F]`, `senders` `[k R]` or their `KernelSenders`),
-    or an encoder's in receiver blocks (`features` `[num_blocks * slots, F]`, `senders` as
-    many); `senders` the indices, their `SortedSenders` or a block's `BlockSenders`
-    otherwise."""
+    `aggregation.sum_to_receivers` compute them, by one Pallas kernel per block of edges
+    (`fused_encoder_decoder`): a decoder's `k` per receiver, slot-major (`FixedInDegree`:
+    `features` `[k R, F]`, `senders` `[k R]`, their `SortedSenders` or their
+    `KernelSenders`), or an encoder's by blocks of its sender rows (`receivers` its
+    `SenderBlocks`, which hold its senders too: `senders` unused)."""
     dtype = projected_senders.dtype
     params = (self.embedder.kernel_params(conditioning, dtype),
               self.interaction.edge_mlp.kernel_params(conditioning, dtype))
     epsilon = self.interaction.edge_mlp.norm.epsilon
-    if isinstance(receivers, ReceiverBlocks):
+    if isinstance(receivers, SenderBlocks):
       sums = fused_encoder_decoder.encoder_edge_sums(
-          *params, features, aggregation.gather_senders(projected_senders, senders),
-          projected_receivers, receivers, epsilon)
+          *params, features, projected_senders, projected_receivers, receivers, epsilon)
     else:
       k, rows = receivers.k, projected_receivers.shape[0]
       if not isinstance(senders, KernelSenders):
@@ -426,9 +424,8 @@ class GraphCast(nnx.Module):
     receiver_table = edges_module.interaction.project_receivers(mesh)
     sender_mask = (None if sends is None else
                    exchange(edge_set, sends.astype(projected.dtype)[:, None])[:, 0])
-    if sender_mask is None and self._fused(edges.blocks, receiver_table):
-      senders = edges.senders if edges.sorted_senders is None else edges.sorted_senders
-      return latents, edges_module.fused_sums(edges.features, senders, edges.blocks,
+    if sender_mask is None and self._fused(edges.sender_blocks, receiver_table):
+      return latents, edges_module.fused_sums(edges.features, None, edges.sender_blocks,
                                               sender_table, receiver_table, conditioning)
     by_blocks = self._by_blocks(edges)
     messages = sum_edge_messages(
@@ -474,15 +471,15 @@ class GraphCast(nnx.Module):
     return None
 
   def _fused(self, receivers, projected_receivers) -> bool:
-    """Whether an encoder's or decoder's edge step runs as one kernel per block of
-    receivers (`EncoderDecoderEdges.fused_sums`): where the processor's does
-    (`model.aggregation` fused), its edges come `k` per receiver (a decoder's,
-    `FixedInDegree`) or in receiver blocks (an encoder's), and its edge MLP sees the
-    receivers (`projected_receivers`, or the projection making them, is not None). Its
-    edges are then never cut into `edge_chunks`: no edge-sized array but the gathered
-    sender rows is made."""
+    """Whether an encoder's or decoder's edge step runs as one kernel per block of edges
+    (`EncoderDecoderEdges.fused_sums`): where the processor's does (`model.aggregation`
+    fused), its edges come `k` per receiver (a decoder's, `FixedInDegree`) or by blocks of
+    sender rows (an encoder's `SenderBlocks`), and its edge MLP sees the receivers
+    (`projected_receivers`, or the projection making them, is not None). Its edges are
+    then never cut into `edge_chunks`: no edge-sized array is made (but a decoder's
+    gathered sender rows where its layout has no `KernelSenders`)."""
     return (self._aggregation() == "fused" and projected_receivers is not None
-            and isinstance(receivers, (aggregation.FixedInDegree, ReceiverBlocks)))
+            and isinstance(receivers, (aggregation.FixedInDegree, SenderBlocks)))
 
   def decode(self, graphs: Graphs, node_set: str, latents, mesh, exchange, conditioning=None):
     """Passes messages mesh -> `node_set` once and reads out `[N, output_channels]`.

@@ -130,7 +130,7 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
     edges = edges.replace(senders=edges.senders[real], receivers=edges.receivers[real],
                           features=edges.features[real])
   edges = edges.replace(blocks=None, sender_windows=None, sorted_senders=None,
-                        block_senders=None, kernel_senders=None)
+                        block_senders=None, kernel_senders=None, sender_blocks=None)
   receiver_slot = receivers_part.slot_of_node[edges.receivers]
   receiver_shard, receiver_local = np.divmod(receiver_slot, per_shard)
   sender_shard, sender_local = np.divmod(senders_part.slot_of_node[edges.senders],
@@ -180,6 +180,9 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
     if in_degree:
       laid_out = laid_out.replace(kernel_senders=_kernel_senders(
           laid_out.senders, in_degree, grid_blocks))
+  if edges_name in receiver_blocks.SENDER_BLOCKED_EDGE_SETS:
+    laid_out = laid_out.replace(sender_blocks=_sender_blocks(
+        laid_out.senders, laid_out.receivers, table_rows, per_shard))
   return laid_out, plan
 
 
@@ -220,6 +223,20 @@ def _kernel_senders(senders: np.ndarray, k: int, grid_blocks: int
            for row in by_block]
   stack = lambda trees: jax.tree.map(lambda *arrays: np.stack(arrays), *trees)
   return stack([stack(row) for row in own])
+
+
+def _sender_blocks(senders: np.ndarray, receivers: np.ndarray, table_rows: int,
+                   num_receivers: int) -> receiver_blocks.SenderBlocks:
+  """Stacked `[S, ...]` `SenderBlocks` of each shard's `[S, E_max]` edges (rows of its
+  sender table of `table_rows` to its `num_receivers`), every shard's of the largest shape."""
+  make = lambda **shape: [receiver_blocks.sender_blocks(s, r, table_rows, num_receivers,
+                                                         **shape)
+                          for s, r in zip(senders, receivers)]
+  own = make()
+  if len(own) > 1:  # the most slots, then each of the largest shape with them
+    own = make(slots=max(b.slots for b in own))
+    own = make(**receiver_blocks.common_sender_blocks_shape(own))
+  return jax.tree.map(lambda *arrays: np.stack(arrays), *own)
 
 
 def _in_degree(receivers: np.ndarray, num_receivers: int) -> int:
