@@ -35,6 +35,10 @@ sender table each, the few outside it from a short list (`SenderWindows`). A gra
 summed onto senders by index would be a scatter; it is summed by the same kind of blocks
 laid over its rows sorted by sender (`in_sender_order`): the far lists' rows, and an
 encoder's or decoder's edges (`SortedSenders`).
+
+The fused encoder and decoder kernels read their edges by their own layouts: the
+decoder's senders listed per kernel block (`KernelSenders`), the encoder's edges by
+blocks of sender rows (`SenderBlocks`).
 """
 
 from __future__ import annotations
@@ -508,9 +512,9 @@ def sender_blocks(senders: np.ndarray, receivers: np.ndarray, num_senders: int,
                   width: int = 0) -> SenderBlocks:
   """`SenderBlocks` of `[num_edges]` edges from a table of `num_senders` rows to one of
   `num_receivers` (edges with `receivers >= num_receivers`: padding, left out). `slots`
-  (by default the fewest in all, but at least `block_rows`: `_fewest_slots`), and at least `num_kernel_blocks` kernel
-  blocks and `width` receiver entries each: several shards' are stacked
-  (`common_sender_blocks_shape`)."""
+  (by default the fewest in all, at least `block_rows`: `_fewest_slots`), and at least
+  `num_kernel_blocks` kernel blocks and `width` receiver entries each: several shards'
+  are stacked (`common_sender_blocks_shape`)."""
   senders, receivers = np.asarray(senders, np.int64), np.asarray(receivers, np.int64)
   real = np.flatnonzero(receivers < num_receivers)
   order = real[np.argsort(senders[real], kind="stable")]

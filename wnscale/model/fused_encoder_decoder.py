@@ -129,16 +129,22 @@ def _decoder_sums_backward(epsilon, residuals, grad_sums):
   grad_sender_lists, grad_receiver_table, *grad_params = _decoder_backward(
       params, features, sender_table[senders.rows], receiver_table, senders.local,
       grad_sums.astype(jnp.float32), epsilon)
-  # Each block's list rows' gradient (summed over its edges in the kernel) onto the table:
-  # a few rows a block, added in float32.
-  grad_sender_table = jnp.zeros(sender_table.shape, jnp.float32).at[
-      senders.rows.reshape(-1)].add(grad_sender_lists.reshape(-1, sender_table.shape[-1]))
+  # Each block's list rows' gradient (summed over its edges in the kernel) onto the table.
+  grad_sender_table = _onto_rows(grad_sender_lists, senders.rows, sender_table.shape[0])
   grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
   return (grad_params, None, grad_sender_table.astype(sender_table.dtype), grad_receiver_table,
           None)
 
 
 _decoder_sums.defvjp(_decoder_sums_forward, _decoder_sums_backward)
+
+
+def _onto_rows(lists, rows, num_rows: int):
+  """`[num_rows, D]` float32: the kernel blocks' `lists` `[K, U, D]` (float32) added into
+  their `rows` `[K, U]` of a table (a few dozen a block: padding entries add zeros to row
+  0)."""
+  return jnp.zeros((num_rows, lists.shape[-1]), jnp.float32).at[rows.reshape(-1)].add(
+      lists.reshape(-1, lists.shape[-1]))
 
 
 def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, products):
@@ -309,13 +315,6 @@ def _encoder_sums(params, features, sender_table, receiver_table, blocks, epsilo
   partials = _encoder_forward(params, features, sender_table,
                               receiver_table[blocks.receiver_rows], blocks, epsilon)
   return _onto_rows(partials, blocks.receiver_rows, receiver_table.shape[0])
-
-
-def _onto_rows(lists, rows, num_rows: int):
-  """`[num_rows, D]` float32: the kernel blocks' `lists` `[K, U, D]` added into their
-  `rows` `[K, U]` (a few dozen a block: padding entries add zeros to row 0)."""
-  return jnp.zeros((num_rows, lists.shape[-1]), jnp.float32).at[rows.reshape(-1)].add(
-      lists.reshape(-1, lists.shape[-1]))
 
 
 def _encoder_sums_forward(params, features, sender_table, receiver_table, blocks, epsilon):
