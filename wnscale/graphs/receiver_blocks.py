@@ -418,6 +418,22 @@ class KernelSenders:
 jax.tree_util.register_dataclass(KernelSenders, data_fields=["rows", "local"], meta_fields=[])
 
 
+def _block_lists(block: np.ndarray, items: np.ndarray, num_blocks: int, width: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """`(lists [num_blocks, U], entries [n])`: each block's distinct `items` (non-negative
+  table rows), ascending, padded with 0 to `U` (at least `width`, a multiple of
+  `KERNEL_SENDERS_ALIGN`), and each of the `[n]` items' entry of its `block`'s list."""
+  span = int(items.max(initial=0)) + 1
+  pairs, entry_of_item = np.unique(block * span + items, return_inverse=True)
+  pair_block = pairs // span
+  per_list = np.bincount(pair_block, minlength=num_blocks)
+  width = _round_up(max(width, int(per_list.max(initial=1)), 1), KERNEL_SENDERS_ALIGN)
+  entry = np.arange(len(pairs)) - (np.cumsum(per_list) - per_list)[pair_block]
+  lists = np.zeros((num_blocks, width), np.int64)
+  lists[pair_block, entry] = pairs % span
+  return lists, entry[entry_of_item.reshape(-1)]
+
+
 def kernel_senders(senders: np.ndarray, k: int, block_rows: int = DECODER_KERNEL_ROWS,
                    width: int = 0) -> KernelSenders:
   """`KernelSenders` of `[k * R]` slot-major senders (edge `j * R + r` is row r's j-th),
@@ -426,18 +442,12 @@ def kernel_senders(senders: np.ndarray, k: int, block_rows: int = DECODER_KERNEL
   num_rows = by_slot.shape[1]
   num_blocks = -(-num_rows // block_rows)
   padded = np.pad(by_slot, [(0, 0), (0, num_blocks * block_rows - num_rows)], mode="edge")
-  by_block = padded.reshape(k, num_blocks, block_rows).transpose(1, 0, 2).reshape(
-      num_blocks, -1)
-  uniques = [np.unique(block) for block in by_block]
-  width = _round_up(max(width, max(len(u) for u in uniques)), KERNEL_SENDERS_ALIGN)
-  rows = np.zeros((num_blocks, width), np.int32)
-  local = np.empty_like(by_block)
-  for index, (u, block) in enumerate(zip(uniques, by_block)):
-    rows[index, :len(u)] = u
-    local[index] = np.searchsorted(u, block)
-  local = local.reshape(num_blocks, k, block_rows)
+  by_block = padded.reshape(k, num_blocks, block_rows).transpose(1, 0, 2)
+  rows, entries = _block_lists(np.repeat(np.arange(num_blocks), k * block_rows),
+                               by_block.reshape(-1), num_blocks, width)
+  local = entries.reshape(num_blocks, k, block_rows)
   local[-1, :, num_rows - (num_blocks - 1) * block_rows:] = 0
-  return KernelSenders(rows, local.astype(np.int32))
+  return KernelSenders(rows.astype(np.int32), local.astype(np.int32))
 
 
 # Sender rows per block of the fused encoder kernel (`wnscale.model.fused_encoder_decoder`),
@@ -536,16 +546,9 @@ def sender_blocks(senders: np.ndarray, receivers: np.ndarray, num_senders: int,
   sender_local = np.full((num_blocks, slots), block_rows, np.int64)
   sender_local[block, slot] = senders[order] - row_block * block_rows
   # Each kernel block's receivers, ascending, and each edge's entry of them.
-  pairs, entry_of_edge = np.unique(block * num_receivers + receivers[order],
-                                   return_inverse=True)
-  pair_block = pairs // num_receivers
-  per_list = np.bincount(pair_block, minlength=num_blocks)
-  width = _round_up(max(width, int(per_list.max(initial=1)), 1), KERNEL_SENDERS_ALIGN)
-  entry = np.arange(len(pairs)) - (np.cumsum(per_list) - per_list)[pair_block]
-  receiver_rows = np.zeros((num_blocks, width), np.int64)
-  receiver_rows[pair_block, entry] = pairs % num_receivers
-  receiver_local = np.full((num_blocks, slots), width, np.int64)
-  receiver_local[block, slot] = entry[entry_of_edge.reshape(-1)]
+  receiver_rows, entries = _block_lists(block, receivers[order], num_blocks, width)
+  receiver_local = np.full((num_blocks, slots), receiver_rows.shape[1], np.int64)
+  receiver_local[block, slot] = entries
   return SenderBlocks(*(a.astype(np.int32) for a in (
       window, edges, sender_local[:, None], receiver_rows, receiver_local[:, None])),
                       block_rows, num_senders)
