@@ -544,15 +544,14 @@ def encoder_blocks(args, mode, record):
   weights = jax.random.normal(next(keys), (num_receivers, latent))
 
   def loss(params, tables, blocks):
-    sums = fused_encoder_decoder.encoder_edge_sums(*params, edges.features, *tables, blocks,
-                                                   1e-5)
+    sums = fused_encoder_decoder.encoder_edge_sums(*params, *tables, blocks, 1e-5)
     return jnp.sum(sums * weights)
 
   step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
   first = None
   for rows in (receiver_blocks.ENCODER_KERNEL_ROWS, 256, 128):
-    blocks = receiver_blocks.sender_blocks(edges.senders, edges.receivers, num_senders,
-                                           num_receivers, block_rows=rows)
+    blocks = receiver_blocks.sender_blocks(edges.senders, edges.receivers, edges.features,
+                                           num_senders, num_receivers, block_rows=rows)
     out = jax.block_until_ready(step(params, tables, blocks))
     times = []
     for _ in range(args.timed_steps * 2):

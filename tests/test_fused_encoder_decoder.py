@@ -17,7 +17,7 @@ from wnscale.model.graphcast import EncoderDecoderEdges
 
 def _edge_set(kind: str, num_receivers: int, num_senders: int, rng):
   """`(senders [E], receivers as the XLA model takes them, receivers as the kernel takes
-  them, E)` of a decoder's edges (3 per receiver, slot-major; the kernel's blocks of 16
+  them, features [E, EDGE_FEATURES] float32)` of a decoder's edges (3 per receiver, slot-major; the kernel's blocks of 16
   receivers, the last running past the arrays' ends) or an encoder's (0 to 9 per
   receiver, sorted by receiver, a padding edge last; the kernel's `SenderBlocks` of 16
   sender rows (a bfloat16 tile's), the last running past the table's end, a block's
@@ -26,15 +26,20 @@ def _edge_set(kind: str, num_receivers: int, num_senders: int, rng):
   if kind == "decoder":
     k = 3
     senders = rng.integers(0, num_senders, k * num_receivers)
-    return senders, aggregation.FixedInDegree(k), k, k * num_receivers
+    return senders, aggregation.FixedInDegree(k), k, _features(k * num_receivers, rng)
   receivers = np.repeat(np.arange(num_receivers), rng.integers(0, 10, num_receivers))
   senders = rng.integers(0, num_senders, len(receivers) + 1)
   receivers = np.concatenate([receivers, [num_receivers]])
-  blocks = receiver_blocks.sender_blocks(senders, receivers, num_senders, num_receivers,
-                                         block_rows=16)
+  features = _features(len(senders), rng)
+  blocks = receiver_blocks.sender_blocks(senders, receivers, features, num_senders,
+                                         num_receivers, block_rows=16)
   assert blocks.slots == 64 and set(blocks.window) == {0, 1}
   assert np.max(np.bincount(blocks.window)) >= 2
-  return senders, jnp.asarray(receivers, jnp.int32), blocks, len(senders)
+  return senders, jnp.asarray(receivers, jnp.int32), blocks, features
+
+
+def _features(num_edges: int, rng):
+  return jnp.asarray(rng.standard_normal((num_edges, EDGE_FEATURES)), jnp.float32)
 
 
 # Plain and noise-conditioned norms in float32; the float32 products in one bfloat16 pass, as
@@ -67,10 +72,9 @@ def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, mo
   conditioning = (jnp.asarray(rng.standard_normal(conditioning_size), jnp.float32)
                   if conditioned else None)
   array = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  senders, receivers, kernel_receivers, num_edges = _edge_set(kind, num_receivers,
-                                                              num_senders, rng)
+  senders, receivers, kernel_receivers, features = _edge_set(kind, num_receivers,
+                                                             num_senders, rng)
   senders = jnp.asarray(senders, jnp.int32)
-  features = array(num_edges, EDGE_FEATURES)
   sender_table, receiver_table = array(num_senders, latent), array(num_receivers, latent)
   weights = array(num_receivers, latent)
 
@@ -90,7 +94,7 @@ def test_edge_sums_equal_messages_and_sum(kind, conditioned, products, dtype, mo
             sender_table, receiver_table, epsilon)
       else:
         sums = fused_encoder_decoder.encoder_edge_sums(
-            *params, features, sender_table, receiver_table, kernel_receivers, epsilon)
+            *params, sender_table, receiver_table, kernel_receivers, epsilon)
     else:
       messages = edges(features, senders, receivers, sender_table, receiver_table, conditioning)
       sums = aggregation.sum_to_receivers(messages, receivers, num_receivers)
@@ -150,8 +154,7 @@ def test_edge_sums_under_vmap(kind):
       array(outputs), array(outputs))
   embed_params, edge_params = mlp_params(features, edge_size, edge_size), mlp_params(
       edge_size, latent, latent)
-  senders_, _, receivers, num_edges = _edge_set(kind, num_receivers, num_senders, rng)
-  edge_features = array(num_edges, features)
+  senders_, _, receivers, edge_features = _edge_set(kind, num_receivers, num_senders, rng)
   batch = (array(2, num_senders, latent), array(2, num_receivers, latent),
            array(2, num_receivers, latent))
 
@@ -162,8 +165,8 @@ def test_edge_sums_under_vmap(kind):
       return fused_encoder_decoder.decoder_edge_sums(
           *args[:2], edge_features.reshape(k, num_receivers, -1), senders, *args[2:],
           epsilon=1e-5)
-    return fused_encoder_decoder.encoder_edge_sums(*args[:2], edge_features, *args[2:],
-                                                   receivers, epsilon=1e-5)
+    return fused_encoder_decoder.encoder_edge_sums(*args[:2], *args[2:], receivers,
+                                                   epsilon=1e-5)
 
   def gradients(embed_params, edge_params, senders, receiver_table, weights):
     loss = lambda *args: jnp.sum(jnp.tanh(edge_sums(*args)) * weights)
@@ -197,11 +200,10 @@ def test_fused_sums_under_remat_and_row_blocks(kind):
   graphdef, state = nnx.split(module)
   rng = np.random.default_rng(1)
   array = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  senders, fixed_in_degree, receiver_blocks_, num_edges = _edge_set(
+  senders, fixed_in_degree, receiver_blocks_, features = _edge_set(
       "decoder" if decoder else kind, num_receivers, num_senders, rng)
   receivers = fixed_in_degree if decoder else receiver_blocks_
   senders = jnp.asarray(senders, jnp.int32)
-  features = array(num_edges, EDGE_FEATURES)
   sender_table, receiver_table = array(num_senders, latent), array(num_receivers, latent)
   weights = array(num_receivers, latent)
 

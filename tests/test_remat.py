@@ -82,9 +82,11 @@ VARIANTS = {
                                                   scan_layers=False),
     "all_three_grid_blocks_keeps_messages": dict(ALL_STAGES, grid_blocks=4, edge_chunks=3,
                                                  decoder_keeps_messages=True),
-    # The paper's scheme, with the mesh edges in blocks too.
-    "paper_scheme_mesh_edge_chunks": dict(ALL_STAGES, mesh_remat_every=3, edge_chunks=3,
-                                          mesh_edge_chunks=4),
+    # The paper's scheme, with the mesh edges in blocks too, the last 2 layers outside the
+    # checkpoints (the first 2 in one group).
+    "paper_scheme_mesh_edge_chunks_2_saved": dict(ALL_STAGES, mesh_remat_every=3,
+                                                  edge_chunks=3, mesh_edge_chunks=4,
+                                                  mesh_layers_saved=2),
 }
 
 
@@ -93,12 +95,20 @@ def test_every_option_is_covered():
   used = {key: {str(v[key]) for v in VARIANTS.values() if key in v}
           for key in ("remat_policy", "mesh_remat_every", "edge_chunks", "grid_blocks",
                       "mesh_edge_chunks", "aggregation", "scan_layers",
-                      "decoder_keeps_messages")}
+                      "decoder_keeps_messages", "mesh_layers_saved")}
   assert used["remat_policy"] >= set(remat_policies.POLICIES) - {"nothing_saveable"} | {NAMES}
   assert used["mesh_remat_every"] == {"2", "3", "4"}
   assert {"7", "4"} <= used["edge_chunks"] and "7" in used["grid_blocks"]
   assert "7" in used["mesh_edge_chunks"] and used["aggregation"] == {"matmul", "fused"}
   assert used["scan_layers"] == {"False"} and used["decoder_keeps_messages"] == {"True"}
+  assert used["mesh_layers_saved"] == {"2"}
+
+
+def _compiled_flops(config, problem) -> float:
+  constants, batch, params = problem
+  cost = jax.jit(loss_and_grad_fn(config, constants, batch)).lower(params).compile(
+  ).cost_analysis()
+  return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
 
 @pytest.mark.parametrize("grid_blocks", [1, 4])
@@ -106,16 +116,23 @@ def test_decoder_keeps_messages_is_not_recomputed(grid_blocks, problem):
   """With `decoder_keeps_messages` the checkpointed decoder's edge step is not run again
   in the backward pass (each block's checkpoint keeps its messages under `grid_blocks`):
   the compiled step does fewer FLOPs."""
-  constants, batch, params = problem
-
-  def flops(keeps):
-    config = small_config(**ALL_STAGES, grid_blocks=grid_blocks, decoder_keeps_messages=keeps)
-    cost = jax.jit(loss_and_grad_fn(config, constants, batch)).lower(params).compile(
-    ).cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return cost["flops"]
-
+  flops = lambda keeps: _compiled_flops(small_config(
+      **ALL_STAGES, grid_blocks=grid_blocks, decoder_keeps_messages=keeps), problem)
   assert flops(True) < flops(False)
+
+
+def test_saved_processor_layers_are_not_recomputed(problem):
+  """Each processor layer run outside the checkpoints (`mesh_layers_saved`) is about one
+  layer's forward pass less in the compiled step; all 4 outside: the step without remat.
+  (The layers in a Python loop: XLA counts a scan's body once.)"""
+  config = lambda **remat: small_config(scan_layers=False, **remat)
+  flops = [_compiled_flops(config(remat_mesh_gnn=True, mesh_layers_saved=saved), problem)
+           for saved in range(5)]
+  assert flops[4] == pytest.approx(_compiled_flops(config(), problem), rel=1e-3)
+  layer = (flops[0] - flops[4]) / 4
+  assert layer > 0.01 * flops[4]
+  for more, fewer in zip(flops, flops[1:]):
+    assert more - fewer == pytest.approx(layer, rel=0.25)
 
 
 def test_odd_chunk_counts_leave_a_padded_block(problem):

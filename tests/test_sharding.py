@@ -336,11 +336,11 @@ def test_mesh_to_grid_block_senders_read_each_blocks_senders(num_shards, grid_bl
         np.testing.assert_array_equal(entries[:len(distinct)], distinct)
 
 
-def _assert_sender_blocks_hold_each_edge(layout, senders, receivers, num_senders,
+def _assert_sender_blocks_hold_each_edge(layout, senders, receivers, features, num_senders,
                                         num_receivers):
   """Each real edge (receiver < `num_receivers`) in one slot of `layout` (one shard's
-  `SenderBlocks`), where its sender is its block's row and its receiver its list's entry;
-  padding slots pick nothing; the blocks of rows ascend and cover the table; a list holds
+  `SenderBlocks`), where its sender is its block's row, its receiver its list's entry and
+  its features the slot's; padding slots pick nothing and hold zero features; the blocks of rows ascend and cover the table; a list holds
   its kernel block's receivers once each, ascending."""
   num_blocks, slots = layout.edges.shape
   width, block_rows = layout.receiver_rows.shape[1], layout.block_rows
@@ -353,6 +353,8 @@ def _assert_sender_blocks_hold_each_edge(layout, senders, receivers, num_senders
   picked = np.take_along_axis(layout.receiver_rows, np.minimum(
       layout.receiver_local[:, 0], width - 1), axis=1).reshape(-1)
   np.testing.assert_array_equal(picked[real], receivers[edge[real]])
+  np.testing.assert_array_equal(layout.features[:, real].T, features[edge[real]])
+  assert not np.any(layout.features[:, ~real])
   assert np.all(sender_local[~real] == block_rows) and np.all(receiver_local[~real] == width)
   assert np.all(np.diff(layout.window) >= 0)
   assert set(layout.window) == set(range(-(-num_senders // block_rows)))
@@ -383,18 +385,20 @@ def test_grid_to_mesh_sender_blocks_hold_each_edge_once(num_shards):
   for shard in range(num_shards):
     _assert_sender_blocks_hold_each_edge(
         jax.tree.map(lambda x: x[shard], layout), edges.senders[shard],
-        edges.receivers[shard], table_rows, part.nodes["mesh"].per_shard)
+        edges.receivers[shard], edges.features[shard], table_rows,
+        part.nodes["mesh"].per_shard)
   # A crowd: 40 senders of 10 edges each, 8 rows a block, 64 slots a kernel block.
   rng = np.random.default_rng(0)
   senders = np.concatenate([np.repeat(np.arange(8, 48), 10), rng.integers(0, 100, 60)])
   receivers = rng.integers(0, 30, len(senders))
-  crowded = receiver_blocks.sender_blocks(senders, receivers, 100, 30, block_rows=8,
+  features = rng.standard_normal((len(senders), 4)).astype(np.float32)
+  crowded = receiver_blocks.sender_blocks(senders, receivers, features, 100, 30, block_rows=8,
                                           slots=64)
   kernel_blocks = np.bincount(crowded.window)
   np.testing.assert_array_equal(kernel_blocks, np.maximum(1, -(-np.bincount(
       senders // 8, minlength=13) // 64)))
   assert kernel_blocks.max() == 2
-  _assert_sender_blocks_hold_each_edge(crowded, senders, receivers, 100, 30)
+  _assert_sender_blocks_hold_each_edge(crowded, senders, receivers, features, 100, 30)
 
 
 def test_halo_moves_less_than_all_gather_on_a_finer_graph():

@@ -157,6 +157,11 @@ class RematSpec(Settings):
       "train.memory_budget_gib (wnscale.planner.auto_remat; overrides the remat keys)")
   mesh_remat_every: int = setting(1, "layers per processor checkpoint (GraphCast: 3)",
                                   minimum=1)
+  mesh_layers_saved: int = setting(
+      0, "with remat_mesh_gnn: the processor's last this many layers run outside the "
+      "checkpoints, what their backward pass needs kept, not recomputed: the backward pass "
+      "reaches them first, so they hold memory the shortest (a faster step where the "
+      "memory is left)", minimum=0)
   edge_chunks: int = setting(
       1, "encoder/decoder edges in this many blocks, each under its own checkpoint (not "
       "under model.aggregation fused, whose kernels write no edge-sized intermediates)",

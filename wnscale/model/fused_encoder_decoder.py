@@ -147,18 +147,22 @@ def _onto_rows(lists, rows, num_rows: int):
       lists.reshape(-1, lists.shape[-1]))
 
 
-def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, products):
+def _slot_forward(features, sender_rows, receiver_rows, params, epsilon, products,
+                  transposed: bool = False):
   """One slot of a block: `(the embedder's pallas_parts.mlp_forward, e [n, H] in the
-  activation dtype, the edge MLP's)`; `sender_rows` and `receiver_rows` `[n, D]` float32."""
+  activation dtype, the edge MLP's)`; `features` `[n, F]` (`[F, n]` if `transposed`),
+  `sender_rows` and `receiver_rows` `[n, D]` float32."""
   embed_params, edge_params = params[:6], params[6:]
-  embedding = pallas_parts.mlp_forward(features, 0.0, embed_params, epsilon, products)
+  embedding = pallas_parts.mlp_forward(features, 0.0, embed_params, epsilon, products,
+                                       transposed)
   e = embedding[-1].astype(features.dtype)  # the embedder's output, as XLA writes it
   edge = pallas_parts.mlp_forward(e, sender_rows + receiver_rows, edge_params, epsilon,
                                   products)
   return embedding, e, edge
 
 
-def _slot_backward(features, forward, grad_message, params, products):
+def _slot_backward(features, forward, grad_message, params, products,
+                   transposed: bool = False):
   """The gradients of one slot of a block given its messages' `grad_message [n, D]`
   float32 (`forward`: `_slot_forward`'s): `(the hidden layer's [n, D] in the activation
   dtype, as XLA hands it to the gathers of the sender and receiver rows; the twelve
@@ -169,7 +173,7 @@ def _slot_backward(features, forward, grad_message, params, products):
   grad_hidden = grad_hidden.astype(e.dtype)
   grad_e = pallas_parts.mlp_dot(grad_hidden, params[6], products, contract=((1,), (1,)))
   _, embed_grads = pallas_parts.mlp_backward(features, params[:6], embedding, grad_e,
-                                             products)
+                                             products, transposed)
   return grad_hidden, (*embed_grads, *edge_grads)
 
 
@@ -279,8 +283,8 @@ def _decoder_backward(params, features, sender_lists, receiver_table, local, gra
   )(features, local, sender_lists, receiver_table, *params, grad_sums)
 
 
-def encoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_table,
-                      receiver_table, blocks: SenderBlocks, epsilon: float):
+def encoder_edge_sums(embed_params: tuple, edge_params: tuple, sender_table, receiver_table,
+                      blocks: SenderBlocks, epsilon: float):
   """`[num_receivers, D]` float32: each receiver's sum of its edges' messages, for an edge
   set laid out by blocks of sender rows (`receiver_blocks.SenderBlocks`: the encoder's,
   grid -> mesh), as `EncoderDecoderEdges` and `aggregation.sum_to_receivers` compute them.
@@ -292,45 +296,41 @@ def encoder_edge_sums(embed_params: tuple, edge_params: tuple, features, sender_
 
   Args:
     embed_params, edge_params: as `decoder_edge_sums` takes them.
-    features: `[num_edges, F]` the edge set's static features (no gradient).
     sender_table: `[blocks.num_senders, D]` the projected senders (not necessarily a
       multiple of `blocks.block_rows`: the last block's rows past them are read as zeros).
     receiver_table: `[num_receivers, D]` the projected receivers.
-    blocks: the edges' `SenderBlocks`.
+    blocks: the edges' `SenderBlocks` (their features, in their slots, too).
     epsilon: the layer norms'.
   """
   if sender_table.shape[0] != blocks.num_senders:
     raise ValueError(f"The encoder's SenderBlocks cover a sender table of "
                      f"{blocks.num_senders} rows, not {sender_table.shape[0]}.")
-  # The features in the blocks' slots (padding slots: zeros).
-  features = jnp.take(features.astype(sender_table.dtype), blocks.edges.reshape(-1), axis=0,
-                      mode="fill", fill_value=0)
-  params, features, sender_table, receiver_table = _varying_alike(
-      (*embed_params, *edge_params), features, sender_table, receiver_table)
-  return _encoder_sums(params, features, sender_table, receiver_table, blocks, epsilon)
+  params, sender_table, receiver_table = _varying_alike(
+      (*embed_params, *edge_params), sender_table, receiver_table)
+  return _encoder_sums(params, sender_table, receiver_table, blocks, epsilon)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _encoder_sums(params, features, sender_table, receiver_table, blocks, epsilon):
-  partials = _encoder_forward(params, features, sender_table,
-                              receiver_table[blocks.receiver_rows], blocks, epsilon)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _encoder_sums(params, sender_table, receiver_table, blocks, epsilon):
+  partials = _encoder_forward(params, sender_table, receiver_table[blocks.receiver_rows],
+                              blocks, epsilon)
   return _onto_rows(partials, blocks.receiver_rows, receiver_table.shape[0])
 
 
-def _encoder_sums_forward(params, features, sender_table, receiver_table, blocks, epsilon):
-  return (_encoder_sums(params, features, sender_table, receiver_table, blocks, epsilon),
-          (params, features, sender_table, receiver_table, blocks))
+def _encoder_sums_forward(params, sender_table, receiver_table, blocks, epsilon):
+  return (_encoder_sums(params, sender_table, receiver_table, blocks, epsilon),
+          (params, sender_table, receiver_table, blocks))
 
 
 def _encoder_sums_backward(epsilon, residuals, grad_sums):
-  params, features, sender_table, receiver_table, blocks = residuals
+  params, sender_table, receiver_table, blocks = residuals
   rows = blocks.receiver_rows
   grad_sender_table, grad_lists, *grad_params = _encoder_backward(
-      params, features, sender_table, receiver_table[rows], blocks,
+      params, sender_table, receiver_table[rows], blocks,
       grad_sums.astype(jnp.float32)[rows], epsilon)
   grad_receiver_table = _onto_rows(grad_lists, rows, receiver_table.shape[0])
   grad_params = tuple(g.reshape(p.shape).astype(p.dtype) for g, p in zip(grad_params, params))
-  return (grad_params, None, grad_sender_table.astype(sender_table.dtype),
+  return (grad_params, grad_sender_table.astype(sender_table.dtype),
           grad_receiver_table.astype(receiver_table.dtype), None)
 
 
@@ -353,8 +353,15 @@ def _encoder_block(window_ref, features_ref, sender_local_ref, sender_ref, list_
                                          contract=((0,), (0,)))
   receiver_rows = pallas_parts.one_hot_dot(receiver_picks, list_ref[0], products,
                                            contract=((0,), (0,)))
-  return sender_picks, receiver_picks, *_slot_forward(features_ref[...], sender_rows,
-                                                      receiver_rows, params, epsilon, products)
+  return sender_picks, receiver_picks, *_slot_forward(
+      _features(features_ref, sender_ref), sender_rows, receiver_rows, params, epsilon,
+      products, transposed=True)
+
+
+def _features(features_ref, sender_ref):
+  """A kernel block's edge features `[F, slots]` in the activation dtype (the sender
+  table's), as the edge MLP takes them."""
+  return features_ref[...].astype(sender_ref.dtype)
 
 
 def _encoder_forward_kernel(window_ref, *refs, num_senders, epsilon, products):
@@ -383,15 +390,15 @@ def _encoder_backward_kernel(window_ref, *refs, num_senders, epsilon, products):
   # Padding edges have no entry: their messages' gradient is 0.
   grad_message = pallas_parts.one_hot_dot(receiver_picks, grad_list_ref[0], products,
                                           contract=((0,), (0,)))
-  grad_hidden, grads = _slot_backward(inputs[0][...], forward, grad_message, params,
-                                      products)
+  grad_hidden, grads = _slot_backward(_features(inputs[0], inputs[2]), forward, grad_message,
+                                      params, products, transposed=True)
   grad_sender_ref[...] += pallas_parts.one_hot_dot(sender_picks, grad_hidden, products)
   grad_receiver_list_ref[0] = pallas_parts.one_hot_dot(receiver_picks, grad_hidden, products)
   for ref, grad in zip(grad_param_refs, grads):
     ref[...] += grad
 
 
-def _encoder_inputs(params, features, sender_table, receiver_lists, blocks):
+def _encoder_inputs(params, sender_table, receiver_lists, blocks):
   """`(the kernels' inputs, their BlockSpecs, the grid spec's arguments)`: the kernel
   blocks' blocks of sender rows (prefetched: the sender table's index map reads them), per
   kernel block its edges' features and senders' entries, its block of sender rows, its
@@ -402,19 +409,18 @@ def _encoder_inputs(params, features, sender_table, receiver_lists, blocks):
   whole = lambda x: pl.BlockSpec(x.shape, lambda k, window: (0,) * x.ndim)
   sender_rows = pl.BlockSpec((blocks.block_rows, sender_table.shape[-1]),
                              lambda k, window: (window[k], 0))
-  specs = ([pl.BlockSpec((slots, features.shape[-1]), lambda k, window: (k, 0)),
+  specs = ([pl.BlockSpec((blocks.features.shape[0], slots), lambda k, window: (0, k)),
             by_block(blocks.sender_local), sender_rows, by_block(receiver_lists),
             by_block(blocks.receiver_local)] + [whole(p) for p in params])
-  inputs = [blocks.window, features, blocks.sender_local, sender_table, receiver_lists,
+  inputs = [blocks.window, blocks.features, blocks.sender_local, sender_table, receiver_lists,
             blocks.receiver_local, *params]
   return inputs, specs, dict(num_scalar_prefetch=1, grid=(num_blocks,))
 
 
-def _encoder_forward(params, features, sender_table, receiver_lists, blocks, epsilon):
+def _encoder_forward(params, sender_table, receiver_lists, blocks, epsilon):
   """`[K, U, D]` float32 each kernel block's sums onto its receiver list
   (`receiver_lists` `[K, U, D]`: its rows of the receiver table)."""
-  inputs, specs, grid = _encoder_inputs(params, features, sender_table, receiver_lists,
-                                        blocks)
+  inputs, specs, grid = _encoder_inputs(params, sender_table, receiver_lists, blocks)
   kernel = functools.partial(_encoder_forward_kernel, num_senders=sender_table.shape[0],
                              epsilon=epsilon)
   return pallas_parts.call(
@@ -424,13 +430,11 @@ def _encoder_forward(params, features, sender_table, receiver_lists, blocks, eps
   )(*inputs)
 
 
-def _encoder_backward(params, features, sender_table, receiver_lists, blocks, grad_lists,
-                      epsilon):
+def _encoder_backward(params, sender_table, receiver_lists, blocks, grad_lists, epsilon):
   """`(grad sender table [num_senders, D] float32, grad receiver lists [K, U, D] float32,
   then the twelve parameters' gradients, float32, vectors [1, .])`. `grad_lists`: `[K, U,
   D]` float32, the receiver lists' rows of the sums' gradient."""
-  inputs, specs, grid = _encoder_inputs(params, features, sender_table, receiver_lists,
-                                        blocks)
+  inputs, specs, grid = _encoder_inputs(params, sender_table, receiver_lists, blocks)
   param_outs = [pallas_parts.out_shape(p.shape, jnp.float32, sender_table)
                 for p in inputs[-_PARAMS:]]
   kernel = functools.partial(_encoder_backward_kernel, num_senders=sender_table.shape[0],

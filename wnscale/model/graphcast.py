@@ -121,14 +121,15 @@ class EncoderDecoderEdges(nnx.Module):
     (`fused_encoder_decoder`): a decoder's `k` per receiver, slot-major (`FixedInDegree`:
     `features` `[k R, F]`, `senders` `[k R]`, their `SortedSenders` or their
     `KernelSenders`), or an encoder's by blocks of its sender rows (`receivers` its
-    `SenderBlocks`, which hold its senders too: `senders` unused)."""
+    `SenderBlocks`, which hold its senders and features too: `features` and `senders`
+    unused)."""
     dtype = projected_senders.dtype
     params = (self.embedder.kernel_params(conditioning, dtype),
               self.interaction.edge_mlp.kernel_params(conditioning, dtype))
     epsilon = self.interaction.edge_mlp.norm.epsilon
     if isinstance(receivers, SenderBlocks):
       sums = fused_encoder_decoder.encoder_edge_sums(
-          *params, features, projected_senders, projected_receivers, receivers, epsilon)
+          *params, projected_senders, projected_receivers, receivers, epsilon)
     else:
       k, rows = receivers.k, projected_receivers.shape[0]
       if not isinstance(senders, KernelSenders):
@@ -425,7 +426,7 @@ class GraphCast(nnx.Module):
     sender_mask = (None if sends is None else
                    exchange(edge_set, sends.astype(projected.dtype)[:, None])[:, 0])
     if sender_mask is None and self._fused(edges.sender_blocks, receiver_table):
-      return latents, edges_module.fused_sums(edges.features, None, edges.sender_blocks,
+      return latents, edges_module.fused_sums(None, None, edges.sender_blocks,
                                               sender_table, receiver_table, conditioning)
     by_blocks = self._by_blocks(edges)
     messages = sum_edge_messages(

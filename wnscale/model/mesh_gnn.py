@@ -106,7 +106,8 @@ class MeshGNN(nnx.Module):
     return remat.scan_layers(one_layer, carry, stacked_state,
                              checkpoint=spec.remat.remat_mesh_gnn,
                              every=spec.remat.mesh_remat_every, policy=self.policy,
-                             scan=spec.remat.scan_layers)[0]
+                             scan=spec.remat.scan_layers,
+                             saved=spec.remat.mesh_layers_saved)[0]
 
 
 def _cost(m: ModelSpec, graphs: Graphs) -> ProcessorCost:

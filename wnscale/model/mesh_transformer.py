@@ -159,7 +159,8 @@ class MeshTransformer(nnx.Module):
     mesh = remat.scan_layers(one_layer, mesh, stacked_state,
                              checkpoint=spec.remat.remat_mesh_gnn,
                              every=spec.remat.mesh_remat_every, policy=self.policy,
-                             scan=spec.remat.scan_layers)
+                             scan=spec.remat.scan_layers,
+                             saved=spec.remat.mesh_layers_saved)
     return self.final_norm(mesh, conditioning)
 
 

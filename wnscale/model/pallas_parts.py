@@ -128,12 +128,14 @@ def out_shape(shape, dtype, like) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
-def mlp_forward(x, added, params, epsilon, products):
-  """An MLP with a layer norm on `x [n, I]` (activation dtype), float32: `(hidden, swish
-  (hidden), normalized, 1/std [n, 1], output)`; `added` (float32, or 0) joins the first
-  layer's output, as the interaction network's projected node rows do."""
+def mlp_forward(x, added, params, epsilon, products, transposed: bool = False):
+  """An MLP with a layer norm on `x [n, I]` (activation dtype; `[I, n]` if `transposed`),
+  float32: `(hidden, swish(hidden), normalized, 1/std [n, 1], output)`; `added` (float32,
+  or 0) joins the first layer's output, as the interaction network's projected node rows
+  do."""
   w1, b1, w2, b2, scale, offset = params
-  hidden = mlp_dot(x, w1, products) + b1.astype(jnp.float32) + added
+  hidden = (mlp_dot(x, w1, products, contract=((0,), (0,)) if transposed else ((1,), (0,)))
+            + b1.astype(jnp.float32) + added)
   activated = hidden * jax.nn.sigmoid(hidden)
   out = mlp_dot(activated.astype(x.dtype), w2, products) + b2.astype(jnp.float32)
   centred = out - jnp.mean(out, axis=-1, keepdims=True)
@@ -143,9 +145,10 @@ def mlp_forward(x, added, params, epsilon, products):
   return hidden, activated, normalized, inverse_std, output
 
 
-def mlp_backward(x, params, forward, grad_output, products):
+def mlp_backward(x, params, forward, grad_output, products, transposed: bool = False):
   """`(grad hidden [n, H] float32, the six parameters' gradients float32, vectors [1, .])`
-  of `mlp_forward`'s output given its gradient `grad_output [n, O]` float32."""
+  of `mlp_forward`'s output given its gradient `grad_output [n, O]` float32 (`x`,
+  `transposed`: as `mlp_forward` took them)."""
   w1, _, w2, _, scale, _ = params
   hidden, activated, normalized, inverse_std, _ = forward
   dtype = x.dtype
@@ -160,6 +163,7 @@ def mlp_backward(x, params, forward, grad_output, products):
   grad_hidden = (product(grad_out_d, w2, contract=((1,), (1,)))
                  * (sigmoid + hidden * sigmoid * (1 - sigmoid)))
   return grad_hidden, (
-      product(x, grad_hidden.astype(dtype), contract=((0,), (0,))), column_sum(grad_hidden),
+      product(x, grad_hidden.astype(dtype), contract=((1,), (0,)) if transposed else ((0,), (0,))),
+      column_sum(grad_hidden),
       product(activated.astype(dtype), grad_out_d, contract=((0,), (0,))),
       column_sum(grad_out), column_sum(grad_output * normalized), column_sum(grad_output))

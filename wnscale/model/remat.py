@@ -33,13 +33,15 @@ def checkpointed(module: nnx.Module, fn: Callable, enabled: bool, policy: Callab
 
 
 def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool, every: int,
-                policy: Callable | None, scan: bool = True):
+                policy: Callable | None, scan: bool = True, saved: int = 0):
   """Applies layers whose parameters are stacked on a leading `[num_layers]` axis, in order.
 
   With `checkpoint`, the layers run in groups of `every`, each group under one
   `jax.checkpoint` with `policy` (the last group may be smaller). A group's input is
-  tagged `PROCESSOR_CARRY`: a policy may keep it (in host memory, say). The processors
-  (mesh GNN and mesh transformer) both run this way.
+  tagged `PROCESSOR_CARRY`: a policy may keep it (in host memory, say). The last `saved`
+  layers run outside the checkpoints: the backward pass keeps what they need rather than
+  recomputing it (it reaches them first, so that memory is held the shortest). The
+  processors (mesh GNN and mesh transformer) both run this way.
 
   With `scan`, the layers (or the full groups) are one `jax.lax.scan`: compiled once,
   but what the backward pass keeps of each iteration is written into stacked arrays and
@@ -60,8 +62,14 @@ def scan_layers(apply_layer: Callable, carry, stacked_state, *, checkpoint: bool
       carry = apply_layer(carry, layer_state)
     return carry
 
-  if not checkpoint:
+  if not checkpoint or saved >= num_layers:
     return layers(carry, stacked_state)
+  if saved:
+    checkpointed, kept = _unstacked(stacked_state,
+                                    lambda x: jnp.split(x, [num_layers - saved]))
+    carry = scan_layers(apply_layer, carry, checkpointed, checkpoint=True, every=every,
+                        policy=policy, scan=scan)
+    return layers(carry, kept)
   group = jax.checkpoint(
       lambda carry, states: layers(checkpoint_name(carry, PROCESSOR_CARRY), states),
       policy=policy)

@@ -44,6 +44,10 @@ CANDIDATES = {
     # ... keeping the decoder's summed messages (a grid-sized array) for its backward pass.
     "paper_grid_blocks_messages": dict(_ALL, mesh_remat_every=3, edge_chunks=4,
                                        grid_blocks=8, decoder_keeps_messages=True),
+    # ... with the processor's last 4 layers outside the checkpoints, not recomputed.
+    "paper_grid_blocks_messages_saved_4": dict(_ALL, mesh_remat_every=3, edge_chunks=4,
+                                               grid_blocks=8, decoder_keeps_messages=True,
+                                               mesh_layers_saved=4),
     "all_every_1": dict(_ALL, edge_chunks=4),
     "all_every_1_grid_blocks": dict(_ALL, edge_chunks=16, grid_blocks=16),
     # The processor's group carries in host memory, where the backend has it.

@@ -182,7 +182,7 @@ def _partition_edges(edges_name: str, edges: EdgeSet, senders_part: NodePartitio
           laid_out.senders, in_degree, grid_blocks))
   if edges_name in receiver_blocks.SENDER_BLOCKED_EDGE_SETS:
     laid_out = laid_out.replace(sender_blocks=_sender_blocks(
-        laid_out.senders, laid_out.receivers, table_rows, per_shard))
+        laid_out.senders, laid_out.receivers, laid_out.features, table_rows, per_shard))
   return laid_out, plan
 
 
@@ -225,13 +225,14 @@ def _kernel_senders(senders: np.ndarray, k: int, grid_blocks: int
   return stack([stack(row) for row in own])
 
 
-def _sender_blocks(senders: np.ndarray, receivers: np.ndarray, table_rows: int,
-                   num_receivers: int) -> receiver_blocks.SenderBlocks:
+def _sender_blocks(senders: np.ndarray, receivers: np.ndarray, features: np.ndarray,
+                   table_rows: int, num_receivers: int) -> receiver_blocks.SenderBlocks:
   """Stacked `[S, ...]` `SenderBlocks` of each shard's `[S, E_max]` edges (rows of its
-  sender table of `table_rows` to its `num_receivers`), every shard's of the largest shape."""
-  make = lambda **shape: [receiver_blocks.sender_blocks(s, r, table_rows, num_receivers,
+  sender table of `table_rows` to its `num_receivers`; features `[S, E_max, F]`), every
+  shard's of the largest shape."""
+  make = lambda **shape: [receiver_blocks.sender_blocks(s, r, f, table_rows, num_receivers,
                                                          **shape)
-                          for s, r in zip(senders, receivers)]
+                          for s, r, f in zip(senders, receivers, features)]
   own = make()
   if len(own) > 1:  # the most slots, then each of the largest shape with them
     own = make(slots=max(b.slots for b in own))
