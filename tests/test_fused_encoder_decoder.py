@@ -17,23 +17,24 @@ from wnscale.model.graphcast import EncoderDecoderEdges
 
 def _edge_set(kind: str, num_receivers: int, num_senders: int, rng):
   """`(senders [E], receivers as the XLA model takes them, receivers as the kernel takes
-  them, features [E, EDGE_FEATURES] float32)` of a decoder's edges (3 per receiver, slot-major; the kernel's blocks of 16
-  receivers, the last running past the arrays' ends) or an encoder's (0 to 9 per
+  them, features [E, EDGE_FEATURES] float32)` of a decoder's edges (3 per receiver,
+  slot-major; the kernel's blocks of 16 receivers, the last running past the arrays'
+  ends) or an encoder's (0 to 15 per
   receiver, sorted by receiver, a padding edge last; the kernel's `SenderBlocks` of 16
   sender rows (a bfloat16 tile's), the last running past the table's end, a block's
-  edges in several kernel blocks of 64 slots, receivers picked from lists as long as the
+  edges in several kernel blocks of 128 slots, receivers picked from lists as long as the
   block hears)."""
   if kind == "decoder":
     k = 3
     senders = rng.integers(0, num_senders, k * num_receivers)
     return senders, aggregation.FixedInDegree(k), k, _features(k * num_receivers, rng)
-  receivers = np.repeat(np.arange(num_receivers), rng.integers(0, 10, num_receivers))
+  receivers = np.repeat(np.arange(num_receivers), rng.integers(0, 16, num_receivers))
   senders = rng.integers(0, num_senders, len(receivers) + 1)
   receivers = np.concatenate([receivers, [num_receivers]])
   features = _features(len(senders), rng)
   blocks = receiver_blocks.sender_blocks(senders, receivers, features, num_senders,
                                          num_receivers, block_rows=16)
-  assert blocks.slots == 64 and set(blocks.window) == {0, 1}
+  assert blocks.slots == 128 and set(blocks.window) == {0, 1}
   assert np.max(np.bincount(blocks.window)) >= 2
   return senders, jnp.asarray(receivers, jnp.int32), blocks, features
 

@@ -387,16 +387,16 @@ def test_grid_to_mesh_sender_blocks_hold_each_edge_once(num_shards):
         jax.tree.map(lambda x: x[shard], layout), edges.senders[shard],
         edges.receivers[shard], edges.features[shard], table_rows,
         part.nodes["mesh"].per_shard)
-  # A crowd: 40 senders of 10 edges each, 8 rows a block, 64 slots a kernel block.
+  # A crowd: 40 senders of 20 edges each, 8 rows a block, 128 slots a kernel block.
   rng = np.random.default_rng(0)
-  senders = np.concatenate([np.repeat(np.arange(8, 48), 10), rng.integers(0, 100, 60)])
+  senders = np.concatenate([np.repeat(np.arange(8, 48), 20), rng.integers(0, 100, 60)])
   receivers = rng.integers(0, 30, len(senders))
   features = rng.standard_normal((len(senders), 4)).astype(np.float32)
   crowded = receiver_blocks.sender_blocks(senders, receivers, features, 100, 30, block_rows=8,
-                                          slots=64)
+                                          slots=128)
   kernel_blocks = np.bincount(crowded.window)
   np.testing.assert_array_equal(kernel_blocks, np.maximum(1, -(-np.bincount(
-      senders // 8, minlength=13) // 64)))
+      senders // 8, minlength=13) // 128)))
   assert kernel_blocks.max() == 2
   _assert_sender_blocks_hold_each_edge(crowded, senders, receivers, features, 100, 30)
 

@@ -458,8 +458,9 @@ def kernel_senders(senders: np.ndarray, k: int, block_rows: int = DECODER_KERNEL
 # encoder edge step (forward and backward, bfloat16) took 121.5 ms with 512 rows, 124.7
 # with 256 and 170.0 with 128 (docs/benchmarks.md).
 ENCODER_KERNEL_ROWS = 512
-# A kernel block's edges are a multiple of this many.
-ENCODER_SLOTS_ALIGN = 64
+# A kernel block's edges are a multiple of this many: they are the last axis (a TPU's 128
+# lanes) of the block of features the kernel reads.
+ENCODER_SLOTS_ALIGN = 128
 
 
 @dataclasses.dataclass(frozen=True)
