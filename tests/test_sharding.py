@@ -340,8 +340,9 @@ def _assert_sender_blocks_hold_each_edge(layout, senders, receivers, features, n
                                         num_receivers):
   """Each real edge (receiver < `num_receivers`) in one slot of `layout` (one shard's
   `SenderBlocks`), where its sender is its block's row, its receiver its list's entry and
-  its features the slot's; padding slots pick nothing and hold zero features; the blocks of rows ascend and cover the table; a list holds
-  its kernel block's receivers once each, ascending."""
+  its features the slot's; padding slots pick nothing and hold zero features; the blocks
+  of rows ascend and cover the table; a list holds its kernel block's receivers once each,
+  ascending."""
   num_blocks, slots = layout.edges.shape
   width, block_rows = layout.receiver_rows.shape[1], layout.block_rows
   edge = layout.edges.reshape(-1)
