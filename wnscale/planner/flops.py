@@ -81,12 +81,13 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
   decoder = stages["decoder_edges"] + stages["decoder_nodes"] + stages["decoder_points"]
   if remat.decoder_keeps_messages:  # its edge step's output kept, not made again
     decoder -= stages["decoder_edges"]
+  # The processor's layers under checkpoints (its last mesh_layers_saved are not).
+  checkpointed_layers = max(processor.layers - remat.mesh_layers_saved, 0)
   extra = 0.0
   if remat.remat_grid_to_mesh_gnn:
     extra += fraction * encoder
-  if remat.remat_mesh_gnn:  # its last mesh_layers_saved layers are not recomputed
-    checkpointed = max(processor.layers - remat.mesh_layers_saved, 0) / processor.layers
-    extra += fraction * checkpointed * stages["processor"]
+  if remat.remat_mesh_gnn:
+    extra += fraction * checkpointed_layers / processor.layers * stages["processor"]
   if remat.remat_mesh_to_grid_gnn:
     extra += fraction * decoder
   # Each block's forward is redone inside its own checkpoint.
@@ -100,7 +101,7 @@ def step_flops(specs: specs_lib.Specs, graphs: Graphs, num_devices: int) -> dict
   scale = examples / num_devices
   offloaded = 0.0
   if remat.remat_mesh_gnn and policy.offloads_carries:
-    groups = -(-max(processor.layers - remat.mesh_layers_saved, 0) // remat.mesh_remat_every)
+    groups = -(-checkpointed_layers // remat.mesh_remat_every)
     width = 2 if model.dtype == "bfloat16" else 4
     carry = processor.carry_rows * model.latent_size * width
     offloaded = 2 * groups * carry  # out in the forward pass, back in the backward
